@@ -1,0 +1,40 @@
+# Developer entry points. `make test` is what CI runs (.ci/run).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: dev demo test test-unit lint typecheck crds clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip==26.3
+
+# Strict editable install: the top-level folders are mapped onto chunkpilot.*
+# packages through a link tree under build/. Re-run after adding a module.
+dev: $(PY)
+	$(PIP_INSTALL) --editable '.[test]' --config-settings editable_mode=strict
+
+demo: dev
+	$(VENV)/bin/chunkpilot demo --fast
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: dev
+	$(VENV)/bin/mypy -p chunkpilot
+
+test-unit: dev
+	$(VENV)/bin/pytest -m "not cluster and not e2e and not prometheus and not vllm and not gpu"
+
+# Everything that runs without a GPU: unit, control-plane, Prometheus and e2e tiers.
+test: dev lint typecheck
+	$(VENV)/bin/chunkpilot cluster fetch
+	$(VENV)/bin/pytest -m "not gpu and not vllm"
+
+crds: dev
+	$(VENV)/bin/chunkpilot crds generate
+
+clean:
+	rm -rf build $(VENV) .mypy_cache .ruff_cache .pytest_cache

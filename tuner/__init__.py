@@ -1,0 +1,1 @@
+"""SLO-constrained autotuner (import as ``chunkpilot.tuner``)."""
