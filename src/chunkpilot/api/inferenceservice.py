@@ -1,0 +1,819 @@
+"""The ``InferenceService`` custom resource: one LLM served with chunked prefill within SLOs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from chunkpilot.api.common import (
+    ApiModel,
+    CelRule,
+    Condition,
+    Duration,
+    Measurement,
+    ObjectMeta,
+    Resource,
+    StatusModel,
+    parse_duration,
+)
+
+# --------------------------------------------------------------------------- enums
+
+
+class EngineKind(StrEnum):
+    """Which engine serves the model."""
+
+    VLLM = "vllm"
+    SIM = "sim"
+
+
+class Accelerator(StrEnum):
+    """GPU type: a node-selection hint and the simulator's hardware profile."""
+
+    A100_40GB = "a100-40gb"
+    A100_80GB = "a100-80gb"
+    H100 = "h100"
+    H200 = "h200"
+    L40S = "l40s"
+    B200 = "b200"
+
+
+class SpeculativeMethod(StrEnum):
+    """Speculative decoding method (vLLM ``--speculative-config`` ``method``)."""
+
+    NGRAM = "ngram"
+    DRAFT_MODEL = "draft_model"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+
+
+#: Methods that need a separate draft model (``draftModel``).
+DRAFT_METHODS = (SpeculativeMethod.DRAFT_MODEL, SpeculativeMethod.EAGLE, SpeculativeMethod.EAGLE3)
+
+
+class Objective(StrEnum):
+    """What the autotuner maximises, subject to the SLOs."""
+
+    THROUGHPUT = "throughput"
+    GOODPUT = "goodput"
+
+
+class SamplerKind(StrEnum):
+    """Optuna sampler used by the autotuner."""
+
+    TPE = "tpe"
+    GP = "gp"
+
+
+class TolerationOperator(StrEnum):
+    """Kubernetes toleration operator."""
+
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    """Kubernetes taint effect."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class ServicePhase(StrEnum):
+    """Coarse lifecycle phase of an InferenceService."""
+
+    PENDING = "Pending"
+    DEPLOYING = "Deploying"
+    READY = "Ready"
+    TUNING = "Tuning"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class SLOState(StrEnum):
+    """Whether the last measurement met the SLOs."""
+
+    MET = "Met"
+    VIOLATED = "Violated"
+    UNKNOWN = "Unknown"
+
+
+# --------------------------------------------------------------------------- knob rules (spec and config)
+
+_BUDGET_GE_SEQS = CelRule(
+    rule="self.maxNumBatchedTokens >= self.maxNumSeqs",
+    message="maxNumBatchedTokens must be >= maxNumSeqs: raise maxNumBatchedTokens or lower maxNumSeqs",
+    message_expression=(
+        "'maxNumBatchedTokens (' + string(self.maxNumBatchedTokens) + ') must be >= maxNumSeqs ('"
+        " + string(self.maxNumSeqs) + '): raise maxNumBatchedTokens or lower maxNumSeqs'"
+    ),
+    field_path=".maxNumBatchedTokens",
+    check=lambda o: o.max_num_batched_tokens >= o.max_num_seqs,
+    describe=lambda o: (
+        f"maxNumBatchedTokens ({o.max_num_batched_tokens}) must be >= maxNumSeqs ({o.max_num_seqs}):"
+        " raise maxNumBatchedTokens or lower maxNumSeqs"
+    ),
+)
+
+_ACTIVE_LE_SEQS = CelRule(
+    rule="!has(self.maxNumActiveSeqs) || self.maxNumActiveSeqs <= self.maxNumSeqs",
+    message="maxNumActiveSeqs must be <= maxNumSeqs: lower maxNumActiveSeqs or leave it unset",
+    message_expression=(
+        "'maxNumActiveSeqs (' + string(self.maxNumActiveSeqs) + ') must be <= maxNumSeqs ('"
+        " + string(self.maxNumSeqs) + '): lower maxNumActiveSeqs or leave it unset'"
+    ),
+    field_path=".maxNumActiveSeqs",
+    check=lambda o: o.max_num_active_seqs is None or o.max_num_active_seqs <= o.max_num_seqs,
+    describe=lambda o: (
+        f"maxNumActiveSeqs ({o.max_num_active_seqs}) must be <= maxNumSeqs ({o.max_num_seqs}):"
+        " lower maxNumActiveSeqs or leave it unset"
+    ),
+)
+
+_LONG_PARTIAL_NEEDS_PARTIAL = CelRule(
+    rule="!has(self.maxLongPartialPrefills) || has(self.maxNumPartialPrefills)",
+    message="maxLongPartialPrefills requires maxNumPartialPrefills: set maxNumPartialPrefills as well",
+    field_path=".maxLongPartialPrefills",
+    check=lambda o: o.max_long_partial_prefills is None or o.max_num_partial_prefills is not None,
+)
+
+_LONG_PARTIAL_LE_PARTIAL = CelRule(
+    rule=(
+        "!has(self.maxLongPartialPrefills) || !has(self.maxNumPartialPrefills)"
+        " || self.maxLongPartialPrefills <= self.maxNumPartialPrefills"
+    ),
+    message="maxLongPartialPrefills must be <= maxNumPartialPrefills: lower maxLongPartialPrefills",
+    message_expression=(
+        "'maxLongPartialPrefills (' + string(self.maxLongPartialPrefills) + ') must be <= "
+        "maxNumPartialPrefills (' + string(self.maxNumPartialPrefills) + '): lower maxLongPartialPrefills'"
+    ),
+    field_path=".maxLongPartialPrefills",
+    check=lambda o: (
+        o.max_long_partial_prefills is None
+        or o.max_num_partial_prefills is None
+        or o.max_long_partial_prefills <= o.max_num_partial_prefills
+    ),
+    describe=lambda o: (
+        f"maxLongPartialPrefills ({o.max_long_partial_prefills}) must be <= maxNumPartialPrefills"
+        f" ({o.max_num_partial_prefills}): lower maxLongPartialPrefills"
+    ),
+)
+
+_KNOB_RULES = (_BUDGET_GE_SEQS, _ACTIVE_LE_SEQS, _LONG_PARTIAL_NEEDS_PARTIAL, _LONG_PARTIAL_LE_PARTIAL)
+
+#: Flags rendered from the spec; ``extraArgs`` may not set them a second time.
+MANAGED_FLAGS = (
+    "host",
+    "port",
+    "served-model-name",
+    "revision",
+    "max-model-len",
+    "max-num-batched-tokens",
+    "max-num-seqs",
+    "max-num-active-seqs",
+    "enable-chunked-prefill",
+    "long-prefill-token-threshold",
+    "long-prefill-token-threshold-adaptive",
+    "max-num-partial-prefills",
+    "max-long-partial-prefills",
+    "enable-prefix-caching",
+    "speculative-config",
+    "gpu-memory-utilization",
+    "tensor-parallel-size",
+)
+_MANAGED_FLAG_PATTERN = "^--(no-)?(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
+_MANAGED_FLAG_RE = re.compile(_MANAGED_FLAG_PATTERN)
+
+
+# --------------------------------------------------------------------------- spec
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret in the service's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key within the Secret.")
+
+
+class ModelSpec(ApiModel):
+    """Which model to serve."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="!self.name.contains('://') || self.name.matches('^(hf|s3|gs|pvc)://[^/]+')",
+            message=(
+                "name must be a Hugging Face repo id (org/model), a simulator profile name, or a URI"
+                " with scheme hf://, s3://, gs:// or pvc://"
+            ),
+            field_path=".name",
+            check=lambda o: "://" not in o.name or re.match(r"^(hf|s3|gs|pvc)://[^/]+", o.name) is not None,
+        ),
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description=(
+            "Model to load: a Hugging Face repo id (meta-llama/Llama-3.1-8B-Instruct), a URI"
+            " (hf://, s3://, gs://, pvc://), or for engine kind sim a simulator profile name."
+        ),
+    )
+    served_name: str | None = Field(
+        default=None, max_length=256, description="Name clients use in requests (--served-model-name)."
+    )
+    revision: str | None = Field(
+        default=None, max_length=256, description="Model revision: branch, tag or commit (--revision)."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=4_194_304,
+        description="Maximum context length in tokens (--max-model-len); the model's own limit when unset.",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret holding a Hugging Face token; exposed to the engine as HF_TOKEN."
+    )
+
+
+class SpeculativeSpec(ApiModel):
+    """Speculative decoding (vLLM --speculative-config)."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="!(self.method in ['draft_model', 'eagle', 'eagle3']) || has(self.draftModel)",
+            message="draftModel is required when method is draft_model, eagle or eagle3: set draftModel",
+            field_path=".draftModel",
+            check=lambda o: o.method not in DRAFT_METHODS or o.draft_model is not None,
+        ),
+        CelRule(
+            rule="!(self.method in ['ngram', 'mtp']) || !has(self.draftModel)",
+            message=(
+                "draftModel is only used by draft_model, eagle and eagle3: remove draftModel or change method"
+            ),
+            field_path=".draftModel",
+            check=lambda o: o.method in DRAFT_METHODS or o.draft_model is None,
+        ),
+    )
+
+    method: SpeculativeMethod = Field(
+        default=SpeculativeMethod.NGRAM,
+        description="Proposal method: ngram, draft_model, eagle, eagle3 or mtp.",
+    )
+    num_speculative_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Tokens proposed per step (k); each running sequence then uses 1+k budget tokens.",
+    )
+    draft_model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Draft model repo id or URI; required for draft_model, eagle and eagle3.",
+    )
+
+
+class EngineSpec(ApiModel):
+    """Engine and scheduler settings; see the vLLM flag of the same name."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *_KNOB_RULES,
+        CelRule(
+            rule=(
+                "!has(self.speculative) || self.maxNumBatchedTokens >= "
+                "self.maxNumSeqs * (1 + self.speculative.numSpeculativeTokens)"
+            ),
+            message=(
+                "maxNumBatchedTokens must be >= maxNumSeqs * (1 + speculative.numSpeculativeTokens):"
+                " raise maxNumBatchedTokens, lower maxNumSeqs or numSpeculativeTokens"
+            ),
+            message_expression=(
+                "'maxNumBatchedTokens (' + string(self.maxNumBatchedTokens) + ') must be >= maxNumSeqs *"
+                " (1 + speculative.numSpeculativeTokens) = ' + string(self.maxNumSeqs * (1 +"
+                " self.speculative.numSpeculativeTokens)) + ': raise maxNumBatchedTokens, lower maxNumSeqs"
+                " or numSpeculativeTokens'"
+            ),
+            field_path=".maxNumBatchedTokens",
+            check=lambda o: (
+                o.speculative is None
+                or o.max_num_batched_tokens >= o.max_num_seqs * (1 + o.speculative.num_speculative_tokens)
+            ),
+            describe=lambda o: (
+                f"maxNumBatchedTokens ({o.max_num_batched_tokens}) must be >= maxNumSeqs *"
+                f" (1 + speculative.numSpeculativeTokens) ="
+                f" {o.max_num_seqs * (1 + o.speculative.num_speculative_tokens)}: raise maxNumBatchedTokens,"
+                " lower maxNumSeqs or numSpeculativeTokens"
+            ),
+        ),
+        CelRule(
+            rule=(
+                "!has(self.maxNumPartialPrefills) || self.maxNumPartialPrefills <= 1"
+                " || self.enableChunkedPrefill"
+            ),
+            message="maxNumPartialPrefills > 1 requires enableChunkedPrefill: true",
+            field_path=".maxNumPartialPrefills",
+            check=lambda o: (
+                o.max_num_partial_prefills is None
+                or o.max_num_partial_prefills <= 1
+                or o.enable_chunked_prefill
+            ),
+        ),
+        CelRule(
+            rule=f"self.extraArgs.all(a, !a.matches('{_MANAGED_FLAG_PATTERN}'))",
+            message=(
+                "extraArgs must not repeat flags rendered from the spec (e.g. --max-num-batched-tokens):"
+                " set the corresponding spec.engine field instead"
+            ),
+            field_path=".extraArgs",
+            check=lambda o: not any(_MANAGED_FLAG_RE.match(arg) for arg in o.extra_args),
+        ),
+    )
+
+    kind: EngineKind = Field(
+        default=EngineKind.VLLM, description="Engine: vllm (GPU) or sim (the CPU simulator with vLLM's API)."
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Container image; the operator's default for kind and version.",
+    )
+    version: str = Field(
+        default="0.33.0",
+        max_length=64,
+        pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-+.][0-9A-Za-z.-]+)?$",
+        description="Engine version the flags are rendered for, e.g. 0.33.0.",
+    )
+    max_num_batched_tokens: int = Field(
+        default=8192,
+        ge=1,
+        le=1_048_576,
+        description="Token budget per forward pass (--max-num-batched-tokens): the chunked-prefill dial.",
+    )
+    max_num_seqs: int = Field(
+        default=256, ge=1, le=65_536, description="Maximum sequences per step (--max-num-seqs)."
+    )
+    max_num_active_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="Cap on running requests, buffers unchanged (--max-num-active-seqs); <= maxNumSeqs.",
+    )
+    enable_chunked_prefill: bool = Field(
+        default=True, description="Split long prompts across steps (--enable-chunked-prefill)."
+    )
+    long_prefill_token_threshold: int = Field(
+        default=0,
+        ge=0,
+        le=4_194_304,
+        description="Per-request prefill tokens per step cap (--long-prefill-token-threshold); 0 = off.",
+    )
+    long_prefill_token_threshold_adaptive: bool = Field(
+        default=False, description="Adapt the threshold to load (--long-prefill-token-threshold-adaptive)."
+    )
+    max_num_partial_prefills: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description=(
+            "Concurrent partial prefills (--max-num-partial-prefills); honoured natively only by vLLM"
+            " before 0.9, otherwise provided by Chunkpilot's scheduler or refused with a condition."
+        ),
+    )
+    max_long_partial_prefills: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Concurrent long partial prefills (--max-long-partial-prefills).",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse KV cache of shared prompt prefixes (--enable-prefix-caching)."
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="Speculative decoding; off when unset."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.92,
+        gt=0,
+        le=1,
+        description="Fraction of GPU memory the engine may use (--gpu-memory-utilization).",
+    )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="GPUs each replica shards the model over (--tensor-parallel-size).",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
+        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes pod toleration."""
+
+    key: str | None = Field(default=None, max_length=316, description="Taint key; empty matches all keys.")
+    operator: TolerationOperator | None = Field(default=None, description="Exists or Equal (default Equal).")
+    value: str | None = Field(default=None, max_length=63, description="Taint value for operator Equal.")
+    effect: TaintEffect | None = Field(default=None, description="Taint effect to match; empty matches all.")
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class ResourcesSpec(ApiModel):
+    """GPUs and placement of each replica."""
+
+    accelerator: Accelerator = Field(
+        default=Accelerator.H100,
+        description="GPU type: node-selection hint and simulator hardware profile.",
+    )
+    gpus_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="nvidia.com/gpu per replica; defaults to and must equal engine.tensorParallelSize.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Node labels the engine pods must match.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the engine pods."
+    )
+
+
+class LatencyObjective(ApiModel):
+    """A latency target: the given quantile must stay at or below maxMs."""
+
+    quantile: float = Field(default=0.99, gt=0, lt=1, description="Quantile in (0, 1), e.g. 0.99 for p99.")
+    max_ms: float = Field(gt=0, le=3_600_000, description="Maximum latency at that quantile, milliseconds.")
+
+
+class SLOSpec(ApiModel):
+    """Latency service-level objectives the service (and the autotuner) must meet."""
+
+    itl: LatencyObjective = Field(description="Inter-token latency objective.")
+    ttft: LatencyObjective = Field(description="Time-to-first-token objective.")
+    window: Duration = Field(default="5m", description="Window over which quantiles are measured, e.g. 5m.")
+
+
+class IntRange(ApiModel):
+    """An inclusive integer range."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="self.min <= self.max",
+            message="min must be <= max: swap or correct the bounds",
+            message_expression="'min (' + string(self.min) + ') must be <= max (' + string(self.max) + ')'",
+            field_path=".min",
+            check=lambda o: o.min <= o.max,
+            describe=lambda o: f"min ({o.min}) must be <= max ({o.max})",
+        ),
+    )
+
+    min: int = Field(ge=0, le=4_194_304, description="Lower bound (inclusive).")
+    max: int = Field(ge=0, le=4_194_304, description="Upper bound (inclusive).")
+
+
+class TuningBounds(ApiModel):
+    """Overrides of the autotuner's search space; unset knobs use the built-in bounds."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens.min >= 1",
+            message="maxNumBatchedTokens.min must be >= 1",
+            field_path=".maxNumBatchedTokens.min",
+            check=lambda o: o.max_num_batched_tokens is None or o.max_num_batched_tokens.min >= 1,
+        ),
+        CelRule(
+            rule="!has(self.maxNumSeqs) || self.maxNumSeqs.min >= 1",
+            message="maxNumSeqs.min must be >= 1",
+            field_path=".maxNumSeqs.min",
+            check=lambda o: o.max_num_seqs is None or o.max_num_seqs.min >= 1,
+        ),
+    )
+
+    max_num_batched_tokens: IntRange | None = Field(default=None, description="Token budget range.")
+    max_num_seqs: IntRange | None = Field(default=None, description="maxNumSeqs range.")
+    long_prefill_token_threshold: IntRange | None = Field(
+        default=None, description="Long-prefill threshold range (0 = off is allowed)."
+    )
+    max_num_active_seqs: IntRange | None = Field(default=None, description="maxNumActiveSeqs range.")
+    max_num_partial_prefills: IntRange | None = Field(
+        default=None, description="maxNumPartialPrefills range (tuned only where the engine honours it)."
+    )
+
+
+class AbortPolicy(ApiModel):
+    """When a canary is aborted early: a latency quantile above factor x target with enough samples."""
+
+    itl_factor: float = Field(
+        default=2.0, ge=1, le=100, description="Abort when canary ITL > factor x target."
+    )
+    ttft_factor: float = Field(
+        default=2.0, ge=1, le=100, description="Abort when canary TTFT > factor x target."
+    )
+    min_samples: int = Field(
+        default=100, ge=1, le=1_000_000, description="Requests the canary must have served before aborting."
+    )
+
+
+_DURATION_RE_CEL = "^[0-9]+(s|m|h)$"
+
+
+def _valid_durations(*values: str) -> bool:
+    try:
+        for value in values:
+            parse_duration(value)
+    except ValueError:
+        return False
+    return True
+
+
+class AutotuneSpec(ApiModel):
+    """Online tuning of the scheduler knobs against the SLOs."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule=(
+                f"!self.warmup.matches('{_DURATION_RE_CEL}')"
+                f" || !self.trialWindow.matches('{_DURATION_RE_CEL}')"
+                " || duration(self.warmup) < duration(self.trialWindow)"
+            ),
+            message="warmup must be shorter than trialWindow: lower warmup or raise trialWindow",
+            message_expression=(
+                "'warmup (' + self.warmup + ') must be shorter than trialWindow (' + self.trialWindow +"
+                " '): lower warmup or raise trialWindow'"
+            ),
+            field_path=".warmup",
+            check=lambda o: (
+                not _valid_durations(o.warmup, o.trial_window)
+                or parse_duration(o.warmup) < parse_duration(o.trial_window)
+            ),
+            describe=lambda o: (
+                f"warmup ({o.warmup}) must be shorter than trialWindow ({o.trial_window}):"
+                " lower warmup or raise trialWindow"
+            ),
+        ),
+    )
+
+    enabled: bool = Field(default=False, description="Run the autotuner for this service.")
+    paused: bool = Field(default=False, description="Keep the current config; start no new trials.")
+    objective: Objective = Field(
+        default=Objective.THROUGHPUT,
+        description="Maximise throughput (tokens/s per GPU) or goodput (requests/s per GPU within both SLOs)",
+    )
+    sampler: SamplerKind = Field(default=SamplerKind.TPE, description="Optuna sampler: tpe or gp.")
+    trial_window: Duration = Field(default="5m", description="How long each trial's canary is measured.")
+    warmup: Duration = Field(
+        default="60s", description="Time after a canary is ready before measuring starts."
+    )
+    max_trials: int = Field(default=20, ge=1, le=1000, description="Trials per tuning run.")
+    canary_replicas: int = Field(
+        default=1, ge=1, le=64, description="Extra replicas running the trial config (on top of replicas)."
+    )
+    live_adjust: bool = Field(
+        default=False,
+        description="Lower scheduler limits at runtime without a restart where the engine allows it.",
+    )
+    bounds: TuningBounds | None = Field(default=None, description="Search-space overrides.")
+    abort: AbortPolicy = Field(
+        default_factory=AbortPolicy, description="Early-abort thresholds for canaries."
+    )
+
+
+class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule=(
+                "!has(self.model.maxModelLen) || self.engine.enableChunkedPrefill"
+                " || self.engine.maxNumBatchedTokens >= self.model.maxModelLen"
+            ),
+            message=(
+                "engine.maxNumBatchedTokens must be >= model.maxModelLen when enableChunkedPrefill is false:"
+                " enable chunked prefill or raise the budget"
+            ),
+            message_expression=(
+                "'engine.maxNumBatchedTokens (' + string(self.engine.maxNumBatchedTokens) + ') must be >="
+                " model.maxModelLen (' + string(self.model.maxModelLen) + ') when enableChunkedPrefill is"
+                " false: enable chunked prefill or raise the budget'"
+            ),
+            field_path=".engine.maxNumBatchedTokens",
+            check=lambda o: (
+                o.model.max_model_len is None
+                or o.engine.enable_chunked_prefill
+                or o.engine.max_num_batched_tokens >= o.model.max_model_len
+            ),
+            describe=lambda o: (
+                f"engine.maxNumBatchedTokens ({o.engine.max_num_batched_tokens}) must be >= model.maxModelLen"
+                f" ({o.model.max_model_len}) when enableChunkedPrefill is false: enable chunked prefill or"
+                " raise the budget"
+            ),
+        ),
+        CelRule(
+            rule=(
+                "!has(self.model.maxModelLen)"
+                " || self.engine.longPrefillTokenThreshold <= self.model.maxModelLen"
+            ),
+            message="engine.longPrefillTokenThreshold must be <= model.maxModelLen: lower the threshold",
+            message_expression=(
+                "'engine.longPrefillTokenThreshold (' + string(self.engine.longPrefillTokenThreshold) + ')"
+                " must be <= model.maxModelLen (' + string(self.model.maxModelLen) + '): lower the threshold'"
+            ),
+            field_path=".engine.longPrefillTokenThreshold",
+            check=lambda o: (
+                o.model.max_model_len is None
+                or o.engine.long_prefill_token_threshold <= o.model.max_model_len
+            ),
+            describe=lambda o: (
+                f"engine.longPrefillTokenThreshold ({o.engine.long_prefill_token_threshold}) must be <="
+                f" model.maxModelLen ({o.model.max_model_len}): lower the threshold"
+            ),
+        ),
+        CelRule(
+            rule=(
+                "!has(self.resources.gpusPerReplica)"
+                " || self.resources.gpusPerReplica == self.engine.tensorParallelSize"
+            ),
+            message=(
+                "resources.gpusPerReplica must equal engine.tensorParallelSize: make them equal or unset it"
+            ),
+            message_expression=(
+                "'resources.gpusPerReplica (' + string(self.resources.gpusPerReplica) + ') must equal"
+                " engine.tensorParallelSize (' + string(self.engine.tensorParallelSize) + '): make them equal"
+                " or unset gpusPerReplica'"
+            ),
+            field_path=".resources.gpusPerReplica",
+            check=lambda o: (
+                o.resources.gpus_per_replica is None
+                or o.resources.gpus_per_replica == o.engine.tensor_parallel_size
+            ),
+            describe=lambda o: (
+                f"resources.gpusPerReplica ({o.resources.gpus_per_replica}) must equal"
+                f" engine.tensorParallelSize ({o.engine.tensor_parallel_size}): make them equal or unset"
+                " gpusPerReplica"
+            ),
+        ),
+        CelRule(
+            rule="!self.autotune.enabled || has(self.slo)",
+            message=(
+                "slo is required when autotune.enabled is true: declare the itl and ttft targets to tune for"
+            ),
+            field_path=".slo",
+            check=lambda o: not o.autotune.enabled or o.slo is not None,
+        ),
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine and scheduler settings.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs and placement.")
+    replicas: int = Field(default=1, ge=0, le=1000, description="Stable replicas (canaries come on top).")
+    slo: SLOSpec | None = Field(default=None, description="Latency objectives; required for autotuning.")
+    autotune: AutotuneSpec = Field(default_factory=AutotuneSpec, description="Online tuning of the knobs.")
+
+
+# --------------------------------------------------------------------------- engine config (tunable knobs)
+
+
+class EngineConfig(ApiModel):
+    """The tunable knob set: the part of :class:`EngineSpec` a trial changes.
+
+    A config is complete: :meth:`apply_to` overwrites all six knobs, so an unset
+    optional knob means "unset in the engine".  Build one from a spec with
+    :meth:`from_engine` and change knobs with ``model_copy(update=...)``.
+    """
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = _KNOB_RULES
+
+    #: The knobs, as attribute names; the order is the canonical order of :meth:`summary`.
+    KNOBS: ClassVar[tuple[str, ...]] = (
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "max_num_active_seqs",
+        "long_prefill_token_threshold",
+        "max_num_partial_prefills",
+        "max_long_partial_prefills",
+    )
+
+    max_num_batched_tokens: int = Field(ge=1, le=1_048_576, description="Token budget per forward pass.")
+    max_num_seqs: int = Field(ge=1, le=65_536, description="Maximum sequences per step.")
+    max_num_active_seqs: int | None = Field(
+        default=None, ge=1, le=65_536, description="Cap on running requests; unset = maxNumSeqs."
+    )
+    long_prefill_token_threshold: int = Field(
+        default=0, ge=0, le=4_194_304, description="Per-request prefill tokens per step cap; 0 = off."
+    )
+    max_num_partial_prefills: int | None = Field(
+        default=None, ge=1, le=1024, description="Concurrent partial prefills."
+    )
+    max_long_partial_prefills: int | None = Field(
+        default=None, ge=1, le=1024, description="Concurrent long partial prefills."
+    )
+
+    @classmethod
+    def from_engine(cls, engine: EngineSpec) -> EngineConfig:
+        """The knobs currently set in ``engine``."""
+        return cls.model_validate({knob: getattr(engine, knob) for knob in cls.KNOBS})
+
+    def config_hash(self) -> str:
+        """Short stable hex digest of the knobs (8 characters), used in labels and names.
+
+        Unset knobs are left out, so adding a new optional knob keeps existing hashes.
+        """
+        canonical = json.dumps(self.to_k8s(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:8]
+
+    def apply_to(self, engine: EngineSpec) -> EngineSpec:
+        """A copy of ``engine`` with these knobs; validated, so an inconsistent result raises."""
+        data: dict[str, Any] = engine.model_dump()
+        data.update({knob: getattr(self, knob) for knob in self.KNOBS})
+        return EngineSpec.model_validate(data)
+
+    def summary(self) -> str:
+        """Compact human-readable form for printer columns, e.g. ``budget=3072 seqs=256``."""
+        short = {
+            "max_num_batched_tokens": "budget",
+            "max_num_seqs": "seqs",
+            "max_num_active_seqs": "active",
+            "long_prefill_token_threshold": "lpt",
+            "max_num_partial_prefills": "partial",
+            "max_long_partial_prefills": "longpartial",
+        }
+        parts = []
+        for knob in self.KNOBS:
+            value = getattr(self, knob)
+            if value is None or (knob == "long_prefill_token_threshold" and value == 0):
+                continue
+            parts.append(f"{short[knob]}={value}")
+        return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- status
+
+
+class ServiceSummary(StatusModel):
+    """Preformatted strings for the printer columns."""
+
+    itl: str | None = Field(default=None, max_length=64, description="Measured/target ITL, e.g. 43/50ms.")
+    ttft: str | None = Field(
+        default=None, max_length=64, description="Measured/target TTFT, e.g. 812/2000ms."
+    )
+    slo: SLOState | None = Field(default=None, description="Met, Violated or Unknown.")
+
+
+class InferenceServiceStatus(StatusModel):
+    """Observed state of an InferenceService, written by the operator and the tuner."""
+
+    phase: ServicePhase | None = Field(
+        default=None, description="Pending, Deploying, Ready, Tuning, Degraded or Failed."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed for."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Ready, Progressing, SLOMet, Tuning, Degraded, MetricsUnavailable, SLOInfeasible.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    applied_config: EngineConfig | None = Field(default=None, description="Knobs the stable pods run with.")
+    applied_config_hash: str | None = Field(
+        default=None,
+        max_length=16,
+        description="config_hash of appliedConfig (pod label chunkpilot.io/config-hash).",
+    )
+    best_config: EngineConfig | None = Field(default=None, description="Best feasible knobs found so far.")
+    best_trial: str | None = Field(
+        default=None, max_length=253, description="TuningTrial that found bestConfig."
+    )
+    current_trial: str | None = Field(default=None, max_length=253, description="TuningTrial now running.")
+    trials_completed: int | None = Field(default=None, ge=0, description="Finished trials.")
+    replicas: int | None = Field(default=None, ge=0, description="Engine pods (stable and canary).")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Engine pods ready to serve.")
+    last_measurement: Measurement | None = Field(default=None, description="Latest SLO measurement (stable).")
+    summary: ServiceSummary | None = Field(default=None, description="Strings shown by kubectl get.")
+
+
+class InferenceService(Resource):
+    """An LLM inference service with chunked prefill, latency SLOs and optional autotuning."""
+
+    api_version: Literal["chunkpilot.io/v1alpha1"] = Field(
+        default="chunkpilot.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["InferenceService"] = "InferenceService"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None

@@ -1,0 +1,143 @@
+"""The ``TuningTrial`` custom resource: one autotuner trial, its measurements and verdict.
+
+Trials are owned by their InferenceService, named ``<service>-trial-<n>`` and labelled
+``chunkpilot.io/service`` and ``chunkpilot.io/trial-number``; together they are the
+durable history the tuner rebuilds its study from.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from chunkpilot.api.common import (
+    LABEL_SERVICE,
+    LABEL_TRIAL_NUMBER,
+    ApiModel,
+    Duration,
+    Measurement,
+    ObjectMeta,
+    Resource,
+    StatusModel,
+)
+from chunkpilot.api.inferenceservice import EngineConfig
+
+
+class Track(StrEnum):
+    """Which Deployment of the service runs a config."""
+
+    CANARY = "canary"
+    STABLE = "stable"
+
+
+class TrialPhase(StrEnum):
+    """Lifecycle of a trial."""
+
+    PENDING = "Pending"
+    ROLLING_OUT = "RollingOut"
+    MEASURING = "Measuring"
+    SUCCEEDED = "Succeeded"
+    PRUNED = "Pruned"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+    PROMOTED = "Promoted"
+
+    @property
+    def finished(self) -> bool:
+        """True once the trial will not change any more."""
+        return self not in (TrialPhase.PENDING, TrialPhase.ROLLING_OUT, TrialPhase.MEASURING)
+
+
+class TrialVerdict(StrEnum):
+    """Outcome of a finished trial."""
+
+    PROMOTED = "Promoted"
+    DISCARDED = "Discarded"
+    PRUNED = "Pruned"
+    ABORTED = "Aborted"
+    INFEASIBLE = "Infeasible"
+
+
+class TrialSummary(StatusModel):
+    """Preformatted strings for the printer columns."""
+
+    itl: str | None = Field(default=None, max_length=64, description="Canary ITL vs target, e.g. 43/50ms.")
+    ttft: str | None = Field(
+        default=None, max_length=64, description="Canary TTFT vs target, e.g. 812/2000ms."
+    )
+
+
+class Constraints(StatusModel):
+    """Constraint values, measured minus target in ms; <= 0 means the SLO was met."""
+
+    itl: float | None = Field(default=None, description="Canary ITL quantile minus the ITL target, ms.")
+    ttft: float | None = Field(default=None, description="Canary TTFT quantile minus the TTFT target, ms.")
+
+
+def trial_name(service: str, number: int) -> str:
+    """Name of trial ``number`` of ``service``."""
+    return f"{service}-trial-{number}"
+
+
+def trial_labels(service: str, number: int) -> dict[str, str]:
+    """Labels every trial of ``service`` carries."""
+    return {LABEL_SERVICE: service, LABEL_TRIAL_NUMBER: str(number)}
+
+
+class TuningTrialSpec(ApiModel):
+    """What a trial tries: a config, against a baseline, on a track, for a window."""
+
+    service_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="The InferenceService this trial tunes (same namespace).",
+    )
+    number: int = Field(ge=0, le=1_000_000, description="Trial number within the service's study.")
+    params: EngineConfig = Field(description="The knobs under trial.")
+    baseline_config_hash: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=r"^[0-9a-f]+$",
+        description="config_hash of the stable config the trial is compared against.",
+    )
+    track: Track = Field(default=Track.CANARY, description="canary (extra pods) or stable (in-place).")
+    window: Duration = Field(default="5m", description="Measurement window.")
+
+
+class TuningTrialStatus(StatusModel):
+    """Progress, measurements and verdict of a trial."""
+
+    phase: TrialPhase | None = Field(
+        default=None,
+        description="Pending, RollingOut, Measuring, Succeeded, Pruned, Failed, RolledBack or Promoted.",
+    )
+    params_summary: str | None = Field(
+        default=None, max_length=256, description="The params in short form, e.g. budget=3072 seqs=256."
+    )
+    canary: Measurement | None = Field(default=None, description="Measurement of the trial config.")
+    stable: Measurement | None = Field(default=None, description="Baseline measured in the same window.")
+    constraints: Constraints | None = Field(default=None, description="Measured minus target, per SLO.")
+    objective: float | None = Field(default=None, description="Objective value (throughput or goodput).")
+    verdict: TrialVerdict | None = Field(
+        default=None, description="Promoted, Discarded, Pruned, Aborted or Infeasible."
+    )
+    reason: str | None = Field(default=None, max_length=4096, description="Why the trial ended as it did.")
+    started_at: datetime | None = Field(default=None, description="When the rollout started (RFC 3339).")
+    finished_at: datetime | None = Field(default=None, description="When the verdict was reached (RFC 3339).")
+    summary: TrialSummary | None = Field(default=None, description="Strings shown by kubectl get.")
+
+
+class TuningTrial(Resource):
+    """One autotuner trial of an InferenceService."""
+
+    api_version: Literal["chunkpilot.io/v1alpha1"] = Field(
+        default="chunkpilot.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["TuningTrial"] = "TuningTrial"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: TuningTrialSpec
+    status: TuningTrialStatus | None = None
