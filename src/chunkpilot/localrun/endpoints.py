@@ -1,0 +1,78 @@
+"""Engine endpoints and how clients spread requests over them (the stand-in for kube-proxy)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+SERVICE_LABEL = "chunkpilot.io/service"
+TRACK_LABEL = "chunkpilot.io/track"
+CONFIG_HASH_LABEL = "chunkpilot.io/config-hash"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Endpoint:
+    """One serving engine process standing in for a pod: where it listens and which pod it is."""
+
+    namespace: str
+    pod: str
+    service: str
+    track: str
+    config_hash: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as Prometheus targets spell it."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """Base URL of the engine's HTTP server."""
+        return f"http://{self.host}:{self.port}"
+
+    def prometheus_labels(self) -> dict[str, str]:
+        """Target labels, so PromQL can select for example ``track="canary"``."""
+        return {
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "service": self.service,
+            "track": self.track,
+            "config_hash": self.config_hash,
+        }
+
+
+EndpointSource = Callable[[], Sequence[Endpoint]]
+"""Returns the endpoints that may receive traffic now (Ready pods of one service)."""
+
+
+class RoundRobinBalancer:
+    """Hands out endpoints in turn, one share per Ready pod, like kube-proxy's round-robin mode.
+
+    The endpoint set is read from ``source`` on every pick, so pods that become Ready join the
+    rotation and pods that stop being Ready leave it immediately; a canary with one pod next to
+    three stable pods receives a quarter of the requests.
+    """
+
+    def __init__(self, source: EndpointSource) -> None:
+        self._source = source
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def pick(self) -> Endpoint | None:
+        """The next endpoint, or ``None`` when the service has no Ready endpoint."""
+        endpoints = sorted(self._source())
+        if not endpoints:
+            return None
+        with self._lock:
+            position = self._counter % len(endpoints)
+            self._counter += 1
+        return endpoints[position]
+
+
+def static_source(endpoints: Sequence[Endpoint]) -> EndpointSource:
+    """An endpoint source that always returns the same endpoints."""
+    frozen = tuple(endpoints)
+    return lambda: frozen

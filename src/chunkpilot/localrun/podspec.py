@@ -1,0 +1,304 @@
+"""Pure functions the pod runner uses: what to run for a pod, and what to report back about it.
+
+Pods are handled as manifest dictionaries (camelCase, as the API serves them), so these functions
+are testable with literal manifests.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from chunkpilot.localrun.endpoints import CONFIG_HASH_LABEL, SERVICE_LABEL, TRACK_LABEL
+
+INJECT_CRASH_ANNOTATION = "chunkpilot.io/inject-crash"
+ENGINE_CONTAINER_NAME = "engine"
+# Flags the runner owns: where the process listens and how fast simulated time runs.
+RUNNER_OWNED_FLAGS = ("--host", "--port", "--time-scale")
+MAX_TERMINATION_MESSAGE = 1024
+
+Manifest = Mapping[str, Any]
+
+
+class PodSpecError(ValueError):
+    """A pod the runner cannot run, with the reason in the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePod:
+    """The parts of an engine pod the runner needs."""
+
+    namespace: str
+    name: str
+    uid: str
+    service: str
+    track: str
+    config_hash: str
+    container: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    node_name: str | None
+    pod_ip: str | None
+    phase: str
+    terminating: bool
+    finished: bool
+    grace_period_s: float
+    inject_crash: str | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``."""
+        return (self.namespace, self.name)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the scheduler has bound the pod to a node (a kubelet would now start it)."""
+        return self.node_name is not None
+
+    @property
+    def started_by_node(self) -> bool:
+        """Whether the node agent (KWOK) has written the pod's first Running status.
+
+        From then on the runner owns the Ready condition: KWOK's pod-ready stage selects only
+        pods still in phase Pending.
+        """
+        return self.phase == "Running"
+
+    @property
+    def should_run(self) -> bool:
+        """Whether an engine process should be running for this pod."""
+        return self.scheduled and not self.terminating and not self.finished
+
+
+def engine_container(containers: Sequence[Manifest]) -> Manifest:
+    """The engine container: the one named ``engine``, else the first."""
+    if not containers:
+        raise PodSpecError("the pod has no containers")
+    for container in containers:
+        if container.get("name") == ENGINE_CONTAINER_NAME:
+            return container
+    return containers[0]
+
+
+def parse_pod(pod: Manifest) -> EnginePod:
+    """Extract an :class:`EnginePod` from a pod manifest."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    container = engine_container(spec.get("containers") or [])
+    args = [str(arg) for arg in container.get("args") or []]
+    if not args:
+        raise PodSpecError(
+            f"pod {metadata.get('namespace')}/{metadata.get('name')}: container "
+            f"{container.get('name')!r} has no args; an engine container's args are [MODEL, --flag, ...]"
+        )
+    env = tuple(
+        (str(item["name"]), str(item["value"]))
+        for item in container.get("env") or []
+        if "name" in item and item.get("value") is not None
+    )
+    grace = spec.get("terminationGracePeriodSeconds")
+    return EnginePod(
+        namespace=str(metadata.get("namespace", "default")),
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        service=str(labels.get(SERVICE_LABEL, "")),
+        track=str(labels.get(TRACK_LABEL, "stable")),
+        config_hash=str(labels.get(CONFIG_HASH_LABEL, "")),
+        container=str(container.get("name", ENGINE_CONTAINER_NAME)),
+        args=tuple(args),
+        env=env,
+        node_name=spec.get("nodeName") or None,
+        pod_ip=status.get("podIP") or None,
+        phase=str(status.get("phase") or "Pending"),
+        terminating=metadata.get("deletionTimestamp") is not None,
+        finished=status.get("phase") in ("Succeeded", "Failed"),
+        grace_period_s=float(30 if grace is None else grace),
+        inject_crash=annotations.get(INJECT_CRASH_ANNOTATION),
+    )
+
+
+def strip_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """Remove ``flags`` (``--flag VALUE`` and ``--flag=VALUE`` forms) from an argument list."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+            continue
+        if arg in flags:
+            skip_value = True
+            continue
+        if any(arg.startswith(f"{flag}=") for flag in flags):
+            continue
+        kept.append(arg)
+    return kept
+
+
+def engine_command(
+    base_command: Sequence[str],
+    args: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    time_scale: float | None,
+) -> list[str]:
+    """The simulator command line for a pod: its args with host, port and time scale set by the runner."""
+    command = [*base_command, *strip_flags(args, RUNNER_OWNED_FLAGS), "--host", host, "--port", str(port)]
+    if time_scale is not None:
+        command += ["--time-scale", f"{time_scale:g}"]
+    return command
+
+
+class CrashInjection(enum.Enum):
+    """What the ``chunkpilot.io/inject-crash`` annotation asks for."""
+
+    NONE = "none"
+    AT_START = "at-start"
+    AFTER_DELAY = "after-delay"
+
+
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m)$")
+
+
+def parse_crash_injection(value: str | None) -> tuple[CrashInjection, float]:
+    """Interpret the annotation: ``true`` crashes every start, a duration (``30s``) crashes after it.
+
+    The delay counts from the moment the engine became healthy. ``false`` or absence means no crash.
+    """
+    if value is None or value.strip().lower() in ("", "false", "no", "0"):
+        return CrashInjection.NONE, 0.0
+    text = value.strip().lower()
+    if text in ("true", "yes", "1", "start"):
+        return CrashInjection.AT_START, 0.0
+    match = _DURATION.match(text)
+    if match is None:
+        raise PodSpecError(
+            f"annotation {INJECT_CRASH_ANNOTATION}={value!r}: use 'true' (crash at every start) "
+            "or a duration such as '30s' (crash that long after becoming healthy)"
+        )
+    number, unit = float(match.group(1)), match.group(2)
+    return CrashInjection.AFTER_DELAY, number * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+
+
+class ContainerPhase(enum.Enum):
+    """The container state the runner reports, as the kubelet would."""
+
+    STARTING = "starting"  # process running, not yet answering /health
+    RUNNING = "running"  # healthy: the pod is Ready
+    BACKOFF = "backoff"  # exited; waiting to restart (CrashLoopBackOff)
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    """How the last run of the container ended."""
+
+    exit_code: int
+    reason: str
+    started_at: datetime
+    finished_at: datetime
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerReport:
+    """What the runner knows about a pod's engine container."""
+
+    container: str
+    phase: ContainerPhase
+    restart_count: int
+    started_at: datetime | None
+    last_termination: Termination | None
+    backoff_s: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """Whether the pod should be Ready."""
+        return self.phase is ContainerPhase.RUNNING
+
+
+def rfc3339(moment: datetime) -> str:
+    """A Kubernetes timestamp (UTC, seconds precision)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def observed_signature(pod: Manifest, container: str) -> tuple[bool, int, str]:
+    """``(ready, restartCount, state)`` as the pod's status reports them now."""
+    status = pod.get("status") or {}
+    ready = any(
+        condition.get("type") == "Ready" and condition.get("status") == "True"
+        for condition in status.get("conditions") or []
+    )
+    for entry in status.get("containerStatuses") or []:
+        if entry.get("name") == container:
+            state = entry.get("state") or {}
+            kind = next((key for key in ("waiting", "running", "terminated") if state.get(key)), "unknown")
+            return ready, int(entry.get("restartCount") or 0), kind
+    return ready, 0, "unknown"
+
+
+def desired_signature(report: ContainerReport) -> tuple[bool, int, str]:
+    """``(ready, restartCount, state)`` the runner wants the pod's status to show."""
+    kind = "waiting" if report.phase is ContainerPhase.BACKOFF else "running"
+    return report.ready, report.restart_count, kind
+
+
+def status_patch(report: ContainerReport, pod_name: str, now: datetime) -> dict[str, Any]:
+    """A strategic-merge patch of ``pods/status`` that states the container's real condition.
+
+    Conditions merge by ``type`` and container statuses by ``name``; state keys the container is
+    no longer in are set to null so that exactly one remains.
+    """
+    stamp = rfc3339(now)
+    if report.ready:
+        condition: dict[str, Any] = {"status": "True", "reason": None, "message": None}
+    else:
+        condition = {
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": f"containers with unready status: [{report.container}]",
+        }
+    state: dict[str, Any]
+    if report.phase is ContainerPhase.BACKOFF:
+        state = {
+            "running": None,
+            "terminated": None,
+            "waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": (
+                    f"back-off {report.backoff_s:g}s restarting failed "
+                    f"container={report.container} pod={pod_name}"
+                ),
+            },
+        }
+    else:
+        started = rfc3339(report.started_at or now)
+        state = {"waiting": None, "terminated": None, "running": {"startedAt": started}}
+    container_status: dict[str, Any] = {
+        "name": report.container,
+        "ready": report.ready,
+        "started": report.phase is not ContainerPhase.BACKOFF,
+        "restartCount": report.restart_count,
+        "state": state,
+    }
+    if report.last_termination is not None:
+        last = report.last_termination
+        container_status["lastState"] = {
+            "terminated": {
+                "exitCode": last.exit_code,
+                "reason": last.reason,
+                "startedAt": rfc3339(last.started_at),
+                "finishedAt": rfc3339(last.finished_at),
+                "message": last.message[-MAX_TERMINATION_MESSAGE:],
+            }
+        }
+    conditions = [
+        {"type": kind, "lastTransitionTime": stamp, **condition} for kind in ("Ready", "ContainersReady")
+    ]
+    return {"status": {"conditions": conditions, "containerStatuses": [container_status]}}

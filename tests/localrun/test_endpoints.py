@@ -1,0 +1,75 @@
+"""Spreading requests over Ready endpoints, and the file_sd targets file."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from chunkpilot.localrun.endpoints import Endpoint, RoundRobinBalancer, static_source
+from chunkpilot.localrun.targets import (
+    FileSDTargets,
+    TargetsFileError,
+    read_targets,
+    targets_file_source,
+)
+
+
+def endpoint(pod: str, track: str = "stable", port: int = 8000, service: str = "chat") -> Endpoint:
+    return Endpoint("default", pod, service, track, "abc123", "127.0.0.1", port)
+
+
+def test_round_robin_gives_each_pod_an_equal_share() -> None:
+    pods = [
+        endpoint("s-1", port=1),
+        endpoint("s-2", port=2),
+        endpoint("s-3", port=3),
+        endpoint("c-1", "canary", 4),
+    ]
+    balancer = RoundRobinBalancer(static_source(pods))
+    picks = Counter(balancer.pick() for _ in range(400))
+    assert set(picks.values()) == {100}
+    tracks = Counter(e.track for e in picks.elements())
+    assert tracks == {"stable": 300, "canary": 100}
+
+
+def test_round_robin_follows_the_endpoint_set_as_it_changes() -> None:
+    current: list[Endpoint] = [endpoint("a", port=1)]
+    balancer = RoundRobinBalancer(lambda: current)
+    assert balancer.pick() == current[0]
+    current.append(endpoint("b", port=2))
+    assert {balancer.pick(), balancer.pick()} == set(current)
+    current.clear()
+    assert balancer.pick() is None
+
+
+def test_targets_file_lists_registered_endpoints_with_their_labels(tmp_path: Path) -> None:
+    path = tmp_path / "sd" / "targets.json"
+    targets = FileSDTargets(path)
+    assert json.loads(path.read_text()) == []
+    canary = endpoint("chat-canary-x", "canary", 9001)
+    targets.register(endpoint("chat-stable-y", "stable", 9000))
+    targets.register(canary)
+    document = json.loads(path.read_text())
+    assert {"targets": ["127.0.0.1:9001"], "labels": canary.prometheus_labels()} in document
+    assert canary.prometheus_labels()["track"] == "canary"
+    assert read_targets(path) == targets.endpoints()
+    targets.deregister("default", "chat-stable-y")
+    assert read_targets(path) == [canary]
+    assert targets_file_source(path, "chat") == [canary]
+    assert targets_file_source(path, "other") == []
+    targets.clear()
+    assert read_targets(path) == []
+
+
+def test_reading_a_missing_or_broken_targets_file(tmp_path: Path) -> None:
+    assert read_targets(tmp_path / "absent.json") == []
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(TargetsFileError, match="file_sd"):
+        read_targets(broken)
+    broken.write_text('[{"targets": ["nohostport"]}]')
+    with pytest.raises(TargetsFileError, match="host:port"):
+        read_targets(broken)

@@ -1,0 +1,180 @@
+"""What the pod runner runs for a pod, and the status it reports back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from chunkpilot.localrun.podspec import (
+    ContainerPhase,
+    ContainerReport,
+    CrashInjection,
+    PodSpecError,
+    Termination,
+    desired_signature,
+    engine_command,
+    observed_signature,
+    parse_crash_injection,
+    parse_pod,
+    status_patch,
+    strip_flags,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def pod_manifest(**overrides: Any) -> dict[str, Any]:
+    manifest: dict[str, Any] = {
+        "metadata": {
+            "name": "chat-canary-7d9f-abcde",
+            "namespace": "demo",
+            "uid": "u-1",
+            "labels": {
+                "chunkpilot.io/service": "chat",
+                "chunkpilot.io/track": "canary",
+                "chunkpilot.io/config-hash": "a1b2c3d4",
+            },
+        },
+        "spec": {
+            "nodeName": "gpu-node-0",
+            "containers": [
+                {"name": "sidecar", "args": ["x"]},
+                {
+                    "name": "engine",
+                    "args": [
+                        "llama-3.1-8b",
+                        "--max-num-batched-tokens",
+                        "2048",
+                        "--port",
+                        "8000",
+                        "--host=0.0.0.0",
+                    ],
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "SECRET", "valueFrom": {"secretKeyRef": {}}},
+                    ],
+                },
+            ],
+        },
+        "status": {"phase": "Running", "podIP": "10.244.0.5"},
+    }
+    manifest.update(overrides)
+    return manifest
+
+
+def test_parse_pod_reads_labels_args_and_state() -> None:
+    pod = parse_pod(pod_manifest())
+    assert (pod.namespace, pod.name, pod.service, pod.track, pod.config_hash) == (
+        "demo",
+        "chat-canary-7d9f-abcde",
+        "chat",
+        "canary",
+        "a1b2c3d4",
+    )
+    assert pod.container == "engine"
+    assert pod.args[0] == "llama-3.1-8b"
+    assert pod.env == (("A", "1"),)
+    assert pod.should_run and not pod.terminating and pod.grace_period_s == 30
+
+
+def test_unscheduled_terminating_and_finished_pods_do_not_run() -> None:
+    unscheduled = pod_manifest()
+    del unscheduled["spec"]["nodeName"]
+    assert not parse_pod(unscheduled).should_run
+    terminating = pod_manifest()
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-29T12:00:00Z"
+    assert not parse_pod(terminating).should_run
+    assert not parse_pod(pod_manifest(status={"phase": "Failed"})).should_run
+
+
+def test_a_container_without_args_is_refused() -> None:
+    with pytest.raises(PodSpecError, match=r"args are \[MODEL"):
+        parse_pod(pod_manifest(spec={"nodeName": "n", "containers": [{"name": "engine"}]}))
+
+
+def test_runner_owned_flags_are_replaced_in_both_spellings() -> None:
+    args = ["m", "--port", "8000", "--host=0.0.0.0", "--time-scale", "5", "--max-num-seqs", "64"]
+    assert strip_flags(args, ("--host", "--port", "--time-scale")) == ["m", "--max-num-seqs", "64"]
+    command = engine_command(["sim", "serve"], args, host="127.0.0.1", port=4242, time_scale=10.0)
+    assert command == [
+        "sim",
+        "serve",
+        "m",
+        "--max-num-seqs",
+        "64",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "4242",
+        "--time-scale",
+        "10",
+    ]
+    assert "--time-scale" not in engine_command(["sim"], args, host="h", port=1, time_scale=None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (CrashInjection.NONE, 0.0)),
+        ("false", (CrashInjection.NONE, 0.0)),
+        ("true", (CrashInjection.AT_START, 0.0)),
+        ("30s", (CrashInjection.AFTER_DELAY, 30.0)),
+        ("1.5m", (CrashInjection.AFTER_DELAY, 90.0)),
+        ("250ms", (CrashInjection.AFTER_DELAY, 0.25)),
+    ],
+)
+def test_crash_injection_annotation(value: str | None, expected: tuple[CrashInjection, float]) -> None:
+    assert parse_crash_injection(value) == expected
+
+
+def test_bad_crash_injection_annotation_names_the_forms() -> None:
+    with pytest.raises(PodSpecError, match="'30s'"):
+        parse_crash_injection("sometimes")
+
+
+def test_healthy_engine_reports_ready_running() -> None:
+    report = ContainerReport("engine", ContainerPhase.RUNNING, 0, NOW, None)
+    patch = status_patch(report, "p", NOW)
+    conditions = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True" and conditions["ContainersReady"]["status"] == "True"
+    (container,) = patch["status"]["containerStatuses"]
+    assert container["ready"] is True and container["state"]["running"]["startedAt"] == "2026-11-29T12:00:00Z"
+    assert container["state"]["waiting"] is None
+
+
+def test_crashed_engine_reports_crash_loop_back_off_with_the_last_termination() -> None:
+    last = Termination(137, "Error", NOW, NOW, "x" * 5000)
+    report = ContainerReport("engine", ContainerPhase.BACKOFF, 2, NOW, last, backoff_s=20)
+    patch = status_patch(report, "chat-canary-1", NOW)
+    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ContainersNotReady"
+    (container,) = patch["status"]["containerStatuses"]
+    assert container["ready"] is False and container["restartCount"] == 2
+    assert container["state"]["running"] is None
+    assert container["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert "back-off 20s" in container["state"]["waiting"]["message"]
+    terminated = container["lastState"]["terminated"]
+    assert terminated["exitCode"] == 137 and len(terminated["message"]) == 1024
+
+
+def test_signatures_compare_what_the_api_shows_with_what_the_runner_knows() -> None:
+    kwok_ready = pod_manifest(
+        status={
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {"name": "engine", "restartCount": 0, "state": {"running": {"startedAt": "t"}}}
+            ],
+        }
+    )
+    assert observed_signature(kwok_ready, "engine") == (True, 0, "running")
+    starting = ContainerReport("engine", ContainerPhase.STARTING, 0, NOW, None)
+    assert desired_signature(starting) == (False, 0, "running")
+    assert desired_signature(ContainerReport("engine", ContainerPhase.RUNNING, 0, NOW, None)) == (
+        True,
+        0,
+        "running",
+    )
+    assert observed_signature(pod_manifest(), "engine") == (False, 0, "unknown")
