@@ -16,6 +16,7 @@ from chunkpilot import __version__
 
 # Modules that contribute sub-commands, in the order they appear in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
+    "chunkpilot.api.commands",
 )
 
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -410,11 +410,10 @@ class EngineSpec(ApiModel):
         le=64,
         description="GPUs each replica shards the model over (--tensor-parallel-size).",
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
         max_length=64,
         description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
-        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
     )
 
 
@@ -807,8 +806,34 @@ class InferenceServiceStatus(StatusModel):
     summary: ServiceSummary | None = Field(default=None, description="Strings shown by kubectl get.")
 
 
+#: Longest service name: leaves room for the suffixes of the objects the operator creates.
+MAX_SERVICE_NAME_LENGTH = 52
+_DNS1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
 class InferenceService(Resource):
     """An LLM inference service with chunked prefill, latency SLOs and optional autotuning."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule=(
+                f"self.metadata.name.size() <= {MAX_SERVICE_NAME_LENGTH}"
+                f" && self.metadata.name.matches('{_DNS1035}')"
+            ),
+            message=(
+                f"metadata.name must be a DNS-1035 label of at most {MAX_SERVICE_NAME_LENGTH} characters"
+                " (lower-case letters, digits and '-', starting with a letter): it names the Service and"
+                " Deployments"
+            ),
+            check=lambda o: (
+                o.metadata.name is None
+                or (
+                    len(o.metadata.name) <= MAX_SERVICE_NAME_LENGTH
+                    and re.match(_DNS1035, o.metadata.name) is not None
+                )
+            ),
+        ),
+    )
 
     api_version: Literal["chunkpilot.io/v1alpha1"] = Field(
         default="chunkpilot.io/v1alpha1", alias="apiVersion"
