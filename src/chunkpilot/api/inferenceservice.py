@@ -382,8 +382,8 @@ class EngineSpec(ApiModel):
         ge=1,
         le=1024,
         description=(
-            "Concurrent partial prefills (--max-num-partial-prefills); honoured natively only by vLLM"
-            " before 0.9, otherwise provided by Chunkpilot's scheduler or refused with a condition."
+            "Concurrent partial prefills (--max-num-partial-prefills); accepted only by older vLLM"
+            " releases (e.g. 0.8.x); for newer engines the operator provides it or refuses it in a condition."
         ),
     )
     max_long_partial_prefills: int | None = Field(
