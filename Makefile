@@ -13,7 +13,7 @@ $(PY):
 # Strict editable install: the top-level folders are mapped onto chunkpilot.*
 # packages through a link tree under build/. Re-run after adding a module.
 dev: $(PY)
-	$(PIP_INSTALL) --editable '.[test]' --config-settings editable_mode=strict
+	$(PIP_INSTALL) --editable '.[test,report]' --config-settings editable_mode=strict
 
 demo: dev
 	$(VENV)/bin/chunkpilot demo --fast

@@ -17,6 +17,11 @@ from chunkpilot import __version__
 # Modules that contribute sub-commands, in the order they appear in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
     "chunkpilot.api.commands",
+    "chunkpilot.devcluster.cli",
+    "chunkpilot.report.cli",
+    "chunkpilot.engine.probe.cli",
+    "chunkpilot.localrun.cli",
+    "chunkpilot.operator.cli",
 )
 
 

@@ -1,0 +1,147 @@
+"""``kubectl chunkpilot``: trials, status, pause and resume for InferenceServices.
+
+Installed as the ``kubectl-chunkpilot`` console script, so kubectl finds it on PATH
+as a plugin. It honours ``$KUBECONFIG`` like kubectl does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, EngineConfig, InferenceService
+from chunkpilot.report.history import load_history, trial_rows
+from chunkpilot.report.render import render_table
+
+
+def _custom_api(args: argparse.Namespace) -> Any:
+    from kubernetes import client, config
+
+    return client.CustomObjectsApi(config.new_client_from_config(config_file=args.kubeconfig))  # type: ignore[no-untyped-call]
+
+
+def _config_text(config: EngineConfig | None) -> str:
+    if config is None:
+        return "-"
+    parts = [f"budget={config.max_num_batched_tokens}", f"max-num-seqs={config.max_num_seqs}"]
+    if config.max_num_active_seqs is not None:
+        parts.append(f"max-num-active-seqs={config.max_num_active_seqs}")
+    if config.long_prefill_token_threshold:
+        parts.append(f"long-prefill-threshold={config.long_prefill_token_threshold}")
+    if config.max_num_partial_prefills is not None:
+        parts.append(f"partial-prefills={config.max_num_partial_prefills}")
+    return " ".join(parts)
+
+
+def cmd_trials(args: argparse.Namespace, console: Console) -> int:
+    """List a service's trials."""
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    service, trials = load_history(api, args.namespace, args.name)
+    if not trials:
+        console.print(f"{args.name} has no trials yet")
+        return 0
+    console.print(render_table(service, trial_rows(trials)))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    """Conditions, applied vs best config, last measurement."""
+    raw = _custom_api(args).get_namespaced_custom_object(
+        GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name
+    )
+    service = InferenceService.from_manifest(raw)
+    status = service.status
+    slo = service.spec.slo
+    console.print(f"[bold]{args.namespace}/{args.name}[/]  phase: {status.phase if status else 'Pending'}")
+    slo_text = (
+        "none declared"
+        if slo is None
+        else f"ITL p{slo.itl.quantile * 100:g} ≤ {slo.itl.max_ms:g} ms, "
+        f"TTFT p{slo.ttft.quantile * 100:g} ≤ {slo.ttft.max_ms:g} ms"
+    )
+    autotune = service.spec.autotune
+    state = "paused" if autotune.paused else "on" if autotune.enabled else "off"
+    console.print(f"SLOs: {slo_text}; autotune {state}")
+    table = Table("condition", "status", "reason", "message")
+    for cond in status.conditions if status else []:
+        table.add_row(str(cond.type), str(cond.status), cond.reason or "", cond.message or "")
+    console.print(table)
+    console.print(f"applied: {_config_text(status.applied_config if status else None)}")
+    console.print(
+        f"best:    {_config_text(status.best_config if status else None)}"
+        + (f" ({status.best_trial})" if status and status.best_trial else "")
+    )
+    last = status.last_measurement if status else None
+    if last is None:
+        console.print("last measurement: none yet")
+    else:
+
+        def fmt(v: float | None, unit: str) -> str:
+            return "no data" if v is None else f"{v:.1f}{unit}"
+
+        console.print(
+            f"last measurement ({last.window or '?'}): ITL {fmt(last.itl_ms, ' ms')}, "
+            f"TTFT {fmt(last.ttft_ms, ' ms')}, {fmt(last.throughput_tok_s, ' tok/s')}, "
+            f"{fmt(last.request_rate, ' req/s')}"
+        )
+    if status and status.current_trial:
+        console.print(f"current trial: {status.current_trial}")
+    return 0
+
+
+def _set_paused(args: argparse.Namespace, console: Console, paused: bool) -> int:
+    body = {"spec": {"autotune": {"paused": paused}}}
+    _custom_api(args).patch_namespaced_custom_object(
+        GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name, body
+    )
+    console.print(f"{args.namespace}/{args.name}: autotuning {'paused' if paused else 'resumed'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The plugin's argument parser."""
+    parser = argparse.ArgumentParser(prog="kubectl chunkpilot", description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=None, help="defaults to $KUBECONFIG or ~/.kube/config")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in (
+        ("trials", "list the service's tuning trials"),
+        ("status", "conditions, applied vs best config, last measurement"),
+        ("pause", "pause autotuning (the applied config keeps serving)"),
+        ("resume", "resume autotuning"),
+    ):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("name", help="InferenceService name")
+        cmd.add_argument("-n", "--namespace", default="default")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``kubectl-chunkpilot``."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    handlers = {
+        "trials": lambda: cmd_trials(args, console),
+        "status": lambda: cmd_status(args, console),
+        "pause": lambda: _set_paused(args, console, True),
+        "resume": lambda: _set_paused(args, console, False),
+    }
+    try:
+        return handlers[args.command]()
+    except Exception as error:  # kubectl plugins report errors as text
+        status = getattr(error, "status", None)
+        if status == 404:
+            console.print(f"[red]InferenceService {args.namespace}/{args.name} not found[/]")
+            return 1
+        console.print(f"[red]error: {getattr(error, 'reason', None) or error}[/]")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
