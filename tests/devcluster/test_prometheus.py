@@ -1,0 +1,78 @@
+"""A real Prometheus scraping a real /metrics endpoint."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from chunkpilot.devcluster.ports import LOOPBACK
+from chunkpilot.devcluster.prometheus import PrometheusServer
+
+pytestmark = pytest.mark.prometheus
+
+_METRICS = b"""# HELP devcluster_test_requests_total Requests served.
+# TYPE devcluster_test_requests_total counter
+devcluster_test_requests_total{route="/v1/completions"} 42
+"""
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(_METRICS)))
+        self.end_headers()
+        self.wfile.write(_METRICS)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def metrics_endpoint() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), _MetricsHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"{LOOPBACK}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_prometheus_scrapes_a_real_endpoint_and_answers_queries(
+    prometheus: PrometheusServer, metrics_endpoint: str
+) -> None:
+    prometheus.set_targets([metrics_endpoint], labels={"service": "chat"})
+    prometheus.wait_for_target_up(metrics_endpoint, timeout=30)
+    deadline = time.monotonic() + 30
+    result: list[dict[str, object]] = []
+    while not result and time.monotonic() < deadline:
+        result = prometheus.query('devcluster_test_requests_total{service="chat"}')
+        time.sleep(0.25)
+    assert len(result) == 1
+    sample = result[0]
+    assert sample["metric"] == {  # type: ignore[comparison-overlap]
+        "__name__": "devcluster_test_requests_total",
+        "route": "/v1/completions",
+        "service": "chat",
+        "instance": metrics_endpoint,
+        "job": "chunkpilot",
+    }
+    assert float(sample["value"][1]) == 42.0  # type: ignore[index]
+
+
+def test_removed_targets_stop_being_scraped(prometheus: PrometheusServer, metrics_endpoint: str) -> None:
+    prometheus.set_targets([metrics_endpoint])
+    prometheus.wait_for_target_up(metrics_endpoint, timeout=30)
+    prometheus.set_targets([])
+    deadline = time.monotonic() + 30
+    while prometheus.target_health(metrics_endpoint) is not None:
+        if time.monotonic() > deadline:
+            pytest.fail("the removed target is still active after 30s")
+        time.sleep(0.25)
