@@ -1,0 +1,91 @@
+"""PromQL built per track; instant answers parsed; no data stays no data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from chunkpilot.tuner.measure import (
+    LabelScheme,
+    MetricsUnavailableError,
+    Selector,
+    TrackName,
+    count_query,
+    measure_window,
+    parse_instant_result,
+    quantile_query,
+    rate_query,
+    track_queries,
+)
+
+SEL = Selector("chat", "default", TrackName.CANARY)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_quantile_query_aggregates_bucket_rates_by_le() -> None:
+    assert quantile_query("vllm:inter_token_latency_seconds", 0.99, SEL, "5m") == (
+        "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
+        '{service="chat",namespace="default",track="canary"}[5m])))'
+    )
+
+
+def test_sample_and_rate_queries() -> None:
+    assert count_query("vllm:time_to_first_token_seconds", SEL, "90s") == (
+        'sum(increase(vllm:time_to_first_token_seconds_count{service="chat",namespace="default",track="canary"}[90s]))'
+    )
+    assert rate_query("vllm:generation_tokens_total", SEL, "5m") == (
+        'sum(rate(vllm:generation_tokens_total{service="chat",namespace="default",track="canary"}[5m]))'
+    )
+
+
+def test_label_scheme_and_escaping() -> None:
+    sel = Selector(
+        'a"b', None, "stable", LabelScheme(service="chunkpilot_io_service", track="chunkpilot_io_track")
+    )
+    assert sel.render() == '{chunkpilot_io_service="a\\"b",chunkpilot_io_track="stable"}'
+
+
+def test_quantile_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError, match="quantile"):
+        quantile_query("h", 99, SEL, "5m")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ([], None),
+        ([{"metric": {}, "value": [1.0, "NaN"]}], None),
+        ([{"metric": {}, "value": [1.0, "+Inf"]}], None),
+        ([{"metric": {}, "value": [1.0, "0.042"]}], 0.042),
+    ],
+)
+def test_parse_instant_result(answer: list[dict[str, object]], expected: float | None) -> None:
+    assert parse_instant_result(answer) == expected
+
+
+def test_parse_rejects_unaggregated_answers() -> None:
+    with pytest.raises(MetricsUnavailableError, match="2 series"):
+        parse_instant_result([{"value": [1, "1"]}, {"value": [1, "2"]}])
+
+
+def test_both_tracks_are_measured_at_the_same_instant() -> None:
+    seen: list[tuple[str, datetime]] = []
+    values = {"inter_token": 0.04, "time_to_first": 0.8, "_count": 500.0, "generation": 100.0, "up{": 2.0}
+
+    def query(promql: str, at: datetime) -> float | None:
+        seen.append((promql, at))
+        if 'track="canary"' in promql and "prompt" in promql:
+            return None
+        for key, value in values.items():
+            if key in promql and ("_count" in promql) == (key == "_count"):
+                return value
+        return None
+
+    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95)
+    assert {at for _, at in seen} == {T0}
+    assert w.canary.itl_ms == pytest.approx(40.0)
+    assert w.canary.ttft_ms == pytest.approx(800.0)
+    assert w.canary.replicas == 2 and w.canary.ttft_samples == 500.0
+    assert w.canary.prompt_tok_s is None and w.canary.throughput_tok_s == 100.0
+    assert w.canary.enough_samples(100) and not w.canary.enough_samples(501)
+    assert len(seen) == 2 * len(track_queries(SEL, "2m", 0.99, 0.95).__dict__)

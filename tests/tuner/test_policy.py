@@ -1,0 +1,129 @@
+"""Decisions: prune, promote with evidence, discard, inconclusive, infeasible, stop, re-tune."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.policy import (
+    AbortRules,
+    Decision,
+    Remedy,
+    SLOTargets,
+    StopReason,
+    assess_infeasibility,
+    judge_early,
+    judge_final,
+    objective_value,
+    should_stop,
+    sustained_violation,
+)
+from chunkpilot.tuner.study import record_from_values
+
+SLO = SLOTargets(itl_ms=50.0, ttft_ms=2000.0)
+ABORT = AbortRules(itl_factor=2.0, ttft_factor=2.0, min_samples=100)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def m(
+    track: str,
+    itl: float | None,
+    ttft: float | None,
+    samples: float = 500,
+    tok_s: float = 1000.0,
+    replicas: int = 1,
+) -> TrackMeasurement:
+    return TrackMeasurement(
+        track=track,
+        window="5m",
+        time=T0,
+        itl_quantile=0.99,
+        ttft_quantile=0.95,
+        itl_ms=itl,
+        ttft_ms=ttft,
+        itl_samples=samples * 50,
+        ttft_samples=samples,
+        generation_tok_s=tok_s,
+        prompt_tok_s=0.0,
+        request_rate=samples / 300,
+        replicas=replicas,
+    )
+
+
+def test_prune_needs_samples_and_a_wide_breach() -> None:
+    assert judge_early(m("canary", 120, 500, samples=20), SLO, ABORT).decision is Decision.CONTINUE
+    assert judge_early(m("canary", 90, 500), SLO, ABORT).decision is Decision.CONTINUE
+    pruned = judge_early(m("canary", 120, 500), SLO, ABORT)
+    assert pruned.decision is Decision.PRUNE and "ITL" in pruned.reason
+    assert judge_early(m("canary", 30, 4500), SLO, ABORT).decision is Decision.PRUNE
+
+
+def test_promote_when_canary_meets_the_slo_that_stable_violates() -> None:
+    j = judge_final(WindowMeasurement(m("canary", 45, 900), m("stable", 80, 700, replicas=2)), SLO, ABORT)
+    assert j.decision is Decision.PROMOTE
+
+
+def test_promote_needs_a_margin_over_a_feasible_incumbent() -> None:
+    close = judge_final(WindowMeasurement(m("canary", 40, 900), m("stable", 41, 900)), SLO, ABORT)
+    assert close.decision is Decision.DISCARD
+    better = judge_final(WindowMeasurement(m("canary", 20, 600), m("stable", 48, 1900)), SLO, ABORT)
+    assert better.decision is Decision.PROMOTE
+    assert better.canary_objective is not None and better.stable_objective is not None
+    assert better.canary_objective > better.stable_objective
+
+
+def test_objective_is_per_replica() -> None:
+    one = objective_value(m("canary", 40, 900, tok_s=1000.0), SLO)
+    three = objective_value(m("stable", 40, 900, tok_s=3000.0, replicas=3), SLO)
+    assert one == three
+
+
+def test_discard_when_canary_violates() -> None:
+    j = judge_final(WindowMeasurement(m("canary", 60, 900), m("stable", 80, 900)), SLO, ABORT)
+    assert j.decision is Decision.DISCARD
+
+
+def test_never_judge_on_missing_data() -> None:
+    no_data = judge_final(WindowMeasurement(m("canary", None, None), m("stable", 80, 900)), SLO, ABORT)
+    assert no_data.decision is Decision.INCONCLUSIVE
+    few = judge_final(WindowMeasurement(m("canary", 10, 100, samples=99), m("stable", 80, 900)), SLO, ABORT)
+    assert few.decision is Decision.INCONCLUSIVE
+
+
+def test_stable_without_samples_falls_back_to_the_incumbent_objective() -> None:
+    window = WindowMeasurement(m("canary", 40, 900), m("stable", None, None, samples=0))
+    assert judge_final(window, SLO, ABORT).decision is Decision.DISCARD
+    assert judge_final(window, SLO, ABORT, incumbent_objective=100.0).decision is Decision.PROMOTE
+
+
+def _rec(n: int, itl: float, ttft: float, obj: float = 100.0):  # type: ignore[no-untyped-def]
+    return record_from_values(n, {"max_num_batched_tokens": 256 + n}, obj, {"itl": itl, "ttft": ttft})
+
+
+def test_infeasible_names_best_quantiles_and_remedy() -> None:
+    itl_bound = [_rec(n, 0.2 + n / 10, -0.5) for n in range(6)]
+    verdict = assess_infeasibility(itl_bound, SLO, incumbent_met=False)
+    assert verdict is not None
+    assert verdict.best_itl_ms == 60.0
+    assert Remedy.PARALLELISM in verdict.remedies and "tensorParallelSize" in verdict.message
+    ttft_bound = [_rec(n, -0.1, 0.3) for n in range(6)]
+    verdict = assess_infeasibility(ttft_bound, SLO, incumbent_met=False)
+    assert verdict is not None and Remedy.MORE_REPLICAS in verdict.remedies
+    assert assess_infeasibility(itl_bound[:5], SLO, incumbent_met=False) is None
+    assert assess_infeasibility(itl_bound, SLO, incumbent_met=True) is None
+    assert assess_infeasibility([*itl_bound, _rec(9, -0.1, -0.1)], SLO, incumbent_met=False) is None
+
+
+def test_stop_after_max_trials_or_convergence() -> None:
+    improving = [_rec(n, -0.1, -0.1, obj=100.0 + 10 * n) for n in range(10)]
+    assert should_stop(improving, max_trials=20) is None
+    assert should_stop(improving, max_trials=10) is StopReason.MAX_TRIALS
+    flat = [_rec(0, -0.1, -0.1, obj=200.0)] + [_rec(n, -0.1, -0.1, obj=150.0) for n in range(1, 10)]
+    assert should_stop(flat, max_trials=20) is StopReason.CONVERGED
+
+
+def test_retune_only_after_a_sustained_violation() -> None:
+    window = timedelta(minutes=5)
+    assert not sustained_violation(None, T0, window)
+    assert not sustained_violation(T0, T0 + timedelta(minutes=4), window)
+    assert sustained_violation(T0, T0 + timedelta(minutes=5), window)

@@ -1,0 +1,143 @@
+"""Search space: floors, ceilings, bounds overrides, repairs and warm start."""
+
+from __future__ import annotations
+
+import pytest
+from chunkpilot.tuner.space import (
+    Knob,
+    ModelShape,
+    RooflineStepTime,
+    ServiceFacts,
+    SpaceError,
+    TunedConfig,
+    build_space,
+    compute_knee_tokens,
+    honours_partial_prefills,
+    largest_tokens_within,
+    load_accelerator,
+    model_guess,
+    warm_start,
+)
+
+LLAMA_8B = ModelShape("llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256)
+
+
+def roofline(accelerator: str = "h100") -> RooflineStepTime:
+    return RooflineStepTime(load_accelerator(accelerator), LLAMA_8B)
+
+
+def facts(**overrides: object) -> ServiceFacts:
+    base: dict[str, object] = {
+        "accelerator": "h100",
+        "model": "llama-3.1-8b",
+        "incumbent": TunedConfig(8192, 256),
+        "itl_target_ms": 50.0,
+    }
+    base.update(overrides)
+    return ServiceFacts(**base)  # type: ignore[arg-type]
+
+
+def test_budget_floor_is_the_compute_knee() -> None:
+    space = build_space(facts(), step_model=roofline())
+    knee = compute_knee_tokens(load_accelerator("h100"))
+    assert 280 <= knee <= 310  # 989 TFLOP/s / 3.35 TB/s
+    assert space.budget.low == knee
+    assert space.budget.log
+
+
+def test_budget_floor_respects_speculative_tokens() -> None:
+    space = build_space(facts(speculative_tokens=4), step_model=roofline())
+    seqs_low = space.ranges[Knob.MAX_NUM_SEQS].low
+    assert space.budget.low >= seqs_low * 5
+
+
+def test_budget_ceiling_follows_the_itl_target() -> None:
+    model = roofline()
+    tight = build_space(facts(itl_target_ms=30.0), step_model=model)
+    loose = build_space(facts(itl_target_ms=200.0), step_model=model)
+    assert tight.budget.high < loose.budget.high
+    assert model.step_time_s(tight.budget.high, 0, tight.budget.high // 2) <= 0.030 * 2.0
+    assert model.step_time_s(tight.budget.high + 1, 0, (tight.budget.high + 1) // 2) > 0.030 * 2.0
+
+
+def test_bounds_override_derived_limits() -> None:
+    space = build_space(
+        facts(),
+        bounds={"maxNumBatchedTokens": (512, 16384), "maxNumSeqs": (32, 64)},
+        step_model=roofline(),
+    )
+    assert (space.budget.low, space.budget.high) == (512, 16384)
+    assert (space.ranges[Knob.MAX_NUM_SEQS].low, space.ranges[Knob.MAX_NUM_SEQS].high) == (32, 64)
+
+
+def test_bounds_below_the_sequence_floor_name_the_field() -> None:
+    with pytest.raises(SpaceError, match=r"bounds\.maxNumBatchedTokens"):
+        build_space(
+            facts(speculative_tokens=4), bounds={"maxNumBatchedTokens": (64, 100), "maxNumSeqs": (32, 64)}
+        )
+
+
+def test_unknown_accelerator_is_a_clear_error() -> None:
+    with pytest.raises(SpaceError, match=r"spec\.resources\.accelerator"):
+        build_space(facts(accelerator="tpu-v9"))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_num_batched_tokens": 1, "max_num_seqs": 100000, "long_prefill_token_threshold": 1},
+        {"max_num_batched_tokens": 10**7, "max_num_seqs": 1, "long_prefill_token_threshold": 10**7},
+        {"max_num_batched_tokens": 400, "max_num_seqs": 400, "long_prefill_token_threshold": 300},
+    ],
+)
+def test_to_config_never_leaves_the_bounds(params: dict[str, int]) -> None:
+    space = build_space(facts(speculative_tokens=2), step_model=roofline())
+    config = space.to_config(params)
+    for knob, r in space.ranges.items():
+        value = getattr(config, knob.value)
+        if knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and value == 0:
+            continue
+        assert r.low <= value <= r.high, knob
+    assert config.max_num_batched_tokens >= config.max_num_seqs * 3
+
+
+def test_long_prefill_threshold_at_or_above_budget_means_off() -> None:
+    space = build_space(facts(), step_model=roofline())
+    config = space.to_config(
+        {"max_num_batched_tokens": 1024, "max_num_seqs": 64, "long_prefill_token_threshold": 2000}
+    )
+    assert config.long_prefill_token_threshold == 0
+    config = space.to_config(
+        {"max_num_batched_tokens": 1024, "max_num_seqs": 64, "long_prefill_token_threshold": 300}
+    )
+    assert config.long_prefill_token_threshold == 300
+
+
+def test_params_round_trip() -> None:
+    space = build_space(facts(), step_model=roofline())
+    config = space.to_config(
+        {"max_num_batched_tokens": 1500, "max_num_seqs": 100, "long_prefill_token_threshold": 300}
+    )
+    params = space.to_params(config)
+    assert params is not None
+    assert space.to_config(params) == config
+
+
+def test_partial_prefills_only_where_honoured() -> None:
+    incumbent = TunedConfig(2048, 128, max_num_partial_prefills=2)
+    assert Knob.MAX_NUM_PARTIAL_PREFILLS not in build_space(facts(incumbent=incumbent)).ranges
+    sim = build_space(facts(incumbent=incumbent, engine_kind="sim"))
+    assert Knob.MAX_NUM_PARTIAL_PREFILLS in sim.ranges
+    assert honours_partial_prefills("vllm", "0.8.5") and not honours_partial_prefills("vllm", "0.33.0")
+
+
+def test_model_guess_meets_the_itl_target_and_is_warm_started() -> None:
+    model = roofline()
+    f = facts(itl_target_ms=50.0)
+    space = build_space(f, step_model=model)
+    guess = model_guess(space, f, model)
+    budget = guess.max_num_batched_tokens
+    assert budget == largest_tokens_within(model, 0.050)
+    assert model.step_time_s(budget, 0, budget // 2) <= 0.050
+    starts = warm_start(space, f, model)
+    assert starts and space.to_config(starts[0]) == guess

@@ -1,0 +1,319 @@
+"""Measuring a track (stable or canary) of a service from Prometheus.
+
+Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
+(so load drift between them cancels out):
+
+- latency quantile: ``histogram_quantile(q, sum by (le) (rate(<hist>_bucket{sel}[W])))``
+- samples:          ``sum(increase(<hist>_count{sel}[W]))``
+- throughput:       ``sum(rate(vllm:generation_tokens_total{sel}[W]))`` (+ prompt tokens)
+- request rate:     ``sum(rate(vllm:request_success_total{sel}[W]))``
+- replicas:         ``count(up{sel} == 1)``
+
+Target labels: every engine target carries ``service``, ``namespace`` and
+``track`` labels (the local runtime writes them into its file_sd targets; in a
+cluster the PodMonitor maps the pod labels ``chunkpilot.io/service`` and
+``chunkpilot.io/track`` onto them).  The names are configurable through
+:class:`LabelScheme` for a Prometheus that keeps other names (e.g. the Prometheus
+Operator's default ``podTargetLabels`` spelling ``chunkpilot_io_track``).
+
+A query with no series or a NaN result is "no data", never zero; a quantile over
+fewer samples than required is not judged (see :class:`TrackMeasurement`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from chunkpilot.api import Measurement
+
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+
+
+class MetricsUnavailableError(RuntimeError):
+    """Prometheus could not be queried (unreachable, error response, malformed answer)."""
+
+
+class TrackName(StrEnum):
+    """The two Deployments of a service."""
+
+    STABLE = "stable"
+    CANARY = "canary"
+
+
+@dataclass(frozen=True)
+class LabelScheme:
+    """Names of the target labels that identify a service's engine pods in Prometheus."""
+
+    service: str = "service"
+    namespace: str = "namespace"
+    track: str = "track"
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which series belong to one track of one service."""
+
+    service: str
+    namespace: str | None
+    track: TrackName | str | None
+    labels: LabelScheme = field(default_factory=LabelScheme)
+
+    def render(self) -> str:
+        """The PromQL label matcher, e.g. ``{service="chat",namespace="default",track="canary"}``."""
+        pairs = [(self.labels.service, self.service)]
+        if self.namespace:
+            pairs.append((self.labels.namespace, self.namespace))
+        if self.track:
+            pairs.append((self.labels.track, str(self.track)))
+        return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def quantile_query(histogram: str, quantile: float, selector: Selector, window: str) -> str:
+    """``histogram_quantile`` over the per-bucket rates of all pods of the selected track."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    return (
+        f"histogram_quantile({quantile:g}, sum by (le) "
+        f"(rate({histogram}_bucket{selector.render()}[{window}])))"
+    )
+
+
+def count_query(histogram: str, selector: Selector, window: str) -> str:
+    """Observations of ``histogram`` in the window (samples behind the quantile)."""
+    return f"sum(increase({histogram}_count{selector.render()}[{window}]))"
+
+
+def rate_query(counter: str, selector: Selector, window: str) -> str:
+    """Per-second rate of a counter summed over the track's pods."""
+    return f"sum(rate({counter}{selector.render()}[{window}]))"
+
+
+def replicas_query(selector: Selector) -> str:
+    """Targets of the track that Prometheus scrapes successfully right now."""
+    return f"count(up{selector.render()} == 1)"
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """Every query needed to measure one track."""
+
+    itl: str
+    itl_samples: str
+    ttft: str
+    ttft_samples: str
+    generation_rate: str
+    prompt_rate: str
+    request_rate: str
+    replicas: str
+
+
+def track_queries(selector: Selector, window: str, itl_quantile: float, ttft_quantile: float) -> QuerySet:
+    """The queries measuring ``selector`` over ``window``."""
+    return QuerySet(
+        itl=quantile_query(ITL_HISTOGRAM, itl_quantile, selector, window),
+        itl_samples=count_query(ITL_HISTOGRAM, selector, window),
+        ttft=quantile_query(TTFT_HISTOGRAM, ttft_quantile, selector, window),
+        ttft_samples=count_query(TTFT_HISTOGRAM, selector, window),
+        generation_rate=rate_query(GENERATION_TOKENS, selector, window),
+        prompt_rate=rate_query(PROMPT_TOKENS, selector, window),
+        request_rate=rate_query(REQUEST_SUCCESS, selector, window),
+        replicas=replicas_query(selector),
+    )
+
+
+@dataclass(frozen=True)
+class TrackMeasurement:
+    """What one track did in the window; ``None`` means Prometheus had no data."""
+
+    track: str
+    window: str
+    time: datetime
+    itl_quantile: float
+    ttft_quantile: float
+    itl_ms: float | None = None
+    ttft_ms: float | None = None
+    itl_samples: float = 0.0
+    ttft_samples: float = 0.0
+    generation_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    request_rate: float | None = None
+    replicas: int = 0
+
+    def enough_samples(self, minimum: int) -> bool:
+        """True when both quantiles rest on at least ``minimum`` requests' observations.
+
+        ITL observations come one per generated token, so requests are what TTFT counts.
+        """
+        return (
+            self.itl_ms is not None
+            and self.ttft_ms is not None
+            and self.ttft_samples >= minimum
+            and self.itl_samples >= minimum
+        )
+
+    @property
+    def throughput_tok_s(self) -> float | None:
+        """Generated plus prompt tokens per second (None without data)."""
+        if self.generation_tok_s is None and self.prompt_tok_s is None:
+            return None
+        return (self.generation_tok_s or 0.0) + (self.prompt_tok_s or 0.0)
+
+    def per_replica(self, value: float | None) -> float | None:
+        """``value`` divided by the replicas seen (None without data or replicas)."""
+        if value is None or self.replicas <= 0:
+            return None
+        return value / self.replicas
+
+    def to_api(self, goodput_req_s: float | None = None) -> Measurement:
+        """The API's Measurement (whole-track numbers, not per replica)."""
+        return Measurement(
+            itl_ms=_round(self.itl_ms),
+            itl_quantile=self.itl_quantile,
+            ttft_ms=_round(self.ttft_ms),
+            ttft_quantile=self.ttft_quantile,
+            throughput_tok_s=_round(self.throughput_tok_s),
+            goodput_req_s=_round(goodput_req_s),
+            request_rate=_round(self.request_rate, 3),
+            samples=int(self.ttft_samples),
+            window=self.window,
+            time=self.time,
+        )
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass(frozen=True)
+class WindowMeasurement:
+    """Canary and stable measured over the same window, plus the offered load."""
+
+    canary: TrackMeasurement
+    stable: TrackMeasurement
+
+    @property
+    def offered_request_rate(self) -> float | None:
+        """Requests per second the service as a whole completed in the window."""
+        rates = [m.request_rate for m in (self.canary, self.stable) if m.request_rate is not None]
+        return sum(rates) if rates else None
+
+
+QueryFn = Callable[[str, datetime], float | None]
+"""Evaluate an instant PromQL query at a time; None for no data; raise MetricsUnavailableError."""
+
+
+def measure_track(
+    query: QueryFn,
+    selector: Selector,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+) -> TrackMeasurement:
+    """Run the queries of one track at instant ``at``."""
+    queries = track_queries(selector, window, itl_quantile, ttft_quantile)
+    itl = query(queries.itl, at)
+    ttft = query(queries.ttft, at)
+    replicas = query(queries.replicas, at)
+    return TrackMeasurement(
+        track=str(selector.track),
+        window=window,
+        time=at,
+        itl_quantile=itl_quantile,
+        ttft_quantile=ttft_quantile,
+        itl_ms=None if itl is None else itl * 1000.0,
+        ttft_ms=None if ttft is None else ttft * 1000.0,
+        itl_samples=query(queries.itl_samples, at) or 0.0,
+        ttft_samples=query(queries.ttft_samples, at) or 0.0,
+        generation_tok_s=query(queries.generation_rate, at),
+        prompt_tok_s=query(queries.prompt_rate, at),
+        request_rate=query(queries.request_rate, at),
+        replicas=int(replicas or 0),
+    )
+
+
+def measure_window(
+    query: QueryFn,
+    service: str,
+    namespace: str | None,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+    labels: LabelScheme | None = None,
+) -> WindowMeasurement:
+    """Canary and stable of ``service`` over the same ``window`` ending at ``at``."""
+    scheme = labels or LabelScheme()
+    results = {
+        track: measure_track(
+            query, Selector(service, namespace, track, scheme), window, at, itl_quantile, ttft_quantile
+        )
+        for track in (TrackName.CANARY, TrackName.STABLE)
+    }
+    return WindowMeasurement(canary=results[TrackName.CANARY], stable=results[TrackName.STABLE])
+
+
+def parse_instant_result(result: Any) -> float | None:
+    """The single scalar of an instant-vector answer; None for no series or NaN/Inf.
+
+    Several series (a query that was meant to aggregate but did not) are an error.
+    """
+    if not isinstance(result, list):
+        raise MetricsUnavailableError(f"unexpected Prometheus answer {result!r}: expected a vector")
+    if not result:
+        return None
+    if len(result) > 1:
+        raise MetricsUnavailableError(f"query returned {len(result)} series; expected one aggregated series")
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise MetricsUnavailableError(f"malformed sample {result[0]!r}") from exc
+    return value if math.isfinite(value) else None
+
+
+class PrometheusClient:
+    """Instant queries against one Prometheus server (prometheus-api-client underneath)."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> None:
+        from prometheus_api_client import PrometheusConnect
+
+        self.url = url
+        self._timeout = timeout_s
+        self._connect = PrometheusConnect(url=url, headers=dict(headers or {}), disable_ssl=False)
+
+    def query(self, promql: str, at: datetime | None = None) -> float | None:
+        """Evaluate ``promql`` at ``at`` (now when None); None for no data."""
+        params: dict[str, str] = {}
+        if at is not None:
+            params["time"] = f"{at.timestamp():.3f}"
+        try:
+            result = self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
+        except Exception as exc:  # requests errors and PrometheusApiClientException alike
+            raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        return parse_instant_result(result)
+
+    def healthy(self) -> bool:
+        """True when Prometheus answers a trivial query."""
+        try:
+            self.query("vector(1)")
+        except MetricsUnavailableError:
+            return False
+        return True
+
+
+def now_utc() -> datetime:
+    """The current time, timezone-aware (UTC)."""
+    return datetime.now(UTC)

@@ -1,0 +1,326 @@
+"""Pure safety and decision policy of the tuner: prune, promote, discard, infeasible, stop, re-tune.
+
+Nothing here talks to the cluster or Prometheus: every function takes
+measurements and settings and returns a decision with a human-readable reason.
+
+Objective.  Online, a canary receives its share of the live load, so every
+configuration that keeps up serves the same throughput; what distinguishes them
+is how much latency headroom they keep (headroom is capacity left for more load).
+The objective is therefore served throughput per replica (tokens/s, or requests/s
+per GPU for ``goodput``) scaled by ``1 + HEADROOM_WEIGHT x slack``, where slack is
+the smaller of ``1 - ITL/target`` and ``1 - TTFT/target``.  A configuration that
+sheds load (queues) loses throughput, one that runs close to a target loses slack.
+
+Promotion needs evidence: enough samples on both tracks in the same window, the
+canary within both SLOs, and either the stable track violating an SLO or the
+canary's objective above the stable one by ``PROMOTE_MARGIN``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.study import RecordState, TrialRecord, best_record
+
+#: Weight of the latency slack in the objective.
+HEADROOM_WEIGHT = 0.5
+#: Relative objective gain over the incumbent a feasible canary needs to be promoted.
+PROMOTE_MARGIN = 0.05
+#: Measured trials (without a feasible one) before the SLOs are declared infeasible.
+INFEASIBLE_MIN_TRIALS = 6
+#: Trials without a gain of at least CONVERGENCE_GAIN in the best objective before the tuner stops.
+CONVERGENCE_PATIENCE = 8
+CONVERGENCE_GAIN = 0.01
+#: How much longer than its window a trial may wait for enough samples before it is given up.
+INCONCLUSIVE_WINDOW_FACTOR = 2.0
+
+
+class ObjectiveKind(StrEnum):
+    """Mirrors the API's ``Objective``."""
+
+    THROUGHPUT = "throughput"
+    GOODPUT = "goodput"
+
+
+@dataclass(frozen=True)
+class SLOTargets:
+    """The latency objectives of a service."""
+
+    itl_ms: float
+    ttft_ms: float
+    itl_quantile: float = 0.99
+    ttft_quantile: float = 0.95
+
+    def as_dict(self) -> dict[str, float]:
+        return {"itl": self.itl_ms, "ttft": self.ttft_ms}
+
+
+@dataclass(frozen=True)
+class AbortRules:
+    """Early-abort thresholds (mirrors the API's ``AbortPolicy``)."""
+
+    itl_factor: float = 2.0
+    ttft_factor: float = 2.0
+    min_samples: int = 100
+
+
+class Decision(StrEnum):
+    """What to do with a trial after looking at its measurements."""
+
+    CONTINUE = "Continue"  # keep measuring
+    PRUNE = "Prune"  # canary breaches an SLO by the abort factor: stop now
+    PROMOTE = "Promote"  # meets the SLOs and beats the incumbent
+    DISCARD = "Discard"  # measured; not good enough
+    INCONCLUSIVE = "Inconclusive"  # not enough samples to judge
+
+
+@dataclass(frozen=True)
+class SLOCheck:
+    """Whether one measurement meets the SLOs (``met`` is None without data)."""
+
+    met: bool | None
+    excess_ms: dict[str, float] = field(default_factory=dict)  # measured - target
+    relative: dict[str, float] = field(default_factory=dict)  # measured / target - 1
+
+    @property
+    def slack(self) -> float | None:
+        """Smallest relative distance below a target (negative when violated)."""
+        return -max(self.relative.values()) if self.relative else None
+
+
+def check_slo(m: TrackMeasurement, slo: SLOTargets) -> SLOCheck:
+    """Compare measured quantiles to the targets; no data means ``met is None``."""
+    if m.itl_ms is None or m.ttft_ms is None:
+        return SLOCheck(met=None)
+    excess = {"itl": m.itl_ms - slo.itl_ms, "ttft": m.ttft_ms - slo.ttft_ms}
+    relative = {"itl": m.itl_ms / slo.itl_ms - 1.0, "ttft": m.ttft_ms / slo.ttft_ms - 1.0}
+    return SLOCheck(met=all(v <= 0 for v in excess.values()), excess_ms=excess, relative=relative)
+
+
+def objective_value(
+    m: TrackMeasurement,
+    slo: SLOTargets,
+    kind: ObjectiveKind = ObjectiveKind.THROUGHPUT,
+    gpus_per_replica: int = 1,
+) -> float | None:
+    """Headroom-scaled throughput per replica (or goodput per GPU); None without data."""
+    check = check_slo(m, slo)
+    if kind is ObjectiveKind.GOODPUT:
+        served = m.per_replica(m.request_rate)
+        served = None if served is None else served / max(1, gpus_per_replica)
+    else:
+        served = m.per_replica(m.throughput_tok_s)
+    if served is None or check.slack is None:
+        return None
+    slack = max(-1.0, min(1.0, check.slack))
+    return served * (1.0 + HEADROOM_WEIGHT * slack)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A decision with its evidence."""
+
+    decision: Decision
+    reason: str
+    canary: SLOCheck = field(default_factory=lambda: SLOCheck(met=None))
+    stable: SLOCheck = field(default_factory=lambda: SLOCheck(met=None))
+    canary_objective: float | None = None
+    stable_objective: float | None = None
+
+
+def _fmt(check: SLOCheck, m: TrackMeasurement, slo: SLOTargets) -> str:
+    if m.itl_ms is None or m.ttft_ms is None:
+        return "no data"
+    return (
+        f"ITL p{slo.itl_quantile * 100:g} {m.itl_ms:.0f}/{slo.itl_ms:g}ms, "
+        f"TTFT p{slo.ttft_quantile * 100:g} {m.ttft_ms:.0f}/{slo.ttft_ms:g}ms"
+    )
+
+
+def judge_early(canary: TrackMeasurement, slo: SLOTargets, abort: AbortRules) -> Judgement:
+    """Prune when the canary, on enough samples, breaches an SLO by the abort factor."""
+    check = check_slo(canary, slo)
+    if not canary.enough_samples(abort.min_samples):
+        return Judgement(Decision.CONTINUE, "waiting for samples", canary=check)
+    assert canary.itl_ms is not None and canary.ttft_ms is not None
+    if canary.itl_ms > slo.itl_ms * abort.itl_factor:
+        return Judgement(
+            Decision.PRUNE,
+            f"canary ITL {canary.itl_ms:.0f}ms exceeds {abort.itl_factor:g}x the {slo.itl_ms:g}ms target",
+            canary=check,
+        )
+    if canary.ttft_ms > slo.ttft_ms * abort.ttft_factor:
+        return Judgement(
+            Decision.PRUNE,
+            f"canary TTFT {canary.ttft_ms:.0f}ms exceeds {abort.ttft_factor:g}x the {slo.ttft_ms:g}ms target",
+            canary=check,
+        )
+    return Judgement(Decision.CONTINUE, "within the abort limits", canary=check)
+
+
+def judge_final(
+    window: WindowMeasurement,
+    slo: SLOTargets,
+    abort: AbortRules,
+    kind: ObjectiveKind = ObjectiveKind.THROUGHPUT,
+    gpus_per_replica: int = 1,
+    incumbent_objective: float | None = None,
+    margin: float = PROMOTE_MARGIN,
+) -> Judgement:
+    """Decide a trial at the end of its window: promote, discard, prune or inconclusive.
+
+    ``incumbent_objective`` stands in for the stable track when it has too few
+    samples of its own in this window (e.g. a single-replica service).
+    """
+    canary, stable = window.canary, window.stable
+    c_check, s_check = check_slo(canary, slo), check_slo(stable, slo)
+    c_obj = objective_value(canary, slo, kind, gpus_per_replica)
+    s_obj = objective_value(stable, slo, kind, gpus_per_replica)
+
+    def verdict(decision: Decision, reason: str) -> Judgement:
+        return Judgement(decision, reason, c_check, s_check, c_obj, s_obj)
+
+    if not canary.enough_samples(abort.min_samples):
+        return Judgement(
+            Decision.INCONCLUSIVE,
+            f"canary served {canary.ttft_samples:.0f} requests in {canary.window}; "
+            f"{abort.min_samples} needed to judge",
+        )
+    early = judge_early(canary, slo, abort)
+    if early.decision is Decision.PRUNE:
+        return verdict(Decision.PRUNE, early.reason)
+    if not c_check.met:
+        return verdict(Decision.DISCARD, f"canary violates the SLO ({_fmt(c_check, canary, slo)})")
+    stable_judged = stable.enough_samples(abort.min_samples)
+    if stable_judged and s_check.met is False:
+        return verdict(
+            Decision.PROMOTE,
+            f"canary meets the SLO ({_fmt(c_check, canary, slo)}) where stable violates it "
+            f"({_fmt(s_check, stable, slo)})",
+        )
+    reference = s_obj if stable_judged else incumbent_objective
+    if reference is None:
+        return verdict(
+            Decision.DISCARD,
+            "canary meets the SLO but there is no incumbent measurement to compare with",
+        )
+    assert c_obj is not None
+    gain = c_obj / reference - 1.0 if reference > 0 else float("inf")
+    if gain >= margin:
+        return verdict(
+            Decision.PROMOTE,
+            f"canary meets the SLO ({_fmt(c_check, canary, slo)}) with objective {c_obj:.1f} vs "
+            f"{reference:.1f} ({gain:+.0%})",
+        )
+    return verdict(
+        Decision.DISCARD,
+        f"canary meets the SLO but its objective {c_obj:.1f} is not {margin:.0%} above the incumbent's "
+        f"{reference:.1f} ({gain:+.0%})",
+    )
+
+
+# --------------------------------------------------------------------------- study-level policy
+
+
+class Remedy(StrEnum):
+    """What to change when no configuration can meet the SLOs."""
+
+    MORE_REPLICAS = "MoreReplicas"
+    PARALLELISM = "DifferentParallelism"
+    DISAGGREGATION = "PrefillDecodeDisaggregation"
+
+
+@dataclass(frozen=True)
+class Infeasibility:
+    """No tried configuration met both SLOs: the best achievable quantiles and the remedies."""
+
+    best_itl_ms: float | None
+    best_ttft_ms: float | None
+    remedies: tuple[Remedy, ...]
+    message: str
+
+
+def assess_infeasibility(
+    records: Sequence[TrialRecord],
+    slo: SLOTargets,
+    incumbent_met: bool | None,
+    min_trials: int = INFEASIBLE_MIN_TRIALS,
+) -> Infeasibility | None:
+    """An :class:`Infeasibility` when enough trials ran and none, nor the incumbent, met the SLOs."""
+    measured = [r for r in records if r.state is RecordState.COMPLETE and r.constraints]
+    if incumbent_met or len(measured) < min_trials or any(r.feasible for r in measured):
+        return None
+    itl = [r.constraints["itl"] for r in measured if "itl" in r.constraints]
+    ttft = [r.constraints["ttft"] for r in measured if "ttft" in r.constraints]
+    best_itl = (1.0 + min(itl)) * slo.itl_ms if itl else None
+    best_ttft = (1.0 + min(ttft)) * slo.ttft_ms if ttft else None
+    itl_ever = any(v <= 0 for v in itl)
+    ttft_ever = any(v <= 0 for v in ttft)
+    if not itl_ever:
+        remedies: tuple[Remedy, ...] = (Remedy.PARALLELISM, Remedy.DISAGGREGATION)
+        why = "even the smallest budgets tried keep decode steps above the ITL target"
+        fix = (
+            "raise spec.engine.tensorParallelSize (faster decode steps) or run prefill and decode "
+            "on separate pools (prefill/decode disaggregation)"
+        )
+    elif not ttft_ever:
+        remedies = (Remedy.MORE_REPLICAS, Remedy.DISAGGREGATION)
+        why = "prompts queue longer than the TTFT target at every budget tried"
+        fix = "raise spec.replicas (less load per replica) or use prefill/decode disaggregation"
+    else:
+        remedies = (Remedy.MORE_REPLICAS, Remedy.DISAGGREGATION)
+        why = "budgets small enough for the ITL target are too small for the TTFT target"
+        fix = "raise spec.replicas or use prefill/decode disaggregation"
+    best = (
+        f"best achieved ITL p{slo.itl_quantile * 100:g} {best_itl:.0f}ms (target {slo.itl_ms:g}ms), "
+        f"TTFT p{slo.ttft_quantile * 100:g} {best_ttft:.0f}ms (target {slo.ttft_ms:g}ms)"
+        if best_itl is not None and best_ttft is not None
+        else "no complete measurement"
+    )
+    message = f"no configuration of {len(measured)} measured meets both SLOs: {why}; {best}. Remedy: {fix}."
+    return Infeasibility(best_itl, best_ttft, remedies, message)
+
+
+class StopReason(StrEnum):
+    """Why a tuning run ended."""
+
+    MAX_TRIALS = "MaxTrialsReached"
+    CONVERGED = "Converged"
+    EXHAUSTED = "SearchSpaceExhausted"
+    INFEASIBLE = "SLOInfeasible"
+
+
+def should_stop(
+    records: Sequence[TrialRecord],
+    max_trials: int,
+    patience: int = CONVERGENCE_PATIENCE,
+    min_gain: float = CONVERGENCE_GAIN,
+) -> StopReason | None:
+    """Stop after ``max_trials`` trials, or when the best feasible objective has not improved
+    by ``min_gain`` over the last ``patience`` trials."""
+    if len(records) >= max_trials:
+        return StopReason.MAX_TRIALS
+    ordered = sorted(records, key=lambda r: r.number)
+    if len(ordered) <= patience:
+        return None
+    before = best_record(ordered[:-patience])
+    after = best_record(ordered)
+    if before is None or after is None or before.objective is None or after.objective is None:
+        return None
+    if after.objective <= before.objective * (1.0 + min_gain):
+        return StopReason.CONVERGED
+    return None
+
+
+def sustained_violation(violated_since: datetime | None, now: datetime, window: timedelta) -> bool:
+    """True when the stable track has violated the SLO continuously for at least ``window``."""
+    return violated_since is not None and now - violated_since >= window
+
+
+def trial_deadline(window: timedelta) -> timedelta:
+    """How long a trial may measure (waiting for samples) before it is given up as inconclusive."""
+    return window * INCONCLUSIVE_WINDOW_FACTOR

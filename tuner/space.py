@@ -1,0 +1,604 @@
+"""The search space of the scheduler knobs for one InferenceService.
+
+The token budget (``--max-num-batched-tokens``) is the main dial: an integer on a
+log scale between a floor and a ceiling derived from the hardware, the model and
+the SLO:
+
+- **floor**: the accelerator's compute knee (a pass over M tokens has arithmetic
+  intensity of about M FLOP/byte, so below the ridge point ``peak FLOP/s / HBM
+  bytes/s`` the GEMMs are bandwidth-bound and every token costs more), and never
+  below ``max-num-seqs x (1 + speculative tokens)`` (vLLM rejects smaller budgets);
+  without chunked prefill also never below ``max-model-len``;
+- **ceiling**: activation memory (a share of what the weights leave free) and the
+  ITL target: the largest budget whose predicted step time stays within
+  ``ITL_CEILING_HEADROOM x`` the ITL target.  The headroom is deliberate: a
+  quantile target lets a small fraction of steps exceed it, so at low load a
+  budget whose full-budget step is slower than the target can still meet it.
+
+``max-num-seqs`` and the long-prefill threshold are tuned too; the partial-prefill
+limits and ``max-num-active-seqs`` only when the engine version honours them and
+the service opted in (set them in the spec or gave bounds).  Bounds in the
+custom resource override every derived limit, and :meth:`SearchSpace.to_config`
+never returns a value outside the final bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol
+
+from optuna.distributions import BaseDistribution, IntDistribution
+
+#: The step time the budget ceiling may reach, as a multiple of the ITL target.
+ITL_CEILING_HEADROOM = 2.0
+#: Share of the memory left after the weights that activations of one pass may use.
+ACTIVATION_MEMORY_SHARE = 0.10
+#: Absolute limits no derived bound goes beyond.
+BUDGET_ABSOLUTE_MIN = 64
+BUDGET_ABSOLUTE_MAX = 131072
+LONG_PREFILL_MIN = 64
+
+
+class Knob(StrEnum):
+    """The tunable engine knobs; the values double as Optuna parameter names."""
+
+    MAX_NUM_BATCHED_TOKENS = "max_num_batched_tokens"
+    MAX_NUM_SEQS = "max_num_seqs"
+    LONG_PREFILL_TOKEN_THRESHOLD = "long_prefill_token_threshold"
+    MAX_NUM_PARTIAL_PREFILLS = "max_num_partial_prefills"
+    MAX_LONG_PARTIAL_PREFILLS = "max_long_partial_prefills"
+    MAX_NUM_ACTIVE_SEQS = "max_num_active_seqs"
+
+
+#: camelCase spelling used by the API (bounds, EngineConfig aliases).
+KNOB_ALIASES: dict[Knob, str] = {
+    Knob.MAX_NUM_BATCHED_TOKENS: "maxNumBatchedTokens",
+    Knob.MAX_NUM_SEQS: "maxNumSeqs",
+    Knob.LONG_PREFILL_TOKEN_THRESHOLD: "longPrefillTokenThreshold",
+    Knob.MAX_NUM_PARTIAL_PREFILLS: "maxNumPartialPrefills",
+    Knob.MAX_LONG_PARTIAL_PREFILLS: "maxLongPartialPrefills",
+    Knob.MAX_NUM_ACTIVE_SEQS: "maxNumActiveSeqs",
+}
+
+
+class SpaceError(ValueError):
+    """The service's facts or bounds leave no valid configuration; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class TunedConfig:
+    """Values of the tunable knobs (``None``: not set, the engine's default applies)."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int | None = None
+    max_num_active_seqs: int | None = None
+
+    def as_dict(self) -> dict[str, int | None]:
+        """Snake-case mapping of every knob."""
+        return {knob.value: getattr(self, knob.value) for knob in Knob}
+
+    def summary(self) -> str:
+        """Short human-readable form, e.g. ``budget=3072 seqs=256 lpt=off``."""
+        parts = [f"budget={self.max_num_batched_tokens}", f"seqs={self.max_num_seqs}"]
+        lpt = self.long_prefill_token_threshold
+        parts.append(f"lpt={lpt if lpt else 'off'}")
+        if self.max_num_partial_prefills is not None:
+            parts.append(f"partial={self.max_num_partial_prefills}")
+        if self.max_long_partial_prefills is not None:
+            parts.append(f"longpartial={self.max_long_partial_prefills}")
+        if self.max_num_active_seqs is not None:
+            parts.append(f"active={self.max_num_active_seqs}")
+        return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- hardware facts
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Peak numbers of one accelerator (dense BF16)."""
+
+    name: str
+    peak_tflops: float
+    hbm_tb_s: float
+    memory_gib: float
+    interconnect_gb_s: float = 300.0
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte where GEMMs turn compute-bound."""
+        return self.peak_tflops * 1e12 / (self.hbm_tb_s * 1e12)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The transformer dimensions the roofline needs."""
+
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Weights of the attention projections and the gated MLP of one layer."""
+        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        q = self.num_attention_heads * self.head_dim
+        return h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """BF16 bytes of all weights (embeddings and LM head included)."""
+        return 2 * (
+            self.num_hidden_layers * self.linear_params_per_layer + 2 * self.vocab_size * self.hidden_size
+        )
+
+
+def _profile_dir(kind: str) -> Any:
+    return resources.files("chunkpilot.engine").joinpath("sim", "profiles", kind)
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+
+
+@cache
+def _profiles(kind: str) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    folder = _profile_dir(kind)
+    try:
+        entries = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return table
+    for entry in entries:
+        if not entry.name.endswith(".json"):
+            continue
+        data = json.loads(entry.read_text())
+        for alias in [data["name"], *data.get("aliases", [])]:
+            table[_normalise(alias)] = data
+    return table
+
+
+#: Peaks from the public data sheets, used when the simulator's profile data is absent.
+_BUILTIN_ACCELERATORS: dict[str, dict[str, Any]] = {
+    name: {"name": name, "peak_tflops": tflops, "hbm_tb_s": tbs, "memory_gib": gib}
+    for name, tflops, tbs, gib in (
+        ("a100-40gb", 312.0, 1.555, 40.0),
+        ("a100-80gb", 312.0, 2.039, 80.0),
+        ("h100", 989.0, 3.35, 80.0),
+        ("h200", 989.0, 4.8, 141.0),
+        ("l40s", 362.0, 0.864, 48.0),
+        ("b200", 2250.0, 8.0, 180.0),
+    )
+}
+
+
+def load_accelerator(name: str) -> Accelerator:
+    """Accelerator profile by name or alias, from the simulator's profile data."""
+    key = _normalise(name)
+    data = _profiles("accelerators").get(key) or _BUILTIN_ACCELERATORS.get(key)
+    if data is None:
+        known = sorted(
+            {d["name"] for d in [*_profiles("accelerators").values(), *_BUILTIN_ACCELERATORS.values()]}
+        )
+        raise SpaceError(f"spec.resources.accelerator: unknown accelerator {name!r}; use one of {known}")
+    return Accelerator(
+        name=data["name"],
+        peak_tflops=float(data["peak_tflops"]),
+        hbm_tb_s=float(data["hbm_tb_s"]),
+        memory_gib=float(data["memory_gib"]),
+        interconnect_gb_s=float(data.get("interconnect_gb_s", 300.0)),
+    )
+
+
+def load_model_shape(name: str) -> ModelShape | None:
+    """Model dimensions by HF id or profile name; None when the model has no profile."""
+    key = _normalise(name.split("://", 1)[-1])
+    data = _profiles("models").get(key)
+    if data is None:
+        return None
+    return ModelShape(
+        name=data["name"],
+        hidden_size=int(data["hidden_size"]),
+        num_hidden_layers=int(data["num_hidden_layers"]),
+        num_attention_heads=int(data["num_attention_heads"]),
+        num_key_value_heads=int(data["num_key_value_heads"]),
+        head_dim=int(data.get("head_dim") or data["hidden_size"] // data["num_attention_heads"]),
+        intermediate_size=int(data["intermediate_size"]),
+        vocab_size=int(data["vocab_size"]),
+    )
+
+
+class StepTimeModel(Protocol):
+    """Predicted duration of one engine step (forward pass)."""
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Seconds for a pass over ``prefill_tokens`` prompt tokens (one chunk with
+        ``context_tokens`` of context) plus ``decode_seqs`` decoding sequences."""
+        ...
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """A compact roofline step-time model (the fallback when no calibrated model is given).
+
+    Linear layers take max(FLOPs / achieved peak, weight bytes / achieved bandwidth);
+    prefill attention grows with chunk x context; decode attention reads the KV cache;
+    each step pays a fixed overhead.
+    """
+
+    accelerator: Accelerator
+    model: ModelShape
+    tensor_parallel_size: int = 1
+    compute_efficiency: float = 0.75
+    bandwidth_efficiency: float = 0.70
+    attention_efficiency: float = 0.5
+    overhead_s: float = 0.004
+    decode_context_tokens: int = 1024
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        acc, m, tp = self.accelerator, self.model, max(1, self.tensor_parallel_size)
+        tokens = prefill_tokens + decode_seqs
+        peak = acc.peak_tflops * 1e12 * self.compute_efficiency
+        bandwidth = acc.hbm_tb_s * 1e12 * self.bandwidth_efficiency
+        params = m.num_hidden_layers * m.linear_params_per_layer / tp
+        linear = max(2.0 * tokens * params / peak, 2.0 * params / bandwidth)
+        q_width = m.num_attention_heads * m.head_dim / tp
+        prefill_attn = 4.0 * prefill_tokens * (context_tokens + prefill_tokens / 2) * q_width
+        prefill_attn *= m.num_hidden_layers / (peak * self.attention_efficiency / self.compute_efficiency)
+        kv_bytes_per_token = 2 * 2 * m.num_key_value_heads * m.head_dim * m.num_hidden_layers / tp
+        decode_attn = decode_seqs * self.decode_context_tokens * kv_bytes_per_token / bandwidth
+        return self.overhead_s + linear + prefill_attn + decode_attn
+
+
+# --------------------------------------------------------------------------- service facts
+
+
+@dataclass(frozen=True)
+class ServiceFacts:
+    """What the space is derived from: hardware, model, engine and SLO of one service."""
+
+    accelerator: str
+    model: str
+    incumbent: TunedConfig
+    itl_target_ms: float
+    max_model_len: int = 8192
+    tensor_parallel_size: int = 1
+    speculative_tokens: int = 0
+    engine_kind: str = "vllm"
+    engine_version: str = "0.33.0"
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.92
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", version)
+    return tuple(int(n) for n in numbers[:3]) if numbers else (0,)
+
+
+def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:
+    """True when the engine enforces ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``.
+
+    The simulator does (as an option); vLLM only before the V1 engine became the only one
+    (the flags were removed and V1 never enforced them).
+    """
+    if engine_kind == "sim":
+        return True
+    return _version_tuple(engine_version) < (0, 10)
+
+
+def honours_max_num_active_seqs(engine_kind: str, engine_version: str) -> bool:
+    """True when the engine accepts ``--max-num-active-seqs``."""
+    if engine_kind == "sim":
+        return True
+    return _version_tuple(engine_version) >= (0, 33)
+
+
+# --------------------------------------------------------------------------- the space
+
+
+@dataclass(frozen=True)
+class KnobRange:
+    """Inclusive integer range of one knob; ``log`` for a log-scaled search."""
+
+    low: int
+    high: int
+    log: bool = True
+
+    def clip(self, value: int) -> int:
+        return min(self.high, max(self.low, value))
+
+    def distribution(self) -> IntDistribution:
+        return IntDistribution(self.low, self.high, log=self.log and self.low >= 1)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Ranges of the tuned knobs plus the fixed values of the others.
+
+    ``long_prefill_off_allowed``: the long-prefill threshold may be switched off; a
+    sampled threshold at or above the budget means "off" (it would never bind).
+    """
+
+    ranges: Mapping[Knob, KnobRange]
+    fixed: TunedConfig
+    speculative_tokens: int = 0
+    max_model_len: int = 8192
+    long_prefill_off_allowed: bool = True
+    notes: tuple[str, ...] = field(default=())
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        """Optuna distributions of the tuned knobs."""
+        return {knob.value: r.distribution() for knob, r in self.ranges.items()}
+
+    def to_config(self, params: Mapping[str, Any]) -> TunedConfig:
+        """Turn sampled parameters into a valid configuration inside the bounds.
+
+        Repairs, in order: every value clipped into its range; max-num-seqs lowered
+        until ``budget >= seqs x (1 + k)``; a long-prefill threshold at or above the
+        budget (or at the top of its range) switched off; partial-prefill and active-sequence limits kept
+        consistent with each other and with max-num-seqs.
+        """
+        values = self.fixed.as_dict()
+        for knob, r in self.ranges.items():
+            raw = params.get(knob.value)
+            values[knob.value] = r.clip(int(raw)) if raw is not None else values[knob.value]
+        budget = int(values[Knob.MAX_NUM_BATCHED_TOKENS] or 0)
+        seqs = int(values[Knob.MAX_NUM_SEQS] or 1)
+        per_seq = 1 + self.speculative_tokens
+        if seqs * per_seq > budget:
+            seqs = max(1, budget // per_seq)
+            seq_range = self.ranges.get(Knob.MAX_NUM_SEQS)
+            if seq_range is not None:
+                seqs = max(seq_range.low, seqs)
+        values[Knob.MAX_NUM_SEQS] = seqs
+        lpt = values[Knob.LONG_PREFILL_TOKEN_THRESHOLD] or 0
+        lpt_range = self.ranges.get(Knob.LONG_PREFILL_TOKEN_THRESHOLD)
+        if (
+            lpt_range is not None
+            and self.long_prefill_off_allowed
+            and (lpt >= budget or lpt >= lpt_range.high)
+        ):
+            lpt = 0
+        values[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = min(lpt, self.max_model_len)
+        active = values[Knob.MAX_NUM_ACTIVE_SEQS]
+        if active is not None:
+            values[Knob.MAX_NUM_ACTIVE_SEQS] = min(active, seqs)
+        partial, long_partial = values[Knob.MAX_NUM_PARTIAL_PREFILLS], values[Knob.MAX_LONG_PARTIAL_PREFILLS]
+        if long_partial is not None and partial is not None:
+            values[Knob.MAX_LONG_PARTIAL_PREFILLS] = min(long_partial, partial)
+        return TunedConfig(**values)  # type: ignore[arg-type]
+
+    def to_params(self, config: TunedConfig) -> dict[str, int] | None:
+        """Optuna parameters that map onto ``config``, or None when it lies outside the space."""
+        params: dict[str, int] = {}
+        for knob, r in self.ranges.items():
+            value = getattr(config, knob.value)
+            if knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and value == 0:
+                if not self.long_prefill_off_allowed:
+                    return None
+                value = r.high
+            if value is None or not r.low <= value <= r.high:
+                return None
+            params[knob.value] = int(value)
+        if self.to_config(params) != config:
+            return None
+        return params
+
+    def contains(self, config: TunedConfig) -> bool:
+        """True when ``config`` is reachable from this space."""
+        return self.to_params(config) is not None
+
+    @property
+    def budget(self) -> KnobRange:
+        return self.ranges[Knob.MAX_NUM_BATCHED_TOKENS]
+
+    def describe(self) -> str:
+        """One line per tuned knob, for events and logs."""
+        parts = [f"{KNOB_ALIASES[k]}=[{r.low},{r.high}]" for k, r in self.ranges.items()]
+        return " ".join(parts)
+
+
+def largest_tokens_within(step_model: StepTimeModel, limit_s: float, high: int = BUDGET_ABSOLUTE_MAX) -> int:
+    """Largest prompt-token count whose predicted pass stays within ``limit_s`` (0 when none)."""
+
+    def fits(tokens: int) -> bool:
+        return step_model.step_time_s(tokens, 0, tokens // 2) <= limit_s
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, high
+    if fits(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def compute_knee_tokens(accelerator: Accelerator) -> int:
+    """Tokens per pass below which linear layers are bandwidth-bound (the ridge point)."""
+    return round(accelerator.ridge_point)
+
+
+def memory_ceiling_tokens(facts: ServiceFacts, accelerator: Accelerator, model: ModelShape | None) -> int:
+    """Largest budget whose activations fit the configured share of the memory left by the weights."""
+    if model is None:
+        return BUDGET_ABSOLUTE_MAX
+    tp = max(1, facts.tensor_parallel_size)
+    usable = accelerator.memory_gib * 2**30 * facts.gpu_memory_utilization - model.weight_bytes / tp
+    if usable <= 0:
+        raise SpaceError(
+            f"spec.model.name: {model.name} weights do not fit {accelerator.name} at "
+            f"tensorParallelSize={tp}; raise spec.engine.tensorParallelSize"
+        )
+    # Peak live activations per token: the gated MLP's two up-projections, the
+    # residual stream and attention projections, all in BF16.
+    per_token = 2 * (2 * model.intermediate_size / tp + 4 * model.hidden_size)
+    return int(usable * ACTIVATION_MEMORY_SHARE / per_token)
+
+
+def _bound(bounds: Mapping[str, tuple[int, int]], knob: Knob) -> tuple[int, int] | None:
+    return bounds.get(knob.value) or bounds.get(KNOB_ALIASES[knob])
+
+
+def build_space(
+    facts: ServiceFacts,
+    bounds: Mapping[str, tuple[int, int]] | None = None,
+    step_model: StepTimeModel | None = None,
+) -> SearchSpace:
+    """Derive the search space for ``facts``; ``bounds`` (knob -> (min, max)) override derived limits.
+
+    ``step_model`` predicts step times; without one a roofline from the simulator's
+    accelerator and model profiles is used (and no ITL ceiling when the model is unknown).
+    """
+    bounds = bounds or {}
+    accelerator = load_accelerator(facts.accelerator)
+    shape = load_model_shape(facts.model)
+    if step_model is None and shape is not None:
+        step_model = RooflineStepTime(accelerator, shape, facts.tensor_parallel_size)
+    notes: list[str] = []
+    inc = facts.incumbent
+    per_seq = 1 + facts.speculative_tokens
+    ranges: dict[Knob, KnobRange] = {}
+
+    # max-num-seqs first: its floor feeds the budget floor.
+    seq_bound = _bound(bounds, Knob.MAX_NUM_SEQS)
+    if seq_bound is not None:
+        seqs = KnobRange(*seq_bound)
+    else:
+        seqs = KnobRange(min(16, inc.max_num_seqs), max(512, inc.max_num_seqs))
+    ranges[Knob.MAX_NUM_SEQS] = seqs
+
+    knee = compute_knee_tokens(accelerator)
+    floor = max(knee, seqs.low * per_seq, BUDGET_ABSOLUTE_MIN)
+    if not facts.enable_chunked_prefill:
+        floor = max(floor, facts.max_model_len)
+    ceiling = min(memory_ceiling_tokens(facts, accelerator, shape), BUDGET_ABSOLUTE_MAX)
+    if step_model is not None:
+        itl_limit = largest_tokens_within(step_model, facts.itl_target_ms / 1000 * ITL_CEILING_HEADROOM)
+        if itl_limit < floor:
+            notes.append(
+                f"predicted step time at the compute knee ({floor} tokens) exceeds "
+                f"{ITL_CEILING_HEADROOM:g}x the ITL target; the ITL SLO may be infeasible"
+            )
+        ceiling = min(ceiling, max(itl_limit, floor))
+    budget_bound = _bound(bounds, Knob.MAX_NUM_BATCHED_TOKENS)
+    if budget_bound is not None:
+        low, high = budget_bound
+        low = max(low, seqs.low * per_seq)  # vLLM rejects anything smaller
+        if low > high:
+            raise SpaceError(
+                f"spec.autotune.bounds.maxNumBatchedTokens: max {high} is below maxNumSeqs.min x "
+                f"(1 + speculative tokens) = {seqs.low * per_seq}; raise the budget bound or lower "
+                "maxNumSeqs.min"
+            )
+        budget = KnobRange(low, high)
+    else:
+        budget = KnobRange(floor, max(ceiling, floor))
+    ranges = {Knob.MAX_NUM_BATCHED_TOKENS: budget, **ranges}
+
+    lpt_bound = _bound(bounds, Knob.LONG_PREFILL_TOKEN_THRESHOLD)
+    off_allowed = lpt_bound is None or lpt_bound[0] == 0
+    lpt_low = max(LONG_PREFILL_MIN, lpt_bound[0] if lpt_bound else LONG_PREFILL_MIN)
+    lpt_high = min(facts.max_model_len, lpt_bound[1] if lpt_bound else facts.max_model_len)
+    if lpt_bound is None:
+        lpt_high = min(lpt_high, budget.high)
+    if lpt_low <= lpt_high:
+        ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = KnobRange(lpt_low, lpt_high)
+
+    partial_ok = honours_partial_prefills(facts.engine_kind, facts.engine_version)
+    partial_bound = _bound(bounds, Knob.MAX_NUM_PARTIAL_PREFILLS)
+    if partial_ok and (partial_bound is not None or inc.max_num_partial_prefills is not None):
+        ranges[Knob.MAX_NUM_PARTIAL_PREFILLS] = KnobRange(*(partial_bound or (1, 8)), log=False)
+        long_bound = _bound(bounds, Knob.MAX_LONG_PARTIAL_PREFILLS)
+        if long_bound is not None or inc.max_long_partial_prefills is not None:
+            ranges[Knob.MAX_LONG_PARTIAL_PREFILLS] = KnobRange(*(long_bound or (1, 8)), log=False)
+    elif inc.max_num_partial_prefills is not None or partial_bound is not None:
+        notes.append(
+            f"{facts.engine_kind} {facts.engine_version} does not honour the partial-prefill limits; "
+            "not tuned"
+        )
+    active_bound = _bound(bounds, Knob.MAX_NUM_ACTIVE_SEQS)
+    if honours_max_num_active_seqs(facts.engine_kind, facts.engine_version) and (
+        active_bound is not None or inc.max_num_active_seqs is not None
+    ):
+        ranges[Knob.MAX_NUM_ACTIVE_SEQS] = KnobRange(*(active_bound or (seqs.low, seqs.high)))
+
+    for knob, r in ranges.items():
+        if r.low > r.high or r.low < 0:
+            raise SpaceError(
+                f"spec.autotune.bounds.{KNOB_ALIASES[knob]}: empty range [{r.low}, {r.high}]; "
+                "make min <= max and both non-negative"
+            )
+    fixed = replace(inc, long_prefill_token_threshold=inc.long_prefill_token_threshold or 0)
+    return SearchSpace(
+        ranges=ranges,
+        fixed=fixed,
+        speculative_tokens=facts.speculative_tokens,
+        max_model_len=facts.max_model_len,
+        long_prefill_off_allowed=off_allowed,
+        notes=tuple(notes),
+    )
+
+
+def model_guess(
+    space: SearchSpace, facts: ServiceFacts, step_model: StepTimeModel | None = None
+) -> TunedConfig:
+    """The budget whose predicted step time equals the ITL target (the rest as the incumbent).
+
+    Falls back to the geometric middle of the budget range when no step-time model exists.
+    """
+    if step_model is None:
+        shape = load_model_shape(facts.model)
+        if shape is not None:
+            step_model = RooflineStepTime(
+                load_accelerator(facts.accelerator), shape, facts.tensor_parallel_size
+            )
+    budget = space.budget
+    if step_model is None:
+        guess = int(math.sqrt(budget.low * budget.high))
+    else:
+        guess = largest_tokens_within(step_model, facts.itl_target_ms / 1000) or budget.low
+    params: dict[str, Any] = {Knob.MAX_NUM_BATCHED_TOKENS.value: budget.clip(guess)}
+    for knob, r in space.ranges.items():
+        if knob is Knob.MAX_NUM_BATCHED_TOKENS:
+            continue
+        value = getattr(space.fixed, knob.value)
+        if knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and not value:
+            value = r.high if space.long_prefill_off_allowed else r.low
+        params[knob.value] = r.clip(int(value if value is not None else r.low))
+    return space.to_config(params)
+
+
+def warm_start(
+    space: SearchSpace, facts: ServiceFacts, step_model: StepTimeModel | None = None
+) -> list[dict[str, int]]:
+    """Parameters to try first: the model-based guess (unless it is the incumbent).
+
+    The incumbent itself is never re-run as a canary: it is the stable track, measured
+    in every trial window, and enters the study as a known point (see
+    :func:`chunkpilot.tuner.study.incumbent_record`).
+    """
+    guess = model_guess(space, facts, step_model)
+    params = space.to_params(guess)
+    if params is None or guess == facts.incumbent:
+        return []
+    return [params]
