@@ -1,0 +1,1 @@
+"""Reference measurements and fitted efficiency constants of the step-time model."""

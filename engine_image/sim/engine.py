@@ -1,0 +1,89 @@
+"""The simulated engine: scheduler + KV cache + step-time model, advanced one step at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunkpilot.engine.sim.kvcache import KVCapacity, kv_capacity
+from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
+from chunkpilot.engine.sim.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from chunkpilot.engine.sim.steptime import StepProfile, StepTimeModel
+
+H100_CLASS_MIN_FLOPS = 900e12
+
+
+def default_limits(accelerator: Accelerator) -> tuple[int, int]:
+    """vLLM's server defaults ``(max_num_batched_tokens, max_num_seqs)`` for an accelerator class."""
+    if accelerator.peak_flops >= H100_CLASS_MIN_FLOPS and accelerator.memory_bytes >= 70 * 2**30:
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything that defines one simulated engine."""
+
+    model: str = "llama-3.1-8b"
+    accelerator: str = "h100"
+    tensor_parallel_size: int = 1
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    gpu_memory_utilization: float = 0.92
+    step_profile: str | None = None
+    seed: int = 0
+    num_kv_blocks: int | None = None
+
+    def build(self) -> EngineCore:
+        """Instantiate the engine this configuration describes."""
+        return EngineCore(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One executed step: when it started, how long it took, what it scheduled and produced."""
+
+    start_s: float
+    duration_s: float
+    output: SchedulerOutput
+    results: list[RequestOutput]
+
+    @property
+    def end_s(self) -> float:
+        """Time at which the step's tokens are emitted."""
+        return self.start_s + self.duration_s
+
+
+class EngineCore:
+    """Model, accelerator, KV capacity and scheduler of one simulated engine replica."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.model: ModelProfile = load_model(config.model)
+        self.accelerator: Accelerator = load_accelerator(config.accelerator)
+        profile = StepProfile.load(config.step_profile) if config.step_profile else None
+        self.step_model = StepTimeModel(self.model, self.accelerator, config.tensor_parallel_size, step_profile=profile)
+        sched = config.scheduler
+        self.capacity: KVCapacity = kv_capacity(
+            self.model,
+            self.accelerator,
+            config.tensor_parallel_size,
+            config.gpu_memory_utilization,
+            sched.max_num_batched_tokens,
+            sched.block_size,
+        )
+        blocks = config.num_kv_blocks if config.num_kv_blocks is not None else self.capacity.num_blocks
+        if blocks * sched.block_size < sched.max_model_len:
+            raise ValueError(
+                f"--max-model-len {sched.max_model_len} exceeds the {blocks * sched.block_size} tokens the KV "
+                f"cache holds for {self.model.name} on {config.tensor_parallel_size} x {self.accelerator.name}; "
+                "lower --max-model-len or raise --gpu-memory-utilization / --tensor-parallel-size"
+            )
+        self.scheduler = Scheduler(sched, blocks, seed=config.seed)
+
+    def step(self, now: float) -> StepResult | None:
+        """Schedule and execute one step starting at ``now``; None when nothing can run."""
+        output = self.scheduler.schedule(now)
+        if output.is_empty:
+            return None
+        duration = self.step_model.step_time(output.forward_pass)
+        results = self.scheduler.update(output, now + duration)
+        return StepResult(now, duration, output, results)

@@ -1,0 +1,352 @@
+"""Offline (discrete-event) mode: run a workload through the engine as fast as possible.
+
+Between events (an arrival, a request finishing, the KV cache filling up) a batch of pure decodes
+repeats with one more context token per sequence each step, so its step time grows linearly. Such
+stretches are advanced in bulk: the step times are summed in closed form per step without touching
+the requests, and the requests are updated once at the end. Everything else runs the scheduler step
+by step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from chunkpilot.engine.sim.engine import EngineCore, SimConfig
+from chunkpilot.engine.sim.scheduler import FinishReason, Request
+from chunkpilot.engine.sim.workload import Workload
+
+FloatArray = npt.NDArray[np.float64]
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives: a quantile (0-1) and a maximum in milliseconds for ITL and TTFT."""
+
+    itl_ms: float = 50.0
+    itl_quantile: float = 0.99
+    ttft_ms: float = 2000.0
+    ttft_quantile: float = 0.95
+
+    def __post_init__(self) -> None:
+        for name in ("itl_quantile", "ttft_quantile"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ValueError(f"--slo-{name.replace('_', '-')} must be in (0, 1)")
+        if self.itl_ms <= 0 or self.ttft_ms <= 0:
+            raise ValueError("--slo-itl-ms and --slo-ttft-ms must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Distribution summary in milliseconds."""
+
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+    mean: float
+
+    @classmethod
+    def of(cls, values_s: FloatArray, weights: FloatArray | None = None) -> Percentiles:
+        """Weighted percentiles of ``values_s`` (seconds), reported in milliseconds."""
+        if values_s.size == 0:
+            nan = math.nan
+            return cls(nan, nan, nan, nan, nan, nan)
+        order = np.argsort(values_s, kind="stable")
+        ordered = values_s[order]
+        ordered_weights = weights[order] if weights is not None else np.ones(values_s.size)
+        qs = [_sorted_quantile(ordered, ordered_weights, p / 100) * 1e3 for p in PERCENTILES]
+        mean = float(np.average(values_s, weights=weights)) * 1e3
+        return cls(qs[0], qs[1], qs[2], qs[3], float(values_s.max()) * 1e3, mean)
+
+
+def quantile(values: FloatArray, q: float, weights: FloatArray | None = None) -> float:
+    """The ``q`` quantile (inverted CDF) of ``values`` with optional integer-like weights."""
+    if values.size == 0:
+        return math.nan
+    if weights is None:
+        return float(np.quantile(values, q, method="inverted_cdf"))
+    order = np.argsort(values, kind="stable")
+    return _sorted_quantile(values[order], weights[order], q)
+
+
+def _sorted_quantile(ordered: FloatArray, weights: FloatArray, q: float) -> float:
+    cumulative = np.cumsum(weights)
+    index = int(np.searchsorted(cumulative, q * cumulative[-1], side="left"))
+    return float(ordered[min(index, ordered.size - 1)])
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Latencies of one finished request (seconds)."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    queue_s: float
+    ttft_s: float
+    e2e_s: float
+    tpot_s: float
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Result of one offline simulation (``--json`` prints this object)."""
+
+    requests: int
+    completed: int
+    duration_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    tpot_ms: Percentiles
+    queue_ms: Percentiles
+    throughput_tok_s: float
+    prompt_throughput_tok_s: float
+    request_throughput_req_s: float
+    goodput_req_s: float
+    slo_attainment: float
+    slo_met: bool
+    itl_at_slo_quantile_ms: float
+    ttft_at_slo_quantile_ms: float
+    preemptions: int
+    steps: int
+    prefix_cache_hit_rate: float
+    kv_cache_tokens: int
+    wall_s: float
+    slo: SLO
+    config: dict[str, Any] = field(default_factory=dict)
+    records: tuple[RequestRecord, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready mapping (per-request records left out)."""
+        data = asdict(self)
+        data.pop("records")
+        return data
+
+
+class _Recorder:
+    """Collects ITL samples (single values and bulk linear segments) during a run."""
+
+    def __init__(self) -> None:
+        self.itl: list[float] = []
+        self.segments: list[tuple[float, float, int, int]] = []
+
+    def itl_arrays(self) -> tuple[FloatArray, FloatArray]:
+        parts = [np.asarray(self.itl, dtype=np.float64)]
+        weights = [np.ones(len(self.itl), dtype=np.float64)]
+        for first, increment, count, weight in self.segments:
+            parts.append(first + increment * np.arange(count, dtype=np.float64))
+            weights.append(np.full(count, float(weight)))
+        return np.concatenate(parts), np.concatenate(weights)
+
+
+def simulate(
+    config: SimConfig,
+    workload: Workload,
+    slo: SLO | None = None,
+    *,
+    fast_forward: bool = True,
+    keep_records: bool = False,
+) -> Summary:
+    """Run ``workload`` on the engine ``config`` describes and summarise the latencies."""
+    wall_start = time.perf_counter()
+    slo = slo or SLO()
+    core = config.build()
+    sched = core.scheduler
+    max_len = sched.config.max_model_len
+    requests = [_request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
+                for i, spec in enumerate(workload.requests)]
+    recorder = _Recorder()
+    steps = _run(core, requests, recorder, fast_forward)
+    summary = _summarise(core, config, requests, recorder, steps, slo, keep_records)
+    return _with_wall(summary, time.perf_counter() - wall_start)
+
+
+def _request(index: int, arrival: float, prompt: int, output: int, hashes: tuple[int, ...], max_len: int) -> Request:
+    prompt = min(prompt, max_len - 1)
+    output = max(1, min(output, max_len - prompt))
+    return Request(str(index), arrival, prompt, output, hashes[: prompt // 16])
+
+
+def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_forward: bool) -> int:
+    sched, model = core.scheduler, core.step_model
+    pending = sorted(requests, key=lambda r: r.arrival_s)
+    next_index, now, steps = 0, 0.0, 0
+    itl = recorder.itl
+    while next_index < len(pending) or sched.has_unfinished():
+        while next_index < len(pending) and pending[next_index].arrival_s <= now:
+            sched.add_request(pending[next_index])
+            next_index += 1
+        next_arrival = pending[next_index].arrival_s if next_index < len(pending) else math.inf
+        if not sched.has_unfinished():
+            now = next_arrival
+            continue
+        if fast_forward:
+            advanced = _fast_forward(core, now, next_arrival, recorder)
+            if advanced:
+                now, steps = advanced[0], steps + advanced[1]
+                continue
+        output = sched.schedule(now)
+        if output.is_empty:
+            if next_index < len(pending):
+                now = max(now, next_arrival)
+                continue
+            raise RuntimeError("no request can be scheduled: a prompt needs more KV blocks than the cache holds")
+        end = now + model.step_time(output.forward_pass)
+        for result in sched.update(output, end):
+            if not result.is_first_token and result.previous_token_s is not None:
+                itl.append(end - result.previous_token_s)
+        now = end
+        steps += 1
+    return steps
+
+
+def _fast_forward(core: EngineCore, now: float, next_arrival: float, recorder: _Recorder) -> tuple[float, int] | None:
+    """Advance a stretch of identical pure-decode steps at once; None when the next step is not one."""
+    sched = core.scheduler
+    cfg = sched.config
+    running = sched.running
+    if cfg.num_speculative_tokens or not running or (sched.waiting and len(running) < cfg.max_running):
+        return None
+    batch = len(running)
+    context = 0
+    steps_left = 1 << 62
+    for request in running:
+        if request.last_token_s != now or not request.is_decoding:
+            return None
+        context += request.num_tokens
+        steps_left = min(
+            steps_left, request.max_output_tokens - request.num_output_tokens, cfg.max_model_len - request.num_tokens
+        )
+    kv = sched.kv
+    spare = kv.num_free_blocks // batch - 1
+    limit = min(steps_left, cfg.block_size * spare)
+    if limit < 2:
+        return None
+    model = core.step_model
+    first = model.fixed_time(batch, batch, batch) + model.decode_time_per_context_token * context
+    increment = model.decode_time_per_context_token * batch
+    t, n = now, 0
+    while n < limit and t < next_arrival:
+        t += first + increment * n
+        n += 1
+    if n < 2:
+        return None
+    extra = 0
+    for request in running:
+        request.num_output_tokens += n
+        request.num_computed_tokens += n
+        request.last_token_s = t
+        grow = kv.blocks_for(request.num_computed_tokens) - request.held_blocks
+        if grow > 0:
+            request.plain_blocks += grow
+            extra += grow
+    allocated = kv.allocate(extra)
+    assert allocated, "bulk decode outgrew the free KV blocks"
+    recorder.segments.append((first, increment, n, batch))
+    if n == steps_left:
+        for request in [r for r in running if r.num_output_tokens >= r.max_output_tokens or r.num_tokens >= cfg.max_model_len]:
+            sched.finish(request, t, FinishReason.LENGTH)
+    return t, n
+
+
+def _summarise(
+    core: EngineCore,
+    config: SimConfig,
+    requests: list[Request],
+    recorder: _Recorder,
+    steps: int,
+    slo: SLO,
+    keep_records: bool,
+) -> Summary:
+    done = [r for r in requests if r.finish_s is not None and r.first_token_s is not None]
+    records = tuple(_record(r) for r in done)
+    arrays = {
+        name: np.array([getattr(rec, name) for rec in records], dtype=np.float64)
+        for name in ("ttft_s", "e2e_s", "tpot_s", "queue_s")
+    }
+    itl_values, itl_weights = recorder.itl_arrays()
+    start = min((r.arrival_s for r in requests), default=0.0)
+    end = max((r.finish_s or 0.0 for r in done), default=start)
+    duration = max(end - start, 1e-9)
+    output_tokens = sum(r.num_output_tokens for r in done)
+    prompt_tokens = sum(r.prompt_tokens for r in done)
+    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
+    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
+    ttft_q = quantile(arrays["ttft_s"], slo.ttft_quantile) * 1e3
+    kv = core.scheduler.kv
+    return Summary(
+        requests=len(requests),
+        completed=len(done),
+        duration_s=duration,
+        ttft_ms=Percentiles.of(arrays["ttft_s"]),
+        itl_ms=Percentiles.of(itl_values, itl_weights),
+        e2e_ms=Percentiles.of(arrays["e2e_s"]),
+        tpot_ms=Percentiles.of(arrays["tpot_s"]),
+        queue_ms=Percentiles.of(arrays["queue_s"]),
+        throughput_tok_s=output_tokens / duration,
+        prompt_throughput_tok_s=prompt_tokens / duration,
+        request_throughput_req_s=len(done) / duration,
+        goodput_req_s=good / duration,
+        slo_attainment=good / len(requests) if requests else math.nan,
+        slo_met=bool(itl_q <= slo.itl_ms and ttft_q <= slo.ttft_ms) if done else False,
+        itl_at_slo_quantile_ms=itl_q,
+        ttft_at_slo_quantile_ms=ttft_q,
+        preemptions=core.scheduler.num_preemptions,
+        steps=steps,
+        prefix_cache_hit_rate=kv.hits / kv.queries if kv.queries else 0.0,
+        kv_cache_tokens=kv.num_blocks * kv.block_size,
+        wall_s=0.0,
+        slo=slo,
+        config=_describe(core, config),
+        records=records if keep_records else (),
+    )
+
+
+def _record(r: Request) -> RequestRecord:
+    assert r.first_token_s is not None and r.finish_s is not None
+    first_scheduled = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
+    tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0
+    return RequestRecord(
+        arrival_s=r.arrival_s,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=r.num_output_tokens,
+        cached_tokens=r.num_cached_tokens,
+        queue_s=first_scheduled - r.arrival_s,
+        ttft_s=r.first_token_s - r.arrival_s,
+        e2e_s=r.finish_s - r.arrival_s,
+        tpot_s=tpot,
+        preemptions=r.num_preemptions,
+    )
+
+
+def _describe(core: EngineCore, config: SimConfig) -> dict[str, Any]:
+    sched = config.scheduler
+    return {
+        "model": core.model.name,
+        "accelerator": core.accelerator.name,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_active_seqs": sched.max_num_active_seqs,
+        "max_model_len": sched.max_model_len,
+        "enable_chunked_prefill": sched.enable_chunked_prefill,
+        "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+        "enable_prefix_caching": sched.enable_prefix_caching,
+        "num_speculative_tokens": sched.num_speculative_tokens,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+    }
+
+
+def _with_wall(summary: Summary, wall_s: float) -> Summary:
+    return replace(summary, wall_s=wall_s)

@@ -1,0 +1,1 @@
+"""Built-in model and accelerator profiles (JSON data files, one per profile)."""

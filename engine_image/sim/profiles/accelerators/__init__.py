@@ -1,0 +1,1 @@
+"""Accelerator datasheet profiles: dense BF16 peak, HBM bandwidth, memory, interconnect."""

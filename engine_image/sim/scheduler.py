@@ -1,0 +1,456 @@
+"""vLLM V1 scheduling semantics: one pass per step over running, then waiting requests.
+
+Invariant at the top of every pass: each request is in exactly one of ``running`` (holding KV blocks
+for its computed tokens) or ``waiting`` (FCFS order, preempted requests at the front, holding none),
+and ``len(running) <= max_running``. Running requests are served first, in order: each takes
+``min(tokens it still needs (1 + k for a decode with k draft tokens), budget left, long-prefill cap)``.
+When its KV blocks cannot be allocated, the newest running request is preempted (recompute) until they
+can. Then, unless something was preempted, waiting requests are admitted FCFS while the token budget,
+the running-request limit and the KV cache allow; prefix-cache hits shrink the prompt still to compute
+(at most ``prompt - 1`` tokens hit). Without chunked prefill a prompt is admitted only whole.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
+from chunkpilot.engine.sim.steptime import ForwardPass
+
+
+class SchedulingPolicy(Enum):
+    """Order in which waiting requests are admitted."""
+
+    FCFS = "fcfs"
+
+
+class PreemptionMode(Enum):
+    """What happens to a preempted request's KV cache."""
+
+    RECOMPUTE = "recompute"
+
+
+class RequestStatus(Enum):
+    """Lifecycle of a request inside the engine."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(Enum):
+    """Why a request stopped (``finished_reason`` label of ``vllm:request_success_total``)."""
+
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The vLLM scheduler knobs the simulator honours (names follow the CLI flags)."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_num_active_seqs: int | None = None
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int | None = None
+    enable_prefix_caching: bool = True
+    num_speculative_tokens: int = 0
+    spec_acceptance_rate: float = 0.7
+    block_size: int = BLOCK_SIZE
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+
+    def __post_init__(self) -> None:
+        errors = self.problems()
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def problems(self) -> list[str]:
+        """Configuration errors in vLLM's wording, each naming the flag and the fix."""
+        out: list[str] = []
+        budget, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if budget < 1 or seqs < 1 or self.max_model_len < 1:
+            out.append("--max-num-batched-tokens, --max-num-seqs and --max-model-len must be positive")
+        if budget < seqs:
+            out.append(
+                f"--max-num-batched-tokens ({budget}) must be greater than or equal to --max-num-seqs ({seqs})"
+            )
+        if not self.enable_chunked_prefill and budget < self.max_model_len:
+            out.append(
+                f"--max-num-batched-tokens ({budget}) is smaller than --max-model-len ({self.max_model_len}) "
+                "without chunked prefill: the longest prompt could never be scheduled; raise the budget or "
+                "enable chunked prefill"
+            )
+        if self.long_prefill_token_threshold < 0 or self.long_prefill_token_threshold > self.max_model_len:
+            out.append(
+                f"--long-prefill-token-threshold ({self.long_prefill_token_threshold}) must be in "
+                f"[0, --max-model-len ({self.max_model_len})]"
+            )
+        if self.max_num_active_seqs is not None and not 1 <= self.max_num_active_seqs <= seqs:
+            out.append(f"--max-num-active-seqs ({self.max_num_active_seqs}) must be in [1, --max-num-seqs ({seqs})]")
+        if self.max_num_partial_prefills is not None and self.max_num_partial_prefills < 1:
+            out.append("--max-num-partial-prefills must be >= 1")
+        if self.max_long_partial_prefills is not None and (
+            self.max_num_partial_prefills is None or not 1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills
+        ):
+            out.append("--max-long-partial-prefills needs --max-num-partial-prefills and must be in [1, that value]")
+        k = self.num_speculative_tokens
+        if k < 0:
+            out.append("num_speculative_tokens must be >= 0")
+        if k and budget < seqs * (1 + k):
+            out.append(
+                f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs x (1 + "
+                f"num_speculative_tokens) = {seqs * (1 + k)} with speculative decoding"
+            )
+        if not 0.0 <= self.spec_acceptance_rate <= 1.0:
+            out.append("--spec-acceptance-rate must be in [0, 1]")
+        return out
+
+    @property
+    def max_running(self) -> int:
+        """Most requests that may be RUNNING at once."""
+        if self.max_num_active_seqs is None:
+            return self.max_num_seqs
+        return min(self.max_num_seqs, self.max_num_active_seqs)
+
+    @property
+    def long_prompt_threshold(self) -> int:
+        """Prompt length above which a prefill counts as long for the partial-prefill limits."""
+        if self.long_prefill_token_threshold > 0:
+            return self.long_prefill_token_threshold
+        return max(1, int(0.04 * self.max_model_len))
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One generation request and its progress (times in simulated seconds)."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    max_output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    plain_blocks: int = 0
+    cached_hashes: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens known so far."""
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def held_blocks(self) -> int:
+        """KV blocks this request holds."""
+        return self.plain_blocks + len(self.cached_hashes)
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when only the last sampled token is left to compute."""
+        return self.num_tokens - self.num_computed_tokens == 1 and self.num_output_tokens > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """Tokens one request computes in this step."""
+
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int
+    num_draft_tokens: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """The batch of one step."""
+
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted: tuple[Request, ...]
+    num_scheduled_tokens: int
+    forward_pass: ForwardPass
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing was scheduled."""
+        return not self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one request produced in one step."""
+
+    request: Request
+    new_tokens: int
+    is_first_token: bool
+    finished: bool
+    previous_token_s: float | None
+
+
+class Scheduler:
+    """Request queues, KV-cache accounting and the per-step scheduling decision."""
+
+    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, seed: int = 0) -> None:
+        self.config = config
+        self.kv = KVCacheManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.rng = random.Random(seed)
+        self.num_preemptions = 0
+        self.check_invariants = False
+
+    # ---- queue operations ------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (FCFS)."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def abort(self, request: Request, now: float) -> None:
+        """Drop a request wherever it is and free its blocks."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self._free(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.ABORT
+        request.finish_s = now
+
+    # ---- the pass --------------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Decide the batch of the next step (vLLM V1 order: running first, then waiting FCFS)."""
+        cfg = self.config
+        k = cfg.num_speculative_tokens
+        token_budget = cfg.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        cap = self._long_prefill_cap()
+        partial_prefills = 0
+        long_partial_prefills = 0
+        limit_partials = cfg.max_num_partial_prefills is not None
+
+        block_size = cfg.block_size
+        max_model_len = cfg.max_model_len
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            computed = request.num_computed_tokens
+            remaining = request.prompt_tokens + request.num_output_tokens - computed
+            decoding = remaining == 1 and request.num_output_tokens > 0
+            drafts = min(k, token_budget - 1) if decoding and k else 0
+            num_new = remaining + drafts
+            if not decoding and 0 < cap < num_new:
+                num_new = cap
+            if num_new > token_budget:
+                num_new = token_budget
+            if num_new > max_model_len - computed:
+                num_new = max_model_len - computed
+            if num_new <= 0:
+                req_index += 1
+                continue
+            if not decoding and limit_partials:
+                is_long = request.prompt_tokens > cfg.long_prompt_threshold
+                if not self._partial_allowed(partial_prefills, long_partial_prefills, is_long):
+                    req_index += 1
+                    continue
+                partial_prefills += 1
+                long_partial_prefills += is_long
+            needed = -(-(computed + num_new) // block_size) - request.plain_blocks - len(request.cached_hashes)
+            while needed > 0 and not self.kv.allocate(needed):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            if needed > 0:
+                request.plain_blocks += needed
+            scheduled.append(ScheduledRequest(request, num_new, computed, min(drafts, num_new - 1), not decoding))
+            token_budget -= num_new
+            req_index += 1
+
+        if not preempted:
+            index = 0
+            while index < len(self.waiting) and token_budget > 0 and len(self.running) < cfg.max_running:
+                request = self.waiting[index]
+                hits = 0
+                if request.num_computed_tokens == 0 and request.block_hashes:
+                    hits = self.kv.lookup(request.block_hashes, request.num_tokens)
+                cached_tokens = hits * cfg.block_size
+                num_new = request.num_tokens - cached_tokens
+                if 0 < cap < num_new:
+                    num_new = cap
+                if not cfg.enable_chunked_prefill and num_new > token_budget:
+                    break
+                num_new = min(num_new, token_budget)
+                if limit_partials:
+                    is_long = request.prompt_tokens > cfg.long_prompt_threshold
+                    if not self._partial_allowed(partial_prefills, long_partial_prefills, is_long):
+                        if is_long and partial_prefills < (cfg.max_num_partial_prefills or 0):
+                            index += 1  # a short prompt behind may still go (legacy partial-prefill rule)
+                            continue
+                        break
+                hit_hashes = request.block_hashes[:hits]
+                self.kv.acquire_cached(hit_hashes)
+                needed = self.kv.blocks_for(cached_tokens + num_new) - hits
+                if not self.kv.allocate(needed):
+                    self.kv.release(0, list(hit_hashes))
+                    break
+                if limit_partials:
+                    partial_prefills += 1
+                    long_partial_prefills += request.prompt_tokens > cfg.long_prompt_threshold
+                del self.waiting[index]
+                if request.block_hashes and request.status is RequestStatus.WAITING:
+                    self.kv.record_query(request.prompt_tokens, hits)
+                request.cached_hashes = list(hit_hashes)
+                request.plain_blocks = needed
+                request.num_computed_tokens = cached_tokens
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = cached_tokens
+                if request.first_scheduled_s is None:
+                    request.first_scheduled_s = now
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                scheduled.append(ScheduledRequest(request, num_new, cached_tokens, 0, True))
+                token_budget -= num_new
+
+        total = cfg.max_num_batched_tokens - token_budget
+        assert 0 <= total <= cfg.max_num_batched_tokens, "token budget overrun"
+        assert len(self.running) <= cfg.max_running, "running-request limit exceeded"
+        if self.check_invariants:
+            self._check()
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), total, self._forward_pass(scheduled, total))
+
+    def update(self, output: SchedulerOutput, now: float) -> list[RequestOutput]:
+        """Apply a finished step at time ``now``: advance computed tokens, sample, finish requests."""
+        cfg = self.config
+        results: list[RequestOutput] = []
+        finished: list[Request] = []
+        for item in output.scheduled:
+            request = item.request
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+            if request.block_hashes and self.kv.enable_prefix_caching:
+                self._promote_full_blocks(request)
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # partial prefill: nothing sampled yet
+            accepted = 0
+            if item.num_draft_tokens:
+                accept = cfg.spec_acceptance_rate
+                while accepted < item.num_draft_tokens and self.rng.random() < accept:
+                    accepted += 1
+            new_tokens = min(1 + accepted, request.max_output_tokens - request.num_output_tokens)
+            request.num_output_tokens += new_tokens
+            request.num_computed_tokens += new_tokens - 1
+            is_first = request.first_token_s is None
+            if is_first:
+                request.first_token_s = now
+            previous = request.last_token_s
+            request.last_token_s = now
+            done = request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= cfg.max_model_len
+            results.append(RequestOutput(request, new_tokens, is_first, done, previous))
+            if done:
+                finished.append(request)
+        for request in finished:
+            self.finish(request, now, FinishReason.LENGTH)
+        return results
+
+    def finish(self, request: Request, now: float, reason: FinishReason) -> None:
+        """Retire a running request and free its blocks."""
+        self.running.remove(request)
+        self._free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_s = now
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _long_prefill_cap(self) -> int:
+        """Per-request prefill cap of this step (0 = none); never applied to a lone request."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        if threshold <= 0 or len(self.running) + len(self.waiting) <= 1:
+            return 0
+        if not cfg.long_prefill_token_threshold_adaptive:
+            return threshold
+        decoding = sum(1 for r in self.running if r.is_decoding)
+        prefilling = len(self.running) - decoding + len(self.waiting)
+        left = cfg.max_num_batched_tokens - decoding * (1 + cfg.num_speculative_tokens)
+        return max(threshold, left // max(1, prefilling))
+
+    def _partial_allowed(self, partials: int, long_partials: int, is_long: bool) -> bool:
+        cfg = self.config
+        if cfg.max_num_partial_prefills is not None and partials >= cfg.max_num_partial_prefills:
+            return False
+        return not (is_long and cfg.max_long_partial_prefills is not None and long_partials >= cfg.max_long_partial_prefills)
+
+    def _promote_full_blocks(self, request: Request) -> None:
+        size = self.config.block_size
+        index = len(request.cached_hashes)
+        hashes = request.block_hashes
+        while index < len(hashes) and (index + 1) * size <= request.num_computed_tokens and request.plain_blocks > 0:
+            self.kv.promote(hashes[index])
+            request.cached_hashes.append(hashes[index])
+            request.plain_blocks -= 1
+            index += 1
+
+    def _preempt(self, request: Request) -> None:
+        self._free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _free(self, request: Request) -> None:
+        self.kv.release(request.plain_blocks, request.cached_hashes)
+        request.plain_blocks = 0
+        request.cached_hashes = []
+
+    def _forward_pass(self, scheduled: list[ScheduledRequest], total: int) -> ForwardPass:
+        pairs = 0.0
+        prefill_ctx = decode_ctx = sampled = 0
+        for item in scheduled:
+            end = item.num_computed_before + item.num_new_tokens
+            if item.is_prefill:
+                pairs += ForwardPass.prefill_pairs(item.num_new_tokens, item.num_computed_before)
+                prefill_ctx += end
+            else:
+                decode_ctx += end
+            if end - item.num_draft_tokens >= item.request.num_tokens:
+                sampled += 1 + item.num_draft_tokens
+        return ForwardPass(total, len(scheduled), sampled, pairs, prefill_ctx, decode_ctx)
+
+    def _check(self) -> None:
+        seen = {id(r) for r in self.running}
+        assert len(seen) == len(self.running), "request scheduled twice"
+        assert not seen & {id(r) for r in self.waiting}, "request both waiting and running"
+        for request in self.running:
+            assert request.held_blocks * self.config.block_size >= request.num_computed_tokens, "KV under-allocated"
+        for request in self.waiting:
+            assert request.held_blocks == 0, "waiting request holds blocks"
+        self.kv.check_invariants(sum(r.plain_blocks for r in self.running))
