@@ -1,0 +1,266 @@
+"""Pure builders: an InferenceService in, the desired child manifests out.
+
+Nothing here talks to the cluster. The operator applies these manifests (and
+adopts them); ``chunkpilot render`` prints them; the tuner builds its canary
+Deployments with :func:`build_deployment`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from chunkpilot.operator.engines import (
+    ENGINE_PORT,
+    ENGINE_PORT_NAME,
+    EngineRender,
+    RenderProblem,
+    render_engine,
+)
+
+from chunkpilot.api import (
+    LABEL_CONFIG_HASH,
+    LABEL_SERVICE,
+    LABEL_TRACK,
+    EngineConfig,
+    InferenceService,
+    Track,
+)
+
+MANAGED_BY: Final = "chunkpilot"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+ANNOTATION_ENGINE: Final = "chunkpilot.io/engine"
+ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
+ENGINE_CONTAINER: Final = "engine"
+HEALTH_PATH: Final = "/health"
+METRICS_PATH: Final = "/metrics"
+POD_MONITOR_API_VERSION: Final = "monitoring.coreos.com/v1"
+#: Extra time a rollout may take beyond the engine's startup allowance before it counts as stuck.
+ROLLOUT_DEADLINE_MARGIN_S: Final = 300
+
+
+class RenderError(ValueError):
+    """The spec asks for something the engine version cannot do; ``problem`` says what."""
+
+    def __init__(self, problem: RenderProblem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+def deployment_name(service: str, track: Track | str) -> str:
+    """``<service>-stable`` or ``<service>-canary``."""
+    return f"{service}-{Track(track).value}"
+
+
+def service_labels(isvc: InferenceService) -> dict[str, str]:
+    """Labels every child of ``isvc`` carries; the Service selects on these alone."""
+    name = _name(isvc)
+    return {
+        "app.kubernetes.io/name": "chunkpilot-engine",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_SERVICE: name,
+    }
+
+
+def selector_labels(isvc: InferenceService, track: Track | str) -> dict[str, str]:
+    """The immutable Deployment selector: service and track, never the config hash."""
+    return {LABEL_SERVICE: _name(isvc), LABEL_TRACK: Track(track).value}
+
+
+def effective_config(isvc: InferenceService, config: EngineConfig | None = None) -> EngineConfig:
+    """The knobs a Deployment runs with: ``config`` if given, else those in the spec."""
+    return config if config is not None else EngineConfig.from_engine(isvc.spec.engine)
+
+
+def render_for(isvc: InferenceService, config: EngineConfig | None = None) -> EngineRender:
+    """Render the engine container for ``isvc`` with ``config`` applied; raise :class:`RenderError`."""
+    spec = isvc.spec
+    if config is not None:
+        spec = spec.model_copy(update={"engine": config.apply_to(spec.engine)})
+    result = render_engine(spec)
+    if not isinstance(result, EngineRender):
+        raise RenderError(result)
+    return result
+
+
+def build_deployment(
+    isvc: InferenceService,
+    track: Track | str,
+    config: EngineConfig | None = None,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """The Deployment running ``isvc``'s engine on ``track`` with ``config`` (default: the spec's knobs).
+
+    ``replicas`` defaults to ``spec.replicas`` on the stable track and to
+    ``spec.autotune.canaryReplicas`` on the canary track. Raises
+    :class:`RenderError` when the engine version cannot honour a knob.
+    """
+    track = Track(track)
+    knobs = effective_config(isvc, config)
+    render = render_for(isvc, config)
+    config_hash = knobs.config_hash()
+    if replicas is None:
+        replicas = isvc.spec.replicas if track == Track.STABLE else isvc.spec.autotune.canary_replicas
+    labels = {**service_labels(isvc), LABEL_TRACK: track.value, LABEL_CONFIG_HASH: config_hash}
+    annotations = {
+        ANNOTATION_ENGINE: f"{render.engine} {render.version}",
+        ANNOTATION_CONFIG: json.dumps(knobs.to_k8s(), sort_keys=True, separators=(",", ":")),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(isvc, deployment_name(_name(isvc), track), labels, annotations),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": render.probes.startup_budget_s + ROLLOUT_DEADLINE_MARGIN_S,
+            "selector": {"matchLabels": selector_labels(isvc, track)},
+            # Never drop below the serving capacity during a rollout: surge one pod at a time.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": _pod_spec(isvc, render),
+            },
+        },
+    }
+
+
+def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
+    resources = isvc.spec.resources
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": ENGINE_PORT_NAME}, "timeoutSeconds": 5}
+    timing = render.probes
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER,
+        "image": render.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(render.command),
+        "args": list(render.args),
+        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "resources": {kind: dict(values) for kind, values in render.resources.items()},
+        "startupProbe": {
+            **probe,
+            "periodSeconds": timing.startup_period_s,
+            "failureThreshold": timing.startup_failure_threshold,
+        },
+        "readinessProbe": {**probe, "periodSeconds": timing.readiness_period_s, "failureThreshold": 3},
+        "livenessProbe": {
+            **probe,
+            "periodSeconds": timing.liveness_period_s,
+            "failureThreshold": timing.liveness_failure_threshold,
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if render.env:
+        container["env"] = [dict(item) for item in render.env]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": render.shm_size}},
+    ]
+    if render.model_volume is not None:
+        container["volumeMounts"].append(
+            {"name": "model", "mountPath": render.model_volume.mount_path, "readOnly": True}
+        )
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": render.model_volume.claim_name, "readOnly": True},
+            }
+        )
+    pod: dict[str, Any] = {
+        # A Service named like an engine variable (e.g. "vllm") would inject VLLM_PORT=tcp://...
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": render.termination_grace_period_s,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if resources.node_selector:
+        pod["nodeSelector"] = dict(resources.node_selector)
+    if resources.tolerations:
+        pod["tolerations"] = [toleration.to_k8s() for toleration in resources.tolerations]
+    return pod
+
+
+def build_service(isvc: InferenceService) -> dict[str, Any]:
+    """The Service in front of every engine pod of ``isvc``: stable and canary both get traffic."""
+    name = _name(isvc)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(isvc, name, service_labels(isvc)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_SERVICE: name},
+            "ports": [
+                {
+                    "name": ENGINE_PORT_NAME,
+                    "port": ENGINE_PORT,
+                    "targetPort": ENGINE_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def build_pod_monitor(isvc: InferenceService, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor scraping every engine pod of ``isvc``.
+
+    ``labels`` are added so a Prometheus ``podMonitorSelector`` (e.g.
+    ``release: kube-prometheus-stack``) selects it. The track and config-hash
+    pod labels become target labels, so stable and canary can be compared.
+    """
+    name = _name(isvc)
+    return {
+        "apiVersion": POD_MONITOR_API_VERSION,
+        "kind": "PodMonitor",
+        "metadata": _metadata(isvc, name, {**service_labels(isvc), **dict(labels or {})}),
+        "spec": {
+            "selector": {"matchLabels": {LABEL_SERVICE: name}},
+            "podTargetLabels": [LABEL_SERVICE, LABEL_TRACK, LABEL_CONFIG_HASH],
+            "podMetricsEndpoints": [{"port": ENGINE_PORT_NAME, "path": METRICS_PATH, "interval": "15s"}],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Children:
+    """The desired children of one InferenceService (before adoption)."""
+
+    deployment: dict[str, Any]
+    service: dict[str, Any]
+    pod_monitor: dict[str, Any] | None
+
+    def manifests(self) -> list[dict[str, Any]]:
+        return [m for m in (self.deployment, self.service, self.pod_monitor) if m is not None]
+
+
+def build_children(
+    isvc: InferenceService, *, pod_monitor: bool, pod_monitor_labels: Mapping[str, str] | None = None
+) -> Children:
+    """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor."""
+    return Children(
+        deployment=build_deployment(isvc, Track.STABLE),
+        service=build_service(isvc),
+        pod_monitor=build_pod_monitor(isvc, pod_monitor_labels) if pod_monitor else None,
+    )
+
+
+def _name(isvc: InferenceService) -> str:
+    if not isvc.metadata.name:
+        raise ValueError("metadata.name is required: name the InferenceService")
+    return isvc.metadata.name
+
+
+def _metadata(
+    isvc: InferenceService, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if isvc.metadata.namespace:
+        meta["namespace"] = isvc.metadata.namespace
+    meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta

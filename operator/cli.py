@@ -1,0 +1,190 @@
+"""``chunkpilot operator`` (run the operator) and ``chunkpilot render`` (print child manifests offline)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from chunkpilot.operator.config import (
+    ENV_EXPECTED_REPLICAS,
+    OperatorConfig,
+    PodMonitorMode,
+    parse_labels,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``operator`` and ``render`` commands."""
+    run = subparsers.add_parser(
+        "operator",
+        help="run the operator (reconciles InferenceServices)",
+        description="Run the Chunkpilot operator against the cluster of the service account or kubeconfig.",
+    )
+    scope = run.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "-n", "--namespace", action="append", dest="namespaces", metavar="NS", help="watch NS (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    peering = run.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--peering", metavar="NAME", help="mandatory Kopf peering object: only one replica acts"
+    )
+    peering.add_argument("--standalone", action="store_true", help="no peering (a single replica only)")
+    run.add_argument("--priority", type=int, help="peering priority (default: higher for older replicas)")
+    run.add_argument(
+        "--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    run.add_argument(
+        "--pod-monitor",
+        choices=[mode.value for mode in PodMonitorMode],
+        default=os.environ.get("CHUNKPILOT_POD_MONITOR", PodMonitorMode.AUTO.value),
+        help="create PodMonitors: auto = when monitoring.coreos.com/v1 is served (default)",
+    )
+    run.add_argument(
+        "--pod-monitor-labels",
+        default=os.environ.get("CHUNKPILOT_POD_MONITOR_LABELS", ""),
+        metavar="K=V,...",
+        help="labels on each PodMonitor so Prometheus selects it, e.g. release=kube-prometheus-stack",
+    )
+    run.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("CHUNKPILOT_PROMETHEUS_URL"),
+        help="Prometheus for the autotuner",
+    )
+    run.add_argument("-v", "--verbose", action="store_true", help="log handler activity")
+    run.add_argument("--debug", action="store_true", help="log everything, including API traffic")
+    run.set_defaults(func=run_operator)
+
+    render = subparsers.add_parser(
+        "render",
+        help="print the manifests the operator would create for an InferenceService",
+        description="Validate InferenceService manifests and print their children (no cluster needed).",
+    )
+    render.add_argument(
+        "-f", "--filename", required=True, help="YAML file with InferenceServices ('-' = stdin)"
+    )
+    render.add_argument(
+        "--pod-monitor",
+        action="store_true",
+        help="include the PodMonitor (created when Prometheus Operator is installed)",
+    )
+    render.add_argument(
+        "--pod-monitor-labels", default="", metavar="K=V,...", help="labels on the PodMonitor"
+    )
+    render.set_defaults(func=run_render)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    """Start Kopf with the operator's handlers; returns when the operator stops."""
+    import kopf
+    from chunkpilot.operator import ha
+
+    try:
+        config = OperatorConfig(
+            pod_monitor=PodMonitorMode(args.pod_monitor),
+            pod_monitor_labels=parse_labels(args.pod_monitor_labels),
+            prometheus_url=args.prometheus_url or None,
+            expected_replicas=OperatorConfig.from_env().expected_replicas,
+        )
+    except ValueError as error:
+        print(f"chunkpilot operator: {error}", file=sys.stderr)
+        return 2
+    problem = ha.check_peering_settings(
+        expected_replicas=config.expected_replicas,
+        standalone=args.standalone,
+        mandatory=args.peering is not None,
+    )
+    if problem:
+        print(f"chunkpilot operator: {problem}", file=sys.stderr)
+        return 2
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    priority = args.priority
+    if args.peering and priority is None:
+        priority = ha.start_time_priority()
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+
+    import chunkpilot.operator.main  # noqa: F401  # registers the handlers
+
+    namespaces: list[str] = list(args.namespaces or [])
+    memo = kopf.Memo(config=config, namespaces=namespaces)
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=namespaces,
+        standalone=True if args.standalone else None,
+        peering_name=args.peering,
+        priority=priority,
+        liveness_endpoint=args.liveness,
+        memo=memo,
+    )
+    return 0
+
+
+def run_render(args: argparse.Namespace) -> int:
+    """Print the child manifests of every InferenceService in the file, or the validation errors."""
+    try:
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
+        labels = parse_labels(args.pod_monitor_labels)
+    except (OSError, ValueError) as error:
+        print(f"chunkpilot render: {error}", file=sys.stderr)
+        return 1
+    errors, manifests = render_text(text, pod_monitor=args.pod_monitor, pod_monitor_labels=labels)
+    if errors:
+        for message in errors:
+            print(message, file=sys.stderr)
+        return 1
+    _dump(manifests, sys.stdout)
+    return 0
+
+
+def render_text(
+    text: str, *, pod_monitor: bool = False, pod_monitor_labels: dict[str, str] | None = None
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """(errors, manifests) for a YAML stream; documents of other kinds are skipped."""
+    from chunkpilot.operator.builders import RenderError, build_children
+
+    from chunkpilot.api import ISVC_KIND, InferenceService, ManifestError
+
+    errors: list[str] = []
+    manifests: list[dict[str, Any]] = []
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc]
+    except yaml.YAMLError as error:
+        return [f"invalid YAML: {error}"], []
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict) or document.get("kind") != ISVC_KIND:
+            continue
+        where = (document.get("metadata") or {}).get("name") or f"document {index + 1}"
+        try:
+            isvc = InferenceService.from_manifest(document)
+            children = build_children(isvc, pod_monitor=pod_monitor, pod_monitor_labels=pod_monitor_labels)
+        except ManifestError as error:
+            errors.append(f"{where}: {error}")
+            continue
+        except RenderError as error:
+            errors.append(f"{where}: {error.problem.reason}: {error}")
+            continue
+        except ValueError as error:
+            errors.append(f"{where}: {error}")
+            continue
+        manifests.extend(children.manifests())
+    if not documents or (not manifests and not errors):
+        errors.append("no InferenceService found in the input")
+    return errors, manifests
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _dump(manifests: list[dict[str, Any]], stream: TextIO) -> None:
+    yaml.dump_all(manifests, stream, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
+
+
+__all__ = ["ENV_EXPECTED_REPLICAS", "register", "render_text", "run_operator", "run_render"]

@@ -1,0 +1,68 @@
+"""Operator configuration: command-line flags and environment variables, one dataclass."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+ENV_PREFIX: Final = "CHUNKPILOT_"
+ENV_POD_MONITOR: Final = "CHUNKPILOT_POD_MONITOR"
+ENV_POD_MONITOR_LABELS: Final = "CHUNKPILOT_POD_MONITOR_LABELS"
+ENV_PROMETHEUS_URL: Final = "CHUNKPILOT_PROMETHEUS_URL"
+ENV_EXPECTED_REPLICAS: Final = "CHUNKPILOT_OPERATOR_REPLICAS"
+ENV_KUBECONFIG: Final = "KUBECONFIG"
+
+FIELD_MANAGER: Final = "chunkpilot-operator"
+#: Prefix of the annotations Kopf keeps its handler progress and diff base in.
+PERSISTENCE_PREFIX: Final = "chunkpilot.io"
+FINALIZER: Final = "chunkpilot.io/finalizer"
+
+
+class PodMonitorMode(StrEnum):
+    """Whether to create a PodMonitor per service."""
+
+    AUTO = "auto"  # when the monitoring.coreos.com/v1 API is served
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """Parse ``key=value,key2=value2`` (the format of ``--pod-monitor-labels``)."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"invalid label {item!r}: use key=value pairs separated by commas, e.g. release=prometheus"
+            )
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the handlers need to know beyond the objects they are handed."""
+
+    pod_monitor: PodMonitorMode = PodMonitorMode.AUTO
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    prometheus_url: str | None = None
+    expected_replicas: int = 1
+    field_manager: str = FIELD_MANAGER
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if environ is None else environ
+        replicas_text = env.get(ENV_EXPECTED_REPLICAS, "1") or "1"
+        try:
+            replicas = int(replicas_text)
+        except ValueError:
+            raise ValueError(f"{ENV_EXPECTED_REPLICAS}={replicas_text!r} is not a whole number") from None
+        return cls(
+            pod_monitor=PodMonitorMode(env.get(ENV_POD_MONITOR, PodMonitorMode.AUTO.value) or "auto"),
+            pod_monitor_labels=parse_labels(env.get(ENV_POD_MONITOR_LABELS, "")),
+            prometheus_url=env.get(ENV_PROMETHEUS_URL) or None,
+            expected_replicas=replicas,
+        )

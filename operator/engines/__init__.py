@@ -1,0 +1,63 @@
+"""Engine renderers: turn an InferenceService spec into an engine container recipe.
+
+One renderer per engine kind. Each returns an :class:`EngineRender` or, when the
+spec asks for something the engine version cannot do, an
+:class:`UnsupportedKnob` / :class:`UnsupportedEngineVersion` naming the knob,
+the version and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from chunkpilot.operator.engines.common import (
+    ENGINE_PORT,
+    ENGINE_PORT_NAME,
+    EngineRender,
+    ModelVolume,
+    ProbeTiming,
+    RenderProblem,
+    RenderResult,
+    UnsupportedEngineVersion,
+    UnsupportedKnob,
+)
+from chunkpilot.operator.engines.sim import default_sim_image, render_sim
+from chunkpilot.operator.engines.versions import EngineVersion
+from chunkpilot.operator.engines.vllm import default_vllm_image, render_vllm
+
+from chunkpilot.api import EngineKind, InferenceServiceSpec
+
+Renderer = Callable[[InferenceServiceSpec], RenderResult]
+
+RENDERERS: Final[dict[EngineKind, Renderer]] = {
+    EngineKind.VLLM: render_vllm,
+    EngineKind.SIM: render_sim,
+}
+
+
+def render_engine(spec: InferenceServiceSpec) -> RenderResult:
+    """Render the engine container for ``spec`` with the renderer of its engine kind."""
+    return RENDERERS[EngineKind(spec.engine.kind)](spec)
+
+
+def default_image(kind: EngineKind, version: str) -> str:
+    """The image used when ``spec.engine.image`` is empty."""
+    return default_vllm_image(version) if kind == EngineKind.VLLM else default_sim_image()
+
+
+__all__ = [
+    "ENGINE_PORT",
+    "ENGINE_PORT_NAME",
+    "RENDERERS",
+    "EngineRender",
+    "EngineVersion",
+    "ModelVolume",
+    "ProbeTiming",
+    "RenderProblem",
+    "RenderResult",
+    "UnsupportedEngineVersion",
+    "UnsupportedKnob",
+    "default_image",
+    "render_engine",
+]

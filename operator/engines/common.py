@@ -1,0 +1,105 @@
+"""What an engine renderer produces: a container recipe, or the reason it cannot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+#: The engine's HTTP port (OpenAI API, /health and /metrics) and its name.
+ENGINE_PORT: Final = 8000
+ENGINE_PORT_NAME: Final = "http"
+#: Seconds the engine gets to drain in-flight requests after SIGTERM.
+SHUTDOWN_TIMEOUT_S: Final = 30
+#: Extra seconds the kubelet waits beyond the engine's own drain before SIGKILL.
+TERMINATION_GRACE_MARGIN_S: Final = 15
+#: Where a ``pvc://claim/path`` model is mounted.
+MODEL_MOUNT_PATH: Final = "/mnt/models"
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    """Probe periods for one engine: a long startup allowance, then fast readiness checks."""
+
+    startup_period_s: int
+    startup_failure_threshold: int
+    readiness_period_s: int = 5
+    liveness_period_s: int = 10
+    liveness_failure_threshold: int = 6
+
+    @property
+    def startup_budget_s(self) -> int:
+        """How long the engine may take to load before the kubelet restarts it."""
+        return self.startup_period_s * self.startup_failure_threshold
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    """A persistent volume claim holding the model weights (``pvc://claim/path``)."""
+
+    claim_name: str
+    mount_path: str = MODEL_MOUNT_PATH
+
+
+@dataclass(frozen=True)
+class EngineRender:
+    """Everything the Deployment builder needs to run one engine container."""
+
+    engine: str
+    version: str
+    image: str
+    command: list[str]
+    args: list[str]
+    env: list[dict[str, Any]] = field(default_factory=list)
+    gpus: int = 0
+    resources: dict[str, dict[str, str]] = field(default_factory=dict)
+    shm_size: str = "1Gi"
+    probes: ProbeTiming = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+    shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S
+    model_volume: ModelVolume | None = None
+
+    @property
+    def termination_grace_period_s(self) -> int:
+        """Always above the engine's own drain timeout so it is never killed mid-drain."""
+        return self.shutdown_timeout_s + TERMINATION_GRACE_MARGIN_S
+
+
+@dataclass(frozen=True)
+class UnsupportedKnob:
+    """A knob set in the spec that the chosen engine version cannot honour."""
+
+    knob: str  # manifest path, e.g. spec.engine.maxNumPartialPrefills
+    flag: str
+    engine: str
+    version: str
+    detail: str
+    remedy: str
+
+    reason: str = "UnsupportedKnob"
+
+    @property
+    def message(self) -> str:
+        where = f"{self.engine} {self.version}"
+        return f"{self.knob} ({self.flag}) is not supported by {where}: {self.detail}; {self.remedy}"
+
+
+@dataclass(frozen=True)
+class UnsupportedEngineVersion:
+    """An engine version this operator cannot render arguments for."""
+
+    engine: str
+    version: str
+    detail: str
+
+    reason: str = "UnsupportedEngineVersion"
+
+    @property
+    def knob(self) -> str:
+        return "spec.engine.version"
+
+    @property
+    def message(self) -> str:
+        return f"spec.engine.version {self.version!r} is not supported for {self.engine}: {self.detail}"
+
+
+RenderProblem = UnsupportedKnob | UnsupportedEngineVersion
+RenderResult = EngineRender | RenderProblem

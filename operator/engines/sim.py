@@ -1,0 +1,68 @@
+"""Render the simulator's command line: the vLLM argument vector plus its own flags.
+
+The simulator accepts the same flags as the vLLM version in the spec, so the
+same example runs on either engine; the version checks are shared too, so a
+manifest that works on the simulator also works on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from chunkpilot.operator.engines.common import (
+    EngineRender,
+    ProbeTiming,
+    RenderResult,
+    UnsupportedEngineVersion,
+)
+from chunkpilot.operator.engines.vllm import (
+    check_version,
+    engine_env,
+    first_unsupported_knob,
+    model_argument,
+    vllm_args,
+)
+
+from chunkpilot import __version__
+from chunkpilot.api import InferenceServiceSpec
+
+ENGINE_NAME: Final = "simulator"
+SIM_IMAGE_REPOSITORY: Final = "ghcr.io/chunkpilot/chunkpilot"
+SIM_PROBES: Final = ProbeTiming(startup_period_s=2, startup_failure_threshold=60, liveness_period_s=10)
+SIM_RESOURCES: Final = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def default_sim_image() -> str:
+    """The Chunkpilot image (it ships the simulator) matching this operator's version."""
+    return f"{SIM_IMAGE_REPOSITORY}:{__version__}"
+
+
+def sim_args(spec: InferenceServiceSpec, vllm_argv: list[str]) -> list[str]:
+    """The vLLM argument vector followed by the simulator's own flags."""
+    extra = list(spec.engine.extra_args)
+    base = vllm_argv[: len(vllm_argv) - len(extra)] if extra else list(vllm_argv)
+    return [*base, "--gpu", str(spec.resources.accelerator), *extra]
+
+
+def render_sim(spec: InferenceServiceSpec) -> RenderResult:
+    """Container recipe for the CPU simulator, or the problem that prevents one."""
+    version = check_version(spec.engine.version)
+    if isinstance(version, UnsupportedEngineVersion):
+        return version
+    problem = first_unsupported_knob(spec, version)
+    if problem is not None:
+        return problem  # the simulator honours exactly what that vLLM version would
+    _, volume = model_argument(spec.model.name)
+    return EngineRender(
+        engine=ENGINE_NAME,
+        version=str(version),
+        image=spec.engine.image or default_sim_image(),
+        command=["chunkpilot", "sim", "serve"],
+        args=sim_args(spec, vllm_args(spec, version)),
+        env=engine_env(spec, version),
+        gpus=0,
+        resources={kind: dict(values) for kind, values in SIM_RESOURCES.items()},
+        shm_size="64Mi",
+        probes=SIM_PROBES,
+        model_volume=volume,
+    )

@@ -1,0 +1,263 @@
+"""Render ``vllm serve`` arguments for the vLLM version in the spec.
+
+Flags come and go between vLLM releases. Each version-dependent knob is one
+:class:`KnobRule`; a knob set in the spec that the deployed version cannot
+honour is refused (:class:`UnsupportedKnob`) instead of producing a pod that
+crashes on an unknown flag or silently ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from chunkpilot.operator.engines.common import (
+    ENGINE_PORT,
+    MODEL_MOUNT_PATH,
+    SHUTDOWN_TIMEOUT_S,
+    EngineRender,
+    ModelVolume,
+    ProbeTiming,
+    RenderResult,
+    UnsupportedEngineVersion,
+    UnsupportedKnob,
+)
+from chunkpilot.operator.engines.versions import EngineVersion
+
+from chunkpilot.api import InferenceServiceSpec
+
+ENGINE_NAME: Final = "vLLM"
+#: Oldest release whose command line this renderer knows.
+MIN_VERSION: Final = EngineVersion(0, 8, 0)
+#: Partial-prefill limits are honoured natively (by the V0 scheduler) only before this release.
+V0_REMOVED: Final = EngineVersion(0, 9, 0)
+#: ``--no-enable-chunked-prefill`` exists from here on; earlier releases took ``=false``.
+#: (``--no-enable-prefix-caching`` exists in every supported release.)
+CHUNKED_PREFILL_NEGATION_SINCE: Final = EngineVersion(0, 10, 0)
+#: Newest knobs: the first release this renderer knows to accept them.
+V0_33: Final = EngineVersion(0, 33, 0)
+
+VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
+VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+
+
+def default_vllm_image(version: str) -> str:
+    """The upstream OpenAI-compatible server image for ``version`` (tags carry a ``v``)."""
+    return f"{VLLM_IMAGE_REPOSITORY}:v{version.removeprefix('v')}"
+
+
+@dataclass(frozen=True)
+class KnobRule:
+    """A spec knob whose flag only exists in a range of versions ``[since, until)``."""
+
+    knob: str
+    flag: str
+    is_set: Callable[[InferenceServiceSpec], bool]
+    since: EngineVersion | None = None
+    until: EngineVersion | None = None
+
+    def supports(self, version: EngineVersion) -> bool:
+        return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
+
+    def problem(self, version: EngineVersion) -> UnsupportedKnob:
+        if self.until is not None and version >= self.until:
+            detail = f"the flag was removed in {self.until} (the V1 engine does not enforce it)"
+            remedy = f"unset {self.knob.rsplit('.', 1)[-1]} or pin spec.engine.version below {self.until}"
+        else:
+            detail = f"the flag is only rendered for {ENGINE_NAME} {self.since} and later"
+            remedy = (
+                f"unset {self.knob.rsplit('.', 1)[-1]} or raise spec.engine.version to {self.since} or later"
+            )
+        return UnsupportedKnob(
+            knob=self.knob,
+            flag=self.flag,
+            engine=ENGINE_NAME,
+            version=str(version),
+            detail=detail,
+            remedy=remedy,
+        )
+
+
+KNOB_RULES: Final[tuple[KnobRule, ...]] = (
+    KnobRule(
+        "spec.engine.maxNumPartialPrefills",
+        "--max-num-partial-prefills",
+        lambda s: s.engine.max_num_partial_prefills is not None,
+        until=V0_REMOVED,
+    ),
+    KnobRule(
+        "spec.engine.maxLongPartialPrefills",
+        "--max-long-partial-prefills",
+        lambda s: s.engine.max_long_partial_prefills is not None,
+        until=V0_REMOVED,
+    ),
+    KnobRule(
+        "spec.engine.maxNumActiveSeqs",
+        "--max-num-active-seqs",
+        lambda s: s.engine.max_num_active_seqs is not None,
+        since=V0_33,
+    ),
+    KnobRule(
+        "spec.engine.longPrefillTokenThresholdAdaptive",
+        "--long-prefill-token-threshold-adaptive",
+        lambda s: bool(s.engine.long_prefill_token_threshold_adaptive),
+        since=V0_33,
+    ),
+)
+
+
+def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+    """Parse the spec's version and make sure this renderer knows its command line."""
+    try:
+        version = EngineVersion.parse(version_text)
+    except ValueError as error:
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, str(error))
+    if version < MIN_VERSION:
+        detail = f"the oldest supported release is {MIN_VERSION}; raise spec.engine.version"
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, detail)
+    return version
+
+
+def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
+    """The first knob set in ``spec`` that ``version`` cannot honour, if any."""
+    for rule in KNOB_RULES:
+        if rule.is_set(spec) and not rule.supports(version):
+            return rule.problem(version)
+    return None
+
+
+def model_argument(model_name: str) -> tuple[str, ModelVolume | None]:
+    """The positional model argument and, for ``pvc://claim/path``, the volume to mount."""
+    if model_name.startswith("hf://"):
+        return model_name.removeprefix("hf://"), None
+    if model_name.startswith("pvc://"):
+        claim, _, path = model_name.removeprefix("pvc://").partition("/")
+        mount = ModelVolume(claim_name=claim)
+        return f"{MODEL_MOUNT_PATH}/{path}".rstrip("/"), mount
+    return model_name, None
+
+
+def served_model_name(spec: InferenceServiceSpec) -> str:
+    """``spec.model.servedName`` or, by default, the model id without its URI scheme."""
+    if spec.model.served_name:
+        return spec.model.served_name
+    _, _, name = spec.model.name.rpartition("://")
+    return name
+
+
+def _bool_flag(flag: str, value: bool, negation: bool) -> str:
+    """``--flag`` when on; ``--no-flag`` when off, or ``--flag=false`` where no negation exists."""
+    if value:
+        return flag
+    return "--no-" + flag.removeprefix("--") if negation else f"{flag}=false"
+
+
+def _speculative_config(spec: InferenceServiceSpec) -> str | None:
+    speculative = spec.engine.speculative
+    if speculative is None:
+        return None
+    config: dict[str, Any] = {
+        "method": str(speculative.method),
+        "num_speculative_tokens": speculative.num_speculative_tokens,
+    }
+    if speculative.draft_model:
+        config["model"] = speculative.draft_model
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
+    """The ``vllm serve`` argument vector (model first) for ``version``; knobs already checked."""
+    engine = spec.engine
+    model, _ = model_argument(spec.model.name)
+    args = [
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ENGINE_PORT),
+        "--served-model-name",
+        served_model_name(spec),
+    ]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.max_model_len is not None:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
+    args += [
+        "--max-num-batched-tokens",
+        str(engine.max_num_batched_tokens),
+        "--max-num-seqs",
+        str(engine.max_num_seqs),
+    ]
+    if engine.max_num_active_seqs is not None:
+        args += ["--max-num-active-seqs", str(engine.max_num_active_seqs)]
+    args.append(
+        _bool_flag(
+            "--enable-chunked-prefill",
+            engine.enable_chunked_prefill,
+            negation=version >= CHUNKED_PREFILL_NEGATION_SINCE,
+        )
+    )
+    args += ["--long-prefill-token-threshold", str(engine.long_prefill_token_threshold)]
+    if engine.long_prefill_token_threshold_adaptive:
+        args.append("--long-prefill-token-threshold-adaptive")
+    if engine.max_num_partial_prefills is not None:
+        args += ["--max-num-partial-prefills", str(engine.max_num_partial_prefills)]
+    if engine.max_long_partial_prefills is not None:
+        args += ["--max-long-partial-prefills", str(engine.max_long_partial_prefills)]
+    args.append(_bool_flag("--enable-prefix-caching", engine.enable_prefix_caching, negation=True))
+    speculative = _speculative_config(spec)
+    if speculative is not None:
+        args += ["--speculative-config", speculative]
+    args += [
+        "--gpu-memory-utilization",
+        f"{engine.gpu_memory_utilization:g}",
+        "--tensor-parallel-size",
+        str(engine.tensor_parallel_size),
+    ]
+    if version >= V0_33:
+        args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    args += list(engine.extra_args)
+    return args
+
+
+def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[str, Any]]:
+    """Environment of a vLLM-compatible container: the model token, the engine selection."""
+    env: list[dict[str, Any]] = []
+    ref = spec.model.token_secret_ref
+    if ref is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    partial = (
+        spec.engine.max_num_partial_prefills is not None or spec.engine.max_long_partial_prefills is not None
+    )
+    if partial and version < V0_REMOVED:
+        # Only the V0 scheduler enforces the partial-prefill limits: select it explicitly.
+        env.append({"name": "VLLM_USE_V1", "value": "0"})
+    return env
+
+
+def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
+    """Container recipe for a vLLM engine, or the problem that prevents one."""
+    version = check_version(spec.engine.version)
+    if isinstance(version, UnsupportedEngineVersion):
+        return version
+    problem = first_unsupported_knob(spec, version)
+    if problem is not None:
+        return problem
+    gpus = spec.engine.tensor_parallel_size
+    _, volume = model_argument(spec.model.name)
+    return EngineRender(
+        engine=ENGINE_NAME,
+        version=str(version),
+        image=spec.engine.image or default_vllm_image(spec.engine.version),
+        command=["vllm", "serve"],
+        args=vllm_args(spec, version),
+        env=engine_env(spec, version),
+        gpus=gpus,
+        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        shm_size=f"{max(2, 4 * gpus)}Gi",
+        probes=VLLM_PROBES,
+        shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
+        model_volume=volume,
+    )

@@ -1,0 +1,118 @@
+"""Kopf handlers of the operator: thin wrappers around :class:`~chunkpilot.operator.reconcile.Reconciler`.
+
+* create / update (spec) / resume of an InferenceService: reconcile its children and status;
+* any event of a labelled child (stable Deployment, Service, PodMonitor): restore it
+  when it was edited or deleted by hand, and refresh the parent's status from the
+  Deployment. Drift is corrected by watching the children, not by polling: a
+  change is undone within one watch event, and an idle cluster costs no requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from chunkpilot.operator import ha
+from chunkpilot.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
+from chunkpilot.operator.config import FIELD_MANAGER, FINALIZER, PERSISTENCE_PREFIX, OperatorConfig
+from chunkpilot.operator.events import EventSpec
+from chunkpilot.operator.kube import KubeClient
+from chunkpilot.operator.reconcile import Reconciler
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, LABEL_SERVICE, VERSION
+
+CHILD_LABELS: dict[str, Any] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: kopf.PRESENT}
+
+
+def post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
+    """Post a Kubernetes Event on ``body`` (queued; Kopf sends it in the background)."""
+    kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """All operator settings in one place; refuses to start an unsafe HA setup."""
+    settings.posting.level = logging.INFO
+    settings.posting.loggers = False  # only the explicit Events below, no log spam in `kubectl describe`
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PERSISTENCE_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PERSISTENCE_PREFIX, key="last-handled-configuration"
+    )
+    # Serve what exists at startup; no cluster-wide CRD/namespace watches (least privilege).
+    settings.scanning.disabled = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.peering.stealth = True
+
+    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    memo["config"] = config
+    problem = ha.check_peering_settings(
+        expected_replicas=config.expected_replicas,
+        standalone=settings.peering.standalone,
+        mandatory=settings.peering.mandatory,
+    )
+    if problem:
+        raise kopf.PermanentError(problem)
+    kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
+    if settings.peering.mandatory:
+        missing = await ha.missing_peering_objects(
+            kube, settings.peering.name, settings.peering.clusterwide, memo.get("namespaces") or []
+        )
+        if missing:
+            await kube.close()
+            raise kopf.PermanentError(missing)
+    memo["reconciler"] = Reconciler(kube=kube, config=config, post_event=post_event)
+    logger.info(
+        "chunkpilot operator configured: pod monitor %s, peering %s",
+        config.pod_monitor.value,
+        "off"
+        if settings.peering.standalone
+        else f"{settings.peering.name!r} priority {settings.peering.priority}",
+    )
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        await reconciler.kube.close()
+
+
+@kopf.on.probe(id="reconciler")
+def reconciler_ready(memo: kopf.Memo, **_: Any) -> bool:
+    """Reported on the liveness endpoint (``--liveness``)."""
+    return "reconciler" in memo
+
+
+@kopf.on.resume(GROUP, VERSION, ISVC_PLURAL)
+@kopf.on.create(GROUP, VERSION, ISVC_PLURAL)
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="spec")
+async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Apply the stable Deployment, Service and PodMonitor; refresh the status."""
+    reconciler: Reconciler = memo["reconciler"]
+    await reconciler.reconcile(_raw(body))
+
+
+@kopf.on.event(GROUP, VERSION, ISVC_PLURAL)
+def service_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED" and "reconciler" in memo:
+        memo["reconciler"].forget(body.metadata.namespace, body.metadata.name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
+@kopf.on.event("monitoring.coreos.com", "v1", "podmonitors", labels=CHILD_LABELS)
+async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child changed or was deleted: restore it if it drifted, refresh the parent's status."""
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        await reconciler.child_changed(type, _raw(body))
+
+
+def _raw(body: kopf.Body) -> dict[str, Any]:
+    raw: dict[str, Any] = dict(body)
+    return raw

@@ -1,0 +1,326 @@
+"""The reconcile loop body: apply the desired children, correct drift, write status and Events.
+
+Handlers call into :class:`Reconciler`; it does the I/O (through
+:class:`~chunkpilot.operator.kube.KubeClient`) around the pure builders,
+status functions and event selection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+import kopf
+from chunkpilot.operator import events as ev
+from chunkpilot.operator.builders import (
+    POD_MONITOR_API_VERSION,
+    RenderError,
+    build_deployment,
+    build_pod_monitor,
+    build_service,
+    deployment_name,
+)
+from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
+from chunkpilot.operator.engines import RenderProblem
+from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
+from chunkpilot.operator.status import DeploymentState, Observation, compute_status, status_patch
+
+from chunkpilot.api import (
+    GROUP,
+    ISVC_PLURAL,
+    LABEL_SERVICE,
+    LABEL_TRACK,
+    VERSION,
+    InferenceService,
+    InferenceServiceStatus,
+    ManifestError,
+    Track,
+)
+
+logger = logging.getLogger(__name__)
+
+ISVC_API_VERSION: Final = f"{GROUP}/{VERSION}"
+#: How long the answer to "is the PodMonitor API served?" is trusted.
+API_DISCOVERY_TTL_S: Final = 300.0
+STATUS_WRITE_ATTEMPTS: Final = 5
+
+
+class ChildKind(StrEnum):
+    DEPLOYMENT = "Deployment"
+    SERVICE = "Service"
+    POD_MONITOR = "PodMonitor"
+
+
+ALL_KINDS: Final = frozenset(ChildKind)
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """True when every field of ``desired`` has the same value in ``actual``.
+
+    Fields the API server adds (defaults, status, bookkeeping) are ignored, so an
+    untouched child compares equal and is not written again.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            key in actual and is_subset(value, actual[key]) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(desired) == len(actual)
+            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
+        )
+    return bool(desired == actual)
+
+
+def is_terminating(body: Mapping[str, Any] | None) -> bool:
+    return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
+
+
+def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    return resource_path(ISVC_API_VERSION, ISVC_PLURAL, namespace, name, subresource)
+
+
+@dataclass
+class _Ensured:
+    actual: dict[str, Any] | None
+    previous: dict[str, Any] | None
+    created: bool = False
+    written: bool = False
+
+
+@dataclass
+class Reconciler:
+    """Reconciles InferenceServices through one API client; safe to share across handlers."""
+
+    kube: KubeClient
+    config: OperatorConfig
+    post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
+    _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _pod_monitor_api: tuple[float, bool] | None = None
+
+    # ------------------------------------------------------------------ entry points
+
+    async def reconcile(
+        self,
+        body: Mapping[str, Any],
+        *,
+        kinds: frozenset[ChildKind] = ALL_KINDS,
+        known: Mapping[ChildKind, dict[str, Any] | None] | None = None,
+        repair: bool = False,
+    ) -> None:
+        """Bring the children of one InferenceService in line with its spec and refresh its status.
+
+        ``kinds`` limits which children are checked; ``known`` passes bodies
+        already at hand (None = known to be gone); ``repair`` marks a reconcile
+        triggered by a change to a child, whose writes are reported as drift.
+        """
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            await self._reconcile_locked(body, kinds, dict(known or {}), repair)
+
+    async def child_changed(self, event_type: str | None, child: Mapping[str, Any]) -> None:
+        """A labelled child changed or vanished: restore it if needed and refresh the parent's status."""
+        meta = child.get("metadata", {})
+        labels = meta.get("labels") or {}
+        service = labels.get(LABEL_SERVICE)
+        namespace = meta.get("namespace")
+        if not service or not namespace:
+            return
+        kind = ChildKind(child["kind"])
+        if kind == ChildKind.DEPLOYMENT and labels.get(LABEL_TRACK) != Track.STABLE.value:
+            # Canary Deployments belong to the tuner; they only count towards the replicas.
+            kinds: frozenset[ChildKind] = frozenset()
+            known: dict[ChildKind, dict[str, Any] | None] = {}
+        else:
+            kinds = frozenset({kind})
+            known = {kind: None if event_type == "DELETED" else dict(child)}
+        parent = await self.kube.get(isvc_path(namespace, service))
+        if parent is None or is_terminating(parent):
+            return
+        owner_uids = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if owner_uids and parent["metadata"]["uid"] not in owner_uids:
+            return  # left over from an earlier object of the same name: the garbage collector removes it
+        await self.reconcile(parent, kinds=kinds, known=known, repair=True)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._locks.pop((namespace, name), None)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _reconcile_locked(
+        self,
+        body: Mapping[str, Any],
+        kinds: frozenset[ChildKind],
+        known: dict[ChildKind, dict[str, Any] | None],
+        repair: bool,
+    ) -> None:
+        meta = body["metadata"]
+        try:
+            isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
+        except ManifestError as error:
+            raise kopf.PermanentError(str(error)) from None
+        owner = _owner(body)
+        problem: RenderProblem | None = None
+        stable: dict[str, Any] | None = None
+        created: list[tuple[str, str]] = []
+
+        if ChildKind.DEPLOYMENT in kinds:
+            try:
+                desired = build_deployment(isvc, Track.STABLE)
+            except RenderError as error:
+                problem = error.problem
+                stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
+            else:
+                ensured = await self._ensure(desired, owner, known.get(ChildKind.DEPLOYMENT, _UNKNOWN))
+                stable = ensured.actual
+                if ensured.created:
+                    created.append(("Deployment", desired["metadata"]["name"]))
+                if ensured.written and not ensured.created:
+                    old_state = DeploymentState.from_manifest(ensured.previous) if ensured.previous else None
+                    new_state = DeploymentState.from_manifest(desired)
+                    if (
+                        old_state is not None
+                        and old_state.config_hash != new_state.config_hash
+                        and new_state.config
+                    ):
+                        self._emit(
+                            body,
+                            ev.rolled(
+                                desired["metadata"]["name"],
+                                old_state.config,
+                                new_state.config,
+                                new_state.config_hash or "",
+                            ),
+                        )
+                    elif repair:
+                        self._emit(
+                            body, ev.restored("Deployment", desired["metadata"]["name"], "edited by hand")
+                        )
+                elif ensured.created and repair:
+                    self._emit(
+                        body, ev.restored("Deployment", desired["metadata"]["name"], "deleted by hand")
+                    )
+        else:
+            stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
+
+        for kind, build in ((ChildKind.SERVICE, build_service), (ChildKind.POD_MONITOR, None)):
+            if kind not in kinds:
+                continue
+            if kind == ChildKind.POD_MONITOR:
+                if not await self._pod_monitor_wanted():
+                    continue
+                desired = build_pod_monitor(isvc, self.config.pod_monitor_labels)
+            else:
+                assert build is not None
+                desired = build(isvc)
+            ensured = await self._ensure(desired, owner, known.get(kind, _UNKNOWN))
+            name = desired["metadata"]["name"]
+            if ensured.created and not repair:
+                created.append((kind.value, name))
+            elif ensured.written and repair:
+                self._emit(
+                    body,
+                    ev.restored(kind.value, name, "deleted by hand" if ensured.created else "edited by hand"),
+                )
+
+        if created and not repair:
+            self._emit(body, ev.created(created))
+
+        canary = await self.kube.get(_deployment_path(isvc, Track.CANARY))
+        observation = Observation(
+            generation=int(meta.get("generation") or 0),
+            stable=DeploymentState.from_manifest(stable) if stable is not None else None,
+            canary=DeploymentState.from_manifest(canary) if canary is not None else None,
+            problem=problem,
+        )
+        await self._write_status(meta["namespace"], meta["name"], observation)
+
+    async def _ensure(self, desired: dict[str, Any], owner: dict[str, Any], current: Any) -> _Ensured:
+        """Apply ``desired`` unless the live object already matches it."""
+        kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]  # a plain dict is a valid owner body
+        if current is _UNKNOWN:
+            current = await self.kube.get(object_path(desired))
+        if current is not None and is_terminating(current):
+            return _Ensured(actual=current, previous=current)  # recreated once the deletion completes
+        if current is not None and is_subset(desired, current):
+            return _Ensured(actual=current, previous=current)
+        actual = await self.kube.apply(desired)
+        return _Ensured(actual=actual, previous=current, created=current is None, written=True)
+
+    async def _pod_monitor_wanted(self) -> bool:
+        mode = self.config.pod_monitor
+        if mode != PodMonitorMode.AUTO:
+            return mode == PodMonitorMode.ENABLED
+        now = time.monotonic()
+        if self._pod_monitor_api is None or now - self._pod_monitor_api[0] > API_DISCOVERY_TTL_S:
+            served = await self.kube.has_resource(POD_MONITOR_API_VERSION, "podmonitors")
+            self._pod_monitor_api = (now, served)
+        return self._pod_monitor_api[1]
+
+    async def _write_status(self, namespace: str, name: str, observation: Observation) -> None:
+        """Write the status computed from ``observation``; conditional on resourceVersion, retried."""
+        path = isvc_path(namespace, name)
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            fresh = await self.kube.get(path)
+            if fresh is None or is_terminating(fresh):
+                return
+            raw = fresh.get("status") or {}
+            try:
+                current: InferenceServiceStatus | None = InferenceServiceStatus.model_validate(raw)
+            except ValueError:
+                current = None
+            new = compute_status(current, observation)
+            patch = status_patch(raw, new)
+            if patch is None:
+                return
+            patch["metadata"] = {"resourceVersion": fresh["metadata"]["resourceVersion"]}
+            try:
+                await self.kube.merge_patch(isvc_path(namespace, name, "status"), patch)
+            except KubeError as error:
+                if error.conflict:
+                    continue
+                raise
+            for spec in ev.status_transitions(current, new):
+                self._emit(fresh, spec)
+            return
+        raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing underneath; retrying", delay=1)
+
+    def _emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
+        if self.post_event is not None:
+            self.post_event(body, spec)
+
+
+class _Unknown:
+    """Marker: the child's live state has not been fetched yet."""
+
+
+_UNKNOWN: Final = _Unknown()
+
+
+def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": body.get("apiVersion", ISVC_API_VERSION),
+        "kind": body.get("kind", "InferenceService"),
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "labels": dict(meta.get("labels") or {}),
+        },
+    }
+
+
+def _deployment_path(isvc: InferenceService, track: Track) -> str:
+    assert isvc.metadata.name is not None
+    return resource_path(
+        "apps/v1", "deployments", isvc.metadata.namespace, deployment_name(isvc.metadata.name, track)
+    )

@@ -1,0 +1,315 @@
+"""Pure status logic: conditions, phase and the status patch.
+
+One setter per condition; ``lastTransitionTime`` moves only when a condition's
+status flips; :func:`status_patch` returns a patch only when something the
+operator owns actually changed, so an unchanged reconcile writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from chunkpilot.operator.engines import RenderProblem
+
+from chunkpilot.api import (
+    LABEL_CONFIG_HASH,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    EngineConfig,
+    InferenceServiceStatus,
+    ServicePhase,
+)
+
+ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
+
+#: Fields of ``.status`` this operator writes; everything else belongs to the tuner.
+OWNED_FIELDS: Final = (
+    "phase",
+    "observedGeneration",
+    "conditions",
+    "appliedConfig",
+    "appliedConfigHash",
+    "replicas",
+    "readyReplicas",
+)
+
+
+class Reason(StrEnum):
+    """CamelCase reasons of the Ready, Progressing and Degraded conditions."""
+
+    AVAILABLE = "Available"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    SCALED_TO_ZERO = "ScaledToZero"
+    CREATING = "Creating"
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    REPLICA_FAILURE = "ReplicaFailure"
+    AS_EXPECTED = "AsExpected"
+    UNSUPPORTED_KNOB = "UnsupportedKnob"
+    UNSUPPORTED_ENGINE_VERSION = "UnsupportedEngineVersion"
+
+
+#: Ready=False reasons that only a spec change can fix.
+TERMINAL_REASONS: Final = frozenset({Reason.UNSUPPORTED_KNOB, Reason.UNSUPPORTED_ENGINE_VERSION})
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """What the operator reads from a Deployment to judge the service."""
+
+    desired: int
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    available: int = 0
+    generation: int = 0
+    observed_generation: int = 0
+    progress_deadline_exceeded: bool = False
+    replica_failure: str | None = None
+    config: EngineConfig | None = None
+    config_hash: str | None = None
+
+    @classmethod
+    def from_manifest(cls, deployment: Mapping[str, Any]) -> DeploymentState:
+        meta = deployment.get("metadata", {})
+        spec = deployment.get("spec", {})
+        status = deployment.get("status", {}) or {}
+        deadline = False
+        failure = None
+        for condition in status.get("conditions", []) or []:
+            if (
+                condition.get("type") == "Progressing"
+                and condition.get("reason") == "ProgressDeadlineExceeded"
+            ):
+                deadline = condition.get("status") == "False"
+            if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+                failure = condition.get("message") or condition.get("reason") or "ReplicaFailure"
+        config = None
+        raw = (meta.get("annotations") or {}).get(ANNOTATION_CONFIG)
+        if raw:
+            try:
+                config = EngineConfig.model_validate(json.loads(raw))
+            except ValueError:
+                config = None
+        return cls(
+            desired=int(spec.get("replicas", 1)),
+            replicas=int(status.get("replicas", 0) or 0),
+            ready=int(status.get("readyReplicas", 0) or 0),
+            updated=int(status.get("updatedReplicas", 0) or 0),
+            available=int(status.get("availableReplicas", 0) or 0),
+            generation=int(meta.get("generation", 0) or 0),
+            observed_generation=int(status.get("observedGeneration", 0) or 0),
+            progress_deadline_exceeded=deadline,
+            replica_failure=failure,
+            config=config,
+            config_hash=(meta.get("labels") or {}).get(LABEL_CONFIG_HASH),
+        )
+
+    @property
+    def rollout_complete(self) -> bool:
+        """The controller saw the latest template and every pod runs it; no old pod is left."""
+        return (
+            self.observed_generation >= self.generation
+            and self.updated >= self.desired
+            and self.replicas <= self.desired
+            and self.ready >= self.desired
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the status is computed from, gathered by the reconciler."""
+
+    generation: int
+    stable: DeploymentState | None
+    canary: DeploymentState | None = None
+    problem: RenderProblem | None = None
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type_: ConditionType | str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """``conditions`` with ``type_`` set; its transition time moves only when ``status`` changes."""
+    result: list[Condition] = []
+    found = False
+    for condition in conditions:
+        if condition.type != str(type_):
+            result.append(condition)
+            continue
+        found = True
+        changed = condition.status != status
+        result.append(
+            Condition(
+                type=str(type_),
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=now
+                if changed or condition.last_transition_time is None
+                else condition.last_transition_time,
+                observed_generation=generation,
+            )
+        )
+    if not found:
+        result.append(
+            Condition(
+                type=str(type_),
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=now,
+                observed_generation=generation,
+            )
+        )
+    return result
+
+
+def get_condition(conditions: Iterable[Condition], type_: ConditionType | str) -> Condition | None:
+    return next((c for c in conditions if c.type == str(type_)), None)
+
+
+def is_true(conditions: Iterable[Condition], type_: ConditionType | str) -> bool:
+    condition = get_condition(conditions, type_)
+    return condition is not None and condition.status == ConditionStatus.TRUE
+
+
+def _ready(obs: Observation) -> tuple[ConditionStatus, str, str]:
+    if obs.problem is not None:
+        return ConditionStatus.FALSE, obs.problem.reason, obs.problem.message
+    stable = obs.stable
+    if stable is None:
+        return ConditionStatus.FALSE, Reason.CREATING, "creating the stable Deployment"
+    if stable.desired == 0:
+        return ConditionStatus.FALSE, Reason.SCALED_TO_ZERO, "spec.replicas is 0: no engine pod is serving"
+    if stable.ready >= stable.desired:
+        return (
+            ConditionStatus.TRUE,
+            Reason.AVAILABLE,
+            f"{stable.ready}/{stable.desired} stable replicas ready",
+        )
+    return (
+        ConditionStatus.FALSE,
+        Reason.REPLICAS_NOT_READY,
+        f"{stable.ready}/{stable.desired} stable replicas ready",
+    )
+
+
+def _progressing(obs: Observation) -> tuple[ConditionStatus, str, str]:
+    if obs.problem is not None:
+        return ConditionStatus.FALSE, obs.problem.reason, "nothing is rolled out until the spec is fixed"
+    stable = obs.stable
+    if stable is None:
+        return ConditionStatus.TRUE, Reason.CREATING, "creating the stable Deployment"
+    if stable.progress_deadline_exceeded:
+        return (
+            ConditionStatus.FALSE,
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            "the stable rollout stopped making progress",
+        )
+    if stable.rollout_complete:
+        config = f" (config {stable.config_hash})" if stable.config_hash else ""
+        return (
+            ConditionStatus.FALSE,
+            Reason.ROLLOUT_COMPLETE,
+            f"all {stable.desired} stable replicas up to date{config}",
+        )
+    return (
+        ConditionStatus.TRUE,
+        Reason.ROLLING_OUT,
+        f"{stable.updated}/{stable.desired} stable replicas updated, {stable.ready} ready",
+    )
+
+
+def _degraded(obs: Observation) -> tuple[ConditionStatus, str, str]:
+    if obs.problem is not None:
+        return ConditionStatus.TRUE, obs.problem.reason, obs.problem.message
+    stable = obs.stable
+    if stable is not None and stable.progress_deadline_exceeded:
+        return (
+            ConditionStatus.TRUE,
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            "the stable Deployment exceeded its progress deadline: check the engine pods' events and logs",
+        )
+    if stable is not None and stable.replica_failure:
+        return ConditionStatus.TRUE, Reason.REPLICA_FAILURE, stable.replica_failure
+    return ConditionStatus.FALSE, Reason.AS_EXPECTED, ""
+
+
+def compute_phase(conditions: Sequence[Condition]) -> ServicePhase:
+    """Failed > Degraded > Tuning > Deploying > Ready > Pending, from the conditions."""
+    ready = get_condition(conditions, ConditionType.READY)
+    if ready is not None and ready.status == ConditionStatus.FALSE and ready.reason in TERMINAL_REASONS:
+        return ServicePhase.FAILED
+    if is_true(conditions, ConditionType.DEGRADED):
+        return ServicePhase.DEGRADED
+    if is_true(conditions, ConditionType.TUNING) and is_true(conditions, ConditionType.READY):
+        return ServicePhase.TUNING
+    if is_true(conditions, ConditionType.PROGRESSING):
+        return ServicePhase.DEPLOYING
+    if is_true(conditions, ConditionType.READY):
+        return ServicePhase.READY
+    return ServicePhase.PENDING
+
+
+def compute_status(
+    current: InferenceServiceStatus | None, obs: Observation, now: datetime | None = None
+) -> InferenceServiceStatus:
+    """The new status: ``current`` with the operator's fields recomputed from ``obs``."""
+    now = now or datetime.now(UTC).replace(microsecond=0)
+    status = current.model_copy(deep=True) if current is not None else InferenceServiceStatus()
+    conditions = list(status.conditions)
+    for type_, (value, reason, message) in (
+        (ConditionType.READY, _ready(obs)),
+        (ConditionType.PROGRESSING, _progressing(obs)),
+        (ConditionType.DEGRADED, _degraded(obs)),
+    ):
+        conditions = set_condition(conditions, type_, value, str(reason), message, obs.generation, now)
+    status.conditions = conditions
+    status.phase = compute_phase(conditions)
+    status.observed_generation = obs.generation
+    if obs.stable is not None:
+        status.applied_config = obs.stable.config
+        status.applied_config_hash = obs.stable.config_hash
+    tracks = [d for d in (obs.stable, obs.canary) if d is not None]
+    status.replicas = sum(d.replicas for d in tracks)
+    status.ready_replicas = sum(d.ready for d in tracks)
+    return status
+
+
+def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: status[key] for key in OWNED_FIELDS if key in status}
+
+
+def status_patch(current: Mapping[str, Any] | None, new: InferenceServiceStatus) -> dict[str, Any] | None:
+    """A merge patch for ``.status`` carrying the operator's fields, or None when nothing changed.
+
+    ``current`` is the raw ``.status`` from the API. Only fields the operator
+    owns are compared and written; fields the tuner writes are left alone (the
+    conditions list is written whole, with the tuner's conditions kept).
+    """
+    before = _owned(dict(current or {}))
+    after = _owned(new.to_k8s())
+    if _normalise(before) == _normalise(after):
+        return None
+    patch: dict[str, Any] = {key: after.get(key) for key in OWNED_FIELDS}
+    return {"status": patch}
+
+
+def _normalise(value: Any) -> Any:
+    # Round-trip through the model so that e.g. timestamps compare equal however they were written.
+    return json.loads(
+        json.dumps(InferenceServiceStatus.model_validate(value).to_k8s(), sort_keys=True, default=str)
+    )

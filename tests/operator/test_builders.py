@@ -1,0 +1,119 @@
+"""Builders: names, labels, selectors and pod details of the child manifests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chunkpilot.operator.builders import (
+    RenderError,
+    build_children,
+    build_deployment,
+    build_pod_monitor,
+    build_service,
+)
+
+from chunkpilot.api import EngineConfig, InferenceService, Track
+
+
+def isvc(**spec: Any) -> InferenceService:
+    body = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "llm"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, **spec},
+    }
+    return InferenceService.from_manifest(body)
+
+
+def test_stable_deployment_labels_and_selector() -> None:
+    service = isvc(replicas=3)
+    deployment = build_deployment(service, Track.STABLE)
+    assert deployment["metadata"]["name"] == "chat-stable"
+    assert deployment["metadata"]["namespace"] == "llm"
+    assert deployment["spec"]["replicas"] == 3
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == {"chunkpilot.io/service": "chat", "chunkpilot.io/track": "stable"}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["chunkpilot.io/config-hash"] == EngineConfig.from_engine(service.spec.engine).config_hash()
+    assert selector.items() <= labels.items()
+
+
+def test_canary_deployment_with_a_trial_config() -> None:
+    service = isvc(replicas=3, autotune={"canaryReplicas": 2})
+    config = EngineConfig.from_engine(service.spec.engine).model_copy(update={"max_num_batched_tokens": 3072})
+    canary = build_deployment(service, "canary", config)
+    assert canary["metadata"]["name"] == "chat-canary"
+    assert canary["spec"]["replicas"] == 2
+    pod = canary["spec"]["template"]
+    assert pod["metadata"]["labels"]["chunkpilot.io/track"] == "canary"
+    assert pod["metadata"]["labels"]["chunkpilot.io/config-hash"] == config.config_hash()
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-batched-tokens") + 1] == "3072"
+    assert build_deployment(service, Track.CANARY, config, replicas=5)["spec"]["replicas"] == 5
+
+
+def test_config_change_changes_only_the_template_hash_not_the_selector() -> None:
+    service = isvc()
+    before = build_deployment(service, Track.STABLE)
+    config = EngineConfig.from_engine(service.spec.engine).model_copy(update={"max_num_seqs": 128})
+    after = build_deployment(service, Track.STABLE, config)
+    assert before["spec"]["selector"] == after["spec"]["selector"]
+    hashes = {
+        d["spec"]["template"]["metadata"]["labels"]["chunkpilot.io/config-hash"] for d in (before, after)
+    }
+    assert len(hashes) == 2
+
+
+def test_pod_details() -> None:
+    deployment = build_deployment(isvc(engine={"tensorParallelSize": 2}), Track.STABLE)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    args = container["args"]
+    assert pod["terminationGracePeriodSeconds"] > int(args[args.index("--shutdown-timeout") + 1])
+    assert pod["enableServiceLinks"] is False
+
+
+def test_placement_is_copied() -> None:
+    service = isvc(
+        resources={
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    )
+    pod = build_deployment(service, Track.STABLE)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_service_selects_both_tracks() -> None:
+    service = build_service(isvc())
+    assert service["metadata"]["name"] == "chat"
+    assert service["spec"]["selector"] == {"chunkpilot.io/service": "chat"}
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_pod_monitor_carries_selector_labels_and_track_target_labels() -> None:
+    monitor = build_pod_monitor(isvc(), {"release": "kube-prometheus-stack"})
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert "chunkpilot.io/track" in monitor["spec"]["podTargetLabels"]
+
+
+def test_unsupported_knob_raises_render_error() -> None:
+    with pytest.raises(RenderError) as error:
+        build_deployment(isvc(engine={"maxNumPartialPrefills": 2}), Track.STABLE)
+    assert error.value.problem.reason == "UnsupportedKnob"
+
+
+def test_children_without_pod_monitor() -> None:
+    children = build_children(isvc(), pod_monitor=False)
+    assert [m["kind"] for m in children.manifests()] == ["Deployment", "Service"]

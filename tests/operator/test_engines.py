@@ -1,0 +1,156 @@
+"""Engine renderers: version-aware vLLM flags, refused knobs, simulator flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chunkpilot.operator.engines import (
+    EngineRender,
+    EngineVersion,
+    UnsupportedEngineVersion,
+    UnsupportedKnob,
+    default_image,
+    render_engine,
+)
+from chunkpilot.operator.engines.common import TERMINATION_GRACE_MARGIN_S
+
+from chunkpilot.api import InferenceServiceSpec
+
+
+def spec(**engine: Any) -> InferenceServiceSpec:
+    model = engine.pop("model", {"name": "meta-llama/Llama-3.1-8B-Instruct"})
+    return InferenceServiceSpec.model_validate({"model": model, "engine": engine})
+
+
+def rendered(**engine: Any) -> EngineRender:
+    result = render_engine(spec(**engine))
+    assert isinstance(result, EngineRender), result
+    return result
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.33.0", (0, 33, 0)), ("v0.8.5", (0, 8, 5)), ("0.10", (0, 10, 0)), ("0.8.5.post1", (0, 8, 5))],
+)
+def test_version_parsing(text: str, expected: tuple[int, int, int]) -> None:
+    assert EngineVersion.parse(text) == EngineVersion(*expected)
+
+
+def test_version_ordering_is_numeric() -> None:
+    assert EngineVersion.parse("0.10.0") > EngineVersion.parse("0.9.2")
+
+
+@pytest.mark.parametrize("knob", ["maxNumPartialPrefills", "maxLongPartialPrefills"])
+def test_partial_prefill_knobs_are_refused_on_vllm_0_33(knob: str) -> None:
+    engine: dict[str, Any] = {"version": "0.33.0", "maxNumPartialPrefills": 2}
+    if knob == "maxLongPartialPrefills":
+        engine["maxLongPartialPrefills"] = 1
+    result = render_engine(spec(**engine))
+    assert isinstance(result, UnsupportedKnob)
+    assert result.reason == "UnsupportedKnob"
+    assert "0.33.0" in result.message
+    assert "spec.engine.maxNumPartialPrefills" in result.message
+    assert "--max-num-partial-prefills" in result.message
+
+
+def test_partial_prefill_knobs_render_on_vllm_0_8_with_the_v0_scheduler() -> None:
+    result = rendered(version="0.8.5", maxNumPartialPrefills=4, maxLongPartialPrefills=2)
+    assert flag_value(result.args, "--max-num-partial-prefills") == "4"
+    assert flag_value(result.args, "--max-long-partial-prefills") == "2"
+    assert {"name": "VLLM_USE_V1", "value": "0"} in result.env
+    assert "--shutdown-timeout" not in result.args  # not a flag of that release
+
+
+@pytest.mark.parametrize(
+    ("engine", "knob"),
+    [
+        ({"maxNumActiveSeqs": 8}, "spec.engine.maxNumActiveSeqs"),
+        ({"longPrefillTokenThresholdAdaptive": True}, "spec.engine.longPrefillTokenThresholdAdaptive"),
+    ],
+)
+def test_new_knobs_are_refused_on_old_vllm(engine: dict[str, Any], knob: str) -> None:
+    result = render_engine(spec(version="0.8.5", **engine))
+    assert isinstance(result, UnsupportedKnob)
+    assert result.knob == knob
+    assert "0.8.5" in result.message
+
+
+def test_too_old_version_is_refused() -> None:
+    result = render_engine(spec(version="0.6.3"))
+    assert isinstance(result, UnsupportedEngineVersion)
+    assert result.reason == "UnsupportedEngineVersion"
+    assert "spec.engine.version" in result.message
+
+
+def test_simulator_refuses_what_the_same_vllm_version_refuses() -> None:
+    result = render_engine(spec(kind="sim", version="0.33.0", maxNumPartialPrefills=2))
+    assert isinstance(result, UnsupportedKnob)
+
+
+def test_vllm_recipe_basics() -> None:
+    result = rendered(version="0.33.0", tensorParallelSize=4, maxNumBatchedTokens=4096, maxNumSeqs=64)
+    assert result.command == ["vllm", "serve"]
+    assert result.args[0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert flag_value(result.args, "--tensor-parallel-size") == "4"
+    assert flag_value(result.args, "--max-num-batched-tokens") == "4096"
+    assert flag_value(result.args, "--port") == "8000"
+    assert flag_value(result.args, "--served-model-name") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert result.gpus == 4
+    assert result.resources["limits"]["nvidia.com/gpu"] == "4"
+    assert result.image == "vllm/vllm-openai:v0.33.0"
+    shutdown = int(flag_value(result.args, "--shutdown-timeout"))
+    assert result.termination_grace_period_s == shutdown + TERMINATION_GRACE_MARGIN_S
+    assert result.probes.startup_budget_s >= 1200  # large models load slowly
+
+
+def test_chunked_prefill_off_uses_the_spelling_of_the_version() -> None:
+    model = {"name": "m/x", "maxModelLen": 2048}
+    new = rendered(version="0.33.0", enableChunkedPrefill=False, maxNumBatchedTokens=4096, model=model)
+    old = rendered(version="0.8.5", enableChunkedPrefill=False, maxNumBatchedTokens=4096, model=model)
+    assert "--no-enable-chunked-prefill" in new.args
+    assert "--enable-chunked-prefill=false" in old.args
+
+
+def test_model_token_comes_from_the_secret_reference() -> None:
+    result = rendered(model={"name": "m/x", "tokenSecretRef": {"name": "hf", "key": "tok"}})
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}} in result.env
+
+
+def test_pvc_model_is_mounted_and_passed_as_a_path() -> None:
+    result = rendered(model={"name": "pvc://weights/llama/8b"})
+    assert result.args[0] == "/mnt/models/llama/8b"
+    assert result.model_volume is not None and result.model_volume.claim_name == "weights"
+
+
+def test_simulator_argv_is_the_vllm_argv_plus_its_own_flags() -> None:
+    vllm = rendered(version="0.33.0", extraArgs=["--seed", "7"])
+    sim = render_engine(
+        InferenceServiceSpec.model_validate(
+            {
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "engine": {"kind": "sim", "version": "0.33.0", "extraArgs": ["--seed", "7"]},
+                "resources": {"accelerator": "h200"},
+            }
+        )
+    )
+    assert isinstance(sim, EngineRender)
+    assert sim.command == ["chunkpilot", "sim", "serve"]
+    assert sim.args == [*vllm.args[:-2], "--gpu", "h200", "--seed", "7"]
+    assert sim.gpus == 0
+    assert "nvidia.com/gpu" not in sim.resources.get("limits", {})
+
+
+def test_default_images() -> None:
+    from chunkpilot.api import EngineKind
+
+    assert default_image(EngineKind.VLLM, "0.8.5") == "vllm/vllm-openai:v0.8.5"
+    assert default_image(EngineKind.SIM, "0.33.0").startswith("ghcr.io/chunkpilot/chunkpilot:")
+
+
+def test_explicit_image_wins() -> None:
+    assert rendered(image="registry.local/vllm:patched").image == "registry.local/vllm:patched"

@@ -1,0 +1,45 @@
+"""Golden tests: the child manifests rendered for each case under golden/cases/.
+
+Regenerate after an intended change with
+``CHUNKPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/operator/test_golden.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from chunkpilot.operator.cli import render_text
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted((GOLDEN / "cases").glob("*.yaml"))
+UPDATE = os.environ.get("CHUNKPILOT_UPDATE_GOLDEN") == "1"
+
+
+class _NoAliases(yaml.SafeDumper):
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.stem for case in CASES])
+def test_rendered_children_match_golden(case: Path) -> None:
+    errors, manifests = render_text(
+        case.read_text(), pod_monitor=True, pod_monitor_labels={"release": "kube-prometheus-stack"}
+    )
+    assert errors == []
+    rendered = yaml.dump_all(manifests, Dumper=_NoAliases, sort_keys=True)
+    golden = GOLDEN / f"{case.stem}.golden.yaml"
+    if UPDATE:
+        golden.write_text(rendered)
+    assert golden.exists(), f"missing {golden.name}: run with CHUNKPILOT_UPDATE_GOLDEN=1"
+    assert rendered == golden.read_text(), f"{case.name} renders differently from {golden.name}"
+
+
+def test_every_golden_file_has_a_case() -> None:
+    stems = {case.stem for case in CASES}
+    orphans = [
+        p.name for p in GOLDEN.glob("*.golden.yaml") if p.name.removesuffix(".golden.yaml") not in stems
+    ]
+    assert orphans == []
