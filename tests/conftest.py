@@ -1,3 +1,3 @@
 """Shared pytest plugins for the whole test suite."""
 
-pytest_plugins = ["chunkpilot.devcluster.fixtures"]
+pytest_plugins = ["chunkpilot.devcluster.fixtures", "chunkpilot.localrun.fixtures"]

@@ -16,6 +16,7 @@ from chunkpilot.localrun.traces import (
     mean_rate,
     read_trace,
     rescale_to_rate,
+    scale_load,
     wall_schedule,
 )
 
@@ -46,10 +47,15 @@ def test_azure_arrivals_are_relative_to_the_first_request_and_sorted(tmp_path: P
     assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(374, 44), (1200, 12), (396, 109)]
 
 
-def test_azure_rate_rescales_arrivals_to_the_requested_mean_rate(tmp_path: Path) -> None:
-    requests = read_trace(write(tmp_path, AZURE), rate=4.0)
-    assert mean_rate(requests) == pytest.approx(4.0)
-    assert [r.arrival_s for r in requests] == pytest.approx([0.0, 0.125, 0.5])
+def test_rate_on_an_azure_trace_draws_poisson_arrivals_like_the_simulator(tmp_path: Path) -> None:
+    requests = read_trace(write(tmp_path, AZURE), rate=4.0, seed=1)
+    assert requests[0].arrival_s == 0.0
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(374, 44), (396, 109), (1200, 12)]
+
+
+def test_bundled_traces_are_found_by_name() -> None:
+    requests = read_trace("azure_code_2023", limit=10)
+    assert len(requests) == 10 and requests[0].arrival_s == 0.0
 
 
 def test_length_only_trace_needs_a_rate(tmp_path: Path) -> None:
@@ -82,21 +88,21 @@ def test_limit_keeps_the_first_requests(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("a,b,c\n1,2,3\n", "unrecognised trace header"),
-        ("", "empty"),
+        ("a,b,c\n1,2,3\n", "unknown header"),
+        ("", "unknown header"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "TIMESTAMP"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,2\n", "ContextTokens"),
-        ("num_prefill_tokens,num_decode_tokens\n10,-1\n", "num_decode_tokens"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday 10:00:00,1,2\n", "TIMESTAMP"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,2\n", "malformed row"),
+        ("num_prefill_tokens,num_decode_tokens\n10\n", "malformed row"),
     ],
 )
 def test_bad_traces_are_refused_naming_the_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(TraceError, match=message):
-        read_trace(write(tmp_path, text), rate=1.0)
+        read_trace(write(tmp_path, text), rate=None if "TIMESTAMP" in text else 1.0)
 
 
 def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="cannot read trace"):
+    with pytest.raises(TraceError, match="no such file"):
         read_trace(tmp_path / "absent.csv")
 
 
@@ -127,9 +133,12 @@ def test_bad_schedule_bounds_are_refused() -> None:
         wall_schedule([], duration_s=-1)
 
 
-def test_rescale_and_cap() -> None:
+def test_rescale_scale_and_cap() -> None:
     requests = [TraceRequest(t, 5000, 900) for t in (0.0, 2.0, 4.0)]
     assert mean_rate(rescale_to_rate(requests, 1.0)) == pytest.approx(1.0)
+    assert [r.arrival_s for r in scale_load(requests, 2.0)] == [0.0, 1.0, 2.0]
+    with pytest.raises(TraceError, match="load factor"):
+        scale_load(requests, 0)
     assert math.isinf(mean_rate(requests[:1]))
     capped = cap_lengths(requests, max_prompt_tokens=4096, max_output_tokens=None)
     assert {(r.prompt_tokens, r.output_tokens) for r in capped} == {(4096, 900)}

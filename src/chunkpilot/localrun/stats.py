@@ -100,8 +100,9 @@ class LoadSummary:
     e2e_ms: Distribution
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
-        return asdict(self)
+        """A JSON-ready dictionary (missing quantiles are ``None``)."""
+        document: dict[str, Any] = _without_nan(asdict(self))
+        return document
 
     def format(self) -> str:
         """A few human-readable lines."""
@@ -125,6 +126,14 @@ class LoadSummary:
                 line("E2E", self.e2e_ms),
             ]
         )
+
+
+def _without_nan(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_nan(item) for key, item in value.items()}
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def summarise(records: Sequence[RequestRecord], duration_s: float, time_scale: float = 1.0) -> LoadSummary:

@@ -1,36 +1,23 @@
-"""Request traces for load generation: reading, arrival synthesis and time scaling.
+"""Request traces for load generation: reading (through the simulator's reader), arrival
+synthesis, load scaling and mapping onto wall-clock time.
 
-Two CSV formats are understood, recognised by their header:
-
-- Azure LLM inference trace: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with date-time
-  timestamps; arrivals are taken relative to the first row.
-- Length-only traces (ShareGPT, arXiv summarisation): ``num_prefill_tokens,num_decode_tokens,...``
-  without arrival times; arrivals are drawn from a Poisson process at a given rate.
+Two CSV formats are understood, recognised by their header: the Azure LLM inference trace
+(``TIMESTAMP,ContextTokens,GeneratedTokens``; arrivals relative to the first row) and length-only
+traces (``num_prefill_tokens,num_decode_tokens,...``; Poisson arrivals at a given rate).
 """
 
 from __future__ import annotations
 
-import csv
-import enum
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+from chunkpilot.engine.sim.workload import WorkloadError, load_trace
 
 
 class TraceError(ValueError):
     """A trace file that cannot be used, with the reason and the fix in the message."""
-
-
-class TraceFormat(enum.Enum):
-    """The CSV dialect of a trace file."""
-
-    AZURE = "azure"
-    LENGTHS = "lengths"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,116 +37,36 @@ class LengthSample:
     output_tokens: int
 
 
-def detect_format(header: Sequence[str], path: Path) -> TraceFormat:
-    """Return the format a CSV header announces, or raise naming the expected headers."""
-    names = [column.strip() for column in header]
-    if all(column in names for column in AZURE_COLUMNS):
-        return TraceFormat.AZURE
-    if all(column in names for column in LENGTH_COLUMNS):
-        return TraceFormat.LENGTHS
-    raise TraceError(
-        f"{path}: unrecognised trace header {','.join(names)!r}; expected "
-        f"{','.join(AZURE_COLUMNS)!r} (Azure) or one starting {','.join(LENGTH_COLUMNS)!r} (length-only)"
-    )
-
-
-def _positive_int(value: str, column: str, path: Path, line: int, *, allow_zero: bool = False) -> int:
-    try:
-        number = int(float(value))
-    except ValueError:
-        raise TraceError(f"{path}:{line}: column {column} is {value!r}, not a number") from None
-    if number < 0 or (number == 0 and not allow_zero):
-        raise TraceError(f"{path}:{line}: column {column} is {number}; it must be a positive token count")
-    return number
-
-
-def _parse_timestamp(value: str, path: Path, line: int) -> float:
-    try:
-        return datetime.fromisoformat(value.strip()).timestamp()
-    except ValueError:
-        raise TraceError(
-            f"{path}:{line}: TIMESTAMP {value!r} is not a date-time like '2023-11-16 18:15:46.68'"
-        ) from None
-
-
 def read_trace(
-    path: Path | str,
+    name_or_path: Path | str,
     *,
     rate: float | None = None,
     seed: int = 0,
     limit: int | None = None,
 ) -> list[TraceRequest]:
-    """Read a trace file into requests ordered by arrival time (seconds from the first request).
+    """Read a trace into requests ordered by arrival time (seconds from the first request).
 
-    ``rate`` (requests per second) is required for length-only traces and, when given for an Azure
-    trace, rescales its arrival times to that mean rate while keeping their burstiness.
-    ``limit`` keeps the first N requests.
+    ``name_or_path`` is a CSV file or the name of a trace bundled with the simulator
+    (``azure_conv_2023``, ``azure_code_2023``, ``arxiv_summarization_lengths``). The simulator's
+    reader is used, so offline simulations and live load see the same requests: Azure timestamps
+    give the arrivals; ``rate`` (requests per second) draws Poisson arrivals instead, and is
+    required for length-only traces. ``limit`` keeps the first N requests.
     """
-    path = Path(path)
     if rate is not None and rate <= 0:
         raise TraceError(f"rate is {rate}; it must be a positive number of requests per second")
     if limit is not None and limit <= 0:
         raise TraceError(f"limit is {limit}; it must be a positive number of requests")
     try:
-        handle = path.open(newline="")
+        workload = load_trace(str(name_or_path), rate=rate, seed=seed, limit=limit)
+    except WorkloadError as error:
+        raise TraceError(str(error)) from None
+    except (ValueError, IndexError) as error:
+        raise TraceError(f"{name_or_path}: malformed row ({error}); check the trace's columns") from None
     except OSError as error:
-        raise TraceError(f"cannot read trace {path}: {error.strerror}") from None
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(f"{path}: the trace file is empty")
-        trace_format = detect_format(header, path)
-        index = {name.strip(): position for position, name in enumerate(header)}
-        if trace_format is TraceFormat.AZURE:
-            requests = _read_azure(reader, index, path, limit)
-            if rate is not None:
-                requests = rescale_to_rate(requests, rate)
-            return requests
-        samples = _read_lengths(reader, index, path, limit)
-    if rate is None:
-        raise TraceError(
-            f"{path} is a length-only trace without arrival times: pass a request rate (--rate) "
-            "to draw Poisson arrivals"
-        )
-    return poisson_arrivals(samples, rate, seed=seed)
-
-
-def _read_azure(
-    rows: Iterable[list[str]], index: dict[str, int], path: Path, limit: int | None
-) -> list[TraceRequest]:
-    parsed: list[tuple[float, int, int]] = []
-    for line, row in enumerate(rows, start=2):
-        if not row:
-            continue
-        stamp = _parse_timestamp(row[index["TIMESTAMP"]], path, line)
-        prompt = _positive_int(row[index["ContextTokens"]], "ContextTokens", path, line)
-        output = _positive_int(row[index["GeneratedTokens"]], "GeneratedTokens", path, line)
-        parsed.append((stamp, prompt, output))
-        if limit is not None and len(parsed) >= limit:
-            break
-    if not parsed:
-        raise TraceError(f"{path}: the trace has a header but no requests")
-    parsed.sort(key=lambda item: item[0])
-    start = parsed[0][0]
-    return [TraceRequest(stamp - start, prompt, output) for stamp, prompt, output in parsed]
-
-
-def _read_lengths(
-    rows: Iterable[list[str]], index: dict[str, int], path: Path, limit: int | None
-) -> list[LengthSample]:
-    samples: list[LengthSample] = []
-    for line, row in enumerate(rows, start=2):
-        if not row:
-            continue
-        prompt = _positive_int(row[index["num_prefill_tokens"]], "num_prefill_tokens", path, line)
-        output = _positive_int(row[index["num_decode_tokens"]], "num_decode_tokens", path, line)
-        samples.append(LengthSample(prompt, output))
-        if limit is not None and len(samples) >= limit:
-            break
-    if not samples:
-        raise TraceError(f"{path}: the trace has a header but no requests")
-    return samples
+        raise TraceError(f"cannot read trace {name_or_path}: {error.strerror}") from None
+    if not workload.requests:
+        raise TraceError(f"{name_or_path}: the trace has no requests")
+    return [TraceRequest(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in workload.requests]
 
 
 def poisson_arrivals(samples: Sequence[LengthSample], rate: float, *, seed: int = 0) -> list[TraceRequest]:
@@ -193,6 +100,13 @@ def rescale_to_rate(requests: Sequence[TraceRequest], rate: float) -> list[Trace
         return list(requests)
     factor = native / rate
     return [TraceRequest(r.arrival_s * factor, r.prompt_tokens, r.output_tokens) for r in requests]
+
+
+def scale_load(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
+    """Offer ``factor`` times the trace's load: arrival times divided by ``factor`` (bursts kept)."""
+    if factor <= 0:
+        raise TraceError(f"load factor is {factor}; it must be positive (1 = the trace as recorded)")
+    return [TraceRequest(r.arrival_s / factor, r.prompt_tokens, r.output_tokens) for r in requests]
 
 
 def iter_wall_schedule(

@@ -1,0 +1,299 @@
+"""The whole product on one machine: control plane, CRDs, Prometheus, operator, engines and load.
+
+:class:`LocalStack` starts, in order: the local control plane (etcd, kube-apiserver, controller
+manager, scheduler, KWOK with fake GPU nodes), the CRDs generated from the API model, a real
+Prometheus whose scrape targets come from a file_sd file, the pod runner (simulator processes for
+engine pods, registered in that file) and the operator as a subprocess pointed at that Prometheus.
+Load generators started through :meth:`LocalStack.start_load` replay traces against a service's
+Ready engines. Leaving the ``with`` block — normally, on an exception or on Ctrl-C — stops
+everything it started, newest first, process groups included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from chunkpilot.devcluster import binaries as devbinaries
+from chunkpilot.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+from chunkpilot.devcluster.fakenodes import gpu_node_specs
+from chunkpilot.devcluster.processes import ManagedProcess
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.endpoints import RoundRobinBalancer
+from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
+from chunkpilot.localrun.podrunner import PodRunner, RunnerSettings, core_api_from_kubeconfig
+from chunkpilot.localrun.targets import FileSDTargets
+from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace, scale_load
+
+Progress = Callable[[str], None]
+
+#: How the operator is started (this interpreter, so the same installation is used).
+DEFAULT_OPERATOR_COMMAND: tuple[str, ...] = (
+    sys.executable,
+    "-m",
+    "chunkpilot.cli",
+    "operator",
+    "--all-namespaces",
+    "--standalone",
+    "--pod-monitor=disabled",
+)
+ENV_PROMETHEUS_URL = "CHUNKPILOT_PROMETHEUS_URL"
+
+
+def print_progress(prefix: str = "chunkpilot") -> Progress:
+    """A progress printer for humans: ``[chunkpilot  12.3s] message`` on stderr."""
+    origin = time.monotonic()
+
+    def emit(message: str) -> None:
+        print(f"[{prefix} {time.monotonic() - origin:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return emit
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What the local stack runs and how."""
+
+    state_dir: Path
+    nodes: int = 2
+    accelerator: str = "h100"
+    time_scale: float | None = None
+    operator: bool = True
+    operator_command: Sequence[str] = DEFAULT_OPERATOR_COMMAND
+    operator_env: dict[str, str] = field(default_factory=dict)
+    scrape_interval: str = "1s"
+    restart_backoff_s: float = 10.0
+    startup_timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"nodes: must be >= 1, got {self.nodes}")
+        if self.time_scale is not None and self.time_scale <= 0:
+            raise ValueError(f"time_scale: must be > 0 (1 = real time), got {self.time_scale}")
+
+
+class LocalStack:
+    """Brings the local stack up and down; use it as a context manager.
+
+    A ``control_plane`` or ``prometheus`` passed in (for example pytest session fixtures) is used
+    as is and left running at the end; everything the stack starts itself, it stops.
+    """
+
+    def __init__(
+        self,
+        options: StackOptions,
+        *,
+        control_plane: ControlPlane | None = None,
+        prometheus: PrometheusServer | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.options = options
+        self.progress: Progress = progress or (lambda _message: None)
+        self._given_control_plane = control_plane
+        self._given_prometheus = prometheus
+        self.control_plane: ControlPlane | None = control_plane
+        self.prometheus: PrometheusServer | None = prometheus
+        self.runner: PodRunner | None = None
+        self.operator: ManagedProcess | None = None
+        self._loads: list[BackgroundLoad] = []
+        self._exit = contextlib.ExitStack()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> LocalStack:
+        """Start every component; on failure, stop what was started and re-raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        options = self.options
+        options.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.control_plane is None:
+            self.progress(
+                "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, KWOK)"
+            )
+            config = ControlPlaneConfig(
+                state_dir=options.state_dir / "cluster",
+                nodes=gpu_node_specs(options.nodes, accelerator=options.accelerator),
+                startup_timeout=options.startup_timeout_s,
+            )
+            plane = ControlPlane(config, devbinaries.locate_all())
+            self._exit.callback(self._stopping("control plane", plane.stop))
+            self.control_plane = plane.start()
+        plane = self.control_plane
+        self.progress(f"control plane up: {plane.server} (KUBECONFIG={plane.kubeconfig})")
+        self._apply_crds(plane)
+        if self.prometheus is None:
+            self.progress("starting Prometheus")
+            server = PrometheusServer(
+                options.state_dir / "prometheus", scrape_interval=options.scrape_interval
+            )
+            self._exit.callback(self._stopping("Prometheus", server.stop))
+            self.prometheus = server.start()
+        self.progress(f"Prometheus up: {self.prometheus.url}")
+        targets = FileSDTargets(self.prometheus.targets_file)
+        runner = PodRunner(
+            core_api_from_kubeconfig(plane.kubeconfig),
+            targets=targets,
+            settings=RunnerSettings(
+                time_scale=options.time_scale,
+                log_dir=options.state_dir / "engines",
+                restart_backoff_s=options.restart_backoff_s,
+            ),
+        )
+        self._exit.callback(self._stopping("engines", runner.stop))
+        self.runner = runner.start()
+        self.progress(f"pod runner up: engine logs in {options.state_dir / 'engines'}")
+        if options.operator:
+            self.operator = self._start_operator(plane, self.prometheus)
+
+    def _apply_crds(self, plane: ControlPlane) -> None:
+        from chunkpilot.api.crdgen import write_crds
+
+        crds_dir = self.options.state_dir / "crds"
+        write_crds(crds_dir)
+        names = plane.apply_manifests([crds_dir])
+        self.progress(f"CRDs established: {', '.join(names)}")
+
+    def _start_operator(self, plane: ControlPlane, prometheus: PrometheusServer) -> ManagedProcess:
+        env = {**plane.env, ENV_PROMETHEUS_URL: prometheus.url, **self.options.operator_env}
+        process = ManagedProcess(
+            name="operator",
+            argv=list(self.options.operator_command),
+            log_path=self.options.state_dir / "operator.log",
+            env=env,
+        )
+        self._exit.callback(self._stopping("operator", process.stop))
+        process.start()
+        time.sleep(0.5)
+        if not process.running():
+            raise RuntimeError(f"the operator exited at once; its log ends with:\n{process.tail()}")
+        self.progress(f"operator running (pid {process.pid}, log {process.log_path})")
+        return process
+
+    def _stopping(self, what: str, stop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            self.progress(f"stopping {what}")
+            try:
+                stop()
+            except Exception as error:  # keep tearing down the rest
+                self.progress(f"stopping {what} failed: {error}")
+
+        return run
+
+    def stop(self) -> None:
+        """Stop load, operator, engines, Prometheus and control plane (what this stack started)."""
+        for load in self._loads:
+            with contextlib.suppress(Exception):
+                load.stop(timeout_s=30)
+        self._loads.clear()
+        with _deferred_interrupts():
+            self._exit.close()
+        self.runner = None
+        self.operator = None
+        self.control_plane = self._given_control_plane
+        self.prometheus = self._given_prometheus
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The kubeconfig of the stack's cluster."""
+        if self.control_plane is None:
+            raise RuntimeError("the local stack is not started")
+        return self.control_plane.kubeconfig
+
+    def start_load(
+        self,
+        service: str,
+        trace: str | Path,
+        *,
+        namespace: str | None = None,
+        rate: float | None = None,
+        load_factor: float = 1.0,
+        duration_s: float = 300.0,
+        max_requests: int = 100_000,
+        repeat: bool = True,
+        max_prompt_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        seed: int = 0,
+    ) -> BackgroundLoad:
+        """Replay ``trace`` against ``service``'s Ready engines in the background."""
+        if self.runner is None:
+            raise RuntimeError("the local stack is not started")
+        time_scale = self.options.time_scale or 1.0
+        requests = scale_load(read_trace(trace, rate=rate, seed=seed), load_factor)
+        requests = cap_lengths(
+            requests, max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens
+        )
+        schedule = iter_wall_schedule(
+            requests, time_scale=time_scale, duration_s=duration_s, max_requests=max_requests, repeat=repeat
+        )
+        load = BackgroundLoad(
+            schedule,
+            RoundRobinBalancer(self.runner.endpoint_source(service, namespace)),
+            LoadOptions(time_scale=time_scale, duration_s=duration_s, seed=seed),
+        )
+        self._loads.append(load)
+        self.progress(f"replaying {trace} against {service} for up to {duration_s:g}s")
+        return load.start()
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[None]:
+    """Let teardown finish even if Ctrl-C is pressed again; re-raise the interrupt afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install signal handlers
+        return
+    received: list[int] = []
+
+    def remember(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, remember)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so ``kill PID`` tears the stack down like Ctrl-C."""
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = [
+    "DEFAULT_OPERATOR_COMMAND",
+    "LocalStack",
+    "StackOptions",
+    "print_progress",
+    "sigterm_as_interrupt",
+]

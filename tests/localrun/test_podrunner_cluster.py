@@ -1,0 +1,172 @@
+"""The pod runner on the real local control plane, with real simulator processes and Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.endpoints import CONFIG_HASH_LABEL, SERVICE_LABEL, TRACK_LABEL, RoundRobinBalancer
+from chunkpilot.localrun.loadgen import LoadOptions, run_load
+from chunkpilot.localrun.podrunner import PodRunner
+from chunkpilot.localrun.podspec import INJECT_CRASH_ANNOTATION, ContainerPhase
+from chunkpilot.localrun.process import probe_health
+from chunkpilot.localrun.targets import read_targets
+from chunkpilot.localrun.traces import TraceRequest, wall_schedule
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(300)]
+
+ENGINE_ARGS = ["llama-3.1-8b", "--max-num-batched-tokens", "512", "--max-num-seqs", "32", "--gpu", "h100"]
+WAIT_S = 90.0
+
+
+def engine_deployment(
+    name: str, service: str, track: str, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Deployment shaped like the operator's engine Deployments (simulator engine)."""
+    labels = {SERVICE_LABEL: service, TRACK_LABEL: track, CONFIG_HASH_LABEL: "0123abcd"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {SERVICE_LABEL: service, TRACK_LABEL: track}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations or {}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "ghcr.io/chunkpilot/chunkpilot:test",
+                            "command": ["chunkpilot", "sim", "serve"],
+                            "args": [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000"],
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"localrun-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def apply(control_plane: ControlPlane, namespace: str, manifest: dict[str, Any]) -> None:
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+
+
+def get_json(control_plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
+    result = control_plane.kubectl("get", "-n", namespace, *what, "-o", "json")
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def engine_pods(runner: PodRunner, namespace: str, service: str) -> list[str]:
+    return [
+        report.pod for report in runner.pods() if report.namespace == namespace and report.service == service
+    ]
+
+
+def pod_ready(control_plane: ControlPlane, namespace: str, pod: str) -> bool:
+    status = get_json(control_plane, namespace, "pod", pod).get("status", {})
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+
+
+def available_replicas(control_plane: ControlPlane, namespace: str, deployment: str) -> int:
+    status = get_json(control_plane, namespace, "deployment", deployment).get("status", {})
+    return int(status.get("availableReplicas") or 0)
+
+
+def query_value(prometheus: PrometheusServer, promql: str) -> float | None:
+    result = prometheus.query(promql)
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_engine_pod_runs_serves_is_scraped_and_stops_with_its_pod(
+    control_plane: ControlPlane, prometheus: PrometheusServer, pod_runner: PodRunner, namespace: str
+) -> None:
+    apply(control_plane, namespace, engine_deployment("chat-canary", "chat", "canary"))
+    assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints("chat", namespace)) == 1, WAIT_S), (
+        f"no Ready engine; runner state: {pod_runner.pods()}"
+    )
+    (endpoint,) = pod_runner.ready_endpoints("chat", namespace)
+    assert endpoint.track == "canary" and endpoint.config_hash == "0123abcd"
+    assert pod_runner.wait_for(
+        lambda: available_replicas(control_plane, namespace, "chat-canary") == 1, WAIT_S
+    )
+
+    # Prometheus discovers the engine through file_sd and keeps the pod's labels on its series.
+    prometheus.wait_for_target_up(endpoint.address, timeout=WAIT_S)
+    up = prometheus.query(f'up{{track="canary",namespace="{namespace}"}}')
+    assert [series["metric"]["pod"] for series in up] == [endpoint.pod]
+
+    # The load generator completes every request against the Ready endpoint.
+    schedule = wall_schedule([TraceRequest(i * 0.05, 64 + i, 8) for i in range(20)])
+    balancer = RoundRobinBalancer(pod_runner.endpoint_source("chat", namespace))
+    summary = asyncio.run(run_load(schedule, balancer, LoadOptions(duration_s=60, request_timeout_s=60)))
+    assert summary.completed == 20, summary.format()
+    assert summary.by_track == {"canary": 20}
+    assert summary.ttft_ms.count == 20 and summary.itl_ms.count == 20 * 7
+    promql = f'sum(vllm:request_success_total{{track="canary",namespace="{namespace}"}})'
+    assert pod_runner.wait_for(lambda: (query_value(prometheus, promql) or 0) >= 20, WAIT_S)
+
+    # Deleting the pod's Deployment stops the engine and removes the scrape target.
+    control_plane.kubectl("delete", "-n", namespace, "deployment", "chat-canary", "--wait=false")
+    assert pod_runner.wait_for(lambda: not engine_pods(pod_runner, namespace, "chat"), WAIT_S)
+    assert pod_runner.wait_for(lambda: not probe_health(endpoint.host, endpoint.port), WAIT_S)
+    assert endpoint not in read_targets(prometheus.targets_file)
+    assert pod_runner.ready_endpoints("chat", namespace) == []
+
+
+def test_crashed_engine_makes_the_pod_not_ready_and_is_restarted(
+    control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
+) -> None:
+    apply(control_plane, namespace, engine_deployment("chat-stable", "chat", "stable"))
+    assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints("chat", namespace)) == 1, WAIT_S)
+    (pod,) = engine_pods(pod_runner, namespace, "chat")
+    assert pod_runner.wait_for(lambda: pod_ready(control_plane, namespace, pod), WAIT_S)
+
+    assert pod_runner.crash(pod, namespace)
+    assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, pod), WAIT_S)
+    status = get_json(control_plane, namespace, "pod", pod)["status"]
+    (container,) = status["containerStatuses"]
+    assert container["lastState"]["terminated"]["exitCode"] == 137
+
+    # The kubelet stand-in restarts it after back-off; the restart count shows in the API.
+    assert pod_runner.wait_for(lambda: pod_ready(control_plane, namespace, pod), WAIT_S)
+    (container,) = get_json(control_plane, namespace, "pod", pod)["status"]["containerStatuses"]
+    assert container["restartCount"] == 1
+
+
+def test_inject_crash_annotation_keeps_a_canary_in_crash_loop_back_off(
+    control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
+) -> None:
+    deployment = engine_deployment("chat-canary", "chat", "canary", {INJECT_CRASH_ANNOTATION: "true"})
+    apply(control_plane, namespace, deployment)
+    assert pod_runner.wait_for(lambda: len(engine_pods(pod_runner, namespace, "chat")) == 1, WAIT_S)
+    (pod,) = engine_pods(pod_runner, namespace, "chat")
+
+    def restarted_twice() -> bool:
+        status = get_json(control_plane, namespace, "pod", pod).get("status", {})
+        return any(c.get("restartCount", 0) >= 2 for c in status.get("containerStatuses", []))
+
+    assert pod_runner.wait_for(restarted_twice, WAIT_S)
+    (report,) = [r for r in pod_runner.pods() if r.pod == pod]
+    assert report.phase is not ContainerPhase.RUNNING
+    assert not pod_ready(control_plane, namespace, pod)
+    assert available_replicas(control_plane, namespace, "chat-canary") == 0
+    assert pod_runner.ready_endpoints("chat", namespace) == []
