@@ -265,6 +265,44 @@ class RooflineStepTime:
         return self.overhead_s + linear + prefill_attn + decode_attn
 
 
+class SimulatorStepTime:
+    """Adapter onto the simulator's calibrated step-time model (``chunkpilot.engine.sim``)."""
+
+    def __init__(self, model: str, accelerator: str, tensor_parallel_size: int = 1) -> None:
+        from chunkpilot.engine.sim.profiles.loader import load_accelerator as sim_accelerator
+        from chunkpilot.engine.sim.profiles.loader import load_model
+        from chunkpilot.engine.sim.steptime import ForwardPass, StepTimeModel
+
+        self._pass = ForwardPass
+        self._model = StepTimeModel(load_model(model), sim_accelerator(accelerator), tensor_parallel_size)
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        sequences = decode_seqs + (1 if prefill_tokens else 0)
+        forward = self._pass(
+            num_tokens=prefill_tokens + decode_seqs,
+            num_sequences=sequences,
+            num_sampled=sequences,
+            prefill_attention_pairs=self._pass.prefill_pairs(prefill_tokens, context_tokens)
+            if prefill_tokens
+            else 0.0,
+            prefill_context_tokens=context_tokens if prefill_tokens else 0,
+            decode_context_tokens=decode_seqs * 1024,
+        )
+        return float(self._model.step_time(forward))
+
+
+def default_step_model(model: str, accelerator: str, tensor_parallel_size: int = 1) -> StepTimeModel | None:
+    """The simulator's calibrated model when it knows the model, else the compact roofline, else None."""
+    try:
+        return SimulatorStepTime(model.split("://", 1)[-1], accelerator, tensor_parallel_size)
+    except (ImportError, ValueError, KeyError):
+        pass
+    shape = load_model_shape(model)
+    if shape is None:
+        return None
+    return RooflineStepTime(load_accelerator(accelerator), shape, tensor_parallel_size)
+
+
 # --------------------------------------------------------------------------- service facts
 
 
@@ -466,14 +504,14 @@ def build_space(
 ) -> SearchSpace:
     """Derive the search space for ``facts``; ``bounds`` (knob -> (min, max)) override derived limits.
 
-    ``step_model`` predicts step times; without one a roofline from the simulator's
-    accelerator and model profiles is used (and no ITL ceiling when the model is unknown).
+    ``step_model`` predicts step times; without one the simulator's calibrated model
+    is used (or a compact roofline; no ITL ceiling when the model is unknown).
     """
     bounds = bounds or {}
     accelerator = load_accelerator(facts.accelerator)
     shape = load_model_shape(facts.model)
-    if step_model is None and shape is not None:
-        step_model = RooflineStepTime(accelerator, shape, facts.tensor_parallel_size)
+    if step_model is None:
+        step_model = default_step_model(facts.model, facts.accelerator, facts.tensor_parallel_size)
     notes: list[str] = []
     inc = facts.incumbent
     per_seq = 1 + facts.speculative_tokens
