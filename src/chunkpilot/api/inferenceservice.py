@@ -442,7 +442,7 @@ class ResourcesSpec(ApiModel):
         le=64,
         description="nvidia.com/gpu per replica; defaults to and must equal engine.tensorParallelSize.",
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict,
         max_length=64,
         description="Node labels the engine pods must match.",
@@ -491,13 +491,13 @@ class TuningBounds(ApiModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
             rule="!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens.min >= 1",
-            message="maxNumBatchedTokens.min must be >= 1",
+            message="maxNumBatchedTokens.min must be >= 1: raise the lower bound",
             field_path=".maxNumBatchedTokens.min",
             check=lambda o: o.max_num_batched_tokens is None or o.max_num_batched_tokens.min >= 1,
         ),
         CelRule(
             rule="!has(self.maxNumSeqs) || self.maxNumSeqs.min >= 1",
-            message="maxNumSeqs.min must be >= 1",
+            message="maxNumSeqs.min must be >= 1: raise the lower bound",
             field_path=".maxNumSeqs.min",
             check=lambda o: o.max_num_seqs is None or o.max_num_seqs.min >= 1,
         ),
