@@ -145,6 +145,11 @@ HELM = GoComponent(
     ldflags=(
         f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
         "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+        # The Kubernetes version `helm template` assumes: that of helm's client-go (v0.37).
+        "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1",
+        "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37",
+        "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1",
+        "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37",
     ),
 )
 
