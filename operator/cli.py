@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("CHUNKPILOT_PROMETHEUS_URL"),
         help="Prometheus for the autotuner",
     )
+    run.add_argument(
+        "--no-autotuner", action="store_true", help="serve InferenceServices without loading the autotuner"
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="log handler activity")
     run.add_argument("--debug", action="store_true", help="log everything, including API traffic")
     run.set_defaults(func=run_operator)
@@ -107,6 +110,8 @@ def run_operator(args: argparse.Namespace) -> int:
     priority = args.priority
     if args.peering and priority is None:
         priority = ha.start_time_priority()
+    if args.no_autotuner:
+        os.environ["CHUNKPILOT_AUTOTUNER"] = "off"
     kopf.configure(verbose=args.verbose, debug=args.debug)
 
     import chunkpilot.operator.main  # noqa: F401  # registers the handlers

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 from chunkpilot.operator import handlers  # registers the handlers
 
 logger = logging.getLogger(__name__)
 TUNER_HANDLERS = "chunkpilot.tuner.handlers"
+#: Set to ``off`` to run the operator without the autotuner (``chunkpilot operator --no-autotuner``).
+ENV_AUTOTUNER = "CHUNKPILOT_AUTOTUNER"
 
 
 def load_tuner_handlers() -> bool:
     """Import the autotuner's handlers if that module exists; log clearly either way."""
+    if os.environ.get(ENV_AUTOTUNER, "").lower() == "off":
+        logger.info("autotuner disabled (%s=off): InferenceServices are served but not tuned", ENV_AUTOTUNER)
+        return False
     try:
         importlib.import_module(TUNER_HANDLERS)
     except ModuleNotFoundError as error:

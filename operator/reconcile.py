@@ -242,6 +242,13 @@ class Reconciler:
             problem=problem,
         )
         await self._write_status(meta["namespace"], meta["name"], observation)
+        logger.info(
+            "reconciled %s/%s (generation %s, %s)",
+            meta["namespace"],
+            meta["name"],
+            observation.generation,
+            ", ".join(sorted(kinds)) if kinds else "status only",
+        )
 
     async def _ensure(self, desired: dict[str, Any], owner: dict[str, Any], current: Any) -> _Ensured:
         """Apply ``desired`` unless the live object already matches it."""
