@@ -1,4 +1,5 @@
-"""``chunkpilot load``: replay a trace against a service's engines and print what clients saw."""
+"""``chunkpilot load`` (replay a trace against a service's engines) and ``chunkpilot local``
+(run the local stack, or only the pod runner, until Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from chunkpilot.devcluster.paths import cache_root
 from chunkpilot.localrun.endpoints import Endpoint, EndpointSource, RoundRobinBalancer, static_source
 from chunkpilot.localrun.loadgen import LoadOptions, run_load
 from chunkpilot.localrun.targets import TargetsFileError, targets_file_source
@@ -43,7 +45,39 @@ def cached_targets_source(
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``chunkpilot load``."""
+    """Add ``chunkpilot load`` and ``chunkpilot local``."""
+    _register_load(subparsers)
+    _register_local(subparsers)
+
+
+def _register_local(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    local = subparsers.add_parser(
+        "local",
+        help="run Chunkpilot locally: control plane, Prometheus, operator and simulator engines",
+        description="Run the local stack (or only the pod runner) in the foreground until Ctrl-C.",
+    )
+    commands = local.add_subparsers(dest="local_command", metavar="COMMAND", required=True)
+    up = commands.add_parser("up", help="start the whole local stack and wait for Ctrl-C")
+    up.add_argument(
+        "--state-dir", type=Path, default=Path(".chunkpilot/local"), help="where state and logs go"
+    )
+    up.add_argument("--nodes", type=int, default=2, help="fake GPU nodes (default 2)")
+    up.add_argument("--accelerator", default="h100", help="accelerator of the fake nodes (default h100)")
+    up.add_argument("--time-scale", type=float, help="engines run this many times faster than real time")
+    up.add_argument("--no-operator", action="store_true", help="do not start the operator")
+    up.set_defaults(func=run_local_up)
+    pods = commands.add_parser(
+        "pods", help="run only the pod runner (simulator engines for engine pods) against a cluster"
+    )
+    pods.add_argument("--kubeconfig", type=Path, required=True, help="kubeconfig of the (local) cluster")
+    pods.add_argument("--targets", type=Path, required=True, help="Prometheus file_sd file to maintain")
+    pods.add_argument("--log-dir", type=Path, help="engine logs (default: ~/.cache/chunkpilot/engines)")
+    pods.add_argument("--time-scale", type=float, help="engines run this many times faster than real time")
+    pods.add_argument("--namespace", help="only this namespace (default: all)")
+    pods.set_defaults(func=run_local_pods)
+
+
+def _register_load(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "load",
         help="replay a request trace against a service's Ready engines",
@@ -126,6 +160,67 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary.format())
     return 0 if summary.completed > 0 else 1
+
+
+def run_local_up(args: argparse.Namespace) -> int:
+    """Handler of ``chunkpilot local up``."""
+    from chunkpilot.localrun.stack import LocalStack, StackOptions, print_progress, sigterm_as_interrupt
+
+    try:
+        options = StackOptions(
+            state_dir=(args.state_dir or cache_root() / "local").resolve(),
+            nodes=args.nodes,
+            accelerator=args.accelerator,
+            time_scale=args.time_scale,
+            operator=not args.no_operator,
+        )
+    except ValueError as error:
+        print(f"chunkpilot local up: {error}", file=sys.stderr)
+        return 2
+    progress = print_progress()
+    try:
+        with sigterm_as_interrupt(), LocalStack(options, progress=progress) as stack:
+            assert stack.prometheus is not None
+            targets = stack.prometheus.targets_file
+            print(
+                "\nThe local stack is up. From another shell:\n"
+                f"  export KUBECONFIG={stack.kubeconfig}\n"
+                "  kubectl apply -f examples/<service>.yaml\n"
+                "  kubectl get inferenceservices,tuningtrials,pods -A\n"
+                f"  chunkpilot load --service NAME --targets {targets} --trace azure_conv_2023"
+                + (f" --time-scale {options.time_scale:g}" if options.time_scale else "")
+                + f"\n  Prometheus: {stack.prometheus.url}\nPress Ctrl-C to stop everything.",
+                flush=True,
+            )
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        progress("stopped")
+        return 0
+
+
+def run_local_pods(args: argparse.Namespace) -> int:
+    """Handler of ``chunkpilot local pods``."""
+    import logging
+
+    from chunkpilot.localrun.podrunner import RunnerSettings, run_pods
+    from chunkpilot.localrun.stack import sigterm_as_interrupt
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    settings = RunnerSettings(
+        time_scale=args.time_scale,
+        log_dir=(args.log_dir or cache_root() / "engines").resolve(),
+        namespace=args.namespace,
+    )
+    with sigterm_as_interrupt():
+        runner = run_pods(args.kubeconfig, targets_path=args.targets, settings=settings)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            runner.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
