@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from chunkpilot.engine.probe.fit import (
     CostPoint,
     FitError,
-    fit_roofline,
     first_tokens_where,
+    fit_roofline,
     largest_tokens_within,
 )
 from chunkpilot.engine.probe.roofline import ModelShape, linear_cost, shard_shapes
@@ -44,7 +43,9 @@ def synthetic_curve(
     return points
 
 
-@pytest.mark.parametrize(("e_c", "e_b", "overhead_ms"), [(0.75, 0.70, 0.012), (0.5, 0.9, 0.0), (0.9, 0.4, 0.05)])
+@pytest.mark.parametrize(
+    ("e_c", "e_b", "overhead_ms"), [(0.75, 0.70, 0.012), (0.5, 0.9, 0.0), (0.9, 0.4, 0.05)]
+)
 def test_noise_free_curve_is_recovered_exactly(e_c: float, e_b: float, overhead_ms: float) -> None:
     fit = fit_roofline(synthetic_curve(e_c, e_b, overhead_ms), H200_FLOPS, H200_BANDWIDTH)
     assert fit.compute_efficiency == pytest.approx(e_c, rel=1e-6)

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from chunkpilot.engine.probe import STEP_PROFILE_SCHEMA, ProfileError, StepProfile, load_profile, save_profile
-from chunkpilot.engine.probe.profile import PeakSource, Peaks
+from chunkpilot.engine.probe.profile import Peaks, PeakSource
 from chunkpilot.engine.probe.roofline import (
     decode_attention_cost,
     linear_cost,
@@ -29,7 +28,9 @@ from chunkpilot.engine.sim.steptime import ForwardPass, StepTimeModel
 from chunkpilot.engine.sim.steptime import StepProfile as SimStepProfile
 
 H200 = load_accelerator("h200")
-DATASHEET = Peaks(flops_per_s=H200.peak_flops, bandwidth_bytes_per_s=H200.hbm_bytes_per_s, source=PeakSource.DATASHEET)
+DATASHEET = Peaks(
+    flops_per_s=H200.peak_flops, bandwidth_bytes_per_s=H200.hbm_bytes_per_s, source=PeakSource.DATASHEET
+)
 TOKENS = tuple(2**i for i in range(15))
 CONTEXT = 2048
 LINEAR = (0.75, 0.70, 0.010)  # compute efficiency, bandwidth efficiency, overhead ms
@@ -60,7 +61,9 @@ def synthetic_measurements(model: str, tp: int, scale: float = 1.0) -> list[Laye
 def make_profile(
     model: str = "llama-3.1-8b", tp: int = 1, itl: float | None = 50.0, scale: float = 1.0
 ) -> StepProfile:
-    request = ProbeRequest(model=model, tensor_parallel_size=tp, device="cuda", tokens=TOKENS, itl_target_ms=itl)
+    request = ProbeRequest(
+        model=model, tensor_parallel_size=tp, device="cuda", tokens=TOKENS, itl_target_ms=itl
+    )
     return assemble_profile(
         request=request,
         shape=resolve_model_shape(model),
@@ -176,7 +179,11 @@ def test_simulator_loads_the_profile_and_its_step_time_follows_it(tmp_path: Path
 
 
 def test_efficiencies_fitted_against_other_peaks_are_rescaled_to_the_datasheet() -> None:
-    halved = Peaks(flops_per_s=H200.peak_flops / 2, bandwidth_bytes_per_s=H200.hbm_bytes_per_s / 2, source=PeakSource.GIVEN)
+    halved = Peaks(
+        flops_per_s=H200.peak_flops / 2,
+        bandwidth_bytes_per_s=H200.hbm_bytes_per_s / 2,
+        source=PeakSource.GIVEN,
+    )
     request = ProbeRequest(model="llama-3.1-8b", device="cuda", tokens=TOKENS)
     profile = assemble_profile(
         request=request,
@@ -216,5 +223,7 @@ def test_request_validation_names_the_option() -> None:
         ("NVIDIA GeForce RTX 4090", 24, None),
     ],
 )
-def test_accelerator_is_detected_from_the_device_name(name: str, memory_gib: int, expected: str | None) -> None:
+def test_accelerator_is_detected_from_the_device_name(
+    name: str, memory_gib: int, expected: str | None
+) -> None:
     assert accelerator_for_device_name(name, memory_gib * 2**30) == expected

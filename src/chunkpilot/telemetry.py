@@ -1,0 +1,67 @@
+"""Prometheus metrics the operator and the tuner export about themselves.
+
+Engine latency comes from the engines' own ``vllm:*`` metrics; these series add
+what only the control loop knows (the budget each track runs, the SLO targets,
+trial progress), so dashboards can draw SLO lines, budget over time and trials
+as annotations. Served by :func:`start_metrics_server` in the operator process.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REGISTRY: Final = CollectorRegistry(auto_describe=True)
+
+TOKEN_BUDGET: Final = Gauge(
+    "chunkpilot_token_budget_tokens",
+    "max-num-batched-tokens the track's engine pods run with.",
+    ["namespace", "service", "track"],
+    registry=REGISTRY,
+)
+MAX_NUM_SEQS: Final = Gauge(
+    "chunkpilot_max_num_seqs",
+    "max-num-seqs the track's engine pods run with.",
+    ["namespace", "service", "track"],
+    registry=REGISTRY,
+)
+SLO_TARGET_SECONDS: Final = Gauge(
+    "chunkpilot_slo_target_seconds",
+    "Declared latency SLO: the quantile of the metric must stay at or below this value.",
+    ["namespace", "service", "metric", "quantile"],
+    registry=REGISTRY,
+)
+CURRENT_TRIAL: Final = Gauge(
+    "chunkpilot_current_trial_number",
+    "Number of the trial now running (0 when none).",
+    ["namespace", "service"],
+    registry=REGISTRY,
+)
+TRIALS_FINISHED: Final = Counter(
+    "chunkpilot_trials_finished",
+    "Finished tuning trials by verdict.",
+    ["namespace", "service", "verdict"],
+    registry=REGISTRY,
+)
+
+
+def record_slo_targets(
+    namespace: str, service: str, itl: tuple[float, float], ttft: tuple[float, float]
+) -> None:
+    """Export the ITL and TTFT targets as ``(quantile, max_ms)`` pairs."""
+    for metric, (quantile, max_ms) in (("itl", itl), ("ttft", ttft)):
+        SLO_TARGET_SECONDS.labels(namespace, service, metric, f"{quantile:g}").set(max_ms / 1000.0)
+
+
+def forget_service(namespace: str, service: str) -> None:
+    """Drop every series of a deleted service."""
+    for gauge in (TOKEN_BUDGET, MAX_NUM_SEQS, SLO_TARGET_SECONDS, CURRENT_TRIAL, TRIALS_FINISHED):
+        for labels in list(gauge._metrics):  # prometheus_client keeps children keyed by label values
+            if labels[:2] == (namespace, service):
+                gauge.remove(*labels)
+
+
+def start_metrics_server(port: int, address: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` for :data:`REGISTRY` on ``address:port`` in a background thread."""
+    start_http_server(port, addr=address, registry=REGISTRY)

@@ -1,0 +1,34 @@
+"""The operator's own metrics, scraped over real HTTP."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+from chunkpilot import telemetry
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_metrics_are_served_and_forgotten() -> None:
+    port = _free_port()
+    telemetry.start_metrics_server(port, address="127.0.0.1")
+    telemetry.TOKEN_BUDGET.labels("ns", "chat", "stable").set(2048)
+    telemetry.TOKEN_BUDGET.labels("ns", "other", "stable").set(512)
+    telemetry.record_slo_targets("ns", "chat", itl=(0.99, 50), ttft=(0.95, 2000))
+    telemetry.TRIALS_FINISHED.labels("ns", "chat", "Promoted").inc()
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'chunkpilot_token_budget_tokens{namespace="ns",service="chat",track="stable"} 2048.0' in body
+    assert 'chunkpilot_slo_target_seconds{metric="itl",namespace="ns",quantile="0.99",service="chat"} 0.05' in body
+    assert 'chunkpilot_trials_finished_total{namespace="ns",service="chat",verdict="Promoted"} 1.0' in body
+
+    telemetry.forget_service("ns", "chat")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'service="chat"' not in body
+    assert 'service="other"' in body
