@@ -1,0 +1,90 @@
+{{/* Chart name, truncated to the 63 characters a label allows. */}}
+{{- define "chunkpilot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified name of the release's objects. */}}
+{{- define "chunkpilot.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "chunkpilot.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "chunkpilot.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "chunkpilot.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "chunkpilot.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: chunkpilot
+{{- end }}
+
+{{- define "chunkpilot.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "chunkpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "chunkpilot.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "chunkpilot.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Several replicas act safely only with peering. */}}
+{{- define "chunkpilot.peered" -}}
+{{- if gt (int .Values.replicaCount) 1 }}true{{ end }}
+{{- end }}
+
+{{/* Namespaces the namespaced mode watches (validated). */}}
+{{- define "chunkpilot.watchedNamespaces" -}}
+{{- if and (eq .Values.watch.mode "namespaced") (empty .Values.watch.namespaces) }}
+{{- fail "watch.namespaces must list at least one namespace when watch.mode is namespaced" }}
+{{- end }}
+{{- join "," .Values.watch.namespaces }}
+{{- end }}
+
+{{/* Permissions the operator (and the autotuner running in it) needs in a namespace. No wildcards. */}}
+{{- define "chunkpilot.namespacedRules" -}}
+- apiGroups: ["chunkpilot.io"]
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["chunkpilot.io"]
+  resources: ["inferenceservices/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["chunkpilot.io"]
+  resources: ["inferenceservices/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["chunkpilot.io"]
+  resources: ["tuningtrials"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["chunkpilot.io"]
+  resources: ["tuningtrials/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{/* PodMonitor labels as key=value,... for CHUNKPILOT_POD_MONITOR_LABELS. */}}
+{{- define "chunkpilot.podMonitorLabels" -}}
+{{- $pairs := list }}
+{{- range $key, $value := .Values.podMonitor.labels }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
