@@ -1,0 +1,328 @@
+"""Pure translations between the API objects and the tuner's internal values.
+
+InferenceService -> service facts, SLO targets, abort rules, search-space bounds;
+TuningTrial -> study record; measurements -> printer-column strings and conditions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from chunkpilot.api import (
+    Condition,
+    ConditionStatus,
+    EngineConfig,
+    InferenceService,
+    Measurement,
+    SLOState,
+    TrialPhase,
+    TrialVerdict,
+    TuningTrial,
+)
+from chunkpilot.tuner.policy import AbortRules, ObjectiveKind, SLOTargets
+from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
+from chunkpilot.tuner.study import RecordState, TrialRecord
+
+GROUP_PREFIX = "chunkpilot.io"
+#: Raw Optuna parameters of a trial (exact study history even where repairs changed the config).
+ANNOTATION_STUDY_PARAMS = f"{GROUP_PREFIX}/study-params"
+#: When every canary replica was first seen Ready.
+ANNOTATION_READY_AT = f"{GROUP_PREFIX}/canary-ready-at"
+#: Start of the trial's measurement window (after warm-up; moved after a metrics outage).
+ANNOTATION_MEASURE_FROM = f"{GROUP_PREFIX}/measure-from"
+#: Since when Prometheus has been unreachable during the trial's measurement.
+ANNOTATION_METRICS_GAP = f"{GROUP_PREFIX}/metrics-gap-since"
+#: Objective of the stable track measured in the trial's window.
+ANNOTATION_STABLE_OBJECTIVE = f"{GROUP_PREFIX}/stable-objective"
+#: Set on a promoted trial once its config was written into the service's spec.
+ANNOTATION_PROMOTION_APPLIED = f"{GROUP_PREFIX}/promotion-applied"
+#: On canary Deployments: the trial they belong to.
+ANNOTATION_TRIAL = f"{GROUP_PREFIX}/trial"
+#: Tuning round of a trial (a re-tune after a sustained SLO violation starts a new round).
+LABEL_ROUND = f"{GROUP_PREFIX}/tuning-round"
+
+ACTIVE_PHASES = (TrialPhase.PENDING, TrialPhase.ROLLING_OUT, TrialPhase.MEASURING)
+
+
+# --------------------------------------------------------------------------- service
+
+
+def slo_targets(isvc: InferenceService) -> SLOTargets:
+    """The service's SLO (the API requires one when autotuning)."""
+    slo = isvc.spec.slo
+    if slo is None:
+        raise ValueError("spec.slo is required for autotuning: declare the itl and ttft targets")
+    return SLOTargets(
+        itl_ms=slo.itl.max_ms,
+        ttft_ms=slo.ttft.max_ms,
+        itl_quantile=slo.itl.quantile,
+        ttft_quantile=slo.ttft.quantile,
+    )
+
+
+def abort_rules(isvc: InferenceService) -> AbortRules:
+    abort = isvc.spec.autotune.abort
+    return AbortRules(itl_factor=abort.itl_factor, ttft_factor=abort.ttft_factor, min_samples=abort.min_samples)
+
+
+def objective_kind(isvc: InferenceService) -> ObjectiveKind:
+    return ObjectiveKind(str(isvc.spec.autotune.objective))
+
+
+def tuned_config(config: EngineConfig) -> TunedConfig:
+    """The tuner's view of an API EngineConfig."""
+    return TunedConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        max_num_partial_prefills=config.max_num_partial_prefills,
+        max_long_partial_prefills=config.max_long_partial_prefills,
+        max_num_active_seqs=config.max_num_active_seqs,
+    )
+
+
+def engine_config(config: TunedConfig) -> EngineConfig:
+    """The API EngineConfig of a tuner configuration (validated)."""
+    return EngineConfig.model_validate(config.as_dict())
+
+
+def incumbent(isvc: InferenceService) -> EngineConfig:
+    """The knobs the stable track runs with (the spec: promotions are written there)."""
+    return EngineConfig.from_engine(isvc.spec.engine)
+
+
+def service_facts(isvc: InferenceService) -> ServiceFacts:
+    """Hardware, model, engine and SLO facts the search space is derived from."""
+    spec = isvc.spec
+    slo = slo_targets(isvc)
+    return ServiceFacts(
+        accelerator=str(spec.resources.accelerator),
+        model=spec.model.name,
+        incumbent=tuned_config(incumbent(isvc)),
+        itl_target_ms=slo.itl_ms,
+        max_model_len=spec.model.max_model_len or 8192,
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        speculative_tokens=spec.engine.speculative.num_speculative_tokens if spec.engine.speculative else 0,
+        engine_kind=str(spec.engine.kind),
+        engine_version=spec.engine.version,
+        enable_chunked_prefill=spec.engine.enable_chunked_prefill,
+        gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+    )
+
+
+def space_bounds(isvc: InferenceService) -> dict[str, tuple[int, int]]:
+    """Bounds overrides from ``spec.autotune.bounds`` keyed by knob name."""
+    bounds = isvc.spec.autotune.bounds
+    if bounds is None:
+        return {}
+    result: dict[str, tuple[int, int]] = {}
+    for knob in Knob:
+        value = getattr(bounds, knob.value, None)
+        if value is not None:
+            result[knob.value] = (value.min, value.max)
+    return result
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def trial_phase(trial: TuningTrial) -> TrialPhase:
+    return trial.status.phase if trial.status is not None and trial.status.phase else TrialPhase.PENDING
+
+
+def is_active(trial: TuningTrial) -> bool:
+    return trial_phase(trial) in ACTIVE_PHASES
+
+
+def trial_round(trial: TuningTrial) -> int:
+    try:
+        return int(trial.metadata.labels.get(LABEL_ROUND, "0"))
+    except ValueError:
+        return 0
+
+
+def study_params(trial: TuningTrial, space: SearchSpace) -> dict[str, int] | None:
+    """The trial's Optuna parameters: the recorded raw ones, else derived from its config."""
+    raw = trial.metadata.annotations.get(ANNOTATION_STUDY_PARAMS)
+    if raw:
+        try:
+            data = json.loads(raw)
+            return {str(k): int(v) for k, v in data.items()}
+        except (ValueError, TypeError, AttributeError):
+            pass
+    return space.to_params(tuned_config(trial.spec.params))
+
+
+def trial_record(trial: TuningTrial, space: SearchSpace, slo: SLOTargets) -> TrialRecord | None:
+    """The study's view of a finished trial; None for an unfinished one or one outside the space."""
+    if is_active(trial):
+        return None
+    params = study_params(trial, space)
+    if params is None:
+        return None
+    status = trial.status
+    canary = status.canary if status is not None else None
+    measured = (
+        status is not None
+        and status.verdict is not TrialVerdict.ABORTED
+        and status.objective is not None
+        and canary is not None
+        and canary.itl_ms is not None
+        and canary.ttft_ms is not None
+    )
+    if not measured:
+        return TrialRecord(number=trial.spec.number, params=params, state=RecordState.FAILED)
+    assert status is not None and canary is not None and canary.itl_ms is not None and canary.ttft_ms is not None
+    assert status.objective is not None
+    return TrialRecord(
+        number=trial.spec.number,
+        params=params,
+        state=RecordState.COMPLETE,
+        objective=float(status.objective),
+        constraints={"itl": canary.itl_ms / slo.itl_ms - 1.0, "ttft": canary.ttft_ms / slo.ttft_ms - 1.0},
+    )
+
+
+def incumbent_record(
+    trials: Sequence[TuningTrial], space: SearchSpace, config: EngineConfig, slo: SLOTargets
+) -> TrialRecord | None:
+    """The incumbent as a known point of the study, from the latest stable measurement of a trial window."""
+    params = space.to_params(tuned_config(config))
+    if params is None:
+        return None
+    config_hash = config.config_hash()
+    for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
+        status = trial.status
+        raw = trial.metadata.annotations.get(ANNOTATION_STABLE_OBJECTIVE)
+        if status is None or status.stable is None or raw is None or trial.spec.baseline_config_hash != config_hash:
+            continue
+        stable = status.stable
+        if stable.itl_ms is None or stable.ttft_ms is None:
+            continue
+        try:
+            objective = float(raw)
+        except ValueError:
+            continue
+        if not math.isfinite(objective):
+            continue
+        return TrialRecord(
+            number=-1,
+            params=params,
+            state=RecordState.COMPLETE,
+            objective=objective,
+            constraints={"itl": stable.itl_ms / slo.itl_ms - 1.0, "ttft": stable.ttft_ms / slo.ttft_ms - 1.0},
+        )
+    return None
+
+
+def params_summary(config: TunedConfig | EngineConfig) -> str:
+    """``budget=3072 seqs=256 lpt=512`` (unset knobs left out)."""
+    data = config.as_dict() if isinstance(config, TunedConfig) else {k: getattr(config, k) for k in EngineConfig.KNOBS}
+    short = {
+        Knob.MAX_NUM_BATCHED_TOKENS: "budget",
+        Knob.MAX_NUM_SEQS: "seqs",
+        Knob.LONG_PREFILL_TOKEN_THRESHOLD: "lpt",
+        Knob.MAX_NUM_PARTIAL_PREFILLS: "partial",
+        Knob.MAX_LONG_PARTIAL_PREFILLS: "longpartial",
+        Knob.MAX_NUM_ACTIVE_SEQS: "active",
+    }
+    parts = []
+    for knob, label in short.items():
+        value = data.get(knob.value)
+        if value is None or (knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and value == 0):
+            continue
+        parts.append(f"{label}={value}")
+    return " ".join(parts)
+
+
+def config_change(old: EngineConfig, new: EngineConfig) -> str:
+    """``budget 8192 -> 3072, seqs 256 -> 128`` (only the knobs that differ)."""
+    changes = []
+    for knob in Knob:
+        before, after = getattr(old, knob.value), getattr(new, knob.value)
+        if before != after:
+            changes.append(f"{KNOB_ALIASES[knob]} {before} -> {after}")
+    return ", ".join(changes) or "no change"
+
+
+# --------------------------------------------------------------------------- status strings
+
+
+def latency_summary(measured_ms: float | None, target_ms: float) -> str:
+    """``43/50ms``, or ``-/50ms`` without data."""
+    value = "-" if measured_ms is None else f"{measured_ms:.0f}"
+    return f"{value}/{target_ms:g}ms"
+
+
+def slo_state(measurement: Measurement | None, slo: SLOTargets, enough: bool) -> SLOState:
+    if measurement is None or not enough or measurement.itl_ms is None or measurement.ttft_ms is None:
+        return SLOState.UNKNOWN
+    if measurement.itl_ms <= slo.itl_ms and measurement.ttft_ms <= slo.ttft_ms:
+        return SLOState.MET
+    return SLOState.VIOLATED
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """A condition the tuner sets (type, status, reason, message)."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def merge_conditions(
+    existing: Sequence[Condition], updates: Iterable[ConditionUpdate], generation: int, now: datetime
+) -> list[Condition]:
+    """``existing`` with ``updates`` applied; transition times move only on a status change."""
+    result = list(existing)
+    for update in updates:
+        for index, current in enumerate(result):
+            if current.type != update.type:
+                continue
+            flipped = current.status != update.status
+            result[index] = Condition(
+                type=update.type,
+                status=update.status,
+                reason=update.reason,
+                message=update.message,
+                last_transition_time=now if flipped or current.last_transition_time is None
+                else current.last_transition_time,
+                observed_generation=generation,
+            )
+            break
+        else:
+            result.append(
+                Condition(
+                    type=update.type,
+                    status=update.status,
+                    reason=update.reason,
+                    message=update.message,
+                    last_transition_time=now,
+                    observed_generation=generation,
+                )
+            )
+    return result
+
+
+def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def annotation_time(annotations: Mapping[str, str], key: str) -> datetime | None:
+    raw = annotations.get(key)
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
