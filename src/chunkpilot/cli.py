@@ -20,8 +20,11 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "chunkpilot.devcluster.cli",
     "chunkpilot.report.cli",
     "chunkpilot.engine.probe.cli",
+    "chunkpilot.engine.sim.cli",
     "chunkpilot.localrun.cli",
     "chunkpilot.operator.cli",
+    "chunkpilot.tuner.bench_cli",
+    "chunkpilot.demo.cli",
 )
 
 

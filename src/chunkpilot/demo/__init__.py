@@ -1,0 +1,1 @@
+"""``chunkpilot demo``: the whole product on one machine."""
