@@ -60,7 +60,9 @@ class EngineCore:
         self.model: ModelProfile = load_model(config.model)
         self.accelerator: Accelerator = load_accelerator(config.accelerator)
         profile = StepProfile.load(config.step_profile) if config.step_profile else None
-        self.step_model = StepTimeModel(self.model, self.accelerator, config.tensor_parallel_size, step_profile=profile)
+        self.step_model = StepTimeModel(
+            self.model, self.accelerator, config.tensor_parallel_size, step_profile=profile
+        )
         sched = config.scheduler
         self.capacity: KVCapacity = kv_capacity(
             self.model,
@@ -73,8 +75,9 @@ class EngineCore:
         blocks = config.num_kv_blocks if config.num_kv_blocks is not None else self.capacity.num_blocks
         if blocks * sched.block_size < sched.max_model_len:
             raise ValueError(
-                f"--max-model-len {sched.max_model_len} exceeds the {blocks * sched.block_size} tokens the KV "
-                f"cache holds for {self.model.name} on {config.tensor_parallel_size} x {self.accelerator.name}; "
+                f"--max-model-len {sched.max_model_len} exceeds the {blocks * sched.block_size} "
+                f"tokens the KV cache holds for {self.model.name} on "
+                f"{config.tensor_parallel_size} x {self.accelerator.name}; "
                 "lower --max-model-len or raise --gpu-memory-utilization / --tensor-parallel-size"
             )
         self.scheduler = Scheduler(sched, blocks, seed=config.seed)

@@ -39,14 +39,27 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
     g.add_argument("--max-num-scheduled-tokens", type=int, default=None, help="alias that caps the budget")
     g.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
-    g.add_argument("--max-num-active-seqs", type=int, default=None, help="most RUNNING requests (<= max-num-seqs)")
+    g.add_argument(
+        "--max-num-active-seqs", type=int, default=None, help="most RUNNING requests (<= max-num-seqs)"
+    )
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0, help="per-request prefill cap (0 = off)")
-    g.add_argument("--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False)
+    g.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, help="per-request prefill cap (0 = off)"
+    )
+    g.add_argument(
+        "--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False
+    )
     g.add_argument("--max-num-partial-prefills", type=int, default=None, help="legacy partial-prefill limit")
-    g.add_argument("--max-long-partial-prefills", type=int, default=None, help="legacy long partial-prefill limit")
+    g.add_argument(
+        "--max-long-partial-prefills", type=int, default=None, help="legacy long partial-prefill limit"
+    )
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--speculative-config", type=_json_object, default=None, help='JSON, e.g. {"num_speculative_tokens":4}')
+    g.add_argument(
+        "--speculative-config",
+        type=_json_object,
+        default=None,
+        help='JSON, e.g. {"num_speculative_tokens":4}',
+    )
     g.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     g.add_argument("--shutdown-timeout", type=float, default=0.0, help="seconds to drain on SIGTERM")
@@ -54,14 +67,20 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--additional-config", type=_json_object, default=None, help="accepted for compatibility")
     g.add_argument("--block-size", type=int, default=BLOCK_SIZE, choices=(8, 16, 32, 64, 128))
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="auto", choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+    g.add_argument(
+        "--dtype", default="auto", choices=("auto", "half", "float16", "bfloat16", "float", "float32")
+    )
     g.add_argument("--load-format", default="auto", help="accepted for compatibility (ignored)")
     g.add_argument("--disable-log-requests", action="store_true")
     g.add_argument("--trust-remote-code", action="store_true")
     s = parser.add_argument_group("simulator flags")
-    s.add_argument("--gpu", default="h100", help=f"accelerator profile ({', '.join(accelerator_names())}) or JSON path")
+    s.add_argument(
+        "--gpu", default="h100", help=f"accelerator profile ({', '.join(accelerator_names())}) or JSON path"
+    )
     s.add_argument("--step-profile", default=None, help="measured step profile JSON from the GPU probe")
-    s.add_argument("--spec-acceptance-rate", type=float, default=None, help="draft token acceptance probability")
+    s.add_argument(
+        "--spec-acceptance-rate", type=float, default=None, help="draft token acceptance probability"
+    )
 
 
 def sim_config_from_args(model: str, args: argparse.Namespace) -> SimConfig:
@@ -72,7 +91,8 @@ def sim_config_from_args(model: str, args: argparse.Namespace) -> SimConfig:
     max_model_len = args.max_model_len or profile.max_position_embeddings
     if max_model_len > profile.max_position_embeddings:
         raise ValueError(
-            f"--max-model-len {max_model_len} exceeds the {profile.max_position_embeddings} positions of {profile.name}"
+            f"--max-model-len {max_model_len} exceeds the {profile.max_position_embeddings} "
+            f"positions of {profile.name}"
         )
     budget = args.max_num_batched_tokens
     if budget is None:

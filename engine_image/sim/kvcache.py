@@ -71,7 +71,9 @@ def kv_capacity(
 class KVCacheManager:
     """Block accounting for all requests: allocation, prefix hits, release and eviction."""
 
-    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

@@ -61,7 +61,9 @@ class EngineMetrics:
     def __init__(self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE) -> None:
         self.labels = f'{names.LABEL_ENGINE}="{engine}",{names.LABEL_MODEL_NAME}="{_escape(model_name)}"'
         self.histograms = {name: Histogram(buckets) for name, buckets in names.HISTOGRAM_BUCKETS.items()}
-        self.counters: dict[str, float] = {name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS}
+        self.counters: dict[str, float] = {
+            name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS
+        }
         self.success: dict[str, float] = {"stop": 0.0, "length": 0.0, "abort": 0.0}
         self.gauges: dict[str, float] = {name: 0.0 for name in names.GAUGES}
 
@@ -85,7 +87,11 @@ class EngineMetrics:
         """The whole registry in Prometheus text format."""
         lines: list[str] = []
         for name, gauge in self.gauges.items():
-            lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} gauge", f"{name}{{{self.labels}}} {_fmt(gauge)}"]
+            lines += [
+                f"# HELP {name} {_HELP[name]}",
+                f"# TYPE {name} gauge",
+                f"{name}{{{self.labels}}} {_fmt(gauge)}",
+            ]
         for name, value in self.counters.items():
             family = name.removesuffix("_total")
             lines += [f"# HELP {family} {_HELP[name]}", f"# TYPE {family} counter"]
@@ -93,7 +99,10 @@ class EngineMetrics:
         family = names.REQUEST_SUCCESS.removesuffix("_total")
         lines += [f"# HELP {family} {_HELP[names.REQUEST_SUCCESS]}", f"# TYPE {family} counter"]
         for reason, value in self.success.items():
-            lines.append(f'{names.REQUEST_SUCCESS}{{{self.labels},{names.LABEL_FINISHED_REASON}="{reason}"}} {_fmt(value)}')
+            lines.append(
+                f"{names.REQUEST_SUCCESS}{{{self.labels},"
+                f'{names.LABEL_FINISHED_REASON}="{reason}"}} {_fmt(value)}'
+            )
         for name, hist in self.histograms.items():
             lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
             cumulative = 0

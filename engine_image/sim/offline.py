@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.scheduler import FinishReason, Request
 from chunkpilot.engine.sim.workload import Workload
@@ -164,15 +163,19 @@ def simulate(
     core = config.build()
     sched = core.scheduler
     max_len = sched.config.max_model_len
-    requests = [_request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
-                for i, spec in enumerate(workload.requests)]
+    requests = [
+        _request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
+        for i, spec in enumerate(workload.requests)
+    ]
     recorder = _Recorder()
     steps = _run(core, requests, recorder, fast_forward)
     summary = _summarise(core, config, requests, recorder, steps, slo, keep_records)
     return _with_wall(summary, time.perf_counter() - wall_start)
 
 
-def _request(index: int, arrival: float, prompt: int, output: int, hashes: tuple[int, ...], max_len: int) -> Request:
+def _request(
+    index: int, arrival: float, prompt: int, output: int, hashes: tuple[int, ...], max_len: int
+) -> Request:
     prompt = min(prompt, max_len - 1)
     output = max(1, min(output, max_len - prompt))
     return Request(str(index), arrival, prompt, output, hashes[: prompt // 16])
@@ -201,7 +204,9 @@ def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_fo
             if next_index < len(pending):
                 now = max(now, next_arrival)
                 continue
-            raise RuntimeError("no request can be scheduled: a prompt needs more KV blocks than the cache holds")
+            raise RuntimeError(
+                "no request can be scheduled: a prompt needs more KV blocks than the cache holds"
+            )
         end = now + model.step_time(output.forward_pass)
         for result in sched.update(output, end):
             if not result.is_first_token and result.previous_token_s is not None:
@@ -211,7 +216,9 @@ def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_fo
     return steps
 
 
-def _fast_forward(core: EngineCore, now: float, next_arrival: float, recorder: _Recorder) -> tuple[float, int] | None:
+def _fast_forward(
+    core: EngineCore, now: float, next_arrival: float, recorder: _Recorder
+) -> tuple[float, int] | None:
     """Advance a stretch of identical pure-decode steps at once; None when the next step is not one."""
     sched = core.scheduler
     cfg = sched.config
@@ -226,7 +233,9 @@ def _fast_forward(core: EngineCore, now: float, next_arrival: float, recorder: _
             return None
         context += request.num_tokens
         steps_left = min(
-            steps_left, request.max_output_tokens - request.num_output_tokens, cfg.max_model_len - request.num_tokens
+            steps_left,
+            request.max_output_tokens - request.num_output_tokens,
+            cfg.max_model_len - request.num_tokens,
         )
     kv = sched.kv
     spare = kv.num_free_blocks // batch - 1
@@ -255,7 +264,11 @@ def _fast_forward(core: EngineCore, now: float, next_arrival: float, recorder: _
     assert allocated, "bulk decode outgrew the free KV blocks"
     recorder.segments.append((first, increment, n, batch))
     if n == steps_left:
-        for request in [r for r in running if r.num_output_tokens >= r.max_output_tokens or r.num_tokens >= cfg.max_model_len]:
+        for request in [
+            r
+            for r in running
+            if r.num_output_tokens >= r.max_output_tokens or r.num_tokens >= cfg.max_model_len
+        ]:
             sched.finish(request, t, FinishReason.LENGTH)
     return t, n
 

@@ -83,7 +83,8 @@ class SchedulerConfig:
             out.append("--max-num-batched-tokens, --max-num-seqs and --max-model-len must be positive")
         if budget < seqs:
             out.append(
-                f"--max-num-batched-tokens ({budget}) must be greater than or equal to --max-num-seqs ({seqs})"
+                f"--max-num-batched-tokens ({budget}) must be greater than or equal to "
+                f"--max-num-seqs ({seqs})"
             )
         if not self.enable_chunked_prefill and budget < self.max_model_len:
             out.append(
@@ -97,13 +98,18 @@ class SchedulerConfig:
                 f"[0, --max-model-len ({self.max_model_len})]"
             )
         if self.max_num_active_seqs is not None and not 1 <= self.max_num_active_seqs <= seqs:
-            out.append(f"--max-num-active-seqs ({self.max_num_active_seqs}) must be in [1, --max-num-seqs ({seqs})]")
+            out.append(
+                f"--max-num-active-seqs ({self.max_num_active_seqs}) must be in [1, --max-num-seqs ({seqs})]"
+            )
         if self.max_num_partial_prefills is not None and self.max_num_partial_prefills < 1:
             out.append("--max-num-partial-prefills must be >= 1")
         if self.max_long_partial_prefills is not None and (
-            self.max_num_partial_prefills is None or not 1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills
+            self.max_num_partial_prefills is None
+            or not 1 <= self.max_long_partial_prefills <= self.max_num_partial_prefills
         ):
-            out.append("--max-long-partial-prefills needs --max-num-partial-prefills and must be in [1, that value]")
+            out.append(
+                "--max-long-partial-prefills needs --max-num-partial-prefills and must be in [1, that value]"
+            )
         k = self.num_speculative_tokens
         if k < 0:
             out.append("num_speculative_tokens must be >= 0")
@@ -278,7 +284,9 @@ class Scheduler:
                     continue
                 partial_prefills += 1
                 long_partial_prefills += is_long
-            needed = -(-(computed + num_new) // block_size) - request.plain_blocks - len(request.cached_hashes)
+            needed = (
+                -(-(computed + num_new) // block_size) - request.plain_blocks - len(request.cached_hashes)
+            )
             while needed > 0 and not self.kv.allocate(needed):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -289,7 +297,9 @@ class Scheduler:
                 break
             if needed > 0:
                 request.plain_blocks += needed
-            scheduled.append(ScheduledRequest(request, num_new, computed, min(drafts, num_new - 1), not decoding))
+            scheduled.append(
+                ScheduledRequest(request, num_new, computed, min(drafts, num_new - 1), not decoding)
+            )
             token_budget -= num_new
             req_index += 1
 
@@ -343,7 +353,9 @@ class Scheduler:
         assert len(self.running) <= cfg.max_running, "running-request limit exceeded"
         if self.check_invariants:
             self._check()
-        return SchedulerOutput(tuple(scheduled), tuple(preempted), total, self._forward_pass(scheduled, total))
+        return SchedulerOutput(
+            tuple(scheduled), tuple(preempted), total, self._forward_pass(scheduled, total)
+        )
 
     def update(self, output: SchedulerOutput, now: float) -> list[RequestOutput]:
         """Apply a finished step at time ``now``: advance computed tokens, sample, finish requests."""
@@ -372,7 +384,10 @@ class Scheduler:
                 request.first_token_s = now
             previous = request.last_token_s
             request.last_token_s = now
-            done = request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= cfg.max_model_len
+            done = (
+                request.num_output_tokens >= request.max_output_tokens
+                or request.num_tokens >= cfg.max_model_len
+            )
             results.append(RequestOutput(request, new_tokens, is_first, done, previous))
             if done:
                 finished.append(request)
@@ -406,13 +421,21 @@ class Scheduler:
         cfg = self.config
         if cfg.max_num_partial_prefills is not None and partials >= cfg.max_num_partial_prefills:
             return False
-        return not (is_long and cfg.max_long_partial_prefills is not None and long_partials >= cfg.max_long_partial_prefills)
+        return not (
+            is_long
+            and cfg.max_long_partial_prefills is not None
+            and long_partials >= cfg.max_long_partial_prefills
+        )
 
     def _promote_full_blocks(self, request: Request) -> None:
         size = self.config.block_size
         index = len(request.cached_hashes)
         hashes = request.block_hashes
-        while index < len(hashes) and (index + 1) * size <= request.num_computed_tokens and request.plain_blocks > 0:
+        while (
+            index < len(hashes)
+            and (index + 1) * size <= request.num_computed_tokens
+            and request.plain_blocks > 0
+        ):
             self.kv.promote(hashes[index])
             request.cached_hashes.append(hashes[index])
             request.plain_blocks -= 1
@@ -450,7 +473,9 @@ class Scheduler:
         assert len(seen) == len(self.running), "request scheduled twice"
         assert not seen & {id(r) for r in self.waiting}, "request both waiting and running"
         for request in self.running:
-            assert request.held_blocks * self.config.block_size >= request.num_computed_tokens, "KV under-allocated"
+            assert request.held_blocks * self.config.block_size >= request.num_computed_tokens, (
+                "KV under-allocated"
+            )
         for request in self.waiting:
             assert request.held_blocks == 0, "waiting request holds blocks"
         self.kv.check_invariants(sum(r.plain_blocks for r in self.running))

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
@@ -42,7 +41,9 @@ class APIError(Exception):
 
     def response(self) -> web.Response:
         """The JSON error response."""
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        body = {
+            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        }
         return web.json_response(body, status=self.status)
 
 
@@ -166,7 +167,9 @@ class SimEngineServer:
             if out.is_first_token:
                 m.inc(names.PROMPT_TOKENS, request.prompt_tokens)
                 m.observe(names.TIME_TO_FIRST_TOKEN, end - request.arrival_s)
-                scheduled = request.first_scheduled_s if request.first_scheduled_s is not None else request.arrival_s
+                scheduled = (
+                    request.first_scheduled_s if request.first_scheduled_s is not None else request.arrival_s
+                )
                 m.observe(names.REQUEST_QUEUE_TIME, scheduled - request.arrival_s)
                 m.observe(names.REQUEST_PREFILL_TIME, end - scheduled)
             elif out.previous_token_s is not None:
@@ -251,7 +254,11 @@ class SimEngineServer:
         vocab = self.core.model.vocab_size
         if isinstance(prompt, str):
             ids = tokenizer.encode(prompt, vocab)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             ids = list(prompt)
         elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             ids = tokenizer.encode(prompt[0], vocab)
@@ -278,7 +285,11 @@ class SimEngineServer:
     ) -> web.StreamResponse:
         self._check_model(body.get("model"))
         max_len = self.core.scheduler.config.max_model_len
-        limit_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        limit_key = (
+            "max_completion_tokens"
+            if chat and body.get("max_completion_tokens") is not None
+            else "max_tokens"
+        )
         max_tokens = body.get(limit_key)
         if max_tokens is None:
             max_tokens = max_len - len(prompt_ids)
@@ -297,8 +308,8 @@ class SimEngineServer:
             raise APIError(
                 400,
                 f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
-                "completion). Please reduce the length of the messages or completion.",
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
                 limit_key,
             )
         natural = tokenizer.natural_length(prompt_ids)
@@ -334,7 +345,12 @@ class SimEngineServer:
         reason = "stop" if generation.natural_stop else "length"
         content = "".join(pieces)
         choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": reason, "logprobs": None}
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": reason,
+                "logprobs": None,
+            }
             if chat
             else {"index": 0, "text": content, "finish_reason": reason, "logprobs": None}
         )
@@ -349,8 +365,12 @@ class SimEngineServer:
             }
         )
 
-    async def _stream(self, http: web.Request, generation: _Stream, chat: bool, include_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _stream(
+        self, http: web.Request, generation: _Stream, chat: bool, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(http)
         request = generation.request
         created = int(time.time())
@@ -363,7 +383,12 @@ class SimEngineServer:
         text = tokenizer.TextGenerator(request.request_id)
         try:
             if chat:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                first = {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 await _send(response, {**base, "choices": [first]})
             while True:
                 count, finished = await generation.queue.get()

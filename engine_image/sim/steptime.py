@@ -243,7 +243,9 @@ class StepTimeModel:
             q_out = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim // tp
             per_layer = (
                 gemm_time(num_tokens, m.hidden_size, q_out, m.dtype_bytes, gpu, eff)
-                + gemm_time(num_tokens, m.num_heads * m.head_dim // tp, m.hidden_size, m.dtype_bytes, gpu, eff)
+                + gemm_time(
+                    num_tokens, m.num_heads * m.head_dim // tp, m.hidden_size, m.dtype_bytes, gpu, eff
+                )
                 + gemm_time(num_tokens, m.hidden_size, 2 * m.intermediate_size // tp, m.dtype_bytes, gpu, eff)
                 + gemm_time(num_tokens, m.intermediate_size // tp, m.hidden_size, m.dtype_bytes, gpu, eff)
             )
@@ -275,7 +277,12 @@ class StepTimeModel:
         if cached is None:
             m = self.model
             cached = gemm_time(
-                num_sampled, m.hidden_size, m.vocab_size // self.tp, m.dtype_bytes, self.accelerator, self.efficiency
+                num_sampled,
+                m.hidden_size,
+                m.vocab_size // self.tp,
+                m.dtype_bytes,
+                self.accelerator,
+                self.efficiency,
             )
             self._lm_head_cache[num_sampled] = cached
         return cached
@@ -317,7 +324,9 @@ class StepTimeModel:
         return StepBreakdown(
             linear_s=self.linear_time(fp.num_tokens),
             elementwise_s=self.elementwise_time(fp.num_tokens),
-            prefill_attention_s=self.prefill_attention_time(fp.prefill_attention_pairs, fp.prefill_context_tokens),
+            prefill_attention_s=self.prefill_attention_time(
+                fp.prefill_attention_pairs, fp.prefill_context_tokens
+            ),
             decode_attention_s=self.decode_attention_time(fp.decode_context_tokens),
             allreduce_s=self.allreduce_time(fp.num_tokens),
             lm_head_s=self.lm_head_time(fp.num_sampled),

@@ -18,12 +18,14 @@ CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_TOKENS_PER_REPLY = 3
 
-_WORDS = (
-    "the of and to in a is that for it as with was on be by this are at from or an which have not "
-    "model token cache batch prefill decode latency budget engine request stream chunk schedule "
-    "system memory compute bandwidth kernel layer attention throughput service cluster replica "
-    "value result time first next each step while when more than into also can will would"
-).split()
+_WORDS: tuple[str, ...] = (
+    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "with", "was", "on", "be",
+    "by", "this", "are", "at", "from", "or", "an", "which", "have", "not", "model", "token", "cache",
+    "batch", "prefill", "decode", "latency", "budget", "engine", "request", "stream", "chunk",
+    "schedule", "system", "memory", "compute", "bandwidth", "kernel", "layer", "attention",
+    "throughput", "service", "cluster", "replica", "value", "result", "time", "first", "next", "each",
+    "step", "while", "when", "more", "than", "into", "also", "can", "will", "would",
+)  # fmt: skip
 
 
 def encode(text: str, vocab_size: int = 128_000) -> list[int]:

@@ -46,11 +46,15 @@ def resolve_trace(name_or_path: str) -> Path:
     """A bundled trace by name (``azure_conv_2023``) or a path to a CSV file."""
     stem = name_or_path.removesuffix(".csv")
     if stem in BUNDLED_TRACES:
-        with resources.as_file(resources.files("chunkpilot.engine.sim.traces").joinpath(f"{stem}.csv")) as path:
+        with resources.as_file(
+            resources.files("chunkpilot.engine.sim.traces").joinpath(f"{stem}.csv")
+        ) as path:
             return Path(path)
     path = Path(name_or_path)
     if not path.is_file():
-        raise WorkloadError(f"--trace {name_or_path}: no such file; bundled traces: {', '.join(BUNDLED_TRACES)}")
+        raise WorkloadError(
+            f"--trace {name_or_path}: no such file; bundled traces: {', '.join(BUNDLED_TRACES)}"
+        )
     return path
 
 
@@ -76,12 +80,15 @@ def load_trace(
             return poisson(lengths, rate, seed, name=path.stem)
         arrivals = _azure_arrivals([r[0] for r in rows])
         specs = sorted(
-            (RequestSpec(a, p, o) for a, (p, o) in zip(arrivals, lengths, strict=True)), key=lambda s: s.arrival_s
+            (RequestSpec(a, p, o) for a, (p, o) in zip(arrivals, lengths, strict=True)),
+            key=lambda s: s.arrival_s,
         )
         return Workload(path.stem, tuple(specs))
     if header[:2] == ["num_prefill_tokens", "num_decode_tokens"]:
         if rate is None:
-            raise WorkloadError(f"--trace {path}: a length-only trace has no arrival times; give --rate REQ_PER_S")
+            raise WorkloadError(
+                f"--trace {path}: a length-only trace has no arrival times; give --rate REQ_PER_S"
+            )
         return poisson([(max(1, int(r[0])), max(1, int(r[1]))) for r in rows], rate, seed, name=path.stem)
     raise WorkloadError(
         f"--trace {path}: unknown header {header[:3]}; expected TIMESTAMP,ContextTokens,GeneratedTokens "
@@ -99,7 +106,9 @@ def _azure_arrivals(stamps: list[str]) -> list[float]:
             try:
                 base = datetime.strptime(date, "%Y-%m-%d").timestamp()
             except ValueError as exc:
-                raise WorkloadError(f"bad TIMESTAMP {stamp!r}: expected 'YYYY-MM-DD HH:MM:SS.fffffff'") from exc
+                raise WorkloadError(
+                    f"bad TIMESTAMP {stamp!r}: expected 'YYYY-MM-DD HH:MM:SS.fffffff'"
+                ) from exc
             days[date] = base
         hh, mm, ss = clock.split(":")
         seconds.append(base + int(hh) * 3600 + int(mm) * 60 + float(ss))
@@ -169,7 +178,12 @@ def parse_workload_spec(spec: str) -> Workload:
     if prefix <= 0:
         return base
     specs = tuple(
-        RequestSpec(r.arrival_s, r.prompt_tokens, r.output_tokens, prefix_hashes(r.prompt_tokens, prefix, i % groups, i))
+        RequestSpec(
+            r.arrival_s,
+            r.prompt_tokens,
+            r.output_tokens,
+            prefix_hashes(r.prompt_tokens, prefix, i % groups, i),
+        )
         for i, r in enumerate(base.requests)
     )
     return Workload("synthetic", specs)

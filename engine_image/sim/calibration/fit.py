@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-
 from chunkpilot.engine.sim.profiles.loader import Accelerator, load_accelerator
 from chunkpilot.engine.sim.steptime import Efficiency
 
@@ -106,7 +105,11 @@ def predict(rows: list[ReferenceRow], eff: Efficiency, gpu: Accelerator) -> Floa
 def _predict(a: dict[str, FloatArray], eff: Efficiency, gpu: Accelerator) -> FloatArray:
     gemm = a["din"] > 0
     t_compute = 2.0 * a["t"] * a["din"] * a["dout"] / (gpu.peak_flops * eff.gemm_compute)
-    t_memory = 2.0 * (a["din"] * a["dout"] + a["t"] * (a["din"] + a["dout"])) / (gpu.hbm_bytes_per_s * eff.gemm_memory)
+    t_memory = (
+        2.0
+        * (a["din"] * a["dout"] + a["t"] * (a["din"] + a["dout"]))
+        / (gpu.hbm_bytes_per_s * eff.gemm_memory)
+    )
     p = eff.gemm_smoothing
     gemm_s = (t_compute**p + t_memory**p) ** (1.0 / p) + eff.gemm_floor_s
     elem_s = a["t"] * a["bpt"] / (gpu.hbm_bytes_per_s * eff.elementwise_memory) + eff.elementwise_floor_s
@@ -202,7 +205,9 @@ def format_error_table(table: list[ErrorRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Refit (``--write`` stores the result) and print the calibration error table."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--write",
         metavar="PATH",

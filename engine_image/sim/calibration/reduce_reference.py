@@ -28,9 +28,9 @@ OPERATORS = (
 )
 ARCH_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")
 TOKEN_COUNTS = frozenset(
-    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
-    + [3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
-)
+    (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+     3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+)  # fmt: skip
 SOURCES = {
     "llama-3-8b": "a100_llama3_8b_mlp.csv",
     "llama-2-7b": "a100_llama2_7b_mlp.csv",
@@ -57,7 +57,8 @@ def reduce(source_dir: Path, output: Path = OUTPUT) -> int:
     with output.open("w", newline="") as handle:
         handle.write(
             "# Medians (ms, one layer) from the Vidur A100-80GB operator profiles "
-            "(microsoft/vidur data/profiling/compute/a100/*/mlp.csv; MIT licence, (c) Microsoft Corporation)\n"
+            "(microsoft/vidur data/profiling/compute/a100/*/mlp.csv; "
+            "MIT licence, (c) Microsoft Corporation)\n"
         )
         writer = csv.DictWriter(handle, fieldnames=fieldnames)
         writer.writeheader()

@@ -127,8 +127,7 @@ class Accelerator:
             )
         except KeyError as exc:
             raise ProfileError(
-                f"accelerator profile lacks field {exc.args[0]!r} "
-                "(needs peak_tflops, hbm_tb_s, memory_gib)"
+                f"accelerator profile lacks field {exc.args[0]!r} (needs peak_tflops, hbm_tb_s, memory_gib)"
             ) from exc
 
 

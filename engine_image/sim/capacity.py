@@ -1,0 +1,135 @@
+"""Capacity search: the highest Poisson request rate whose latency quantiles meet the SLOs.
+
+Sarathi-Serve style: keep the request lengths of a workload, replace its arrivals by a Poisson process
+of rate ``r``, simulate, and call ``r`` feasible when the ITL and TTFT quantiles meet their targets.
+Feasibility is monotone in the rate (up to noise), so the rate is bracketed by doubling or halving
+and then bisected until the bracket is narrower than ``tolerance`` (relative to its lower end).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.workload import RequestSpec, Workload
+
+DEFAULT_TOLERANCE = 0.025
+MIN_RATE = 1e-3
+MAX_RATE = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One simulated rate and its verdict."""
+
+    rate_req_s: float
+    slo_met: bool
+    itl_ms: float
+    ttft_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """Outcome of a capacity search (``chunkpilot sim capacity --json`` prints :meth:`to_dict`)."""
+
+    capacity_req_s: float
+    lower_req_s: float
+    upper_req_s: float
+    tolerance: float
+    requests: int
+    feasible: bool
+    probes: tuple[Probe, ...]
+    at_capacity: Summary | None
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready mapping."""
+        summary = self.at_capacity.to_dict() if self.at_capacity is not None else None
+        return {
+            "capacity_req_s": self.capacity_req_s,
+            "lower_req_s": self.lower_req_s,
+            "upper_req_s": self.upper_req_s,
+            "relative_width": (self.upper_req_s - self.lower_req_s) / self.lower_req_s
+            if self.lower_req_s
+            else math.inf,
+            "tolerance": self.tolerance,
+            "requests": self.requests,
+            "feasible": self.feasible,
+            "iterations": len(self.probes),
+            "probes": [asdict(p) for p in self.probes],
+            "slo": summary["slo"] if summary is not None else None,
+            "at_capacity": summary,
+            "wall_s": self.wall_s,
+        }
+
+
+def retime(workload: Workload, rate: float, seed: int = 0) -> Workload:
+    """The same requests (lengths and prefix hashes, in order) arriving as a Poisson process of ``rate``."""
+    rng = random.Random(seed)
+    t = 0.0
+    specs: list[RequestSpec] = []
+    for spec in workload.requests:
+        specs.append(RequestSpec(t, spec.prompt_tokens, spec.output_tokens, spec.block_hashes))
+        t += rng.expovariate(rate)
+    return Workload(f"{workload.name}@{rate:g}", tuple(specs))
+
+
+def find_capacity(
+    config: SimConfig,
+    workload: Workload,
+    slo: SLO,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    start_rate: float = 1.0,
+    seed: int = 0,
+) -> CapacityResult:
+    """Bisect the Poisson rate until ``(upper - lower) / lower <= tolerance``."""
+    if not 0 < tolerance < 1:
+        raise ValueError("--tolerance must be in (0, 1)")
+    if not workload.requests:
+        raise ValueError("the workload has no requests")
+    wall_start = time.perf_counter()
+    probes: list[Probe] = []
+    summaries: dict[float, Summary] = {}
+
+    def met(rate: float) -> bool:
+        summary = simulate(config, retime(workload, rate, seed), slo)
+        summaries[rate] = summary
+        probes.append(
+            Probe(rate, summary.slo_met, summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms)
+        )
+        return summary.slo_met
+
+    rate = max(MIN_RATE, start_rate)
+    if met(rate):
+        lower, upper = rate, rate * 2
+        while met(upper):
+            lower, upper = upper, upper * 2
+            if upper > MAX_RATE:
+                raise ValueError(
+                    f"the SLOs are met even at {lower:g} req/s; the workload is too light to bound"
+                )
+    else:
+        lower, upper = rate / 2, rate
+        while not met(lower):
+            lower, upper = lower / 2, lower
+            if lower < MIN_RATE:
+                return CapacityResult(
+                    0.0, 0.0, upper, tolerance, len(workload.requests), False, tuple(probes),
+                    summaries[upper], time.perf_counter() - wall_start,
+                )  # fmt: skip
+    while (upper - lower) > tolerance * lower:
+        middle = (lower + upper) / 2
+        if met(middle):
+            lower = middle
+        else:
+            upper = middle
+    return CapacityResult(
+        lower, lower, upper, tolerance, len(workload.requests), True, tuple(probes),
+        summaries[lower], time.perf_counter() - wall_start,
+    )  # fmt: skip

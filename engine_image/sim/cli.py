@@ -1,0 +1,258 @@
+"""``chunkpilot sim``: run the engine simulator offline, search capacity, serve it, benchmark it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from chunkpilot.engine.sim import bench
+from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, find_capacity
+from chunkpilot.engine.sim.flags import add_engine_flags, profiles_help, sim_config_from_args
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.workload import BUNDLED_TRACES, Workload, load_trace, parse_workload_spec
+
+__all__ = ["register"]
+
+DEFAULT_CAPACITY_REQUESTS = 1000
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``sim`` with its ``run``, ``capacity``, ``serve`` and ``bench`` sub-commands."""
+    parser = subparsers.add_parser(
+        "sim",
+        help="CPU engine simulator: vLLM V1 chunked-prefill scheduling with a roofline step-time model",
+        description="Simulate a vLLM engine offline (traces in, latency summaries out) or serve it live.",
+    )
+    commands = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="simulate a trace or synthetic workload and summarise latencies",
+        epilog=profiles_help(),
+        allow_abbrev=False,
+    )
+    _add_offline_flags(run)
+    run.add_argument("--limit", type=int, default=None, help="use only the first N requests of the trace")
+    run.set_defaults(func=_run)
+
+    capacity = commands.add_parser(
+        "capacity",
+        help="highest Poisson request rate whose ITL and TTFT quantiles meet the SLOs (bisection)",
+        epilog=profiles_help(),
+        allow_abbrev=False,
+    )
+    _add_offline_flags(capacity)
+    capacity.add_argument(
+        "--requests",
+        type=int,
+        default=DEFAULT_CAPACITY_REQUESTS,
+        help="requests per probe, lengths taken in order from the trace "
+        f"(default {DEFAULT_CAPACITY_REQUESTS})",
+    )
+    capacity.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help="relative bracket width to stop at (default 0.025)",
+    )
+    capacity.add_argument(
+        "--start-rate", type=float, default=1.0, help="first rate probed, req/s (default 1)"
+    )
+    capacity.set_defaults(func=_capacity)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve the simulated engine: OpenAI API, /metrics (vLLM V1 names), /health",
+        description="Accepts the flags `vllm serve` takes; unknown flags are an error, as in vLLM.",
+        epilog=profiles_help(),
+        allow_abbrev=False,
+    )
+    serve.add_argument(
+        "model", metavar="MODEL", help="model profile name, Hugging Face id alias, or config.json path"
+    )
+    add_engine_flags(serve)
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulated seconds per wall second (default 1: real time)",
+    )
+    serve.set_defaults(func=_serve)
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="print the offline speed on a whole trace and the step-time calibration error",
+        allow_abbrev=False,
+    )
+    bench_parser.add_argument("--trace", default="azure_conv_2023", help="trace name or CSV path")
+    bench_parser.add_argument("--model", default="llama-3.1-8b")
+    bench_parser.add_argument("--gpu", default="h100")
+    bench_parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest counts (default 3)")
+    bench_parser.add_argument(
+        "--step-by-step", action="store_true", help="also time the run without bulk decode advancing"
+    )
+    bench_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    bench_parser.set_defaults(func=_bench)
+
+
+def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="llama-3.1-8b", help="model profile, HF id alias, or config.json path"
+    )
+    add_engine_flags(parser)
+    source = parser.add_argument_group("workload").add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--trace",
+        help="CSV trace (Azure TIMESTAMP,ContextTokens,GeneratedTokens or "
+        f"num_prefill_tokens,num_decode_tokens,...) or a bundled one: {', '.join(BUNDLED_TRACES)}",
+    )
+    source.add_argument(
+        "--workload",
+        help="synthetic workload, e.g. n=500,rate=8,prompt=512-2048,output=64-256,prefix=1024,groups=4",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=None, help="Poisson arrivals at this rate (req/s) for --trace"
+    )
+    slo = parser.add_argument_group("service-level objectives")
+    defaults = SLO()
+    slo.add_argument("--slo-itl-ms", type=float, default=defaults.itl_ms)
+    slo.add_argument("--slo-itl-quantile", type=float, default=defaults.itl_quantile, help="in (0, 1)")
+    slo.add_argument("--slo-ttft-ms", type=float, default=defaults.ttft_ms)
+    slo.add_argument("--slo-ttft-quantile", type=float, default=defaults.ttft_quantile, help="in (0, 1)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _error(args: argparse.Namespace, exc: Exception) -> int:
+    print(f"chunkpilot sim {args.sim_command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _slo(args: argparse.Namespace) -> SLO:
+    return SLO(args.slo_itl_ms, args.slo_itl_quantile, args.slo_ttft_ms, args.slo_ttft_quantile)
+
+
+def _workload(args: argparse.Namespace, limit: int | None) -> Workload:
+    if args.trace is not None:
+        if limit is not None and limit < 1:
+            raise ValueError("--limit/--requests must be >= 1")
+        return load_trace(args.trace, rate=args.rate, seed=args.seed, limit=limit)
+    if args.rate is not None:
+        raise ValueError("--rate applies to --trace; put rate=R into the --workload specification instead")
+    workload = parse_workload_spec(args.workload)
+    if limit is not None:
+        workload = Workload(workload.name, workload.requests[:limit])
+    return workload
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = sim_config_from_args(args.model, args)
+        slo = _slo(args)
+        summary = simulate(config, _workload(args, args.limit), slo)
+    except (ValueError, OSError) as exc:
+        return _error(args, exc)
+    print(_json(summary.to_dict()) if args.json else _format_summary(summary))
+    return 0
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    try:
+        config = sim_config_from_args(args.model, args)
+        slo = _slo(args)
+        workload = _workload(args, args.requests)
+        result = find_capacity(
+            config, workload, slo, tolerance=args.tolerance, start_rate=args.start_rate, seed=args.seed
+        )
+    except (ValueError, OSError) as exc:
+        return _error(args, exc)
+    if args.json:
+        print(_json(result.to_dict()))
+        return 0
+    if not result.feasible:
+        print(f"no rate meets the SLOs (tried down to {result.upper_req_s:g} req/s)")
+        return 0
+    print(
+        f"capacity {result.capacity_req_s:.3f} req/s "
+        f"(bracket {result.lower_req_s:.3f}-{result.upper_req_s:.3f}, "
+        f"{len(result.probes)} probes of {result.requests} requests, {result.wall_s:.1f} s)"
+    )
+    if result.at_capacity is not None:
+        print(_format_summary(result.at_capacity))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from chunkpilot.engine.sim.server import ServerConfig, serve
+
+    try:
+        if not args.time_scale > 0:
+            raise ValueError(f"--time-scale must be > 0, got {args.time_scale}")
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+        config = sim_config_from_args(args.model, args)
+        server_config = ServerConfig(
+            sim=config,
+            served_model_names=tuple(args.served_model_name or [args.model]),
+            time_scale=args.time_scale,
+            host=args.host,
+            port=args.port,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except (ValueError, OSError) as exc:
+        return _error(args, exc)
+    serve(server_config)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        result = bench.run(args.trace, args.model, args.gpu, args.repeat, args.step_by_step)
+    except (ValueError, OSError) as exc:
+        return _error(args, exc)
+    print(_json(result.to_dict()) if args.json else bench.format_result(result))
+    return 0
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(_finite(data), indent=2)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _format_summary(s: Summary) -> str:
+    def row(name: str, p: Any) -> str:
+        return f"  {name:<6} p50 {p.p50:9.1f}  p90 {p.p90:9.1f}  p99 {p.p99:9.1f}  max {p.max:9.1f} ms"
+
+    cfg = s.config
+    return "\n".join(
+        [
+            f"{cfg.get('model')} on {cfg.get('tensor_parallel_size')} x {cfg.get('accelerator')}, budget "
+            f"{cfg.get('max_num_batched_tokens')}, max-num-seqs {cfg.get('max_num_seqs')}",
+            f"  {s.completed}/{s.requests} requests over {s.duration_s:.1f} s simulated, {s.steps} steps, "
+            f"{s.preemptions} preemptions, wall {s.wall_s:.2f} s",
+            row("TTFT", s.ttft_ms),
+            row("ITL", s.itl_ms),
+            row("E2E", s.e2e_ms),
+            f"  throughput {s.throughput_tok_s:.0f} output tok/s, "
+            f"{s.request_throughput_req_s:.2f} req/s; goodput {s.goodput_req_s:.2f} req/s; "
+            f"SLO attainment {s.slo_attainment:.1%}",
+            f"  SLO (ITL p{s.slo.itl_quantile * 100:g} <= {s.slo.itl_ms:g} ms, "
+            f"TTFT p{s.slo.ttft_quantile * 100:g} <= {s.slo.ttft_ms:g} ms): "
+            f"ITL {s.itl_at_slo_quantile_ms:.1f} ms, TTFT {s.ttft_at_slo_quantile_ms:.1f} "
+            f"ms -> {'met' if s.slo_met else 'MISSED'}",
+        ]
+    )
