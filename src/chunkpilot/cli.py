@@ -21,7 +21,6 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "chunkpilot.report.cli",
     "chunkpilot.engine.probe.cli",
     "chunkpilot.engine.sim.cli",
-    "chunkpilot.engine.sim.cli",
     "chunkpilot.localrun.cli",
     "chunkpilot.operator.cli",
     "chunkpilot.tuner.bench_cli",
