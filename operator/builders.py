@@ -209,20 +209,54 @@ def build_pod_monitor(isvc: InferenceService, labels: Mapping[str, str] | None =
     """A Prometheus Operator PodMonitor scraping every engine pod of ``isvc``.
 
     ``labels`` are added so a Prometheus ``podMonitorSelector`` (e.g.
-    ``release: kube-prometheus-stack``) selects it. The track and config-hash
-    pod labels become target labels, so stable and canary can be compared.
+    ``release: kube-prometheus-stack``) selects it. Relabelings give every
+    target exactly the labels the tuner's PromQL selects on (see
+    :data:`TARGET_LABELS`), the same set the local file_sd writer produces, so
+    stable and canary can be compared.
     """
     name = _name(isvc)
+    endpoint = {
+        "port": ENGINE_PORT_NAME,
+        "path": METRICS_PATH,
+        "interval": "15s",
+        "relabelings": pod_monitor_relabelings(),
+    }
     return {
         "apiVersion": POD_MONITOR_API_VERSION,
         "kind": "PodMonitor",
         "metadata": _metadata(isvc, name, {**service_labels(isvc), **dict(labels or {})}),
         "spec": {
             "selector": {"matchLabels": {LABEL_SERVICE: name}},
-            "podTargetLabels": [LABEL_SERVICE, LABEL_TRACK, LABEL_CONFIG_HASH],
-            "podMetricsEndpoints": [{"port": ENGINE_PORT_NAME, "path": METRICS_PATH, "interval": "15s"}],
+            "podMetricsEndpoints": [endpoint],
         },
     }
+
+
+def _sd_name(label: str) -> str:
+    """A label name as service discovery spells it: ``chunkpilot.io/track`` -> ``chunkpilot_io_track``."""
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in label)
+
+
+#: Prometheus target label -> Kubernetes service-discovery meta label it is copied from.
+TARGET_LABELS: Final = {
+    "namespace": "__meta_kubernetes_namespace",
+    "service": f"__meta_kubernetes_pod_label_{_sd_name(LABEL_SERVICE)}",
+    "track": f"__meta_kubernetes_pod_label_{_sd_name(LABEL_TRACK)}",
+    "config_hash": f"__meta_kubernetes_pod_label_{_sd_name(LABEL_CONFIG_HASH)}",
+    "pod": "__meta_kubernetes_pod_name",
+}
+#: Target labels the Prometheus Operator adds to PodMonitor targets that the contract leaves out.
+DROPPED_TARGET_LABELS: Final = ("container", "endpoint")
+
+
+def pod_monitor_relabelings() -> list[dict[str, Any]]:
+    """Relabelings that leave a target with ``namespace, service, track, config_hash, pod`` only."""
+    rules: list[dict[str, Any]] = [
+        {"action": "replace", "sourceLabels": [source], "targetLabel": target}
+        for target, source in TARGET_LABELS.items()
+    ]
+    rules.append({"action": "labeldrop", "regex": "|".join(DROPPED_TARGET_LABELS)})
+    return rules
 
 
 @dataclass(frozen=True)
@@ -237,12 +271,36 @@ class Children:
         return [m for m in (self.deployment, self.service, self.pod_monitor) if m is not None]
 
 
+def stable_config(isvc: InferenceService) -> EngineConfig | None:
+    """The promoted knobs the stable track runs, or None to run the spec's knobs.
+
+    While ``spec.autotune.enabled``, a ``status.bestConfig`` written by the tuner
+    wins over the knobs in the spec, so correcting drift never undoes a
+    promotion. A bestConfig the current spec cannot run (e.g. the engine
+    version changed since) is ignored: the spec's knobs apply until the tuner
+    promotes again.
+    """
+    status = isvc.status
+    if not isvc.spec.autotune.enabled or status is None or status.best_config is None:
+        return None
+    try:
+        render_for(isvc, status.best_config)
+    except ValueError:
+        return None
+    return status.best_config
+
+
+def build_stable_deployment(isvc: InferenceService) -> dict[str, Any]:
+    """The stable Deployment as the operator keeps it: the promoted config if any, else the spec's."""
+    return build_deployment(isvc, Track.STABLE, config=stable_config(isvc))
+
+
 def build_children(
     isvc: InferenceService, *, pod_monitor: bool, pod_monitor_labels: Mapping[str, str] | None = None
 ) -> Children:
     """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor."""
     return Children(
-        deployment=build_deployment(isvc, Track.STABLE),
+        deployment=build_stable_deployment(isvc),
         service=build_service(isvc),
         pod_monitor=build_pod_monitor(isvc, pod_monitor_labels) if pod_monitor else None,
     )

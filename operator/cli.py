@@ -5,15 +5,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import yaml
 from chunkpilot.operator.config import (
+    DEFAULT_METRICS_PORT,
     ENV_EXPECTED_REPLICAS,
+    ENV_METRICS_PORT,
+    ENV_OPTUNA_STORAGE,
     OperatorConfig,
     PodMonitorMode,
     parse_labels,
+    parse_port,
 )
 
 
@@ -36,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     peering.add_argument("--standalone", action="store_true", help="no peering (a single replica only)")
     run.add_argument("--priority", type=int, help="peering priority (default: higher for older replicas)")
     run.add_argument(
-        "--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+        "--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument(
@@ -55,6 +61,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--prometheus-url",
         default=os.environ.get("CHUNKPILOT_PROMETHEUS_URL"),
         help="Prometheus for the autotuner",
+    )
+    run.add_argument(
+        "--metrics-port",
+        default=os.environ.get(ENV_METRICS_PORT, str(DEFAULT_METRICS_PORT)),
+        metavar="PORT",
+        help=f"serve the operator's Prometheus metrics on PORT (default {DEFAULT_METRICS_PORT}; 0 = off)",
+    )
+    run.add_argument(
+        "--optuna-storage",
+        default=os.environ.get(ENV_OPTUNA_STORAGE),
+        metavar="URL",
+        help="Optuna RDB storage the autotuner mirrors its studies into, e.g. postgresql://... or"
+        " sqlite:////data/optuna.db (exported to the tuner as CHUNKPILOT_OPTUNA_STORAGE)",
     )
     run.add_argument(
         "--no-autotuner", action="store_true", help="serve InferenceServices without loading the autotuner"
@@ -93,9 +112,18 @@ def run_operator(args: argparse.Namespace) -> int:
             pod_monitor_labels=parse_labels(args.pod_monitor_labels),
             prometheus_url=args.prometheus_url or None,
             expected_replicas=OperatorConfig.from_env().expected_replicas,
+            metrics_port=parse_port(args.metrics_port),
+            optuna_storage=args.optuna_storage or None,
         )
     except ValueError as error:
         print(f"chunkpilot operator: {error}", file=sys.stderr)
+        return 2
+    if config.metrics_port and args.liveness and urlsplit(args.liveness).port == config.metrics_port:
+        print(
+            f"chunkpilot operator: --metrics-port {config.metrics_port} is also the --liveness port:"
+            " choose different ports",
+            file=sys.stderr,
+        )
         return 2
     problem = ha.check_peering_settings(
         expected_replicas=config.expected_replicas,
@@ -112,6 +140,19 @@ def run_operator(args: argparse.Namespace) -> int:
         priority = ha.start_time_priority()
     if args.no_autotuner:
         os.environ["CHUNKPILOT_AUTOTUNER"] = "off"
+    export_environment(config, os.environ)
+    if config.metrics_port:
+        from chunkpilot import telemetry
+
+        try:
+            telemetry.start_metrics_server(config.metrics_port)
+        except OSError as error:
+            print(
+                f"chunkpilot operator: --metrics-port {config.metrics_port}: {error.strerror or error};"
+                " choose a free port or 0 to turn the metrics endpoint off",
+                file=sys.stderr,
+            )
+            return 2
     kopf.configure(verbose=args.verbose, debug=args.debug)
 
     import chunkpilot.operator.main  # noqa: F401  # registers the handlers
@@ -128,6 +169,12 @@ def run_operator(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def export_environment(config: OperatorConfig, environ: MutableMapping[str, str]) -> None:
+    """Settings the autotuner (loaded into this process) reads from the environment."""
+    if config.optuna_storage:
+        environ[ENV_OPTUNA_STORAGE] = config.optuna_storage
 
 
 def run_render(args: argparse.Namespace) -> int:
@@ -192,4 +239,11 @@ def _dump(manifests: list[dict[str, Any]], stream: TextIO) -> None:
     yaml.dump_all(manifests, stream, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
 
 
-__all__ = ["ENV_EXPECTED_REPLICAS", "register", "render_text", "run_operator", "run_render"]
+__all__ = [
+    "ENV_EXPECTED_REPLICAS",
+    "export_environment",
+    "register",
+    "render_text",
+    "run_operator",
+    "run_render",
+]

@@ -14,6 +14,10 @@ ENV_POD_MONITOR_LABELS: Final = "CHUNKPILOT_POD_MONITOR_LABELS"
 ENV_PROMETHEUS_URL: Final = "CHUNKPILOT_PROMETHEUS_URL"
 ENV_EXPECTED_REPLICAS: Final = "CHUNKPILOT_OPERATOR_REPLICAS"
 ENV_KUBECONFIG: Final = "KUBECONFIG"
+#: Optuna RDB storage URL the autotuner mirrors its studies into (read by the tuner).
+ENV_OPTUNA_STORAGE: Final = "CHUNKPILOT_OPTUNA_STORAGE"
+ENV_METRICS_PORT: Final = "CHUNKPILOT_METRICS_PORT"
+DEFAULT_METRICS_PORT: Final = 8080
 
 FIELD_MANAGER: Final = "chunkpilot-operator"
 #: Prefix of the annotations Kopf keeps its handler progress and diff base in.
@@ -51,6 +55,9 @@ class OperatorConfig:
     prometheus_url: str | None = None
     expected_replicas: int = 1
     field_manager: str = FIELD_MANAGER
+    #: Port of the operator's own ``/metrics``; 0 = not served.
+    metrics_port: int = DEFAULT_METRICS_PORT
+    optuna_storage: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -65,4 +72,17 @@ class OperatorConfig:
             pod_monitor_labels=parse_labels(env.get(ENV_POD_MONITOR_LABELS, "")),
             prometheus_url=env.get(ENV_PROMETHEUS_URL) or None,
             expected_replicas=replicas,
+            metrics_port=parse_port(env.get(ENV_METRICS_PORT) or str(DEFAULT_METRICS_PORT), ENV_METRICS_PORT),
+            optuna_storage=env.get(ENV_OPTUNA_STORAGE) or None,
         )
+
+
+def parse_port(text: str, where: str = "--metrics-port") -> int:
+    """A TCP port number 0-65535 (0 = off); the error names ``where``."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{where}={text!r} is not a port number: use 1-65535, or 0 to turn it off")
+    return port

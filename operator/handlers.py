@@ -1,6 +1,8 @@
 """Kopf handlers of the operator: thin wrappers around :class:`~chunkpilot.operator.reconcile.Reconciler`.
 
 * create / update (spec) / resume of an InferenceService: reconcile its children and status;
+* a new ``status.bestConfig`` (a promotion by the tuner): the same, so the stable
+  Deployment follows the promoted knobs;
 * any event of a labelled child (stable Deployment, Service, PodMonitor): restore it
   when it was edited or deleted by hand, and refresh the parent's status from the
   Deployment. Drift is corrected by watching the children, not by polling: a
@@ -93,6 +95,13 @@ def reconciler_ready(memo: kopf.Memo, **_: Any) -> bool:
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="spec")
 async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Apply the stable Deployment, Service and PodMonitor; refresh the status."""
+    reconciler: Reconciler = memo["reconciler"]
+    await reconciler.reconcile(_raw(body))
+
+
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.bestConfig")
+async def follow_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The tuner promoted a config: keep the stable Deployment on it (a no-op if already applied)."""
     reconciler: Reconciler = memo["reconciler"]
     await reconciler.reconcile(_raw(body))
 

@@ -8,6 +8,7 @@ status functions and event selection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -20,9 +21,9 @@ from chunkpilot.operator import events as ev
 from chunkpilot.operator.builders import (
     POD_MONITOR_API_VERSION,
     RenderError,
-    build_deployment,
     build_pod_monitor,
     build_service,
+    build_stable_deployment,
     deployment_name,
 )
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
@@ -30,12 +31,14 @@ from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
 from chunkpilot.operator.status import DeploymentState, Observation, compute_status, status_patch
 
+from chunkpilot import telemetry
 from chunkpilot.api import (
     GROUP,
     ISVC_PLURAL,
     LABEL_SERVICE,
     LABEL_TRACK,
     VERSION,
+    EngineConfig,
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
@@ -76,6 +79,19 @@ def is_subset(desired: Any, actual: Any) -> bool:
             and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
         )
     return bool(desired == actual)
+
+
+def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceService:
+    """``isvc`` with ``status.bestConfig`` taken from the raw status; an invalid one is ignored."""
+    best = raw_status.get("bestConfig") if isinstance(raw_status, Mapping) else None
+    if not best:
+        return isvc
+    try:
+        config = EngineConfig.model_validate(best)
+    except ValueError:
+        logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
+        return isvc
+    return isvc.model_copy(update={"status": InferenceServiceStatus(best_config=config)})
 
 
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
@@ -152,6 +168,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        telemetry.forget_service(namespace, name)
 
     # ------------------------------------------------------------------ internals
 
@@ -167,6 +184,7 @@ class Reconciler:
             isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
         except ManifestError as error:
             raise kopf.PermanentError(str(error)) from None
+        isvc = with_best_config(isvc, body.get("status"))
         owner = _owner(body)
         problem: RenderProblem | None = None
         stable: dict[str, Any] | None = None
@@ -174,7 +192,7 @@ class Reconciler:
 
         if ChildKind.DEPLOYMENT in kinds:
             try:
-                desired = build_deployment(isvc, Track.STABLE)
+                desired = build_stable_deployment(isvc)
             except RenderError as error:
                 problem = error.problem
                 stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
@@ -241,6 +259,7 @@ class Reconciler:
             canary=DeploymentState.from_manifest(canary) if canary is not None else None,
             problem=problem,
         )
+        export_metrics(isvc, observation)
         await self._write_status(meta["namespace"], meta["name"], observation)
         logger.info(
             "reconciled %s/%s (generation %s, %s)",
@@ -303,6 +322,25 @@ class Reconciler:
     def _emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
         if self.post_event is not None:
             self.post_event(body, spec)
+
+
+def export_metrics(isvc: InferenceService, observation: Observation) -> None:
+    """Set the operator's gauges: budget and max-num-seqs per live track, the SLO targets."""
+    namespace, name = isvc.metadata.namespace or "", isvc.metadata.name or ""
+    for track, state in ((Track.STABLE, observation.stable), (Track.CANARY, observation.canary)):
+        if state is not None and state.config is not None:
+            config = state.config
+            telemetry.TOKEN_BUDGET.labels(namespace, name, track.value).set(config.max_num_batched_tokens)
+            telemetry.MAX_NUM_SEQS.labels(namespace, name, track.value).set(config.max_num_seqs)
+        else:
+            for gauge in (telemetry.TOKEN_BUDGET, telemetry.MAX_NUM_SEQS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, name, track.value)
+    slo = isvc.spec.slo
+    if slo is not None:
+        telemetry.record_slo_targets(
+            namespace, name, (slo.itl.quantile, slo.itl.max_ms), (slo.ttft.quantile, slo.ttft.max_ms)
+        )
 
 
 class _Unknown:

@@ -11,9 +11,14 @@ from chunkpilot.operator.builders import (
     build_deployment,
     build_pod_monitor,
     build_service,
+    build_stable_deployment,
+    stable_config,
 )
+from chunkpilot.operator.reconcile import with_best_config
 
-from chunkpilot.api import EngineConfig, InferenceService, Track
+from chunkpilot.api import EngineConfig, InferenceService, InferenceServiceStatus, Track
+
+SLO = {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}}
 
 
 def isvc(**spec: Any) -> InferenceService:
@@ -104,8 +109,57 @@ def test_pod_monitor_carries_selector_labels_and_track_target_labels() -> None:
     monitor = build_pod_monitor(isvc(), {"release": "kube-prometheus-stack"})
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
-    assert "chunkpilot.io/track" in monitor["spec"]["podTargetLabels"]
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "http"
+    assert "podTargetLabels" not in monitor["spec"]  # would yield chunkpilot_io_track, not track
+    rules = endpoint["relabelings"]
+    copied = {rule["targetLabel"]: rule["sourceLabels"] for rule in rules if rule["action"] == "replace"}
+    assert copied == {
+        "namespace": ["__meta_kubernetes_namespace"],
+        "service": ["__meta_kubernetes_pod_label_chunkpilot_io_service"],
+        "track": ["__meta_kubernetes_pod_label_chunkpilot_io_track"],
+        "config_hash": ["__meta_kubernetes_pod_label_chunkpilot_io_config_hash"],
+        "pod": ["__meta_kubernetes_pod_name"],
+    }
+    assert endpoint["relabelings"][-1] == {"action": "labeldrop", "regex": "container|endpoint"}
+
+
+def with_best(service: InferenceService, **knobs: Any) -> tuple[InferenceService, EngineConfig]:
+    best = EngineConfig.from_engine(service.spec.engine).model_copy(update=knobs)
+    return service.model_copy(update={"status": InferenceServiceStatus(best_config=best)}), best
+
+
+def test_promoted_best_config_drives_the_stable_deployment_while_autotuning() -> None:
+    service, best = with_best(
+        isvc(slo=SLO, autotune={"enabled": True}), max_num_batched_tokens=3072, max_num_seqs=96
+    )
+    assert stable_config(service) == best
+    deployment = build_children(service, pod_monitor=False).deployment
+    assert deployment == build_deployment(service, Track.STABLE, config=best)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["chunkpilot.io/config-hash"] == best.config_hash()
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-batched-tokens") + 1] == "3072"
+    assert args[args.index("--max-num-seqs") + 1] == "96"
+
+
+def test_best_config_is_ignored_when_autotune_is_off_or_the_engine_cannot_run_it() -> None:
+    off, _ = with_best(isvc(slo=SLO), max_num_batched_tokens=3072)
+    assert stable_config(off) is None
+    assert build_stable_deployment(off) == build_deployment(off, Track.STABLE)
+    unsupported, _ = with_best(isvc(slo=SLO, autotune={"enabled": True}), max_num_partial_prefills=2)
+    assert stable_config(unsupported) is None  # vLLM 0.33 has no partial-prefill flags
+    assert stable_config(isvc(slo=SLO, autotune={"enabled": True})) is None
+
+
+def test_status_best_config_is_read_leniently() -> None:
+    service = isvc(slo=SLO, autotune={"enabled": True})
+    raw = {"bestConfig": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 128}, "phase": "Nonsense"}
+    promoted = with_best_config(service, raw)
+    assert promoted.status is not None and promoted.status.best_config is not None
+    assert promoted.status.best_config.max_num_batched_tokens == 4096
+    assert with_best_config(service, {"bestConfig": {"maxNumSeqs": "many"}}) is service
+    assert with_best_config(service, None) is service
 
 
 def test_unsupported_knob_raises_render_error() -> None:

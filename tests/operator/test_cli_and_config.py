@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 from chunkpilot.operator import ha
+from chunkpilot.operator.cli import export_environment
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode, parse_labels
-from chunkpilot.operator.reconcile import is_subset
+from chunkpilot.operator.reconcile import export_metrics, is_subset
+from chunkpilot.operator.status import DeploymentState, Observation
+
+from chunkpilot import telemetry
+from chunkpilot.api import EngineConfig, InferenceService
 
 CASES = Path(__file__).parent / "golden" / "cases"
 
@@ -111,3 +116,58 @@ def test_subset_comparison_ignores_server_defaults_but_sees_edits() -> None:
     assert is_subset(desired, live)
     live["spec"]["template"]["containers"][0]["args"] = ["a", "c"]  # type: ignore[index]
     assert not is_subset(desired, live)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--metrics-port", "70000"], "--metrics-port='70000' is not a port number"),
+        (["--metrics-port", "nine"], "--metrics-port='nine' is not a port number"),
+        (["--metrics-port", "8081", "--liveness", "http://0.0.0.0:8081/healthz"], "also the --liveness port"),
+    ],
+)
+def test_operator_rejects_bad_metrics_port(flags: list[str], message: str) -> None:
+    result = chunkpilot("operator", "--all-namespaces", "--standalone", *flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_metrics_port_and_optuna_storage_from_env() -> None:
+    config = OperatorConfig.from_env(
+        {"CHUNKPILOT_METRICS_PORT": "0", "CHUNKPILOT_OPTUNA_STORAGE": "sqlite:////tmp/optuna.db"}
+    )
+    assert config.metrics_port == 0
+    assert config.optuna_storage == "sqlite:////tmp/optuna.db"
+    assert OperatorConfig.from_env({}).metrics_port == 8080
+    with pytest.raises(ValueError, match="CHUNKPILOT_METRICS_PORT"):
+        OperatorConfig.from_env({"CHUNKPILOT_METRICS_PORT": "-1"})
+    environ: dict[str, str] = {}
+    export_environment(config, environ)
+    assert environ == {"CHUNKPILOT_OPTUNA_STORAGE": "sqlite:////tmp/optuna.db"}
+    export_environment(OperatorConfig(), environ := {})
+    assert environ == {}
+
+
+def test_operator_gauges_follow_the_tracks_and_slo() -> None:
+    service = InferenceService.from_manifest(
+        yaml.safe_load((CASES / "sim-promoted.yaml").read_text()) | {"status": None}
+    )
+    stable = DeploymentState(desired=2, config=EngineConfig(max_num_batched_tokens=3072, max_num_seqs=96))
+    canary = DeploymentState(desired=1, config=EngineConfig(max_num_batched_tokens=4096, max_num_seqs=96))
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = telemetry.REGISTRY.get_sample_value(
+            name, {"namespace": "llm", "service": "chat-promoted", **labels}
+        )
+        return value
+
+    export_metrics(service, Observation(generation=1, stable=stable, canary=canary))
+    assert sample("chunkpilot_token_budget_tokens", track="stable") == 3072
+    assert sample("chunkpilot_token_budget_tokens", track="canary") == 4096
+    assert sample("chunkpilot_max_num_seqs", track="stable") == 96
+    assert sample("chunkpilot_slo_target_seconds", metric="itl", quantile="0.99") == 0.05
+    assert sample("chunkpilot_slo_target_seconds", metric="ttft", quantile="0.95") == 2.0
+    export_metrics(service, Observation(generation=2, stable=stable, canary=None))
+    assert sample("chunkpilot_token_budget_tokens", track="canary") is None
+    telemetry.forget_service("llm", "chat-promoted")
+    assert sample("chunkpilot_token_budget_tokens", track="stable") is None
