@@ -26,13 +26,12 @@ from typing import Any
 
 def check_argv(argv: list[str]) -> dict[str, Any]:
     """Return ``{"ok": ..., "error": ...}`` for one argument vector."""
+    from chunkpilot.engine.vllm_plugin.config import load_plugin_config
     from vllm.config import SchedulerConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.utils.import_utils import resolve_obj_by_qualname
-
-    from chunkpilot.engine.vllm_plugin.config import load_plugin_config
 
     stderr = io.StringIO()
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))

@@ -15,6 +15,7 @@ the JSON does not set::
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import os
 import tempfile
@@ -181,6 +182,35 @@ def lowered_limits(startup: LiveLimits, current: LiveLimits, request: Mapping[st
             f"max_num_seqs ({values['max_num_seqs']}); lower max_num_seqs as well"
         )
     return LiveLimits(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccessProblem:
+    """Why a live-adjustment call is refused: an HTTP status and a message naming the fix."""
+
+    status: int
+    message: str
+
+
+def access_problem(token: str | None, authorization: str | None, *, configured: bool) -> AccessProblem | None:
+    """Check a live-adjustment call; None when it may proceed.
+
+    ``token`` is the expected bearer token (unset: the routes are off),
+    ``authorization`` the request's ``Authorization`` header and ``configured``
+    whether a control file and start-up limits are known.
+    """
+    if not token:
+        return AccessProblem(503, f"live adjustment is disabled: set {LIVE_ADJUST_TOKEN_ENV} to enable it")
+    scheme, _, presented = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
+        return AccessProblem(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'")
+    if not configured:
+        return AccessProblem(
+            503,
+            "live adjustment is not configured: set chunkpilot.control_file in "
+            "--additional-config (or CHUNKPILOT_CONTROL_FILE) and use the Chunkpilot scheduler",
+        )
+    return None
 
 
 def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:

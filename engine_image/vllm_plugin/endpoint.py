@@ -20,7 +20,6 @@ applies the limits with its next step).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import os
 import time
@@ -35,6 +34,7 @@ from chunkpilot.engine.vllm_plugin.config import (
     LimitRaiseError,
     LiveLimits,
     PluginConfigError,
+    access_problem,
     applied_file,
     load_plugin_config,
     lowered_limits,
@@ -60,19 +60,15 @@ class LiveAdjustState:
 
     def refusal(self, request: Request) -> JSONResponse | None:
         """An error response when the call is not allowed, else None."""
-        if not self.token:
-            return _error(503, f"live adjustment is disabled: set {LIVE_ADJUST_TOKEN_ENV} to enable it")
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip(), self.token):
-            return _error(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        if self.startup is None or self.control_file is None:
-            return _error(
-                503,
-                "live adjustment is not configured: set chunkpilot.control_file in "
-                "--additional-config (or CHUNKPILOT_CONTROL_FILE) and use the Chunkpilot scheduler",
-            )
-        return None
+        problem = access_problem(
+            self.token,
+            request.headers.get("authorization"),
+            configured=self.startup is not None and self.control_file is not None,
+        )
+        if problem is None:
+            return None
+        headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+        return _error(problem.status, problem.message, headers=headers)
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:

@@ -64,8 +64,9 @@ def plan_lanes(
                 continue
             allowed.append(candidate.key)
             num_long += long
-    cap = token_budget // len(allowed) if len(allowed) > 1 else 0
-    return LanePlan(frozenset(allowed), tuple(held_back), num_long, max(cap, 1) if cap else 0)
+    # Several prefills share the step's budget; 0 (no cap) when one or none prefills.
+    cap = max(1, token_budget // len(allowed)) if len(allowed) > 1 else 0
+    return LanePlan(frozenset(allowed), tuple(held_back), num_long, cap)
 
 
 def reinsert_in_order(

@@ -96,9 +96,7 @@ def plugin_env(settings: PluginSettings, token_secret: tuple[str, str] | None = 
     ]
     if token_secret is not None:
         name, key = token_secret
-        env.append(
-            {"name": LIVE_ADJUST_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
-        )
+        env.append({"name": LIVE_ADJUST_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     return env
 
 

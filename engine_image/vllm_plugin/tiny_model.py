@@ -22,13 +22,16 @@ MAX_POSITION_EMBEDDINGS = 32768
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>")
 
 _WORDS = (
-    "token budget prefill decode chunk stream latency scheduler request prompt cache "
-    "block engine model tensor batch kernel memory service replica canary trial budget "
-    "the a of to and in is for on with as by at from it that this be are was"
-).split()
+    "token", "budget", "prefill", "decode", "chunk", "stream", "latency", "scheduler", "request",
+    "prompt", "cache", "block", "engine", "model", "tensor", "batch", "kernel", "memory",
+    "service", "replica", "canary", "trial", "budget", "the", "a", "of", "to", "and", "in", "is",
+    "for", "on", "with", "as", "by", "at", "from", "it", "that", "this", "be", "are", "was",
+)  # fmt: skip
 
 
-def llama_config(vocab_size: int = VOCAB_SIZE, max_positions: int = MAX_POSITION_EMBEDDINGS) -> dict[str, object]:
+def llama_config(
+    vocab_size: int = VOCAB_SIZE, max_positions: int = MAX_POSITION_EMBEDDINGS
+) -> dict[str, object]:
     """A small Llama configuration: cheap steps whose cost still grows with tokens."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -59,7 +62,7 @@ def _corpus(lines: int, seed: int = 7) -> Iterator[str]:
 
 def write_tiny_model(out: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Write the model folder (idempotent) and return it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found,unused-ignore]
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
