@@ -25,7 +25,9 @@ def test_metrics_are_served_and_forgotten() -> None:
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'chunkpilot_token_budget_tokens{namespace="ns",service="chat",track="stable"} 2048.0' in body
-    assert 'chunkpilot_slo_target_seconds{metric="itl",namespace="ns",quantile="0.99",service="chat"} 0.05' in body
+    slo_labels = 'metric="itl",namespace="ns",quantile="0.99",service="chat"'
+    slo_line = "chunkpilot_slo_target_seconds{" + slo_labels + "} 0.05"
+    assert slo_line in body
     assert 'chunkpilot_trials_finished_total{namespace="ns",service="chat",verdict="Promoted"} 1.0' in body
 
     telemetry.forget_service("ns", "chat")
