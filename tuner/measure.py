@@ -56,6 +56,7 @@ class LabelScheme:
     service: str = "service"
     namespace: str = "namespace"
     track: str = "track"
+    config_hash: str = "config_hash"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Selector:
     namespace: str | None
     track: TrackName | str | None
     labels: LabelScheme = field(default_factory=LabelScheme)
+    config_hash: str | None = None
 
     def render(self) -> str:
         """The PromQL label matcher, e.g. ``{service="chat",namespace="default",track="canary"}``."""
@@ -74,6 +76,8 @@ class Selector:
             pairs.append((self.labels.namespace, self.namespace))
         if self.track:
             pairs.append((self.labels.track, str(self.track)))
+        if self.config_hash:
+            pairs.append((self.labels.config_hash, self.config_hash))
         return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
 
 
@@ -254,12 +258,23 @@ def measure_window(
     itl_quantile: float,
     ttft_quantile: float,
     labels: LabelScheme | None = None,
+    config_hashes: Mapping[TrackName, str | None] | None = None,
 ) -> WindowMeasurement:
-    """Canary and stable of ``service`` over the same ``window`` ending at ``at``."""
+    """Canary and stable of ``service`` over the same ``window`` ending at ``at``.
+
+    ``config_hashes`` narrows a track to the pods running one config (e.g. leaves out
+    stable pods still running the previous config during a rollout).
+    """
     scheme = labels or LabelScheme()
+    hashes = config_hashes or {}
     results = {
         track: measure_track(
-            query, Selector(service, namespace, track, scheme), window, at, itl_quantile, ttft_quantile
+            query,
+            Selector(service, namespace, track, scheme, hashes.get(track)),
+            window,
+            at,
+            itl_quantile,
+            ttft_quantile,
         )
         for track in (TrackName.CANARY, TrackName.STABLE)
     }

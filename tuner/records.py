@@ -12,6 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from chunkpilot.tuner.policy import AbortRules, ObjectiveKind, SLOTargets
+from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
+from chunkpilot.tuner.study import RecordState, TrialRecord
+
 from chunkpilot.api import (
     Condition,
     ConditionStatus,
@@ -23,9 +27,6 @@ from chunkpilot.api import (
     TrialVerdict,
     TuningTrial,
 )
-from chunkpilot.tuner.policy import AbortRules, ObjectiveKind, SLOTargets
-from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
-from chunkpilot.tuner.study import RecordState, TrialRecord
 
 GROUP_PREFIX = "chunkpilot.io"
 #: Raw Optuna parameters of a trial (exact study history even where repairs changed the config).
@@ -66,7 +67,9 @@ def slo_targets(isvc: InferenceService) -> SLOTargets:
 
 def abort_rules(isvc: InferenceService) -> AbortRules:
     abort = isvc.spec.autotune.abort
-    return AbortRules(itl_factor=abort.itl_factor, ttft_factor=abort.ttft_factor, min_samples=abort.min_samples)
+    return AbortRules(
+        itl_factor=abort.itl_factor, ttft_factor=abort.ttft_factor, min_samples=abort.min_samples
+    )
 
 
 def objective_kind(isvc: InferenceService) -> ObjectiveKind:
@@ -91,7 +94,10 @@ def engine_config(config: TunedConfig) -> EngineConfig:
 
 
 def incumbent(isvc: InferenceService) -> EngineConfig:
-    """The knobs the stable track runs with (the spec: promotions are written there)."""
+    """The knobs the stable track runs: the promoted ``status.bestConfig`` while autotuning, else the spec."""
+    status = isvc.status
+    if isvc.spec.autotune.enabled and status is not None and status.best_config is not None:
+        return status.best_config
     return EngineConfig.from_engine(isvc.spec.engine)
 
 
@@ -176,7 +182,9 @@ def trial_record(trial: TuningTrial, space: SearchSpace, slo: SLOTargets) -> Tri
     )
     if not measured:
         return TrialRecord(number=trial.spec.number, params=params, state=RecordState.FAILED)
-    assert status is not None and canary is not None and canary.itl_ms is not None and canary.ttft_ms is not None
+    assert (
+        status is not None and canary is not None and canary.itl_ms is not None and canary.ttft_ms is not None
+    )
     assert status.objective is not None
     return TrialRecord(
         number=trial.spec.number,
@@ -198,7 +206,12 @@ def incumbent_record(
     for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
         status = trial.status
         raw = trial.metadata.annotations.get(ANNOTATION_STABLE_OBJECTIVE)
-        if status is None or status.stable is None or raw is None or trial.spec.baseline_config_hash != config_hash:
+        if (
+            status is None
+            or status.stable is None
+            or raw is None
+            or trial.spec.baseline_config_hash != config_hash
+        ):
             continue
         stable = status.stable
         if stable.itl_ms is None or stable.ttft_ms is None:
@@ -221,7 +234,11 @@ def incumbent_record(
 
 def params_summary(config: TunedConfig | EngineConfig) -> str:
     """``budget=3072 seqs=256 lpt=512`` (unset knobs left out)."""
-    data = config.as_dict() if isinstance(config, TunedConfig) else {k: getattr(config, k) for k in EngineConfig.KNOBS}
+    data = (
+        config.as_dict()
+        if isinstance(config, TunedConfig)
+        else {k: getattr(config, k) for k in EngineConfig.KNOBS}
+    )
     short = {
         Knob.MAX_NUM_BATCHED_TOKENS: "budget",
         Knob.MAX_NUM_SEQS: "seqs",
@@ -291,7 +308,8 @@ def merge_conditions(
                 status=update.status,
                 reason=update.reason,
                 message=update.message,
-                last_transition_time=now if flipped or current.last_transition_time is None
+                last_transition_time=now
+                if flipped or current.last_transition_time is None
                 else current.last_transition_time,
                 observed_generation=generation,
             )

@@ -1,0 +1,576 @@
+"""The tuning loop's state machine with a fake clock, a fake API server and a fake Prometheus.
+
+The fakes model only what the loop relies on: objects by path with resourceVersion
+conflicts and label-selected lists; Deployments that become Ready when the test
+says so; Prometheus answers computed from the config hash in the query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.operator.events import EventSpec
+from chunkpilot.operator.kube import KubeError, object_path, resource_path
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
+from chunkpilot.tuner.measure import MetricsUnavailableError
+
+from chunkpilot.api import (
+    API_VERSION,
+    ISVC_PLURAL,
+    LABEL_CONFIG_HASH,
+    TRIAL_PLURAL,
+    EngineConfig,
+    InferenceServiceStatus,
+    TuningTrial,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
+NS, NAME = "default", "chat"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+TICK = timedelta(seconds=5)
+
+
+def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class FakeKube:
+    """Objects by path; resourceVersion conflicts on conditional patches; label-equality lists."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self._rv = itertools.count(1)
+        self.fail: Callable[[str, str], bool] | None = None
+
+    def _check(self, verb: str, path: str) -> None:
+        if self.fail is not None and self.fail(verb, path):
+            self.fail = None
+            raise RuntimeError(f"injected failure of {verb} {path}")
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("generation", 1)
+        meta.setdefault("labels", {})
+        self._stamp(obj)
+        self.objects[path] = obj
+        return obj
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self._check("get", path)
+        obj = self.objects.get(path)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def apply(self, manifest: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
+        self._check("apply", object_path(manifest))
+        path = object_path(manifest)
+        current = self.objects.get(path)
+        obj = copy.deepcopy(dict(manifest))
+        if current is not None:
+            obj["status"] = current.get("status", {})
+            obj["metadata"]["uid"] = current["metadata"]["uid"]
+            changed = current.get("spec") != obj.get("spec")
+            obj["metadata"]["generation"] = current["metadata"]["generation"] + (1 if changed else 0)
+        return copy.deepcopy(self.put(path, obj))
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("merge_patch", path)
+        key = path.removesuffix("/status")
+        obj = self.objects.get(key)
+        if obj is None:
+            raise KubeError(404, "PATCH", path, "{}")
+        patch = copy.deepcopy(dict(patch))
+        wanted = (patch.get("metadata") or {}).pop("resourceVersion", None)
+        if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
+            raise KubeError(409, "PATCH", path, '{"message": "conflict"}')
+        if path.endswith("/status"):
+            patch = {"status": patch.get("status", {})}
+        merge(obj, patch)
+        self._stamp(obj)
+        return copy.deepcopy(obj)
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check("create", path)
+        key = f"{path}/{body['metadata']['name']}"
+        if key in self.objects:
+            raise KubeError(409, "POST", path, '{"message": "already exists"}')
+        return copy.deepcopy(self.put(key, dict(body)))
+
+    async def delete(self, path: str) -> None:
+        self._check("delete", path)
+        self.objects.pop(path, None)
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        wanted = dict(item.split("=", 1) for item in (label_selector or "").split(",") if item)
+        found = []
+        for key, obj in self.objects.items():
+            if not key.startswith(path + "/") or "/" in key[len(path) + 1 :]:
+                continue
+            labels = obj["metadata"].get("labels") or {}
+            if all(labels.get(k) == v for k, v in wanted.items()):
+                found.append(copy.deepcopy(obj))
+        return found
+
+
+def budget_of(config_hash: str, configs: Mapping[str, EngineConfig]) -> int:
+    return configs[config_hash].max_num_batched_tokens
+
+
+class FakePrometheus:
+    """Answers the tuner's queries from a latency model of the budget (per config hash)."""
+
+    def __init__(self, itl_ms: Callable[[int], float], ttft_ms: Callable[[int], float]) -> None:
+        self.itl_ms = itl_ms
+        self.ttft_ms = ttft_ms
+        self.configs: dict[str, EngineConfig] = {}
+        self.down = False
+        self.samples = 500.0
+        self.queries = 0
+
+    def know(self, config: EngineConfig) -> None:
+        self.configs[config.config_hash()] = config
+
+    def query(self, promql: str, at: datetime) -> float | None:
+        self.queries += 1
+        if self.down:
+            raise MetricsUnavailableError(
+                "Prometheus at http://prometheus did not answer: connection refused"
+            )
+        match = re.search(r'config_hash="([0-9a-f]+)"', promql)
+        if match is None or match.group(1) not in self.configs:
+            return None
+        budget = self.configs[match.group(1)].max_num_batched_tokens
+        if "histogram_quantile" in promql:
+            latency = self.itl_ms(budget) if "inter_token" in promql else self.ttft_ms(budget)
+            return latency / 1000.0
+        if "increase(" in promql:
+            return self.samples * (50 if "inter_token" in promql else 1)
+        if "generation_tokens" in promql:
+            return 1000.0 + budget / 10
+        if "prompt_tokens" in promql:
+            return 2000.0
+        if "request_success" in promql:
+            return 5.0
+        if promql.startswith("count(up"):
+            return 1.0
+        return None
+
+
+class Harness:
+    """A service, the fakes and a clock; :meth:`tick` steps the loop and lets the world move on."""
+
+    def __init__(
+        self,
+        itl_ms: Callable[[int], float] = lambda b: 10 + b / 100,
+        ttft_ms: Callable[[int], float] = lambda b: 300_000 / b,
+        **spec: Any,
+    ) -> None:
+        manifest = yaml.safe_load(EXAMPLE.read_text())
+        manifest["metadata"]["namespace"] = NS
+        manifest["spec"]["engine"]["maxNumBatchedTokens"] = 8192
+        manifest["spec"]["autotune"].update(
+            {"trialWindow": "60s", "warmup": "10s", "maxTrials": 6, **spec.pop("autotune", {})}
+        )
+        merge(manifest["spec"], spec)
+        self.kube = FakeKube()
+        self.kube.put(self.isvc_path, manifest)
+        self.prom = FakePrometheus(itl_ms, ttft_ms)
+        self.now = T0
+        self.events: list[EventSpec] = []
+        self.ready_tracks = {"stable", "canary"}
+        self.settings = TunerSettings(rollout_timeout_s=120)
+        self.controller = self.new_controller()
+        self.stable_from_spec()
+
+    @property
+    def isvc_path(self) -> str:
+        return resource_path(API_VERSION, ISVC_PLURAL, NS, NAME)
+
+    def deployment_path(self, track: str) -> str:
+        return resource_path("apps/v1", "deployments", NS, f"{NAME}-{track}")
+
+    def new_controller(self) -> TuningController:
+        """A fresh controller: nothing survives from the previous one but the cluster."""
+        return TuningController(
+            self.kube,
+            self.prom.query,
+            post_event=lambda _body, spec: self.events.append(spec),
+            clock=lambda: self.now,
+            settings=self.settings,
+            inline=True,
+        )
+
+    def stable_from_spec(self) -> None:
+        from chunkpilot.operator.builders import build_deployment
+
+        from chunkpilot.api import InferenceService, Track
+
+        isvc = InferenceService.from_manifest(
+            {k: v for k, v in self.kube.objects[self.isvc_path].items() if k != "status"}
+        )
+        manifest = build_deployment(isvc, Track.STABLE)
+        manifest["metadata"]["namespace"] = NS
+        self.kube.put(object_path(manifest), manifest)
+        self.prom.know(EngineConfig.from_engine(isvc.spec.engine))
+
+    def ready_deployments(self) -> None:
+        for key, obj in self.kube.objects.items():
+            if (
+                "/deployments/" not in key
+                or obj["metadata"]["labels"].get("chunkpilot.io/track") not in self.ready_tracks
+            ):
+                continue
+            replicas = obj["spec"]["replicas"]
+            obj["status"] = {
+                "replicas": replicas,
+                "readyReplicas": replicas,
+                "updatedReplicas": replicas,
+                "availableReplicas": replicas,
+                "observedGeneration": obj["metadata"]["generation"],
+            }
+
+    def know_trials(self) -> None:
+        for trial in self.trials():
+            self.prom.know(trial.spec.params)
+
+    def tick(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.know_trials()
+            self.ready_deployments()
+            asyncio.run(self.controller.step(NS, NAME))
+            self.now += TICK
+
+    def run_until(self, predicate: Callable[[], bool], limit: int = 400) -> None:
+        for _ in range(limit):
+            if predicate():
+                return
+            self.tick()
+        raise AssertionError(f"not reached after {limit} ticks; trials: {self.describe()}")
+
+    def trials(self) -> list[TuningTrial]:
+        prefix = resource_path(API_VERSION, TRIAL_PLURAL, NS) + "/"
+        found = [TuningTrial.from_manifest(o) for k, o in self.kube.objects.items() if k.startswith(prefix)]
+        return sorted(found, key=lambda t: t.spec.number)
+
+    def status(self) -> InferenceServiceStatus:
+        return InferenceServiceStatus.model_validate(self.kube.objects[self.isvc_path].get("status") or {})
+
+    def condition(self, type_: str) -> tuple[str, str] | None:
+        found = rec.find_condition(self.status().conditions, type_)
+        return (found.status.value, found.reason) if found else None
+
+    def canary(self) -> dict[str, Any] | None:
+        return self.kube.objects.get(self.deployment_path("canary"))
+
+    def stable_args(self) -> list[str]:
+        args: list[str] = self.kube.objects[self.deployment_path("stable")]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+        return args
+
+    def describe(self) -> list[tuple[int, str | None, str | None]]:
+        return [
+            (t.spec.number, t.status.phase if t.status else None, t.status.reason if t.status else None)
+            for t in self.trials()
+        ]
+
+    def finished(self) -> list[TuningTrial]:
+        return [t for t in self.trials() if not rec.is_active(t)]
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+
+def flag(args: list[str], name: str) -> int:
+    return int(args[args.index(name) + 1])
+
+
+# --------------------------------------------------------------------------- the happy path
+
+
+def test_tunes_a_violating_service_into_its_slo_and_promotes_through_the_stable_deployment() -> None:
+    h = Harness()
+    h.run_until(lambda: h.status().best_config is not None)
+    best = h.status().best_config
+    assert best is not None and 10 + best.max_num_batched_tokens / 100 <= 50
+    assert flag(h.stable_args(), "--max-num-batched-tokens") == best.max_num_batched_tokens
+    promoted = [t for t in h.trials() if t.status and t.status.verdict == "Promoted"]
+    assert [t.metadata.name for t in promoted] == [h.status().best_trial]
+    trial = promoted[0]
+    assert trial.status is not None and trial.status.canary is not None and trial.status.stable is not None
+    assert trial.status.canary.itl_ms is not None and trial.status.canary.itl_ms <= 50
+    assert trial.status.stable.itl_ms is not None and trial.status.stable.itl_ms > 50  # same window
+    assert trial.status.constraints is not None and trial.status.constraints.itl is not None
+    assert trial.status.constraints.itl < 0
+    assert h.canary() is None
+    assert "TrialStarted" in h.reasons() and "Promoted" in h.reasons()
+    assert trial.metadata.annotations.get(rec.ANNOTATION_PROMOTION_APPLIED) == "true"
+    # The next trial compares against the promoted config, not the spec.
+    h.run_until(lambda: len(h.trials()) > len(promoted) + 0 and rec.is_active(h.trials()[-1]))
+    assert h.trials()[-1].spec.baseline_config_hash == best.config_hash()
+
+
+def test_runs_max_trials_then_stops_with_every_trial_recorded_and_no_canary() -> None:
+    h = Harness(autotune={"maxTrials": 3})
+    h.run_until(lambda: h.condition("Tuning") == ("False", "MaxTrialsReached"))
+    assert len(h.trials()) == 3 and all(not rec.is_active(t) for t in h.trials())
+    assert [t.spec.number for t in h.trials()] == [1, 2, 3]
+    assert h.canary() is None
+    assert h.status().trials_completed == 3 and h.status().current_trial is None
+    h.tick(10)
+    assert len(h.trials()) == 3  # stays stopped
+
+
+def test_first_trial_is_the_model_based_guess_within_the_bounds() -> None:
+    h = Harness()
+    h.tick(2)
+    trial = h.trials()[0]
+    assert trial.metadata.labels[rec.LABEL_ROUND] == "0"
+    assert 295 <= trial.spec.params.max_num_batched_tokens <= 3433
+    assert h.canary() is not None
+    assert h.canary()["metadata"]["annotations"][rec.ANNOTATION_TRIAL] == trial.metadata.name  # type: ignore[index]
+    assert h.condition("Tuning") == ("True", "TrialRunning")
+
+
+# --------------------------------------------------------------------------- safety
+
+
+def test_prunes_a_canary_that_breaches_the_slo_by_the_abort_factor() -> None:
+    h = Harness(itl_ms=lambda b: 500.0)
+    h.run_until(lambda: bool(h.finished()))
+    trial = h.finished()[0]
+    assert trial.status is not None and trial.status.verdict == "Pruned"
+    assert trial.status.canary is not None and trial.status.canary.itl_ms == 500.0
+    assert h.canary() is None
+    assert h.status().best_config is None
+
+
+def test_a_crashing_canary_aborts_the_trial_and_is_removed() -> None:
+    h = Harness()
+    h.ready_tracks = {"stable"}
+    h.tick(2)  # trial created, canary applied
+    trial = h.trials()[0]
+    pod = {
+        "metadata": {
+            "name": "chat-canary-abc",
+            "namespace": NS,
+            "labels": {
+                "chunkpilot.io/service": NAME,
+                "chunkpilot.io/track": "canary",
+                LABEL_CONFIG_HASH: trial.spec.params.config_hash(),
+            },
+        },
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "engine",
+                    "restartCount": 1,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 137}},
+                }
+            ]
+        },
+    }
+    h.kube.put(resource_path("v1", "pods", NS, "chat-canary-abc"), pod)
+    h.tick()
+    trial = h.trials()[0]
+    assert trial.status is not None and trial.status.verdict == "Aborted"
+    assert "crashed" in (trial.status.reason or "") and "exit code 137" in (trial.status.reason or "")
+    assert h.canary() is None
+    assert "TrialAborted" in h.reasons()
+
+
+def test_a_canary_that_never_becomes_ready_is_aborted_after_the_rollout_timeout() -> None:
+    h = Harness()
+    h.ready_tracks = {"stable"}
+    h.tick(2)
+    h.tick(int(120 / TICK.total_seconds()) + 2)
+    first = h.trials()[0]
+    assert first.status is not None and first.status.verdict == "Aborted"
+    assert "did not become Ready" in (first.status.reason or "")
+
+
+def test_prometheus_outage_pauses_without_promoting_and_aborts_a_long_gap() -> None:
+    h = Harness()
+    h.prom.down = True
+    h.tick(3)
+    assert h.trials() == []  # no trial starts without metrics
+    assert h.condition("MetricsUnavailable") == ("True", "PrometheusUnreachable")
+    h.prom.down = False
+    h.run_until(lambda: bool(h.trials()) and rec.trial_phase(h.trials()[0]) == "Measuring")
+    assert h.condition("MetricsUnavailable") == ("False", "MetricsAvailable")
+    h.prom.down = True
+    h.tick(int(60 / TICK.total_seconds()) + 4)  # longer than the trial window
+    trial = h.trials()[0]
+    assert trial.status is not None and trial.status.verdict == "Aborted"
+    assert "Prometheus unreachable" in (trial.status.reason or "")
+    assert h.status().best_config is None and h.canary() is None
+
+
+def test_a_short_metrics_gap_restarts_the_measurement_window() -> None:
+    h = Harness()
+    h.run_until(lambda: bool(h.trials()) and rec.trial_phase(h.trials()[0]) == "Measuring")
+    h.tick(4)
+    h.prom.down = True
+    h.tick(2)
+    assert rec.ANNOTATION_METRICS_GAP in h.trials()[0].metadata.annotations
+    h.prom.down = False
+    h.tick()
+    trial = h.trials()[0]
+    assert rec.ANNOTATION_METRICS_GAP not in trial.metadata.annotations
+    restarted = rec.annotation_time(trial.metadata.annotations, rec.ANNOTATION_MEASURE_FROM)
+    assert restarted is not None and restarted >= h.now - 2 * TICK
+    assert "MetricsRestored" in h.reasons()
+
+
+def test_too_few_samples_is_inconclusive_never_promoted() -> None:
+    h = Harness()
+    h.prom.samples = 3
+    h.run_until(lambda: bool(h.finished()))
+    trial = h.finished()[0]
+    assert trial.status is not None and trial.status.verdict == "Aborted"
+    assert "needed to judge" in (trial.status.reason or "")
+    assert h.status().best_config is None
+
+
+def test_paused_starts_nothing_and_aborts_a_running_trial() -> None:
+    h = Harness()
+    h.tick(2)
+    assert h.canary() is not None
+    h.kube.objects[h.isvc_path]["spec"]["autotune"]["paused"] = True
+    h.tick(3)
+    assert h.canary() is None
+    assert [t.status.verdict for t in h.trials() if t.status] == ["Aborted"]
+    assert h.condition("Tuning") == ("False", "Paused")
+    assert len(h.trials()) == 1
+
+
+def test_disabling_autotuning_removes_the_canary() -> None:
+    h = Harness()
+    h.tick(2)
+    h.kube.objects[h.isvc_path]["spec"]["autotune"]["enabled"] = False
+    h.tick()
+    assert h.canary() is None and h.status().current_trial is None
+    assert h.condition("Tuning") == ("False", "Disabled")
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def test_restart_mid_trial_resumes_the_same_trial_without_duplicates() -> None:
+    h = Harness()
+    h.run_until(lambda: bool(h.trials()) and rec.trial_phase(h.trials()[0]) == "Measuring")
+    before = h.trials()[0]
+    h.controller = h.new_controller()  # the operator restarted: no memory
+    h.run_until(lambda: bool(h.finished()))
+    assert h.finished()[0].metadata.name == before.metadata.name
+    assert (
+        h.finished()[0].metadata.annotations[rec.ANNOTATION_MEASURE_FROM]
+        == (before.metadata.annotations[rec.ANNOTATION_MEASURE_FROM])
+    )
+
+
+def test_a_crash_between_creating_a_trial_and_recording_it_creates_no_duplicate() -> None:
+    h = Harness()
+    h.kube.fail = lambda verb, path: verb == "merge_patch" and "/tuningtrials/" in path
+    with pytest.raises(RuntimeError, match="injected failure"):
+        h.tick()
+    assert len(h.trials()) == 1 and h.trials()[0].status is None
+    h.controller = h.new_controller()
+    h.tick(2)
+    assert len(h.trials()) == 1
+    assert rec.trial_phase(h.trials()[0]) in ("RollingOut", "Measuring")
+    assert h.canary() is not None
+
+
+def test_an_orphaned_canary_is_removed() -> None:
+    h = Harness()
+    from chunkpilot.operator.builders import build_deployment
+
+    from chunkpilot.api import InferenceService, Track
+
+    isvc = InferenceService.from_manifest(h.kube.objects[h.isvc_path])
+    orphan = build_deployment(isvc, Track.CANARY)
+    orphan["metadata"]["namespace"] = NS
+    h.kube.put(object_path(orphan), orphan)
+    h.prom.down = True  # no trial may start: only the cleanup runs
+    h.tick()
+    assert h.canary() is None
+    assert "OrphanRemoved" in h.reasons()
+
+
+def test_an_interrupted_promotion_is_completed_on_the_next_step() -> None:
+    h = Harness()
+    h.kube.fail = lambda verb, path: verb == "apply" and path.endswith("/chat-stable")
+    with pytest.raises(RuntimeError, match="injected failure"):
+        h.run_until(lambda: h.status().best_config is not None)
+    promoted = next(t for t in h.trials() if t.status and t.status.verdict == "Promoted")
+    assert rec.ANNOTATION_PROMOTION_APPLIED not in promoted.metadata.annotations
+    h.controller = h.new_controller()
+    h.tick()
+    assert h.status().best_trial == promoted.metadata.name
+    assert flag(h.stable_args(), "--max-num-batched-tokens") == promoted.spec.params.max_num_batched_tokens
+    promoted = next(t for t in h.trials() if t.metadata.name == promoted.metadata.name)
+    assert promoted.metadata.annotations[rec.ANNOTATION_PROMOTION_APPLIED] == "true"
+
+
+# --------------------------------------------------------------------------- study-level outcomes
+
+
+def test_infeasible_slos_are_reported_with_the_best_quantiles_and_a_remedy() -> None:
+    h = Harness(itl_ms=lambda b: 80.0, autotune={"maxTrials": 10, "abort": {"itlFactor": 4}})
+    h.run_until(lambda: h.condition("SLOInfeasible") == ("True", "SLOInfeasible"))
+    condition = rec.find_condition(h.status().conditions, "SLOInfeasible")
+    assert condition is not None
+    assert "best achieved ITL p99 80ms" in condition.message
+    assert "tensorParallelSize" in condition.message and "DifferentParallelism" in condition.message
+    assert h.condition("Tuning") == ("False", "SLOInfeasible")
+    count = len(h.trials())
+    h.tick(20)
+    assert len(h.trials()) == count and h.canary() is None
+
+
+def test_sustained_violation_after_tuning_stopped_starts_a_new_round() -> None:
+    h = Harness(autotune={"maxTrials": 2})
+    h.settings = TunerSettings(rollout_timeout_s=120, retune_after_s=30)
+    h.controller = h.new_controller()
+    h.run_until(lambda: h.condition("Tuning") == ("False", "MaxTrialsReached"))
+    h.tick(3)
+    assert h.condition("SLOMet") == ("True", "SLOMet")
+    h.prom.itl_ms = lambda b: 90.0  # the load mix changed: every config now violates ITL
+    h.run_until(lambda: len(h.trials()) > 2)
+    assert h.trials()[-1].metadata.labels[rec.LABEL_ROUND] == "1"
+    assert "Retuning" in h.reasons()
+
+
+def test_crash_message_ignores_terminating_pods_and_other_configs() -> None:
+    crashed = {
+        "metadata": {"name": "p", "labels": {LABEL_CONFIG_HASH: "aa"}},
+        "status": {"containerStatuses": [{"restartCount": 2, "state": {"running": {}}}]},
+    }
+    assert crash_message([crashed], 1, "aa") is not None
+    assert crash_message([crashed], 1, "bb") is None
+    assert crash_message([crashed], 3, "aa") is None
+    terminating = copy.deepcopy(crashed)
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert crash_message([terminating], 1, "aa") is None

@@ -1,0 +1,98 @@
+"""Kopf handlers of the autotuner: one timer per InferenceService drives :class:`TuningController`.
+
+Loaded by the operator (``chunkpilot.operator.main``) when this module exists.  Kopf
+facts that shape it: a timer keeps no memory between runs and restarts with the
+operator, so each tick re-reads everything from the cluster; the tuner writes
+status itself (nothing goes through Kopf's ``patch``, which a long-running
+handler would only apply on return).
+
+Environment:
+
+- ``CHUNKPILOT_PROMETHEUS_URL`` (``--prometheus-url``): where the engines' metrics are;
+  without it the tuner only reports ``MetricsUnavailable``.
+- ``CHUNKPILOT_TUNER_INTERVAL``: seconds between ticks (default 10).
+- ``CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT``: seconds a canary may take to become Ready (default 900).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.events import EventSpec
+from chunkpilot.operator.kube import KubeClient
+from chunkpilot.tuner.controller import TunerSettings, TuningController
+from chunkpilot.tuner.measure import PrometheusClient
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
+
+logger = logging.getLogger(__name__)
+
+ENV_INTERVAL = "CHUNKPILOT_TUNER_INTERVAL"
+ENV_ROLLOUT_TIMEOUT = "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"
+FIELD_MANAGER = "chunkpilot-tuner"
+MEMO_KEY = "tuner"
+
+
+def _float_env(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r} must be greater than zero")
+    return value
+
+
+INTERVAL_S = _float_env(ENV_INTERVAL, 10.0)
+
+
+def _post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
+    kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
+
+
+def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    """Tick for services that autotune, and for those with a trial left to clean up."""
+    autotune = spec.get("autotune") or {}
+    return bool(autotune.get("enabled")) or bool(status.get("currentTrial"))
+
+
+@kopf.on.startup()
+async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Create the tuning controller (its own API client and Prometheus client)."""
+    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    try:
+        settings = TunerSettings(rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0))
+    except ValueError as error:
+        raise kopf.PermanentError(str(error)) from None
+    query = PrometheusClient(config.prometheus_url, timeout_s=5.0).query if config.prometheus_url else None
+    kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
+    memo[MEMO_KEY] = TuningController(kube, query, post_event=_post_event, settings=settings)
+    logger.info(
+        "autotuner ready: Prometheus %s, tick every %gs",
+        config.prometheus_url or "not configured",
+        INTERVAL_S,
+    )
+
+
+@kopf.on.cleanup()
+async def stop_tuner(memo: kopf.Memo, **_: Any) -> None:
+    controller: TuningController | None = memo.get(MEMO_KEY)
+    if controller is not None and isinstance(controller.kube, KubeClient):
+        await controller.kube.close()
+
+
+@kopf.timer(GROUP, VERSION, ISVC_PLURAL, interval=INTERVAL_S, backoff=INTERVAL_S, when=_tuning_wanted)
+async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """One step of the service's tuning loop."""
+    controller: TuningController | None = memo.get(MEMO_KEY)
+    if controller is None or name is None or namespace is None:
+        return
+    await controller.step(namespace, name)
