@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from chunkpilot.engine.probe import ProfileError, load_profile
+from chunkpilot.engine.probe import ProfileError
 from chunkpilot.engine.probe.kube import (
     LABEL_MODEL,
     PROFILE_KEY,
@@ -20,7 +19,6 @@ from chunkpilot.engine.probe.kube import (
     profile_from_configmap,
 )
 from chunkpilot.engine.probe.profile import StepProfile
-from chunkpilot.engine.probe.runner import ProbeRequest, assemble_profile, resolve_model_shape
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -118,18 +116,16 @@ def test_rbac_allows_exactly_configmap_writes() -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
     ]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "chunkpilot-probe", "namespace": "serving"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chunkpilot-probe", "namespace": "serving"}
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
 
-def _profile() -> StepProfile:
-    from tests_probe_synthetic import synthetic_profile  # noqa: PLC0415 - see conftest-free helper below
-
-    return synthetic_profile()
-
-
 def test_configmap_round_trip(small_profile: StepProfile) -> None:
-    name = profile_configmap_name(small_profile.accelerator, small_profile.model, small_profile.tensor_parallel_size)
+    name = profile_configmap_name(
+        small_profile.accelerator, small_profile.model, small_profile.tensor_parallel_size
+    )
     configmap = build_profile_configmap(small_profile, name, "serving")
     assert configmap["metadata"]["name"] == name
     assert configmap["metadata"]["annotations"]["chunkpilot.io/knee-tokens"] == str(small_profile.knee_tokens)
@@ -138,7 +134,7 @@ def test_configmap_round_trip(small_profile: StepProfile) -> None:
 
 
 def test_configmap_without_a_profile_is_a_clear_error() -> None:
-    with pytest.raises(ProfileError, match="has no 'profile.json' key"):
+    with pytest.raises(ProfileError, match=r"has no 'profile\.json' key"):
         profile_from_configmap({"metadata": {"name": "x"}, "data": {}})
     with pytest.raises(ProfileError, match="not valid JSON"):
         profile_from_configmap({"metadata": {"name": "x"}, "data": {PROFILE_KEY: "{"}})
