@@ -36,9 +36,13 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* Several replicas act safely only with peering. */}}
+{{/* Several replicas act safely only with peering: refuse replicaCount > 1 without it. */}}
 {{- define "chunkpilot.peered" -}}
-{{- if gt (int .Values.replicaCount) 1 }}true{{ end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- if not .Values.peering.enabled }}
+{{- fail (printf "replicaCount is %d but peering.enabled is false: every replica would act on every object; set peering.enabled=true or replicaCount=1" (int .Values.replicaCount)) }}
+{{- end }}true
+{{- end }}
 {{- end }}
 
 {{/* Namespaces the namespaced mode watches (validated). */}}
