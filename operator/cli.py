@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run the operator (reconciles InferenceServices)",
         description="Run the Chunkpilot operator against the cluster of the service account or kubeconfig.",
     )
-    scope = run.add_mutually_exclusive_group(required=True)
+    scope = run.add_mutually_exclusive_group()
     scope.add_argument(
         "-n", "--namespace", action="append", dest="namespaces", metavar="NS", help="watch NS (repeatable)"
     )
@@ -81,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("-v", "--verbose", action="store_true", help="log handler activity")
     run.add_argument("--debug", action="store_true", help="log everything, including API traffic")
     run.set_defaults(func=run_operator)
+    from chunkpilot.operator import bench
+
+    bench.register(run.add_subparsers(dest="operator_command", metavar="{bench}"))
 
     render = subparsers.add_parser(
         "render",
@@ -106,6 +109,13 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     from chunkpilot.operator import ha
 
+    if not args.namespaces and not args.all_namespaces:
+        print(
+            "chunkpilot operator: choose what to watch: -n/--namespace NS (repeatable)"
+            " or -A/--all-namespaces",
+            file=sys.stderr,
+        )
+        return 2
     try:
         config = OperatorConfig(
             pod_monitor=PodMonitorMode(args.pod_monitor),

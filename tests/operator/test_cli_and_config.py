@@ -171,3 +171,15 @@ def test_operator_gauges_follow_the_tracks_and_slo() -> None:
     assert sample("chunkpilot_token_budget_tokens", track="canary") is None
     telemetry.forget_service("llm", "chat-promoted")
     assert sample("chunkpilot_token_budget_tokens", track="stable") is None
+
+
+def test_operator_needs_a_watch_scope() -> None:
+    result = chunkpilot("operator", "--standalone")
+    assert result.returncode == 2
+    assert "-n/--namespace" in result.stderr and "--all-namespaces" in result.stderr
+
+
+def test_bench_validates_its_counts() -> None:
+    result = chunkpilot("operator", "bench", "--count", "10", "--services", "5")
+    assert result.returncode == 2
+    assert "--services >= --count" in result.stderr
