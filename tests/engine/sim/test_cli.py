@@ -1,0 +1,176 @@
+"""``chunkpilot sim run|capacity|serve|bench`` through the real command line (in-process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.engine.sim.flags import sim_config_from_args
+from chunkpilot.engine.sim.workload import resolve_trace
+
+from chunkpilot.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
+    assert main(argv) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+@pytest.mark.slow
+def test_run_whole_azure_conv_trace_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(resolve_trace("azure_conv_2023"))
+    data = _json(
+        capsys, ["sim", "run", "--trace", trace, "--model", "llama-3.1-8b", "--gpu", "h100", "--json"]
+    )
+    assert data["requests"] == data["completed"] == 19_366
+    assert 3400 < data["duration_s"] < 3700
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+        assert set(data[key]) >= {"p50", "p90", "p95", "p99", "max"}
+        assert 0 < data[key]["p50"] <= data[key]["p99"] <= data[key]["max"]
+    for key in ("throughput_tok_s", "goodput_req_s", "slo_attainment", "preemptions", "steps", "wall_s"):
+        assert isinstance(data[key], int | float)
+    assert data["config"]["max_num_batched_tokens"] == 8192  # vLLM's default on an H100
+
+
+def test_run_flags_reach_the_engine_and_slo(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "run", "--trace", "azure_code_2023", "--limit", "300", "--model", "mistral-7b",
+            "--gpu", "a100-80gb", "--max-num-batched-tokens", "1024", "--max-num-seqs", "64",
+            "--max-model-len", "16384",
+            "--no-enable-prefix-caching", "--slo-itl-ms", "80", "--slo-itl-quantile", "0.9",
+            "--slo-ttft-ms", "3000", "--slo-ttft-quantile", "0.5", "--json"]  # fmt: skip
+    data = _json(capsys, argv)
+    assert data["requests"] == 300
+    assert data["slo"] == {"itl_ms": 80.0, "itl_quantile": 0.9, "ttft_ms": 3000.0, "ttft_quantile": 0.5}
+    config = data["config"]
+    assert (config["model"], config["accelerator"]) == ("mistral-7b", "a100-80gb")
+    assert (config["max_num_batched_tokens"], config["max_num_seqs"], config["max_model_len"]) == (
+        1024,
+        64,
+        16384,
+    )
+    assert config["enable_prefix_caching"] is False
+
+
+def test_run_human_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "run", "--workload", "n=50,rate=10,prompt=256,output=32"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "ITL" in out and "50/50 requests" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace", "azure_conv_2023", "--model", "gpt-17"], "unknown model 'gpt-17'"),
+        (["--trace", "azure_conv_2023", "--gpu", "tpu"], "tpu"),
+        (["--workload", "n=5", "--rate", "3"], "--rate applies to --trace"),
+        (["--trace", "nope.csv"], "bundled traces"),
+        (["--trace", "azure_conv_2023", "--slo-itl-quantile", "99"], "--slo-itl-quantile"),
+        (
+            ["--trace", "azure_conv_2023", "--max-num-batched-tokens", "16", "--max-num-seqs", "32"],
+            "--max-num-seqs",
+        ),
+    ],
+)
+def test_run_bad_input_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["sim", "run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_needs_exactly_one_workload_source(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["sim", "run"])
+    assert raised.value.code == 2
+    assert "--trace" in capsys.readouterr().err
+
+
+def test_capacity_bisects_to_the_tolerance(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "capacity", "--trace", "azure_conv_2023", "--requests", "200", "--model", "llama-3.1-8b",
+            "--gpu", "h100", "--slo-itl-ms", "40", "--slo-ttft-ms", "1000", "--json"]  # fmt: skip
+    data = _json(capsys, argv)
+    assert data["feasible"] is True
+    assert data["capacity_req_s"] > 0
+    assert (data["upper_req_s"] - data["lower_req_s"]) / data["lower_req_s"] <= 0.025
+    verdicts = {p["rate_req_s"]: p["slo_met"] for p in data["probes"]}
+    assert verdicts[data["lower_req_s"]] is True and verdicts[data["upper_req_s"]] is False
+    assert data["at_capacity"]["slo_met"] is True
+    assert data["at_capacity"]["requests"] == 200
+
+
+def test_capacity_reports_an_unreachable_slo(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(
+        capsys,
+        ["sim", "capacity", "--workload", "n=20,prompt=512,output=16", "--slo-itl-ms", "0.5", "--json"],
+    )
+    assert data["feasible"] is False and data["capacity_req_s"] == 0.0
+
+
+def _serve_args(argv: list[str]) -> Any:
+    return build_parser().parse_args(["sim", "serve", *argv])
+
+
+def test_serve_rejects_unknown_and_abbreviated_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--not-a-vllm-flag", "1"], ["--max-num-batched", "512"]):
+        with pytest.raises(SystemExit) as raised:
+            _serve_args(["llama-3.1-8b", *bad])
+        assert raised.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_serve_rejects_a_bad_configuration_before_listening(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["sim", "serve", "llama-3.1-8b", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"]) == 2
+    )
+    assert "--max-num-seqs" in capsys.readouterr().err
+    assert main(["sim", "serve", "llama-3.1-8b", "--time-scale", "0"]) == 2
+    assert "--time-scale" in capsys.readouterr().err
+
+
+def _example_engine_args() -> list[tuple[str, list[str]]]:
+    from chunkpilot.operator.engines import render_engine
+    from chunkpilot.operator.engines.common import EngineRender
+
+    from chunkpilot.api import InferenceService
+
+    cases: list[tuple[str, list[str]]] = []
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document or document.get("kind") != "InferenceService":
+                continue
+            render = render_engine(InferenceService.from_manifest(document).spec)
+            assert isinstance(render, EngineRender), f"{path.name}: {render}"
+            cases.append((path.name, list(render.args)))
+    return cases
+
+
+@pytest.mark.parametrize(("example", "args"), _example_engine_args())
+def test_serve_accepts_every_flag_the_operator_renders(example: str, args: list[str]) -> None:
+    """The operator's argument vectors (vLLM and simulator engines) parse and configure the simulator."""
+    parsed = _serve_args(args)
+    config = sim_config_from_args(parsed.model, parsed)
+    assert config.scheduler.max_num_batched_tokens == int(args[args.index("--max-num-batched-tokens") + 1])
+    assert config.scheduler.max_num_seqs == int(args[args.index("--max-num-seqs") + 1])
+    assert parsed.port == 8000 and parsed.served_model_name == [args[args.index("--served-model-name") + 1]]
+
+
+def test_bench_prints_speed_and_calibration(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "small.csv"
+    source = resolve_trace("azure_conv_2023").read_text().splitlines()
+    trace.write_text("\n".join(source[:301]) + "\n")
+    data = _json(capsys, ["sim", "bench", "--trace", str(trace), "--repeat", "1", "--step-by-step", "--json"])
+    speed = data["speed"]
+    assert speed["requests"] == 300 and speed["wall_s"] > 0 and speed["step_by_step_wall_s"] > 0
+    operators = set(data["calibration_by_operator"])
+    assert {"attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"} <= operators
+    assert all(row["mean_abs_pct"] >= 0 for row in data["calibration"])
+    assert 0 < data["calibration_mean_abs_pct"] < 50
+    assert main(["sim", "bench", "--trace", str(trace), "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "wall time" in out and "mlp_up_proj" in out
