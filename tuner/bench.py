@@ -1,0 +1,623 @@
+"""Offline benchmark of the tuner against exhaustive search, vLLM's defaults and two baselines.
+
+Ground truth is the simulator: the **capacity at SLO** of a configuration is the highest
+Poisson arrival rate at which a slice of a bundled trace still meets both SLO quantiles,
+found by the simulator's bisection (:func:`chunkpilot.engine.sim.capacity.find_capacity`).
+
+For each workload x SLO pair the search space is the tuner's own
+(:func:`chunkpilot.tuner.space.build_space`), discretised into a grid; the exhaustive
+optimum is the best grid point.  Every method picks grid points, so the optimum bounds
+them all, and each configuration is simulated once (results are cached):
+
+- **tpe**: the tuner itself: its warm start (the model-based guess) and then
+  :func:`chunkpilot.tuner.study.suggest` (Optuna TPE with constraints) on the
+  trial history; a sampled point is snapped onto the grid; a point that snaps onto a
+  configuration already measured is told to the study with the known result and costs
+  no trial;
+- **random**: distinct grid points drawn uniformly;
+- **grid**: vLLM's ``auto_tune`` style sweep, max-num-seqs (outer loop) x
+  max-num-batched-tokens (inner loop) over a coarse subset, in a fixed order.
+
+The stochastic methods are repeated with different seeds and averaged.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from itertools import product
+from typing import Any
+
+from chunkpilot.engine.sim.capacity import find_capacity
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import Workload, load_trace
+from chunkpilot.tuner.space import (
+    Knob,
+    KnobRange,
+    SearchSpace,
+    ServiceFacts,
+    TunedConfig,
+    build_space,
+    warm_start,
+)
+from chunkpilot.tuner.study import RecordState, TrialRecord, seed_for, suggest
+
+METHODS = ("tpe", "random", "grid")
+#: Goal of the benchmark: the tuner's best after this many trials ...
+GOAL_TRIALS = 12
+#: ... reaches this share of the exhaustive optimum.
+GOAL_SHARE = 0.98
+#: Sampled points that snap onto known configurations before a random unseen grid point is used.
+MAX_SNAP_COLLISIONS = 40
+
+
+class BenchError(ValueError):
+    """Bad benchmark settings; the message names the option."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class SLOPair:
+    """One pair of latency objectives (quantiles 0-1, targets in milliseconds)."""
+
+    name: str
+    itl_ms: float
+    ttft_ms: float
+    itl_quantile: float = 0.99
+    ttft_quantile: float = 0.95
+
+    def describe(self) -> str:
+        return (
+            f"ITL p{self.itl_quantile * 100:g} <= {self.itl_ms:g} ms, "
+            f"TTFT p{self.ttft_quantile * 100:g} <= {self.ttft_ms:g} ms"
+        )
+
+
+WORKLOADS: dict[str, str] = {
+    "azure_conv": "azure_conv_2023",
+    "azure_code": "azure_code_2023",
+    "arxiv": "arxiv_summarization_lengths",
+}
+SLO_PAIRS: tuple[SLOPair, ...] = (
+    SLOPair("itl-tight", itl_ms=50.0, ttft_ms=2000.0),
+    SLOPair("ttft-tight", itl_ms=150.0, ttft_ms=500.0),
+)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Sizes of one benchmark run."""
+
+    requests: int = 300
+    trials: int = 20
+    repeats: int = 5
+    tolerance: float = 0.02
+    start_rate: float = 8.0
+    budget_points: int = 8
+    seq_values: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    long_prefill_values: tuple[int, ...] = (256, 1024)
+    autotune_seqs: tuple[int, ...] = (128, 256, 512, 1024)
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    slo_pairs: tuple[SLOPair, ...] = SLO_PAIRS
+    model: str = "llama-3.1-8b"
+    accelerator: str = "h100"
+    max_model_len: int = 8192
+    seed: int = 0
+    jobs: int = 2
+
+    def __post_init__(self) -> None:
+        if self.requests < 2:
+            raise BenchError("--requests must be >= 2")
+        if self.trials < 1:
+            raise BenchError("--trials must be >= 1")
+        if self.repeats < 1:
+            raise BenchError("--repeats must be >= 1")
+        if self.jobs < 1:
+            raise BenchError("--jobs must be >= 1")
+        if not 0 < self.tolerance < 1 or self.start_rate <= 0:
+            raise BenchError("capacity search: need 0 < tolerance < 1 and start_rate > 0")
+        if self.budget_points < 2:
+            raise BenchError("budget_points must be >= 2")
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown:
+            raise BenchError(f"--workload: unknown {unknown}; choose from {sorted(WORKLOADS)}")
+
+
+FULL = BenchSettings()
+QUICK = replace(
+    FULL,
+    requests=160,
+    trials=12,
+    repeats=3,
+    tolerance=0.05,
+    budget_points=6,
+    seq_values=(16, 64, 256, 1024),
+    long_prefill_values=(512,),
+    autotune_seqs=(256, 1024),
+)
+
+
+# --------------------------------------------------------------------------- ground truth
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Capacity at SLO of one configuration (req/s; 0 when no rate meets the SLO).
+
+    ``constraints`` are the study's relative constraints (``measured / target - 1``, <= 0 met)
+    at the capacity (or at the lowest rate tried when none meets the SLO).
+    """
+
+    rate: float
+    constraints: dict[str, float]
+    probes: int
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """Capacities of one configuration on one workload, for some SLO pairs."""
+
+    workload: str
+    config: TunedConfig
+    slo_pairs: tuple[SLOPair, ...]
+    settings: BenchSettings
+
+
+@lru_cache(maxsize=8)
+def _workload(trace: str, requests: int) -> Workload:
+    return load_trace(trace, rate=1.0, limit=requests)
+
+
+def sim_config(config: TunedConfig, settings: BenchSettings) -> SimConfig:
+    """The simulated engine running ``config``."""
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        max_model_len=settings.max_model_len,
+    )
+    return SimConfig(
+        model=settings.model, accelerator=settings.accelerator, scheduler=scheduler, seed=settings.seed
+    )
+
+
+def capacity(config: TunedConfig, workload: str, slo: SLOPair, settings: BenchSettings) -> Capacity:
+    """The simulator's capacity search (:func:`chunkpilot.engine.sim.capacity.find_capacity`)."""
+    sim_slo = SLO(
+        itl_ms=slo.itl_ms, itl_quantile=slo.itl_quantile, ttft_ms=slo.ttft_ms, ttft_quantile=slo.ttft_quantile
+    )
+    workload_slice = _workload(WORKLOADS[workload], settings.requests)
+    try:
+        result = find_capacity(
+            sim_config(config, settings),
+            workload_slice,
+            sim_slo,
+            tolerance=settings.tolerance,
+            start_rate=settings.start_rate,
+            seed=settings.seed,
+        )
+    except ValueError as exc:
+        raise BenchError(
+            f"--requests {settings.requests}: {workload} with {config.summary()} under {slo.describe()}: "
+            f"{exc}; use a longer trace slice"
+        ) from exc
+    at = result.at_capacity
+    itl, ttft = (
+        (at.itl_at_slo_quantile_ms, at.ttft_at_slo_quantile_ms) if at is not None else (math.inf, math.inf)
+    )
+    constraints = {"itl": itl / slo.itl_ms - 1.0, "ttft": ttft / slo.ttft_ms - 1.0}
+    constraints = {k: (v if math.isfinite(v) else 1e6) for k, v in constraints.items()}
+    return Capacity(result.capacity_req_s if result.feasible else 0.0, constraints, len(result.probes))
+
+
+def evaluate(task: EvalTask) -> dict[str, Capacity]:
+    """Capacity per SLO pair name (runs in a worker process)."""
+    return {slo.name: capacity(task.config, task.workload, slo, task.settings) for slo in task.slo_pairs}
+
+
+# --------------------------------------------------------------------------- grid over the space
+
+
+def _geometric(low: int, high: int, points: int) -> list[int]:
+    if high <= low:
+        return [low]
+    values = {round(low * (high / low) ** (i / (points - 1))) for i in range(points)}
+    return sorted(values)
+
+
+def _nearest_log(values: Sequence[int], raw: float) -> int:
+    return min(values, key=lambda v: (abs(math.log(v) - math.log(max(raw, 1.0))), v))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A discretisation of a search space: per-knob values and the distinct configurations."""
+
+    space: SearchSpace
+    values: Mapping[Knob, tuple[int, ...]]
+    configs: tuple[TunedConfig, ...]
+
+    @classmethod
+    def over(cls, space: SearchSpace, settings: BenchSettings) -> Grid:
+        values: dict[Knob, tuple[int, ...]] = {}
+        for knob, r in space.ranges.items():
+            if knob is Knob.MAX_NUM_BATCHED_TOKENS:
+                values[knob] = tuple(_geometric(r.low, r.high, settings.budget_points))
+            elif knob is Knob.MAX_NUM_SEQS:
+                values[knob] = tuple(sorted({r.clip(v) for v in settings.seq_values}))
+            elif knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD:
+                inside = {r.clip(v) for v in settings.long_prefill_values if v < r.high}
+                off = {r.high} if space.long_prefill_off_allowed else set()
+                values[knob] = tuple(sorted(inside | off))
+            else:
+                values[knob] = (r.low, r.high) if r.low != r.high else (r.low,)
+        knobs = list(values)
+        configs: dict[TunedConfig, None] = {}
+        for combo in product(*(values[k] for k in knobs)):
+            configs[space.to_config({k.value: v for k, v in zip(knobs, combo, strict=True)})] = None
+        return cls(space, values, tuple(configs))
+
+    def snap(self, params: Mapping[str, Any]) -> TunedConfig:
+        """The grid configuration nearest (per knob, on a log scale) to sampled parameters.
+
+        A long-prefill threshold that would be switched off (at or above the budget or the
+        top of its range) snaps to "off".
+        """
+        snapped: dict[str, int] = {}
+        for knob, choices in self.values.items():
+            r: KnobRange = self.space.ranges[knob]
+            raw = params.get(knob.value)
+            value = r.clip(int(raw)) if raw is not None else choices[-1]
+            if knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and self.space.long_prefill_off_allowed:
+                budget = params.get(Knob.MAX_NUM_BATCHED_TOKENS.value)
+                if value >= r.high or (budget is not None and value >= int(budget)):
+                    snapped[knob.value] = r.high
+                    continue
+            snapped[knob.value] = _nearest_log(choices, value)
+        return self.space.to_config(snapped)
+
+
+# --------------------------------------------------------------------------- methods
+
+
+Objective = Callable[[TunedConfig], Capacity]
+
+
+def run_tpe(
+    grid: Grid, facts: ServiceFacts, objective: Objective, trials: int, uid: str
+) -> list[tuple[TunedConfig, float]]:
+    """The tuner's loop: warm start, then ``suggest`` on the history; one distinct config per trial."""
+    space = grid.space
+    records: list[TrialRecord] = []
+    measured: dict[TunedConfig, Capacity] = {}
+    history: list[tuple[TunedConfig, float]] = []
+    warm = [space.to_params(grid.snap(p)) for p in warm_start(space, facts)]
+    warm_starts = [p for p in warm if p is not None]
+    number = 0
+    while len(history) < trials and len(measured) < len(grid.configs):
+        suggestion = suggest(space, records, seed=seed_for(uid, number), warm_starts=warm_starts)
+        params = suggestion.params if suggestion is not None else {}
+        config = grid.snap(params) if suggestion is not None else None
+        collisions = 0
+        while config is None or config in measured:
+            if config is not None and suggestion is not None:
+                # Known result: tell it for the sampled point, free of charge.
+                records.append(_record(number, suggestion.params, measured[config]))
+                number += 1
+                collisions += 1
+            if suggestion is None or collisions >= MAX_SNAP_COLLISIONS:
+                unseen = [c for c in grid.configs if c not in measured]
+                config = random.Random(seed_for(uid, number)).choice(unseen)
+                params = space.to_params(config) or {}
+                break
+            suggestion = suggest(space, records, seed=seed_for(uid, number))
+            params = suggestion.params if suggestion is not None else {}
+            config = grid.snap(params) if suggestion is not None else None
+        result = objective(config)
+        measured[config] = result
+        history.append((config, result.rate))
+        exact = space.to_params(config)
+        records.append(_record(number, exact if exact is not None else params, result))
+        number += 1
+    return history
+
+
+def _record(number: int, params: Mapping[str, int], result: Capacity) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        params=dict(params),
+        state=RecordState.COMPLETE,
+        objective=result.rate,
+        constraints=result.constraints,
+    )
+
+
+def run_random(grid: Grid, objective: Objective, trials: int, seed: int) -> list[tuple[TunedConfig, float]]:
+    """Distinct grid configurations drawn uniformly at random."""
+    chosen = random.Random(seed).sample(list(grid.configs), min(trials, len(grid.configs)))
+    return [(c, objective(c).rate) for c in chosen]
+
+
+def autotune_order(grid: Grid, settings: BenchSettings) -> list[TunedConfig]:
+    """vLLM auto_tune's sweep: for each max-num-seqs, every power-of-two budget, on the grid."""
+    space = grid.space
+    budgets = grid.values[Knob.MAX_NUM_BATCHED_TOKENS]
+    seq_choices = grid.values[Knob.MAX_NUM_SEQS]
+    powers = [2**i for i in range(9, 18) if budgets[0] <= 2**i <= budgets[-1] * 1.5]
+    coarse = list(dict.fromkeys(_nearest_log(budgets, p) for p in powers)) or list(budgets)
+    order: dict[TunedConfig, None] = {}
+    for seqs in dict.fromkeys(_nearest_log(seq_choices, s) for s in settings.autotune_seqs):
+        for budget in coarse:
+            params: dict[str, int] = {
+                Knob.MAX_NUM_BATCHED_TOKENS.value: budget,
+                Knob.MAX_NUM_SEQS.value: seqs,
+            }
+            lpt = space.ranges.get(Knob.LONG_PREFILL_TOKEN_THRESHOLD)
+            if lpt is not None:
+                params[Knob.LONG_PREFILL_TOKEN_THRESHOLD.value] = lpt.high
+            order[grid.snap(params)] = None
+    return list(order)
+
+
+def run_grid(
+    grid: Grid, objective: Objective, trials: int, settings: BenchSettings
+) -> list[tuple[TunedConfig, float]]:
+    """The first ``trials`` points of the auto_tune sweep."""
+    return [(c, objective(c).rate) for c in autotune_order(grid, settings)[:trials]]
+
+
+def best_so_far(history: Sequence[tuple[TunedConfig, float]], trials: int) -> list[float]:
+    """Best capacity after 1..``trials`` trials (the last value repeats when the history is shorter)."""
+    out: list[float] = []
+    best = 0.0
+    for i in range(trials):
+        if i < len(history):
+            best = max(best, history[i][1])
+        out.append(best)
+    return out
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One workload x SLO pair."""
+
+    workload: str
+    slo: SLOPair
+    space: str
+    grid_size: int
+    optimum: float
+    optimum_config: TunedConfig
+    default: float
+    default_config: TunedConfig
+    guess_config: TunedConfig
+    best_after: dict[str, list[float]]  # method -> mean best capacity after 1..N trials
+    best_config: dict[str, TunedConfig]  # method -> best configuration of the first repeat
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload} / {self.slo.name}"
+
+    def share(self, method: str, trials: int) -> float:
+        """Mean best capacity after ``trials`` trials as a share of the optimum."""
+        values = self.best_after[method]
+        value = values[min(trials, len(values)) - 1]
+        return value / self.optimum if self.optimum > 0 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "trace": WORKLOADS[self.workload],
+            "slo": {
+                "name": self.slo.name,
+                **{k: getattr(self.slo, k) for k in ("itl_ms", "itl_quantile", "ttft_ms", "ttft_quantile")},
+            },
+            "space": self.space,
+            "grid_size": self.grid_size,
+            "optimum_req_s": self.optimum,
+            "optimum_config": self.optimum_config.as_dict(),
+            "default_req_s": self.default,
+            "default_config": self.default_config.as_dict(),
+            "default_share": self.default / self.optimum if self.optimum > 0 else None,
+            "warm_start_config": self.guess_config.as_dict(),
+            "best_req_s_after_trials": self.best_after,
+            "share_after_trials": {
+                m: [v / self.optimum if self.optimum > 0 else None for v in vals]
+                for m, vals in self.best_after.items()
+            },
+            "best_config": {m: c.as_dict() for m, c in self.best_config.items()},
+        }
+
+
+@dataclass
+class BenchResult:
+    """Every scenario plus run facts."""
+
+    settings: BenchSettings
+    scenarios: list[ScenarioResult] = field(default_factory=list)
+    simulations: int = 0
+    wall_s: float = 0.0
+
+    def goal_met(self) -> dict[str, bool]:
+        """Per scenario: TPE >= 98% of the optimum within 12 trials and >= both baselines there."""
+        trials = min(GOAL_TRIALS, self.settings.trials)
+        out: dict[str, bool] = {}
+        for s in self.scenarios:
+            tpe = s.share("tpe", trials)
+            out[s.name] = bool(
+                tpe >= GOAL_SHARE and tpe >= s.share("random", trials) and tpe >= s.share("grid", trials)
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        st = self.settings
+        return {
+            "benchmark": "tuner",
+            "model": st.model,
+            "accelerator": st.accelerator,
+            "requests_per_slice": st.requests,
+            "trials": st.trials,
+            "repeats": st.repeats,
+            "capacity_search": {"tolerance": st.tolerance, "start_rate": st.start_rate},
+            "goal": {"trials": GOAL_TRIALS, "share": GOAL_SHARE, "met": self.goal_met()},
+            "simulations": self.simulations,
+            "wall_s": self.wall_s,
+            "scenarios": [s.to_dict() for s in self.scenarios],
+        }
+
+
+def default_config(settings: BenchSettings) -> TunedConfig:
+    """vLLM's server defaults for the accelerator (DESIGN §4): budget 8192 / 1024 seqs on H100-class."""
+    from chunkpilot.engine.sim.engine import default_limits
+    from chunkpilot.engine.sim.profiles.loader import load_accelerator
+
+    budget, seqs = default_limits(load_accelerator(settings.accelerator))
+    return TunedConfig(max_num_batched_tokens=budget, max_num_seqs=seqs)
+
+
+def scenario_facts(settings: BenchSettings, slo: SLOPair) -> ServiceFacts:
+    """The service the tuner would see: vLLM 0.33 with the default configuration as incumbent."""
+    return ServiceFacts(
+        accelerator=settings.accelerator,
+        model=settings.model,
+        incumbent=default_config(settings),
+        itl_target_ms=slo.itl_ms,
+        max_model_len=settings.max_model_len,
+        engine_kind="vllm",
+    )
+
+
+def _evaluate_all(tasks: list[EvalTask], jobs: int) -> list[dict[str, Capacity]]:
+    if jobs <= 1 or len(tasks) <= 1:
+        return [evaluate(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(evaluate, tasks, chunksize=2))
+
+
+def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Evaluate every grid point of every scenario, then replay the methods on the cached results."""
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    result = BenchResult(settings)
+    default = default_config(settings)
+    # Load profiles, calibration and traces once, before the worker processes fork.
+    sim_config(default, settings).build()
+    for workload in settings.workloads:
+        _workload(WORKLOADS[workload], settings.requests)
+    spaces = {slo.name: build_space(scenario_facts(settings, slo)) for slo in settings.slo_pairs}
+    grids = {name: Grid.over(space, settings) for name, space in spaces.items()}
+    needed: dict[tuple[str, TunedConfig], list[SLOPair]] = {}
+    for workload in settings.workloads:
+        for slo in settings.slo_pairs:
+            for config in (*grids[slo.name].configs, default):
+                needed.setdefault((workload, config), []).append(slo)
+    tasks = [EvalTask(w, c, tuple(slos), settings) for (w, c), slos in needed.items()]
+    say(f"simulating {len(tasks)} configurations x workloads on {settings.jobs} process(es)")
+    outcomes = _evaluate_all(tasks, settings.jobs)
+    cache: dict[tuple[str, str, TunedConfig], Capacity] = {}
+    for task, outcome in zip(tasks, outcomes, strict=True):
+        for slo_name, capacity in outcome.items():
+            cache[(task.workload, slo_name, task.config)] = capacity
+            result.simulations += capacity.probes
+    for workload in settings.workloads:
+        for slo in settings.slo_pairs:
+            result.scenarios.append(_scenario(settings, workload, slo, grids[slo.name], default, cache))
+            say(f"done {workload} / {slo.name}")
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _scenario(
+    settings: BenchSettings,
+    workload: str,
+    slo: SLOPair,
+    grid: Grid,
+    default: TunedConfig,
+    cache: Mapping[tuple[str, str, TunedConfig], Capacity],
+) -> ScenarioResult:
+    def objective(config: TunedConfig) -> Capacity:
+        return cache[(workload, slo.name, config)]
+
+    facts = scenario_facts(settings, slo)
+    optimum_config = max(grid.configs, key=lambda c: (objective(c).rate, -grid.configs.index(c)))
+    runs: dict[str, list[list[tuple[TunedConfig, float]]]] = {m: [] for m in METHODS}
+    for rep in range(settings.repeats):
+        uid = f"bench/{workload}/{slo.name}/{settings.seed + rep}"
+        runs["tpe"].append(run_tpe(grid, facts, objective, settings.trials, uid))
+        runs["random"].append(run_random(grid, objective, settings.trials, seed_for(uid, -1)))
+    runs["grid"].append(run_grid(grid, objective, settings.trials, settings))
+    best_after = {m: _mean_curves([best_so_far(h, settings.trials) for h in hs]) for m, hs in runs.items()}
+    best_config = {m: max(hs[0], key=lambda item: item[1])[0] for m, hs in runs.items() if hs[0]}
+    warm = warm_start(grid.space, facts)
+    guess = grid.snap(warm[0]) if warm else facts.incumbent
+    return ScenarioResult(
+        workload=workload,
+        slo=slo,
+        space=grid.space.describe(),
+        grid_size=len(grid.configs),
+        optimum=objective(optimum_config).rate,
+        optimum_config=optimum_config,
+        default=objective(default).rate,
+        default_config=default,
+        guess_config=guess,
+        best_after=best_after,
+        best_config=best_config,
+    )
+
+
+def _mean_curves(curves: Iterable[list[float]]) -> list[float]:
+    rows = list(curves)
+    return [sum(values) / len(rows) for values in zip(*rows, strict=True)]
+
+
+# --------------------------------------------------------------------------- output
+
+
+def format_config(config: TunedConfig) -> str:
+    return config.summary()
+
+
+def format_table(result: BenchResult, trial_marks: Sequence[int] | None = None) -> str:
+    """A text table per scenario: optimum, default, and per method the best after k trials (% of optimum)."""
+    st = result.settings
+    marks = list(trial_marks) if trial_marks is not None else list(range(1, st.trials + 1))
+    lines = [
+        f"Tuner benchmark: {st.model} on {st.accelerator}, {st.requests} requests per trace slice, "
+        "capacity = highest Poisson rate meeting the SLO (simulated); "
+        f"mean of {st.repeats} seeds for tpe/random",
+        "",
+    ]
+    goal = result.goal_met()
+    for s in result.scenarios:
+        lines.append(f"== {s.name}: {s.slo.describe()}  (grid {s.grid_size} configs; space {s.space})")
+        lines.append(f"   optimum  {s.optimum:7.2f} req/s  {format_config(s.optimum_config)}")
+        share = f"{s.default / s.optimum:6.1%}" if s.optimum > 0 else "   n/a"
+        lines.append(f"   default  {s.default:7.2f} req/s  {share}  {format_config(s.default_config)}")
+        lines.append(f"   warm start (model guess): {format_config(s.guess_config)}")
+        lines.append("   trials " + "".join(f"{m:>17}" for m in METHODS))
+        for k in marks:
+            cells = "".join(
+                f"{s.best_after[m][k - 1]:8.2f} ({s.share(m, k):6.1%})"
+                if s.optimum > 0
+                else f"{s.best_after[m][k - 1]:17.2f}"
+                for m in METHODS
+            )
+            lines.append(f"   {k:>6} {cells}")
+        lines.append(
+            f"   goal (tpe >= {GOAL_SHARE:.0%} within {GOAL_TRIALS} trials, ahead of both baselines): "
+            f"{'met' if goal[s.name] else 'NOT met'}"
+        )
+        lines.append("")
+    lines.append(f"{result.simulations} simulations, {result.wall_s:.0f} s wall")
+    return "\n".join(lines)
