@@ -25,6 +25,7 @@ import bisect
 import json
 import math
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,15 @@ class Efficiency:
     @classmethod
     def calibrated(cls) -> Efficiency:
         """The constants fitted against the A100 reference data (``calibration/efficiency.json``)."""
-        path = resources.files("chunkpilot.engine.sim.calibration").joinpath("efficiency.json")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return cls.from_dict(data["efficiency"])
+        return cls.from_dict(_calibrated_constants())
+
+
+@cache
+def _calibrated_constants() -> dict[str, Any]:
+    """The fitted constants, read once per process (every simulated engine builds a step model)."""
+    path = resources.files("chunkpilot.engine.sim.calibration").joinpath("efficiency.json")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))["efficiency"]
+    return data
 
 
 @dataclass(frozen=True, slots=True)
