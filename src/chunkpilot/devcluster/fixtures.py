@@ -1,13 +1,14 @@
-"""Pytest plugin: a real local control plane and a real Prometheus for the test session.
+"""Pytest plugin: a real local control plane, Prometheus and PostgreSQL for the test session.
 
 Enable it with ``pytest_plugins = ["chunkpilot.devcluster.fixtures"]`` in ``tests/conftest.py``.
-Tests that use these fixtures carry the ``cluster`` or ``prometheus`` marker. The binaries are not
-built here (a cold build takes far longer than a test timeout): run ``chunkpilot cluster fetch``
-first, as ``make test`` does.
+Tests that use these fixtures carry the ``cluster``, ``prometheus`` or ``postgres`` marker. The
+control-plane binaries are not built here (a cold build takes far longer than a test timeout):
+run ``chunkpilot cluster fetch`` first, as ``make test`` does.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import pytest
 from chunkpilot.devcluster import binaries
 from chunkpilot.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from chunkpilot.devcluster.fakenodes import gpu_node_specs
+from chunkpilot.devcluster.postgres import PostgresServer, PostgresUnavailableError
 from chunkpilot.devcluster.prometheus import PrometheusError, PrometheusServer, locate_prometheus
 
 # Two fake H100 nodes with 8 GPUs each: enough for canary + stable tracks without crowding etcd.
 SESSION_NODES = 2
+_DATABASE_NUMBERS = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +70,20 @@ def prometheus(prometheus_server: PrometheusServer) -> Iterator[PrometheusServer
     prometheus_server.set_targets([])
     yield prometheus_server
     prometheus_server.set_targets([])
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for the session (Debian package, installed on demand when root)."""
+    try:
+        server = PostgresServer()
+    except PostgresUnavailableError as error:
+        pytest.skip(str(error))
+    with server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """SQLAlchemy URL of a fresh, empty database on the session's PostgreSQL."""
+    return postgres_server.create_database(f"test_{next(_DATABASE_NUMBERS)}")

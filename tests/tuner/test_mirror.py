@@ -1,0 +1,129 @@
+"""Optuna RDB mirror: trials with params, values, constraints and states; idempotent; never raises."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import optuna
+import pytest
+from chunkpilot.tuner import mirror
+from chunkpilot.tuner.mirror import (
+    NUMBER_ATTR,
+    amirror_trials,
+    mirror_trial,
+    mirror_trials,
+    redact,
+    storage_url,
+    study_name,
+)
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.study import RecordState, TrialRecord
+from optuna.trial import TrialState
+
+SPACE = SearchSpace(
+    ranges={Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 8192), Knob.MAX_NUM_SEQS: KnobRange(16, 256)},
+    fixed=TunedConfig(2048, 128),
+)
+
+
+def records() -> list[TrialRecord]:
+    return [
+        TrialRecord(0, {"max_num_batched_tokens": 2048, "max_num_seqs": 128}, RecordState.COMPLETE, 900.0,
+                    {"itl": -0.2, "ttft": -0.5}),
+        TrialRecord(1, {"max_num_batched_tokens": 8192, "max_num_seqs": 256}, RecordState.COMPLETE, 1200.0,
+                    {"itl": 0.4, "ttft": -0.7}),
+        TrialRecord(2, {"max_num_batched_tokens": 512, "max_num_seqs": 64}, RecordState.FAILED),
+    ]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def fresh_storages() -> None:
+    """Each test starts like a new operator process (no cached storage)."""
+    mirror._storages.clear()
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+def check_mirrored(url: str, name: str = "default/chat") -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=url)
+    trials = sorted(study.get_trials(), key=lambda t: t.user_attrs[NUMBER_ATTR])
+    assert [t.user_attrs[NUMBER_ATTR] for t in trials] == [0, 1, 2]
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
+    assert trials[0].params == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    assert trials[1].value == 1200.0
+    assert trials[1].user_attrs["constraint_itl"] == pytest.approx(0.4)
+    assert trials[1].user_attrs["feasible"] is False and trials[0].user_attrs["feasible"] is True
+    assert trials[0].constraints == {"itl": pytest.approx(-0.2), "ttft": pytest.approx(-0.5)}
+    assert study.user_attrs["namespace"] == "default" and study.user_attrs["name"] == "chat"
+    return trials
+
+
+def test_mirror_is_complete_and_idempotent(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    assert mirror_trials("default", "chat", SPACE, records()[:2], url=url) == 2
+    assert mirror_trials("default", "chat", SPACE, records(), url=url) == 1  # only the new one
+    mirror._storages.clear()  # an operator restart re-mirrors the whole history
+    assert mirror_trials("default", "chat", SPACE, records(), url=url) == 0
+    check_mirrored(url)
+
+
+def test_mirror_trial_with_extra_attributes_and_out_of_space_params(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    # Bounds changed since trial 3 ran: its budget lies outside today's space; a knob no longer tuned.
+    params = {"max_num_batched_tokens": 16384, "max_num_seqs": 8, "long_prefill_token_threshold": 512}
+    odd = TrialRecord(3, params, RecordState.COMPLETE, 5.0, {"itl": -0.1})
+    assert mirror_trial("prod", "code", SPACE, odd, url=url, attrs={"verdict": "promoted"})
+    assert mirror_trial("prod", "code", SPACE, odd, url=url)
+    [trial] = optuna.load_study(study_name="prod/code", storage=url).get_trials()
+    assert trial.params["max_num_batched_tokens"] == 16384 and trial.params["max_num_seqs"] == 8
+    assert trial.user_attrs["verdict"] == "promoted"
+
+
+def test_one_study_per_service(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    mirror_trials("default", "chat", SPACE, records(), url=url)
+    mirror_trials("other", "chat", SPACE, records()[:1], url=url)
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(url))
+    assert names == ["default/chat", "other/chat"]
+
+
+def test_failures_are_logged_never_raised(caplog: pytest.LogCaptureFixture) -> None:
+    url = "postgresql+psycopg://tuner:s3cret@127.0.0.1:1/optuna"
+    with caplog.at_level(logging.WARNING, logger="chunkpilot.tuner.mirror"):
+        assert mirror_trials("default", "chat", SPACE, records(), url=url) is None
+        assert mirror_trial("default", "chat", SPACE, records()[0], url=url) is False
+        assert mirror_trials("default", "chat", SPACE, records(), url="nosuchdialect://x") is None
+    text = caplog.text
+    assert "default/chat" in text and "tuning continues" in text
+    assert "s3cret" not in text and "tuner:***@127.0.0.1:1" in text
+
+
+def test_environment_variable_enables_the_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHUNKPILOT_OPTUNA_STORAGE", raising=False)
+    assert storage_url() is None
+    assert mirror_trials("default", "chat", SPACE, records()) == 0  # disabled: nothing to do
+    assert storage_url({"CHUNKPILOT_OPTUNA_STORAGE": "  "}) is None
+    monkeypatch.setenv("CHUNKPILOT_OPTUNA_STORAGE", sqlite_url(tmp_path))
+    assert asyncio.run(amirror_trials("default", "chat", SPACE, records())) == 3
+    check_mirrored(sqlite_url(tmp_path))
+
+
+def test_names_and_redaction() -> None:
+    assert study_name("ns", "svc") == "ns/svc"
+    assert redact("postgresql+psycopg://u:p@h:5432/db") == "postgresql+psycopg://u:***@h:5432/db"
+    assert redact("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert redact("sqlite:///x.db") == "sqlite:///x.db"
+
+
+@pytest.mark.postgres
+def test_mirror_into_a_real_postgresql(postgres_url: str) -> None:
+    assert mirror_trials("default", "chat", SPACE, records()[:1], url=postgres_url) == 1
+    mirror._storages.clear()  # operator restart
+    assert mirror_trials("default", "chat", SPACE, records(), url=postgres_url) == 2
+    mirror._storages.clear()
+    assert mirror_trials("default", "chat", SPACE, records(), url=postgres_url) == 0
+    check_mirrored(postgres_url)
