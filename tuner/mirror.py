@@ -8,7 +8,7 @@ the driver).
 
 - one study per service, named ``<namespace>/<name>``, direction ``maximize``;
 - one Optuna trial per finished tuner trial, with its parameters, objective value, SLO
-  constraints (``measured / target - 1``; <= 0 met, shown by the dashboard) and state
+  constraints (``measured / target - 1``; <= 0 met; ITL then TTFT, shown by the dashboard) and state
   (``COMPLETE`` or ``FAIL``); the tuner's trial number and each constraint are user attributes;
 - idempotent: trials already mirrored (matched by the tuner's trial number) are skipped, so
   mirroring the whole history again after an operator restart adds no duplicates;
@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 STORAGE_ENV = "CHUNKPILOT_OPTUNA_STORAGE"
 #: User attribute holding the tuner's trial number (the key that makes mirroring idempotent).
 NUMBER_ATTR = "chunkpilot_trial"
+#: Order of the constraint values in each mirrored trial (the study records it as ``constraint_names``).
+CONSTRAINT_ORDER = ("itl", "ttft")
 #: Seconds to wait for a database connection before giving up on this mirror attempt.
 CONNECT_TIMEOUT_S = 5
 
@@ -116,14 +118,22 @@ def frozen_trial(
         and record.objective is not None
         and math.isfinite(record.objective)
     )
+    # optuna-dashboard reads the list form of the constraints (system attribute "constraints"),
+    # in the order of CONSTRAINT_ORDER; the names are user attributes.
+    ordered = sorted(constraints, key=_constraint_rank)
+    system_attrs = {"constraints": [constraints[k] for k in ordered]} if complete and ordered else {}
     return create_trial(
         state=TrialState.COMPLETE if complete else TrialState.FAIL,
         value=float(record.objective) if complete and record.objective is not None else None,
         params=params,
         distributions=_distributions(space, params),
         user_attrs=user_attrs,
-        constraints=constraints if complete and constraints else None,
+        system_attrs=system_attrs,
     )
+
+
+def _constraint_rank(key: str) -> tuple[int, str]:
+    return (CONSTRAINT_ORDER.index(key) if key in CONSTRAINT_ORDER else len(CONSTRAINT_ORDER), key)
 
 
 def mirror_trials(
@@ -201,7 +211,7 @@ def _mirror(
         direction="maximize",
         load_if_exists=True,
     )
-    wanted = {"namespace": namespace, "name": name, **study_attrs}
+    wanted = {"namespace": namespace, "name": name, "constraint_names": list(CONSTRAINT_ORDER), **study_attrs}
     for key, value in wanted.items():
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)

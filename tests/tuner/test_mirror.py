@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import logging
+import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -57,7 +61,10 @@ def check_mirrored(url: str, name: str = "default/chat") -> list[optuna.trial.Fr
     assert trials[1].value == 1200.0
     assert trials[1].user_attrs["constraint_itl"] == pytest.approx(0.4)
     assert trials[1].user_attrs["feasible"] is False and trials[0].user_attrs["feasible"] is True
-    assert trials[0].constraints == {"itl": pytest.approx(-0.2), "ttft": pytest.approx(-0.5)}
+    # The list form optuna-dashboard shows, ITL first.
+    assert trials[0].system_attrs["constraints"] == [pytest.approx(-0.2), pytest.approx(-0.5)]
+    assert study.user_attrs["constraint_names"] == ["itl", "ttft"]
+    assert "constraints" not in trials[2].system_attrs
     assert study.user_attrs["namespace"] == "default" and study.user_attrs["name"] == "chat"
     return trials
 
@@ -110,6 +117,30 @@ def test_environment_variable_enables_the_mirror(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("CHUNKPILOT_OPTUNA_STORAGE", sqlite_url(tmp_path))
     assert asyncio.run(amirror_trials("default", "chat", SPACE, records())) == 3
     check_mirrored(sqlite_url(tmp_path))
+
+
+def test_optuna_dashboard_opens_the_mirror(tmp_path: Path) -> None:
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    url = sqlite_url(tmp_path)
+    mirror_trials("default", "chat", SPACE, records(), url=url)
+    app = optuna_dashboard.wsgi(optuna.storages.RDBStorage(url))
+
+    def get(path: str) -> Any:
+        status: list[str] = []
+        environ = {
+            "REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
+            "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(),
+            "wsgi.errors": sys.stderr,
+        }  # fmt: skip
+        body = b"".join(app(environ, lambda s, _headers, _exc=None: status.append(s)))
+        assert status == ["200 OK"], body[:500]
+        return json.loads(body)
+
+    [summary] = get("/api/studies")["study_summaries"]
+    assert summary["study_name"] == "default/chat"
+    trials = get(f"/api/studies/{summary['study_id']}")["trials"]
+    assert [t["state"] for t in trials] == ["Complete", "Complete", "Fail"]
+    assert trials[1]["values"] == [1200.0] and trials[1]["constraints"] == [0.4, -0.7]
 
 
 def test_names_and_redaction() -> None:
