@@ -21,9 +21,10 @@ from chunkpilot.api.common import parse_duration
 from chunkpilot.api.tuningtrial import TrialPhase, TrialVerdict
 from chunkpilot.report.history import trial_rows
 from chunkpilot.report.render import render_table
+from chunkpilot.tuner.policy import StopReason
 
-#: Conditions whose ``False`` status (with trials behind it) means the tuning run has ended.
-_ENDED_TUNING_REASONS_EXCLUDED = {"Paused", "WaitingForReady", "Starting"}
+#: Reasons of ``Tuning=False`` that mean the tuning run has ended (paused or waiting does not).
+ENDED_TUNING_REASONS = frozenset({*(reason.value for reason in StopReason), "InvalidSearchSpace"})
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def assess(service: InferenceService, trials: list[TuningTrial]) -> Outcome:
         return Outcome(False, len(done), promoted, meets, False, f"trial {running[0].spec.number} running")
     if len(done) >= max_trials:
         return Outcome(True, len(done), promoted, meets, False, f"all {max_trials} trials finished")
-    if tuning_status == "False" and done and tuning_reason not in _ENDED_TUNING_REASONS_EXCLUDED:
+    if tuning_status == "False" and tuning_reason in ENDED_TUNING_REASONS:
         return Outcome(True, len(done), promoted, meets, False, tuning_message or tuning_reason)
     return Outcome(False, len(done), promoted, meets, False, tuning_message or "waiting for the next trial")
 
