@@ -142,6 +142,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     report.set_defaults(func=_report)
 
+    torch_env = commands.add_parser(
+        "torch-env",
+        help="install torch for CPU runs into a cache (not the project environment); print its path",
+        description=(
+            "Install the probe extra's torch once under ~/.cache/chunkpilot/torch (override with "
+            "CHUNKPILOT_CACHE_DIR) and print the directory to put first on PYTHONPATH, e.g. "
+            "PYTHONPATH=$(chunkpilot probe torch-env) chunkpilot probe --model llama-3.1-8b --out p.json"
+        ),
+    )
+    torch_env.set_defaults(func=_torch_env)
+
 
 def _run(args: argparse.Namespace) -> int:
     if args.model is None or args.out is None:
@@ -178,6 +189,19 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     path = save_profile(profile, args.out)
     _progress(f"wrote {path}")
+    print(format_report(profile))
+    return 0
+
+
+def _torch_env(_args: argparse.Namespace) -> int:
+    from chunkpilot.engine.probe.torchenv import TorchEnvError, ensure_torch
+
+    try:
+        path = ensure_torch(_progress)
+    except TorchEnvError as exc:
+        print(f"chunkpilot probe torch-env: {exc}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 
