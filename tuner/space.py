@@ -17,7 +17,10 @@ the SLO:
 
 ``max-num-seqs`` and the long-prefill threshold are tuned too; the partial-prefill
 limits and ``max-num-active-seqs`` only when the engine version honours them and
-the service opted in (set them in the spec or gave bounds).  Bounds in the
+the service opted in (set them in the spec or gave bounds).  A step profile
+measured by ``chunkpilot probe`` (``ServiceFacts.step_profile``) replaces the
+datasheet: its knee is the floor, its ITL-feasible budget sets the ceiling and
+the warm start.  Bounds in the
 custom resource override every derived limit, and :meth:`SearchSpace.to_config`
 never returns a value outside the final bounds.
 """
@@ -303,6 +306,15 @@ def default_step_model(model: str, accelerator: str, tensor_parallel_size: int =
     return RooflineStepTime(load_accelerator(accelerator), shape, tensor_parallel_size)
 
 
+class MeasuredStepProfile(Protocol):
+    """What the space needs of a measured profile (``chunkpilot.engine.probe.StepProfile``)."""
+
+    @property
+    def knee_tokens(self) -> int | None: ...
+
+    def itl_feasible_budget(self, itl_target_ms: float) -> int | None: ...
+
+
 # --------------------------------------------------------------------------- service facts
 
 
@@ -321,6 +333,8 @@ class ServiceFacts:
     engine_version: str = "0.33.0"
     enable_chunked_prefill: bool = True
     gpu_memory_utilization: float = 0.92
+    #: Measured on this accelerator, model and TP by ``chunkpilot probe`` (None: datasheet roofline).
+    step_profile: MeasuredStepProfile | None = field(default=None, compare=False)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -525,13 +539,20 @@ def build_space(
         seqs = KnobRange(min(16, inc.max_num_seqs), max(512, inc.max_num_seqs))
     ranges[Knob.MAX_NUM_SEQS] = seqs
 
-    knee = compute_knee_tokens(accelerator)
+    profile = facts.step_profile
+    knee = (profile and profile.knee_tokens) or compute_knee_tokens(accelerator)
     floor = max(knee, seqs.low * per_seq, BUDGET_ABSOLUTE_MIN)
     if not facts.enable_chunked_prefill:
         floor = max(floor, facts.max_model_len)
     ceiling = min(memory_ceiling_tokens(facts, accelerator, shape), BUDGET_ABSOLUTE_MAX)
-    if step_model is not None:
-        itl_limit = largest_tokens_within(step_model, facts.itl_target_ms / 1000 * ITL_CEILING_HEADROOM)
+    if profile is not None or step_model is not None:
+        limit_ms = facts.itl_target_ms * ITL_CEILING_HEADROOM
+        if profile is not None:
+            itl_limit = profile.itl_feasible_budget(limit_ms) or 0
+            notes.append(f"measured step profile: knee {knee} tokens, {limit_ms:g} ms budget {itl_limit}")
+        else:
+            assert step_model is not None
+            itl_limit = largest_tokens_within(step_model, limit_ms / 1000)
         if itl_limit < floor:
             notes.append(
                 f"predicted step time at the compute knee ({floor} tokens) exceeds "
@@ -611,7 +632,9 @@ def model_guess(
                 load_accelerator(facts.accelerator), shape, facts.tensor_parallel_size
             )
     budget = space.budget
-    if step_model is None:
+    if facts.step_profile is not None:
+        guess = facts.step_profile.itl_feasible_budget(facts.itl_target_ms) or budget.low
+    elif step_model is None:
         guess = int(math.sqrt(budget.low * budget.high))
     else:
         guess = largest_tokens_within(step_model, facts.itl_target_ms / 1000) or budget.low
