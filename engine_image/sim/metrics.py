@@ -92,12 +92,13 @@ class EngineMetrics:
                 f"# TYPE {name} gauge",
                 f"{name}{{{self.labels}}} {_fmt(gauge)}",
             ]
+        # Text format 0.0.4 as prometheus_client (and so vLLM) writes it: counter HELP/TYPE lines
+        # carry the ``_total`` sample name.
         for name, value in self.counters.items():
-            family = name.removesuffix("_total")
-            lines += [f"# HELP {family} {_HELP[name]}", f"# TYPE {family} counter"]
+            lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} counter"]
             lines.append(f"{name}{{{self.labels}}} {_fmt(value)}")
-        family = names.REQUEST_SUCCESS.removesuffix("_total")
-        lines += [f"# HELP {family} {_HELP[names.REQUEST_SUCCESS]}", f"# TYPE {family} counter"]
+        success = names.REQUEST_SUCCESS
+        lines += [f"# HELP {success} {_HELP[success]}", f"# TYPE {success} counter"]
         for reason, value in self.success.items():
             lines.append(
                 f"{names.REQUEST_SUCCESS}{{{self.labels},"

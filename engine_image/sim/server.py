@@ -88,8 +88,13 @@ class SimEngineServer:
 
     # ---- clock ------------------------------------------------------------------------------
     def sim_now(self) -> float:
-        """Simulated seconds since start."""
-        return max(self._sim_clock, (time.monotonic() - self._wall0) * self.config.time_scale)
+        """Simulated time at which the next step may start (never before the step in flight ends)."""
+        return max(self._sim_clock, self.wall_now())
+
+    def wall_now(self) -> float:
+        """Simulated seconds since start by the wall clock (arrival times: a request that arrives while a
+        step is in flight arrives now, not when that step ends)."""
+        return (time.monotonic() - self._wall0) * self.config.time_scale
 
     def _wall_at(self, sim_s: float) -> float:
         return self._wall0 + sim_s / self.config.time_scale
@@ -198,7 +203,7 @@ class SimEngineServer:
         sched = self.core.scheduler
         request = Request(
             request_id,
-            self.sim_now(),
+            self.wall_now(),
             len(prompt_ids),
             max_tokens,
             tokenizer.block_hashes(prompt_ids, sched.config.block_size),

@@ -1,0 +1,91 @@
+"""A real ``chunkpilot sim serve`` process for the server tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunkpilot.devcluster.ports import LOOPBACK, free_port
+
+
+@dataclass(frozen=True)
+class SimServer:
+    """A running simulator server."""
+
+    host: str
+    port: int
+    time_scale: float
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+
+@contextlib.contextmanager
+def run_sim_server(log_dir: Path, *args: str, time_scale: float = 1.0) -> Iterator[SimServer]:
+    """Start ``chunkpilot sim serve ARGS`` on a free loopback port; stop it (SIGTERM, then SIGKILL) after."""
+    port = free_port()
+    log = log_dir / f"sim-serve-{port}.log"
+    argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "serve", *args]
+    argv += ["--host", LOOPBACK, "--port", str(port), "--time-scale", f"{time_scale:g}"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    server = SimServer(LOOPBACK, port, time_scale, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"sim serve exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                if server.get("/health")[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"sim serve not healthy within 60 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """Llama-3.1-8B on an H100 in real time, served as ``llama-8b``."""
+    args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", "llama-8b", "--max-model-len", "4096")
+    with run_sim_server(tmp_path_factory.mktemp("sim-server"), *args) as server:
+        yield server
+
+
+@pytest.fixture
+def sim_server_runner() -> Any:
+    """``run_sim_server`` for tests that need their own server flags (``with runner(dir, *args) as s``)."""
+    return run_sim_server
