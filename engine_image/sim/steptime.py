@@ -37,13 +37,22 @@ STEP_PROFILE_SCHEMA = "chunkpilot.io/step-profile/v1"
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Fractions of the datasheet peaks that kernels achieve, and fixed costs (seconds)."""
+    """Fractions of the datasheet peaks that kernels achieve, and fixed costs (seconds).
+
+    Element-wise kernels (RMSNorm, rotary embedding, SiLU-and-mul, residual add, embedding gather) each
+    have their own fraction of the memory bandwidth: their memory access patterns differ too much for
+    one factor (the reference shows the gather at a third of the add's effective bandwidth).
+    """
 
     gemm_compute: float = 0.72
     gemm_memory: float = 0.75
     gemm_smoothing: float = 2.0
     gemm_floor_s: float = 5e-6
-    elementwise_memory: float = 0.5
+    norm_memory: float = 0.5
+    rope_memory: float = 0.5
+    activation_memory: float = 0.5
+    residual_add_memory: float = 0.5
+    embedding_memory: float = 0.5
     elementwise_floor_s: float = 3e-6
     attention_compute: float = 0.6
     attention_memory: float = 0.75
@@ -193,9 +202,9 @@ def gemm_time(
     return float((t_compute**p + t_memory**p) ** (1.0 / p)) + eff.gemm_floor_s
 
 
-def elementwise_time(moved_bytes: float, gpu: Accelerator, eff: Efficiency) -> float:
+def elementwise_time(moved_bytes: float, gpu: Accelerator, memory_efficiency: float, floor_s: float) -> float:
     """Seconds for one memory-bound element-wise kernel moving ``moved_bytes``."""
-    return moved_bytes / (gpu.hbm_bytes_per_s * eff.elementwise_memory) + eff.elementwise_floor_s
+    return moved_bytes / (gpu.hbm_bytes_per_s * memory_efficiency) + floor_s
 
 
 class StepTimeModel:
@@ -267,12 +276,15 @@ class StepTimeModel:
             return cached
         m, tp, gpu, eff = self.model, self.tp, self.accelerator, self.efficiency
         b = m.dtype_bytes * num_tokens
-        norm = elementwise_time(2 * m.hidden_size * b, gpu, eff)
-        rope = elementwise_time(2 * (m.num_heads + m.num_kv_heads) * m.head_dim / tp * b, gpu, eff)
-        act = elementwise_time(3 * m.intermediate_size / tp * b, gpu, eff)
-        add = elementwise_time(3 * m.hidden_size * b, gpu, eff)
+        floor = eff.elementwise_floor_s
+        norm = elementwise_time(2 * m.hidden_size * b, gpu, eff.norm_memory, floor)
+        rope_bytes = 2 * (m.num_heads + m.num_kv_heads) * m.head_dim / tp * b
+        rope = elementwise_time(rope_bytes, gpu, eff.rope_memory, floor)
+        act = elementwise_time(3 * m.intermediate_size / tp * b, gpu, eff.activation_memory, floor)
+        add = elementwise_time(3 * m.hidden_size * b, gpu, eff.residual_add_memory, floor)
         per_layer = 2 * norm + rope + act + 2 * add
-        value = per_layer * m.num_layers + norm + elementwise_time(2 * m.hidden_size * b, gpu, eff)
+        embedding = elementwise_time(2 * m.hidden_size * b, gpu, eff.embedding_memory, floor)
+        value = per_layer * m.num_layers + norm + embedding
         self._elementwise_cache[num_tokens] = value
         return value
 

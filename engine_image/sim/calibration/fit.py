@@ -30,6 +30,14 @@ from chunkpilot.engine.sim.steptime import Efficiency
 GEMM_OPERATORS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPERATORS = ("input_layernorm", "attn_rope", "mlp_act", "add", "emb")
 OPERATORS = GEMM_OPERATORS + ELEMENTWISE_OPERATORS
+#: The Efficiency field holding each element-wise operator's fraction of the memory bandwidth.
+ELEMENTWISE_FIELDS = {
+    "input_layernorm": "norm_memory",
+    "attn_rope": "rope_memory",
+    "mlp_act": "activation_memory",
+    "add": "residual_add_memory",
+    "emb": "embedding_memory",
+}
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -93,6 +101,7 @@ def _arrays(rows: list[ReferenceRow]) -> dict[str, FloatArray]:
         "din": np.array([r.d_in for r in rows], dtype=np.float64),
         "dout": np.array([r.d_out for r in rows], dtype=np.float64),
         "bpt": np.array([r.moved_bytes_per_token for r in rows], dtype=np.float64),
+        "op": np.array([OPERATORS.index(r.operator) for r in rows], dtype=np.float64),
         "y": np.array([r.measured_s for r in rows], dtype=np.float64),
     }
 
@@ -112,7 +121,10 @@ def _predict(a: dict[str, FloatArray], eff: Efficiency, gpu: Accelerator) -> Flo
     )
     p = eff.gemm_smoothing
     gemm_s = (t_compute**p + t_memory**p) ** (1.0 / p) + eff.gemm_floor_s
-    elem_s = a["t"] * a["bpt"] / (gpu.hbm_bytes_per_s * eff.elementwise_memory) + eff.elementwise_floor_s
+    memory = np.ones_like(a["t"])
+    for op, name in ELEMENTWISE_FIELDS.items():
+        memory[a["op"] == OPERATORS.index(op)] = getattr(eff, name)
+    elem_s = a["t"] * a["bpt"] / (gpu.hbm_bytes_per_s * memory) + eff.elementwise_floor_s
     result: FloatArray = np.where(gemm, gemm_s, elem_s)
     return result
 
@@ -135,15 +147,24 @@ def fit(rows: list[ReferenceRow] | None = None) -> Efficiency:
         "gemm_floor_s": np.array([0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6]),
     }
     best = _grid(best, grids, gemm_rows, gpu)
-    best = _grid(
-        best,
-        {
-            "elementwise_memory": np.linspace(0.15, 0.9, 31),
-            "elementwise_floor_s": np.array([0.0, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6]),
-        },
-        elem_rows,
-        gpu,
-    )
+    floors = np.array([0.0, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6])
+    shared = np.linspace(0.15, 0.9, 31)
+    shared_best, best_loss = best, float("inf")
+    elem_arrays = _arrays(elem_rows)
+    for floor, memory in itertools.product(floors, shared):  # one factor for all: fixes the floor
+        candidate = replace(
+            best,
+            elementwise_floor_s=float(floor),
+            **dict.fromkeys(ELEMENTWISE_FIELDS.values(), float(memory)),
+        )
+        loss = _loss(elem_arrays, candidate, gpu)
+        if loss < best_loss:
+            shared_best, best_loss = candidate, loss
+    best = shared_best
+    for op, name in ELEMENTWISE_FIELDS.items():  # then each kernel its own bandwidth fraction
+        best = _grid(
+            best, {name: np.linspace(0.05, 1.0, 96)}, [r for r in elem_rows if r.operator == op], gpu
+        )
     return best
 
 
@@ -219,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         target = Path(args.write)
         current = json.loads(target.read_text()) if target.exists() else {}
-        fitted = {k: v for k, v in asdict(eff).items() if k.startswith(("gemm_", "elementwise_"))}
-        merged = {**asdict(Efficiency()), **current.get("efficiency", {}), **fitted}
+        fitted_names = ("gemm_", "elementwise_", *ELEMENTWISE_FIELDS.values())
+        fitted = {k: v for k, v in asdict(eff).items() if k.startswith(fitted_names)}
+        defaults = asdict(Efficiency())
+        kept = {k: v for k, v in current.get("efficiency", {}).items() if k in defaults}
+        merged = {**defaults, **kept, **fitted}
         document = {
             "source": "fitted by chunkpilot.engine.sim.calibration.fit against a100_reference.csv",
             "efficiency": merged,
