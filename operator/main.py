@@ -10,7 +10,10 @@ import importlib
 import logging
 import os
 
-from chunkpilot.operator import handlers  # registers the handlers
+from chunkpilot.operator import (
+    handlers,  # registers the handlers
+    probejob,  # noqa: F401  (probe Job handlers with CHUNKPILOT_PROBE_JOBS=on)
+)
 
 logger = logging.getLogger(__name__)
 TUNER_HANDLERS = "chunkpilot.tuner.handlers"

@@ -1,0 +1,171 @@
+"""Pure side of the probe Job: target, Job for a service, image choice, annotations, outcome."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.engine.probe.kube import build_profile_configmap
+from chunkpilot.engine.probe.synthetic import synthetic_profile
+from chunkpilot.operator.probejob import (
+    ANNOTATION_PROBE,
+    ANNOTATION_PROBE_IMAGE,
+    ANNOTATION_PROBE_MESSAGE,
+    ANNOTATION_PROFILE_CONFIGMAP,
+    ENV_PROBE_IMAGE,
+    ProbeState,
+    ProbeTarget,
+    annotation_patch,
+    build_probe_job_for,
+    default_probe_image,
+    job_failure,
+    probe_image,
+    probe_jobs_enabled,
+    probe_target,
+    services_waiting_for,
+)
+
+from chunkpilot import __version__
+from chunkpilot.api import InferenceService
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def service_body(**spec_changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    body["metadata"].update(namespace="serving", uid="0b8e-uid")
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    body["spec"]["resources"].update(
+        nodeSelector={"nvidia.com/gpu.product": "H100"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    )
+    for key, value in spec_changes.items():
+        body["spec"][key] = value
+    return body
+
+
+def isvc(body: dict[str, Any]) -> InferenceService:
+    return InferenceService.from_manifest(body)
+
+
+def test_target_is_accelerator_model_and_tp() -> None:
+    target = probe_target(isvc(service_body()))
+    assert target == ProbeTarget("h100", "meta-llama/Llama-3.1-8B-Instruct", 2)
+    assert target.configmap == "chunkpilot-profile-h100-llama-3-1-8b-tp2"
+    assert target.job == "chunkpilot-probe-h100-llama-3-1-8b-tp2"
+
+
+def test_job_for_a_service_carries_its_slo_placement_and_owner() -> None:
+    body = service_body()
+    job = build_probe_job_for(isvc(body), body, "registry.example/probe:1")
+    meta = job["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("chunkpilot-probe-h100-llama-3-1-8b-tp2", "serving")
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "chunkpilot.io/v1alpha1",
+            "kind": "InferenceService",
+            "name": "chat",
+            "uid": "0b8e-uid",
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+    pod = job["spec"]["template"]["spec"]
+    probe = pod["initContainers"][0]
+    assert probe["image"] == "registry.example/probe:1"
+    command = probe["command"]
+    assert command[:2] == ["chunkpilot", "probe"]
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert command[command.index("--accelerator") + 1] == "h100"
+    assert command[command.index("--itl-target-ms") + 1] == "50"
+    assert command[command.index("--out") + 1] == "/profile/profile.json"
+    publish = pod["containers"][0]["command"]
+    assert publish[publish.index("--configmap") + 1] == "chunkpilot-profile-h100-llama-3-1-8b-tp2"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_job_without_an_slo_records_no_itl_target() -> None:
+    body = service_body(autotune={"enabled": False})
+    del body["spec"]["slo"]
+    command = build_probe_job_for(isvc(body), body, "img")["spec"]["template"]["spec"]["initContainers"][0]
+    assert "--itl-target-ms" not in command["command"]
+
+
+def test_image_comes_from_the_annotation_then_the_environment_then_the_default() -> None:
+    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, {ENV_PROBE_IMAGE: "b:1"}) == "a:1"
+    assert probe_image({}, {ENV_PROBE_IMAGE: "b:1"}) == "b:1"
+    assert (
+        probe_image({}, {}) == default_probe_image() == f"ghcr.io/chunkpilot/chunkpilot-probe:{__version__}"
+    )
+
+
+def test_annotation_patch() -> None:
+    assert annotation_patch(ProbeState.RUNNING, "started", "cm") == {
+        "metadata": {
+            "annotations": {
+                ANNOTATION_PROBE: "running",
+                ANNOTATION_PROBE_MESSAGE: "started",
+                ANNOTATION_PROFILE_CONFIGMAP: "cm",
+            }
+        }
+    }
+    assert (
+        ANNOTATION_PROFILE_CONFIGMAP not in annotation_patch(ProbeState.DONE, "ok")["metadata"]["annotations"]
+    )
+
+
+def _annotated(name: str, state: str | None, configmap: str | None) -> dict[str, Any]:
+    annotations = {}
+    if state is not None:
+        annotations[ANNOTATION_PROBE] = state
+    if configmap is not None:
+        annotations[ANNOTATION_PROFILE_CONFIGMAP] = configmap
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_services_waiting_for_a_profile() -> None:
+    services = [
+        _annotated("a", "running", "cm-1"),
+        _annotated("b", "running", "cm-2"),
+        _annotated("c", "done", "cm-1"),
+        _annotated("d", None, None),
+        {"metadata": {"name": "e"}},
+        _annotated("f", "request", "cm-1"),
+    ]
+    assert [s["metadata"]["name"] for s in services_waiting_for(services, "cm-1")] == ["a", "f"]
+
+
+def test_job_failure_reads_the_failed_condition() -> None:
+    running: dict[str, Any] = {"status": {"active": 1}}
+    complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    failed = {
+        "status": {
+            "conditions": [
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "too many"}
+            ]
+        }
+    }
+    assert job_failure(running) is None
+    assert job_failure(complete) is None
+    assert job_failure(failed) == "BackoffLimitExceeded: too many"
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"), [(None, False), ("off", False), ("on", True), ("1", True), ("TRUE", True)]
+)
+def test_probe_jobs_are_opt_in(value: str | None, enabled: bool) -> None:
+    env = {} if value is None else {"CHUNKPILOT_PROBE_JOBS": value}
+    assert probe_jobs_enabled(env) is enabled
+
+
+def test_the_publisher_writes_the_configmap_the_operator_waits_for() -> None:
+    """The publish container's ConfigMap name and labels are what the operator's watch selects."""
+    profile = synthetic_profile("llama-3.1-8b", 2, "h100")
+    target = ProbeTarget(profile.accelerator, profile.model, profile.tensor_parallel_size)
+    configmap = build_profile_configmap(profile, target.configmap, "serving")
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "step-profile"
+    assert configmap["metadata"]["name"] == target.configmap
+    assert target.configmap == probe_target(isvc(service_body())).configmap  # aliases share it
