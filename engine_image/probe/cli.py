@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chunkpilot.engine.probe.fit import RooflineFit
+from chunkpilot.engine.probe.fit import RooflineFit, first_tokens_where
 from chunkpilot.engine.probe.profile import (
     EfficiencyFit,
     ProfileError,
@@ -14,7 +14,7 @@ from chunkpilot.engine.probe.profile import (
     load_profile,
     save_profile,
 )
-from chunkpilot.engine.probe.roofline import ModelShapeError
+from chunkpilot.engine.probe.roofline import ModelShapeError, linear_cost
 from chunkpilot.engine.probe.runner import DEFAULT_TOKENS, DTYPE_BYTES, ProbeRequest, ProbeRequestError
 from chunkpilot.engine.sim.profiles.loader import ProfileError as SimProfileError
 from chunkpilot.engine.sim.profiles.loader import load_accelerator
@@ -238,6 +238,18 @@ def _datasheet_fit(profile: StepProfile, accelerator: str | None) -> RooflineFit
     return RooflineFit(sheet.peak_flops, sheet.hbm_bytes_per_s, 1.0, 1.0, 0.0, 0.0, 0, 0)
 
 
+def _datasheet_knee_note(profile: StepProfile, sheet: RooflineFit | None) -> str:
+    """`` (datasheet roofline: N tokens)``: where the plain datasheet roofline turns compute-bound."""
+    if sheet is None:
+        return ""
+    linears = profile.shard.linears
+
+    def compute_bound(tokens: int) -> bool:
+        return sheet.is_compute_bound(*linear_cost(linears, tokens, profile.dtype_bytes))
+
+    return f" (datasheet roofline: {first_tokens_where(compute_bound, 1 << 20)} tokens)"
+
+
 def _fit_line(label: str, fit: EfficiencyFit) -> str:
     return (
         f"{label}: e_c={fit.compute_efficiency:.3f} e_b={fit.bandwidth_efficiency:.3f} "
@@ -260,7 +272,7 @@ def format_report(
         f"({peaks.source.value})",
         _fit_line("linear fit", profile.linear_fit),
         _fit_line("attention fit", profile.attention_fit),
-        f"knee: {profile.knee_tokens} tokens",
+        f"knee: {profile.knee_tokens} tokens" + _datasheet_knee_note(profile, sheet),
         "",
         "linear layers, ms per layer (error = model / measured - 1)",
         f"{'tokens':>7} {'measured':>10} {'fitted':>10} {'err':>7} {'datasheet':>10} {'err':>7}",
