@@ -195,6 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {args.port}")
         config = sim_config_from_args(args.model, args)
+        config.build()  # KV capacity and tensor-parallel checks, before the socket opens
         server_config = ServerConfig(
             sim=config,
             served_model_names=tuple(args.served_model_name or [args.model]),

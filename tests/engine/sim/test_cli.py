@@ -131,6 +131,10 @@ def test_serve_rejects_a_bad_configuration_before_listening(capsys: pytest.Captu
     assert "--max-num-seqs" in capsys.readouterr().err
     assert main(["sim", "serve", "llama-3.1-8b", "--time-scale", "0"]) == 2
     assert "--time-scale" in capsys.readouterr().err
+    assert main(["sim", "serve", "llama-3.1-70b", "--gpu", "a100-40gb"]) == 2
+    assert "does not fit on 1 x a100-40gb" in capsys.readouterr().err
+    assert main(["sim", "serve", "llama-3.1-8b", "--tensor-parallel-size", "3"]) == 2
+    assert "--tensor-parallel-size 3 must divide" in capsys.readouterr().err
 
 
 def _example_engine_args() -> list[tuple[str, list[str]]]:
