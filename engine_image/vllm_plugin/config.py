@@ -25,6 +25,8 @@ from typing import Any
 
 ADDITIONAL_CONFIG_KEY = "chunkpilot"
 ENV_PREFIX = "CHUNKPILOT_"
+#: Path of the live-adjustment routes (GET and PUT) on the engine's API server.
+LIVE_ADJUST_ROUTE = "/chunkpilot/v1/scheduler/limits"
 # Bearer token that enables the live-adjustment routes (unset: routes refuse).
 LIVE_ADJUST_TOKEN_ENV = "CHUNKPILOT_LIVE_ADJUST_TOKEN"
 # Default "long prompt" threshold as a fraction of max-model-len (vLLM V0's default).

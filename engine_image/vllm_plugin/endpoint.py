@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkpilot.engine.vllm_plugin.config import (
+    LIVE_ADJUST_ROUTE,
     LIVE_ADJUST_TOKEN_ENV,
     LimitRaiseError,
     LiveLimits,
@@ -43,7 +44,7 @@ from chunkpilot.engine.vllm_plugin.config import (
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-ROUTE = "/chunkpilot/v1/scheduler/limits"
+ROUTE = LIVE_ADJUST_ROUTE
 STATE_ATTR = "chunkpilot_live_adjust"
 # How long a PUT waits for the scheduler to confirm.
 APPLY_WAIT_S = 3.0

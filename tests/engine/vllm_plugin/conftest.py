@@ -14,7 +14,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -22,42 +21,18 @@ import pytest
 from chunkpilot.engine.vllm_plugin import env as engine_env
 from chunkpilot.engine.vllm_plugin.client import prompt_ids, stream_completion
 from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
-from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME, VllmServer, start_server, tiny_model
+from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME, start_server, tiny_model
 from chunkpilot.engine.vllm_plugin.render import ENDPOINT_PLUGIN, GENERAL_PLUGIN, SCHEDULER_CLS
-
-# The session server's start-up limits and plugin configuration.
-STARTUP_BUDGET = 2048
-MAX_NUM_SEQS = 16
-MAX_MODEL_LEN = 16384
-LANES = 2
-LONG_LANES = 1
-LONG_THRESHOLD = 1024
-TOKEN = "test-live-adjust-token"
-
-
-@dataclass
-class EngineServer:
-    """The running session server and the files the plugin writes."""
-
-    server: VllmServer
-    step_log: Path
-    control_file: Path
-    token: str
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def steps(self) -> list[dict[str, object]]:
-        """Every step recorded so far."""
-        return [json.loads(line) for line in self.step_log.read_text().splitlines() if line.strip()]
-
-    def mark(self) -> int:
-        """The number of steps recorded so far (use with :meth:`steps_since`)."""
-        return len(self.steps())
-
-    def steps_since(self, mark: int) -> list[dict[str, object]]:
-        return self.steps()[mark:]
+from chunkpilot.engine.vllm_plugin.testing import (
+    LANES,
+    LONG_LANES,
+    LONG_THRESHOLD,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    STARTUP_BUDGET,
+    TOKEN,
+    EngineServer,
+)
 
 
 @pytest.fixture(scope="session")
