@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from chunkpilot.engine.sim.engine import SimConfig, default_limits
@@ -30,6 +31,38 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+class _Switch(argparse.Action):
+    """``--flag``, ``--no-flag`` and the older ``--flag=true|false`` spelling of vLLM switches."""
+
+    _VALUES = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+    def __init__(self, option_strings: list[str], dest: str, default: bool = False, **kwargs: Any) -> None:
+        negated = [f"--no-{s.removeprefix('--')}" for s in option_strings if s.startswith("--")]
+        super().__init__(
+            [*option_strings, *negated], dest, nargs="?", default=default, metavar="BOOL", **kwargs
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            setattr(namespace, self.dest, False)
+            return
+        if values is None:
+            setattr(namespace, self.dest, True)
+            return
+        value = self._VALUES.get(str(values).lower())
+        if value is None:
+            parser.error(f"{option_string}: expected true or false, got {values!r}")
+        setattr(namespace, self.dest, value)
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Add the vLLM engine/scheduler flags and the simulator-only flags to ``parser``."""
     g = parser.add_argument_group("vLLM engine flags")
@@ -42,18 +75,16 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-num-active-seqs", type=int, default=None, help="most RUNNING requests (<= max-num-seqs)"
     )
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--enable-chunked-prefill", action=_Switch, default=True)
     g.add_argument(
         "--long-prefill-token-threshold", type=int, default=0, help="per-request prefill cap (0 = off)"
     )
-    g.add_argument(
-        "--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False
-    )
+    g.add_argument("--long-prefill-token-threshold-adaptive", action=_Switch, default=False)
     g.add_argument("--max-num-partial-prefills", type=int, default=None, help="legacy partial-prefill limit")
     g.add_argument(
         "--max-long-partial-prefills", type=int, default=None, help="legacy long partial-prefill limit"
     )
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--enable-prefix-caching", action=_Switch, default=True)
     g.add_argument(
         "--speculative-config",
         type=_json_object,

@@ -178,3 +178,25 @@ def test_bench_prints_speed_and_calibration(capsys: pytest.CaptureFixture[str], 
     assert main(["sim", "bench", "--trace", str(trace), "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "wall time" in out and "mlp_up_proj" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ([], True),
+        (["--enable-chunked-prefill"], True),
+        (["--no-enable-chunked-prefill"], False),
+        (["--enable-chunked-prefill=false"], False),  # how the operator spells it for vLLM < 0.10
+        (["--enable-chunked-prefill=true"], True),
+    ],
+)
+def test_switch_spellings(flag: list[str], expected: bool) -> None:
+    args = _serve_args(["llama-3.1-8b", *flag, "--max-num-batched-tokens", "131072"])
+    assert args.enable_chunked_prefill is expected
+    assert sim_config_from_args(args.model, args).scheduler.enable_chunked_prefill is expected
+
+
+def test_switch_rejects_a_non_boolean(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _serve_args(["llama-3.1-8b", "--enable-prefix-caching=maybe"])
+    assert "expected true or false" in capsys.readouterr().err
