@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +11,15 @@ import pytest
 import yaml
 from chunkpilot.engine.probe.kube import build_profile_configmap
 from chunkpilot.engine.probe.synthetic import synthetic_profile
+from chunkpilot.operator.events import EventSpec, EventType
+from chunkpilot.operator.kube import KubeError
 from chunkpilot.operator.probejob import (
     ANNOTATION_PROBE,
     ANNOTATION_PROBE_IMAGE,
     ANNOTATION_PROBE_MESSAGE,
     ANNOTATION_PROFILE_CONFIGMAP,
     ENV_PROBE_IMAGE,
+    ProbeRunner,
     ProbeState,
     ProbeTarget,
     annotation_patch,
@@ -169,3 +174,100 @@ def test_the_publisher_writes_the_configmap_the_operator_waits_for() -> None:
     assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "step-profile"
     assert configmap["metadata"]["name"] == target.configmap
     assert target.configmap == probe_target(isvc(service_body())).configmap  # aliases share it
+
+
+class FakeKube:
+    """An in-memory API: objects by path, 409 on creating an existing one (enough for ProbeRunner)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        full = f"{path}/{body['metadata']['name']}"
+        self.calls.append(("POST", full))
+        if full in self.objects:
+            raise KubeError(409, "POST", path, '{"message": "already exists"}')
+        self.objects[full] = dict(body)
+        return dict(body)
+
+    async def delete(self, path: str) -> None:
+        self.objects.pop(path, None)
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("PATCH", path))
+        target = self.objects[path]
+        target["metadata"].setdefault("annotations", {}).update(patch["metadata"]["annotations"])
+        return target
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return [body for key, body in self.objects.items() if key.startswith(f"{path}/")]
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.calls.append((method, path))
+        if method == "DELETE":
+            self.objects.pop(path, None)
+        return {}
+
+
+def _runner_with_service() -> tuple[ProbeRunner, FakeKube, list[EventSpec], dict[str, Any]]:
+    kube = FakeKube()
+    events: list[EventSpec] = []
+    runner = ProbeRunner(kube, lambda _body, spec: events.append(spec))
+    body = service_body()
+    kube.objects["/apis/chunkpilot.io/v1alpha1/namespaces/serving/inferenceservices/chat"] = body
+    return runner, kube, events, body
+
+
+JOB_PATH = "/apis/batch/v1/namespaces/serving/jobs/chunkpilot-probe-h100-llama-3-1-8b-tp2"
+
+
+def test_runner_starts_then_reports_success() -> None:
+    runner, kube, events, body = _runner_with_service()
+    assert asyncio.run(runner.start(body)) == "chunkpilot-probe-h100-llama-3-1-8b-tp2"
+    assert JOB_PATH in kube.objects
+    applied = [p for m, p in kube.calls if m == "PATCH" and ("/rbac." in p or "/serviceaccounts/" in p)]
+    assert len(applied) == 3  # ServiceAccount, Role, RoleBinding
+    annotations = body["metadata"]["annotations"]
+    assert annotations[ANNOTATION_PROBE] == "running"
+    assert annotations[ANNOTATION_PROFILE_CONFIGMAP] == "chunkpilot-profile-h100-llama-3-1-8b-tp2"
+    assert [e.reason for e in events] == ["ProbeStarted"]
+
+    profile = synthetic_profile("llama-3.1-8b", 2, "h100")
+    configmap = build_profile_configmap(profile, "chunkpilot-profile-h100-llama-3-1-8b-tp2", "serving")
+    assert asyncio.run(runner.profile_published(configmap)) == 1
+    assert annotations[ANNOTATION_PROBE] == "done"
+    assert f"knee {profile.knee_tokens} tokens" in annotations[ANNOTATION_PROBE_MESSAGE]
+    assert [e.reason for e in events] == ["ProbeStarted", "ProbeSucceeded"]
+    assert asyncio.run(runner.profile_published(configmap)) == 0  # nobody waits any more
+
+
+def test_runner_joins_a_running_job_and_replaces_a_finished_one() -> None:
+    runner, kube, _events, body = _runner_with_service()
+    asyncio.run(runner.start(body))
+    asyncio.run(runner.start(body))
+    assert "joined" in body["metadata"]["annotations"][ANNOTATION_PROBE_MESSAGE]
+    kube.objects[JOB_PATH]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    asyncio.run(runner.start(body))
+    assert "restarted" in body["metadata"]["annotations"][ANNOTATION_PROBE_MESSAGE]
+    assert ("DELETE", JOB_PATH) in kube.calls
+    assert "status" not in kube.objects[JOB_PATH]  # the new Job
+
+
+def test_runner_reports_a_failed_job() -> None:
+    runner, kube, events, body = _runner_with_service()
+    asyncio.run(runner.start(body))
+    job = kube.objects[JOB_PATH]
+    assert asyncio.run(runner.job_changed(job)) == 0  # still running
+    job["status"] = {
+        "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}]
+    }
+    assert asyncio.run(runner.job_changed(job)) == 1
+    annotations = body["metadata"]["annotations"]
+    assert annotations[ANNOTATION_PROBE] == "failed"
+    assert "BackoffLimitExceeded" in annotations[ANNOTATION_PROBE_MESSAGE]
+    assert "request to retry" in annotations[ANNOTATION_PROBE_MESSAGE]
+    assert (events[-1].type, events[-1].reason) == (EventType.WARNING, "ProbeFailed")
