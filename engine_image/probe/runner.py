@@ -278,7 +278,8 @@ def run_probe(request: ProbeRequest, progress: Progress) -> StepProfile:
         from chunkpilot.engine.probe import bench
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise ProbeRequestError(
-            f"the probe needs torch ({exc}); install the extra: pip install 'chunkpilot[probe]'"
+            f"the probe needs torch ({exc}); install the extra (pip install 'chunkpilot[probe]'), or for a "
+            "CPU run use a cached torch: PYTHONPATH=$(chunkpilot probe torch-env) chunkpilot probe ..."
         ) from exc
 
     if request.device == "cuda" and not torch.cuda.is_available():

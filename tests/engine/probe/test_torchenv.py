@@ -43,3 +43,17 @@ def test_the_install_goes_first_on_pythonpath() -> None:
     env = torchenv.probe_environment(Path("/cache/torch"), {"PYTHONPATH": "/other", "HOME": "/root"})
     assert env == {"PYTHONPATH": "/cache/torch:/other", "HOME": "/root"}
     assert torchenv.probe_environment(None, {"HOME": "/root"}) == {"HOME": "/root"}
+
+
+def test_without_torch_the_probe_says_how_to_get_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if torchenv.torch_in_environment():
+        pytest.skip("torch is installed in this environment")
+    from chunkpilot.cli import main
+
+    assert main(["probe", "--model", "llama-3.1-8b", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'chunkpilot[probe]'" in err
+    assert "PYTHONPATH=$(chunkpilot probe torch-env)" in err
+    assert not (tmp_path / "p.json").exists()
