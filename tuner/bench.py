@@ -50,6 +50,8 @@ from chunkpilot.tuner.space import (
 from chunkpilot.tuner.study import RecordState, TrialRecord, seed_for, suggest
 
 METHODS = ("tpe", "random", "grid")
+#: Diagnostic variant: the tuner without its model-based warm start (not a baseline).
+DIAGNOSTICS = ("tpe-cold",)
 #: Goal of the benchmark: the tuner's best after this many trials ...
 GOAL_TRIALS = 12
 #: ... reaches this share of the exhaustive optimum.
@@ -293,15 +295,15 @@ Objective = Callable[[TunedConfig], Capacity]
 
 
 def run_tpe(
-    grid: Grid, facts: ServiceFacts, objective: Objective, trials: int, uid: str
+    grid: Grid, facts: ServiceFacts, objective: Objective, trials: int, uid: str, *, warm: bool = True
 ) -> list[tuple[TunedConfig, float]]:
     """The tuner's loop: warm start, then ``suggest`` on the history; one distinct config per trial."""
     space = grid.space
     records: list[TrialRecord] = []
     measured: dict[TunedConfig, Capacity] = {}
     history: list[tuple[TunedConfig, float]] = []
-    warm = [space.to_params(grid.snap(p)) for p in warm_start(space, facts)]
-    warm_starts = [p for p in warm if p is not None]
+    warm_params = [space.to_params(grid.snap(p)) for p in warm_start(space, facts)] if warm else []
+    warm_starts = [p for p in warm_params if p is not None]
     number = 0
     while len(history) < trials and len(measured) < len(grid.configs):
         suggestion = suggest(space, records, seed=seed_for(uid, number), warm_starts=warm_starts)
@@ -404,6 +406,7 @@ class ScenarioResult:
     guess_config: TunedConfig
     best_after: dict[str, list[float]]  # method -> mean best capacity after 1..N trials
     best_config: dict[str, TunedConfig]  # method -> best configuration of the first repeat
+    landscape: tuple[tuple[TunedConfig, float], ...] = ()  # every grid point's capacity, best first
 
     @property
     def name(self) -> str:
@@ -437,6 +440,7 @@ class ScenarioResult:
                 for m, vals in self.best_after.items()
             },
             "best_config": {m: c.as_dict() for m, c in self.best_config.items()},
+            "grid_req_s": {c.summary(): rate for c, rate in self.landscape},
         }
 
 
@@ -551,10 +555,11 @@ def _scenario(
 
     facts = scenario_facts(settings, slo)
     optimum_config = max(grid.configs, key=lambda c: (objective(c).rate, -grid.configs.index(c)))
-    runs: dict[str, list[list[tuple[TunedConfig, float]]]] = {m: [] for m in METHODS}
+    runs: dict[str, list[list[tuple[TunedConfig, float]]]] = {m: [] for m in (*METHODS, *DIAGNOSTICS)}
     for rep in range(settings.repeats):
         uid = f"bench/{workload}/{slo.name}/{settings.seed + rep}"
         runs["tpe"].append(run_tpe(grid, facts, objective, settings.trials, uid))
+        runs["tpe-cold"].append(run_tpe(grid, facts, objective, settings.trials, uid, warm=False))
         runs["random"].append(run_random(grid, objective, settings.trials, seed_for(uid, -1)))
     runs["grid"].append(run_grid(grid, objective, settings.trials, settings))
     best_after = {m: _mean_curves([best_so_far(h, settings.trials) for h in hs]) for m, hs in runs.items()}
@@ -573,6 +578,7 @@ def _scenario(
         guess_config=guess,
         best_after=best_after,
         best_config=best_config,
+        landscape=tuple(sorted(((c, objective(c).rate) for c in grid.configs), key=lambda item: -item[1])),
     )
 
 
@@ -604,14 +610,16 @@ def format_table(result: BenchResult, trial_marks: Sequence[int] | None = None) 
         lines.append(f"   optimum  {s.optimum:7.2f} req/s  {format_config(s.optimum_config)}")
         share = f"{s.default / s.optimum:6.1%}" if s.optimum > 0 else "   n/a"
         lines.append(f"   default  {s.default:7.2f} req/s  {share}  {format_config(s.default_config)}")
-        lines.append(f"   warm start (model guess): {format_config(s.guess_config)}")
-        lines.append("   trials " + "".join(f"{m:>17}" for m in METHODS))
+        guess_rate = dict(s.landscape).get(s.guess_config, math.nan)
+        lines.append(f"   warm start {guess_rate:7.2f} req/s  (model guess) {format_config(s.guess_config)}")
+        columns = [m for m in (*METHODS, *DIAGNOSTICS) if m in s.best_after]
+        lines.append("   trials " + "".join(f"{m:>17}" for m in columns))
         for k in marks:
             cells = "".join(
                 f"{s.best_after[m][k - 1]:8.2f} ({s.share(m, k):6.1%})"
                 if s.optimum > 0
                 else f"{s.best_after[m][k - 1]:17.2f}"
-                for m in METHODS
+                for m in columns
             )
             lines.append(f"   {k:>6} {cells}")
         lines.append(

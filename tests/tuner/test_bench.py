@@ -137,13 +137,15 @@ def test_tiny_benchmark_end_to_end_on_the_simulator() -> None:
     assert result.simulations > 0
     [scenario] = result.scenarios
     assert scenario.optimum > 0 and scenario.default >= 0
+    assert set(scenario.best_after) == {*METHODS, "tpe-cold"}
+    assert max(rate for _, rate in scenario.landscape) == scenario.optimum
     for method in METHODS:
         curve = scenario.best_after[method]
         assert len(curve) == 3 and curve == sorted(curve)
         assert max(curve) <= scenario.optimum  # exhaustive over the same grid
     data = json.loads(json.dumps(result.to_dict()))
     assert data["scenarios"][0]["optimum_req_s"] == scenario.optimum
-    assert set(data["scenarios"][0]["share_after_trials"]) == set(METHODS)
+    assert set(data["scenarios"][0]["share_after_trials"]) == {*METHODS, "tpe-cold"}
     assert "azure_code / loose" in format_table(result)
 
 
