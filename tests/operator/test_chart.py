@@ -1,0 +1,279 @@
+"""The Helm chart: ``helm lint``, ``helm template`` in every mode, and an install on the local
+control plane whose service account then runs the operator (proving the RBAC is sufficient).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.operator.testing import OperatorProcess, operator_env, token_kubeconfig, wait_for
+
+from chunkpilot.devcluster.components import Binary
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "chunkpilot"
+RELEASE_NS = "chunkpilot-system"
+WATCHED_NS = "chunkpilot-chart-tests"
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane_binaries: Any) -> Path:
+    path: Path = control_plane_binaries[Binary.HELM]
+    return path
+
+
+def run_helm(helm: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+
+
+def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    argv = ["template", "cp", str(CHART), "--namespace", RELEASE_NS]
+    for item in sets:
+        argv += ["--set", item]
+    result = run_helm(helm, *argv)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = by_kind(documents, "Deployment")
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["replicaCount=3"],
+        [
+            "watch.mode=namespaced",
+            "watch.namespaces={a,b}",
+            "replicaCount=2",
+            "grafanaDashboard.enabled=true",
+        ],
+    ],
+    ids=["defaults", "ha-cluster", "ha-namespaced"],
+)
+def test_helm_lint_is_clean(helm: Path, sets: list[str]) -> None:
+    argv = ["lint", "--strict", str(CHART)]
+    for item in sets:
+        argv += ["--set", item]
+    result = run_helm(helm, *argv)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_defaults_render_a_hardened_single_replica(helm: Path) -> None:
+    documents = render(helm)
+    assert {doc["kind"] for doc in documents} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    }
+    (deployment,) = by_kind(documents, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = operator_container(documents)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
+    assert "--standalone" in container["args"] and "--all-namespaces" in container["args"]
+    assert "--metrics-port=8080" in container["args"]
+    assert {port["name"]: port["containerPort"] for port in container["ports"]} == {
+        "healthz": 8081,
+        "metrics": 8080,
+    }
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+@pytest.mark.parametrize(
+    "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
+)
+def test_rbac_has_no_wildcards(helm: Path, sets: list[str]) -> None:
+    documents = render(helm, *sets)
+    roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule[key], (role["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+    if sets:
+        assert sorted(role["metadata"]["namespace"] for role in roles) == ["a", "b"]
+        assert not by_kind(documents, "ClusterRole") and not by_kind(documents, "ClusterRoleBinding")
+
+
+def test_several_replicas_get_peering(helm: Path) -> None:
+    documents = render(helm, "replicaCount=2")
+    (peering,) = by_kind(documents, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "chunkpilot"
+    container = operator_container(documents)
+    assert "--peering=chunkpilot" in container["args"] and "--standalone" not in container["args"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["CHUNKPILOT_OPERATOR_REPLICAS"] == "2"
+
+    namespaced = render(helm, "replicaCount=2", "watch.mode=namespaced", "watch.namespaces={a,b}")
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(namespaced, "KopfPeering")) == ["a", "b"]
+    assert not by_kind(render(helm), "ClusterKopfPeering")
+
+
+def test_several_replicas_without_peering_are_refused(helm: Path) -> None:
+    result = run_helm(
+        helm, "template", "cp", str(CHART), "--set", "replicaCount=2", "--set", "peering.enabled=false"
+    )
+    assert result.returncode != 0
+    assert "peering.enabled is false" in result.stderr
+
+
+def test_grafana_dashboard_config_map(helm: Path) -> None:
+    assert not by_kind(render(helm), "ConfigMap")
+    (config_map,) = by_kind(render(helm, "grafanaDashboard.enabled=true"), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == RELEASE_NS
+    shipped = json.loads((CHART / "dashboards" / "chunkpilot.json").read_text())
+    assert json.loads(config_map["data"]["chunkpilot.json"]) == shipped
+
+    (custom,) = by_kind(
+        render(
+            helm,
+            "grafanaDashboard.enabled=true",
+            "grafanaDashboard.namespace=monitoring",
+            "grafanaDashboard.labels.grafana_dashboard=null",
+            "grafanaDashboard.labels.dashboards=chunkpilot",
+        ),
+        "ConfigMap",
+    )
+    assert custom["metadata"]["namespace"] == "monitoring"
+    assert custom["metadata"]["labels"]["dashboards"] == "chunkpilot"
+    assert "grafana_dashboard" not in custom["metadata"]["labels"]
+
+
+def test_optuna_storage_and_metrics_port(helm: Path) -> None:
+    container = operator_container(render(helm, "optuna.storage=postgresql://optuna@db:5432/optuna"))
+    env = {item["name"]: item for item in container["env"]}
+    assert env["CHUNKPILOT_OPTUNA_STORAGE"]["value"] == "postgresql://optuna@db:5432/optuna"
+
+    container = operator_container(render(helm, "optuna.storageSecret.name=optuna-db"))
+    env = {item["name"]: item for item in container["env"]}
+    assert env["CHUNKPILOT_OPTUNA_STORAGE"]["valueFrom"]["secretKeyRef"] == {
+        "name": "optuna-db",
+        "key": "url",
+    }
+
+    container = operator_container(render(helm, "metrics.port=0"))
+    assert "--metrics-port=0" in container["args"]
+    assert [port["name"] for port in container["ports"]] == ["healthz"]
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("metrics.port=80", "/metrics/port"),
+        ("optuna.storage=not-a-url", "/optuna/storage"),
+        ("bogus=1", "bogus"),
+    ],
+)
+def test_values_schema_rejects_bad_values(helm: Path, value: str, fragment: str) -> None:
+    result = run_helm(helm, "template", "cp", str(CHART), "--set", value)
+    assert result.returncode != 0
+    assert fragment in result.stderr
+
+
+def test_chart_crds_match_the_generated_crds() -> None:
+    for generated in sorted((REPO / "crds").glob("*.yaml")):
+        shipped = CHART / "crds" / generated.name
+        assert shipped.exists(), f"{shipped} is missing: copy it from crds/"
+        assert yaml.safe_load(shipped.read_text()) == yaml.safe_load(generated.read_text()), (
+            f"{shipped} differs from {generated}: copy it from crds/"
+        )
+
+
+@pytest.fixture(scope="module")
+def installed(helm: Path, control_plane: Any) -> Iterator[Any]:
+    """``helm install`` in namespaced mode watching WATCHED_NS; uninstalled afterwards."""
+    for namespace in (RELEASE_NS, WATCHED_NS):
+        control_plane.kubectl("create", "namespace", namespace, check=False)
+    result = run_helm(
+        helm,
+        "install", "cp", str(CHART), "--namespace", RELEASE_NS,
+        "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{WATCHED_NS}}}",
+        "--set", "grafanaDashboard.enabled=true",
+        env=control_plane.env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    yield control_plane
+    control_plane.kubectl("delete", "cpis", "--all", "-n", WATCHED_NS, "--wait=false", check=False)
+    run_helm(helm, "uninstall", "cp", "--namespace", RELEASE_NS, env=control_plane.env)
+
+
+def test_installed_chart_creates_the_operator_deployment(installed: Any) -> None:
+    deployment = json.loads(
+        installed.kubectl("get", "deployment", "cp-chunkpilot", "-n", RELEASE_NS, "-o", "json").stdout
+    )
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "cp-chunkpilot"
+    for kind, namespace in (
+        ("serviceaccount", RELEASE_NS),
+        ("configmap/cp-chunkpilot-dashboard", RELEASE_NS),
+        ("role", WATCHED_NS),
+        ("rolebinding", WATCHED_NS),
+    ):
+        target = kind if "/" in kind else f"{kind}/cp-chunkpilot"
+        installed.kubectl("get", target, "-n", namespace)
+    assert installed.kubectl("get", "crd", "inferenceservices.chunkpilot.io").returncode == 0
+
+
+def test_operator_runs_with_the_charts_service_account(
+    installed: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """KWOK runs no containers, so the operator runs here as a process with the release's token."""
+    folder = tmp_path_factory.mktemp("chart-operator")
+    token = installed.kubectl("create", "token", "cp-chunkpilot", "-n", RELEASE_NS).stdout.strip()
+    kubeconfig = token_kubeconfig(installed.kubeconfig, token, folder / "kubeconfig", RELEASE_NS)
+    env = operator_env(installed.env, KUBECONFIG=str(kubeconfig))
+    operator = OperatorProcess(
+        [
+            "-n",
+            WATCHED_NS,
+            "--standalone",
+            "--verbose",
+            "--metrics-port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        env=env,
+        log_path=folder / "operator.log",
+    )
+    service = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    service["spec"]["replicas"] = 1
+    try:
+        operator.start()
+        installed.kubectl("apply", "-n", WATCHED_NS, "-f", "-", input=json.dumps(service))
+
+        def ready() -> bool:
+            out = installed.kubectl("get", "cpis", "chat", "-n", WATCHED_NS, "-o", "json").stdout
+            conditions = json.loads(out).get("status", {}).get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        wait_for(ready, timeout=90, what="chat Ready=True under the chart's RBAC")
+        assert "Forbidden" not in operator.log() and "forbidden" not in operator.log()
+        installed.kubectl("delete", "cpis", "chat", "-n", WATCHED_NS, "--timeout=60s")
+    finally:
+        operator.stop()
