@@ -627,6 +627,11 @@ class TuningController:
         if crashed is not None:
             await self._abort(ctx, trial, crashed)
             return
+        monitored = await self._monitor_stable(ctx)
+        if monitored is False:
+            if phase is TrialPhase.MEASURING:
+                await self._metrics_gap(ctx, trial, None)
+            return
         if phase is TrialPhase.ROLLING_OUT:
             await self._check_rollout(ctx, trial, DeploymentState.from_manifest(canary))
         else:
@@ -732,7 +737,6 @@ class TuningController:
                 f"trial {trial.spec.number}: Prometheus answers again; restarting the measurement window",
             )
             return
-        self._record_stable(ctx, window.stable)
         if not final:
             early = judge_early(window.canary, ctx.slo, ctx.abort)
             if early.decision is Decision.PRUNE:
@@ -779,8 +783,10 @@ class TuningController:
             {TrackName.CANARY: trial.spec.params.config_hash(), TrackName.STABLE: stable_hash},
         )
 
-    async def _metrics_gap(self, ctx: _Context, trial: TuningTrial, error: str) -> None:
-        self._metrics_down(ctx, error)
+    async def _metrics_gap(self, ctx: _Context, trial: TuningTrial, error: str | None) -> None:
+        """Note when Prometheus stopped answering during the trial; abort after a long outage."""
+        if error is not None:
+            self._metrics_down(ctx, error)
         name = trial.metadata.name or ""
         since = rec.annotation_time(trial.metadata.annotations, rec.ANNOTATION_METRICS_GAP)
         if since is None:
