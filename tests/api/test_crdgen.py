@@ -92,11 +92,14 @@ def test_lists_and_strings_checked_by_cel_are_bounded(definition: crdgen.Resourc
             assert "maxLength" in node, f"{path} needs maxLength"
 
 
-def test_defaults_of_nested_objects_are_empty_objects() -> None:
+def test_defaults_of_nested_objects_are_written_out_in_full() -> None:
+    # The apiserver checks a default against its object's CEL rules before nested defaults apply,
+    # so `{}` would break rules such as maxNumBatchedTokens >= maxNumSeqs.
     spec = _schema(crdgen.INFERENCE_SERVICE)["properties"]["spec"]["properties"]
-    assert spec["engine"]["default"] == {}
-    assert spec["autotune"]["default"] == {}
-    assert spec["autotune"]["properties"]["abort"]["default"] == {}
+    assert spec["engine"]["default"]["maxNumBatchedTokens"] == 8192
+    assert spec["engine"]["default"]["maxNumSeqs"] == spec["engine"]["properties"]["maxNumSeqs"]["default"]
+    assert spec["autotune"]["default"]["warmup"] == spec["autotune"]["properties"]["warmup"]["default"]
+    assert spec["autotune"]["properties"]["abort"]["default"] == spec["autotune"]["default"]["abort"]
     assert spec["engine"]["properties"]["maxNumBatchedTokens"]["default"] == 8192
     assert "default" not in spec["slo"]
 
@@ -170,7 +173,10 @@ def test_cli_validate(repo_root: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert _run("validate", *examples) == 0
     invalid = repo_root / "tests/api/invalid/budget-below-max-num-seqs.yaml"
     assert _run("validate", str(invalid)) == 1
-    assert "spec.engine.maxNumBatchedTokens: maxNumBatchedTokens (128)" in capsys.readouterr().err
+    assert (
+        "spec.engine.maxNumBatchedTokens: maxNumBatchedTokens must be >= maxNumSeqs"
+        in capsys.readouterr().err
+    )
 
 
 def test_reference_documents_every_rule_and_column() -> None:

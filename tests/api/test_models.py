@@ -85,8 +85,7 @@ def test_cross_field_error_names_the_field_and_the_fix() -> None:
     assert caught.value.problems == [
         (
             "spec.engine.maxNumBatchedTokens",
-            "maxNumBatchedTokens (64) must be >= maxNumSeqs (128):"
-            " raise maxNumBatchedTokens or lower maxNumSeqs",
+            "maxNumBatchedTokens must be >= maxNumSeqs: raise maxNumBatchedTokens or lower maxNumSeqs",
         )
     ]
 
@@ -173,7 +172,7 @@ def test_apply_to_sets_the_knobs_and_keeps_the_rest() -> None:
 
 def test_apply_to_rejects_a_config_the_engine_cannot_run() -> None:
     engine = EngineSpec(max_num_seqs=256, speculative=SpeculativeSpec(num_speculative_tokens=16))
-    with pytest.raises(ValueError, match=r"maxNumSeqs \* \(1 \+ speculative.numSpeculativeTokens\) = 4352"):
+    with pytest.raises(ValueError, match=r"maxNumSeqs \* \(1 \+ speculative.numSpeculativeTokens\): raise"):
         _config().apply_to(engine)
 
 

@@ -43,31 +43,28 @@ LABEL_TRIAL_NUMBER = f"{GROUP}/trial-number"
 class CelRule:
     """One ``x-kubernetes-validations`` entry and its Python mirror.
 
-    ``check`` returns True when the object is valid.  ``describe`` renders the
-    same text as ``message_expression`` (or ``message`` when there is none), so
-    the apiserver and :meth:`InferenceService.from_manifest` report identical
-    messages.
+    ``check`` returns True when the object is valid. The apiserver and
+    :meth:`InferenceService.from_manifest` report the same static ``message``
+    (it names the field and the fix). There is deliberately no
+    ``messageExpression``: the apiserver's cost estimator rejects any that
+    formats a number with ``string(int)``, so values cannot be interpolated.
     """
 
     rule: str
     message: str
     check: Callable[[Any], bool]
     field_path: str | None = None
-    message_expression: str | None = None
-    describe: Callable[[Any], str] | None = None
     reason: str = "FieldValueInvalid"
 
     def violation(self, obj: Any) -> str | None:
         """Return the error message when ``obj`` breaks this rule, else None."""
         if self.check(obj):
             return None
-        return self.describe(obj) if self.describe is not None else self.message
+        return self.message
 
     def to_schema(self) -> dict[str, Any]:
         """Render the rule as a CRD ``x-kubernetes-validations`` item."""
         item: dict[str, Any] = {"rule": self.rule, "message": self.message}
-        if self.message_expression is not None:
-            item["messageExpression"] = self.message_expression
         if self.field_path is not None:
             item["fieldPath"] = self.field_path
             item["reason"] = self.reason

@@ -3,8 +3,9 @@
 The pydantic JSON schema is turned into a *structural* OpenAPI v3 schema as the
 apiserver requires: references inlined, optional fields made plain (no
 ``nullable``: a null is pruned like an absent field), exclusive bounds in the
-OpenAPI 3.0 boolean form, no titles, defaults of nested objects as ``{}`` so the
-apiserver fills in their own defaults. ``x-kubernetes-validations`` come from
+OpenAPI 3.0 boolean form, no titles, defaults of nested objects written out in
+full (the apiserver checks a default against the object's CEL rules as it stands,
+before the nested fields' own defaults apply). ``x-kubernetes-validations`` come from
 the models' :class:`~chunkpilot.api.common.CelRule` declarations.
 """
 
@@ -127,8 +128,12 @@ class _CrdJsonSchema(GenerateJsonSchema):
             return super().default_schema(schema)
         value = factory()  # type: ignore[call-arg]  # factories here take no arguments
         inner = self.generate_inner(schema["schema"])
-        # A nested object defaults to {} so the apiserver applies its fields' own defaults.
-        default = {} if isinstance(value, BaseModel) else to_jsonable_python(value)
+        # A nested object's default is written out in full: the apiserver validates it against the
+        # object's CEL rules without first applying the nested fields' defaults.
+        if isinstance(value, BaseModel):
+            default = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        else:
+            default = to_jsonable_python(value)
         return {**inner, "default": default}
 
 

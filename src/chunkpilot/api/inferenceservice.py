@@ -110,31 +110,15 @@ class SLOState(StrEnum):
 _BUDGET_GE_SEQS = CelRule(
     rule="self.maxNumBatchedTokens >= self.maxNumSeqs",
     message="maxNumBatchedTokens must be >= maxNumSeqs: raise maxNumBatchedTokens or lower maxNumSeqs",
-    message_expression=(
-        "'maxNumBatchedTokens (' + string(self.maxNumBatchedTokens) + ') must be >= maxNumSeqs ('"
-        " + string(self.maxNumSeqs) + '): raise maxNumBatchedTokens or lower maxNumSeqs'"
-    ),
     field_path=".maxNumBatchedTokens",
     check=lambda o: o.max_num_batched_tokens >= o.max_num_seqs,
-    describe=lambda o: (
-        f"maxNumBatchedTokens ({o.max_num_batched_tokens}) must be >= maxNumSeqs ({o.max_num_seqs}):"
-        " raise maxNumBatchedTokens or lower maxNumSeqs"
-    ),
 )
 
 _ACTIVE_LE_SEQS = CelRule(
     rule="!has(self.maxNumActiveSeqs) || self.maxNumActiveSeqs <= self.maxNumSeqs",
     message="maxNumActiveSeqs must be <= maxNumSeqs: lower maxNumActiveSeqs or leave it unset",
-    message_expression=(
-        "'maxNumActiveSeqs (' + string(self.maxNumActiveSeqs) + ') must be <= maxNumSeqs ('"
-        " + string(self.maxNumSeqs) + '): lower maxNumActiveSeqs or leave it unset'"
-    ),
     field_path=".maxNumActiveSeqs",
     check=lambda o: o.max_num_active_seqs is None or o.max_num_active_seqs <= o.max_num_seqs,
-    describe=lambda o: (
-        f"maxNumActiveSeqs ({o.max_num_active_seqs}) must be <= maxNumSeqs ({o.max_num_seqs}):"
-        " lower maxNumActiveSeqs or leave it unset"
-    ),
 )
 
 _LONG_PARTIAL_NEEDS_PARTIAL = CelRule(
@@ -150,19 +134,11 @@ _LONG_PARTIAL_LE_PARTIAL = CelRule(
         " || self.maxLongPartialPrefills <= self.maxNumPartialPrefills"
     ),
     message="maxLongPartialPrefills must be <= maxNumPartialPrefills: lower maxLongPartialPrefills",
-    message_expression=(
-        "'maxLongPartialPrefills (' + string(self.maxLongPartialPrefills) + ') must be <= "
-        "maxNumPartialPrefills (' + string(self.maxNumPartialPrefills) + '): lower maxLongPartialPrefills'"
-    ),
     field_path=".maxLongPartialPrefills",
     check=lambda o: (
         o.max_long_partial_prefills is None
         or o.max_num_partial_prefills is None
         or o.max_long_partial_prefills <= o.max_num_partial_prefills
-    ),
-    describe=lambda o: (
-        f"maxLongPartialPrefills ({o.max_long_partial_prefills}) must be <= maxNumPartialPrefills"
-        f" ({o.max_num_partial_prefills}): lower maxLongPartialPrefills"
     ),
 )
 
@@ -294,22 +270,10 @@ class EngineSpec(ApiModel):
                 "maxNumBatchedTokens must be >= maxNumSeqs * (1 + speculative.numSpeculativeTokens):"
                 " raise maxNumBatchedTokens, lower maxNumSeqs or numSpeculativeTokens"
             ),
-            message_expression=(
-                "'maxNumBatchedTokens (' + string(self.maxNumBatchedTokens) + ') must be >= maxNumSeqs *"
-                " (1 + speculative.numSpeculativeTokens) = ' + string(self.maxNumSeqs * (1 +"
-                " self.speculative.numSpeculativeTokens)) + ': raise maxNumBatchedTokens, lower maxNumSeqs"
-                " or numSpeculativeTokens'"
-            ),
             field_path=".maxNumBatchedTokens",
             check=lambda o: (
                 o.speculative is None
                 or o.max_num_batched_tokens >= o.max_num_seqs * (1 + o.speculative.num_speculative_tokens)
-            ),
-            describe=lambda o: (
-                f"maxNumBatchedTokens ({o.max_num_batched_tokens}) must be >= maxNumSeqs *"
-                f" (1 + speculative.numSpeculativeTokens) ="
-                f" {o.max_num_seqs * (1 + o.speculative.num_speculative_tokens)}: raise maxNumBatchedTokens,"
-                " lower maxNumSeqs or numSpeculativeTokens"
             ),
         ),
         CelRule(
@@ -474,10 +438,8 @@ class IntRange(ApiModel):
         CelRule(
             rule="self.min <= self.max",
             message="min must be <= max: swap or correct the bounds",
-            message_expression="'min (' + string(self.min) + ') must be <= max (' + string(self.max) + ')'",
             field_path=".min",
             check=lambda o: o.min <= o.max,
-            describe=lambda o: f"min ({o.min}) must be <= max ({o.max})",
         ),
     )
 
@@ -551,18 +513,10 @@ class AutotuneSpec(ApiModel):
                 " || duration(self.warmup) < duration(self.trialWindow)"
             ),
             message="warmup must be shorter than trialWindow: lower warmup or raise trialWindow",
-            message_expression=(
-                "'warmup (' + self.warmup + ') must be shorter than trialWindow (' + self.trialWindow +"
-                " '): lower warmup or raise trialWindow'"
-            ),
             field_path=".warmup",
             check=lambda o: (
                 not _valid_durations(o.warmup, o.trial_window)
                 or parse_duration(o.warmup) < parse_duration(o.trial_window)
-            ),
-            describe=lambda o: (
-                f"warmup ({o.warmup}) must be shorter than trialWindow ({o.trial_window}):"
-                " lower warmup or raise trialWindow"
             ),
         ),
     )
@@ -605,21 +559,11 @@ class InferenceServiceSpec(ApiModel):
                 "engine.maxNumBatchedTokens must be >= model.maxModelLen when enableChunkedPrefill is false:"
                 " enable chunked prefill or raise the budget"
             ),
-            message_expression=(
-                "'engine.maxNumBatchedTokens (' + string(self.engine.maxNumBatchedTokens) + ') must be >="
-                " model.maxModelLen (' + string(self.model.maxModelLen) + ') when enableChunkedPrefill is"
-                " false: enable chunked prefill or raise the budget'"
-            ),
             field_path=".engine.maxNumBatchedTokens",
             check=lambda o: (
                 o.model.max_model_len is None
                 or o.engine.enable_chunked_prefill
                 or o.engine.max_num_batched_tokens >= o.model.max_model_len
-            ),
-            describe=lambda o: (
-                f"engine.maxNumBatchedTokens ({o.engine.max_num_batched_tokens}) must be >= model.maxModelLen"
-                f" ({o.model.max_model_len}) when enableChunkedPrefill is false: enable chunked prefill or"
-                " raise the budget"
             ),
         ),
         CelRule(
@@ -628,18 +572,10 @@ class InferenceServiceSpec(ApiModel):
                 " || self.engine.longPrefillTokenThreshold <= self.model.maxModelLen"
             ),
             message="engine.longPrefillTokenThreshold must be <= model.maxModelLen: lower the threshold",
-            message_expression=(
-                "'engine.longPrefillTokenThreshold (' + string(self.engine.longPrefillTokenThreshold) + ')"
-                " must be <= model.maxModelLen (' + string(self.model.maxModelLen) + '): lower the threshold'"
-            ),
             field_path=".engine.longPrefillTokenThreshold",
             check=lambda o: (
                 o.model.max_model_len is None
                 or o.engine.long_prefill_token_threshold <= o.model.max_model_len
-            ),
-            describe=lambda o: (
-                f"engine.longPrefillTokenThreshold ({o.engine.long_prefill_token_threshold}) must be <="
-                f" model.maxModelLen ({o.model.max_model_len}): lower the threshold"
             ),
         ),
         CelRule(
@@ -650,20 +586,10 @@ class InferenceServiceSpec(ApiModel):
             message=(
                 "resources.gpusPerReplica must equal engine.tensorParallelSize: make them equal or unset it"
             ),
-            message_expression=(
-                "'resources.gpusPerReplica (' + string(self.resources.gpusPerReplica) + ') must equal"
-                " engine.tensorParallelSize (' + string(self.engine.tensorParallelSize) + '): make them equal"
-                " or unset gpusPerReplica'"
-            ),
             field_path=".resources.gpusPerReplica",
             check=lambda o: (
                 o.resources.gpus_per_replica is None
                 or o.resources.gpus_per_replica == o.engine.tensor_parallel_size
-            ),
-            describe=lambda o: (
-                f"resources.gpusPerReplica ({o.resources.gpus_per_replica}) must equal"
-                f" engine.tensorParallelSize ({o.engine.tensor_parallel_size}): make them equal or unset"
-                " gpusPerReplica"
             ),
         ),
         CelRule(
