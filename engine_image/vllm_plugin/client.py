@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,21 +73,3 @@ async def stream_completion(
                 result.chunks.append(time.monotonic())
                 result.finish_reason = choice.get("finish_reason") or result.finish_reason
     return result
-
-
-@dataclass(frozen=True)
-class ItlSummary:
-    """Inter-token latency over a set of streams."""
-
-    p50: float
-    max: float
-    samples: int
-
-    @property
-    def ratio(self) -> float:
-        return self.max / self.p50 if self.p50 > 0 else float("inf")
-
-
-def itl_summary(results: Sequence[StreamResult]) -> ItlSummary:
-    gaps = [gap for result in results for gap in result.itls]
-    return ItlSummary(p50=statistics.median(gaps), max=max(gaps), samples=len(gaps))

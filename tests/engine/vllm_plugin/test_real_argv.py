@@ -131,3 +131,21 @@ def test_the_check_rejects_bad_vectors(
     assert not result["ok"]
     assert result["stage"] == stage
     assert fragment in json.dumps(result["error"]), result
+
+
+def test_one_scheduler_class_serves_both_scheduling_modes(vllm_env: EngineEnv) -> None:
+    # The CPU platform turns async scheduling off, so the dispatch is checked directly.
+    script = """
+from types import SimpleNamespace as NS
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from chunkpilot.engine.vllm_plugin.scheduler import ChunkpilotAsyncScheduler, ChunkpilotScheduler
+new = ChunkpilotScheduler.__new__
+on = new(ChunkpilotScheduler, vllm_config=NS(scheduler_config=NS(async_scheduling=True)))
+off = new(ChunkpilotScheduler, NS(scheduler_config=NS(async_scheduling=False)))
+print(type(on).__name__, isinstance(on, AsyncScheduler), type(off).__name__, isinstance(off, AsyncScheduler))
+"""
+    proc = subprocess.run(
+        [str(vllm_env.python), "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ChunkpilotAsyncScheduler", "True", "ChunkpilotScheduler", "False"]
