@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,12 @@ def test_write_report_creates_plots_and_csv(
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with (path.parent / "trials.csv").open() as handle:
         assert [row["budget"] for row in csv.DictReader(handle)] == ["4096", "1024", "512"]
+
+
+def test_report_without_measurements_is_the_table_alone(tmp_path: Path) -> None:
+    service = InferenceService.from_manifest(SERVICE)
+    rows = trial_rows([_trial(1, 4096, None, "Aborted", 0.0)])
+    rows = [replace(row, itl_ms=None, ttft_ms=None) for row in rows]
+    path = write_report(service, rows, tmp_path)
+    assert path.exists()
+    assert not list(tmp_path.glob("*.png"))

@@ -38,11 +38,14 @@ class DemoResult:
     outcome: Outcome | None
     report: Path | None
     interrupted: bool
+    failure: str | None = None
 
     @property
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
+        if self.failure is not None:
+            return 1
         return 0 if self.outcome is not None and self.outcome.meets_slos else 1
 
 
@@ -114,6 +117,7 @@ def run_demo(
     outcome: Outcome | None = None
     report: Path | None = None
     interrupted = False
+    failure: str | None = None
     try:
         with sigterm_as_interrupt(), LocalStack(options, progress=progress) as stack:
             api_client = stack.control_plane.api_client() if stack.control_plane else None
@@ -124,13 +128,18 @@ def run_demo(
                 interrupted = True
                 progress("interrupted: writing the report, then tearing down")
                 report = _write_report(api_client, scenario, report_dir, console)
+            except (RuntimeError, TimeoutError) as error:
+                failure = str(error)
+                console.print(f"[red]the demo failed: {failure}[/]")
+                console.print(f"logs: {state_dir} (operator.log, engines/, cluster/logs/)")
+                report = _write_report(api_client, scenario, report_dir, console)
             finally:
                 api_client.close()
             progress("tearing down the local stack")
     except KeyboardInterrupt:
         interrupted = True
     _print_summary(console, scenario, outcome, report, interrupted)
-    return DemoResult(outcome=outcome, report=report, interrupted=interrupted)
+    return DemoResult(outcome=outcome, report=report, interrupted=interrupted, failure=failure)
 
 
 def _drive(
@@ -153,6 +162,7 @@ def _drive(
     apply_service(api_client, build_inferenceservice(scenario))
 
     def read() -> InferenceService:
+        stack.check_operator()
         return load_history(api_client, DEMO_NAMESPACE, name)[0]
 
     wait_until_ready(read, READY_TIMEOUT_S, progress)
@@ -171,6 +181,7 @@ def _drive(
     with Live(render_view(service, trials, datetime.now(UTC)), console=console, refresh_per_second=2) as live:
         while not outcome.finished and time.monotonic() < deadline:
             time.sleep(POLL_S)
+            stack.check_operator()
             service, trials = _read_quietly(api_client, name, service, trials)
             outcome = assess(service, trials)
             live.update(render_view(service, trials, datetime.now(UTC)))
@@ -198,7 +209,11 @@ def _write_report(api_client: Any, scenario: DemoScenario, report_dir: Path, con
         return None
     rows = trial_rows(trials)
     console.print(render_table(service, rows))
-    return write_report(service, rows, report_dir / scenario.name)
+    try:
+        return write_report(service, rows, report_dir / scenario.name)
+    except (OSError, ValueError) as error:
+        console.print(f"[red]could not write the report to {report_dir / scenario.name}: {error}[/]")
+        return None
 
 
 def _print_summary(

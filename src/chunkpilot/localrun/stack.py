@@ -24,6 +24,7 @@ from types import FrameType
 from chunkpilot.devcluster import binaries as devbinaries
 from chunkpilot.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from chunkpilot.devcluster.fakenodes import gpu_node_specs
+from chunkpilot.devcluster.ports import free_port
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.endpoints import RoundRobinBalancer
@@ -44,6 +45,8 @@ DEFAULT_OPERATOR_COMMAND: tuple[str, ...] = (
     "--standalone",
     "--pod-monitor=disabled",
 )
+#: The operator's own metrics endpoint on the local stack (a free port is chosen when None).
+OPERATOR_METRICS_FLAG = "--metrics-port"
 ENV_PROMETHEUS_URL = "CHUNKPILOT_PROMETHEUS_URL"
 
 
@@ -102,6 +105,7 @@ class LocalStack:
         self.prometheus: PrometheusServer | None = prometheus
         self.runner: PodRunner | None = None
         self.operator: ManagedProcess | None = None
+        self.operator_metrics_port: int | None = None
         self._loads: list[BackgroundLoad] = []
         self._exit = contextlib.ExitStack()
 
@@ -168,9 +172,13 @@ class LocalStack:
 
     def _start_operator(self, plane: ControlPlane, prometheus: PrometheusServer) -> ManagedProcess:
         env = {**plane.env, ENV_PROMETHEUS_URL: prometheus.url, **self.options.operator_env}
+        argv = list(self.options.operator_command)
+        if not any(arg.startswith(OPERATOR_METRICS_FLAG) for arg in argv):
+            self.operator_metrics_port = free_port()
+            argv.append(f"{OPERATOR_METRICS_FLAG}={self.operator_metrics_port}")
         process = ManagedProcess(
             name="operator",
-            argv=list(self.options.operator_command),
+            argv=argv,
             log_path=self.options.state_dir / "operator.log",
             env=env,
         )
@@ -179,7 +187,10 @@ class LocalStack:
         time.sleep(0.5)
         if not process.running():
             raise RuntimeError(f"the operator exited at once; its log ends with:\n{process.tail()}")
-        self.progress(f"operator running (pid {process.pid}, log {process.log_path})")
+        self.progress(
+            f"operator running (pid {process.pid}, log {process.log_path}, "
+            f"metrics on port {self.operator_metrics_port or 'as configured'})"
+        )
         return process
 
     def _stopping(self, what: str, stop: Callable[[], None]) -> Callable[[], None]:
@@ -212,6 +223,11 @@ class LocalStack:
         self.stop()
 
     # ------------------------------------------------------------------ use
+
+    def check_operator(self) -> None:
+        """Raise RuntimeError with the end of its log if the operator this stack started has exited."""
+        if self.operator is not None and not self.operator.running():
+            raise RuntimeError(f"the operator exited; its log ends with:\n{self.operator.tail()}")
 
     @property
     def kubeconfig(self) -> Path:

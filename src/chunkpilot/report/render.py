@@ -112,6 +112,8 @@ def _plot(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> lis
 
     slo = _slo(service)
     measured = [r for r in rows if r.itl_ms is not None or r.ttft_ms is not None]
+    if not measured:
+        return []  # nothing measured yet: the report is the table alone
     colours = [_VERDICT_COLOURS.get(r.verdict, "tab:blue") for r in measured]
     paths: list[Path] = []
 
