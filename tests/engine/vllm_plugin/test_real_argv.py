@@ -23,7 +23,8 @@ from chunkpilot.operator.engines.vllm import V0_REMOVED, vllm_args
 
 from chunkpilot.api import EngineKind, InferenceService
 
-pytestmark = pytest.mark.vllm
+# The first test also waits for the environment build (minutes, once) and the server start.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -33,7 +33,8 @@ from chunkpilot.engine.vllm_plugin.testing import (
 from chunkpilot.tuner import measure
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.vllm
+# The first test also waits for the environment build (minutes, once) and the server start.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
 
