@@ -1,4 +1,4 @@
-"""The demo's verdict and live view, from InferenceService and TuningTrial objects."""
+"""The demo's verdict, live view and log lines, from InferenceService and TuningTrial objects."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from rich.console import Console
 
 from chunkpilot.api import InferenceService, TuningTrial
 from chunkpilot.demo.live import assess, render_view, trial_progress
+from chunkpilot.demo.run import DemoResult, transition_lines
 from chunkpilot.demo.scenario import DemoScenario, build_inferenceservice
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -116,3 +117,19 @@ def test_view_shows_every_trial_against_the_targets() -> None:
     assert "80/50ms" in text
     assert "budget=2048" in text
     assert "trial 1 Measuring" in text
+
+
+def test_each_phase_is_reported_once() -> None:
+    seen: set[str] = set()
+    first = transition_lines([trial(0, "Measuring")], seen)
+    assert first == ["trial 0 budget=1024 seqs=128: Measuring ITL 40 ms, TTFT 300 ms"]
+    assert transition_lines([trial(0, "Measuring")], seen) == []
+    done = transition_lines([trial(0, "Pruned", "Pruned", itl=120), trial(1, "RollingOut")], seen)
+    assert done[0].endswith("Pruned ITL 120 ms, TTFT 300 ms -> Pruned")
+    assert done[1].startswith("trial 1 budget=2048")
+
+
+def test_exit_code_says_how_it_ended() -> None:
+    assert DemoResult(outcome=None, report=None, interrupted=True).exit_code == 130
+    assert DemoResult(outcome=None, report=None, interrupted=False, failure="operator died").exit_code == 1
+    assert DemoResult(outcome=None, report=None, interrupted=False).exit_code == 1

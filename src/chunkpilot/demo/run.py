@@ -7,6 +7,7 @@ at the end, on an error or on Ctrl-C — stops every process, newest first.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,17 +179,38 @@ def _drive(
     deadline = time.monotonic() + scenario.timeout_s
     service, trials = load_history(api_client, DEMO_NAMESPACE, name)
     outcome = assess(service, trials)
-    with Live(render_view(service, trials, datetime.now(UTC)), console=console, refresh_per_second=2) as live:
+    # On a terminal the view refreshes in place; in a log, each trial transition is one line.
+    live = Live(render_view(service, trials, datetime.now(UTC)), console=console, refresh_per_second=2)
+    seen: set[str] = set()
+    with live if console.is_terminal else contextlib.nullcontext():
         while not outcome.finished and time.monotonic() < deadline:
             time.sleep(POLL_S)
             stack.check_operator()
             service, trials = _read_quietly(api_client, name, service, trials)
             outcome = assess(service, trials)
-            live.update(render_view(service, trials, datetime.now(UTC)))
+            if console.is_terminal:
+                live.update(render_view(service, trials, datetime.now(UTC)))
+            else:
+                for line in transition_lines(trials, seen):
+                    progress(line)
     if not outcome.finished:
         progress(f"stopping after --timeout {scenario.timeout_s:.0f}s: {outcome.reason}")
     report = _write_report(api_client, scenario, report_dir, console)
     return outcome, report
+
+
+def transition_lines(trials: list[TuningTrial], seen: set[str]) -> list[str]:
+    """One line per trial phase not reported before (``seen`` remembers what was)."""
+    lines = []
+    for row in trial_rows(trials):
+        key = f"{row.number}/{row.phase}"
+        if key in seen:
+            continue
+        seen.add(key)
+        measured = "" if row.itl_ms is None else f" ITL {row.itl_ms:.0f} ms, TTFT {row.ttft_ms or 0:.0f} ms"
+        verdict = f" -> {row.verdict}" if row.verdict else ""
+        lines.append(f"trial {row.number} {row.params}: {row.phase}{measured}{verdict}")
+    return lines
 
 
 def _read_quietly(
