@@ -243,8 +243,12 @@ def crash_message(
             restarts = int(status.get("restartCount") or 0)
             if restarts >= limit or waiting.get("reason") == "CrashLoopBackOff":
                 last = ((status.get("lastState") or {}).get("terminated")) or {}
-                detail = f" (exit code {last['exitCode']})" if "exitCode" in last else ""
-                return f"canary pod {pod['metadata']['name']} crashed: {restarts} restart(s){detail}"
+                details = [f"{restarts} restart(s)"]
+                if waiting.get("reason"):
+                    details.append(str(waiting["reason"]))
+                if "exitCode" in last:
+                    details.append(f"exit code {last['exitCode']}")
+                return f"canary pod {pod['metadata']['name']} crashed ({', '.join(details)})"
     return None
 
 

@@ -395,7 +395,9 @@ def test_a_crashing_canary_aborts_the_trial_and_is_removed() -> None:
     h.tick()
     trial = h.trials()[0]
     assert trial.status is not None and trial.status.verdict == "Aborted"
-    assert "crashed" in (trial.status.reason or "") and "exit code 137" in (trial.status.reason or "")
+    assert "crashed" in (trial.status.reason or "") and "CrashLoopBackOff, exit code 137" in (
+        trial.status.reason or ""
+    )
     assert h.canary() is None
     assert "TrialAborted" in h.reasons()
 

@@ -1,0 +1,337 @@
+"""End to end: the autotuner brings a service into its SLOs on the local stack.
+
+Real control plane (KWOK nodes), the operator as a subprocess with the tuner
+loaded, simulator engines run by the pod runner (the documented stand-in for the
+kubelet), a real Prometheus scraping them and a load generator replaying the
+arXiv-summarisation length trace (long prompts, outputs capped at 64 tokens to
+keep the CPU cost low) in real time.
+
+The scenario: Llama-3.1-8B on a simulated H100 with a token budget of 8192
+violates ITL p99 <= 50 ms at ~4 requests/s per engine (a whole long prompt per
+step stalls every stream); budgets below ~1700 meet it.  Windows are short
+(30 s trials, 10 s warm-up, 2 s ticks) so a trial takes about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from chunkpilot.operator.builders import deployment_name
+from kubernetes import client
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.devcluster.processes import ManagedProcess
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack, StackOptions
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
+
+TRACE = "arxiv_summarization_lengths"
+#: Requests per second over the whole service (stable and canary share it round-robin).
+RATE = 8.0
+TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
+
+
+def service_manifest(name: str, namespace: str, max_trials: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "meta-llama/Llama-3.1-8B-Instruct",
+                "servedName": "llama-8b",
+                "maxModelLen": 8192,
+            },
+            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+            "resources": {"accelerator": "h100"},
+            "replicas": 1,
+            "slo": {
+                "itl": {"quantile": 0.99, "maxMs": 50},
+                "ttft": {"quantile": 0.95, "maxMs": 2000},
+                "window": "30s",
+            },
+            "autotune": {
+                "enabled": True,
+                "trialWindow": "30s",
+                "warmup": "10s",
+                "maxTrials": max_trials,
+                "abort": {"minSamples": 30},
+            },
+        },
+    }
+
+
+@dataclass
+class Cluster:
+    """Reads of the service's objects through the API."""
+
+    plane: ControlPlane
+    namespace: str
+    name: str
+
+    def __post_init__(self) -> None:
+        self._api_client = self.plane.api_client()
+        self.custom = client.CustomObjectsApi(self._api_client)
+        self.apps = client.AppsV1Api(self._api_client)
+
+    def close(self) -> None:
+        self._api_client.close()
+
+    def service(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, ISVC_PLURAL, self.name
+        )
+        return found
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.service().get("status") or {}
+        return status
+
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == type_), None)
+
+    def trials(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, TRIAL_PLURAL, label_selector=f"chunkpilot.io/service={self.name}"
+        )["items"]
+        return sorted(items, key=lambda t: t["spec"]["number"])
+
+    def deployment(self, track: Track) -> Any:
+        try:
+            return self.apps.read_namespaced_deployment(deployment_name(self.name, track), self.namespace)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def stable_args(self) -> list[str]:
+        args: list[str] = self.deployment(Track.STABLE).spec.template.spec.containers[0].args
+        return args
+
+
+def wait_until(
+    what: str, probe: Callable[[], Any], timeout_s: float, cluster: Cluster, poll_s: float = 1.0
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(poll_s)
+    trials = [
+        (t["spec"]["number"], (t.get("status") or {}).get("phase"), (t.get("status") or {}).get("reason"))
+        for t in cluster.trials()
+    ]
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f}s waiting for {what}; trials: {trials}; "
+        f"conditions: {json.dumps(cluster.status().get('conditions'), indent=1)}"
+    )
+
+
+def flag(args: list[str], name: str) -> int:
+    return int(args[args.index(name) + 1])
+
+
+def verdict_of(cluster: Cluster, trial: str) -> str | None:
+    found = next((t for t in cluster.trials() if t["metadata"]["name"] == trial), None)
+    return None if found is None else (found.get("status") or {}).get("verdict")
+
+
+def verdicts(cluster: Cluster) -> list[tuple[int, str | None, str | None]]:
+    return [
+        (t["spec"]["number"], (t.get("status") or {}).get("verdict"), (t.get("status") or {}).get("reason"))
+        for t in cluster.trials()
+    ]
+
+
+@pytest.fixture
+def stack(
+    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    options = StackOptions(
+        state_dir=tmp_path_factory.mktemp("autotune"),
+        time_scale=1.0,
+        restart_backoff_s=3.0,
+        operator_env=dict(TUNER_ENV),
+    )
+    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
+        yield running
+
+
+def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> Cluster:
+    plane = stack.control_plane
+    assert plane is not None
+    plane.kubectl("create", "namespace", namespace, check=False)
+    path = stack.options.state_dir / f"{name}.json"
+    path.write_text(json.dumps(service_manifest(name, namespace, max_trials)))
+    plane.kubectl("apply", "-f", str(path))
+    cluster = Cluster(plane, namespace, name)
+    assert stack.runner is not None
+    runner = stack.runner
+    wait_until("the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster)
+    return cluster
+
+
+def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> None:
+    started = time.monotonic()
+    namespace, name = "autotune-e2e", "chat"
+    cluster = deploy(stack, namespace, name, max_trials=6)
+    try:
+        load = stack.start_load(
+            name,
+            TRACE,
+            namespace=namespace,
+            rate=RATE,
+            duration_s=540,
+            max_prompt_tokens=7000,
+            max_output_tokens=64,
+        )
+        promoted = wait_until(
+            "a promoted trial",
+            lambda: next(
+                (t for t in cluster.trials() if (t.get("status") or {}).get("verdict") == "Promoted"), None
+            ),
+            420,
+            cluster,
+        )
+        reached_s = time.monotonic() - started
+        status = promoted["status"]
+        best = cluster.status()["bestConfig"]
+        assert cluster.status()["bestTrial"] == promoted["metadata"]["name"]
+        assert best["maxNumBatchedTokens"] < 8192
+        assert status["canary"]["itlMs"] <= 50 and status["canary"]["ttftMs"] <= 2000
+        assert status["stable"]["itlMs"] > 50  # measured in the same window
+        budget = best["maxNumBatchedTokens"]
+        wait_until(
+            "the stable Deployment to run the promoted budget",
+            lambda: flag(cluster.stable_args(), "--max-num-batched-tokens") == budget,
+            60,
+            cluster,
+        )
+        wait_until("the canary to be removed", lambda: cluster.deployment(Track.CANARY) is None, 60, cluster)
+        slo = wait_until(
+            "the stable track to meet the SLO",
+            lambda: (c := cluster.condition("SLOMet")) is not None and c["status"] == "True" and c,
+            120,
+            cluster,
+        )
+        summary = load.stop(timeout_s=60)
+        print(
+            json.dumps(
+                {
+                    "trials_to_promotion": promoted["spec"]["number"],
+                    "seconds_to_promotion": round(reached_s, 1),
+                    "seconds_total": round(time.monotonic() - started, 1),
+                    "promoted": best,
+                    "canary": status["canary"],
+                    "stable_before": status["stable"],
+                    "stable_after": cluster.status().get("lastMeasurement"),
+                    "slo_met": slo["message"],
+                    "trials": verdicts(cluster),
+                    "requests_ok": summary.completed if summary is not None else None,
+                },
+                default=str,
+            )
+        )
+        listed = stack.control_plane.kubectl("get", "tuningtrials", "-n", namespace).stdout  # type: ignore[union-attr]
+        assert f"{name}-trial-1" in listed
+    finally:
+        cluster.close()
+
+
+def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary(
+    stack: LocalStack, prometheus: PrometheusServer
+) -> None:
+    namespace, name = "autotune-faults", "faulty"
+    assert stack.runner is not None and stack.control_plane is not None and stack.operator is not None
+    stack.runner.crash_next(service=name, track="canary", count=1)
+    cluster = deploy(stack, namespace, name, max_trials=3)
+    operator: ManagedProcess = stack.operator
+    paused = False
+    try:
+        load = stack.start_load(
+            name,
+            TRACE,
+            namespace=namespace,
+            rate=RATE,
+            duration_s=540,
+            max_prompt_tokens=7000,
+            max_output_tokens=64,
+        )
+        # 1. The first canary crashes at every start: its trial is aborted and the canary removed.
+        wait_until(
+            "the crashing canary's trial to be aborted",
+            lambda: any(v == "Aborted" and "crashed" in (r or "") for _, v, r in verdicts(cluster)),
+            180,
+            cluster,
+        )
+        # 2. Kill the operator while the next trial measures; a new one resumes it.
+        wait_until(
+            "a trial measuring",
+            lambda: any((t.get("status") or {}).get("phase") == "Measuring" for t in cluster.trials()),
+            180,
+            cluster,
+        )
+        measuring = next(t for t in cluster.trials() if (t.get("status") or {}).get("phase") == "Measuring")
+        os.killpg(operator.pid, signal.SIGKILL)
+        operator.popen.wait(10)  # type: ignore[union-attr]
+        time.sleep(5)
+        operator = ManagedProcess(
+            name="operator",
+            argv=list(DEFAULT_OPERATOR_COMMAND),
+            log_path=stack.options.state_dir / "operator-restarted.log",
+            env={**stack.control_plane.env, ENV_PROMETHEUS_URL: prometheus.url, **TUNER_ENV},
+        ).start()
+        interrupted = measuring["metadata"]["name"]
+        wait_until("the interrupted trial to finish", lambda: verdict_of(cluster, interrupted), 180, cluster)
+        # 3. Stop Prometheus for a window: the tuner reports MetricsUnavailable and judges nothing.
+        assert prometheus._process is not None
+        prometheus_pid = prometheus._process.pid
+        os.kill(prometheus_pid, signal.SIGSTOP)
+        paused = True
+        wait_until(
+            "MetricsUnavailable",
+            lambda: (c := cluster.condition("MetricsUnavailable")) is not None and c["status"] == "True",
+            60,
+            cluster,
+        )
+        time.sleep(10)
+        os.kill(prometheus_pid, signal.SIGCONT)
+        paused = False
+        wait_until(
+            "MetricsUnavailable to clear",
+            lambda: (c := cluster.condition("MetricsUnavailable")) is not None and c["status"] == "False",
+            60,
+            cluster,
+        )
+        # 4. The run ends: every trial recorded with a verdict, no canary left, the service serving.
+        wait_until(
+            "tuning to stop after maxTrials",
+            lambda: (c := cluster.condition("Tuning")) is not None and c["status"] == "False",
+            300,
+            cluster,
+        )
+        trials = verdicts(cluster)
+        assert [number for number, _, _ in trials] == [1, 2, 3]
+        assert all(verdict is not None for _, verdict, _ in trials), trials
+        assert cluster.deployment(Track.CANARY) is None
+        wait_until("the service to serve", lambda: stack.runner.ready_endpoints(name, namespace), 60, cluster)  # type: ignore[union-attr]
+        before = len(load.completed_records())
+        time.sleep(5)
+        assert len(load.completed_records()) > before
+        load.stop(timeout_s=60)
+        print(json.dumps({"fault_trials": trials}, default=str))
+    finally:
+        if paused:
+            os.kill(prometheus._process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        operator.stop()
+        cluster.close()
