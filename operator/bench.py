@@ -94,6 +94,7 @@ class DeploymentWatch:
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="deployment-watch", daemon=True)
         self._started = threading.Event()
+        self._stopping = False
 
     def start(self) -> DeploymentWatch:
         self._thread.start()
@@ -108,11 +109,15 @@ class DeploymentWatch:
             self._namespace,
             resource_version=listed.metadata.resource_version if listed.metadata else None,
         )
-        for event in stream:
-            name = event["object"].metadata.name
-            with self._changed:
-                self._seen.setdefault(name, time.monotonic())
-                self._changed.notify_all()
+        try:
+            for event in stream:
+                name = event["object"].metadata.name
+                with self._changed:
+                    self._seen.setdefault(name, time.monotonic())
+                    self._changed.notify_all()
+        except Exception:
+            if not self._stopping:
+                raise  # a broken stream while measuring; closing the client ends it otherwise
 
     def wait(self, name: str, timeout: float) -> float:
         """The monotonic time ``name`` was first seen; raises TimeoutError."""
@@ -126,6 +131,7 @@ class DeploymentWatch:
             return self._seen[name]
 
     def stop(self) -> None:
+        self._stopping = True
         self._watch.stop()  # type: ignore[no-untyped-call]
 
 

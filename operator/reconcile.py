@@ -94,6 +94,19 @@ def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceServic
     return isvc.model_copy(update={"status": InferenceServiceStatus(best_config=config)})
 
 
+def foreign_selector_keys(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, None]:
+    """Selector keys of a live Service that ``desired`` lacks, as a merge patch removing them.
+
+    Elsewhere extra fields are server defaults and ignored; in a Service selector an extra
+    key silently routes traffic away from the engine pods.
+    """
+    if desired.get("kind") != "Service":
+        return {}
+    wanted = (desired.get("spec") or {}).get("selector") or {}
+    live = (actual.get("spec") or {}).get("selector") or {}
+    return {key: None for key in live if key not in wanted}
+
+
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
     return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
 
@@ -157,7 +170,9 @@ class Reconciler:
             known: dict[ChildKind, dict[str, Any] | None] = {}
         else:
             kinds = frozenset({kind})
-            known = {kind: None if event_type == "DELETED" else dict(child)}
+            # The event's body may be older than what an earlier reconcile already saw (events
+            # queue while the lock is held): read the child afresh rather than judge from it.
+            known = {kind: None} if event_type == "DELETED" else {}
         parent = await self.kube.get(isvc_path(namespace, service))
         if parent is None or is_terminating(parent):
             return
@@ -190,13 +205,18 @@ class Reconciler:
         stable: dict[str, Any] | None = None
         created: list[tuple[str, str]] = []
 
+        # Rendered on every pass, even one about another child: the status must keep
+        # reporting a knob the engine version cannot honour.
+        try:
+            desired_stable: dict[str, Any] | None = build_stable_deployment(isvc)
+        except RenderError as error:
+            problem = error.problem
+            desired_stable = None
         if ChildKind.DEPLOYMENT in kinds:
-            try:
-                desired = build_stable_deployment(isvc)
-            except RenderError as error:
-                problem = error.problem
+            if desired_stable is None:
                 stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
             else:
+                desired = desired_stable
                 ensured = await self._ensure(desired, owner, known.get(ChildKind.DEPLOYMENT, _UNKNOWN))
                 stable = ensured.actual
                 if ensured.created:
@@ -276,9 +296,13 @@ class Reconciler:
             current = await self.kube.get(object_path(desired))
         if current is not None and is_terminating(current):
             return _Ensured(actual=current, previous=current)  # recreated once the deletion completes
-        if current is not None and is_subset(desired, current):
+        extra = foreign_selector_keys(desired, current) if current is not None else {}
+        if current is not None and not extra and is_subset(desired, current):
             return _Ensured(actual=current, previous=current)
         actual = await self.kube.apply(desired)
+        if extra:
+            # Keys added by another field manager survive an apply: remove them explicitly.
+            actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
         return _Ensured(actual=actual, previous=current, created=current is None, written=True)
 
     async def _pod_monitor_wanted(self) -> bool:

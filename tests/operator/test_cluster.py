@@ -1,0 +1,497 @@
+"""The operator as a real process against the local control plane (etcd, kube-apiserver,
+kube-controller-manager, KWOK).
+
+One operator process serves the tests of this module in order (each step builds on the
+previous one, like a user's session); the HA test runs two more with peering in their own
+namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.operator.bench import run_bench
+from chunkpilot.operator.builders import build_pod_monitor
+from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "chunkpilot-operator-tests"
+NS_HA = "chunkpilot-operator-ha"
+EXAMPLE = REPO / "examples" / "chat-llama-8b-sim.yaml"
+LEGACY = REPO / "examples" / "legacy-vllm-partial-prefill.yaml"
+SERVICE_LABEL = "chunkpilot.io/service"
+READY_TIMEOUT = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def apply(cluster: Any, manifest: dict[str, Any] | str, namespace: str = NS) -> None:
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+
+
+def get(cluster: Any, kind: str, name: str, namespace: str = NS) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr:
+            return None
+        raise AssertionError(result.stderr)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def items(cluster: Any, kind: str, selector: str, namespace: str = NS) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", kind, "-n", namespace, "-l", selector, "-o", "json").stdout
+    listed: list[dict[str, Any]] = json.loads(out)["items"]
+    return listed
+
+
+def condition(isvc: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for item in ((isvc or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            found: dict[str, Any] = item
+            return found
+    return None
+
+
+def engine_args(deployment: dict[str, Any]) -> list[str]:
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def event_reasons(cluster: Any, name: str, namespace: str = NS) -> list[str]:
+    out = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    ).stdout
+    return [event["reason"] for event in json.loads(out)["items"]]
+
+
+def table_row(header: str, line: str) -> dict[str, str]:
+    """One row of ``kubectl get`` output by column (cells may be empty)."""
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    names = header.split()
+    bounds = [*starts[1:], None]
+    return {name: line[start:end].strip() for name, start, end in zip(names, starts, bounds, strict=True)}
+
+
+def event_messages(cluster: Any, name: str, reason: str, namespace: str = NS) -> list[str]:
+    out = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name},reason={reason}",
+        "-o", "json",
+    ).stdout  # fmt: skip
+    return [event["message"] for event in json.loads(out)["items"]]
+
+
+def wait_ready(cluster: Any, name: str, namespace: str = NS) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        isvc = get(cluster, "inferenceservices", name, namespace)
+        ready = condition(isvc, "Ready")
+        generation = (isvc or {}).get("metadata", {}).get("generation")
+        if ready and ready["status"] == "True" and ready.get("observedGeneration") == generation:
+            return isvc
+        return None
+
+    return wait_for(ready, timeout=READY_TIMEOUT, what=f"InferenceService {name} Ready=True")
+
+
+def wait_rolled_out(cluster: Any, name: str, namespace: str = NS) -> dict[str, Any]:
+    """Ready, and every stable pod runs the latest template (no rollout in flight)."""
+
+    def done() -> dict[str, Any] | None:
+        isvc = wait_ready(cluster, name, namespace)
+        progressing = condition(isvc, "Progressing")
+        return isvc if progressing and progressing["reason"] == "RolloutComplete" else None
+
+    return wait_for(done, timeout=READY_TIMEOUT, what=f"InferenceService {name} rollout complete")
+
+
+def wait_deployment(
+    cluster: Any, name: str, predicate: Any = None, namespace: str = NS, what: str = ""
+) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        deployment = get(cluster, "deployments", name, namespace)
+        if deployment is not None and (predicate is None or predicate(deployment)):
+            return deployment
+        return None
+
+    return wait_for(found, timeout=60, what=what or f"Deployment {name}")
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: Any) -> Any:
+    """The session control plane with the CRDs (ours and Kopf's peering) and two namespaces."""
+    control_plane.apply_manifests(
+        [REPO / "crds", REPO / "charts" / "chunkpilot" / "crds" / "kopf-peering.yaml"]
+    )
+    for namespace in (NS, NS_HA):
+        apply(control_plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    return control_plane
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """``chunkpilot operator -n NS --standalone`` for every test of this module."""
+    port = free_port()
+    process = OperatorProcess(
+        ["-n", NS, "--standalone", "--verbose", "--metrics-port", str(port)],
+        env=operator_env(cluster.env),
+        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+    )
+    process.metrics_port = port  # type: ignore[attr-defined]
+    process.start()
+    yield process
+    # Remove what is left while the operator still runs (it owns the finalizers).
+    cluster.kubectl(
+        "delete", "inferenceservices", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False
+    )
+    process.stop()
+
+
+def test_example_becomes_ready_with_its_children(cluster: Any, operator: OperatorProcess) -> None:
+    apply(cluster, EXAMPLE.read_text())
+    isvc = get(cluster, "inferenceservices", "chat")
+    assert isvc is not None
+    deployment = wait_deployment(cluster, "chat-stable")
+    args = engine_args(deployment)
+    assert flag(args, "--max-num-batched-tokens") == "2048"
+    assert flag(args, "--max-num-seqs") == "128"
+    assert flag(args, "--served-model-name") == "llama-8b"
+    assert deployment["spec"]["replicas"] == 2
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (
+        "InferenceService",
+        isvc["metadata"]["uid"],
+        True,
+    )
+    service = get(cluster, "services", "chat")
+    assert service is not None and service["spec"]["selector"] == {SERVICE_LABEL: "chat"}
+
+    ready = wait_ready(cluster, "chat")  # KWOK runs the pods and marks them Ready
+    assert ready["status"]["appliedConfig"]["maxNumBatchedTokens"] == 2048
+    assert ready["status"]["readyReplicas"] == 2
+    table = cluster.kubectl("get", "cpis", "chat", "-n", NS).stdout.splitlines()
+    row = table_row(table[0], table[1])
+    assert (row["READY"], row["BUDGET"], row["PHASE"]) == ("True", "2048", "Ready")
+    described = cluster.kubectl("describe", "cpis", "chat", "-n", NS).stdout
+    assert "Conditions:" in described and "Events:" in described
+    assert {"Created", "Ready"} <= set(event_reasons(cluster, "chat"))
+
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"  # type: ignore[attr-defined]
+    metrics = urllib.request.urlopen(url, timeout=10).read().decode()
+    assert (
+        f'chunkpilot_token_budget_tokens{{namespace="{NS}",service="chat",track="stable"}} 2048.0' in metrics
+    )
+    assert (
+        f'chunkpilot_slo_target_seconds{{metric="itl",namespace="{NS}",quantile="0.99",service="chat"}} 0.05'
+        in (metrics)
+    )
+
+
+#: What the Prometheus Operator puts in front of a PodMonitor endpoint's own relabelings.
+PROMETHEUS_OPERATOR_PRELUDE: list[dict[str, Any]] = [
+    {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http"},
+    {"action": "replace", "source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+    {
+        "action": "replace",
+        "source_labels": ["__meta_kubernetes_pod_container_name"],
+        "target_label": "container",
+    },
+    {"action": "replace", "source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    {"action": "replace", "target_label": "endpoint", "replacement": "http"},
+]
+
+
+def test_pod_monitor_relabelings_give_the_contract_target_labels(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Real Prometheus relabels the engine pods' targets as the PodMonitor says."""
+    from chunkpilot.api import InferenceService
+    from chunkpilot.devcluster.processes import ManagedProcess, http_ok
+    from chunkpilot.devcluster.prometheus import locate_prometheus
+
+    binary = locate_prometheus()
+    if binary is None:
+        pytest.fail("Prometheus is not installed; run `chunkpilot cluster fetch`", pytrace=False)
+    monitor = build_pod_monitor(InferenceService.from_manifest({**yaml.safe_load(EXAMPLE.read_text())}))
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    rules = [
+        {
+            {"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(k, k): v
+            for k, v in rule.items()
+        }
+        for rule in endpoint["relabelings"]
+    ]
+    folder = tmp_path_factory.mktemp("prometheus-sd")
+    # Debian's Prometheus is built without Kubernetes discovery, so the test hands it the targets
+    # that discovery would produce for the live pods: the same __meta_kubernetes_* labels, through
+    # file_sd. Relabeling is then Prometheus's own.
+    pods = {item["metadata"]["name"]: item for item in items(cluster, "pods", f"{SERVICE_LABEL}=chat")}
+    assert pods
+    groups = []
+    for index, (name, pod) in enumerate(sorted(pods.items())):
+        meta = {
+            "__meta_kubernetes_namespace": NS,
+            "__meta_kubernetes_pod_name": name,
+            "__meta_kubernetes_pod_container_name": "engine",
+            "__meta_kubernetes_pod_container_port_name": "http",
+            **{
+                "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key): value
+                for key, value in pod["metadata"]["labels"].items()
+            },
+        }
+        groups.append({"targets": [f"127.0.0.{index + 2}:8000"], "labels": meta})
+    (folder / "targets.json").write_text(json.dumps(groups))
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": f"podMonitor/{NS}/chat/0",
+                "file_sd_configs": [{"files": [str(folder / "targets.json")]}],
+                "relabel_configs": [
+                    {
+                        "action": "keep",
+                        "source_labels": ["__meta_kubernetes_pod_label_chunkpilot_io_service"],
+                        "regex": "chat",
+                    },
+                    *PROMETHEUS_OPERATOR_PRELUDE,
+                    *rules,
+                ],
+            }
+        ],
+    }
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    prometheus = ManagedProcess(
+        name="prometheus-sd",
+        argv=[
+            str(binary),
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        log_path=folder / "prometheus.log",
+        cwd=folder,
+    ).start()
+    try:
+        prometheus.wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/-/ready"), 60, "Prometheus ready")
+
+        def targets() -> list[dict[str, str]] | None:
+            url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
+            active = json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["activeTargets"]
+            return [target["labels"] for target in active] or None
+
+        found = wait_for(targets, timeout=60, what="engine pods discovered by Prometheus")
+        assert sorted(labels["pod"] for labels in found) == sorted(pods)
+        for labels in found:
+            pod_labels = pods[labels["pod"]]["metadata"]["labels"]
+            assert {k: v for k, v in labels.items() if k not in ("job", "instance")} == {
+                "namespace": NS,
+                "service": "chat",
+                "track": "stable",
+                "config_hash": pod_labels["chunkpilot.io/config-hash"],
+                "pod": labels["pod"],
+            }
+    finally:
+        prometheus.stop()
+
+
+def test_spec_change_rolls_the_deployment_with_new_arguments(cluster: Any, operator: OperatorProcess) -> None:
+    before = get(cluster, "deployments", "chat-stable")
+    assert before is not None
+    cluster.kubectl(
+        "patch",
+        "cpis",
+        "chat",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"maxNumBatchedTokens":4096}}}',
+    )
+    after = wait_deployment(
+        cluster,
+        "chat-stable",
+        lambda d: flag(engine_args(d), "--max-num-batched-tokens") == "4096",
+        what="chat-stable rolled to a budget of 4096",
+    )
+    label = "chunkpilot.io/config-hash"
+    assert after["metadata"]["labels"][label] != before["metadata"]["labels"][label]
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]  # rolled in place, not recreated
+    ready = wait_ready(cluster, "chat")
+    assert ready["status"]["appliedConfig"]["maxNumBatchedTokens"] == 4096
+    assert "Rolled" in event_reasons(cluster, "chat")
+
+
+def test_promoted_config_survives_a_deleted_deployment(cluster: Any, operator: OperatorProcess) -> None:
+    best = {"maxNumBatchedTokens": 3072, "maxNumSeqs": 96}
+    cluster.kubectl(
+        "patch", "cpis", "chat", "-n", NS, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"bestConfig": best, "bestTrial": "chat-7"}}),
+    )  # fmt: skip
+    promoted = wait_deployment(
+        cluster,
+        "chat-stable",
+        lambda d: flag(engine_args(d), "--max-num-batched-tokens") == "3072",
+        what="chat-stable following status.bestConfig",
+    )
+    assert flag(engine_args(promoted), "--max-num-seqs") == "96"
+
+    cluster.kubectl("delete", "deployment", "chat-stable", "-n", NS)
+    restored = wait_deployment(
+        cluster,
+        "chat-stable",
+        lambda d: d["metadata"]["uid"] != promoted["metadata"]["uid"],
+        what="chat-stable recreated after being deleted by hand",
+    )
+    assert flag(engine_args(restored), "--max-num-batched-tokens") == "3072"
+    wait_for(
+        lambda: "DriftCorrected" in event_reasons(cluster, "chat"), timeout=30, what="DriftCorrected Event"
+    )
+    rolled = event_messages(cluster, "chat", "Rolled")
+    assert len(rolled) == 2, rolled  # the spec change and the promotion: no flapping between them
+
+
+def test_child_service_deleted_or_edited_by_hand_is_restored(cluster: Any, operator: OperatorProcess) -> None:
+    old = get(cluster, "services", "chat")
+    assert old is not None
+    cluster.kubectl("delete", "service", "chat", "-n", NS)
+    wait_for(
+        lambda: (
+            (get(cluster, "services", "chat") or {}).get("metadata", {}).get("uid")
+            not in (None, old["metadata"]["uid"])
+        ),
+        timeout=60,
+        what="Service chat recreated",
+    )
+    cluster.kubectl(
+        "patch", "service", "chat", "-n", NS, "--type=merge", "-p", '{"spec":{"selector":{"x":"y"}}}'
+    )
+    wait_for(
+        lambda: (
+            (get(cluster, "services", "chat") or {}).get("spec", {}).get("selector")
+            == {SERVICE_LABEL: "chat"}
+        ),
+        timeout=60,
+        what="Service chat selector restored",
+    )
+
+
+def test_unsupported_knob_sets_ready_false_instead_of_a_crashing_pod(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    manifest = yaml.safe_load(LEGACY.read_text())
+    manifest["metadata"]["name"] = "upgraded"
+    manifest["spec"]["engine"]["version"] = "0.33.0"
+    manifest["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.33.0"
+    apply(cluster, manifest)
+
+    def refused() -> dict[str, Any] | None:
+        ready = condition(get(cluster, "inferenceservices", "upgraded"), "Ready")
+        return ready if ready and ready["reason"] == "UnsupportedKnob" else None
+
+    ready = wait_for(refused, timeout=60, what="Ready=False reason UnsupportedKnob")
+    assert ready["status"] == "False"
+    assert "maxNumPartialPrefills" in ready["message"] and "0.33" in ready["message"]
+    assert get(cluster, "deployments", "upgraded-stable") is None
+    assert "UnsupportedKnob" in event_reasons(cluster, "upgraded")
+
+
+def test_restarting_the_operator_creates_no_duplicates(cluster: Any, operator: OperatorProcess) -> None:
+    def snapshot() -> dict[str, tuple[str, int]]:
+        objects = items(cluster, "deployments,services,replicasets", SERVICE_LABEL)
+        return {
+            f"{o['kind']}/{o['metadata']['name']}": (o["metadata"]["uid"], o["metadata"].get("generation", 0))
+            for o in objects
+            if o["kind"] != "ReplicaSet" or int(o["spec"].get("replicas") or 0) > 0
+        }
+
+    wait_rolled_out(cluster, "chat")
+    before = snapshot()
+    operator.stop()
+    operator.start()
+    operator.wait_for_log(f"reconciled {NS}/chat", timeout=60)
+    operator.wait_for_log(f"reconciled {NS}/upgraded", timeout=60)
+    assert snapshot() == before
+    assert len(items(cluster, "deployments", f"{SERVICE_LABEL}=chat")) == 1
+
+
+def test_deleting_the_service_removes_every_child(cluster: Any, operator: OperatorProcess) -> None:
+    cluster.kubectl("delete", "cpis", "chat", "-n", NS, "--timeout=60s")
+
+    def gone() -> bool:
+        return not items(cluster, "deployments,services,replicasets,pods", f"{SERVICE_LABEL}=chat")
+
+    wait_for(gone, timeout=90, what="every child of chat garbage-collected")
+
+
+def test_two_peered_replicas_only_one_acts(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    apply(
+        cluster,
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "chunkpilot"}},
+        NS_HA,
+    )
+    logs = tmp_path_factory.mktemp("operator-ha")
+    env = operator_env(cluster.env, CHUNKPILOT_OPERATOR_REPLICAS="2")
+    args = ["-n", NS_HA, "--peering", "chunkpilot", "--verbose", "--metrics-port", "0"]
+    first = OperatorProcess(args, env=env, log_path=logs / "first.log")
+    second = OperatorProcess(args, env=env, log_path=logs / "second.log")
+    try:
+        first.start()
+        second.start()
+        # Kopf starts every replica paused; only the one without a higher-priority peer resumes.
+        first.wait_for_log("Resuming operations", timeout=60)
+
+        def peers() -> int:
+            peering = get(cluster, "kopfpeerings.kopf.dev", "chunkpilot", NS_HA) or {}
+            return len(peering.get("status") or {})
+
+        wait_for(lambda: peers() == 2, timeout=60, what="both replicas in the peering object")
+        service = yaml.safe_load(EXAMPLE.read_text())
+        service["metadata"]["name"] = "ha-one"
+        service["spec"]["replicas"] = 1
+        apply(cluster, service, NS_HA)
+        wait_deployment(cluster, "ha-one-stable", namespace=NS_HA)
+        first.wait_for_log(f"reconciled {NS_HA}/ha-one", timeout=30)
+        assert f"{NS_HA}/ha-one" not in second.log()
+        assert "Resuming operations" not in second.log()  # the standby never acted
+
+        first.stop()  # a clean exit leaves the peering object: the standby takes over
+        second.wait_for_log("Resuming operations", timeout=60)
+        service["metadata"]["name"] = "ha-two"
+        apply(cluster, service, NS_HA)
+        wait_deployment(cluster, "ha-two-stable", namespace=NS_HA)
+        second.wait_for_log(f"reconciled {NS_HA}/ha-two", timeout=30)
+        cluster.kubectl("delete", "cpis", "--all", "-n", NS_HA, "--timeout=60s")
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_bench_prints_latency_and_memory(cluster: Any, tmp_path: Path) -> None:
+    result = run_bench(
+        count=3, total=5, replicas=0, kubeconfig=cluster.kubeconfig, work_dir=tmp_path, log=lambda _: None
+    )
+    assert len(result.latencies_s) == 3 and all(0 < value < 60 for value in result.latencies_s)
+    assert result.reconciled == 5 and result.rss_bytes > 0
+    report = result.report()
+    assert "p50" in report and "p99" in report and "MiB" in report
