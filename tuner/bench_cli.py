@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     tuner.add_argument(
         "--quick",
         action="store_true",
-        help="short trace slices, coarse grid and ladder, 12 trials (~3 min on 2 cores)",
+        help="short trace slices, a coarser grid and capacity search, 12 trials (a minute or two on 2 cores)",
     )
     tuner.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     tuner.add_argument("--jobs", type=int, default=None, help="simulator processes (default 2)")
