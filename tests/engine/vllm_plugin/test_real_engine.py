@@ -170,12 +170,35 @@ def test_every_metric_the_tuner_queries_is_exported_by_vllm(vllm_server: EngineS
 
 
 # -- (iii) partial-prefill lanes ---------------------------------------------------------------
+async def _lane_scenario(
+    server: EngineServer, mark: int, long_a: int, long_b: int, short: int
+) -> list[StreamResult]:
+    """Send the first long prompt; once it is prefilling, queue the second long one, then the short one.
+
+    Waiting for the first prefill step (rather than a fixed delay) keeps the scenario valid on
+    machines of any speed: the first prompt needs several more steps when the others arrive.
+    """
+    async with aiohttp.ClientSession() as session:
+
+        def send(length: int, offset: int, delay: float = 0.0) -> asyncio.Task[StreamResult]:
+            request = stream_completion(
+                session, server.url, SERVED_MODEL_NAME, prompt_ids(length, offset), 4, delay
+            )
+            return asyncio.create_task(request)
+
+        first = send(long_a, 101)
+        for _ in range(600):
+            if prefills_by_prompt(server.steps_since(mark), long_a):
+                break
+            await asyncio.sleep(0.02)
+        others = [send(long_b, 202), send(short, 303, delay=0.05)]
+        return [await first, *[await task for task in others]]
+
+
 def test_short_prompt_takes_the_free_lane_while_long_prompts_prefill(vllm_server: EngineServer) -> None:
     long_a, long_b, short = 12000, 6000, 300
     mark = vllm_server.mark()
-    results = asyncio.run(
-        _streams(vllm_server.url, [(long_a, 101, 4, 0.0), (long_b, 202, 4, 0.1), (short, 303, 4, 0.2)])
-    )
+    results = asyncio.run(_lane_scenario(vllm_server, mark, long_a, long_b, short))
     steps = vllm_server.steps_since(mark)
     print(
         f"\nTTFT long {long_a}: {results[0].ttft:.2f}s, long {long_b}: {results[1].ttft:.2f}s, "
