@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from chunkpilot.engine.vllm_plugin.render import ENGINE_IMAGE_REPOSITORY, PluginSettings, plugin_args
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     MODEL_MOUNT_PATH,
@@ -26,7 +27,7 @@ from chunkpilot.operator.engines.common import (
 )
 from chunkpilot.operator.engines.versions import EngineVersion
 
-from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api import EngineKind, InferenceServiceSpec
 
 ENGINE_NAME: Final = "vLLM"
 #: Oldest release whose command line this renderer knows.
@@ -57,6 +58,8 @@ class KnobRule:
     is_set: Callable[[InferenceServiceSpec], bool]
     since: EngineVersion | None = None
     until: EngineVersion | None = None
+    #: From ``until`` on, the Chunkpilot engine image's scheduler plugin enforces the knob instead.
+    plugin: bool = False
 
     def supports(self, version: EngineVersion) -> bool:
         return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
@@ -65,6 +68,10 @@ class KnobRule:
         if self.until is not None and version >= self.until:
             detail = f"the flag was removed in {self.until} (the V1 engine does not enforce it)"
             remedy = f"unset {self.knob.rsplit('.', 1)[-1]} or pin spec.engine.version below {self.until}"
+            if self.plugin:
+                remedy += (
+                    f", or set spec.engine.image to the Chunkpilot engine image ({ENGINE_IMAGE_REPOSITORY})"
+                )
         else:
             detail = f"the flag is only rendered for {ENGINE_NAME} {self.since} and later"
             remedy = (
@@ -86,12 +93,14 @@ KNOB_RULES: Final[tuple[KnobRule, ...]] = (
         "--max-num-partial-prefills",
         lambda s: s.engine.max_num_partial_prefills is not None,
         until=V0_REMOVED,
+        plugin=True,
     ),
     KnobRule(
         "spec.engine.maxLongPartialPrefills",
         "--max-long-partial-prefills",
         lambda s: s.engine.max_long_partial_prefills is not None,
         until=V0_REMOVED,
+        plugin=True,
     ),
     KnobRule(
         "spec.engine.maxNumActiveSeqs",
@@ -124,8 +133,20 @@ def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -
     """The first knob set in ``spec`` that ``version`` cannot honour, if any."""
     for rule in KNOB_RULES:
         if rule.is_set(spec) and not rule.supports(version):
+            if rule.plugin and uses_plugin(spec, version):
+                continue
             return rule.problem(version)
     return None
+
+
+def uses_plugin(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
+    """True when a V1 release runs the Chunkpilot engine image, whose scheduler plugin is used."""
+    image = spec.engine.image or ""
+    return (
+        spec.engine.kind == EngineKind.VLLM
+        and version >= V0_REMOVED
+        and image.startswith(ENGINE_IMAGE_REPOSITORY + ":")
+    )
 
 
 def model_argument(model_name: str) -> tuple[str, ModelVolume | None]:
@@ -202,10 +223,19 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
     args += ["--long-prefill-token-threshold", str(engine.long_prefill_token_threshold)]
     if engine.long_prefill_token_threshold_adaptive:
         args.append("--long-prefill-token-threshold-adaptive")
-    if engine.max_num_partial_prefills is not None:
-        args += ["--max-num-partial-prefills", str(engine.max_num_partial_prefills)]
-    if engine.max_long_partial_prefills is not None:
-        args += ["--max-long-partial-prefills", str(engine.max_long_partial_prefills)]
+    extra_args = list(engine.extra_args)
+    if uses_plugin(spec, version):
+        settings = PluginSettings(engine.max_num_partial_prefills, engine.max_long_partial_prefills)
+        plugin = plugin_args(settings, extra_args)
+        if plugin:
+            # plugin_args merged any --additional-config of extra_args into its own.
+            extra_args = _without_additional_config(extra_args)
+            args += plugin
+    else:
+        if engine.max_num_partial_prefills is not None:
+            args += ["--max-num-partial-prefills", str(engine.max_num_partial_prefills)]
+        if engine.max_long_partial_prefills is not None:
+            args += ["--max-long-partial-prefills", str(engine.max_long_partial_prefills)]
     args.append(_bool_flag("--enable-prefix-caching", engine.enable_prefix_caching, negation=True))
     speculative = _speculative_config(spec)
     if speculative is not None:
@@ -218,8 +248,21 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
     ]
     if version >= V0_33:
         args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
-    args += list(engine.extra_args)
+    args += extra_args
     return args
+
+
+def _without_additional_config(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--additional-config":
+            skip = True
+        elif not arg.startswith("--additional-config="):
+            out.append(arg)
+    return out
 
 
 def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[str, Any]]:

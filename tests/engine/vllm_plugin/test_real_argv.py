@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from chunkpilot.engine.vllm_plugin.env import EngineEnv
-from chunkpilot.engine.vllm_plugin.render import SCHEDULER_CLS, PluginSettings, plugin_args
+from chunkpilot.engine.vllm_plugin.render import SCHEDULER_CLS, PluginSettings, engine_image, plugin_args
 from chunkpilot.operator.engines import EngineRender, render_engine
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import V0_REMOVED, vllm_args
@@ -72,6 +72,14 @@ def rendered_vectors() -> tuple[dict[str, list[str]], dict[str, EngineVersion]]:
 @pytest.fixture(scope="module")
 def results(vllm_env: EngineEnv) -> dict[str, dict[str, Any]]:
     vectors, _ = rendered_vectors()
+    # The operator's rendering for partial-prefill limits on a V1 release with the engine image.
+    manifest = yaml.safe_load((ROOT / "examples" / "llama-70b-vllm.yaml").read_text())
+    manifest["spec"]["engine"].update(
+        {"maxNumPartialPrefills": 4, "maxLongPartialPrefills": 1, "image": engine_image("0.33.0")}
+    )
+    rendered = render_engine(InferenceService.from_manifest(manifest).spec)
+    assert isinstance(rendered, EngineRender), rendered
+    vectors["operator-partial-prefill-plugin"] = list(rendered.args)
     settings = PluginSettings(max_num_partial_prefills=4, max_long_partial_prefills=1, live_adjust=True)
     vectors["plugin-partial-prefill"] = [
         "org/model",
@@ -110,10 +118,13 @@ def test_example_argv_is_accepted_by_vllm(results: dict[str, dict[str, Any]], na
         assert result["ok"], result
 
 
-def test_plugin_arguments_select_the_chunkpilot_scheduler(results: dict[str, dict[str, Any]]) -> None:
-    result = results["plugin-partial-prefill"]
+@pytest.mark.parametrize("name", ["plugin-partial-prefill", "operator-partial-prefill-plugin"])
+def test_plugin_arguments_select_the_chunkpilot_scheduler(
+    results: dict[str, dict[str, Any]], name: str
+) -> None:
+    result = results[name]
     assert result["ok"], result
-    assert result["scheduler_cls"] == "chunkpilot.engine.vllm_plugin.scheduler.ChunkpilotScheduler"
+    assert result["scheduler_cls"] == SCHEDULER_CLS
     assert result["plugin"] == {"max_num_partial_prefills": 4, "max_long_partial_prefills": 1}
 
 
