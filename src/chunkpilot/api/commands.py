@@ -18,6 +18,8 @@ from chunkpilot.api.inferenceservice import InferenceService
 from chunkpilot.api.tuningtrial import TuningTrial
 
 CRDS_DIR = Path("crds")
+#: The Helm chart ships its own copy of the generated CRDs.
+CHART_CRDS_DIR = Path("charts/chunkpilot/crds")
 DOCS_FILE = Path("docs/reference/crds.md")
 
 
@@ -76,9 +78,10 @@ def validate_document(document: dict[str, Any]) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    out = args.out or repo_root() / CRDS_DIR
-    for path in write_crds(out):
-        print(f"wrote {path}")
+    outs = [args.out] if args.out else [repo_root() / CRDS_DIR, repo_root() / CHART_CRDS_DIR]
+    for out in outs:
+        for path in write_crds(out):
+            print(f"wrote {path}")
     return 0
 
 
