@@ -51,6 +51,7 @@ from chunkpilot.tuner.measure import (
 from chunkpilot.tuner.policy import (
     AbortRules,
     Decision,
+    Judgement,
     SLOTargets,
     StopReason,
     assess_infeasibility,
@@ -748,18 +749,33 @@ class TuningController:
             return
         space = self._space_or_none(ctx)
         incumbent = rec.incumbent_record(ctx.trials, space, ctx.incumbent, ctx.slo) if space else None
-        verdict = judge_final(
-            window,
-            ctx.slo,
-            ctx.abort,
-            rec.objective_kind(ctx.isvc),
-            ctx.isvc.spec.engine.tensor_parallel_size,
-            incumbent_objective=incumbent.objective if incumbent is not None else None,
-        )
-        if verdict.decision is Decision.INCONCLUSIVE:
-            if ctx.now - measure_from < trial_deadline(timedelta(seconds=window_s)):
+
+        def judge(measured: WindowMeasurement) -> Judgement:
+            return judge_final(
+                measured,
+                ctx.slo,
+                ctx.abort,
+                rec.objective_kind(ctx.isvc),
+                ctx.isvc.spec.engine.tensor_parallel_size,
+                incumbent_objective=incumbent.objective if incumbent is not None else None,
+            )
+
+        verdict = judge(window)
+        deadline = measure_from + trial_deadline(timedelta(seconds=window_s))
+        if verdict.decision is Decision.INCONCLUSIVE and ctx.now > end:
+            # Too few samples in the window: widen it up to now (until the deadline).
+            try:
+                window = await self._measure_window(
+                    ctx,
+                    trial,
+                    window_text((min(ctx.now, deadline) - measure_from).total_seconds()),
+                    min(ctx.now, deadline),
+                )
+            except MetricsUnavailableError as error:
+                await self._metrics_gap(ctx, trial, str(error))
                 return
-            await self._conclude(ctx, trial, Decision.INCONCLUSIVE, verdict.reason, window)
+            verdict = judge(window)
+        if verdict.decision is Decision.INCONCLUSIVE and ctx.now < deadline:
             return
         await self._conclude(ctx, trial, verdict.decision, verdict.reason, window)
 

@@ -145,6 +145,7 @@ class FakePrometheus:
         self.configs: dict[str, EngineConfig] = {}
         self.down = False
         self.samples = 500.0
+        self.samples_per_s: float | None = None  # when set, samples grow with the window
         self.queries = 0
 
     def know(self, config: EngineConfig) -> None:
@@ -164,7 +165,11 @@ class FakePrometheus:
             latency = self.itl_ms(budget) if "inter_token" in promql else self.ttft_ms(budget)
             return latency / 1000.0
         if "increase(" in promql:
-            return self.samples * (50 if "inter_token" in promql else 1)
+            samples = self.samples
+            if self.samples_per_s is not None:
+                window = re.search(r"\[(\d+)s\]", promql)
+                samples = self.samples_per_s * int(window.group(1)) if window else 0.0
+            return samples * (50 if "inter_token" in promql else 1)
         if "generation_tokens" in promql:
             return 1000.0 + budget / 10
         if "prompt_tokens" in promql:
@@ -453,6 +458,16 @@ def test_too_few_samples_is_inconclusive_never_promoted() -> None:
     assert trial.status is not None and trial.status.verdict == "Aborted"
     assert "needed to judge" in (trial.status.reason or "")
     assert h.status().best_config is None
+
+
+def test_too_few_samples_at_the_end_of_the_window_widens_it_before_giving_up() -> None:
+    h = Harness(autotune={"abort": {"minSamples": 150}})
+    h.prom.samples_per_s = 2.0  # 120 requests in the 60 s window; 150 after 75 s
+    h.run_until(lambda: bool(h.finished()))
+    trial = h.finished()[0]
+    assert trial.status is not None and trial.status.verdict != "Aborted", trial.status
+    assert trial.status.canary is not None and (trial.status.canary.samples or 0) >= 150
+    assert trial.status.canary.window is not None and int(trial.status.canary.window[:-1]) > 60
 
 
 def test_paused_starts_nothing_and_aborts_a_running_trial() -> None:
