@@ -26,12 +26,16 @@ typecheck: dev
 	$(VENV)/bin/mypy -p chunkpilot
 
 test-unit: dev
-	$(VENV)/bin/pytest -m "not cluster and not e2e and not prometheus and not vllm and not gpu"
+	$(VENV)/bin/pytest -m "not cluster and not e2e and not prometheus and not postgres and not vllm and not gpu"
 
-# Everything that runs without a GPU: unit, control-plane, Prometheus and e2e tiers.
+# Everything that runs without a GPU: unit, control-plane, Prometheus, PostgreSQL, e2e and
+# real-vLLM-on-the-CPU tiers. The heavy environments (control-plane binaries, torch for the probe,
+# vLLM's CPU build) are built once, with progress, and cached in ~/.cache/chunkpilot/.
 test: dev lint typecheck
 	$(VENV)/bin/chunkpilot cluster fetch
-	$(VENV)/bin/pytest -m "not gpu and not vllm"
+	$(VENV)/bin/chunkpilot probe torch-env
+	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
+	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu"
 
 crds: dev
 	$(VENV)/bin/chunkpilot crds generate

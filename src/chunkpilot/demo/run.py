@@ -107,7 +107,10 @@ def run_demo(
     scenario: DemoScenario, *, state_dir: Path, report_dir: Path, console: Console | None = None
 ) -> DemoResult:
     """Run the whole demo and tear everything down; never leaves a process behind."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=140)  # logs and pipes: room for the trial table
     progress = print_progress("demo")
     options = StackOptions(
         state_dir=state_dir,

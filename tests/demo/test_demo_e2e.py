@@ -1,0 +1,72 @@
+"""``chunkpilot demo --fast`` end to end, as a user runs it: a promoted config that meets both SLOs,
+the report written, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+
+#: Command-line fragments of every kind of process the demo starts.
+DEMO_PROCESSES = (
+    "kube-apiserver",
+    "etcd",
+    "kwok",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "prometheus",
+    "sim serve",
+    "chunkpilot.cli operator",
+)
+
+
+def _processes_mentioning(*fragments: str) -> dict[str, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(fragment in cmdline for fragment in fragments):
+            found[entry.name] = cmdline[:200]
+    return found
+
+
+def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> None:
+    state, reports = tmp_path / "state", tmp_path / "reports"
+    before = _processes_mentioning(*DEMO_PROCESSES)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chunkpilot.cli",
+            "demo",
+            "--fast",
+            "--state-dir",
+            str(state),
+            "--report-dir",
+            str(reports),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "Both SLOs met." in output
+    report = reports / "code-assist" / "report.md"
+    assert "Report:" in output
+    assert "Promoted" in report.read_text()
+    assert list(report.parent.glob("*.png"))
+    left = {pid: cmd for pid, cmd in _processes_mentioning(*DEMO_PROCESSES).items() if pid not in before}
+    assert not left, f"the demo left processes running: {left}"
