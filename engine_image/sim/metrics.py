@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 from chunkpilot.engine import metrics_names as names
 
+#: Simulator-only histogram (not a vLLM metric): tokens scheduled in each engine step, every step.
+#: vLLM exposes no per-step count; :data:`~chunkpilot.engine.metrics_names.ITERATION_TOKENS` means
+#: something else (see :meth:`EngineMetrics.iteration`).
+SCHEDULED_TOKENS_PER_STEP = "chunkpilot_sim:scheduled_tokens_per_step"
+
 _HELP = {
     names.TIME_TO_FIRST_TOKEN: "Histogram of time to first token in seconds.",
     names.INTER_TOKEN_LATENCY: "Histogram of inter-token latency in seconds.",
@@ -25,6 +30,7 @@ _HELP = {
     names.NUM_REQUESTS_RUNNING: "Number of requests in model execution batches.",
     names.NUM_REQUESTS_WAITING: "Number of requests waiting to be processed.",
     names.KV_CACHE_USAGE: "KV-cache usage. 1 means 100 percent usage.",
+    SCHEDULED_TOKENS_PER_STEP: "Histogram of tokens scheduled per engine step (simulator only).",
 }
 
 
@@ -61,6 +67,7 @@ class EngineMetrics:
     def __init__(self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE) -> None:
         self.labels = f'{names.LABEL_ENGINE}="{engine}",{names.LABEL_MODEL_NAME}="{_escape(model_name)}"'
         self.histograms = {name: Histogram(buckets) for name, buckets in names.HISTOGRAM_BUCKETS.items()}
+        self.histograms[SCHEDULED_TOKENS_PER_STEP] = Histogram(names.ITERATION_TOKENS_BUCKETS)
         self.counters: dict[str, float] = {
             name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS
         }
@@ -70,6 +77,22 @@ class EngineMetrics:
     def observe(self, name: str, value: float) -> None:
         """Observe ``value`` in histogram ``name``."""
         self.histograms[name].observe(value)
+
+    def iteration(self, first_token_prompt_tokens: int, generated_tokens: int, emitted: bool) -> None:
+        """Record one engine iteration the way vLLM V1 does.
+
+        vLLM builds its per-iteration stats only for an iteration that emitted output (a step that
+        only advanced chunked prefills records nothing) and then observes in
+        ``vllm:iteration_tokens_total`` the *whole* prompt of each request that emitted its first
+        token plus the tokens generated, adding the same two numbers to ``vllm:prompt_tokens_total``
+        and ``vllm:generation_tokens_total``. A chunked prompt thus appears once, at full length,
+        in the iteration that finished it: this is not the number of tokens scheduled in a step.
+        """
+        if not emitted:
+            return
+        self.inc(names.PROMPT_TOKENS, first_token_prompt_tokens)
+        self.inc(names.GENERATION_TOKENS, generated_tokens)
+        self.observe(names.ITERATION_TOKENS, first_token_prompt_tokens + generated_tokens)
 
     def inc(self, name: str, amount: float = 1.0) -> None:
         """Increase counter ``name``."""

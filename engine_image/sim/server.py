@@ -21,7 +21,7 @@ from aiohttp import web
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
-from chunkpilot.engine.sim.metrics import EngineMetrics
+from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
 from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -162,15 +162,18 @@ class SimEngineServer:
 
     def _deliver(self, result: StepResult) -> None:
         m = self.metrics
-        m.observe(names.ITERATION_TOKENS, result.output.num_scheduled_tokens)
+        m.observe(SCHEDULED_TOKENS_PER_STEP, result.output.num_scheduled_tokens)
+        m.iteration(
+            sum(out.request.prompt_tokens for out in result.results if out.is_first_token),
+            sum(out.new_tokens for out in result.results),
+            emitted=bool(result.results),
+        )
         if result.output.preempted:
             m.inc(names.NUM_PREEMPTIONS, len(result.output.preempted))
         end = result.end_s
         for out in result.results:
             request = out.request
-            m.inc(names.GENERATION_TOKENS, out.new_tokens)
             if out.is_first_token:
-                m.inc(names.PROMPT_TOKENS, request.prompt_tokens)
                 m.observe(names.TIME_TO_FIRST_TOKEN, end - request.arrival_s)
                 scheduled = (
                     request.first_scheduled_s if request.first_scheduled_s is not None else request.arrival_s

@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim import tokenizer
+from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP
 from chunkpilot.engine.sim.profiles.loader import load_model
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -195,6 +197,44 @@ def test_metrics_follow_the_vllm_v1_names_labels_types_and_buckets(sim_server: S
     assert names.REMOVED_TIME_PER_OUTPUT_TOKEN not in families
     generation = families["vllm:generation_tokens"].samples[0].value
     assert generation >= 3
+
+
+def _histogram(families: dict[str, Any], name: str) -> tuple[dict[float, float], float, float]:
+    """``({le: cumulative count}, count, sum)`` of one histogram with a single series."""
+    samples = families[name].samples
+    buckets = {float(s.labels["le"]): s.value for s in samples if s.name == f"{name}_bucket"}
+    (count,) = (s.value for s in samples if s.name == f"{name}_count")
+    (total,) = (s.value for s in samples if s.name == f"{name}_sum")
+    return buckets, count, total
+
+
+def test_iteration_tokens_count_whole_prompts_like_vllm_not_scheduled_tokens(
+    sim_server_runner: Any, tmp_path: Path
+) -> None:
+    budget, prompt, output = 256, 1000, 3
+    args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", "llama-8b")
+    with sim_server_runner(
+        tmp_path, *args, "--max-model-len", "4096", "--max-num-batched-tokens", str(budget)
+    ) as server:
+        _client(server).completions.create(
+            model="llama-8b", prompt=[7] * prompt, max_tokens=output, extra_body={"ignore_eos": True}
+        )
+        families = _families(server)
+    # vLLM: one observation per iteration that emitted tokens, of the whole prompt of each request
+    # emitting its first token plus the generated tokens, although no step scheduled more than the
+    # budget; the chunk-only steps are not observed.
+    buckets, count, total = _histogram(families, names.ITERATION_TOKENS)
+    assert count == output
+    assert total == prompt + output
+    assert buckets[1024.0] - buckets[512.0] == 1  # the first-token iteration: 1000 + 1 tokens
+    assert buckets[1.0] == output - 1  # the decode iterations: one token each
+    assert families["vllm:prompt_tokens"].samples[0].value == prompt
+    assert families["vllm:generation_tokens"].samples[0].value == output
+    # The simulator's own per-step figure: every step, what it scheduled, never above the budget.
+    steps, step_count, step_total = _histogram(families, SCHEDULED_TOKENS_PER_STEP)
+    assert step_count >= -(-prompt // budget) + output - 1
+    assert steps[float(budget)] == step_count
+    assert step_total == prompt + output - 1  # the last sampled token is never fed back
 
 
 def test_unknown_flag_is_rejected_like_vllm() -> None:
