@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -119,6 +119,10 @@ class Kube(Protocol):
 
 
 PostEvent = Callable[[Mapping[str, Any], EventSpec], None]
+Mirror = Callable[
+    [str, str, SearchSpace, list[TrialRecord], Mapping[int, Mapping[str, Any]]], Awaitable[object]
+]
+"""Copies the finished trials of a service somewhere (e.g. an Optuna RDB for optuna-dashboard)."""
 Clock = Callable[[], datetime]
 
 
@@ -299,8 +303,10 @@ class TuningController:
         clock: Clock = utc_now,
         settings: TunerSettings | None = None,
         inline: bool = False,
+        mirror: Mirror | None = None,
     ) -> None:
         self.kube = kube
+        self.mirror = mirror
         self.query = query
         self.post_event = post_event
         self.clock = clock
@@ -913,6 +919,7 @@ class TuningController:
         ctx.trials = [
             t if t.metadata.name != name else t.model_copy(update={"status": status}) for t in ctx.trials
         ]
+        await self._mirror(ctx)
         logger.info(
             "%s/%s: trial %d %s: %s", ctx.namespace, ctx.name, trial.spec.number, verdict.value, reason
         )
@@ -956,6 +963,22 @@ class TuningController:
                 return
             await self._promote(ctx, trial, "completing a promotion interrupted by a restart")
             return
+
+    async def _mirror(self, ctx: _Context) -> None:
+        """Hand the whole finished history to the mirror (it skips what it already has)."""
+        space = self._space_or_none(ctx) if self.mirror is not None else None
+        if self.mirror is None or space is None:
+            return
+        finished = [t for t in ctx.trials if not rec.is_active(t)]
+        attrs: dict[int, Mapping[str, Any]] = {
+            t.spec.number: {"verdict": str(t.status.verdict), "reason": t.status.reason or ""}
+            for t in finished
+            if t.status is not None and t.status.verdict is not None
+        }
+        try:
+            await self.mirror(ctx.namespace, ctx.name, space, self._records(ctx, space, finished), attrs)
+        except Exception as error:  # a read-only copy must never stop tuning
+            logger.warning("%s/%s: mirroring the study failed: %s", ctx.namespace, ctx.name, error)
 
     # ------------------------------------------------------------------ canary
 

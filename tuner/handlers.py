@@ -12,6 +12,8 @@ Environment:
   without it the tuner only reports ``MetricsUnavailable``.
 - ``CHUNKPILOT_TUNER_INTERVAL``: seconds between ticks (default 10).
 - ``CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT``: seconds a canary may take to become Ready (default 900).
+- ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
+  mirrored into after each trial (:mod:`chunkpilot.tuner.mirror`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import kopf
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeClient
-from chunkpilot.tuner.controller import TunerSettings, TuningController
+from chunkpilot.tuner import mirror
+from chunkpilot.tuner.controller import Mirror, TunerSettings, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
+from chunkpilot.tuner.space import SearchSpace
+from chunkpilot.tuner.study import TrialRecord
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
@@ -54,6 +59,19 @@ def _float_env(name: str, default: float) -> float:
 INTERVAL_S = _float_env(ENV_INTERVAL, 10.0)
 
 
+def _mirror_to(url: str) -> Mirror:
+    async def copy(
+        namespace: str,
+        name: str,
+        space: SearchSpace,
+        records: list[TrialRecord],
+        attrs: Mapping[int, Mapping[str, Any]],
+    ) -> int | None:
+        return await mirror.amirror_trials(namespace, name, space, records, url=url, attrs=attrs)
+
+    return copy
+
+
 def _post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
     kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
 
@@ -74,7 +92,10 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         raise kopf.PermanentError(str(error)) from None
     query = PrometheusClient(config.prometheus_url, timeout_s=5.0).query if config.prometheus_url else None
     kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
-    memo[MEMO_KEY] = TuningController(kube, query, post_event=_post_event, settings=settings)
+    url = mirror.storage_url()
+    memo[MEMO_KEY] = TuningController(
+        kube, query, post_event=_post_event, settings=settings, mirror=_mirror_to(url) if url else None
+    )
     logger.info(
         "autotuner ready: Prometheus %s, tick every %gs",
         config.prometheus_url or "not configured",

@@ -204,6 +204,8 @@ class Harness:
         self.events: list[EventSpec] = []
         self.ready_tracks = {"stable", "canary"}
         self.settings = TunerSettings(rollout_timeout_s=120)
+        self.mirrored: list[tuple[list[int], dict[int, Any]]] = []
+        self.mirror_fails = False
         self.controller = self.new_controller()
         self.stable_from_spec()
 
@@ -223,7 +225,16 @@ class Harness:
             clock=lambda: self.now,
             settings=self.settings,
             inline=True,
+            mirror=self.mirror,
         )
+
+    async def mirror(
+        self, namespace: str, name: str, space: Any, records: list[Any], attrs: Mapping[int, Any]
+    ) -> None:
+        assert (namespace, name) == (NS, NAME)
+        if self.mirror_fails:
+            raise ConnectionError("database down")
+        self.mirrored.append(([r.number for r in records], dict(attrs)))
 
     def stable_from_spec(self) -> None:
         from chunkpilot.operator.builders import build_deployment
@@ -578,6 +589,18 @@ def test_sustained_violation_after_tuning_stopped_starts_a_new_round() -> None:
     h.run_until(lambda: len(h.trials()) > 2)
     assert h.trials()[-1].metadata.labels[rec.LABEL_ROUND] == "1"
     assert "Retuning" in h.reasons()
+
+
+def test_every_finished_trial_is_handed_to_the_mirror_and_a_failing_mirror_changes_nothing() -> None:
+    h = Harness(autotune={"maxTrials": 2})
+    h.mirror_fails = True
+    h.run_until(lambda: len(h.finished()) == 1)
+    assert h.mirrored == []
+    h.mirror_fails = False
+    h.run_until(lambda: len(h.finished()) == 2)
+    numbers, attrs = h.mirrored[-1]
+    assert numbers == [1, 2]  # the whole history: the mirror catches up after an outage
+    assert attrs[1]["verdict"] == h.finished()[0].status.verdict  # type: ignore[union-attr]
 
 
 def test_crash_message_ignores_terminating_pods_and_other_configs() -> None:
