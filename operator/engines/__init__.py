@@ -24,7 +24,7 @@ from chunkpilot.operator.engines.common import (
 )
 from chunkpilot.operator.engines.sim import default_sim_image, render_sim
 from chunkpilot.operator.engines.versions import EngineVersion
-from chunkpilot.operator.engines.vllm import default_vllm_image, render_vllm
+from chunkpilot.operator.engines.vllm import default_vllm_image, honours_partial_prefills, render_vllm
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
 
@@ -59,5 +59,6 @@ __all__ = [
     "UnsupportedEngineVersion",
     "UnsupportedKnob",
     "default_image",
+    "honours_partial_prefills",
     "render_engine",
 ]

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from chunkpilot.engine.vllm_plugin.render import ENGINE_IMAGE_REPOSITORY, PluginSettings, plugin_args
+from chunkpilot.engine.vllm_plugin.render import (
+    ENGINE_IMAGE_REPOSITORY,
+    SUPPORTED_VLLM_VERSIONS,
+    PluginSettings,
+    engine_image,
+    plugin_args,
+)
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     MODEL_MOUNT_PATH,
@@ -44,9 +50,36 @@ VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
 VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
 
 
-def default_vllm_image(version: str) -> str:
+def upstream_vllm_image(version: str) -> str:
     """The upstream OpenAI-compatible server image for ``version`` (tags carry a ``v``)."""
     return f"{VLLM_IMAGE_REPOSITORY}:v{version.removeprefix('v')}"
+
+
+def chunkpilot_engine_release(version: str) -> str | None:
+    """The release whose Chunkpilot engine image serves ``version``, or None when none is built.
+
+    Only plain release numbers match (``0.33.0``, ``v0.33``); a suffixed build such
+    as ``0.33.0.post1`` is not the release the image was built from.
+    """
+    bare = version.strip().removeprefix("v")
+    try:
+        parsed = str(EngineVersion.parse(bare))
+    except ValueError:
+        return None
+    if parsed not in SUPPORTED_VLLM_VERSIONS or not parsed.startswith(bare):
+        return None
+    return parsed
+
+
+def default_vllm_image(version: str) -> str:
+    """The image used when ``spec.engine.image`` is empty.
+
+    The Chunkpilot engine image (upstream vLLM plus the scheduler plugin, built
+    from ``engine_image/Dockerfile``) for the releases it is built for
+    (``SUPPORTED_VLLM_VERSIONS``), the upstream ``vllm/vllm-openai`` image otherwise.
+    """
+    release = chunkpilot_engine_release(version)
+    return engine_image(release) if release is not None else upstream_vllm_image(version)
 
 
 @dataclass(frozen=True)
@@ -69,9 +102,7 @@ class KnobRule:
             detail = f"the flag was removed in {self.until} (the V1 engine does not enforce it)"
             remedy = f"unset {self.knob.rsplit('.', 1)[-1]} or pin spec.engine.version below {self.until}"
             if self.plugin:
-                remedy += (
-                    f", or set spec.engine.image to the Chunkpilot engine image ({ENGINE_IMAGE_REPOSITORY})"
-                )
+                remedy += ", or " + _plugin_remedy(version)
         else:
             detail = f"the flag is only rendered for {ENGINE_NAME} {self.since} and later"
             remedy = (
@@ -85,6 +116,21 @@ class KnobRule:
             detail=detail,
             remedy=remedy,
         )
+
+
+def _plugin_remedy(version: EngineVersion) -> str:
+    """How to get the Chunkpilot engine image, whose scheduler plugin enforces the knob."""
+    release = str(version)
+    if release in SUPPORTED_VLLM_VERSIONS:
+        return (
+            f"run the Chunkpilot engine image, the default for {ENGINE_NAME} {release}: clear"
+            f" spec.engine.image or set it to {engine_image(release)}"
+        )
+    newest = SUPPORTED_VLLM_VERSIONS[-1]
+    return (
+        f"set spec.engine.version to {newest} and leave spec.engine.image empty to run the Chunkpilot"
+        f" engine image ({engine_image(newest)})"
+    )
 
 
 KNOB_RULES: Final[tuple[KnobRule, ...]] = (
@@ -133,20 +179,44 @@ def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -
     """The first knob set in ``spec`` that ``version`` cannot honour, if any."""
     for rule in KNOB_RULES:
         if rule.is_set(spec) and not rule.supports(version):
-            if rule.plugin and uses_plugin(spec, version):
+            if rule.plugin and plugin_enforces(spec, version):
                 continue
             return rule.problem(version)
     return None
 
 
 def uses_plugin(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
-    """True when a V1 release runs the Chunkpilot engine image, whose scheduler plugin is used."""
-    image = spec.engine.image or ""
+    """True when a V1 release runs the Chunkpilot engine image (explicitly or by default)."""
+    image = spec.engine.image or default_vllm_image(spec.engine.version)
     return (
         spec.engine.kind == EngineKind.VLLM
         and version >= V0_REMOVED
         and image.startswith(ENGINE_IMAGE_REPOSITORY + ":")
     )
+
+
+def plugin_enforces(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
+    """Whether the partial-prefill limits are honoured on a V1 release.
+
+    vLLM: when the engine runs the Chunkpilot engine image. The simulator mirrors
+    vLLM with its default image for that release (it enforces the limits itself,
+    from the same flags it accepts for V0 releases).
+    """
+    if spec.engine.kind == EngineKind.SIM:
+        return version >= V0_REMOVED and chunkpilot_engine_release(spec.engine.version) is not None
+    return uses_plugin(spec, version)
+
+
+def honours_partial_prefills(spec: InferenceServiceSpec) -> bool:
+    """Whether the engine in ``spec`` enforces maxNumPartialPrefills / maxLongPartialPrefills.
+
+    Natively before 0.9.0 (the V0 scheduler); from then on only through the
+    Chunkpilot scheduler plugin (see :func:`plugin_enforces`).
+    """
+    version = check_version(spec.engine.version)
+    if isinstance(version, UnsupportedEngineVersion):
+        return False
+    return version < V0_REMOVED or plugin_enforces(spec, version)
 
 
 def model_argument(model_name: str) -> tuple[str, ModelVolume | None]:

@@ -147,8 +147,9 @@ def test_best_config_is_ignored_when_autotune_is_off_or_the_engine_cannot_run_it
     off, _ = with_best(isvc(slo=SLO), max_num_batched_tokens=3072)
     assert stable_config(off) is None
     assert build_stable_deployment(off) == build_deployment(off, Track.STABLE)
-    unsupported, _ = with_best(isvc(slo=SLO, autotune={"enabled": True}), max_num_partial_prefills=2)
-    assert stable_config(unsupported) is None  # vLLM 0.33 has no partial-prefill flags
+    upstream = isvc(slo=SLO, autotune={"enabled": True}, engine={"image": "vllm/vllm-openai:v0.33.0"})
+    unsupported, _ = with_best(upstream, max_num_partial_prefills=2)
+    assert stable_config(unsupported) is None  # upstream vLLM 0.33 has no partial-prefill limits
     assert stable_config(isvc(slo=SLO, autotune={"enabled": True})) is None
 
 
@@ -164,7 +165,9 @@ def test_status_best_config_is_read_leniently() -> None:
 
 def test_unsupported_knob_raises_render_error() -> None:
     with pytest.raises(RenderError) as error:
-        build_deployment(isvc(engine={"maxNumPartialPrefills": 2}), Track.STABLE)
+        build_deployment(
+            isvc(engine={"image": "vllm/vllm-openai:v0.33.0", "maxNumPartialPrefills": 2}), Track.STABLE
+        )
     assert error.value.problem.reason == "UnsupportedKnob"
 
 

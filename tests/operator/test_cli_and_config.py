@@ -50,10 +50,11 @@ def test_render_reports_unsupported_knobs_with_exit_1() -> None:
         (CASES / "sim-h100.yaml")
         .read_text()
         .replace("maxNumSeqs: 64", "maxNumSeqs: 64\n    maxNumPartialPrefills: 2")
+        .replace("kind: sim", 'kind: sim\n    version: "0.32.0"')
     )
     result = chunkpilot("render", "-f", "-", stdin=manifest)
     assert result.returncode == 1
-    assert "UnsupportedKnob" in result.stderr and "0.33.0" in result.stderr
+    assert "UnsupportedKnob" in result.stderr and "0.32.0" in result.stderr
 
 
 def test_operator_refuses_several_replicas_without_peering() -> None:

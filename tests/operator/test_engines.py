@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from chunkpilot.operator.engines import (
     UnsupportedEngineVersion,
     UnsupportedKnob,
     default_image,
+    honours_partial_prefills,
     render_engine,
 )
 from chunkpilot.operator.engines.common import TERMINATION_GRACE_MARGIN_S
@@ -45,9 +47,13 @@ def test_version_ordering_is_numeric() -> None:
     assert EngineVersion.parse("0.10.0") > EngineVersion.parse("0.9.2")
 
 
+UPSTREAM_0_33 = "vllm/vllm-openai:v0.33.0"
+ENGINE_IMAGE_0_33 = "ghcr.io/chunkpilot/engine-vllm:vllm-v0.33.0"
+
+
 @pytest.mark.parametrize("knob", ["maxNumPartialPrefills", "maxLongPartialPrefills"])
-def test_partial_prefill_knobs_are_refused_on_vllm_0_33(knob: str) -> None:
-    engine: dict[str, Any] = {"version": "0.33.0", "maxNumPartialPrefills": 2}
+def test_partial_prefill_knobs_are_refused_on_the_upstream_vllm_0_33_image(knob: str) -> None:
+    engine: dict[str, Any] = {"version": "0.33.0", "image": UPSTREAM_0_33, "maxNumPartialPrefills": 2}
     if knob == "maxLongPartialPrefills":
         engine["maxLongPartialPrefills"] = 1
     result = render_engine(spec(**engine))
@@ -56,6 +62,26 @@ def test_partial_prefill_knobs_are_refused_on_vllm_0_33(knob: str) -> None:
     assert "0.33.0" in result.message
     assert "spec.engine.maxNumPartialPrefills" in result.message
     assert "--max-num-partial-prefills" in result.message
+    # The remedy names the fix: the Chunkpilot engine image (the default for this release).
+    assert f"clear spec.engine.image or set it to {ENGINE_IMAGE_0_33}" in result.message
+
+
+def test_partial_prefill_knobs_use_the_plugin_of_the_default_vllm_0_33_image() -> None:
+    result = rendered(version="0.33.0", maxNumPartialPrefills=4, maxLongPartialPrefills=1)
+    assert result.image == ENGINE_IMAGE_0_33
+    assert flag_value(result.args, "--scheduler-cls").startswith("chunkpilot.engine.vllm_plugin.")
+    assert json.loads(flag_value(result.args, "--additional-config")) == {
+        "chunkpilot": {"max_num_partial_prefills": 4, "max_long_partial_prefills": 1}
+    }
+    assert "--max-num-partial-prefills" not in result.args
+    assert not any(item["name"] == "VLLM_USE_V1" for item in result.env)
+
+
+def test_partial_prefill_knobs_on_a_v1_release_without_an_engine_image_name_the_version_fix() -> None:
+    result = render_engine(spec(version="0.32.0", maxNumPartialPrefills=2))
+    assert isinstance(result, UnsupportedKnob)
+    assert "set spec.engine.version to 0.33.0" in result.message
+    assert ENGINE_IMAGE_0_33 in result.message
 
 
 def test_partial_prefill_knobs_render_on_vllm_0_8_with_the_v0_scheduler() -> None:
@@ -88,8 +114,19 @@ def test_too_old_version_is_refused() -> None:
 
 
 def test_simulator_refuses_what_the_same_vllm_version_refuses() -> None:
-    result = render_engine(spec(kind="sim", version="0.33.0", maxNumPartialPrefills=2))
+    result = render_engine(spec(kind="sim", version="0.32.0", maxNumPartialPrefills=2))
     assert isinstance(result, UnsupportedKnob)
+    result = render_engine(spec(kind="sim", version="0.33.0", maxNumActiveSeqs=8, maxNumSeqs=16))
+    assert isinstance(result, EngineRender)
+    assert isinstance(render_engine(spec(kind="sim", version="0.32.0", maxNumActiveSeqs=8)), UnsupportedKnob)
+
+
+def test_simulator_enforces_partial_prefills_where_the_default_vllm_image_does() -> None:
+    # vLLM 0.33's default image carries the scheduler plugin; the simulator takes its own flags.
+    result = rendered(kind="sim", version="0.33.0", maxNumPartialPrefills=2, maxLongPartialPrefills=1)
+    assert flag_value(result.args, "--max-num-partial-prefills") == "2"
+    assert flag_value(result.args, "--max-long-partial-prefills") == "1"
+    assert "--scheduler-cls" not in result.args
 
 
 def test_vllm_recipe_basics() -> None:
@@ -102,7 +139,8 @@ def test_vllm_recipe_basics() -> None:
     assert flag_value(result.args, "--served-model-name") == "meta-llama/Llama-3.1-8B-Instruct"
     assert result.gpus == 4
     assert result.resources["limits"]["nvidia.com/gpu"] == "4"
-    assert result.image == "vllm/vllm-openai:v0.33.0"
+    assert result.image == ENGINE_IMAGE_0_33
+    assert "--scheduler-cls" not in result.args  # the plugin is only selected when a knob needs it
     shutdown = int(flag_value(result.args, "--shutdown-timeout"))
     assert result.termination_grace_period_s == shutdown + TERMINATION_GRACE_MARGIN_S
     assert result.probes.startup_budget_s >= 1200  # large models load slowly
@@ -149,8 +187,32 @@ def test_default_images() -> None:
     from chunkpilot.api import EngineKind
 
     assert default_image(EngineKind.VLLM, "0.8.5") == "vllm/vllm-openai:v0.8.5"
+    assert default_image(EngineKind.VLLM, "0.32.0") == "vllm/vllm-openai:v0.32.0"
+    assert default_image(EngineKind.VLLM, "0.33.0") == ENGINE_IMAGE_0_33
+    assert default_image(EngineKind.VLLM, "v0.33") == ENGINE_IMAGE_0_33
+    # Only the release the engine image is built from; a newer or suffixed build stays upstream.
+    assert default_image(EngineKind.VLLM, "0.34.0") == "vllm/vllm-openai:v0.34.0"
+    assert default_image(EngineKind.VLLM, "0.33.0.post1") == "vllm/vllm-openai:v0.33.0.post1"
     assert default_image(EngineKind.SIM, "0.33.0").startswith("ghcr.io/chunkpilot/chunkpilot:")
 
 
 def test_explicit_image_wins() -> None:
     assert rendered(image="registry.local/vllm:patched").image == "registry.local/vllm:patched"
+
+
+@pytest.mark.parametrize(
+    ("engine", "honoured"),
+    [
+        ({"version": "0.8.5"}, True),
+        ({"version": "0.33.0"}, True),
+        ({"version": "0.33.0", "image": UPSTREAM_0_33}, False),
+        ({"version": "0.32.0"}, False),
+        ({"version": "0.32.0", "image": ENGINE_IMAGE_0_33}, True),
+        ({"kind": "sim", "version": "0.33.0"}, True),
+        ({"kind": "sim", "version": "0.32.0"}, False),
+    ],
+)
+def test_honours_partial_prefills_follows_the_renderer(engine: dict[str, Any], honoured: bool) -> None:
+    assert honours_partial_prefills(spec(**engine)) is honoured
+    knobbed = spec(**engine, maxNumPartialPrefills=2)
+    assert isinstance(render_engine(knobbed), EngineRender) is honoured

@@ -51,8 +51,15 @@ def test_extra_additional_config_is_merged_not_repeated() -> None:
     assert result.args[-1] == "--seed=0"
 
 
-def test_upstream_image_still_refuses_with_the_remedy() -> None:
+def test_the_engine_image_is_the_default_for_its_release() -> None:
     result = render_engine(lanes_spec())
+    assert isinstance(result, EngineRender), result
+    assert result.image == engine_image("0.33.0")
+    assert flag(result.args, "--scheduler-cls") == SCHEDULER_CLS
+
+
+def test_upstream_image_still_refuses_with_the_remedy() -> None:
+    result = render_engine(lanes_spec(image="vllm/vllm-openai:v0.33.0"))
     assert isinstance(result, UnsupportedKnob)
     assert "--max-num-partial-prefills" in result.message
     assert "ghcr.io/chunkpilot/engine-vllm" in result.message
