@@ -11,10 +11,9 @@ Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
 
 Target labels: every engine target carries ``service``, ``namespace`` and
 ``track`` labels (the local runtime writes them into its file_sd targets; in a
-cluster the PodMonitor maps the pod labels ``chunkpilot.io/service`` and
-``chunkpilot.io/track`` onto them).  The names are configurable through
-:class:`LabelScheme` for a Prometheus that keeps other names (e.g. the Prometheus
-Operator's default ``podTargetLabels`` spelling ``chunkpilot_io_track``).
+cluster the operator's PodMonitor relabels the pod labels ``chunkpilot.io/service``
+and ``chunkpilot.io/track`` onto them).  The names are configurable through
+:class:`LabelScheme` for a Prometheus whose own scrape configuration keeps others.
 
 A query with no series or a NaN result is "no data", never zero; a quantile over
 fewer samples than required is not judged (see :class:`TrackMeasurement`).
