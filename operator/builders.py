@@ -8,10 +8,12 @@ Deployments with :func:`build_deployment`.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
     ENGINE_PORT_NAME,
@@ -39,6 +41,10 @@ METRICS_PATH: Final = "/metrics"
 POD_MONITOR_API_VERSION: Final = "monitoring.coreos.com/v1"
 #: Extra time a rollout may take beyond the engine's startup allowance before it counts as stuck.
 ROLLOUT_DEADLINE_MARGIN_S: Final = 300
+#: Key of the live-adjustment bearer token in the ``<service>-live-adjust`` Secret.
+LIVE_ADJUST_SECRET_KEY: Final = "token"
+#: Volume holding the live-adjustment control file (an emptyDir per pod).
+CONTROL_VOLUME: Final = "chunkpilot-run"
 
 
 class RenderError(ValueError):
@@ -154,11 +160,18 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
         },
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    if render.env:
-        container["env"] = [dict(item) for item in render.env]
+    env = [dict(item) for item in render.env]
+    if render.live_adjust:
+        secret_ref = {"name": live_adjust_secret_name(_name(isvc)), "key": LIVE_ADJUST_SECRET_KEY}
+        env.append({"name": LIVE_ADJUST_TOKEN_ENV, "valueFrom": {"secretKeyRef": secret_ref}})
+    if env:
+        container["env"] = env
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": render.shm_size}},
     ]
+    if render.control_dir is not None:
+        container["volumeMounts"].append({"name": CONTROL_VOLUME, "mountPath": render.control_dir})
+        volumes.append({"name": CONTROL_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     if render.model_volume is not None:
         container["volumeMounts"].append(
             {"name": "model", "mountPath": render.model_volume.mount_path, "readOnly": True}
@@ -181,6 +194,41 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
     if resources.tolerations:
         pod["tolerations"] = [toleration.to_k8s() for toleration in resources.tolerations]
     return pod
+
+
+def live_adjust_secret_name(service: str) -> str:
+    """``<service>-live-adjust``: the Secret holding the live-adjustment bearer token."""
+    return f"{service}-live-adjust"
+
+
+def wants_live_adjust_secret(isvc: InferenceService) -> bool:
+    """Whether ``isvc``'s engine serves the live-adjustment route (so it needs the token Secret)."""
+    try:
+        return render_for(isvc).live_adjust
+    except RenderError:
+        return False
+
+
+def new_live_adjust_token() -> str:
+    """A fresh random bearer token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def build_live_adjust_secret(isvc: InferenceService, token: str) -> dict[str, Any]:
+    """The Secret holding ``token`` for ``isvc``'s live-adjustment route.
+
+    The operator creates it once with :func:`new_live_adjust_token` and never
+    rewrites an existing token (engines read it at start-up; the tuner reads it
+    to call the route).
+    """
+    name = live_adjust_secret_name(_name(isvc))
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(isvc, name, service_labels(isvc)),
+        "type": "Opaque",
+        "stringData": {LIVE_ADJUST_SECRET_KEY: token},
+    }
 
 
 def build_service(isvc: InferenceService) -> dict[str, Any]:

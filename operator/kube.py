@@ -73,6 +73,7 @@ PLURALS: Final = {
     "InferenceService": "inferenceservices",
     "TuningTrial": "tuningtrials",
     "Event": "events",
+    "Secret": "secrets",
 }
 
 

@@ -19,12 +19,17 @@ from typing import Any, Final
 import kopf
 from chunkpilot.operator import events as ev
 from chunkpilot.operator.builders import (
+    LIVE_ADJUST_SECRET_KEY,
     POD_MONITOR_API_VERSION,
     RenderError,
+    build_live_adjust_secret,
     build_pod_monitor,
     build_service,
     build_stable_deployment,
     deployment_name,
+    live_adjust_secret_name,
+    new_live_adjust_token,
+    wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.engines import RenderProblem
@@ -216,6 +221,8 @@ class Reconciler:
             if desired_stable is None:
                 stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
             else:
+                if wants_live_adjust_secret(isvc) and await self._ensure_live_adjust_secret(isvc, owner):
+                    created.append(("Secret", live_adjust_secret_name(_name(isvc))))
                 desired = desired_stable
                 ensured = await self._ensure(desired, owner, known.get(ChildKind.DEPLOYMENT, _UNKNOWN))
                 stable = ensured.actual
@@ -305,6 +312,28 @@ class Reconciler:
             actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
         return _Ensured(actual=actual, previous=current, created=current is None, written=True)
 
+    async def _ensure_live_adjust_secret(self, isvc: InferenceService, owner: dict[str, Any]) -> bool:
+        """Create the live-adjustment token Secret once; True when it was created now.
+
+        An existing token is never replaced (engines read it at start-up): only a
+        Secret without one gets a token added.
+        """
+        secret = build_live_adjust_secret(isvc, new_live_adjust_token())
+        kopf.adopt(secret, owner=owner)  # type: ignore[arg-type]  # a plain dict is a valid owner body
+        path = object_path(secret)
+        current = await self.kube.get(path)
+        if current is None:
+            try:
+                await self.kube.create(resource_path("v1", "secrets", isvc.metadata.namespace), secret)
+            except KubeError as error:
+                if not error.conflict:
+                    raise
+                return False  # created meanwhile by another writer: keep its token
+            return True
+        if not (current.get("data") or {}).get(LIVE_ADJUST_SECRET_KEY):
+            await self.kube.merge_patch(path, {"stringData": secret["stringData"]})
+        return False
+
     async def _pod_monitor_wanted(self) -> bool:
         mode = self.config.pod_monitor
         if mode != PodMonitorMode.AUTO:
@@ -386,6 +415,11 @@ def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
             "labels": dict(meta.get("labels") or {}),
         },
     }
+
+
+def _name(isvc: InferenceService) -> str:
+    assert isvc.metadata.name is not None
+    return isvc.metadata.name
 
 
 def _deployment_path(isvc: InferenceService, track: Track) -> str:

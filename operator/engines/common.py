@@ -56,6 +56,10 @@ class EngineRender:
     probes: ProbeTiming = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
     shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S
     model_volume: ModelVolume | None = None
+    #: The engine serves the plugin's live-adjustment route: the Deployment builder adds the
+    #: bearer token (from the service's Secret) and a scratch volume for ``control_dir``.
+    live_adjust: bool = False
+    control_dir: str | None = None
 
     @property
     def termination_grace_period_s(self) -> int:

@@ -9,16 +9,19 @@ crashes on an unknown flag or silently ignores it.
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from chunkpilot.engine.vllm_plugin.render import (
+    DEFAULT_CONTROL_FILE,
     ENGINE_IMAGE_REPOSITORY,
     SUPPORTED_VLLM_VERSIONS,
     PluginSettings,
     engine_image,
     plugin_args,
+    plugin_env,
 )
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
@@ -207,6 +210,28 @@ def plugin_enforces(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
     return uses_plugin(spec, version)
 
 
+def live_adjust_enabled(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
+    """``spec.autotune.liveAdjust`` on an engine that can do it: vLLM with the Chunkpilot image.
+
+    Elsewhere (the upstream image, the simulator) the field renders nothing: the API
+    defines it as an opt-in "where the engine allows it".
+    """
+    return spec.autotune.live_adjust and uses_plugin(spec, version)
+
+
+def plugin_settings(spec: InferenceServiceSpec, version: EngineVersion) -> PluginSettings:
+    """What the scheduler plugin is asked for (nothing unless the engine image is used)."""
+    if not uses_plugin(spec, version):
+        return PluginSettings()
+    engine = spec.engine
+    return PluginSettings(
+        max_num_partial_prefills=engine.max_num_partial_prefills,
+        max_long_partial_prefills=engine.max_long_partial_prefills,
+        live_adjust=live_adjust_enabled(spec, version),
+        control_file=DEFAULT_CONTROL_FILE,
+    )
+
+
 def honours_partial_prefills(spec: InferenceServiceSpec) -> bool:
     """Whether the engine in ``spec`` enforces maxNumPartialPrefills / maxLongPartialPrefills.
 
@@ -295,8 +320,7 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
         args.append("--long-prefill-token-threshold-adaptive")
     extra_args = list(engine.extra_args)
     if uses_plugin(spec, version):
-        settings = PluginSettings(engine.max_num_partial_prefills, engine.max_long_partial_prefills)
-        plugin = plugin_args(settings, extra_args)
+        plugin = plugin_args(plugin_settings(spec, version), extra_args)
         if plugin:
             # plugin_args merged any --additional-config of extra_args into its own.
             extra_args = _without_additional_config(extra_args)
@@ -347,6 +371,8 @@ def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[
     if partial and version < V0_REMOVED:
         # Only the V0 scheduler enforces the partial-prefill limits: select it explicitly.
         env.append({"name": "VLLM_USE_V1", "value": "0"})
+    # Live adjustment: allowlist the endpoint plugin (the token is added by the Deployment builder).
+    env += plugin_env(plugin_settings(spec, version))
     return env
 
 
@@ -373,4 +399,6 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
         probes=VLLM_PROBES,
         shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
         model_volume=volume,
+        live_adjust=live_adjust_enabled(spec, version),
+        control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust_enabled(spec, version) else None,
     )

@@ -416,6 +416,65 @@ def test_unsupported_knob_sets_ready_false_instead_of_a_crashing_pod(
     assert "UnsupportedKnob" in event_reasons(cluster, "upgraded")
 
 
+def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
+    manifest = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "tokens"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+            "resources": {"accelerator": "h100"},
+            "replicas": 0,
+            "autotune": {"liveAdjust": True},
+        },
+    }
+    apply(cluster, manifest)
+    secret = wait_for(
+        lambda: get(cluster, "secrets", "tokens-live-adjust"), timeout=60, what="Secret tokens-live-adjust"
+    )
+    isvc = get(cluster, "inferenceservices", "tokens")
+    assert isvc is not None
+    (owner,) = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("InferenceService", isvc["metadata"]["uid"])
+    assert secret["data"]["token"]
+    deployment = wait_deployment(cluster, "tokens-stable")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHUNKPILOT_LIVE_ADJUST_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "tokens-live-adjust",
+        "key": "token",
+    }
+
+    # Reconciles of every kind: a spec change, a child deleted by hand, a status update.
+    cluster.kubectl(
+        "patch", "cpis", "tokens", "-n", NS, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":32}}}'
+    )
+    rolled = wait_deployment(
+        cluster,
+        "tokens-stable",
+        lambda d: flag(engine_args(d), "--max-num-seqs") == "32",
+        what="tokens-stable rolled to max-num-seqs 32",
+    )
+    cluster.kubectl("delete", "deployment", "tokens-stable", "-n", NS)
+    wait_deployment(
+        cluster,
+        "tokens-stable",
+        lambda d: d["metadata"]["uid"] != rolled["metadata"]["uid"],
+        what="tokens-stable recreated",
+    )
+    after = get(cluster, "secrets", "tokens-live-adjust")
+    assert after is not None
+    assert after["data"] == secret["data"]  # never rotated
+    assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]  # never written
+
+    cluster.kubectl("delete", "cpis", "tokens", "-n", NS, "--timeout=60s")
+    wait_for(
+        lambda: get(cluster, "secrets", "tokens-live-adjust") is None,
+        timeout=90,
+        what="Secret tokens-live-adjust garbage-collected with its service",
+    )
+
+
 def test_restarting_the_operator_creates_no_duplicates(cluster: Any, operator: OperatorProcess) -> None:
     def snapshot() -> dict[str, tuple[str, int]]:
         objects = items(cluster, "deployments,services,replicasets", SERVICE_LABEL)

@@ -1,0 +1,182 @@
+"""autotune.liveAdjust: the engine's live-adjustment route, its token Secret and where it is rendered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV, load_plugin_config
+from chunkpilot.engine.vllm_plugin.render import DEFAULT_CONTROL_FILE
+from chunkpilot.operator.builders import (
+    build_deployment,
+    build_live_adjust_secret,
+    live_adjust_secret_name,
+    new_live_adjust_token,
+    wants_live_adjust_secret,
+)
+from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.kube import KubeError
+from chunkpilot.operator.reconcile import Reconciler
+
+from chunkpilot.api import InferenceService, Track
+
+UPSTREAM = "vllm/vllm-openai:v0.33.0"
+OWNER_BODY = {
+    "apiVersion": "chunkpilot.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "chat", "namespace": "llm", "uid": "uid-1"},
+}
+
+
+def isvc(live_adjust: bool = True, **engine: Any) -> InferenceService:
+    body = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "llm"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"version": "0.33.0", **engine},
+            "autotune": {"liveAdjust": live_adjust},
+        },
+    }
+    return InferenceService.from_manifest(body)
+
+
+def container(service: InferenceService) -> dict[str, Any]:
+    pod = build_deployment(service, Track.STABLE)["spec"]["template"]["spec"]
+    found: dict[str, Any] = pod["containers"][0]
+    return found
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_engine_image_renders_the_route_with_the_token_from_the_secret() -> None:
+    service = isvc()
+    engine = container(service)
+    env = {item["name"]: item for item in engine["env"]}
+    assert env["VLLM_PLUGINS"]["value"] == "chunkpilot,chunkpilot_live_adjust"
+    assert env[LIVE_ADJUST_TOKEN_ENV]["valueFrom"] == {
+        "secretKeyRef": {"name": "chat-live-adjust", "key": "token"}
+    }
+    assert "value" not in env[LIVE_ADJUST_TOKEN_ENV]  # never the token itself in the pod spec
+    config = load_plugin_config(json.loads(flag(engine["args"], "--additional-config")), {})
+    assert config.control_file == DEFAULT_CONTROL_FILE
+    assert flag(engine["args"], "--scheduler-cls").endswith("ChunkpilotScheduler")
+    mounts = {mount["mountPath"] for mount in engine["volumeMounts"]}
+    assert "/run/chunkpilot" in mounts
+    assert wants_live_adjust_secret(service)
+
+
+def test_live_adjust_and_partial_prefills_share_one_additional_config() -> None:
+    engine = container(isvc(maxNumPartialPrefills=4, maxLongPartialPrefills=1))
+    assert engine["args"].count("--additional-config") == 1
+    section = json.loads(flag(engine["args"], "--additional-config"))["chunkpilot"]
+    assert section == {
+        "control_file": DEFAULT_CONTROL_FILE,
+        "max_long_partial_prefills": 1,
+        "max_num_partial_prefills": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        pytest.param(isvc(live_adjust=False), id="off"),
+        pytest.param(isvc(image=UPSTREAM), id="upstream-image"),
+        pytest.param(isvc(kind="sim"), id="simulator"),
+        pytest.param(isvc(version="0.32.0"), id="release-without-engine-image"),
+    ],
+)
+def test_nothing_extra_where_live_adjust_is_off_or_unavailable(service: InferenceService) -> None:
+    engine = container(service)
+    names = {item["name"] for item in engine.get("env", [])}
+    assert not {"VLLM_PLUGINS", LIVE_ADJUST_TOKEN_ENV} & names
+    assert "--scheduler-cls" not in engine["args"]
+    assert all(mount["mountPath"] != "/run/chunkpilot" for mount in engine["volumeMounts"])
+    assert not wants_live_adjust_secret(service)
+
+
+def test_simulator_argv_is_unchanged_by_live_adjust() -> None:
+    # The simulator has no live-adjustment route (nor a flag for it): liveAdjust adds nothing.
+    sim = build_deployment(isvc(kind="sim"), Track.STABLE)
+    assert sim == build_deployment(isvc(live_adjust=False, kind="sim"), Track.STABLE)
+
+
+def test_secret_manifest_and_tokens() -> None:
+    service = isvc()
+    token = new_live_adjust_token()
+    secret = build_live_adjust_secret(service, token)
+    assert secret["metadata"]["name"] == live_adjust_secret_name("chat") == "chat-live-adjust"
+    assert secret["metadata"]["namespace"] == "llm"
+    assert secret["stringData"] == {"token": token}
+    assert len(token) >= 43 and token != new_live_adjust_token()
+
+
+class SecretKube:
+    """Just the verbs the Secret logic uses, on an in-memory store (status codes as the API's)."""
+
+    def __init__(self, existing: dict[str, Any] | None = None, *, race: bool = False) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.race = race
+        if existing is not None:
+            self.objects["/api/v1/namespaces/llm/secrets/chat-live-adjust"] = existing
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.calls.append(f"GET {path}")
+        return self.objects.get(path)
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"POST {path}")
+        if self.race:
+            raise KubeError(409, "POST", path, '{"message": "already exists"}')
+        stored = {**body, "data": dict(body["stringData"])}
+        self.objects[f"{path}/{body['metadata']['name']}"] = stored
+        return stored
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"PATCH {path}")
+        self.objects[path].setdefault("data", {}).update(patch["stringData"])
+        return self.objects[path]
+
+
+def ensure(kube: SecretKube) -> bool:
+    reconciler = Reconciler(kube=kube, config=OperatorConfig())  # type: ignore[arg-type]
+    owner = {**OWNER_BODY, "metadata": {**OWNER_BODY["metadata"], "labels": {}}}
+    created: bool = asyncio.run(reconciler._ensure_live_adjust_secret(isvc(), owner))
+    return created
+
+
+SECRET_PATH = "/api/v1/namespaces/llm/secrets/chat-live-adjust"
+
+
+def test_the_secret_is_created_once_owned_by_the_service() -> None:
+    kube = SecretKube()
+    assert ensure(kube) is True
+    secret = kube.objects[SECRET_PATH]
+    (owner,) = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("InferenceService", "chat", "uid-1")
+    token = secret["data"]["token"]
+    assert ensure(kube) is False  # a later reconcile: read, nothing written
+    assert kube.objects[SECRET_PATH]["data"]["token"] == token
+    assert kube.calls[-1] == f"GET {SECRET_PATH}"
+
+
+def test_an_existing_token_is_kept_and_a_missing_one_added() -> None:
+    kept = SecretKube({"metadata": {"name": "chat-live-adjust"}, "data": {"token": "bXktdG9rZW4="}})
+    assert ensure(kept) is False
+    assert kept.objects[SECRET_PATH]["data"] == {"token": "bXktdG9rZW4="}
+    assert not any(call.startswith(("POST", "PATCH")) for call in kept.calls)
+
+    empty = SecretKube({"metadata": {"name": "chat-live-adjust"}, "data": {}})
+    assert ensure(empty) is False
+    assert empty.objects[SECRET_PATH]["data"]["token"]
+
+
+def test_a_concurrent_create_keeps_the_other_writers_token() -> None:
+    assert ensure(SecretKube(race=True)) is False
