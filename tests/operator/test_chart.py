@@ -120,6 +120,48 @@ def test_rbac_has_no_wildcards(helm: Path, sets: list[str]) -> None:
         assert not by_kind(documents, "ClusterRole") and not by_kind(documents, "ClusterRoleBinding")
 
 
+def rules_of(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """``(apiGroup, resource) -> verbs`` of a Role or ClusterRole."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+#: What operator/probejob.py does in a watched namespace (see docs/probe.md).
+PROBE_RULES = {
+    ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
+}
+
+
+@pytest.mark.parametrize(
+    "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
+)
+def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: list[str]) -> None:
+    off = render(helm, *sets)
+    on = render(helm, *sets, "probeJobs.enabled=true", "probeJobs.image=registry.example/probe:1")
+    env_off = {item["name"] for item in operator_container(off)["env"]}
+    assert not {"CHUNKPILOT_PROBE_JOBS", "CHUNKPILOT_PROBE_IMAGE"} & env_off
+    env_on = {item["name"]: item.get("value") for item in operator_container(on)["env"]}
+    assert env_on["CHUNKPILOT_PROBE_JOBS"] == "on"
+    assert env_on["CHUNKPILOT_PROBE_IMAGE"] == "registry.example/probe:1"
+    for documents, probing in ((off, False), (on, True)):
+        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        assert len(roles) == (2 if sets else 1)
+        for role in roles:
+            granted = rules_of(role)
+            # The live-adjustment token Secret (autotune.liveAdjust), in every mode.
+            assert granted[("", "secrets")] == {"get", "create", "patch"}
+            for key, verbs in PROBE_RULES.items():
+                assert granted.get(key) == (verbs if probing else None), (key, probing)
+
+
 def test_several_replicas_get_peering(helm: Path) -> None:
     documents = render(helm, "replicaCount=2")
     (peering,) = by_kind(documents, "ClusterKopfPeering")
@@ -188,6 +230,7 @@ def test_optuna_storage_and_metrics_port(helm: Path) -> None:
         ("metrics.port=80", "/metrics/port"),
         ("optuna.storage=not-a-url", "/optuna/storage"),
         ("bogus=1", "bogus"),
+        ("probeJobs.enabled=maybe", "/probeJobs/enabled"),
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Path, value: str, fragment: str) -> None:
@@ -214,7 +257,7 @@ def installed(helm: Path, control_plane: Any) -> Iterator[Any]:
         helm,
         "install", "cp", str(CHART), "--namespace", RELEASE_NS,
         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{WATCHED_NS}}}",
-        "--set", "grafanaDashboard.enabled=true",
+        "--set", "grafanaDashboard.enabled=true", "--set", "probeJobs.enabled=true",
         env=control_plane.env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -246,7 +289,7 @@ def test_operator_runs_with_the_charts_service_account(
     folder = tmp_path_factory.mktemp("chart-operator")
     token = installed.kubectl("create", "token", "cp-chunkpilot", "-n", RELEASE_NS).stdout.strip()
     kubeconfig = token_kubeconfig(installed.kubeconfig, token, folder / "kubeconfig", RELEASE_NS)
-    env = operator_env(installed.env, KUBECONFIG=str(kubeconfig))
+    env = operator_env(installed.env, KUBECONFIG=str(kubeconfig), CHUNKPILOT_PROBE_JOBS="on")
     operator = OperatorProcess(
         [
             "-n",
@@ -273,7 +316,36 @@ def test_operator_runs_with_the_charts_service_account(
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
         wait_for(ready, timeout=90, what="chat Ready=True under the chart's RBAC")
+
+        # autotune.liveAdjust on the vLLM engine image: the token Secret; a probe request: its Job.
+        tuned = {
+            "apiVersion": "chunkpilot.io/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "tuned", "annotations": {"chunkpilot.io/probe": "request"}},
+            "spec": {
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "engine": {"kind": "vllm", "version": "0.33.0"},
+                "resources": {"accelerator": "h100"},
+                "replicas": 0,
+                "autotune": {"liveAdjust": True},
+            },
+        }
+        installed.kubectl("apply", "-n", WATCHED_NS, "-f", "-", input=json.dumps(tuned))
+
+        def exists(kind: str, name: str) -> bool:
+            got = installed.kubectl("get", kind, name, "-n", WATCHED_NS, check=False)
+            return got.returncode == 0
+
+        wait_for(lambda: exists("secret", "tuned-live-adjust"), timeout=60, what="Secret tuned-live-adjust")
+        wait_for(
+            lambda: "job.batch/chunkpilot-probe-" in installed.kubectl(
+                "get", "jobs", "-n", WATCHED_NS, "-o", "name"
+            ).stdout,
+            timeout=60,
+            what="the probe Job",
+        )  # fmt: skip
+        assert exists("role", "chunkpilot-probe") and exists("rolebinding", "chunkpilot-probe")
         assert "Forbidden" not in operator.log() and "forbidden" not in operator.log()
-        installed.kubectl("delete", "cpis", "chat", "-n", WATCHED_NS, "--timeout=60s")
+        installed.kubectl("delete", "cpis", "chat", "tuned", "-n", WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()

@@ -82,6 +82,26 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The live-adjustment token Secret of each service (autotune.liveAdjust): read, created once.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
+{{- if .Values.probeJobs.enabled }}
+# Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes, and the probe's
+# ServiceAccount, Role and RoleBinding (granting the Role needs its ConfigMap verbs held here).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "update", "patch"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 {{- end }}
 
 {{/* PodMonitor labels as key=value,... for CHUNKPILOT_POD_MONITOR_LABELS. */}}
