@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,36 +15,29 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
 
-#: Command-line fragments of every kind of process the demo starts.
-DEMO_PROCESSES = (
-    "kube-apiserver",
-    "etcd",
-    "kwok",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "prometheus",
-    "sim serve",
-    "chunkpilot.cli operator",
-)
+MARKER = "CHUNKPILOT_DEMO_TEST_RUN"
 
 
-def _processes_mentioning(*fragments: str) -> dict[str, str]:
+def _processes_carrying(marker: str) -> dict[str, str]:
+    """Processes whose environment holds ``marker`` (every descendant of the demo inherits it)."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            environ = (entry / "environ").read_bytes()
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(fragment in cmdline for fragment in fragments):
+        if marker.encode() in environ:
             found[entry.name] = cmdline[:200]
     return found
 
 
 def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> None:
     state, reports = tmp_path / "state", tmp_path / "reports"
-    before = _processes_mentioning(*DEMO_PROCESSES)
+    marker = f"{MARKER}={uuid.uuid4().hex}"
+    env = {**os.environ, MARKER: marker.split("=", 1)[1]}
     result = subprocess.run(
         [
             sys.executable,
@@ -56,6 +50,7 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> Non
             "--report-dir",
             str(reports),
         ],
+        env=env,
         capture_output=True,
         text=True,
         timeout=1500,
@@ -68,5 +63,5 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> Non
     assert "Report:" in output
     assert "Promoted" in report.read_text()
     assert list(report.parent.glob("*.png"))
-    left = {pid: cmd for pid, cmd in _processes_mentioning(*DEMO_PROCESSES).items() if pid not in before}
+    left = _processes_carrying(marker)
     assert not left, f"the demo left processes running: {left}"
