@@ -207,6 +207,18 @@ def test_grafana_dashboard_config_map(helm: Path) -> None:
     assert "grafana_dashboard" not in custom["metadata"]["labels"]
 
 
+def test_tuner_timing_values_reach_the_operator(helm: Path) -> None:
+    env = {item["name"]: item for item in operator_container(render(helm))["env"]}
+    assert env["CHUNKPILOT_TUNER_INTERVAL"]["value"] == "10"
+    assert env["CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"]["value"] == "900"
+    custom = operator_container(render(helm, "tuner.interval=5", "tuner.rolloutTimeout=1800"))
+    env = {item["name"]: item for item in custom["env"]}
+    assert (env["CHUNKPILOT_TUNER_INTERVAL"]["value"], env["CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"]["value"]) == (
+        "5",
+        "1800",
+    )
+
+
 def test_optuna_storage_and_metrics_port(helm: Path) -> None:
     container = operator_container(render(helm, "optuna.storage=postgresql://optuna@db:5432/optuna"))
     env = {item["name"]: item for item in container["env"]}
@@ -231,6 +243,7 @@ def test_optuna_storage_and_metrics_port(helm: Path) -> None:
         ("optuna.storage=not-a-url", "/optuna/storage"),
         ("bogus=1", "bogus"),
         ("probeJobs.enabled=maybe", "/probeJobs/enabled"),
+        ("tuner.interval=0", "/tuner/interval"),
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Path, value: str, fragment: str) -> None:
