@@ -44,6 +44,7 @@ from chunkpilot.tuner.space import (
     SearchSpace,
     ServiceFacts,
     TunedConfig,
+    WarmStart,
     build_space,
     warm_start,
 )
@@ -302,8 +303,11 @@ def run_tpe(
     records: list[TrialRecord] = []
     measured: dict[TunedConfig, Capacity] = {}
     history: list[tuple[TunedConfig, float]] = []
-    warm_params = [space.to_params(grid.snap(p)) for p in warm_start(space, facts)] if warm else []
-    warm_starts = [p for p in warm_params if p is not None]
+    warm_starts: list[WarmStart] = []
+    for start in warm_start(space, facts) if warm else []:
+        snapped = space.to_params(grid.snap(start))
+        if snapped is not None:
+            warm_starts.append(WarmStart(snapped, start.when_slack))
     number = 0
     while len(history) < trials and len(measured) < len(grid.configs):
         suggestion = suggest(space, records, seed=seed_for(uid, number), warm_starts=warm_starts)
@@ -490,8 +494,17 @@ def default_config(settings: BenchSettings) -> TunedConfig:
     return TunedConfig(max_num_batched_tokens=budget, max_num_seqs=seqs)
 
 
-def scenario_facts(settings: BenchSettings, slo: SLOPair) -> ServiceFacts:
-    """The service the tuner would see: vLLM 0.33 with the default configuration as incumbent."""
+def scenario_facts(settings: BenchSettings, slo: SLOPair, workload: str | None = None) -> ServiceFacts:
+    """The service the tuner would see: vLLM 0.33 with the default configuration as incumbent.
+
+    With ``workload`` the facts carry its mean prompt and output lengths (what the tuner
+    reads from the stable track's token counters online).
+    """
+    prompt = output = None
+    if workload is not None:
+        requests = _workload(WORKLOADS[workload], settings.requests).requests
+        prompt = sum(r.prompt_tokens for r in requests) / len(requests)
+        output = sum(r.output_tokens for r in requests) / len(requests)
     return ServiceFacts(
         accelerator=settings.accelerator,
         model=settings.model,
@@ -499,6 +512,9 @@ def scenario_facts(settings: BenchSettings, slo: SLOPair) -> ServiceFacts:
         itl_target_ms=slo.itl_ms,
         max_model_len=settings.max_model_len,
         engine_kind="vllm",
+        itl_quantile=slo.itl_quantile,
+        mean_prompt_tokens=prompt,
+        mean_output_tokens=output,
     )
 
 
@@ -553,7 +569,7 @@ def _scenario(
     def objective(config: TunedConfig) -> Capacity:
         return cache[(workload, slo.name, config)]
 
-    facts = scenario_facts(settings, slo)
+    facts = scenario_facts(settings, slo, workload)
     optimum_config = max(grid.configs, key=lambda c: (objective(c).rate, -grid.configs.index(c)))
     runs: dict[str, list[list[tuple[TunedConfig, float]]]] = {m: [] for m in (*METHODS, *DIAGNOSTICS)}
     for rep in range(settings.repeats):

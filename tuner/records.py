@@ -110,6 +110,7 @@ def service_facts(isvc: InferenceService) -> ServiceFacts:
         model=spec.model.name,
         incumbent=tuned_config(incumbent(isvc)),
         itl_target_ms=slo.itl_ms,
+        itl_quantile=slo.itl_quantile,
         max_model_len=spec.model.max_model_len or 8192,
         tensor_parallel_size=spec.engine.tensor_parallel_size,
         speculative_tokens=spec.engine.speculative.num_speculative_tokens if spec.engine.speculative else 0,

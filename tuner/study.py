@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 import optuna
-from chunkpilot.tuner.space import SearchSpace, TunedConfig
+from chunkpilot.tuner.space import SearchSpace, TunedConfig, WarmStart
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -167,15 +167,21 @@ def suggest(
 ) -> Suggestion | None:
     """Ask the study for a configuration not tried before (nor in ``exclude``).
 
-    Warm starts are used first, in order, unless already tried.  Returns None when
-    the space seems exhausted (no new configuration after many attempts).
+    Warm starts are used first, in order, unless already tried or (a
+    :class:`~chunkpilot.tuner.space.WarmStart` with a condition) not wanted given the
+    measured trials.  Returns None when the space seems exhausted (no new
+    configuration after many attempts).
     """
     tried = {space.to_config(r.params) for r in records}
     tried.update(exclude)
+    measured = [
+        (r.number, r.constraints) for r in records if r.state is RecordState.COMPLETE and r.constraints
+    ]
     for params in warm_starts:
         config = space.to_config(params)
-        if config not in tried:
-            return Suggestion(dict(params), config, "warm-start")
+        if config in tried or (isinstance(params, WarmStart) and not params.wanted(measured)):
+            continue
+        return Suggestion(dict(params), config, "warm-start")
 
     study = rebuild_study(space, records, make_sampler(sampler, seed))
     distributions = space.distributions()

@@ -5,17 +5,22 @@ from __future__ import annotations
 import pytest
 from chunkpilot.tuner.space import (
     Knob,
+    LoadedStep,
     ModelShape,
     RooflineStepTime,
     ServiceFacts,
+    SimulatorStepTime,
     SpaceError,
+    StepTimeModel,
     TunedConfig,
     build_space,
     compute_knee_tokens,
+    default_step_model,
     honours_partial_prefills,
     largest_tokens_within,
     load_accelerator,
     model_guess,
+    unloaded_guess,
     warm_start,
 )
 
@@ -131,13 +136,75 @@ def test_partial_prefills_only_where_honoured() -> None:
     assert honours_partial_prefills("vllm", "0.8.5") and not honours_partial_prefills("vllm", "0.33.0")
 
 
-def test_model_guess_meets_the_itl_target_and_is_warm_started() -> None:
+def test_model_guess_full_step_meets_the_itl_target_and_is_warm_started() -> None:
     model = roofline()
     f = facts(itl_target_ms=50.0)
     space = build_space(f, step_model=model)
     guess = model_guess(space, f, model)
     budget = guess.max_num_batched_tokens
-    assert budget == largest_tokens_within(model, 0.050)
-    assert model.step_time_s(budget, 0, budget // 2) <= 0.050
+    loaded = LoadedStep.of(f, guess.max_num_seqs)
+    # The whole step at load (prefill chunk + running decodes) fits; one token more does not.
+    assert space.budget.low < budget < space.budget.high
+    assert loaded.time_s(model, budget) <= 0.050 < loaded.time_s(model, budget + 1)
+    assert loaded.decode_seqs(budget) > 0
+    # A prefill-only pass of the same budget would leave room: the decode batch is what costs.
+    assert budget < largest_tokens_within(model, 0.050)
     starts = warm_start(space, f, model)
-    assert starts and space.to_config(starts[0]) == guess
+    assert starts and space.to_config(starts[0]) == guess and starts[0].when_slack is None
+
+
+def test_the_second_warm_start_is_the_prefill_only_budget_tried_on_itl_slack() -> None:
+    model = roofline()
+    f = facts(itl_target_ms=50.0)
+    space = build_space(f, step_model=model)
+    first, second = warm_start(space, f, model)
+    assert second.when_slack == "itl"
+    upper = second[Knob.MAX_NUM_BATCHED_TOKENS.value]
+    assert upper == largest_tokens_within(model, 0.050) > first[Knob.MAX_NUM_BATCHED_TOKENS.value]
+    assert space.to_config(second) == unloaded_guess(space, f, model)
+    # Where both ends coincide (the range's floor) only one point is left.
+    tight = facts(itl_target_ms=5.0)
+    assert len(warm_start(build_space(tight, step_model=model), tight, model)) == 1
+
+
+@pytest.mark.parametrize("model", [roofline(), SimulatorStepTime("llama-3.1-8b", "h100")])
+def test_model_guess_shrinks_as_the_running_batch_grows(model: StepTimeModel) -> None:
+    budgets = []
+    for output_tokens in (16, 128, 512, 1024):
+        f = facts(mean_prompt_tokens=1024, mean_output_tokens=output_tokens)
+        budgets.append(model_guess(build_space(f, step_model=model), f, model).max_num_batched_tokens)
+    assert budgets == sorted(budgets, reverse=True) and budgets[0] > budgets[-1]
+    # Fewer seats for decodes (max-num-seqs) caps the batch and frees budget for prefill.
+    f = facts(mean_prompt_tokens=1024, mean_output_tokens=1024)
+    capped = facts(mean_prompt_tokens=1024, mean_output_tokens=1024, incumbent=TunedConfig(8192, 32))
+    assert (
+        model_guess(build_space(capped, step_model=model), capped, model).max_num_batched_tokens
+        > model_guess(build_space(f, step_model=model), f, model).max_num_batched_tokens
+    )
+
+
+def test_a_higher_itl_quantile_gets_more_headroom() -> None:
+    model = roofline()
+    guesses = {}
+    for quantile in (0.5, 0.9, 0.99):
+        f = facts(itl_quantile=quantile)
+        guesses[quantile] = model_guess(build_space(f, step_model=model), f, model).max_num_batched_tokens
+    assert guesses[0.5] > guesses[0.9] > guesses[0.99]
+    step = LoadedStep.of(facts(itl_quantile=0.99), 1024)
+    median = LoadedStep.of(facts(itl_quantile=0.5), 1024)
+    assert step.decode_seqs(2000) > median.decode_seqs(2000)
+    assert step.context_tokens(500) > median.context_tokens(500)
+
+
+def test_a_bad_itl_quantile_names_the_field() -> None:
+    f = facts(itl_quantile=99.0)
+    with pytest.raises(SpaceError, match=r"spec\.slo\.itl\.quantile"):
+        model_guess(build_space(f, step_model=roofline()), f, roofline())
+
+
+def test_model_guess_defaults_to_the_spaces_step_model() -> None:
+    f = facts()
+    space = build_space(f)
+    default = default_step_model(f.model, f.accelerator)
+    assert isinstance(default, SimulatorStepTime)
+    assert model_guess(space, f) == model_guess(space, f, default)

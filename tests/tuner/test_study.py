@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, WarmStart
 from chunkpilot.tuner.study import (
     RecordState,
     SamplerUnavailableError,
@@ -79,6 +79,30 @@ def test_warm_start_comes_first_and_exclusions_are_honoured() -> None:
     assert s is not None and s.source == "warm-start" and s.params == guess
     s = suggest(SPACE, [], seed=1, warm_starts=[guess], exclude=[SPACE.to_config(guess)])
     assert s is not None and s.source != "warm-start"
+
+
+def test_a_conditional_warm_start_waits_for_slack_on_its_slo() -> None:
+    guess = WarmStart({"max_num_batched_tokens": 1200, "max_num_seqs": 128})
+    upper = WarmStart({"max_num_batched_tokens": 2400, "max_num_seqs": 128}, when_slack="itl")
+    s = suggest(SPACE, [], seed=1, warm_starts=[guess, upper])
+    assert s is not None and s.source == "warm-start" and s.params == dict(guess)
+
+    def after(constraints: dict[str, float]) -> str | None:
+        first = record_from_values(0, dict(guess), 10.0, constraints)
+        incumbent = record_from_values(-1, {"max_num_batched_tokens": 8192, "max_num_seqs": 256}, 1.0, {})
+        s = suggest(SPACE, [incumbent, first], seed=1, warm_starts=[guess, upper])
+        assert s is not None
+        return s.source if s.params != dict(upper) else "upper"
+
+    # TTFT bound the guess (ITL had slack): the larger budget is worth a trial.
+    assert after({"itl": -0.4, "ttft": 0.0}) == "upper"
+    # ITL bound it: the larger budget would only break ITL; the sampler takes over.
+    assert after({"itl": 0.0, "ttft": -0.5}) == "sampler"
+    assert after({"itl": 0.2, "ttft": 0.1}) == "sampler"
+    # Nothing measured (the guess's trial failed): no evidence, no upper point.
+    failed = TrialRecord(0, dict(guess), RecordState.FAILED)
+    s = suggest(SPACE, [failed], seed=1, warm_starts=[guess, upper])
+    assert s is not None and s.source == "sampler"
 
 
 def test_best_and_least_violating() -> None:
