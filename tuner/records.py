@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from chunkpilot.operator.engines import EngineRender, render_engine
 from chunkpilot.tuner.policy import AbortRules, ObjectiveKind, SLOTargets
 from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.study import RecordState, TrialRecord
@@ -21,6 +22,7 @@ from chunkpilot.api import (
     ConditionStatus,
     EngineConfig,
     InferenceService,
+    InferenceServiceSpec,
     Measurement,
     SLOState,
     TrialPhase,
@@ -118,7 +120,14 @@ def service_facts(isvc: InferenceService) -> ServiceFacts:
         engine_version=spec.engine.version,
         enable_chunked_prefill=spec.engine.enable_chunked_prefill,
         gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+        partial_prefills=renders_partial_prefills(spec),
     )
+
+
+def renders_partial_prefills(spec: InferenceServiceSpec) -> bool:
+    """Whether the operator can render partial-prefill limits for this engine (kind, version, image)."""
+    engine = spec.engine.model_copy(update={"max_num_partial_prefills": 2, "max_long_partial_prefills": 1})
+    return isinstance(render_engine(spec.model_copy(update={"engine": engine})), EngineRender)
 
 
 def space_bounds(isvc: InferenceService) -> dict[str, tuple[int, int]]:

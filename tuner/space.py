@@ -343,6 +343,9 @@ class ServiceFacts:
     #: ``DEFAULT_OUTPUT_TOKENS``); they size the decode batch every step carries at load.
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    #: Whether the rendered engine enforces the partial-prefill limits (None: judge from the engine
+    #: kind and version alone; the operator's renderer knows more, e.g. the scheduler plugin).
+    partial_prefills: bool | None = None
     #: Measured on this accelerator, model and TP by ``chunkpilot probe`` (None: datasheet roofline).
     step_profile: MeasuredStepProfile | None = field(default=None, compare=False)
 
@@ -355,12 +358,13 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:
     """True when the engine enforces ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``.
 
-    The simulator does (as an option); vLLM only before the V1 engine became the only one
-    (the flags were removed and V1 never enforced them).
+    Judged from kind and version alone: the simulator does (as an option); vLLM natively only
+    before 0.9.0 (V1 never enforced the flags). :attr:`ServiceFacts.partial_prefills` overrides
+    this with the operator's answer, which also knows about the Chunkpilot scheduler plugin.
     """
     if engine_kind == "sim":
         return True
-    return _version_tuple(engine_version) < (0, 10)
+    return _version_tuple(engine_version) < (0, 9)
 
 
 def honours_max_num_active_seqs(engine_kind: str, engine_version: str) -> bool:
@@ -593,7 +597,11 @@ def build_space(
     if lpt_low <= lpt_high:
         ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = KnobRange(lpt_low, lpt_high)
 
-    partial_ok = honours_partial_prefills(facts.engine_kind, facts.engine_version)
+    partial_ok = (
+        facts.partial_prefills
+        if facts.partial_prefills is not None
+        else honours_partial_prefills(facts.engine_kind, facts.engine_version)
+    )
     partial_bound = _bound(bounds, Knob.MAX_NUM_PARTIAL_PREFILLS)
     if partial_ok and (partial_bound is not None or inc.max_num_partial_prefills is not None):
         ranges[Knob.MAX_NUM_PARTIAL_PREFILLS] = KnobRange(*(partial_bound or (1, 8)), log=False)
