@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -13,6 +14,7 @@ from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, find_capacity
 from chunkpilot.engine.sim.flags import add_engine_flags, profiles_help, sim_config_from_args
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.workload import BUNDLED_TRACES, Workload, load_trace, parse_workload_spec
+from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
 
 __all__ = ["register"]
 
@@ -203,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             shutdown_timeout=args.shutdown_timeout,
+            live_adjust_token=os.environ.get(LIVE_ADJUST_TOKEN_ENV) or None,
         )
     except (ValueError, OSError) as exc:
         return _error(args, exc)

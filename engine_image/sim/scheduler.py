@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
@@ -224,6 +224,21 @@ class Scheduler:
         self.num_preemptions = 0
         self.check_invariants = False
 
+    def set_limits(
+        self, max_num_batched_tokens: int, max_num_seqs: int, max_num_active_seqs: int | None
+    ) -> None:
+        """Change the token budget and the sequence limits between steps (live adjustment).
+
+        Like the vLLM plugin, a lower running limit only stops admissions: requests already
+        running above it finish normally. Raises ValueError for an inconsistent config.
+        """
+        self.config = replace(
+            self.config,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_num_active_seqs=max_num_active_seqs,
+        )
+
     # ---- queue operations ------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a new request (FCFS)."""
@@ -251,6 +266,7 @@ class Scheduler:
         cfg = self.config
         k = cfg.num_speculative_tokens
         token_budget = cfg.max_num_batched_tokens
+        running_before = len(self.running)  # above max_running only after a live lowering
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         cap = self._long_prefill_cap()
@@ -350,7 +366,7 @@ class Scheduler:
 
         total = cfg.max_num_batched_tokens - token_budget
         assert 0 <= total <= cfg.max_num_batched_tokens, "token budget overrun"
-        assert len(self.running) <= cfg.max_running, "running-request limit exceeded"
+        assert len(self.running) <= max(cfg.max_running, running_before), "running-request limit exceeded"
         if self.check_invariants:
             self._check()
         return SchedulerOutput(

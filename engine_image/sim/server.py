@@ -23,6 +23,14 @@ from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
 from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
 from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
+from chunkpilot.engine.vllm_plugin.config import (
+    LIVE_ADJUST_ROUTE,
+    LimitRaiseError,
+    LiveLimits,
+    PluginConfigError,
+    access_problem,
+    lowered_limits,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -66,6 +74,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     shutdown_timeout: float = 0.0
+    #: Bearer token of the live-adjustment route (``CHUNKPILOT_LIVE_ADJUST_TOKEN``); None: the
+    #: route answers 503, like the vLLM plugin's.
+    live_adjust_token: str | None = None
 
 
 class SimEngineServer:
@@ -85,6 +96,12 @@ class SimEngineServer:
         self._task: asyncio.Task[None] | None = None
         self._healthy = True
         self.created = int(time.time())
+        sched = self.core.scheduler.config
+        self.startup_limits = LiveLimits(
+            sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_num_active_seqs or sched.max_num_seqs
+        )
+        self.live_limits = self.startup_limits
+        self._live_generation = 0
 
     # ---- clock ------------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -109,6 +126,8 @@ class SimEngineServer:
         app.router.add_get("/version", self.version)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get(LIVE_ADJUST_ROUTE, self.get_limits)
+        app.router.add_put(LIVE_ADJUST_ROUTE, self.put_limits)
         app.on_startup.append(self._start_engine)
         app.on_shutdown.append(self._stop_engine)
         return app
@@ -254,6 +273,64 @@ class SimEngineServer:
             for name in self.config.served_model_names
         ]
         return web.json_response({"object": "list", "data": data})
+
+    # ---- live adjustment (the vLLM plugin's contract, see chunkpilot.engine.vllm_plugin.endpoint)
+    def _limits_refusal(self, request: web.Request) -> web.Response | None:
+        problem = access_problem(
+            self.config.live_adjust_token, request.headers.get("Authorization"), configured=True
+        )
+        if problem is None:
+            return None
+        headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+        return web.json_response({"error": problem.message}, status=problem.status, headers=headers)
+
+    def _limits_snapshot(self) -> dict[str, Any]:
+        """The plugin's answer: start-up limits, the last request and what the scheduler applied."""
+        if not self._live_generation:
+            return {"startup": self.startup_limits.to_json(), "requested": None, "applied": None}
+        limits = self.live_limits.to_json()
+        return {
+            "startup": self.startup_limits.to_json(),
+            "requested": {"generation": self._live_generation, "limits": limits},
+            "applied": {
+                "generation": self._live_generation,
+                "startup": self.startup_limits.to_json(),
+                "applied": limits,
+                "error": None,
+            },
+        }
+
+    async def get_limits(self, request: web.Request) -> web.Response:
+        """``GET /chunkpilot/v1/scheduler/limits``: start-up, requested and applied limits."""
+        refusal = self._limits_refusal(request)
+        if refusal is not None:
+            return refusal
+        return web.json_response(self._limits_snapshot())
+
+    async def put_limits(self, request: web.Request) -> web.Response:
+        """``PUT /chunkpilot/v1/scheduler/limits``: lower limits now; 409 for a raise above start-up."""
+        refusal = self._limits_refusal(request)
+        if refusal is not None:
+            return refusal
+        example = 'the body must be a JSON object such as {"max_num_batched_tokens": 1024}'
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": example}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": example}, status=400)
+        try:
+            new = lowered_limits(self.startup_limits, self.live_limits, body)
+            active = None if new.max_num_active_seqs >= new.max_num_seqs else new.max_num_active_seqs
+            # Steps are scheduled on this event loop, so the change lands between two steps.
+            self.core.scheduler.set_limits(new.max_num_batched_tokens, new.max_num_seqs, active)
+        except LimitRaiseError as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        except (PluginConfigError, ValueError) as exc:
+            return web.json_response({"error": str(exc)}, status=422)
+        self.live_limits = new
+        self._live_generation += 1
+        return web.json_response(self._limits_snapshot())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions``."""

@@ -2,7 +2,8 @@
 
 The simulator accepts the same flags as the vLLM version in the spec, so the
 same example runs on either engine; the version checks are shared too, so a
-manifest that works on the simulator also works on a GPU.
+manifest that works on the simulator also works on a GPU. With
+``autotune.liveAdjust`` it gets the live-adjustment token like the vLLM plugin.
 """
 
 from __future__ import annotations
@@ -65,4 +66,7 @@ def render_sim(spec: InferenceServiceSpec) -> RenderResult:
         shm_size="64Mi",
         probes=SIM_PROBES,
         model_volume=volume,
+        # The simulator serves the plugin's live-adjustment route in-process (no control file):
+        # the Deployment builder only adds the bearer token from the service's Secret.
+        live_adjust=spec.autotune.live_adjust,
     )

@@ -213,8 +213,8 @@ def plugin_enforces(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
 def live_adjust_enabled(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
     """``spec.autotune.liveAdjust`` on an engine that can do it: vLLM with the Chunkpilot image.
 
-    Elsewhere (the upstream image, the simulator) the field renders nothing: the API
-    defines it as an opt-in "where the engine allows it".
+    On the upstream image the field renders nothing: the API defines it as an opt-in
+    "where the engine allows it" (the simulator renders its own, see ``engines.sim``).
     """
     return spec.autotune.live_adjust and uses_plugin(spec, version)
 

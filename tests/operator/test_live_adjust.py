@@ -88,7 +88,6 @@ def test_live_adjust_and_partial_prefills_share_one_additional_config() -> None:
     [
         pytest.param(isvc(live_adjust=False), id="off"),
         pytest.param(isvc(image=UPSTREAM), id="upstream-image"),
-        pytest.param(isvc(kind="sim"), id="simulator"),
         pytest.param(isvc(version="0.32.0"), id="release-without-engine-image"),
     ],
 )
@@ -101,10 +100,20 @@ def test_nothing_extra_where_live_adjust_is_off_or_unavailable(service: Inferenc
     assert not wants_live_adjust_secret(service)
 
 
-def test_simulator_argv_is_unchanged_by_live_adjust() -> None:
-    # The simulator has no live-adjustment route (nor a flag for it): liveAdjust adds nothing.
-    sim = build_deployment(isvc(kind="sim"), Track.STABLE)
-    assert sim == build_deployment(isvc(live_adjust=False, kind="sim"), Track.STABLE)
+def test_simulator_gets_only_the_token_and_keeps_its_argv() -> None:
+    # The simulator serves the route in-process: same token env, no plugin flags nor control file.
+    on, off = isvc(kind="sim"), isvc(live_adjust=False, kind="sim")
+    engine, plain = container(on), container(off)
+    assert engine["args"] == plain["args"]
+    assert engine["volumeMounts"] == plain["volumeMounts"]
+    added = [item for item in engine.get("env", []) if item not in plain.get("env", [])]
+    assert added == [
+        {
+            "name": LIVE_ADJUST_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": "chat-live-adjust", "key": "token"}},
+        }
+    ]
+    assert wants_live_adjust_secret(on) and not wants_live_adjust_secret(off)
 
 
 def test_secret_manifest_and_tokens() -> None:

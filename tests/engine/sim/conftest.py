@@ -46,14 +46,25 @@ class SimServer:
 
 
 @contextlib.contextmanager
-def run_sim_server(log_dir: Path, *args: str, time_scale: float = 1.0) -> Iterator[SimServer]:
-    """Start ``chunkpilot sim serve ARGS`` on a free loopback port; stop it (SIGTERM, then SIGKILL) after."""
+def run_sim_server(
+    log_dir: Path, *args: str, time_scale: float = 1.0, env: dict[str, str] | None = None
+) -> Iterator[SimServer]:
+    """Start ``chunkpilot sim serve ARGS`` on a free loopback port; stop it (SIGTERM, then SIGKILL) after.
+
+    ``env`` is added to this process's environment.
+    """
     port = free_port()
     log = log_dir / f"sim-serve-{port}.log"
     argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "serve", *args]
     argv += ["--host", LOOPBACK, "--port", str(port), "--time-scale", f"{time_scale:g}"]
     with log.open("wb") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     server = SimServer(LOOPBACK, port, time_scale, log)
     try:
         deadline = time.monotonic() + 60
@@ -89,3 +100,16 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
 def sim_server_runner() -> Any:
     """``run_sim_server`` for tests that need their own server flags (``with runner(dir, *args) as s``)."""
     return run_sim_server
+
+
+#: Bearer token of ``live_sim_server``'s live-adjustment route.
+LIVE_TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def live_sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """Like ``sim_server`` (budget 2048) with the live-adjustment route on (token ``LIVE_TOKEN``)."""
+    args = ("llama-3.1-8b", "--gpu", "h100", "--max-model-len", "4096", "--max-num-batched-tokens", "2048")
+    env = {"CHUNKPILOT_LIVE_ADJUST_TOKEN": LIVE_TOKEN}
+    with run_sim_server(tmp_path_factory.mktemp("sim-live"), *args, env=env) as server:
+        yield server

@@ -183,3 +183,27 @@ def test_abort_frees_blocks() -> None:
 def test_invalid_configurations_name_the_flag(overrides: dict[str, object], flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         _config(**overrides)
+
+
+def test_set_limits_lowers_the_budget_and_running_cap_between_steps() -> None:
+    sched = Scheduler(_config(max_num_batched_tokens=512, max_num_seqs=8), num_kv_blocks=1000)
+    for i in range(6):
+        sched.add_request(Request(str(i), 0.0, 40, 50))
+    output, now = _step(sched)
+    assert len(sched.running) == 6 and output.num_scheduled_tokens == 240
+    sched.set_limits(128, 4, 2)
+    sched.add_request(Request("late", now, 1000, 4))
+    while sched.has_unfinished():
+        output, now = _step(sched, now)
+        assert output.num_scheduled_tokens <= 128
+        # The six already running keep going; nothing new is admitted above the lowered cap.
+        if any(s.request.request_id == "late" for s in output.scheduled):
+            assert len(sched.running) <= 2
+    assert sched.config.max_running == 2
+
+
+def test_set_limits_refuses_an_inconsistent_config() -> None:
+    sched = Scheduler(_config(max_num_batched_tokens=512, max_num_seqs=16), num_kv_blocks=1000)
+    with pytest.raises(ValueError, match="max-num-batched-tokens"):
+        sched.set_limits(8, 16, None)
+    assert sched.config.max_num_batched_tokens == 512
