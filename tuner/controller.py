@@ -11,6 +11,11 @@ transition and writes the result back at once, so all state lives in the cluster
     RollingOut  -- canary Ready -->  Measuring (warm-up, then the trial window)
     Measuring   -- verdict -->  Promoted | RolledBack | Pruned | Failed  (canary deleted)
 
+With ``autotune.liveAdjust`` (:mod:`chunkpilot.tuner.liveadjust`) a canary starts at the
+top of the space for the live limits, RollingOut -> Measuring first lowers them through
+the engine's route, and a finished trial parks its canary for the next trial to adjust
+(falling back to a rollout whenever that is not possible).
+
 Invariants stated once: at most one trial of a service is active; a canary
 Deployment exists only while its trial is active (any other is an orphan and is
 deleted); a trial's name is derived from its number, so a restart between
@@ -24,6 +29,7 @@ measurement of both tracks from the same window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -33,10 +39,16 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from chunkpilot.operator.builders import RenderError, build_deployment, deployment_name
+from chunkpilot.operator.builders import (
+    RenderError,
+    build_deployment,
+    deployment_name,
+    live_adjust_secret_name,
+)
 from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.status import DeploymentState
+from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import (
     MetricsUnavailableError,
@@ -62,7 +74,7 @@ from chunkpilot.tuner.policy import (
     should_stop,
     trial_deadline,
 )
-from chunkpilot.tuner.space import SearchSpace, SpaceError, build_space, warm_start
+from chunkpilot.tuner.space import Knob, SearchSpace, SpaceError, build_space, warm_start
 from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
 
 from chunkpilot import telemetry
@@ -188,12 +200,27 @@ def adopt(manifest: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def canary_manifest(isvc: InferenceService, body: Mapping[str, Any], trial: TuningTrial) -> dict[str, Any]:
-    """The canary Deployment of ``trial`` (raises :class:`RenderError` for a knob the engine refuses)."""
-    manifest = build_deployment(isvc, Track.CANARY, config=trial.spec.params)
+def canary_manifest(
+    isvc: InferenceService, body: Mapping[str, Any], trial: TuningTrial, start: EngineConfig | None = None
+) -> dict[str, Any]:
+    """The canary Deployment of ``trial`` (raises :class:`RenderError` for a knob the engine refuses).
+
+    ``start``: the config to start the pods with when it is not the trial's own (live
+    adjustment then lowers the limits to the trial's).
+    """
+    config = start or trial.spec.params
+    manifest = build_deployment(isvc, Track.CANARY, config=config)
     assert trial.metadata.name is not None
-    manifest["metadata"].setdefault("annotations", {})[rec.ANNOTATION_TRIAL] = trial.metadata.name
+    annotations = manifest["metadata"].setdefault("annotations", {})
+    annotations[rec.ANNOTATION_TRIAL] = trial.metadata.name
+    annotations[live.ANNOTATION_STARTED_CONFIG] = live.started_config_annotation(config)
+    annotations[live.ANNOTATION_PARKED] = ""
     return adopt(manifest, body)
+
+
+def canary_config_hash(trial: TuningTrial) -> str:
+    """The config hash of the pods serving ``trial`` (their start-up config's, when live-adjusted)."""
+    return trial.metadata.annotations.get(live.ANNOTATION_CANARY_HASH) or trial.spec.params.config_hash()
 
 
 def stable_manifest(isvc: InferenceService, body: Mapping[str, Any], config: EngineConfig) -> dict[str, Any]:
@@ -304,8 +331,10 @@ class TuningController:
         settings: TunerSettings | None = None,
         inline: bool = False,
         mirror: Mirror | None = None,
+        live_adjuster: live.LiveAdjuster | None = None,
     ) -> None:
         self.kube = kube
+        self.live_adjuster = live_adjuster or live.HttpLiveAdjuster()
         self.mirror = mirror
         self.query = query
         self.post_event = post_event
@@ -420,11 +449,13 @@ class TuningController:
                 await self._abort(ctx, current, "no Prometheus to measure with")
             await self._remove_orphan_canary(ctx, None)
             return
-        await self._remove_orphan_canary(ctx, current)
+        await self._remove_orphan_canary(ctx, current, keep_parked=True)
         if current is not None:
             await self._advance(ctx, current)
         else:
             await self._maybe_start_trial(ctx)
+            if ctx.status_update.get("currentTrial") is None and self._is_stopped(ctx):
+                await self._release_parked_canary(ctx)
 
     # ------------------------------------------------------------------ trials
 
@@ -634,7 +665,8 @@ class TuningController:
         ):
             await self._roll_out(ctx, trial)  # lost (deleted by hand, or never applied before a restart)
             return
-        crashed = await self._crashed(ctx, trial)
+        started = live.started_config(canary)
+        crashed = await self._crashed(ctx, trial, started)
         if crashed is not None:
             await self._abort(ctx, trial, crashed)
             return
@@ -644,17 +676,23 @@ class TuningController:
                 await self._metrics_gap(ctx, trial, None)
             return
         if phase is TrialPhase.ROLLING_OUT:
-            await self._check_rollout(ctx, trial, DeploymentState.from_manifest(canary))
+            await self._check_rollout(ctx, trial, DeploymentState.from_manifest(canary), started)
         else:
             await self._measure(ctx, trial)
 
     async def _roll_out(self, ctx: _Context, trial: TuningTrial) -> None:
-        try:
-            manifest = canary_manifest(ctx.isvc, ctx.body, trial)
-        except RenderError as error:
-            await self._abort(ctx, trial, f"the engine refuses the config: {error}")
-            return
-        await self.kube.apply(manifest)
+        if not await self._reuse_parked_canary(ctx, trial):
+            try:
+                manifest = canary_manifest(ctx.isvc, ctx.body, trial)
+            except RenderError as error:
+                await self._abort(ctx, trial, f"the engine refuses the config: {error}")
+                return
+            start = self._live_start(ctx, trial)
+            if start is not None:
+                # The top of the space may not render: the trial's own config it is, then.
+                with contextlib.suppress(RenderError):
+                    manifest = canary_manifest(ctx.isvc, ctx.body, trial, start)
+            await self.kube.apply(manifest)
         started = trial.status.started_at if trial.status is not None and trial.status.started_at else ctx.now
         await self._patch_trial_status(
             ctx.namespace,
@@ -676,34 +714,174 @@ class TuningController:
         )
         telemetry.MAX_NUM_SEQS.labels(ctx.namespace, ctx.name, "canary").set(trial.spec.params.max_num_seqs)
 
-    async def _crashed(self, ctx: _Context, trial: TuningTrial) -> str | None:
+    # ------------------------------------------------------------------ live adjustment
+
+    def _live_usable(self, ctx: _Context) -> bool:
+        """``autotune.liveAdjust`` is on and no earlier trial of the service saw the route fail."""
+        if not ctx.isvc.spec.autotune.live_adjust:
+            return False
+        return not any(
+            t.metadata.annotations.get(live.ANNOTATION_LIVE_ADJUSTED, "").startswith(live.FAILED_PREFIX)
+            for t in ctx.trials
+        )
+
+    def _live_start(self, ctx: _Context, trial: TuningTrial) -> EngineConfig | None:
+        """The config to start a new canary with so later trials can go down (None: the trial's own)."""
+        if not self._live_usable(ctx):
+            return None
+        space = self._space_or_none(ctx)
+        if space is None:
+            return None
+        budget = space.ranges.get(Knob.MAX_NUM_BATCHED_TOKENS)
+        seqs = space.ranges.get(Knob.MAX_NUM_SEQS)
+        try:
+            start = live.ceiling_config(
+                trial.spec.params, budget.high if budget else None, seqs.high if seqs else None
+            )
+        except ValueError:
+            return None
+        return None if start == trial.spec.params else start
+
+    async def _reuse_parked_canary(self, ctx: _Context, trial: TuningTrial) -> bool:
+        """Hand a parked canary whose start-up limits cover ``trial`` to it (no new rollout)."""
+        if not self._live_usable(ctx):
+            return False
+        canary = await self.kube.get(self.deployment_path(ctx.namespace, ctx.name, Track.CANARY))
+        if canary is None or canary["metadata"].get("deletionTimestamp"):
+            return False
+        if not (canary["metadata"].get("annotations") or {}).get(live.ANNOTATION_PARKED):
+            return False
+        started = live.started_config(canary)
+        if started is None or live.live_adjust_refusal(started, trial.spec.params) is not None:
+            return False  # the new rollout replaces it
+        state = DeploymentState.from_manifest(canary)
+        if not (state.rollout_complete and state.ready >= state.desired > 0):
+            return False
+        annotations = {rec.ANNOTATION_TRIAL: trial.metadata.name, live.ANNOTATION_PARKED: None}
+        await self.kube.merge_patch(
+            self.deployment_path(ctx.namespace, ctx.name, Track.CANARY),
+            {"metadata": {"annotations": annotations}},
+        )
+        return True
+
+    async def _adjust_canary(self, ctx: _Context, trial: TuningTrial, started: EngineConfig) -> str | None:
+        """Set the trial's limits on every Ready canary pod; None on success, else why not."""
+        refusal = live.live_adjust_refusal(started, trial.spec.params)
+        if refusal is not None:
+            return refusal
+        secret_name = live_adjust_secret_name(ctx.name)
+        try:
+            secret = await self.kube.get(resource_path("v1", "secrets", ctx.namespace, secret_name))
+            token = live.secret_token(secret)
+            if token is None:
+                return f"no live-adjustment token in Secret {secret_name}"
+            pods = await self.kube.list(
+                resource_path("v1", "pods", ctx.namespace),
+                label_selector=(
+                    f"{LABEL_SERVICE}={ctx.name},{LABEL_TRACK}={Track.CANARY.value},"
+                    f"{LABEL_CONFIG_HASH}={started.config_hash()}"
+                ),
+            )
+            ready = [pod for pod in pods if live.pod_ready(pod)]
+            await self.live_adjuster.adjust(ready, token, live.target_limits(trial.spec.params))
+        except (live.LiveAdjustError, KubeError, OSError) as error:
+            return str(error)
+        return None
+
+    async def _live_fallback(self, ctx: _Context, trial: TuningTrial, reason: str) -> None:
+        """Record why live adjustment failed and roll out a canary with the trial's own config."""
+        name = trial.metadata.name or ""
+        note = f"{live.FAILED_PREFIX}{reason}"[:1024]
+        await self.kube.merge_patch(
+            self.trial_path(ctx.namespace, name),
+            {"metadata": {"annotations": {live.ANNOTATION_LIVE_ADJUSTED: note}}},
+        )
+        self._emit(
+            ctx,
+            EventType.WARNING,
+            "LiveAdjustFailed",
+            f"trial {trial.spec.number}: live adjustment failed ({reason}); "
+            "rolling out a canary with the trial's config",
+        )
+        try:
+            manifest = canary_manifest(ctx.isvc, ctx.body, trial)
+        except RenderError as error:
+            await self._abort(ctx, trial, f"the engine refuses the config: {error}")
+            return
+        await self.kube.apply(manifest)
+        await self._patch_trial_status(
+            ctx.namespace, name, TuningTrialStatus(phase=TrialPhase.ROLLING_OUT, started_at=ctx.now)
+        )
+
+    async def _park_canary(self, ctx: _Context, trial: TuningTrial, verdict: TrialVerdict) -> bool:
+        """Keep a finished trial's canary for the next trial to adjust (True) instead of deleting it."""
+        if verdict is TrialVerdict.ABORTED or not self._live_usable(ctx):
+            return False
+        if trial.metadata.annotations.get(live.ANNOTATION_LIVE_ADJUSTED, "").startswith(live.FAILED_PREFIX):
+            return False
+        path = self.deployment_path(ctx.namespace, ctx.name, Track.CANARY)
+        canary = await self.kube.get(path)
+        if canary is None or live.started_config(canary) is None:
+            return False
+        if (canary["metadata"].get("annotations") or {}).get(rec.ANNOTATION_TRIAL) != trial.metadata.name:
+            return False
+        annotations = {rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"}
+        await self.kube.merge_patch(path, {"metadata": {"annotations": annotations}})
+        telemetry.TOKEN_BUDGET.labels(ctx.namespace, ctx.name, "canary").set(0)
+        telemetry.MAX_NUM_SEQS.labels(ctx.namespace, ctx.name, "canary").set(0)
+        return True
+
+    async def _release_parked_canary(self, ctx: _Context) -> None:
+        """Delete a parked canary once no next trial will use it."""
+        if not ctx.isvc.spec.autotune.live_adjust:
+            return
+        canary = await self.kube.get(self.deployment_path(ctx.namespace, ctx.name, Track.CANARY))
+        if canary is not None and (canary["metadata"].get("annotations") or {}).get(live.ANNOTATION_PARKED):
+            await self._delete_canary(ctx)
+
+    @staticmethod
+    def _is_stopped(ctx: _Context) -> bool:
+        return any(
+            c.type == ConditionType.TUNING.value and c.status == ConditionStatus.FALSE for c in ctx.conditions
+        )
+
+    async def _crashed(self, ctx: _Context, trial: TuningTrial, started: EngineConfig | None) -> str | None:
         pods = await self.kube.list(
             resource_path("v1", "pods", ctx.namespace),
             label_selector=f"{LABEL_SERVICE}={ctx.name},{LABEL_TRACK}={Track.CANARY.value}",
         )
-        return crash_message(pods, self.settings.crash_restarts, trial.spec.params.config_hash())
+        config_hash = (started or trial.spec.params).config_hash()
+        return crash_message(pods, self.settings.crash_restarts, config_hash)
 
-    async def _check_rollout(self, ctx: _Context, trial: TuningTrial, state: DeploymentState) -> None:
+    async def _check_rollout(
+        self, ctx: _Context, trial: TuningTrial, state: DeploymentState, started: EngineConfig | None
+    ) -> None:
         name = trial.metadata.name or ""
         if state.rollout_complete and state.ready >= state.desired > 0:
+            annotations: dict[str, str] = {}
+            # With live adjustment usable, always set the limits: a parked canary taken over
+            # still runs the previous trial's, even when this trial's equal the start-up ones.
+            if started is not None and (started != trial.spec.params or self._live_usable(ctx)):
+                failure = await self._adjust_canary(ctx, trial, started)
+                if failure is not None:
+                    await self._live_fallback(ctx, trial, failure)
+                    return
+                annotations = {
+                    live.ANNOTATION_LIVE_ADJUSTED: "true",
+                    live.ANNOTATION_CANARY_HASH: started.config_hash(),
+                }
             warmup = seconds(ctx.isvc.spec.autotune.warmup)
+            annotations[rec.ANNOTATION_READY_AT] = rec.rfc3339(ctx.now)
+            annotations[rec.ANNOTATION_MEASURE_FROM] = rec.rfc3339(ctx.now + timedelta(seconds=warmup))
             await self.kube.merge_patch(
-                self.trial_path(ctx.namespace, name),
-                {
-                    "metadata": {
-                        "annotations": {
-                            rec.ANNOTATION_READY_AT: rec.rfc3339(ctx.now),
-                            rec.ANNOTATION_MEASURE_FROM: rec.rfc3339(ctx.now + timedelta(seconds=warmup)),
-                        }
-                    }
-                },
+                self.trial_path(ctx.namespace, name), {"metadata": {"annotations": annotations}}
             )
             await self._patch_trial_status(ctx.namespace, name, TuningTrialStatus(phase=TrialPhase.MEASURING))
             return
-        started = trial.status.started_at if trial.status is not None else None
+        since = trial.status.started_at if trial.status is not None else None
         if state.progress_deadline_exceeded:
             await self._abort(ctx, trial, "the canary Deployment exceeded its progress deadline")
-        elif started is not None and (ctx.now - started).total_seconds() > self.settings.rollout_timeout_s:
+        elif since is not None and (ctx.now - since).total_seconds() > self.settings.rollout_timeout_s:
             await self._abort(
                 ctx, trial, f"the canary did not become Ready within {self.settings.rollout_timeout_s:g}s"
             )
@@ -806,7 +984,7 @@ class TuningController:
             ctx.slo.itl_quantile,
             ctx.slo.ttft_quantile,
             None,
-            {TrackName.CANARY: trial.spec.params.config_hash(), TrackName.STABLE: stable_hash},
+            {TrackName.CANARY: canary_config_hash(trial), TrackName.STABLE: stable_hash},
         )
 
     async def _metrics_gap(self, ctx: _Context, trial: TuningTrial, error: str | None) -> None:
@@ -899,7 +1077,8 @@ class TuningController:
             ),
         )
         await self._patch_trial_status(ctx.namespace, name, status)
-        await self._delete_canary(ctx)
+        if not await self._park_canary(ctx, trial, verdict):
+            await self._delete_canary(ctx)
         finished = sum(1 for t in ctx.trials if not rec.is_active(t) or t.metadata.name == name)
         ctx.status_update["trialsCompleted"] = finished
         ctx.status_update["currentTrial"] = None
@@ -987,13 +1166,18 @@ class TuningController:
         telemetry.TOKEN_BUDGET.labels(ctx.namespace, ctx.name, "canary").set(0)
         telemetry.MAX_NUM_SEQS.labels(ctx.namespace, ctx.name, "canary").set(0)
 
-    async def _remove_orphan_canary(self, ctx: _Context, current: TuningTrial | None) -> None:
+    async def _remove_orphan_canary(
+        self, ctx: _Context, current: TuningTrial | None, *, keep_parked: bool = False
+    ) -> None:
         canary = await self.kube.get(self.deployment_path(ctx.namespace, ctx.name, Track.CANARY))
         if canary is None or canary["metadata"].get("deletionTimestamp"):
             return
-        owner = (canary["metadata"].get("annotations") or {}).get(rec.ANNOTATION_TRIAL)
+        annotations = canary["metadata"].get("annotations") or {}
+        owner = annotations.get(rec.ANNOTATION_TRIAL)
         if current is not None and owner == current.metadata.name:
             return
+        if keep_parked and annotations.get(live.ANNOTATION_PARKED) and ctx.isvc.spec.autotune.live_adjust:
+            return  # kept for the next trial to adjust (removed when tuning stops)
         await self._delete_canary(ctx)
         self._emit(
             ctx,

@@ -27,7 +27,7 @@ import kopf
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeClient
-from chunkpilot.tuner import mirror
+from chunkpilot.tuner import liveadjust, mirror
 from chunkpilot.tuner.controller import Mirror, TunerSettings, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.space import SearchSpace
@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 ENV_INTERVAL = "CHUNKPILOT_TUNER_INTERVAL"
 ENV_ROLLOUT_TIMEOUT = "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"
+#: A Prometheus file_sd file naming each engine pod's address (the local pod runner writes one);
+#: unset: live adjustment calls pods at their pod IP.
+ENV_POD_TARGETS = "CHUNKPILOT_POD_TARGETS_FILE"
 FIELD_MANAGER = "chunkpilot-tuner"
 MEMO_KEY = "tuner"
 
@@ -93,8 +96,15 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     query = PrometheusClient(config.prometheus_url, timeout_s=5.0).query if config.prometheus_url else None
     kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
     url = mirror.storage_url()
+    targets = os.environ.get(ENV_POD_TARGETS)
+    resolver = liveadjust.targets_file_resolver(targets) if targets else liveadjust.pod_ip_endpoint
     memo[MEMO_KEY] = TuningController(
-        kube, query, post_event=_post_event, settings=settings, mirror=_mirror_to(url) if url else None
+        kube,
+        query,
+        post_event=_post_event,
+        settings=settings,
+        mirror=_mirror_to(url) if url else None,
+        live_adjuster=liveadjust.HttpLiveAdjuster(resolver),
     )
     logger.info(
         "autotuner ready: Prometheus %s, tick every %gs",

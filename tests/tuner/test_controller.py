@@ -20,6 +20,7 @@ import pytest
 import yaml
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
+from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
 from chunkpilot.tuner.measure import MetricsUnavailableError
@@ -614,3 +615,171 @@ def test_crash_message_ignores_terminating_pods_and_other_configs() -> None:
     terminating = copy.deepcopy(crashed)
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert crash_message([terminating], 1, "aa") is None
+
+
+# --------------------------------------------------------------------------- live adjustment
+
+LIVE_BOUNDS = {"bounds": {"longPrefillTokenThreshold": {"min": 0, "max": 0}}}  # only the live limits vary
+
+
+class FakeLiveAdjuster:
+    """Stands in for the engines' route: records each call; the adjusted pods then report the new limits."""
+
+    def __init__(self, harness: LiveHarness) -> None:
+        self.harness = harness
+        self.calls: list[tuple[list[str], str, dict[str, int]]] = []
+        self.fail: str | None = None
+
+    async def adjust(self, pods: Any, token: str, limits: Any) -> None:
+        self.calls.append(([p["metadata"]["name"] for p in pods], token, dict(limits)))
+        if self.fail is not None:
+            raise live.LiveAdjustError(self.fail)
+        for pod in pods:
+            started = self.harness.prom.configs[pod["metadata"]["labels"][LABEL_CONFIG_HASH]]
+            self.harness.served[pod["metadata"]["labels"][LABEL_CONFIG_HASH]] = started.model_copy(
+                update={
+                    "max_num_batched_tokens": limits["max_num_batched_tokens"],
+                    "max_num_seqs": limits["max_num_seqs"],
+                }
+            )
+
+
+class LiveHarness(Harness):
+    """``autotune.liveAdjust`` on, the token Secret, Ready canary pods and a fake route."""
+
+    def __init__(self, secret: bool = True, **spec: Any) -> None:
+        autotune = {"liveAdjust": True, **LIVE_BOUNDS, **spec.pop("autotune", {})}
+        super().__init__(autotune=autotune, **spec)
+        self.served: dict[str, EngineConfig] = {}  # config hash -> limits the pods run now
+        self.adjuster = FakeLiveAdjuster(self)
+        self.controller.live_adjuster = self.adjuster
+        if secret:
+            path = resource_path("v1", "secrets", NS, "chat-live-adjust")
+            self.kube.put(path, {"metadata": {"name": "chat-live-adjust"}, "data": {"token": "dG9r"}})
+        self.canary_applies: list[dict[str, Any]] = []
+        apply = self.kube.apply
+
+        async def counting(manifest: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
+            if object_path(manifest) == self.deployment_path("canary"):
+                self.canary_applies.append(copy.deepcopy(dict(manifest)))
+            return await apply(manifest, force=force)
+
+        self.kube.apply = counting  # type: ignore[method-assign]
+
+    def ready_deployments(self) -> None:
+        super().ready_deployments()
+        canary = self.canary()
+        pods = resource_path("v1", "pods", NS)
+        wanted = None
+        if canary is not None:
+            labels = canary["spec"]["template"]["metadata"]["labels"]
+            wanted = labels[LABEL_CONFIG_HASH]
+            started = live.started_config(canary)
+            assert started is not None and started.config_hash() == wanted
+            if wanted not in self.served:
+                self.prom.know(started)  # a fresh pod runs its start-up limits
+            name = f"chat-canary-{wanted}"
+            self.kube.objects.setdefault(
+                f"{pods}/{name}",
+                {
+                    "metadata": {"name": name, "namespace": NS, "labels": dict(labels)},
+                    "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]},
+                },
+            )
+        for key in [k for k in self.kube.objects if k.startswith(pods + "/")]:
+            if self.kube.objects[key]["metadata"]["labels"].get(LABEL_CONFIG_HASH) != wanted:
+                hash_ = self.kube.objects.pop(key)["metadata"]["labels"][LABEL_CONFIG_HASH]
+                self.served.pop(hash_, None)
+        for hash_, config in self.served.items():
+            self.prom.configs[hash_] = config  # Prometheus sees what the adjusted pods run
+
+    def live_marks(self) -> list[str | None]:
+        return [t.metadata.annotations.get(live.ANNOTATION_LIVE_ADJUSTED) for t in self.trials()]
+
+
+def stopped(h: Harness) -> bool:
+    return h.condition("Tuning") is not None and h.condition("Tuning")[0] == "False" and bool(h.finished())
+
+
+def test_live_adjust_starts_one_canary_at_the_top_of_the_space_and_adjusts_it_for_every_trial() -> None:
+    h = LiveHarness()
+    h.run_until(lambda: stopped(h))
+    trials = h.finished()
+    assert len(trials) >= 3
+    assert len(h.canary_applies) == 1  # one rollout for the whole study
+    started = live.started_config(h.canary_applies[0])
+    assert started is not None
+    assert all(live.live_adjust_refusal(started, t.spec.params) is None for t in trials)
+    assert started.max_num_batched_tokens > trials[0].spec.params.max_num_batched_tokens
+    assert h.live_marks() == ["true"] * len(trials)
+    assert [call[2] for call in h.adjuster.calls] == [live.target_limits(t.spec.params) for t in trials]
+    assert all(
+        call[0] == [f"chat-canary-{started.config_hash()}"] and call[1] == "tok" for call in h.adjuster.calls
+    )
+    # Measured on the adjusted pods (the fake Prometheus answers per hash with the adjusted limits).
+    assert all(t.status is not None and t.status.canary is not None for t in trials)
+    assert all(t.metadata.annotations[live.ANNOTATION_CANARY_HASH] == started.config_hash() for t in trials)
+    assert h.canary() is None  # released once tuning stopped
+    assert "LiveAdjustFailed" not in h.reasons()
+
+
+def test_a_failing_route_falls_back_to_a_rollout_and_live_adjustment_is_not_tried_again() -> None:
+    h = LiveHarness()
+    h.adjuster.fail = "PUT http://10.0.0.7:8000/chunkpilot/v1/scheduler/limits answered 409: above start-up"
+    h.run_until(lambda: stopped(h))
+    trials = h.finished()
+    assert len(h.adjuster.calls) == 1
+    marks = h.live_marks()
+    assert marks[0] is not None and marks[0].startswith(live.FAILED_PREFIX) and "409" in marks[0]
+    assert marks[1:] == [None] * (len(trials) - 1)
+    assert "LiveAdjustFailed" in h.reasons()
+    # The fallback and every later canary run the trial's own config; nothing is left broken.
+    first = trials[0]
+    assert live.started_config(h.canary_applies[1]) == first.spec.params
+    assert all(t.status is not None and t.status.verdict != "Aborted" for t in trials)
+    assert len(h.canary_applies) == len(trials) + 1
+    assert h.canary() is None
+
+
+def test_without_the_token_secret_the_trial_falls_back_to_a_normal_rollout() -> None:
+    h = LiveHarness(secret=False)
+    h.run_until(lambda: len(h.finished()) >= 1)
+    assert h.adjuster.calls == []
+    assert (h.live_marks()[0] or "").startswith(live.FAILED_PREFIX + "no live-adjustment token")
+    assert h.finished()[0].status.verdict != "Aborted"  # type: ignore[union-attr]
+
+
+def test_liveadjust_off_rolls_out_each_trial_with_its_own_config() -> None:
+    h = LiveHarness(autotune={"liveAdjust": False})
+    h.run_until(lambda: stopped(h))
+    trials = h.finished()
+    assert h.adjuster.calls == []
+    assert all(live.ANNOTATION_LIVE_ADJUSTED not in t.metadata.annotations for t in trials)
+    assert [live.started_config(m) for m in h.canary_applies] == [t.spec.params for t in trials]
+
+
+def test_a_crashing_live_canary_is_found_by_its_start_up_hash_and_not_parked() -> None:
+    h = LiveHarness()
+    h.ready_tracks = {"stable"}
+    h.tick(2)  # trial created, canary applied at the top of the space
+    canary = h.canary()
+    assert canary is not None
+    started = live.started_config(canary)
+    assert started is not None and started != h.trials()[0].spec.params
+    pod = {
+        "metadata": {
+            "name": "chat-canary-crash",
+            "namespace": NS,
+            "labels": {
+                "chunkpilot.io/service": NAME,
+                "chunkpilot.io/track": "canary",
+                LABEL_CONFIG_HASH: started.config_hash(),
+            },
+        },
+        "status": {"containerStatuses": [{"name": "engine", "restartCount": 1, "state": {}}]},
+    }
+    h.kube.put(resource_path("v1", "pods", NS, "chat-canary-crash"), pod)
+    asyncio.run(h.controller.step(NS, NAME))
+    trial = h.trials()[0]
+    assert trial.status is not None and trial.status.verdict == "Aborted"
+    assert h.canary() is None

@@ -1,0 +1,177 @@
+"""Live adjustment: which trials reuse a running canary, the request, the client against the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.server import ServerConfig, SimEngineServer
+from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
+from chunkpilot.tuner import liveadjust as live
+
+from chunkpilot.api import EngineConfig
+from chunkpilot.devcluster.ports import LOOPBACK, free_port
+
+START = EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, long_prefill_token_threshold=512)
+
+
+def config(**knobs: Any) -> EngineConfig:
+    return START.model_copy(update=knobs)
+
+
+@pytest.mark.parametrize(
+    ("target", "refused"),
+    [
+        pytest.param(config(), None, id="same"),
+        pytest.param(config(max_num_batched_tokens=1024, max_num_seqs=32), None, id="lower"),
+        pytest.param(config(max_num_active_seqs=8), None, id="active-cap-below-seqs"),
+        pytest.param(
+            config(max_num_batched_tokens=16384), "max_num_batched_tokens 16384 is above", id="raise"
+        ),
+        pytest.param(config(max_num_seqs=512), "max_num_seqs 512 is above", id="raise-seqs"),
+        pytest.param(
+            config(long_prefill_token_threshold=256), "long_prefill_token_threshold changes", id="other"
+        ),
+        pytest.param(config(max_num_partial_prefills=2), "max_num_partial_prefills changes", id="unset-knob"),
+    ],
+)
+def test_only_lowered_live_limits_with_every_other_knob_equal_can_be_adjusted(
+    target: EngineConfig, refused: str | None
+) -> None:
+    reason = live.live_adjust_refusal(START, target)
+    if refused is None:
+        assert reason is None
+    else:
+        assert reason is not None and refused in reason
+
+
+def test_an_active_cap_is_compared_as_its_effective_value() -> None:
+    capped = config(max_num_active_seqs=16)
+    assert live.live_adjust_refusal(capped, config(max_num_active_seqs=8)) is None
+    # Unset means max-num-seqs (256): above the start-up cap of 16.
+    assert "max_num_active_seqs 256" in (live.live_adjust_refusal(capped, config()) or "")
+
+
+def test_ceiling_raises_only_the_live_limits_to_the_top_of_the_space() -> None:
+    trial = config(max_num_batched_tokens=1024, max_num_seqs=32, max_num_active_seqs=8)
+    top = live.ceiling_config(trial, 16384, 512)
+    assert (top.max_num_batched_tokens, top.max_num_seqs, top.max_num_active_seqs) == (16384, 512, None)
+    assert top.long_prefill_token_threshold == 512
+    assert live.live_adjust_refusal(top, trial) is None
+    assert (
+        live.ceiling_config(config(max_num_batched_tokens=20000), 16384, None).max_num_batched_tokens == 20000
+    )
+    assert live.target_limits(trial) == {
+        "max_num_batched_tokens": 1024,
+        "max_num_seqs": 32,
+        "max_num_active_seqs": 8,
+    }
+    assert live.target_limits(START)["max_num_active_seqs"] == 256
+
+
+def test_started_config_round_trips_through_the_deployment_annotation() -> None:
+    trial = config(max_num_active_seqs=8)
+    deployment = {
+        "metadata": {"annotations": {live.ANNOTATION_STARTED_CONFIG: live.started_config_annotation(trial)}}
+    }
+    assert live.started_config(deployment) == trial
+    assert live.started_config({"metadata": {}}) is None
+    assert (
+        live.started_config({"metadata": {"annotations": {live.ANNOTATION_STARTED_CONFIG: "{oops"}}}) is None
+    )
+
+
+def test_request_token_and_endpoints(tmp_path: Path) -> None:
+    request = live.build_request("10.1.2.3:8000", "tok", {"max_num_batched_tokens": 512})
+    assert request.url == f"http://10.1.2.3:8000{LIVE_ADJUST_ROUTE}"
+    assert request.headers["Authorization"] == "Bearer tok"
+    assert request.body == {"max_num_batched_tokens": 512}
+    assert live.secret_token({"data": {"token": "dG9r"}}) == "tok"
+    assert live.secret_token({"stringData": {"token": "tok"}}) == "tok"
+    assert live.secret_token({"data": {}}) is None and live.secret_token(None) is None
+    pod = {"metadata": {"name": "p-1", "namespace": "llm"}, "status": {"podIP": "10.1.2.3"}}
+    assert live.pod_ip_endpoint(pod) == "10.1.2.3:8000"
+    assert live.pod_ip_endpoint({"status": {}}) is None
+    targets = tmp_path / "targets.json"
+    targets.write_text(
+        json.dumps([{"targets": ["127.0.0.1:41234"], "labels": {"namespace": "llm", "pod": "p-1"}}])
+    )
+    resolve = live.targets_file_resolver(targets)
+    assert resolve(pod) == "127.0.0.1:41234"
+    assert resolve({"metadata": {"name": "p-2", "namespace": "llm"}}) is None
+    assert live.targets_file_resolver(tmp_path / "missing.json")(pod) is None
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert live.pod_ready(ready)
+    assert not live.pod_ready({**ready, "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    assert not live.pod_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+
+
+# --------------------------------------------------------------------------- against the simulator's route
+
+TOKEN = "tuner-token"
+
+
+async def serve_sim(token: str | None) -> tuple[web.AppRunner, SimEngineServer, str]:
+    port = free_port()
+    sim = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=128))
+    server = SimEngineServer(ServerConfig(sim=sim, served_model_names=("m",), live_adjust_token=token))
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    await web.TCPSite(runner, LOOPBACK, port).start()
+    return runner, server, f"{LOOPBACK}:{port}"
+
+
+def run(coro_fn: Callable[[], Any]) -> Any:
+    return asyncio.run(coro_fn())
+
+
+POD = {"metadata": {"name": "p-1", "namespace": "llm"}}
+
+
+def test_client_lowers_the_simulator_limits_and_reports_refusals_as_errors() -> None:
+    async def scenario() -> None:
+        runner, server, address = await serve_sim(TOKEN)
+        try:
+            adjuster = live.HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
+            await adjuster.adjust(
+                [POD], TOKEN, {"max_num_batched_tokens": 1024, "max_num_seqs": 32, "max_num_active_seqs": 16}
+            )
+            cfg = server.core.scheduler.config
+            assert (cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_running) == (1024, 32, 16)
+            with pytest.raises(live.LiveAdjustError, match="answered 409"):
+                await adjuster.adjust([POD], TOKEN, {"max_num_batched_tokens": 8192})
+            with pytest.raises(live.LiveAdjustError, match="answered 401"):
+                await adjuster.adjust([POD], "wrong", {"max_num_batched_tokens": 512})
+            assert server.core.scheduler.config.max_num_batched_tokens == 1024  # refusals change nothing
+            with pytest.raises(live.LiveAdjustError, match="no Ready canary pod"):
+                await adjuster.adjust([], TOKEN, {"max_num_batched_tokens": 512})
+            unresolved = live.HttpLiveAdjuster(resolver=lambda _pod: None)
+            with pytest.raises(live.LiveAdjustError, match="no address for canary pod p-1"):
+                await unresolved.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
+        finally:
+            await runner.cleanup()
+
+    run(scenario)
+
+
+def test_client_fails_cleanly_when_the_route_is_off_or_nothing_listens() -> None:
+    async def scenario() -> None:
+        runner, _server, address = await serve_sim(None)
+        try:
+            adjuster = live.HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
+            with pytest.raises(live.LiveAdjustError, match="answered 503"):
+                await adjuster.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
+        finally:
+            await runner.cleanup()
+        closed = live.HttpLiveAdjuster(resolver=lambda _pod: f"{LOOPBACK}:{free_port()}", timeout_s=2)
+        with pytest.raises(live.LiveAdjustError, match="failed"):
+            await closed.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
+
+    run(scenario)
