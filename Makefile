@@ -16,6 +16,7 @@ dev: $(PY)
 	$(PIP_INSTALL) --editable '.[test,report]' --config-settings editable_mode=strict
 
 demo: dev
+	$(VENV)/bin/chunkpilot cluster fetch
 	$(VENV)/bin/chunkpilot demo --fast
 
 lint: dev

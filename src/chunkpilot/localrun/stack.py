@@ -132,7 +132,8 @@ class LocalStack:
                 nodes=gpu_node_specs(options.nodes, accelerator=options.accelerator),
                 startup_timeout=options.startup_timeout_s,
             )
-            plane = ControlPlane(config, devbinaries.locate_all())
+            # Builds the pinned binaries on first use (tens of minutes, with progress); cached after.
+            plane = ControlPlane(config, devbinaries.ensure_all(progress=self.progress))
             self._exit.callback(self._stopping("control plane", plane.stop))
             self.control_plane = plane.start()
         plane = self.control_plane
