@@ -34,7 +34,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -74,7 +74,16 @@ from chunkpilot.tuner.policy import (
     should_stop,
     trial_deadline,
 )
-from chunkpilot.tuner.space import Knob, SearchSpace, SpaceError, build_space, warm_start
+from chunkpilot.tuner.space import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+    Knob,
+    SearchSpace,
+    ServiceFacts,
+    SpaceError,
+    build_space,
+    warm_start,
+)
 from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
 
 from chunkpilot import telemetry
@@ -117,6 +126,8 @@ T = TypeVar("T")
 #: The shortest window the early-abort check looks at (Prometheus needs a few scrapes for a rate).
 MIN_EARLY_WINDOW_S = 5
 STATUS_WRITE_ATTEMPTS = 5
+#: TuningTrial annotation: the token mix the warm start was sized for when the trial was asked.
+ANNOTATION_TOKEN_MIX = f"{rec.GROUP_PREFIX}/token-mix"
 
 
 class Kube(Protocol):
@@ -236,14 +247,18 @@ def trial_manifest(
     params: Mapping[str, int],
     baseline: EngineConfig,
     round_: int,
+    token_mix: str | None = None,
 ) -> dict[str, Any]:
     service = body["metadata"]["name"]
+    annotations = {rec.ANNOTATION_STUDY_PARAMS: json.dumps(dict(params), sort_keys=True)}
+    if token_mix is not None:
+        annotations[ANNOTATION_TOKEN_MIX] = token_mix
     trial = TuningTrial(
         metadata=ObjectMeta(
             name=trial_name(service, number),
             namespace=body["metadata"]["namespace"],
             labels={**trial_labels(service, number), rec.LABEL_ROUND: str(round_)},
-            annotations={rec.ANNOTATION_STUDY_PARAMS: json.dumps(dict(params), sort_keys=True)},
+            annotations=annotations,
         ),
         spec=TuningTrialSpec(
             service_name=service,
@@ -288,6 +303,26 @@ def excess_constraints(m: Measurement | None, slo: SLOTargets) -> Constraints | 
     if m is None or m.itl_ms is None or m.ttft_ms is None:
         return None
     return Constraints(itl=round(m.itl_ms - slo.itl_ms, 1), ttft=round(m.ttft_ms - slo.ttft_ms, 1))
+
+
+def with_token_mix(facts: ServiceFacts, stable: TrackMeasurement | None) -> tuple[ServiceFacts, str]:
+    """``facts`` with the stable track's measured tokens per request, and a note of the values used.
+
+    A mean Prometheus has no data for stays None, so the warm start assumes the default.
+    """
+    prompt = stable.mean_prompt_tokens if stable is not None else None
+    output = stable.mean_output_tokens if stable is not None else None
+    facts = replace(facts, mean_prompt_tokens=prompt, mean_output_tokens=output)
+    window = f" over {stable.window}" if stable is not None else ""
+    if prompt is not None and output is not None:
+        source = f"measured on stable{window}"
+    elif prompt is None and output is None:
+        source = f"defaults: Prometheus has no stable traffic{window}"
+    else:
+        source = f"{'output' if prompt is not None else 'prompt'} default: no data{window}"
+    shown_prompt = prompt if prompt is not None else DEFAULT_PROMPT_TOKENS
+    shown_output = output if output is not None else DEFAULT_OUTPUT_TOKENS
+    return facts, f"{shown_prompt:.0f} prompt + {shown_output:.0f} output tokens per request ({source})"
 
 
 @dataclass
@@ -524,7 +559,13 @@ class TuningController:
         incumbent_record = rec.incumbent_record(ctx.trials, space, ctx.incumbent, ctx.slo)
         if incumbent_record is not None:
             all_records.append(incumbent_record)
-        facts = rec.service_facts(ctx.isvc)
+        stable_m = measurement if isinstance(measurement, TrackMeasurement) else None
+        facts, token_mix = with_token_mix(rec.service_facts(ctx.isvc), stable_m)
+        try:
+            starts = warm_start(space, facts)
+        except SpaceError as error:
+            ctx.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.INVALID_SPACE, str(error))
+            return
         try:
             suggestion = await self._blocking(
                 suggest,
@@ -532,7 +573,7 @@ class TuningController:
                 all_records,
                 sampler=str(autotune.sampler),
                 seed=seed_for(ctx.isvc.metadata.uid or ctx.name, number),
-                warm_starts=warm_start(space, facts),
+                warm_starts=starts,
                 exclude=[rec.tuned_config(ctx.incumbent)],
             )
         except SamplerUnavailableError as error:
@@ -543,7 +584,7 @@ class TuningController:
             return
         config = rec.engine_config(suggestion.config)
         manifest = trial_manifest(
-            ctx.isvc, ctx.body, number, config, suggestion.params, ctx.incumbent, round_
+            ctx.isvc, ctx.body, number, config, suggestion.params, ctx.incumbent, round_, token_mix
         )
         try:
             await self.kube.create(self.trial_path(ctx.namespace), manifest)
@@ -562,6 +603,13 @@ class TuningController:
             f"trial {number} ({suggestion.source}): {config.summary()}",
         )
         telemetry.CURRENT_TRIAL.labels(ctx.namespace, ctx.name).set(number)
+        if suggestion.source == "warm-start":
+            self._emit(
+                ctx,
+                EventType.NORMAL,
+                "WarmStart",
+                f"trial {number} is a model-based warm start ({config.summary()}) sized for {token_mix}",
+            )
         logger.info(
             "%s/%s: trial %d created (%s): %s",
             ctx.namespace,

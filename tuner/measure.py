@@ -7,6 +7,7 @@ Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
 - samples:          ``sum(increase(<hist>_count{sel}[W]))``
 - throughput:       ``sum(rate(vllm:generation_tokens_total{sel}[W]))`` (+ prompt tokens)
 - request rate:     ``sum(rate(vllm:request_success_total{sel}[W]))``
+- token mix:        prompt and generated token rates over the request rate (tokens per request)
 - replicas:         ``count(up{sel} == 1)``
 
 Target labels: every engine target carries ``service``, ``namespace`` and
@@ -174,6 +175,16 @@ class TrackMeasurement:
             return None
         return (self.generation_tok_s or 0.0) + (self.prompt_tok_s or 0.0)
 
+    @property
+    def mean_prompt_tokens(self) -> float | None:
+        """Prompt tokens per completed request in the window (None without data)."""
+        return _per_request(self.prompt_tok_s, self.request_rate)
+
+    @property
+    def mean_output_tokens(self) -> float | None:
+        """Generated tokens per completed request in the window (None without data)."""
+        return _per_request(self.generation_tok_s, self.request_rate)
+
     def per_replica(self, value: float | None) -> float | None:
         """``value`` divided by the replicas seen (None without data or replicas)."""
         if value is None or self.replicas <= 0:
@@ -194,6 +205,13 @@ class TrackMeasurement:
             window=self.window,
             time=self.time,
         )
+
+
+def _per_request(token_rate: float | None, request_rate: float | None) -> float | None:
+    """Tokens per request from two rates; None when either is missing or not positive."""
+    if token_rate is None or request_rate is None or token_rate <= 0 or request_rate <= 0:
+        return None
+    return token_rate / request_rate
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import re
 from collections.abc import Callable, Mapping
@@ -22,8 +23,14 @@ from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
+from chunkpilot.tuner.controller import (
+    ANNOTATION_TOKEN_MIX,
+    TunerSettings,
+    TuningController,
+    crash_message,
+)
 from chunkpilot.tuner.measure import MetricsUnavailableError
+from chunkpilot.tuner.space import build_space, model_guess
 
 from chunkpilot.api import (
     API_VERSION,
@@ -31,6 +38,7 @@ from chunkpilot.api import (
     LABEL_CONFIG_HASH,
     TRIAL_PLURAL,
     EngineConfig,
+    InferenceService,
     InferenceServiceStatus,
     TuningTrial,
 )
@@ -147,6 +155,8 @@ class FakePrometheus:
         self.down = False
         self.samples = 500.0
         self.samples_per_s: float | None = None  # when set, samples grow with the window
+        self.prompt_tok_s: float | None = 2000.0
+        self.generation_rates = True  # False: no generated-token series (NaN/no data)
         self.queries = 0
 
     def know(self, config: EngineConfig) -> None:
@@ -172,9 +182,9 @@ class FakePrometheus:
                 samples = self.samples_per_s * int(window.group(1)) if window else 0.0
             return samples * (50 if "inter_token" in promql else 1)
         if "generation_tokens" in promql:
-            return 1000.0 + budget / 10
+            return 1000.0 + budget / 10 if self.generation_rates else None
         if "prompt_tokens" in promql:
-            return 2000.0
+            return self.prompt_tok_s
         if "request_success" in promql:
             return 5.0
         if promql.startswith("count(up"):
@@ -367,6 +377,67 @@ def test_first_trial_is_the_model_based_guess_within_the_bounds() -> None:
     assert h.canary() is not None
     assert h.canary()["metadata"]["annotations"][rec.ANNOTATION_TRIAL] == trial.metadata.name  # type: ignore[index]
     assert h.condition("Tuning") == ("True", "TrialRunning")
+
+
+def first_budget_and_mix(h: Harness) -> tuple[int, str]:
+    h.tick(2)
+    trial = h.trials()[0]
+    return trial.spec.params.max_num_batched_tokens, trial.metadata.annotations[ANNOTATION_TOKEN_MIX]
+
+
+def expected_guess(h: Harness, prompt: float | None, output: float | None) -> int:
+    isvc = InferenceService.from_manifest(
+        {k: v for k, v in h.kube.objects[h.isvc_path].items() if k != "status"}
+    )
+    facts = rec.service_facts(isvc)
+    space = build_space(facts, rec.space_bounds(isvc))
+    facts = dataclasses.replace(facts, mean_prompt_tokens=prompt, mean_output_tokens=output)
+    return model_guess(space, facts).max_num_batched_tokens
+
+
+def test_the_first_guess_is_sized_for_the_token_mix_measured_on_stable() -> None:
+    heavy = Harness()
+    heavy.prom.prompt_tok_s = 40_000.0  # 8000 prompt tokens per request at 5 req/s
+    budget, mix = first_budget_and_mix(heavy)
+    output = (1000.0 + 8192 / 10) / 5.0  # the fake's generation rate of the stable budget
+    assert budget == expected_guess(heavy, 8000.0, output)
+    assert mix == "8000 prompt + 364 output tokens per request (measured on stable over 2m)"
+    assert "WarmStart" in heavy.reasons()
+    assert any("sized for 8000 prompt + 364 output" in e.message for e in heavy.events)
+
+    unknown = Harness()
+    unknown.prom.prompt_tok_s = None
+    unknown.prom.generation_rates = False
+    default_budget, default_mix = first_budget_and_mix(unknown)
+    assert default_budget == expected_guess(unknown, None, None)
+    assert default_mix == (
+        "1024 prompt + 256 output tokens per request (defaults: Prometheus has no stable traffic over 2m)"
+    )
+    # Fewer decodes per step, but chunks late in much longer prompts: the mix moves the guess.
+    assert budget != default_budget
+
+
+def test_a_mean_without_data_falls_back_to_its_default_alone() -> None:
+    h = Harness()
+    h.prom.generation_rates = False
+    budget, mix = first_budget_and_mix(h)
+    assert budget == expected_guess(h, 400.0, None) != expected_guess(h, None, None)
+    assert mix == "400 prompt + 256 output tokens per request (output default: no data over 2m)"
+
+
+def test_an_invalid_warm_start_reports_an_invalid_search_space_instead_of_crashing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    facts_of = rec.service_facts
+    monkeypatch.setattr(
+        rec, "service_facts", lambda isvc: dataclasses.replace(facts_of(isvc), itl_quantile=1.0)
+    )
+    h = Harness()
+    h.tick(3)
+    assert h.trials() == []
+    assert h.condition("Tuning") == ("False", "InvalidSearchSpace")
+    tuning = rec.find_condition(h.status().conditions, "Tuning")
+    assert tuning is not None and "spec.slo.itl.quantile" in tuning.message
 
 
 # --------------------------------------------------------------------------- safety

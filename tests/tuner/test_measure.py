@@ -11,6 +11,7 @@ from chunkpilot.tuner.measure import (
     Selector,
     TrackName,
     count_query,
+    measure_track,
     measure_window,
     parse_instant_result,
     quantile_query,
@@ -89,3 +90,42 @@ def test_both_tracks_are_measured_at_the_same_instant() -> None:
     assert w.canary.prompt_tok_s is None and w.canary.throughput_tok_s == 100.0
     assert w.canary.enough_samples(100) and not w.canary.enough_samples(501)
     assert len(seen) == 2 * len(track_queries(SEL, "2m", 0.99, 0.95).__dict__)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "generation", "requests", "expected"),
+    [
+        (3000.0, 600.0, 5.0, (600.0, 120.0)),
+        (3000.0, None, 5.0, (600.0, None)),
+        (3000.0, 600.0, None, (None, None)),  # no request counter: no mix, never a division by zero
+        (3000.0, 600.0, 0.0, (None, None)),
+        (None, None, 5.0, (None, None)),
+    ],
+)
+def test_token_mix_is_tokens_per_request_of_the_same_selector_and_window(
+    prompt: float | None, generation: float | None, requests: float | None, expected: tuple[float | None, ...]
+) -> None:
+    seen: list[str] = []
+    stable = Selector("chat", "default", TrackName.STABLE, config_hash="abc")
+
+    def query(promql: str, at: datetime) -> float | None:
+        seen.append(promql)
+        for counter, value in (
+            ("prompt_tokens", prompt),
+            ("generation", generation),
+            ("request_success", requests),
+        ):
+            if counter in promql:
+                return value
+        return None
+
+    m = measure_track(query, stable, "5m", T0, 0.99, 0.95)
+    assert (m.mean_prompt_tokens, m.mean_output_tokens) == expected
+    assert (
+        'sum(rate(vllm:prompt_tokens_total{service="chat",namespace="default",track="stable",config_hash="abc"}[5m]))'
+        in seen
+    )
+    assert (
+        'sum(rate(vllm:request_success_total{service="chat",namespace="default",track="stable",config_hash="abc"}[5m]))'
+        in seen
+    )
