@@ -6,6 +6,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +171,37 @@ def test_inject_crash_annotation_keeps_a_canary_in_crash_loop_back_off(
     assert not pod_ready(control_plane, namespace, pod)
     assert available_replicas(control_plane, namespace, "chat-canary") == 0
     assert pod_runner.ready_endpoints("chat", namespace) == []
+
+
+def test_secret_env_waits_for_the_secret_then_reaches_the_engine(
+    control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
+) -> None:
+    deployment = engine_deployment("chat-stable", "chat", "stable")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "PLAIN", "value": "1"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "chat-token", "key": "token"}}},
+    ]
+    apply(control_plane, namespace, deployment)
+
+    def waiting_reason() -> str | None:
+        for pod in get_json(control_plane, namespace, "pods").get("items", []):
+            for entry in pod.get("status", {}).get("containerStatuses", []):
+                waiting = entry.get("state", {}).get("waiting") or {}
+                return str(waiting.get("reason")) if waiting else None
+        return None
+
+    # No Secret yet: the engine is not started and the pod says why, as with the kubelet.
+    assert pod_runner.wait_for(lambda: waiting_reason() == "CreateContainerConfigError", WAIT_S)
+    (report,) = [r for r in pod_runner.pods() if r.namespace == namespace]
+    assert report.phase is ContainerPhase.CONFIG_ERROR and report.pid is None
+    assert pod_runner.ready_endpoints("chat", namespace) == []
+
+    control_plane.kubectl(
+        "create", "secret", "generic", "chat-token", "-n", namespace, "--from-literal=token=t0ken"
+    )
+    assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints("chat", namespace)) == 1, WAIT_S)
+    (report,) = [r for r in pod_runner.pods() if r.namespace == namespace]
+    assert report.pid is not None and report.restart_count == 0
+    environ = Path(f"/proc/{report.pid}/environ").read_bytes().split(b"\0")
+    assert b"TOKEN=t0ken" in environ and b"PLAIN=1" in environ

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,13 +13,18 @@ from chunkpilot.localrun.podspec import (
     ContainerPhase,
     ContainerReport,
     CrashInjection,
+    EnvConfigError,
+    EnvRef,
     PodSpecError,
+    RefKind,
     Termination,
+    decode_secret_data,
     desired_signature,
     engine_command,
     observed_signature,
     parse_crash_injection,
     parse_pod,
+    resolve_env,
     status_patch,
     strip_flags,
 )
@@ -53,7 +60,8 @@ def pod_manifest(**overrides: Any) -> dict[str, Any]:
                     ],
                     "env": [
                         {"name": "A", "value": "1"},
-                        {"name": "SECRET", "valueFrom": {"secretKeyRef": {}}},
+                        {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     ],
                 },
             ],
@@ -75,7 +83,7 @@ def test_parse_pod_reads_labels_args_and_state() -> None:
     )
     assert pod.container == "engine"
     assert pod.args[0] == "llama-3.1-8b"
-    assert pod.env == (("A", "1"),)
+    assert pod.env == (("A", "1"), ("SECRET", EnvRef(RefKind.SECRET, "s", "token")))
     assert pod.should_run and not pod.terminating and pod.grace_period_s == 30
 
 
@@ -178,3 +186,72 @@ def test_signatures_compare_what_the_api_shows_with_what_the_runner_knows() -> N
         "running",
     )
     assert observed_signature(pod_manifest(), "engine") == (False, 0, "unknown")
+
+
+def lookup_from(
+    objects: Mapping[tuple[RefKind, str], Mapping[str, str]], calls: list[str] | None = None
+) -> Any:
+    def lookup(kind: RefKind, namespace: str, name: str) -> Mapping[str, str] | None:
+        assert namespace == "demo"
+        if calls is not None:
+            calls.append(name)
+        return objects.get((kind, name))
+
+    return lookup
+
+
+def test_env_references_resolve_from_secrets_and_config_maps_in_order() -> None:
+    env = (
+        ("A", "1"),
+        ("TOKEN", EnvRef(RefKind.SECRET, "chat-live-adjust", "token")),
+        ("MODE", EnvRef(RefKind.CONFIG_MAP, "settings", "mode")),
+        ("OTHER", EnvRef(RefKind.SECRET, "chat-live-adjust", "other")),
+        ("A", "2"),
+    )
+    objects = {
+        (RefKind.SECRET, "chat-live-adjust"): {"token": "s3cret", "other": "x"},
+        (RefKind.CONFIG_MAP, "settings"): {"mode": "fast"},
+    }
+    calls: list[str] = []
+    resolved = resolve_env(env, "demo", lookup_from(objects, calls))
+    assert resolved == {"A": "2", "TOKEN": "s3cret", "MODE": "fast", "OTHER": "x"}
+    assert calls == ["chat-live-adjust", "settings"]  # each object read once
+
+
+def test_a_missing_secret_or_key_is_a_config_error_naming_it() -> None:
+    env = (("TOKEN", EnvRef(RefKind.SECRET, "chat-live-adjust", "token")),)
+    with pytest.raises(EnvConfigError, match="secret 'chat-live-adjust' not found"):
+        resolve_env(env, "demo", lookup_from({}))
+    with pytest.raises(EnvConfigError, match="couldn't find key 'token' in Secret demo/chat-live-adjust"):
+        resolve_env(env, "demo", lookup_from({(RefKind.SECRET, "chat-live-adjust"): {"x": "y"}}))
+
+
+def test_optional_references_are_left_out_when_missing() -> None:
+    env = (("A", "1"), ("TOKEN", EnvRef(RefKind.SECRET, "gone", "token", optional=True)))
+    assert resolve_env(env, "demo", lookup_from({})) == {"A": "1"}
+
+
+def test_a_reference_without_name_or_key_is_refused() -> None:
+    manifest = pod_manifest()
+    manifest["spec"]["containers"][1]["env"] = [{"name": "T", "valueFrom": {"secretKeyRef": {"key": "k"}}}]
+    with pytest.raises(PodSpecError, match=r"env T: valueFrom.secretKeyRef needs both 'name' and 'key'"):
+        parse_pod(manifest)
+
+
+def test_secret_data_is_base64_decoded() -> None:
+    encoded = base64.b64encode(b"t0ken").decode()
+    assert decode_secret_data({"token": encoded}) == {"token": "t0ken"}
+    assert decode_secret_data(None) == {}
+
+
+def test_a_container_waiting_for_its_config_reports_create_container_config_error() -> None:
+    report = ContainerReport(
+        "engine", ContainerPhase.CONFIG_ERROR, 0, None, None, config_error="secret 'x' not found"
+    )
+    assert desired_signature(report) == (False, 0, "waiting")
+    (container,) = status_patch(report, "p", NOW)["status"]["containerStatuses"]
+    assert container["ready"] is False and container["started"] is False
+    assert container["state"]["waiting"] == {
+        "reason": "CreateContainerConfigError",
+        "message": "secret 'x' not found",
+    }

@@ -34,14 +34,18 @@ from chunkpilot.localrun.podspec import (
     ContainerReport,
     CrashInjection,
     EnginePod,
+    EnvConfigError,
     Manifest,
     PodSpecError,
+    RefKind,
     Termination,
+    decode_secret_data,
     desired_signature,
     engine_command,
     observed_signature,
     parse_crash_injection,
     parse_pod,
+    resolve_env,
     status_patch,
 )
 from chunkpilot.localrun.process import LOOPBACK, EngineProcess, free_port
@@ -70,6 +74,7 @@ class RunnerSettings:
     readiness_failure_threshold: int = 3
     tick_s: float = 0.2
     report_status: bool = True
+    config_retry_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,8 @@ class _Container:
     probe_failures: int = 0
     last_patch: tuple[tuple[bool, int, str], float] | None = None
     spawn_error: str | None = field(default=None)
+    config_error: str = ""
+    config_retry_at: float = 0.0
 
     def report(self) -> ContainerReport:
         return ContainerReport(
@@ -115,6 +122,7 @@ class _Container:
             started_at=self.started_at,
             last_termination=self.last_termination,
             backoff_s=self.backoff_s,
+            config_error=self.config_error,
         )
 
     def endpoint(self, host: str) -> Endpoint:
@@ -419,8 +427,52 @@ class PodRunner:
         self._spawn(container)
         return container
 
+    def _read_object_data(self, kind: RefKind, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's (decoded) or ConfigMap's data from the API; None when it does not exist."""
+        try:
+            if kind is RefKind.SECRET:
+                secret = self.api.read_namespaced_secret(name, namespace)
+                return decode_secret_data({str(k): str(v) for k, v in (secret.data or {}).items()})
+            config_map = self.api.read_namespaced_config_map(name, namespace)
+            return {str(key): str(value) for key, value in (config_map.data or {}).items()}
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise EnvConfigError(
+                f"cannot read {kind.value} {namespace}/{name}: {error.status} {error.reason}"
+            ) from error
+
+    def _environment(self, container: _Container) -> dict[str, str] | None:
+        """The engine's environment, or None (the container waits in CreateContainerConfigError)."""
+        pod = container.pod
+        try:
+            env = resolve_env(pod.env, pod.namespace, self._read_object_data)
+        except EnvConfigError as error:
+            message = str(error)
+            if message != container.config_error:
+                log.warning(
+                    "pod %s/%s: not starting the engine (CreateContainerConfigError): %s; retrying every %gs",
+                    pod.namespace,
+                    pod.name,
+                    message,
+                    self.settings.config_retry_s,
+                )
+            self._deregister(container)
+            container.phase = ContainerPhase.CONFIG_ERROR
+            container.config_error = message
+            container.config_retry_at = time.monotonic() + self.settings.config_retry_s
+            container.process = None
+            return None
+        if container.config_error:
+            log.info("pod %s/%s: env references resolved; starting the engine", pod.namespace, pod.name)
+            container.config_error = ""
+        return env
+
     def _spawn(self, container: _Container) -> None:
         pod = container.pod
+        env = self._environment(container)
+        if env is None:
+            return
         command = engine_command(
             self.settings.engine_command,
             pod.args,
@@ -438,7 +490,7 @@ class PodRunner:
                 host=self.settings.host,
                 port=container.port,
                 log_path=container.log_path,
-                env=dict(pod.env),
+                env=env,
             )
         except OSError as error:
             container.process = None
@@ -470,6 +522,10 @@ class PodRunner:
 
     def _advance(self, container: _Container, now: float) -> None:
         pod = container.pod
+        if container.phase is ContainerPhase.CONFIG_ERROR:
+            if now >= container.config_retry_at:
+                self._spawn(container)
+            return
         if container.phase is ContainerPhase.BACKOFF:
             if now >= container.backoff_until:
                 container.restart_count += 1

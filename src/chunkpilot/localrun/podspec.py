@@ -6,9 +6,11 @@ are testable with literal manifests.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +30,31 @@ class PodSpecError(ValueError):
     """A pod the runner cannot run, with the reason in the message."""
 
 
+class EnvConfigError(RuntimeError):
+    """An env reference that cannot be resolved now (the kubelet's ``CreateContainerConfigError``)."""
+
+
+class RefKind(enum.Enum):
+    """What an env entry's ``valueFrom`` points at."""
+
+    SECRET = "Secret"
+    CONFIG_MAP = "ConfigMap"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvRef:
+    """A ``secretKeyRef``/``configMapKeyRef``: one key of a Secret or ConfigMap in the pod's namespace."""
+
+    kind: RefKind
+    name: str
+    key: str
+    optional: bool = False
+
+
+#: Reads a Secret's or ConfigMap's data (decoded) in a namespace; None when it does not exist.
+ObjectDataLookup = Callable[[RefKind, str, str], Mapping[str, str] | None]
+
+
 @dataclass(frozen=True, slots=True)
 class EnginePod:
     """The parts of an engine pod the runner needs."""
@@ -40,7 +67,7 @@ class EnginePod:
     config_hash: str
     container: str
     args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str | EnvRef], ...]
     node_name: str | None
     pod_ip: str | None
     phase: str
@@ -98,11 +125,7 @@ def parse_pod(pod: Manifest) -> EnginePod:
             f"pod {metadata.get('namespace')}/{metadata.get('name')}: container "
             f"{container.get('name')!r} has no args; an engine container's args are [MODEL, --flag, ...]"
         )
-    env = tuple(
-        (str(item["name"]), str(item["value"]))
-        for item in container.get("env") or []
-        if "name" in item and item.get("value") is not None
-    )
+    env = parse_env(container.get("env") or [], f"pod {metadata.get('namespace')}/{metadata.get('name')}")
     grace = spec.get("terminationGracePeriodSeconds")
     return EnginePod(
         namespace=str(metadata.get("namespace", "default")),
@@ -122,6 +145,78 @@ def parse_pod(pod: Manifest) -> EnginePod:
         grace_period_s=float(30 if grace is None else grace),
         inject_crash=annotations.get(INJECT_CRASH_ANNOTATION),
     )
+
+
+_REF_KINDS = {"secretKeyRef": RefKind.SECRET, "configMapKeyRef": RefKind.CONFIG_MAP}
+
+
+def parse_env(entries: Sequence[Manifest], where: str) -> tuple[tuple[str, str | EnvRef], ...]:
+    """A container's env in order: literal values and Secret/ConfigMap key references.
+
+    Other ``valueFrom`` sources (``fieldRef``, ``resourceFieldRef``) are not supported locally and
+    are left out.
+    """
+    env: list[tuple[str, str | EnvRef]] = []
+    for item in entries:
+        if "name" not in item:
+            continue
+        name = str(item["name"])
+        source = item.get("valueFrom")
+        if source is None:
+            env.append((name, str(item.get("value") or "")))
+            continue
+        for field_name, kind in _REF_KINDS.items():
+            ref = source.get(field_name)
+            if ref is None:
+                continue
+            if not ref.get("name") or not ref.get("key"):
+                raise PodSpecError(f"{where}: env {name}: valueFrom.{field_name} needs both 'name' and 'key'")
+            env.append((name, EnvRef(kind, str(ref["name"]), str(ref["key"]), bool(ref.get("optional")))))
+            break
+    return tuple(env)
+
+
+def resolve_env(
+    env: Sequence[tuple[str, str | EnvRef]], namespace: str, lookup: ObjectDataLookup
+) -> dict[str, str]:
+    """The process environment for a container: references replaced by the referenced values.
+
+    Later entries override earlier ones of the same name, as in Kubernetes. Each Secret/ConfigMap
+    is looked up once. Raises :class:`EnvConfigError` naming the object and key when a required
+    reference is missing (an optional one is left out).
+    """
+    cache: dict[tuple[RefKind, str], Mapping[str, str] | None] = {}
+    resolved: dict[str, str] = {}
+    for name, value in env:
+        if isinstance(value, str):
+            resolved[name] = value
+            continue
+        if (value.kind, value.name) not in cache:
+            cache[(value.kind, value.name)] = lookup(value.kind, namespace, value.name)
+        data = cache[(value.kind, value.name)]
+        if data is None:
+            if value.optional:
+                continue
+            raise EnvConfigError(f"env {name}: {value.kind.value.lower()} {value.name!r} not found")
+        if value.key not in data:
+            if value.optional:
+                continue
+            raise EnvConfigError(
+                f"env {name}: couldn't find key {value.key!r} in {value.kind.value} {namespace}/{value.name}"
+            )
+        resolved[name] = data[value.key]
+    return resolved
+
+
+def decode_secret_data(data: Mapping[str, str] | None) -> dict[str, str]:
+    """A Secret's ``data`` (base64 values, as the API serves them) as text."""
+    decoded: dict[str, str] = {}
+    for key, encoded in (data or {}).items():
+        try:
+            decoded[key] = base64.b64decode(encoded, validate=True).decode("utf-8", errors="replace")
+        except (binascii.Error, ValueError):
+            continue
+    return decoded
 
 
 def strip_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
@@ -193,6 +288,7 @@ class ContainerPhase(enum.Enum):
     STARTING = "starting"  # process running, not yet answering /health
     RUNNING = "running"  # healthy: the pod is Ready
     BACKOFF = "backoff"  # exited; waiting to restart (CrashLoopBackOff)
+    CONFIG_ERROR = "config-error"  # not started: an env reference is missing (CreateContainerConfigError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +312,7 @@ class ContainerReport:
     started_at: datetime | None
     last_termination: Termination | None
     backoff_s: float = 0.0
+    config_error: str = ""
 
     @property
     def ready(self) -> bool:
@@ -245,7 +342,8 @@ def observed_signature(pod: Manifest, container: str) -> tuple[bool, int, str]:
 
 def desired_signature(report: ContainerReport) -> tuple[bool, int, str]:
     """``(ready, restartCount, state)`` the runner wants the pod's status to show."""
-    kind = "waiting" if report.phase is ContainerPhase.BACKOFF else "running"
+    waiting = report.phase in (ContainerPhase.BACKOFF, ContainerPhase.CONFIG_ERROR)
+    kind = "waiting" if waiting else "running"
     return report.ready, report.restart_count, kind
 
 
@@ -277,13 +375,19 @@ def status_patch(report: ContainerReport, pod_name: str, now: datetime) -> dict[
                 ),
             },
         }
+    elif report.phase is ContainerPhase.CONFIG_ERROR:
+        state = {
+            "running": None,
+            "terminated": None,
+            "waiting": {"reason": "CreateContainerConfigError", "message": report.config_error},
+        }
     else:
         started = rfc3339(report.started_at or now)
         state = {"waiting": None, "terminated": None, "running": {"startedAt": started}}
     container_status: dict[str, Any] = {
         "name": report.container,
         "ready": report.ready,
-        "started": report.phase is not ContainerPhase.BACKOFF,
+        "started": report.phase not in (ContainerPhase.BACKOFF, ContainerPhase.CONFIG_ERROR),
         "restartCount": report.restart_count,
         "state": state,
     }
