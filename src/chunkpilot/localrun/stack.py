@@ -48,6 +48,8 @@ DEFAULT_OPERATOR_COMMAND: tuple[str, ...] = (
 #: The operator's own metrics endpoint on the local stack (a free port is chosen when None).
 OPERATOR_METRICS_FLAG = "--metrics-port"
 ENV_PROMETHEUS_URL = "CHUNKPILOT_PROMETHEUS_URL"
+#: Where the tuner looks up engine addresses (fake-node pod IPs are not reachable locally).
+ENV_POD_TARGETS_FILE = "CHUNKPILOT_POD_TARGETS_FILE"
 
 
 def print_progress(prefix: str = "chunkpilot") -> Progress:
@@ -172,7 +174,12 @@ class LocalStack:
         self.progress(f"CRDs established: {', '.join(names)}")
 
     def _start_operator(self, plane: ControlPlane, prometheus: PrometheusServer) -> ManagedProcess:
-        env = {**plane.env, ENV_PROMETHEUS_URL: prometheus.url, **self.options.operator_env}
+        env = {
+            **plane.env,
+            ENV_PROMETHEUS_URL: prometheus.url,
+            ENV_POD_TARGETS_FILE: str(prometheus.targets_file),
+            **self.options.operator_env,
+        }
         argv = list(self.options.operator_command)
         if not any(arg.startswith(OPERATOR_METRICS_FLAG) for arg in argv):
             self.operator_metrics_port = free_port()
