@@ -128,6 +128,9 @@ MIN_EARLY_WINDOW_S = 5
 STATUS_WRITE_ATTEMPTS = 5
 #: TuningTrial annotation: the token mix the warm start was sized for when the trial was asked.
 ANNOTATION_TOKEN_MIX = f"{rec.GROUP_PREFIX}/token-mix"
+#: TuningTrial annotation: the same mix as JSON ``{"prompt": …, "output": …}`` (null = default). The
+#: round's first trial fixes it, so a drifting measurement cannot mint a new warm start every trial.
+ANNOTATION_TOKEN_MIX_MEANS = f"{rec.GROUP_PREFIX}/token-mix-means"
 
 
 class Kube(Protocol):
@@ -248,11 +251,15 @@ def trial_manifest(
     baseline: EngineConfig,
     round_: int,
     token_mix: str | None = None,
+    token_mix_means: tuple[float | None, float | None] | None = None,
 ) -> dict[str, Any]:
     service = body["metadata"]["name"]
     annotations = {rec.ANNOTATION_STUDY_PARAMS: json.dumps(dict(params), sort_keys=True)}
     if token_mix is not None:
         annotations[ANNOTATION_TOKEN_MIX] = token_mix
+    if token_mix_means is not None:
+        prompt, output = token_mix_means
+        annotations[ANNOTATION_TOKEN_MIX_MEANS] = json.dumps({"prompt": prompt, "output": output})
     trial = TuningTrial(
         metadata=ObjectMeta(
             name=trial_name(service, number),
@@ -323,6 +330,24 @@ def with_token_mix(facts: ServiceFacts, stable: TrackMeasurement | None) -> tupl
     shown_prompt = prompt if prompt is not None else DEFAULT_PROMPT_TOKENS
     shown_output = output if output is not None else DEFAULT_OUTPUT_TOKENS
     return facts, f"{shown_prompt:.0f} prompt + {shown_output:.0f} output tokens per request ({source})"
+
+
+def round_token_mix(
+    facts: ServiceFacts, stable: TrackMeasurement | None, round_trials: Sequence[TuningTrial]
+) -> tuple[ServiceFacts, str]:
+    """The token mix the round's first trial recorded, or (first trial of a round) the measured one."""
+    first = min(round_trials, key=lambda t: t.spec.number, default=None)
+    annotations = (first.metadata.annotations or {}) if first is not None else {}
+    raw, note = annotations.get(ANNOTATION_TOKEN_MIX_MEANS), annotations.get(ANNOTATION_TOKEN_MIX)
+    if raw is not None and note is not None:
+        try:
+            means = json.loads(raw)
+            prompt, output = means.get("prompt"), means.get("output")
+        except (ValueError, AttributeError):
+            pass
+        else:
+            return replace(facts, mean_prompt_tokens=prompt, mean_output_tokens=output), note
+    return with_token_mix(facts, stable)
 
 
 @dataclass
@@ -560,7 +585,8 @@ class TuningController:
         if incumbent_record is not None:
             all_records.append(incumbent_record)
         stable_m = measurement if isinstance(measurement, TrackMeasurement) else None
-        facts, token_mix = with_token_mix(rec.service_facts(ctx.isvc), stable_m)
+        round_trials = [t for t in ctx.trials if rec.trial_round(t) == round_]
+        facts, token_mix = round_token_mix(rec.service_facts(ctx.isvc), stable_m, round_trials)
         try:
             starts = warm_start(space, facts)
         except SpaceError as error:
@@ -584,7 +610,15 @@ class TuningController:
             return
         config = rec.engine_config(suggestion.config)
         manifest = trial_manifest(
-            ctx.isvc, ctx.body, number, config, suggestion.params, ctx.incumbent, round_, token_mix
+            ctx.isvc,
+            ctx.body,
+            number,
+            config,
+            suggestion.params,
+            ctx.incumbent,
+            round_,
+            token_mix,
+            (facts.mean_prompt_tokens, facts.mean_output_tokens),
         )
         try:
             await self.kube.create(self.trial_path(ctx.namespace), manifest)

@@ -417,6 +417,21 @@ def test_the_first_guess_is_sized_for_the_token_mix_measured_on_stable() -> None
     assert budget != default_budget
 
 
+def test_a_drifting_token_mix_keeps_the_rounds_first_warm_start() -> None:
+    """Within a round the mix of its first trial is reused: a drifting measurement must not turn every
+    trial into a fresh warm start (the sampler would never be asked)."""
+    h = Harness(autotune={"maxTrials": 3})
+    h.prom.prompt_tok_s = 40_000.0
+    h.tick(2)
+    first_mix = h.trials()[0].metadata.annotations[ANNOTATION_TOKEN_MIX]
+    h.prom.prompt_tok_s = 1_000.0  # the load changes while the first trial runs
+    h.run_until(lambda: len(h.trials()) >= 3)
+    mixes = [t.metadata.annotations[ANNOTATION_TOKEN_MIX] for t in h.trials()]
+    assert mixes == [first_mix] * 3
+    warm_starts = [e for e in h.events if e.reason == "WarmStart"]
+    assert len(warm_starts) <= 2, [e.message for e in warm_starts]  # the guess and its conditional follow-up
+
+
 def test_a_mean_without_data_falls_back_to_its_default_alone() -> None:
     h = Harness()
     h.prom.generation_rates = False
