@@ -5,8 +5,10 @@ the report written, and no process left behind.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -65,3 +67,38 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> Non
     assert list(report.parent.glob("*.png"))
     left = _processes_carrying(marker)
     assert not left, f"the demo left processes running: {left}"
+
+
+def test_ctrl_c_mid_run_tears_everything_down(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chunkpilot.cli",
+            "demo",
+            "--fast",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--report-dir",
+            str(tmp_path / "reports"),
+        ],
+        env={**os.environ, MARKER: marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 600
+    for line in process.stdout:
+        seen.append(line)
+        if "replaying" in line or time.monotonic() > deadline:
+            break
+    assert any("replaying" in line for line in seen), "".join(seen)[-4000:]
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=180)
+    output = "".join(seen) + rest
+    assert process.returncode == 130, output[-4000:]
+    assert "Interrupted; every process the demo started has been stopped." in output
+    assert not _processes_carrying(f"{MARKER}={marker}"), "Ctrl-C left processes running"
