@@ -1,0 +1,239 @@
+"""End to end: ``autotune.liveAdjust`` lowers a parked canary's limits instead of rolling it out.
+
+The local stack (real control plane, operator with the tuner, simulator engines run by the pod
+runner, real Prometheus, trace replay). The simulator gets its live-adjustment token from the
+operator's Secret through ``secretKeyRef`` (resolved by the pod runner) and the tuner reaches the
+engines through the pod runner's file_sd targets. Three short trials (20 s windows): the first
+rolls out a canary at the top of the search space, the later ones take over the parked canary
+and lower its limits through the engine route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from chunkpilot.operator.builders import deployment_name
+from kubernetes import client
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.stack import LocalStack, StackOptions
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
+
+TRACE = "arxiv_summarization_lengths"
+RATE = 8.0  # requests/s over the service (stable and canary share it round-robin)
+TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
+TRIALS = 3
+LIVE_ADJUSTED = "chunkpilot.io/live-adjusted"
+LIMITS_PATH = "/chunkpilot/v1/scheduler/limits"
+
+
+def live_manifest(name: str, namespace: str) -> dict[str, Any]:
+    """The autotune end-to-end scenario with live adjustment, short windows and no early aborts."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "meta-llama/Llama-3.1-8B-Instruct",
+                "servedName": "llama-8b",
+                "maxModelLen": 8192,
+            },
+            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+            "resources": {"accelerator": "h100"},
+            "replicas": 1,
+            "slo": {
+                "itl": {"quantile": 0.99, "maxMs": 50},
+                "ttft": {"quantile": 0.95, "maxMs": 2000},
+                "window": "20s",
+            },
+            "autotune": {
+                "enabled": True,
+                "liveAdjust": True,
+                "trialWindow": "20s",
+                "warmup": "5s",
+                "maxTrials": TRIALS,
+                # Only the live limits are tuned, so every later trial can take over the parked canary.
+                "bounds": {"longPrefillTokenThreshold": {"min": 0, "max": 0}},
+                "abort": {"minSamples": 20, "itlFactor": 100, "ttftFactor": 100},
+            },
+        },
+    }
+
+
+class Cluster:
+    """Reads of the service's objects through the API."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, name: str) -> None:
+        self.namespace, self.name = namespace, name
+        self.api_client = plane.api_client()
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        found: Any = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, ISVC_PLURAL, self.name
+        )
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    def trials(self) -> list[dict[str, Any]]:
+        listing: Any = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, TRIAL_PLURAL, label_selector=f"chunkpilot.io/service={self.name}"
+        )
+        items: list[dict[str, Any]] = listing["items"]
+        return sorted(items, key=lambda t: t["spec"]["number"])
+
+    def canary(self) -> Any:
+        try:
+            return self.apps.read_namespaced_deployment(
+                deployment_name(self.name, Track.CANARY), self.namespace
+            )
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def verdicts(self) -> list[tuple[int, str | None, str | None]]:
+        return [
+            (
+                t["spec"]["number"],
+                (t.get("status") or {}).get("verdict"),
+                (t.get("status") or {}).get("reason"),
+            )
+            for t in self.trials()
+        ]
+
+
+def wait_until(
+    what: str, probe: Callable[[], Any], timeout_s: float, cluster: Cluster, poll_s: float = 1.0
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; trials: {cluster.verdicts()}")
+
+
+@pytest.fixture
+def stack(
+    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    options = StackOptions(
+        state_dir=tmp_path_factory.mktemp("live-adjust"),
+        time_scale=1.0,
+        restart_backoff_s=3.0,
+        operator_env=dict(TUNER_ENV),
+    )
+    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
+        yield running
+
+
+def token(cluster: Cluster, name: str) -> str:
+    secret = cluster.core.read_namespaced_secret(f"{name}-live-adjust", cluster.namespace)
+    return base64.b64decode(str((secret.data or {})["token"])).decode()
+
+
+def engine_limits(address: str, bearer: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The engine's start-up limits and what its scheduler applies now (None before any PUT)."""
+
+    async def get() -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(f"http://{address}{LIMITS_PATH}", headers={"Authorization": f"Bearer {bearer}"}) as r,
+        ):
+            r.raise_for_status()
+            body: dict[str, Any] = await r.json()
+            return body
+
+    body = asyncio.run(get())
+    applied = body.get("applied")
+    return dict(body["startup"]), None if applied is None else dict(applied["applied"])
+
+
+def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalStack) -> None:
+    namespace, name = "live-adjust-e2e", "live"
+    assert stack.control_plane is not None and stack.runner is not None
+    runner = stack.runner
+    path = stack.options.state_dir / "live.json"
+    path.write_text(json.dumps(live_manifest(name, namespace)))
+    stack.control_plane.kubectl("create", "namespace", namespace, check=False)
+    stack.control_plane.kubectl("apply", "-f", str(path))
+    cluster = Cluster(stack.control_plane, namespace, name)
+    try:
+        wait_until(
+            "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
+        )
+        load = stack.start_load(
+            name,
+            TRACE,
+            namespace=namespace,
+            rate=RATE,
+            duration_s=400,
+            max_prompt_tokens=7000,
+            max_output_tokens=64,
+        )
+        bearer = token(cluster, name)
+        canary_uids: set[str] = set()
+        seen_limits: dict[int, dict[str, Any]] = {}
+
+        def observe() -> bool:
+            """Record the canary's identity and, while a trial measures, the limits its engine applies."""
+            canary = cluster.canary()
+            if canary is not None:
+                canary_uids.add(canary.metadata.uid)
+            for trial in cluster.trials():
+                status = trial.get("status") or {}
+                number = trial["spec"]["number"]
+                if status.get("phase") != "Measuring" or number in seen_limits:
+                    continue
+                endpoints = [e for e in runner.ready_endpoints(name, namespace) if e.track == "canary"]
+                if not endpoints:
+                    continue
+                startup, limits = engine_limits(endpoints[0].address, bearer)
+                budget = trial["spec"]["params"]["maxNumBatchedTokens"]
+                if limits is not None and limits["max_num_batched_tokens"] == budget:
+                    seen_limits[number] = {"startup": startup, "applied": limits}
+            tuning = cluster.condition("Tuning")
+            return len(cluster.trials()) == TRIALS and tuning is not None and tuning["status"] == "False"
+
+        wait_until("tuning to stop after maxTrials", observe, 360, cluster, poll_s=0.5)
+        trials = cluster.trials()
+        marks = {
+            t["spec"]["number"]: (t["metadata"].get("annotations") or {}).get(LIVE_ADJUSTED) for t in trials
+        }
+        results = cluster.verdicts()
+        print(json.dumps({"live_adjusted": marks, "applied": seen_limits, "trials": results}, default=str))
+
+        # Every trial after the first took over the parked canary: adjusted live, no new rollout.
+        assert all(marks[n] == "true" for n in range(2, TRIALS + 1)), marks
+        assert len(canary_uids) == 1, f"canary rolled out {len(canary_uids)} times: {canary_uids}"
+        # The canary engine applied each trial's budget, lowered from its start-up budget.
+        assert set(seen_limits) == set(range(1, TRIALS + 1)), f"limits seen on the canary: {seen_limits}"
+        assert any(
+            seen["applied"]["max_num_batched_tokens"] < seen["startup"]["max_num_batched_tokens"]
+            for seen in seen_limits.values()
+        ), seen_limits
+        # The study ended with a verdict for every trial and no canary left.
+        assert [n for n, _, _ in results] == list(range(1, TRIALS + 1))
+        assert all(verdict is not None for _, verdict, _ in results), results
+        wait_until("the canary to be removed", lambda: cluster.canary() is None, 60, cluster)
+        load.stop(timeout_s=60)
+    finally:
+        cluster.close()
