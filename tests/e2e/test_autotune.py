@@ -18,18 +18,15 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-from chunkpilot.operator.builders import deployment_name
-from kubernetes import client
 
-from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
+from chunkpilot.api import Track
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, wait_until
 from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -40,117 +37,13 @@ RATE = 8.0
 TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 
 
-def service_manifest(name: str, namespace: str, max_trials: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {
-                "name": "meta-llama/Llama-3.1-8B-Instruct",
-                "servedName": "llama-8b",
-                "maxModelLen": 8192,
-            },
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
-            "resources": {"accelerator": "h100"},
-            "replicas": 1,
-            "slo": {
-                "itl": {"quantile": 0.99, "maxMs": 50},
-                "ttft": {"quantile": 0.95, "maxMs": 2000},
-                "window": "30s",
-            },
-            "autotune": {
-                "enabled": True,
-                "trialWindow": "30s",
-                "warmup": "10s",
-                "maxTrials": max_trials,
-                "abort": {"minSamples": 30},
-            },
-        },
-    }
-
-
-@dataclass
-class Cluster:
-    """Reads of the service's objects through the API."""
-
-    plane: ControlPlane
-    namespace: str
-    name: str
-
-    def __post_init__(self) -> None:
-        self._api_client = self.plane.api_client()
-        self.custom = client.CustomObjectsApi(self._api_client)
-        self.apps = client.AppsV1Api(self._api_client)
-
-    def close(self) -> None:
-        self._api_client.close()
-
-    def service(self) -> dict[str, Any]:
-        found: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, ISVC_PLURAL, self.name
-        )
-        return found
-
-    def status(self) -> dict[str, Any]:
-        status: dict[str, Any] = self.service().get("status") or {}
-        return status
-
-    def condition(self, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status().get("conditions", []) if c["type"] == type_), None)
-
-    def trials(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, TRIAL_PLURAL, label_selector=f"chunkpilot.io/service={self.name}"
-        )["items"]
-        return sorted(items, key=lambda t: t["spec"]["number"])
-
-    def deployment(self, track: Track) -> Any:
-        try:
-            return self.apps.read_namespaced_deployment(deployment_name(self.name, track), self.namespace)
-        except client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def stable_args(self) -> list[str]:
-        args: list[str] = self.deployment(Track.STABLE).spec.template.spec.containers[0].args
-        return args
-
-
-def wait_until(
-    what: str, probe: Callable[[], Any], timeout_s: float, cluster: Cluster, poll_s: float = 1.0
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(poll_s)
-    trials = [
-        (t["spec"]["number"], (t.get("status") or {}).get("phase"), (t.get("status") or {}).get("reason"))
-        for t in cluster.trials()
-    ]
-    raise AssertionError(
-        f"timed out after {timeout_s:.0f}s waiting for {what}; trials: {trials}; "
-        f"conditions: {json.dumps(cluster.status().get('conditions'), indent=1)}"
-    )
-
-
 def flag(args: list[str], name: str) -> int:
     return int(args[args.index(name) + 1])
 
 
-def verdict_of(cluster: Cluster, trial: str) -> str | None:
+def verdict_of(cluster: ServiceObjects, trial: str) -> str | None:
     found = next((t for t in cluster.trials() if t["metadata"]["name"] == trial), None)
     return None if found is None else (found.get("status") or {}).get("verdict")
-
-
-def verdicts(cluster: Cluster) -> list[tuple[int, str | None, str | None]]:
-    return [
-        (t["spec"]["number"], (t.get("status") or {}).get("verdict"), (t.get("status") or {}).get("reason"))
-        for t in cluster.trials()
-    ]
 
 
 @pytest.fixture
@@ -167,14 +60,20 @@ def stack(
         yield running
 
 
-def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> Cluster:
+def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> ServiceObjects:
     plane = stack.control_plane
     assert plane is not None
     plane.kubectl("create", "namespace", namespace, check=False)
     path = stack.options.state_dir / f"{name}.json"
-    path.write_text(json.dumps(service_manifest(name, namespace, max_trials)))
+    path.write_text(
+        json.dumps(
+            sim_service_manifest(
+                name, namespace, max_trials=max_trials, window="30s", warmup="10s", abort={"minSamples": 30}
+            )
+        )
+    )
     plane.kubectl("apply", "-f", str(path))
-    cluster = Cluster(plane, namespace, name)
+    cluster = ServiceObjects(plane, namespace, name)
     assert stack.runner is not None
     runner = stack.runner
     wait_until("the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster)
@@ -236,7 +135,7 @@ def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> 
                     "stable_before": status["stable"],
                     "stable_after": cluster.status().get("lastMeasurement"),
                     "slo_met": slo["message"],
-                    "trials": verdicts(cluster),
+                    "trials": cluster.verdicts(),
                     "requests_ok": summary.completed if summary is not None else None,
                 },
                 default=str,
@@ -270,7 +169,7 @@ def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary
         # 1. The first canary crashes at every start: its trial is aborted and the canary removed.
         wait_until(
             "the crashing canary's trial to be aborted",
-            lambda: any(v == "Aborted" and "crashed" in (r or "") for _, v, r in verdicts(cluster)),
+            lambda: any(v == "Aborted" and "crashed" in (r or "") for _, v, r in cluster.verdicts()),
             180,
             cluster,
         )
@@ -320,7 +219,7 @@ def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary
             300,
             cluster,
         )
-        trials = verdicts(cluster)
+        trials = cluster.verdicts()
         assert [number for number, _, _ in trials] == [1, 2, 3]
         assert all(verdict is not None for _, verdict, _ in trials), trials
         assert cluster.deployment(Track.CANARY) is None

@@ -13,18 +13,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
-from chunkpilot.operator.builders import deployment_name
-from kubernetes import client
 
-from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, wait_until
 from chunkpilot.localrun.stack import LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -39,96 +36,17 @@ LIMITS_PATH = "/chunkpilot/v1/scheduler/limits"
 
 def live_manifest(name: str, namespace: str) -> dict[str, Any]:
     """The autotune end-to-end scenario with live adjustment, short windows and no early aborts."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {
-                "name": "meta-llama/Llama-3.1-8B-Instruct",
-                "servedName": "llama-8b",
-                "maxModelLen": 8192,
-            },
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
-            "resources": {"accelerator": "h100"},
-            "replicas": 1,
-            "slo": {
-                "itl": {"quantile": 0.99, "maxMs": 50},
-                "ttft": {"quantile": 0.95, "maxMs": 2000},
-                "window": "20s",
-            },
-            "autotune": {
-                "enabled": True,
-                "liveAdjust": True,
-                "trialWindow": "20s",
-                "warmup": "5s",
-                "maxTrials": TRIALS,
-                # Only the live limits are tuned, so every later trial can take over the parked canary.
-                "bounds": {"longPrefillTokenThreshold": {"min": 0, "max": 0}},
-                "abort": {"minSamples": 20, "itlFactor": 100, "ttftFactor": 100},
-            },
-        },
-    }
-
-
-class Cluster:
-    """Reads of the service's objects through the API."""
-
-    def __init__(self, plane: ControlPlane, namespace: str, name: str) -> None:
-        self.namespace, self.name = namespace, name
-        self.api_client = plane.api_client()
-        self.custom = client.CustomObjectsApi(self.api_client)
-        self.apps = client.AppsV1Api(self.api_client)
-        self.core = client.CoreV1Api(self.api_client)
-
-    def close(self) -> None:
-        self.api_client.close()
-
-    def condition(self, type_: str) -> dict[str, Any] | None:
-        found: Any = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, ISVC_PLURAL, self.name
-        )
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return next((c for c in conditions if c["type"] == type_), None)
-
-    def trials(self) -> list[dict[str, Any]]:
-        listing: Any = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, TRIAL_PLURAL, label_selector=f"chunkpilot.io/service={self.name}"
-        )
-        items: list[dict[str, Any]] = listing["items"]
-        return sorted(items, key=lambda t: t["spec"]["number"])
-
-    def canary(self) -> Any:
-        try:
-            return self.apps.read_namespaced_deployment(
-                deployment_name(self.name, Track.CANARY), self.namespace
-            )
-        except client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def verdicts(self) -> list[tuple[int, str | None, str | None]]:
-        return [
-            (
-                t["spec"]["number"],
-                (t.get("status") or {}).get("verdict"),
-                (t.get("status") or {}).get("reason"),
-            )
-            for t in self.trials()
-        ]
-
-
-def wait_until(
-    what: str, probe: Callable[[], Any], timeout_s: float, cluster: Cluster, poll_s: float = 1.0
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; trials: {cluster.verdicts()}")
+    return sim_service_manifest(
+        name,
+        namespace,
+        max_trials=TRIALS,
+        window="20s",
+        warmup="5s",
+        liveAdjust=True,
+        # Only the live limits are tuned, so every later trial can take over the parked canary.
+        bounds={"longPrefillTokenThreshold": {"min": 0, "max": 0}},
+        abort={"minSamples": 20, "itlFactor": 100, "ttftFactor": 100},
+    )
 
 
 @pytest.fixture
@@ -145,7 +63,7 @@ def stack(
         yield running
 
 
-def token(cluster: Cluster, name: str) -> str:
+def token(cluster: ServiceObjects, name: str) -> str:
     secret = cluster.core.read_namespaced_secret(f"{name}-live-adjust", cluster.namespace)
     return base64.b64decode(str((secret.data or {})["token"])).decode()
 
@@ -175,7 +93,7 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
     path.write_text(json.dumps(live_manifest(name, namespace)))
     stack.control_plane.kubectl("create", "namespace", namespace, check=False)
     stack.control_plane.kubectl("apply", "-f", str(path))
-    cluster = Cluster(stack.control_plane, namespace, name)
+    cluster = ServiceObjects(stack.control_plane, namespace, name)
     try:
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster

@@ -1,0 +1,146 @@
+"""Scenario and reads shared by the end-to-end tests of the local stack.
+
+One simulated service that violates its ITL SLO at the default budget, a reader for the objects the
+operator and the tuner write about it, and a wait that explains itself when it times out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
+from chunkpilot.devcluster.controlplane import ControlPlane
+
+
+def sim_service_manifest(
+    name: str, namespace: str, *, max_trials: int, window: str, warmup: str, **autotune: Any
+) -> dict[str, Any]:
+    """Llama-3.1-8B on a simulated H100 at budget 8192 with ITL p99 <= 50 ms and TTFT p95 <= 2 s.
+
+    ``window`` is both the SLO window and the trial window; ``autotune`` adds fields to
+    ``spec.autotune`` (for example ``abort`` or ``liveAdjust``).
+    """
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "meta-llama/Llama-3.1-8B-Instruct",
+                "servedName": "llama-8b",
+                "maxModelLen": 8192,
+            },
+            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+            "resources": {"accelerator": "h100"},
+            "replicas": 1,
+            "slo": {
+                "itl": {"quantile": 0.99, "maxMs": 50},
+                "ttft": {"quantile": 0.95, "maxMs": 2000},
+                "window": window,
+            },
+            "autotune": {
+                "enabled": True,
+                "trialWindow": window,
+                "warmup": warmup,
+                "maxTrials": max_trials,
+                **autotune,
+            },
+        },
+    }
+
+
+class ServiceObjects:
+    """Reads of one InferenceService, its TuningTrials and Deployments through the API."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, name: str) -> None:
+        from kubernetes import client
+
+        self.namespace, self.name = namespace, name
+        self.api_client = plane.api_client()
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+
+    def close(self) -> None:
+        """Close the API connection."""
+        self.api_client.close()
+
+    def service(self) -> dict[str, Any]:
+        """The InferenceService as stored."""
+        found: Any = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, ISVC_PLURAL, self.name
+        )
+        service: dict[str, Any] = found
+        return service
+
+    def status(self) -> dict[str, Any]:
+        """Its status (empty before the operator wrote one)."""
+        status: dict[str, Any] = self.service().get("status") or {}
+        return status
+
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        """Condition ``type_``, or None."""
+        return next((c for c in self.status().get("conditions", []) if c["type"] == type_), None)
+
+    def trials(self) -> list[dict[str, Any]]:
+        """Its TuningTrials in trial-number order."""
+        listing: Any = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, TRIAL_PLURAL, label_selector=f"chunkpilot.io/service={self.name}"
+        )
+        items: list[dict[str, Any]] = listing["items"]
+        return sorted(items, key=lambda t: t["spec"]["number"])
+
+    def verdicts(self) -> list[tuple[int, str | None, str | None]]:
+        """``(number, verdict, reason)`` per trial."""
+        return [
+            (
+                t["spec"]["number"],
+                (t.get("status") or {}).get("verdict"),
+                (t.get("status") or {}).get("reason"),
+            )
+            for t in self.trials()
+        ]
+
+    def deployment(self, track: Track) -> Any:
+        """The Deployment of ``track``, or None."""
+        from kubernetes import client
+
+        from chunkpilot.operator.builders import deployment_name
+
+        try:
+            return self.apps.read_namespaced_deployment(deployment_name(self.name, track), self.namespace)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def canary(self) -> Any:
+        """The canary Deployment, or None."""
+        return self.deployment(Track.CANARY)
+
+    def stable_args(self) -> list[str]:
+        """The stable engine container's arguments."""
+        args: list[str] = self.deployment(Track.STABLE).spec.template.spec.containers[0].args
+        return args
+
+
+def wait_until(
+    what: str, probe: Callable[[], Any], timeout_s: float, objects: ServiceObjects, poll_s: float = 1.0
+) -> Any:
+    """Poll ``probe`` until it returns something truthy; on timeout fail with the trials and conditions."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f}s waiting for {what}; trials: {objects.verdicts()}; "
+        f"conditions: {json.dumps(objects.status().get('conditions'), indent=1)}"
+    )
+
+
+__all__ = ["ServiceObjects", "sim_service_manifest", "wait_until"]
