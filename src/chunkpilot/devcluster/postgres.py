@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from chunkpilot.devcluster.debian import AptInstallError, AptUnavailableError, install_package
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.devcluster.processes import ManagedProcess, StartupError
 
@@ -58,21 +59,15 @@ def locate_bin_dir() -> Path | None:
 
 
 def _install_with_apt(progress: Callable[[str], None]) -> None:
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
+    try:
+        install_package(DEBIAN_PACKAGE, progress)
+    except AptUnavailableError:
         raise PostgresUnavailableError(
             "PostgreSQL is not installed: install the `postgresql` package (Debian/Ubuntu: "
             f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {POSTGRES_BIN_ENV} at its bin directory"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "--no-install-recommends", DEBIAN_PACKAGE]
-    progress(f"installing the {DEBIAN_PACKAGE} Debian package")
-    if subprocess.run(install, env=env, capture_output=True, check=False).returncode == 0:
-        return
-    subprocess.run([apt, "update"], env=env, capture_output=True, check=False)
-    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise PostgresError(f"`apt-get install {DEBIAN_PACKAGE}` failed:\n{result.stderr[-2000:]}")
+        ) from None
+    except AptInstallError as error:
+        raise PostgresError(str(error)) from None
 
 
 def ensure_bin_dir(progress: Callable[[str], None] = lambda _msg: None) -> Path:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from chunkpilot.devcluster import processes
+from chunkpilot.devcluster.debian import AptInstallError, AptUnavailableError, install_package
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.devcluster.processes import ManagedProcess
 
@@ -86,21 +86,15 @@ def render_file_sd(groups: Sequence[TargetGroup]) -> list[dict[str, Any]]:
 
 
 def _install_with_apt(progress: Callable[[str], None]) -> None:
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
+    try:
+        install_package(DEBIAN_PACKAGE, progress)
+    except AptUnavailableError:
         raise PrometheusError(
             "Prometheus is not installed: install the `prometheus` package (Debian/Ubuntu: "
             f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {PROMETHEUS_ENV} at a prometheus binary"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "--no-install-recommends", DEBIAN_PACKAGE]
-    progress(f"installing the {DEBIAN_PACKAGE} Debian package")
-    if subprocess.run(install, env=env, capture_output=True, check=False).returncode == 0:
-        return
-    subprocess.run([apt, "update"], env=env, capture_output=True, check=False)
-    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise PrometheusError(f"`apt-get install {DEBIAN_PACKAGE}` failed:\n{result.stderr[-2000:]}")
+        ) from None
+    except AptInstallError as error:
+        raise PrometheusError(str(error)) from None
 
 
 def locate_prometheus() -> Path | None:

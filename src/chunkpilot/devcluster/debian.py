@@ -1,0 +1,32 @@
+"""Install a Debian package on demand (for the test tooling's real servers: Prometheus, PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+
+
+class AptUnavailableError(RuntimeError):
+    """``apt-get`` is missing or this process is not root: the user must install the package."""
+
+
+class AptInstallError(RuntimeError):
+    """``apt-get install`` failed; the message ends with its stderr."""
+
+
+def install_package(package: str, progress: Callable[[str], None]) -> None:
+    """``apt-get install -y --no-install-recommends PACKAGE``, refreshing the index once if needed."""
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise AptUnavailableError(f"cannot install {package}: apt-get needs root on a Debian/Ubuntu machine")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [apt, "install", "-y", "--no-install-recommends", package]
+    progress(f"installing the {package} Debian package")
+    if subprocess.run(install, env=env, capture_output=True, check=False).returncode == 0:
+        return
+    subprocess.run([apt, "update"], env=env, capture_output=True, check=False)
+    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise AptInstallError(f"`apt-get install {package}` failed:\n{result.stderr[-2000:]}")
