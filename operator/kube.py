@@ -74,6 +74,11 @@ PLURALS: Final = {
     "TuningTrial": "tuningtrials",
     "Event": "events",
     "Secret": "secrets",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Job": "jobs",
+    "ConfigMap": "configmaps",
 }
 
 

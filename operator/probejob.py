@@ -45,7 +45,7 @@ from chunkpilot.engine.probe.profile import ProfileError, StepProfile
 from chunkpilot.operator.config import FIELD_MANAGER
 from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.handlers import post_event
-from chunkpilot.operator.kube import APPLY_PATCH, KubeError, resource_path
+from chunkpilot.operator.kube import APPLY_PATCH, KubeError, object_path, resource_path
 
 from chunkpilot import __version__
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService
@@ -241,19 +241,6 @@ class Kube(Protocol):
 
 PostEvent = Callable[[Mapping[str, Any], EventSpec], None]
 
-_PLURALS: Final = {
-    "ServiceAccount": "serviceaccounts",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "Job": "jobs",
-    "ConfigMap": "configmaps",
-}
-
-
-def _path(manifest: Mapping[str, Any]) -> str:
-    meta = manifest["metadata"]
-    return resource_path(manifest["apiVersion"], _PLURALS[manifest["kind"]], meta["namespace"], meta["name"])
-
 
 async def read_profile(kube: Kube, namespace: str, target: ProbeTarget) -> StepProfile | None:
     """The measured profile for ``target`` from its ConfigMap, or None when there is none yet.
@@ -276,7 +263,7 @@ class ProbeRunner:
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
         params = {"fieldManager": self.field_manager, "force": "true"}
         await self.kube.request(
-            "PATCH", _path(manifest), body=dict(manifest), content_type=APPLY_PATCH, params=params
+            "PATCH", object_path(manifest), body=dict(manifest), content_type=APPLY_PATCH, params=params
         )
 
     async def _annotate(self, body: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
