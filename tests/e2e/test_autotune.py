@@ -26,14 +26,11 @@ from chunkpilot.api import Track
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, wait_until
+from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
 from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
-TRACE = "arxiv_summarization_lengths"
-#: Requests per second over the whole service (stable and canary share it round-robin).
-RATE = 8.0
 TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 
 
@@ -85,15 +82,7 @@ def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> 
     namespace, name = "autotune-e2e", "chat"
     cluster = deploy(stack, namespace, name, max_trials=6)
     try:
-        load = stack.start_load(
-            name,
-            TRACE,
-            namespace=namespace,
-            rate=RATE,
-            duration_s=540,
-            max_prompt_tokens=7000,
-            max_output_tokens=64,
-        )
+        load = start_scenario_load(stack, name, namespace, duration_s=540)
         promoted = wait_until(
             "a promoted trial",
             lambda: next(
@@ -157,15 +146,7 @@ def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary
     operator: ManagedProcess = stack.operator
     paused = False
     try:
-        load = stack.start_load(
-            name,
-            TRACE,
-            namespace=namespace,
-            rate=RATE,
-            duration_s=540,
-            max_prompt_tokens=7000,
-            max_output_tokens=64,
-        )
+        load = start_scenario_load(stack, name, namespace, duration_s=540)
         # 1. The first canary crashes at every start: its trial is aborted and the canary removed.
         wait_until(
             "the crashing canary's trial to be aborted",

@@ -21,13 +21,11 @@ import pytest
 
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, wait_until
+from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
 from chunkpilot.localrun.stack import LocalStack, StackOptions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
-TRACE = "arxiv_summarization_lengths"
-RATE = 8.0  # requests/s over the service (stable and canary share it round-robin)
 TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 TRIALS = 3
 LIVE_ADJUSTED = "chunkpilot.io/live-adjusted"
@@ -98,15 +96,7 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
         )
-        load = stack.start_load(
-            name,
-            TRACE,
-            namespace=namespace,
-            rate=RATE,
-            duration_s=400,
-            max_prompt_tokens=7000,
-            max_output_tokens=64,
-        )
+        load = start_scenario_load(stack, name, namespace, duration_s=400)
         bearer = token(cluster, name)
         canary_uids: set[str] = set()
         seen_limits: dict[int, dict[str, Any]] = {}

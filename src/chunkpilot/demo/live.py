@@ -20,7 +20,7 @@ from chunkpilot.api import InferenceService, TuningTrial
 from chunkpilot.api.common import parse_duration
 from chunkpilot.api.tuningtrial import TrialPhase, TrialVerdict
 from chunkpilot.report.history import trial_rows
-from chunkpilot.report.render import render_table
+from chunkpilot.report.render import format_ms, render_table
 from chunkpilot.tuner.policy import StopReason
 
 #: Reasons of ``Tuning=False`` that mean the tuning run has ended (paused or waiting does not).
@@ -123,8 +123,8 @@ def _config_line(service: InferenceService) -> Text:
     slo = service.spec.slo
     if measured is not None and slo is not None:
         text.append(
-            f"\nstable ITL p{slo.itl.quantile * 100:g} {_ms(measured.itl_ms)}/{slo.itl.max_ms:g}ms"
-            f"   TTFT p{slo.ttft.quantile * 100:g} {_ms(measured.ttft_ms)}/{slo.ttft.max_ms:g}ms"
+            f"\nstable ITL p{slo.itl.quantile * 100:g} {format_ms(measured.itl_ms)}/{slo.itl.max_ms:g}ms"
+            f"   TTFT p{slo.ttft.quantile * 100:g} {format_ms(measured.ttft_ms)}/{slo.ttft.max_ms:g}ms"
         )
         if measured.throughput_tok_s is not None:
             text.append(f"   {measured.throughput_tok_s:.0f} tok/s")
@@ -136,10 +136,6 @@ def _config_line(service: InferenceService) -> Text:
             if reason:
                 text.append(f" ({reason})")
     return text
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.0f}"
 
 
 def render_view(service: InferenceService, trials: list[TuningTrial], now: datetime) -> RenderableType:

@@ -13,6 +13,13 @@ from typing import Any
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.localrun.loadgen import BackgroundLoad
+from chunkpilot.localrun.stack import LocalStack
+
+#: Long prompts, outputs capped low to keep the CPU cost of replay small.
+TRACE = "arxiv_summarization_lengths"
+#: Requests per second over the whole service (stable and canary share it round-robin).
+RATE = 8.0
 
 
 def sim_service_manifest(
@@ -50,6 +57,19 @@ def sim_service_manifest(
             },
         },
     }
+
+
+def start_scenario_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
+    """Replay the scenario's trace against ``name`` at :data:`RATE` for up to ``duration_s``."""
+    return stack.start_load(
+        name,
+        TRACE,
+        namespace=namespace,
+        rate=RATE,
+        duration_s=duration_s,
+        max_prompt_tokens=7000,
+        max_output_tokens=64,
+    )
 
 
 class ServiceObjects:
@@ -143,4 +163,4 @@ def wait_until(
     )
 
 
-__all__ = ["ServiceObjects", "sim_service_manifest", "wait_until"]
+__all__ = ["RATE", "TRACE", "ServiceObjects", "sim_service_manifest", "start_scenario_load", "wait_until"]

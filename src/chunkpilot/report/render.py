@@ -22,7 +22,8 @@ _VERDICT_COLOURS = {
 }
 
 
-def _ms(value: float | None) -> str:
+def format_ms(value: float | None) -> str:
+    """Milliseconds rounded for tables, ``-`` for no data (None or NaN)."""
     return "-" if value is None or math.isnan(value) else f"{value:.0f}"
 
 
@@ -33,7 +34,7 @@ def _slo(service: InferenceService) -> SLOSpec:
 
 
 def _vs(value: float | None, target: float) -> str:
-    return f"{_ms(value)}/{target:.0f}ms"
+    return f"{format_ms(value)}/{target:.0f}ms"
 
 
 def render_table(service: InferenceService, rows: list[TrialRow]) -> Table:
@@ -94,7 +95,8 @@ def render_markdown(service: InferenceService, rows: list[TrialRow], plots: list
         rate = "-" if r.request_rate is None else f"{r.request_rate:.2f}"
         reason = r.reason.replace("|", "/").replace("\n", " ")
         lines.append(
-            f"| {r.number} | {r.params} | {_ms(r.itl_ms)} | {_ms(r.ttft_ms)} | {_ms(r.stable_itl_ms)} "
+            f"| {r.number} | {r.params} | {format_ms(r.itl_ms)} | {format_ms(r.ttft_ms)} "
+            f"| {format_ms(r.stable_itl_ms)} "
             f"| {tput} | {rate} | {r.samples if r.samples is not None else '-'} | {r.verdict or r.phase} "
             f"| {reason} |"
         )
