@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
+from chunkpilot.engine.sim import offline
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO, Percentiles, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -33,13 +35,24 @@ def _assert_same(fast: Summary, slow: Summary) -> None:
         assert x.e2e_s == pytest.approx(y.e2e_s, rel=1e-9, abs=1e-12)
 
 
-def test_bulk_decode_advancing_equals_step_by_step_on_a_trace() -> None:
+def test_bulk_decode_advancing_equals_step_by_step_on_a_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    advanced: list[object] = []
+    real_fast_forward = offline._fast_forward
+
+    def counting(*args: Any) -> Any:
+        result = real_fast_forward(*args)
+        if result is not None:
+            advanced.append(result)
+        return result
+
+    monkeypatch.setattr(offline, "_fast_forward", counting)
     config = SimConfig(scheduler=H100_DEFAULTS)
     workload = load_trace("azure_conv_2023", limit=1500)
     fast = simulate(config, workload, keep_records=True)
+    assert advanced, "bulk decode advancing never engaged, so the comparison below proves nothing"
     slow = simulate(config, workload, fast_forward=False, keep_records=True)
     _assert_same(fast, slow)
-    assert fast.wall_s < slow.wall_s  # the point of it (printed by `chunkpilot sim bench` too)
+    # How much faster it is is a benchmark figure: `chunkpilot sim bench` prints both wall times.
 
 
 def test_bulk_decode_advancing_is_exact_under_kv_pressure_and_preemption() -> None:
