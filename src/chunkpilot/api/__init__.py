@@ -54,8 +54,10 @@ from chunkpilot.api.inferenceservice import (
 )
 from chunkpilot.api.tuningtrial import (
     Constraints,
+    TokenMix,
     Track,
     TrialPhase,
+    TrialProgress,
     TrialSummary,
     TrialVerdict,
     TuningTrial,
@@ -107,9 +109,11 @@ __all__ = [
     "ServiceSummary",
     "SpeculativeMethod",
     "SpeculativeSpec",
+    "TokenMix",
     "Toleration",
     "Track",
     "TrialPhase",
+    "TrialProgress",
     "TrialSummary",
     "TrialVerdict",
     "TuningBounds",

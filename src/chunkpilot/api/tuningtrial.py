@@ -39,7 +39,6 @@ class TrialPhase(StrEnum):
     PENDING = "Pending"
     ROLLING_OUT = "RollingOut"
     MEASURING = "Measuring"
-    SUCCEEDED = "Succeeded"
     PRUNED = "Pruned"
     FAILED = "Failed"
     ROLLED_BACK = "RolledBack"
@@ -58,7 +57,6 @@ class TrialVerdict(StrEnum):
     DISCARDED = "Discarded"
     PRUNED = "Pruned"
     ABORTED = "Aborted"
-    INFEASIBLE = "Infeasible"
 
 
 class TrialSummary(StatusModel):
@@ -87,6 +85,18 @@ def trial_labels(service: str, number: int) -> dict[str, str]:
     return {LABEL_SERVICE: service, LABEL_TRIAL_NUMBER: str(number)}
 
 
+class TokenMix(ApiModel):
+    """The tokens per request a trial's warm start was sized for (an unset mean: the default)."""
+
+    prompt: float | None = Field(default=None, ge=0, description="Mean prompt tokens per request.")
+    output: float | None = Field(default=None, ge=0, description="Mean output tokens per request.")
+    note: str = Field(
+        max_length=512,
+        description="Where the values come from, e.g. '8000 prompt + 364 output tokens per request "
+        "(measured on stable over 2m)'.",
+    )
+
+
 class TuningTrialSpec(ApiModel):
     """What a trial tries: a config, against a baseline, on a track, for a window."""
 
@@ -106,6 +116,52 @@ class TuningTrialSpec(ApiModel):
     )
     track: Track = Field(default=Track.CANARY, description="canary (extra pods) or stable (in-place).")
     window: Duration = Field(default="5m", description="Measurement window.")
+    study_params: dict[str, int] | None = Field(
+        default=None,
+        max_length=32,
+        description="The sampler's raw parameters (the exact study history where repairs changed params).",
+    )
+    token_mix: TokenMix | None = Field(
+        default=None,
+        description="The token mix the round's warm start was sized for (the round's first trial fixes it).",
+    )
+
+
+class TrialProgress(StatusModel):
+    """Where a running trial stands: the tuner's timers and marks, one typed field each.
+
+    Trials written before this block existed kept these values in ``chunkpilot.io/*``
+    annotations; the tuner reads those when a field is absent here.
+    """
+
+    ready_at: datetime | None = Field(default=None, description="When every canary replica was first Ready.")
+    measure_from: datetime | None = Field(
+        default=None,
+        description="Start of the measurement window (after warm-up; moved after a metrics gap).",
+    )
+    metrics_gap_since: datetime | None = Field(
+        default=None, description="Since when Prometheus has not answered during the measurement."
+    )
+    live_adjusted: bool | None = Field(
+        default=None,
+        description="True: the limits were set on the running canary pods; false: that failed "
+        "(see liveAdjustError).",
+    )
+    live_adjust_error: str | None = Field(
+        default=None, max_length=1024, description="Why live adjustment failed (the trial then rolled out)."
+    )
+    canary_config_hash: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=r"^[0-9a-f]+$",
+        description="config_hash of the pods serving the trial (their start-up config's when live-adjusted).",
+    )
+    stable_objective: float | None = Field(
+        default=None, description="Objective of the stable track measured in the trial's window."
+    )
+    promotion_applied: bool | None = Field(
+        default=None, description="True once the operator runs the promoted config on the stable track."
+    )
 
 
 class TuningTrialStatus(StatusModel):
@@ -113,7 +169,7 @@ class TuningTrialStatus(StatusModel):
 
     phase: TrialPhase | None = Field(
         default=None,
-        description="Pending, RollingOut, Measuring, Succeeded, Pruned, Failed, RolledBack or Promoted.",
+        description="Pending, RollingOut, Measuring, Pruned, Failed, RolledBack or Promoted.",
     )
     params_summary: str | None = Field(
         default=None, max_length=256, description="The params in short form, e.g. budget=3072 seqs=256."
@@ -122,13 +178,12 @@ class TuningTrialStatus(StatusModel):
     stable: Measurement | None = Field(default=None, description="Baseline measured in the same window.")
     constraints: Constraints | None = Field(default=None, description="Measured minus target, per SLO.")
     objective: float | None = Field(default=None, description="Objective value (throughput or goodput).")
-    verdict: TrialVerdict | None = Field(
-        default=None, description="Promoted, Discarded, Pruned, Aborted or Infeasible."
-    )
+    verdict: TrialVerdict | None = Field(default=None, description="Promoted, Discarded, Pruned or Aborted.")
     reason: str | None = Field(default=None, max_length=4096, description="Why the trial ended as it did.")
     started_at: datetime | None = Field(default=None, description="When the rollout started (RFC 3339).")
     finished_at: datetime | None = Field(default=None, description="When the verdict was reached (RFC 3339).")
     summary: TrialSummary | None = Field(default=None, description="Strings shown by kubectl get.")
+    progress: TrialProgress | None = Field(default=None, description="Timers and marks of the tuner.")
 
 
 class TuningTrial(Resource):
