@@ -21,6 +21,8 @@ from chunkpilot.api.common import (
     StatusModel,
     parse_duration,
 )
+from chunkpilot.api.knobs import MANAGED_FLAGS, TUNABLE_NAMES, doc, knob
+from chunkpilot.api.knobs import summary as knob_summary
 
 # --------------------------------------------------------------------------- enums
 
@@ -144,26 +146,6 @@ _LONG_PARTIAL_LE_PARTIAL = CelRule(
 
 _KNOB_RULES = (_BUDGET_GE_SEQS, _ACTIVE_LE_SEQS, _LONG_PARTIAL_NEEDS_PARTIAL, _LONG_PARTIAL_LE_PARTIAL)
 
-#: Flags rendered from the spec; ``extraArgs`` may not set them a second time.
-MANAGED_FLAGS = (
-    "host",
-    "port",
-    "served-model-name",
-    "revision",
-    "max-model-len",
-    "max-num-batched-tokens",
-    "max-num-seqs",
-    "max-num-active-seqs",
-    "enable-chunked-prefill",
-    "long-prefill-token-threshold",
-    "long-prefill-token-threshold-adaptive",
-    "max-num-partial-prefills",
-    "max-long-partial-prefills",
-    "enable-prefix-caching",
-    "speculative-config",
-    "gpu-memory-utilization",
-    "tensor-parallel-size",
-)
 _MANAGED_FLAG_PATTERN = "^--(no-)?(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
 _MANAGED_FLAG_RE = re.compile(_MANAGED_FLAG_PATTERN)
 
@@ -318,61 +300,50 @@ class EngineSpec(ApiModel):
         default=8192,
         ge=1,
         le=1_048_576,
-        description="Token budget per forward pass (--max-num-batched-tokens): the chunked-prefill dial.",
+        description=doc("max_num_batched_tokens"),
     )
-    max_num_seqs: int = Field(
-        default=256, ge=1, le=65_536, description="Maximum sequences per step (--max-num-seqs)."
-    )
+    max_num_seqs: int = Field(default=256, ge=1, le=65_536, description=doc("max_num_seqs"))
     max_num_active_seqs: int | None = Field(
         default=None,
         ge=1,
         le=65_536,
-        description="Cap on running requests, buffers unchanged (--max-num-active-seqs); <= maxNumSeqs.",
+        description=doc("max_num_active_seqs"),
     )
-    enable_chunked_prefill: bool = Field(
-        default=True, description="Split long prompts across steps (--enable-chunked-prefill)."
-    )
+    enable_chunked_prefill: bool = Field(default=True, description=doc("enable_chunked_prefill"))
     long_prefill_token_threshold: int = Field(
         default=0,
         ge=0,
         le=4_194_304,
-        description="Per-request prefill tokens per step cap (--long-prefill-token-threshold); 0 = off.",
+        description=doc("long_prefill_token_threshold"),
     )
     long_prefill_token_threshold_adaptive: bool = Field(
-        default=False, description="Adapt the threshold to load (--long-prefill-token-threshold-adaptive)."
+        default=False, description=doc("long_prefill_token_threshold_adaptive")
     )
     max_num_partial_prefills: int | None = Field(
         default=None,
         ge=1,
         le=1024,
-        description=(
-            "Concurrent partial prefills (--max-num-partial-prefills); accepted only by older vLLM"
-            " releases (e.g. 0.8.x); for newer engines the operator provides it or refuses it in a condition."
-        ),
+        description=doc("max_num_partial_prefills"),
     )
     max_long_partial_prefills: int | None = Field(
         default=None,
         ge=1,
         le=1024,
-        description="Concurrent long partial prefills (--max-long-partial-prefills).",
+        description=doc("max_long_partial_prefills"),
     )
-    enable_prefix_caching: bool = Field(
-        default=True, description="Reuse KV cache of shared prompt prefixes (--enable-prefix-caching)."
-    )
-    speculative: SpeculativeSpec | None = Field(
-        default=None, description="Speculative decoding; off when unset."
-    )
+    enable_prefix_caching: bool = Field(default=True, description=doc("enable_prefix_caching"))
+    speculative: SpeculativeSpec | None = Field(default=None, description=doc("speculative"))
     gpu_memory_utilization: float = Field(
         default=0.92,
         gt=0,
         le=1,
-        description="Fraction of GPU memory the engine may use (--gpu-memory-utilization).",
+        description=doc("gpu_memory_utilization"),
     )
     tensor_parallel_size: int = Field(
         default=1,
         ge=1,
         le=64,
-        description="GPUs each replica shards the model over (--tensor-parallel-size).",
+        description=doc("tensor_parallel_size"),
     )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
@@ -447,6 +418,10 @@ class IntRange(ApiModel):
     max: int = Field(ge=0, le=4_194_304, description="Upper bound (inclusive).")
 
 
+def _bounds_doc(name: str) -> str:
+    return knob(name).bounds_doc
+
+
 class TuningBounds(ApiModel):
     """Overrides of the autotuner's search space; unset knobs use the built-in bounds."""
 
@@ -465,14 +440,20 @@ class TuningBounds(ApiModel):
         ),
     )
 
-    max_num_batched_tokens: IntRange | None = Field(default=None, description="Token budget range.")
-    max_num_seqs: IntRange | None = Field(default=None, description="maxNumSeqs range.")
-    long_prefill_token_threshold: IntRange | None = Field(
-        default=None, description="Long-prefill threshold range (0 = off is allowed)."
+    # One field per tuned knob of the knob table (chunkpilot.api.knobs), in its order.
+    max_num_batched_tokens: IntRange | None = Field(
+        default=None, description=_bounds_doc("max_num_batched_tokens")
     )
-    max_num_active_seqs: IntRange | None = Field(default=None, description="maxNumActiveSeqs range.")
+    max_num_seqs: IntRange | None = Field(default=None, description=_bounds_doc("max_num_seqs"))
+    max_num_active_seqs: IntRange | None = Field(default=None, description=_bounds_doc("max_num_active_seqs"))
+    long_prefill_token_threshold: IntRange | None = Field(
+        default=None, description=_bounds_doc("long_prefill_token_threshold")
+    )
     max_num_partial_prefills: IntRange | None = Field(
-        default=None, description="maxNumPartialPrefills range (tuned only where the engine honours it)."
+        default=None, description=_bounds_doc("max_num_partial_prefills")
+    )
+    max_long_partial_prefills: IntRange | None = Field(
+        default=None, description=_bounds_doc("max_long_partial_prefills")
     )
 
 
@@ -616,36 +597,29 @@ class InferenceServiceSpec(ApiModel):
 class EngineConfig(ApiModel):
     """The tunable knob set: the part of :class:`EngineSpec` a trial changes.
 
-    A config is complete: :meth:`apply_to` overwrites all six knobs, so an unset
+    A config is complete: :meth:`apply_to` overwrites every tuned knob, so an unset
     optional knob means "unset in the engine".  Build one from a spec with
     :meth:`from_engine` and change knobs with ``model_copy(update=...)``.
     """
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = _KNOB_RULES
 
-    #: The knobs, as attribute names; the order is the canonical order of :meth:`summary`.
-    KNOBS: ClassVar[tuple[str, ...]] = (
-        "max_num_batched_tokens",
-        "max_num_seqs",
-        "max_num_active_seqs",
-        "long_prefill_token_threshold",
-        "max_num_partial_prefills",
-        "max_long_partial_prefills",
-    )
+    #: The tuned knobs of the knob table (:mod:`chunkpilot.api.knobs`), as attribute names, in its order.
+    KNOBS: ClassVar[tuple[str, ...]] = TUNABLE_NAMES
 
-    max_num_batched_tokens: int = Field(ge=1, le=1_048_576, description="Token budget per forward pass.")
-    max_num_seqs: int = Field(ge=1, le=65_536, description="Maximum sequences per step.")
+    max_num_batched_tokens: int = Field(ge=1, le=1_048_576, description=doc("max_num_batched_tokens"))
+    max_num_seqs: int = Field(ge=1, le=65_536, description=doc("max_num_seqs"))
     max_num_active_seqs: int | None = Field(
-        default=None, ge=1, le=65_536, description="Cap on running requests; unset = maxNumSeqs."
+        default=None, ge=1, le=65_536, description=doc("max_num_active_seqs")
     )
     long_prefill_token_threshold: int = Field(
-        default=0, ge=0, le=4_194_304, description="Per-request prefill tokens per step cap; 0 = off."
+        default=0, ge=0, le=4_194_304, description=doc("long_prefill_token_threshold")
     )
     max_num_partial_prefills: int | None = Field(
-        default=None, ge=1, le=1024, description="Concurrent partial prefills."
+        default=None, ge=1, le=1024, description=doc("max_num_partial_prefills")
     )
     max_long_partial_prefills: int | None = Field(
-        default=None, ge=1, le=1024, description="Concurrent long partial prefills."
+        default=None, ge=1, le=1024, description=doc("max_long_partial_prefills")
     )
 
     @classmethod
@@ -669,21 +643,7 @@ class EngineConfig(ApiModel):
 
     def summary(self) -> str:
         """Compact human-readable form for printer columns, e.g. ``budget=3072 seqs=256``."""
-        short = {
-            "max_num_batched_tokens": "budget",
-            "max_num_seqs": "seqs",
-            "max_num_active_seqs": "active",
-            "long_prefill_token_threshold": "lpt",
-            "max_num_partial_prefills": "partial",
-            "max_long_partial_prefills": "longpartial",
-        }
-        parts = []
-        for knob in self.KNOBS:
-            value = getattr(self, knob)
-            if value is None or (knob == "long_prefill_token_threshold" and value == 0):
-                continue
-            parts.append(f"{short[knob]}={value}")
-        return " ".join(parts)
+        return knob_summary({knob: getattr(self, knob) for knob in self.KNOBS})
 
 
 # --------------------------------------------------------------------------- status

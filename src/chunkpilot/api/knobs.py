@@ -1,0 +1,332 @@
+"""The knob table: every engine setting of ``spec.engine`` defined once.
+
+One :class:`KnobSpec` row per setting: its field name (snake and camel case), its
+command-line flag per flag dialect (with the engine versions that honour it), its
+label in summaries, whether the tuner searches it, whether it can be lowered on a
+running engine, and the documentation of its CRD field.  Derived from the table:
+
+- the CRD fields' documentation (``EngineSpec``, ``EngineConfig``, ``TuningBounds``),
+- :data:`MANAGED_FLAGS`, the flags ``extraArgs`` may not repeat,
+- the tuned knob names (``EngineConfig.KNOBS``, the tuner's ``Knob`` and Optuna parameter
+  names, the fields of ``TunedConfig``),
+- :func:`summary`, the one short form of a configuration (``budget=3072 seqs=256``),
+- the version checks of the renderers (``chunkpilot.operator.engines.vllm.KNOB_RULES``) and
+  the tuner's judgement of what an engine honours,
+- the simulator's scheduler flags (``chunkpilot.engine.sim.flags``).
+
+A flag dialect is the command-line vocabulary of one engine family; the simulator speaks
+vLLM's.  Another engine (SGLang ``--chunked-prefill-size``, TensorRT-LLM ``--max_num_tokens``)
+is one more entry in the rows' ``flags``.  The pydantic models keep explicit typed fields;
+``tests/api/test_knobs.py`` proves they and this table agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+# --------------------------------------------------------------------------- engine versions
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[0-9A-Za-z.+-]*)?$")
+
+
+@dataclass(frozen=True, order=True)
+class EngineVersion:
+    """A release version as ``major.minor.patch``; suffixes such as ``.post1`` are ignored."""
+
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> EngineVersion:
+        """Parse ``0.33.0``, ``0.8``, ``v0.10.1`` or ``0.8.5.post1``; raise ValueError otherwise."""
+        match = _VERSION_RE.match(text.strip())
+        if match is None:
+            raise ValueError(f"invalid engine version {text!r}: use a release number such as 0.33.0")
+        major, minor, patch = match.groups()
+        return cls(int(major), int(minor), int(patch or 0))
+
+    @classmethod
+    def lenient(cls, text: str) -> EngineVersion:
+        """The first three numbers in ``text`` (missing ones 0); 0.0.0 when there are none."""
+        numbers = [int(n) for n in re.findall(r"\d+", text)[:3]]
+        return cls(*[*numbers, 0, 0, 0][:3])
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+
+#: vLLM releases the rows refer to.
+VLLM_V0_REMOVED: Final = EngineVersion(0, 9, 0)  # the V0 scheduler (partial-prefill limits) is gone
+VLLM_0_33: Final = EngineVersion(0, 33, 0)
+
+#: Flag dialects: the command-line vocabulary of an engine family (the simulator speaks vLLM's).
+VLLM: Final = "vllm"
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """A knob's flag in one dialect, honoured in the releases ``[since, until)``.
+
+    ``plugin``: from ``until`` on, the Chunkpilot scheduler plugin enforces the knob instead.
+    """
+
+    flag: str
+    since: EngineVersion | None = None
+    until: EngineVersion | None = None
+    plugin: bool = False
+
+    @property
+    def name(self) -> str:
+        """The flag without its dashes, e.g. ``max-num-seqs``."""
+        return self.flag.removeprefix("--")
+
+    @property
+    def versioned(self) -> bool:
+        """True when some releases do not accept the flag."""
+        return self.since is not None or self.until is not None
+
+    def supports(self, version: EngineVersion) -> bool:
+        """Whether ``version`` honours the flag natively (without the scheduler plugin)."""
+        return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
+
+
+ValueKind = Literal["int", "bool", "float", "json"]
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One engine setting of ``spec.engine`` (a row of the knob table)."""
+
+    name: str
+    camel: str
+    kind: ValueKind
+    doc: str
+    flags: Mapping[str, EngineFlag]
+    #: Short label in summaries (tuned knobs only).
+    label: str | None = None
+    #: Searched by the autotuner (part of ``EngineConfig``, ``TuningBounds`` and the Optuna space).
+    tunable: bool = False
+    #: Can be lowered on a running engine through the live-adjustment route (no restart).
+    live: bool = False
+    #: The value that means "not set" (left out of summaries, never refused by a version check).
+    off: object = None
+    #: The engine picks its default from the hardware when the flag is absent (vLLM does for these).
+    hardware_default: bool = False
+    #: Note added to the ``spec.autotune.bounds`` field's documentation.
+    bounds_note: str = ""
+
+    def flag(self, dialect: str = VLLM) -> EngineFlag:
+        """The flag in ``dialect``; KeyError when that engine family has no such setting."""
+        return self.flags[dialect]
+
+    def is_set(self, value: object) -> bool:
+        """Whether ``value`` of this knob asks the engine for something (not unset or off)."""
+        return value is not None and value != self.off
+
+    @property
+    def path(self) -> str:
+        """Manifest path, e.g. ``spec.engine.maxNumSeqs``."""
+        return f"spec.engine.{self.camel}"
+
+    @property
+    def bounds_doc(self) -> str:
+        """Documentation of the knob's ``spec.autotune.bounds`` field."""
+        note = f" ({self.bounds_note})" if self.bounds_note else ""
+        return f"Search range of {self.camel}{note}."
+
+
+def _vllm(
+    flag: str, since: EngineVersion | None = None, until: EngineVersion | None = None, plugin: bool = False
+) -> Mapping[str, EngineFlag]:
+    return {VLLM: EngineFlag(flag, since, until, plugin)}
+
+
+#: The table, in the order of the ``spec.engine`` fields (and of summaries).
+KNOBS: Final[tuple[KnobSpec, ...]] = (
+    KnobSpec(
+        "max_num_batched_tokens",
+        "maxNumBatchedTokens",
+        "int",
+        "Token budget per forward pass (--max-num-batched-tokens): the chunked-prefill dial.",
+        _vllm("--max-num-batched-tokens"),
+        label="budget",
+        tunable=True,
+        live=True,
+        hardware_default=True,
+    ),
+    KnobSpec(
+        "max_num_seqs",
+        "maxNumSeqs",
+        "int",
+        "Maximum sequences per step (--max-num-seqs).",
+        _vllm("--max-num-seqs"),
+        label="seqs",
+        tunable=True,
+        live=True,
+        hardware_default=True,
+    ),
+    KnobSpec(
+        "max_num_active_seqs",
+        "maxNumActiveSeqs",
+        "int",
+        "Cap on running requests, buffers unchanged (--max-num-active-seqs); <= maxNumSeqs.",
+        _vllm("--max-num-active-seqs", since=VLLM_0_33),
+        label="active",
+        tunable=True,
+        live=True,
+    ),
+    KnobSpec(
+        "enable_chunked_prefill",
+        "enableChunkedPrefill",
+        "bool",
+        "Split long prompts across steps (--enable-chunked-prefill).",
+        _vllm("--enable-chunked-prefill"),
+    ),
+    KnobSpec(
+        "long_prefill_token_threshold",
+        "longPrefillTokenThreshold",
+        "int",
+        "Per-request prefill tokens per step cap (--long-prefill-token-threshold); 0 = off.",
+        _vllm("--long-prefill-token-threshold"),
+        label="lpt",
+        tunable=True,
+        off=0,
+        bounds_note="0 = off is allowed",
+    ),
+    KnobSpec(
+        "long_prefill_token_threshold_adaptive",
+        "longPrefillTokenThresholdAdaptive",
+        "bool",
+        "Adapt the threshold to load (--long-prefill-token-threshold-adaptive).",
+        _vllm("--long-prefill-token-threshold-adaptive", since=VLLM_0_33),
+        off=False,
+    ),
+    KnobSpec(
+        "max_num_partial_prefills",
+        "maxNumPartialPrefills",
+        "int",
+        (
+            "Concurrent partial prefills (--max-num-partial-prefills); accepted only by older vLLM"
+            " releases (e.g. 0.8.x); for newer engines the operator provides it or refuses it in a condition."
+        ),
+        _vllm("--max-num-partial-prefills", until=VLLM_V0_REMOVED, plugin=True),
+        label="partial",
+        tunable=True,
+        bounds_note="tuned only where the engine honours it",
+    ),
+    KnobSpec(
+        "max_long_partial_prefills",
+        "maxLongPartialPrefills",
+        "int",
+        "Concurrent long partial prefills (--max-long-partial-prefills).",
+        _vllm("--max-long-partial-prefills", until=VLLM_V0_REMOVED, plugin=True),
+        label="longpartial",
+        tunable=True,
+        bounds_note="tuned only where the engine honours it",
+    ),
+    KnobSpec(
+        "enable_prefix_caching",
+        "enablePrefixCaching",
+        "bool",
+        "Reuse KV cache of shared prompt prefixes (--enable-prefix-caching).",
+        _vllm("--enable-prefix-caching"),
+    ),
+    KnobSpec(
+        "speculative",
+        "speculative",
+        "json",
+        "Speculative decoding (--speculative-config); off when unset.",
+        _vllm("--speculative-config"),
+    ),
+    KnobSpec(
+        "gpu_memory_utilization",
+        "gpuMemoryUtilization",
+        "float",
+        "Fraction of GPU memory the engine may use (--gpu-memory-utilization).",
+        _vllm("--gpu-memory-utilization"),
+    ),
+    KnobSpec(
+        "tensor_parallel_size",
+        "tensorParallelSize",
+        "int",
+        "GPUs each replica shards the model over (--tensor-parallel-size).",
+        _vllm("--tensor-parallel-size"),
+    ),
+)
+
+KNOB_BY_NAME: Final[Mapping[str, KnobSpec]] = {knob.name: knob for knob in KNOBS}
+#: The knobs the autotuner searches, in table order: ``EngineConfig``'s fields and the Optuna parameters.
+TUNABLE: Final[tuple[KnobSpec, ...]] = tuple(knob for knob in KNOBS if knob.tunable)
+TUNABLE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in TUNABLE)
+#: The knobs the live-adjustment route can lower without a restart.
+LIVE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in KNOBS if knob.live)
+
+#: Server flags rendered from other parts of the spec (model, port), per dialect.
+SERVER_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
+    VLLM: ("host", "port", "served-model-name", "revision", "max-model-len"),
+}
+
+
+def managed_flags(dialect: str = VLLM) -> tuple[str, ...]:
+    """Flags (without dashes) rendered from the spec in ``dialect``; ``extraArgs`` may not repeat them."""
+    return (*SERVER_FLAGS[dialect], *(k.flag(dialect).name for k in KNOBS if dialect in k.flags))
+
+
+#: The vLLM flags rendered from the spec.
+MANAGED_FLAGS: Final[tuple[str, ...]] = managed_flags(VLLM)
+
+
+def knob(name: str) -> KnobSpec:
+    """The row of ``name`` (snake or camel case); KeyError naming the known knobs otherwise."""
+    row = KNOB_BY_NAME.get(name) or next((k for k in KNOBS if k.camel == name), None)
+    if row is None:
+        raise KeyError(f"unknown knob {name!r}; known: {', '.join(KNOB_BY_NAME)}")
+    return row
+
+
+def doc(name: str) -> str:
+    """CRD documentation of knob ``name``."""
+    return knob(name).doc
+
+
+def summary(values: Mapping[str, object]) -> str:
+    """The short form of a configuration, e.g. ``budget=3072 seqs=256 lpt=512``.
+
+    ``values`` maps tuned knob names to values; unset (or off) knobs are left out.
+    """
+    parts = [f"{k.label}={values[k.name]}" for k in TUNABLE if k.is_set(values.get(k.name))]
+    return " ".join(parts)
+
+
+def honoured_natively(name: str, version: EngineVersion, dialect: str = VLLM) -> bool:
+    """Whether ``version`` of the engine family ``dialect`` accepts knob ``name`` without the plugin."""
+    return knob(name).flag(dialect).supports(version)
+
+
+__all__ = [
+    "KNOBS",
+    "KNOB_BY_NAME",
+    "LIVE_NAMES",
+    "MANAGED_FLAGS",
+    "SERVER_FLAGS",
+    "TUNABLE",
+    "TUNABLE_NAMES",
+    "VLLM",
+    "VLLM_0_33",
+    "VLLM_V0_REMOVED",
+    "EngineFlag",
+    "EngineVersion",
+    "KnobSpec",
+    "doc",
+    "honoured_natively",
+    "knob",
+    "managed_flags",
+    "summary",
+]

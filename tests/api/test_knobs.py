@@ -1,0 +1,84 @@
+"""The knob table and the API models agree exactly: a knob added in one place only fails here."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from chunkpilot.api import EngineConfig, EngineSpec, TuningBounds, knobs
+from chunkpilot.api.inferenceservice import MANAGED_FLAGS
+from chunkpilot.api.knobs import KNOBS, TUNABLE, TUNABLE_NAMES, EngineVersion
+
+#: EngineSpec fields that are not engine settings: what runs, not how it schedules.
+NOT_KNOBS = ("kind", "image", "version", "extra_args")
+
+
+def test_every_engine_spec_setting_is_one_row_in_field_order() -> None:
+    fields = [name for name in EngineSpec.model_fields if name not in NOT_KNOBS]
+    assert fields == [k.name for k in KNOBS]
+
+
+@pytest.mark.parametrize("row", KNOBS, ids=lambda k: k.name)
+def test_row_names_and_docs_are_the_models(row: knobs.KnobSpec) -> None:
+    spec_field = EngineSpec.model_fields[row.name]
+    assert spec_field.alias == row.camel
+    assert spec_field.description == row.doc
+    if row.tunable:
+        config_field = EngineConfig.model_fields[row.name]
+        assert config_field.alias == row.camel and config_field.description == row.doc
+        bounds_field = TuningBounds.model_fields[row.name]
+        assert bounds_field.alias == row.camel and bounds_field.description == row.bounds_doc
+        assert row.label
+    assert row.flag().flag.startswith("--")
+
+
+def test_engine_config_and_bounds_hold_exactly_the_tunable_knobs() -> None:
+    assert tuple(EngineConfig.model_fields) == TUNABLE_NAMES == EngineConfig.KNOBS
+    assert tuple(TuningBounds.model_fields) == TUNABLE_NAMES
+
+
+def test_bounds_of_every_tuned_knob_are_read_from_the_resource() -> None:
+    bounds = TuningBounds.model_validate({k.camel: {"min": 1, "max": 4} for k in TUNABLE})
+    assert all(getattr(bounds, k.name) is not None for k in TUNABLE)
+    assert bounds.max_long_partial_prefills is not None
+
+
+@pytest.mark.parametrize("row", KNOBS, ids=lambda k: k.name)
+def test_extra_args_may_not_repeat_a_knob_flag(row: knobs.KnobSpec) -> None:
+    assert row.flag().name in MANAGED_FLAGS
+    with pytest.raises(ValidationError, match="extraArgs must not repeat"):
+        EngineSpec.model_validate({"extraArgs": [f"{row.flag().flag}=1"]})
+    assert not EngineSpec.model_validate({"extraArgs": ["--dtype=half"]}).long_prefill_token_threshold
+
+
+def test_summary_is_in_table_order_and_leaves_out_unset_knobs() -> None:
+    values = {k.name: None for k in TUNABLE} | {"max_num_batched_tokens": 3072, "max_num_seqs": 256}
+    assert knobs.summary(values) == "budget=3072 seqs=256"
+    values |= {"long_prefill_token_threshold": 0, "max_num_partial_prefills": 2, "max_num_active_seqs": 8}
+    assert knobs.summary(values) == "budget=3072 seqs=256 active=8 partial=2"
+
+
+def test_labels_and_camel_names_are_unique() -> None:
+    labels = [k.label for k in TUNABLE]
+    assert len(set(labels)) == len(labels)
+    assert len({k.camel for k in KNOBS}) == len(KNOBS)
+
+
+def test_version_columns() -> None:
+    partial = knobs.knob("maxNumPartialPrefills").flag()
+    assert partial.versioned and partial.plugin
+    assert partial.supports(EngineVersion(0, 8, 5)) and not partial.supports(EngineVersion(0, 9, 0))
+    active = knobs.knob("max_num_active_seqs").flag()
+    assert not active.supports(EngineVersion(0, 32, 9)) and active.supports(EngineVersion(0, 33, 0))
+    assert not knobs.knob("max_num_seqs").flag().versioned
+
+
+def test_unknown_knob_names_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="max_num_seqs"):
+        knobs.knob("max_num_sequences")
+
+
+def test_lenient_version_parse() -> None:
+    assert EngineVersion.lenient("v0.8.5.post1") == EngineVersion(0, 8, 5)
+    assert EngineVersion.lenient("0.33") == EngineVersion(0, 33, 0)
+    assert EngineVersion.lenient("nightly") == EngineVersion(0, 0, 0)
