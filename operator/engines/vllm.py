@@ -1,9 +1,10 @@
 """Render ``vllm serve`` arguments for the vLLM version in the spec.
 
-Flags come and go between vLLM releases. Each version-dependent knob is one
-:class:`KnobRule`; a knob set in the spec that the deployed version cannot
-honour is refused (:class:`UnsupportedKnob`) instead of producing a pod that
-crashes on an unknown flag or silently ignores it.
+Flags come and go between vLLM releases. Each version-dependent knob of the
+knob table (:mod:`chunkpilot.api.knobs`) becomes one :class:`KnobRule`; a knob
+set in the spec that the deployed version cannot honour is refused
+(:class:`UnsupportedKnob`) instead of producing a pod that crashes on an
+unknown flag or silently ignores it.
 """
 
 from __future__ import annotations
@@ -37,17 +38,18 @@ from chunkpilot.operator.engines.common import (
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
+from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
 ENGINE_NAME: Final = "vLLM"
 #: Oldest release whose command line this renderer knows.
 MIN_VERSION: Final = EngineVersion(0, 8, 0)
 #: Partial-prefill limits are honoured natively (by the V0 scheduler) only before this release.
-V0_REMOVED: Final = EngineVersion(0, 9, 0)
+V0_REMOVED: Final = VLLM_V0_REMOVED
 #: ``--no-enable-chunked-prefill`` exists from here on; earlier releases took ``=false``.
 #: (``--no-enable-prefix-caching`` exists in every supported release.)
 CHUNKED_PREFILL_NEGATION_SINCE: Final = EngineVersion(0, 10, 0)
 #: Newest knobs: the first release this renderer knows to accept them.
-V0_33: Final = EngineVersion(0, 33, 0)
+V0_33: Final = VLLM_0_33
 
 VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
 VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
@@ -97,6 +99,19 @@ class KnobRule:
     #: From ``until`` on, the Chunkpilot engine image's scheduler plugin enforces the knob instead.
     plugin: bool = False
 
+    @classmethod
+    def of(cls, row: KnobSpec) -> KnobRule:
+        """The rule of a knob-table row, from its vLLM flag's version columns."""
+        flag = row.flag(VLLM)
+        return cls(
+            knob=row.path,
+            flag=flag.flag,
+            is_set=lambda spec: row.is_set(getattr(spec.engine, row.name)),
+            since=flag.since,
+            until=flag.until,
+            plugin=flag.plugin,
+        )
+
     def supports(self, version: EngineVersion) -> bool:
         return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
 
@@ -136,33 +151,9 @@ def _plugin_remedy(version: EngineVersion) -> str:
     )
 
 
-KNOB_RULES: Final[tuple[KnobRule, ...]] = (
-    KnobRule(
-        "spec.engine.maxNumPartialPrefills",
-        "--max-num-partial-prefills",
-        lambda s: s.engine.max_num_partial_prefills is not None,
-        until=V0_REMOVED,
-        plugin=True,
-    ),
-    KnobRule(
-        "spec.engine.maxLongPartialPrefills",
-        "--max-long-partial-prefills",
-        lambda s: s.engine.max_long_partial_prefills is not None,
-        until=V0_REMOVED,
-        plugin=True,
-    ),
-    KnobRule(
-        "spec.engine.maxNumActiveSeqs",
-        "--max-num-active-seqs",
-        lambda s: s.engine.max_num_active_seqs is not None,
-        since=V0_33,
-    ),
-    KnobRule(
-        "spec.engine.longPrefillTokenThresholdAdaptive",
-        "--long-prefill-token-threshold-adaptive",
-        lambda s: bool(s.engine.long_prefill_token_threshold_adaptive),
-        since=V0_33,
-    ),
+#: One rule per knob whose vLLM flag is versioned, in knob-table order.
+KNOB_RULES: Final[tuple[KnobRule, ...]] = tuple(
+    KnobRule.of(row) for row in KNOBS if VLLM in row.flags and row.flag(VLLM).versioned
 )
 
 

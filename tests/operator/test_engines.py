@@ -16,8 +16,10 @@ from chunkpilot.operator.engines import (
     render_engine,
 )
 from chunkpilot.operator.engines.common import TERMINATION_GRACE_MARGIN_S
+from chunkpilot.operator.engines.vllm import KNOB_RULES
 
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 
 
 def spec(**engine: Any) -> InferenceServiceSpec:
@@ -216,3 +218,21 @@ def test_honours_partial_prefills_follows_the_renderer(engine: dict[str, Any], h
     assert honours_partial_prefills(spec(**engine)) is honoured
     knobbed = spec(**engine, maxNumPartialPrefills=2)
     assert isinstance(render_engine(knobbed), EngineRender) is honoured
+
+
+@pytest.mark.parametrize("row", [k for k in KNOBS if k.flag(VLLM).versioned], ids=lambda k: k.name)
+def test_every_versioned_knob_of_the_table_is_checked(row: KnobSpec) -> None:
+    flag = row.flag(VLLM)
+    outside = EngineVersion(0, 8, 0) if flag.since is not None else flag.until
+    assert outside is not None
+    value: Any = True if row.kind == "bool" else 2
+    engine = {"version": str(outside), "image": f"vllm/vllm-openai:v{outside}", row.camel: value}
+    if row.name == "max_long_partial_prefills":
+        engine["maxNumPartialPrefills"] = 2
+    (rule,) = [rule for rule in KNOB_RULES if rule.knob == row.path]
+    assert rule.flag == flag.flag and rule.is_set(spec(**engine)) and not rule.supports(outside)
+    result = render_engine(spec(**engine))
+    assert isinstance(result, UnsupportedKnob) and result.knob in {
+        row.path,
+        "spec.engine.maxNumPartialPrefills",
+    }
