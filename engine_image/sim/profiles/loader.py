@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -160,10 +161,18 @@ def accelerator_names() -> list[str]:
     return sorted(_accelerators())
 
 
+def normalise(name: str) -> str:
+    """The lookup key of a profile name or alias: lower case, runs of other characters as one ``-``.
+
+    ``meta-llama/Llama-3.1-8B``, ``Meta-Llama Llama 3.1 8B`` and ``meta_llama/llama-3.1-8b`` are one key.
+    """
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+
+
 def _resolve(key: str, table: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    wanted = key.strip().lower()
+    wanted = normalise(key)
     for name, data in table.items():
-        if wanted == name.lower() or wanted in (str(a).lower() for a in data.get("aliases", ())):
+        if wanted == normalise(name) or wanted in (normalise(str(a)) for a in data.get("aliases", ())):
             return data
     return None
 
