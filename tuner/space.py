@@ -27,18 +27,20 @@ never returns a value outside the final bounds.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from functools import cache
-from importlib import resources
 from statistics import NormalDist
 from typing import Any, Protocol
 
+from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, ProfileError
+from chunkpilot.tuner import hardware
+from chunkpilot.tuner.hardware import StepTime
 from optuna.distributions import BaseDistribution, IntDistribution
+
+from chunkpilot.api import knobs
+from chunkpilot.api.knobs import TUNABLE, EngineVersion
 
 #: The step time the budget ceiling may reach, as a multiple of the ITL target.
 ITL_CEILING_HEADROOM = 2.0
@@ -54,25 +56,22 @@ DEFAULT_OUTPUT_TOKENS = 256
 
 
 class Knob(StrEnum):
-    """The tunable engine knobs; the values double as Optuna parameter names."""
+    """The tuned knobs of the knob table (:data:`chunkpilot.api.knobs.TUNABLE`), in its order.
+
+    The values are the table's field names and double as Optuna parameter names; a test
+    proves the members and the table agree.
+    """
 
     MAX_NUM_BATCHED_TOKENS = "max_num_batched_tokens"
     MAX_NUM_SEQS = "max_num_seqs"
+    MAX_NUM_ACTIVE_SEQS = "max_num_active_seqs"
     LONG_PREFILL_TOKEN_THRESHOLD = "long_prefill_token_threshold"
     MAX_NUM_PARTIAL_PREFILLS = "max_num_partial_prefills"
     MAX_LONG_PARTIAL_PREFILLS = "max_long_partial_prefills"
-    MAX_NUM_ACTIVE_SEQS = "max_num_active_seqs"
 
 
-#: camelCase spelling used by the API (bounds, EngineConfig aliases).
-KNOB_ALIASES: dict[Knob, str] = {
-    Knob.MAX_NUM_BATCHED_TOKENS: "maxNumBatchedTokens",
-    Knob.MAX_NUM_SEQS: "maxNumSeqs",
-    Knob.LONG_PREFILL_TOKEN_THRESHOLD: "longPrefillTokenThreshold",
-    Knob.MAX_NUM_PARTIAL_PREFILLS: "maxNumPartialPrefills",
-    Knob.MAX_LONG_PARTIAL_PREFILLS: "maxLongPartialPrefills",
-    Knob.MAX_NUM_ACTIVE_SEQS: "maxNumActiveSeqs",
-}
+#: camelCase spelling used by the API (bounds, EngineConfig aliases), from the knob table.
+KNOB_ALIASES: dict[Knob, str] = {Knob(row.name): row.camel for row in TUNABLE}
 
 
 class SpaceError(ValueError):
@@ -81,233 +80,48 @@ class SpaceError(ValueError):
 
 @dataclass(frozen=True)
 class TunedConfig:
-    """Values of the tunable knobs (``None``: not set, the engine's default applies)."""
+    """Values of the tuned knobs, one field per :class:`Knob` (``None``: not set, the engine's default)."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
+    max_num_active_seqs: int | None = None
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int | None = None
-    max_num_active_seqs: int | None = None
 
     def as_dict(self) -> dict[str, int | None]:
         """Snake-case mapping of every knob."""
-        return {knob.value: getattr(self, knob.value) for knob in Knob}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def summary(self) -> str:
-        """Short human-readable form, e.g. ``budget=3072 seqs=256 lpt=off``."""
-        parts = [f"budget={self.max_num_batched_tokens}", f"seqs={self.max_num_seqs}"]
-        lpt = self.long_prefill_token_threshold
-        parts.append(f"lpt={lpt if lpt else 'off'}")
-        if self.max_num_partial_prefills is not None:
-            parts.append(f"partial={self.max_num_partial_prefills}")
-        if self.max_long_partial_prefills is not None:
-            parts.append(f"longpartial={self.max_long_partial_prefills}")
-        if self.max_num_active_seqs is not None:
-            parts.append(f"active={self.max_num_active_seqs}")
-        return " ".join(parts)
+        """Short human-readable form, e.g. ``budget=3072 seqs=256 lpt=512`` (:func:`knobs.summary`)."""
+        return knobs.summary(self.as_dict())
 
 
 # --------------------------------------------------------------------------- hardware facts
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """Peak numbers of one accelerator (dense BF16)."""
-
-    name: str
-    peak_tflops: float
-    hbm_tb_s: float
-    memory_gib: float
-    interconnect_gb_s: float = 300.0
-
-    @property
-    def ridge_point(self) -> float:
-        """FLOP per byte where GEMMs turn compute-bound."""
-        return self.peak_tflops * 1e12 / (self.hbm_tb_s * 1e12)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The transformer dimensions the roofline needs."""
-
-    name: str
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-
-    @property
-    def linear_params_per_layer(self) -> int:
-        """Weights of the attention projections and the gated MLP of one layer."""
-        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        q = self.num_attention_heads * self.head_dim
-        return h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
-
-    @property
-    def weight_bytes(self) -> int:
-        """BF16 bytes of all weights (embeddings and LM head included)."""
-        return 2 * (
-            self.num_hidden_layers * self.linear_params_per_layer + 2 * self.vocab_size * self.hidden_size
-        )
-
-
-def _profile_dir(kind: str) -> Any:
-    return resources.files("chunkpilot.engine").joinpath("sim", "profiles", kind)
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
-
-
-@cache
-def _profiles(kind: str) -> dict[str, dict[str, Any]]:
-    table: dict[str, dict[str, Any]] = {}
-    folder = _profile_dir(kind)
-    try:
-        entries = list(folder.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return table
-    for entry in entries:
-        if not entry.name.endswith(".json"):
-            continue
-        data = json.loads(entry.read_text())
-        for alias in [data["name"], *data.get("aliases", [])]:
-            table[_normalise(alias)] = data
-    return table
-
-
-#: Peaks from the public data sheets, used when the simulator's profile data is absent.
-_BUILTIN_ACCELERATORS: dict[str, dict[str, Any]] = {
-    name: {"name": name, "peak_tflops": tflops, "hbm_tb_s": tbs, "memory_gib": gib}
-    for name, tflops, tbs, gib in (
-        ("a100-40gb", 312.0, 1.555, 40.0),
-        ("a100-80gb", 312.0, 2.039, 80.0),
-        ("h100", 989.0, 3.35, 80.0),
-        ("h200", 989.0, 4.8, 141.0),
-        ("l40s", 362.0, 0.864, 48.0),
-        ("b200", 2250.0, 8.0, 180.0),
-    )
-}
+#
+# One hardware model: the simulator's profiles and step-time model (see chunkpilot.tuner.hardware).
 
 
 def load_accelerator(name: str) -> Accelerator:
-    """Accelerator profile by name or alias, from the simulator's profile data."""
-    key = _normalise(name)
-    data = _profiles("accelerators").get(key) or _BUILTIN_ACCELERATORS.get(key)
-    if data is None:
-        known = sorted(
-            {d["name"] for d in [*_profiles("accelerators").values(), *_BUILTIN_ACCELERATORS.values()]}
-        )
-        raise SpaceError(f"spec.resources.accelerator: unknown accelerator {name!r}; use one of {known}")
-    return Accelerator(
-        name=data["name"],
-        peak_tflops=float(data["peak_tflops"]),
-        hbm_tb_s=float(data["hbm_tb_s"]),
-        memory_gib=float(data["memory_gib"]),
-        interconnect_gb_s=float(data.get("interconnect_gb_s", 300.0)),
-    )
-
-
-def load_model_shape(name: str) -> ModelShape | None:
-    """Model dimensions by HF id or profile name; None when the model has no profile."""
-    key = _normalise(name.split("://", 1)[-1])
-    data = _profiles("models").get(key)
-    if data is None:
-        return None
-    return ModelShape(
-        name=data["name"],
-        hidden_size=int(data["hidden_size"]),
-        num_hidden_layers=int(data["num_hidden_layers"]),
-        num_attention_heads=int(data["num_attention_heads"]),
-        num_key_value_heads=int(data["num_key_value_heads"]),
-        head_dim=int(data.get("head_dim") or data["hidden_size"] // data["num_attention_heads"]),
-        intermediate_size=int(data["intermediate_size"]),
-        vocab_size=int(data["vocab_size"]),
-    )
-
-
-class StepTimeModel(Protocol):
-    """Predicted duration of one engine step (forward pass)."""
-
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        """Seconds for a pass over ``prefill_tokens`` prompt tokens (one chunk with
-        ``context_tokens`` of context) plus ``decode_seqs`` decoding sequences."""
-        ...
-
-
-@dataclass(frozen=True)
-class RooflineStepTime:
-    """A compact roofline step-time model (the fallback when no calibrated model is given).
-
-    Linear layers take max(FLOPs / achieved peak, weight bytes / achieved bandwidth);
-    prefill attention grows with chunk x context; decode attention reads the KV cache;
-    each step pays a fixed overhead.
-    """
-
-    accelerator: Accelerator
-    model: ModelShape
-    tensor_parallel_size: int = 1
-    compute_efficiency: float = 0.75
-    bandwidth_efficiency: float = 0.70
-    attention_efficiency: float = 0.5
-    overhead_s: float = 0.004
-    decode_context_tokens: int = 1024
-
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        acc, m, tp = self.accelerator, self.model, max(1, self.tensor_parallel_size)
-        tokens = prefill_tokens + decode_seqs
-        peak = acc.peak_tflops * 1e12 * self.compute_efficiency
-        bandwidth = acc.hbm_tb_s * 1e12 * self.bandwidth_efficiency
-        params = m.num_hidden_layers * m.linear_params_per_layer / tp
-        linear = max(2.0 * tokens * params / peak, 2.0 * params / bandwidth)
-        q_width = m.num_attention_heads * m.head_dim / tp
-        prefill_attn = 4.0 * prefill_tokens * (context_tokens + prefill_tokens / 2) * q_width
-        prefill_attn *= m.num_hidden_layers / (peak * self.attention_efficiency / self.compute_efficiency)
-        kv_bytes_per_token = 2 * 2 * m.num_key_value_heads * m.head_dim * m.num_hidden_layers / tp
-        decode_attn = decode_seqs * self.decode_context_tokens * kv_bytes_per_token / bandwidth
-        return self.overhead_s + linear + prefill_attn + decode_attn
-
-
-class SimulatorStepTime:
-    """Adapter onto the simulator's calibrated step-time model (``chunkpilot.engine.sim``)."""
-
-    def __init__(self, model: str, accelerator: str, tensor_parallel_size: int = 1) -> None:
-        from chunkpilot.engine.sim.profiles.loader import load_accelerator as sim_accelerator
-        from chunkpilot.engine.sim.profiles.loader import load_model
-        from chunkpilot.engine.sim.steptime import ForwardPass, StepTimeModel
-
-        self._pass = ForwardPass
-        self._model = StepTimeModel(load_model(model), sim_accelerator(accelerator), tensor_parallel_size)
-
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        sequences = decode_seqs + (1 if prefill_tokens else 0)
-        forward = self._pass(
-            num_tokens=prefill_tokens + decode_seqs,
-            num_sequences=sequences,
-            num_sampled=sequences,
-            prefill_attention_pairs=self._pass.prefill_pairs(prefill_tokens, context_tokens)
-            if prefill_tokens
-            else 0.0,
-            prefill_context_tokens=context_tokens if prefill_tokens else 0,
-            decode_context_tokens=decode_seqs * 1024,
-        )
-        return float(self._model.step_time(forward))
-
-
-def default_step_model(model: str, accelerator: str, tensor_parallel_size: int = 1) -> StepTimeModel | None:
-    """The simulator's calibrated model when it knows the model, else the compact roofline, else None."""
+    """Accelerator profile by name or alias (the simulator's profile data)."""
     try:
-        return SimulatorStepTime(model.split("://", 1)[-1], accelerator, tensor_parallel_size)
-    except (ImportError, ValueError, KeyError):
-        pass
-    shape = load_model_shape(model)
-    if shape is None:
-        return None
-    return RooflineStepTime(load_accelerator(accelerator), shape, tensor_parallel_size)
+        return hardware.accelerator(name)
+    except ProfileError:
+        known = hardware.known_accelerators()
+        raise SpaceError(
+            f"spec.resources.accelerator: unknown accelerator {name!r}; use one of {known}"
+        ) from None
+
+
+def load_model_shape(name: str) -> ModelProfile | None:
+    """Model dimensions by HF id or profile name; None when the model has no profile."""
+    return hardware.model_profile(name)
+
+
+def default_step_model(model: str, accelerator: str, tensor_parallel_size: int = 1) -> StepTime | None:
+    """The simulator's step-time model for the service, or None when it has none (no ITL ceiling)."""
+    return hardware.step_time(model, accelerator, tensor_parallel_size)
 
 
 class MeasuredStepProfile(Protocol):
@@ -350,11 +164,6 @@ class ServiceFacts:
     step_profile: MeasuredStepProfile | None = field(default=None, compare=False)
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    numbers = re.findall(r"\d+", version)
-    return tuple(int(n) for n in numbers[:3]) if numbers else (0,)
-
-
 def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:
     """True when the engine enforces ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``.
 
@@ -364,14 +173,14 @@ def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:
     """
     if engine_kind == "sim":
         return True
-    return _version_tuple(engine_version) < (0, 9)
+    return knobs.honoured_natively("max_num_partial_prefills", EngineVersion.lenient(engine_version))
 
 
 def honours_max_num_active_seqs(engine_kind: str, engine_version: str) -> bool:
     """True when the engine accepts ``--max-num-active-seqs``."""
     if engine_kind == "sim":
         return True
-    return _version_tuple(engine_version) >= (0, 33)
+    return knobs.honoured_natively("max_num_active_seqs", EngineVersion.lenient(engine_version))
 
 
 # --------------------------------------------------------------------------- the space
@@ -479,7 +288,7 @@ class SearchSpace:
         return " ".join(parts)
 
 
-def largest_tokens_within(step_model: StepTimeModel, limit_s: float, high: int = BUDGET_ABSOLUTE_MAX) -> int:
+def largest_tokens_within(step_model: StepTime, limit_s: float, high: int = BUDGET_ABSOLUTE_MAX) -> int:
     """Largest prompt-token count whose predicted pass stays within ``limit_s`` (0 when none)."""
 
     def fits(tokens: int) -> bool:
@@ -504,12 +313,12 @@ def compute_knee_tokens(accelerator: Accelerator) -> int:
     return round(accelerator.ridge_point)
 
 
-def memory_ceiling_tokens(facts: ServiceFacts, accelerator: Accelerator, model: ModelShape | None) -> int:
+def memory_ceiling_tokens(facts: ServiceFacts, accelerator: Accelerator, model: ModelProfile | None) -> int:
     """Largest budget whose activations fit the configured share of the memory left by the weights."""
     if model is None:
         return BUDGET_ABSOLUTE_MAX
     tp = max(1, facts.tensor_parallel_size)
-    usable = accelerator.memory_gib * 2**30 * facts.gpu_memory_utilization - model.weight_bytes / tp
+    usable = accelerator.memory_bytes * facts.gpu_memory_utilization - model.weight_bytes / tp
     if usable <= 0:
         raise SpaceError(
             f"spec.model.name: {model.name} weights do not fit {accelerator.name} at "
@@ -528,16 +337,22 @@ def _bound(bounds: Mapping[str, tuple[int, int]], knob: Knob) -> tuple[int, int]
 def build_space(
     facts: ServiceFacts,
     bounds: Mapping[str, tuple[int, int]] | None = None,
-    step_model: StepTimeModel | None = None,
+    step_model: StepTime | None = None,
 ) -> SearchSpace:
     """Derive the search space for ``facts``; ``bounds`` (knob -> (min, max)) override derived limits.
 
     ``step_model`` predicts step times; without one the simulator's calibrated model
-    is used (or a compact roofline; no ITL ceiling when the model is unknown).
+    is used (:func:`default_step_model`; no ITL ceiling when the model has no profile).
     """
     bounds = bounds or {}
     accelerator = load_accelerator(facts.accelerator)
     shape = load_model_shape(facts.model)
+    tp = max(1, facts.tensor_parallel_size)
+    if shape is not None and shape.num_heads % tp:
+        raise SpaceError(
+            f"spec.engine.tensorParallelSize: {tp} does not divide the {shape.num_heads} attention heads of "
+            f"{shape.name}; use a divisor of {shape.num_heads}"
+        )
     if step_model is None:
         step_model = default_step_model(facts.model, facts.accelerator, facts.tensor_parallel_size)
     notes: list[str] = []
@@ -681,13 +496,13 @@ class LoadedStep:
         length = min(float(self.max_model_len), -self.prompt_tokens * math.log(1.0 - max(0.5, self.quantile)))
         return max(0, int(length) - prefill_tokens)
 
-    def time_s(self, step_model: StepTimeModel, budget: int) -> float:
+    def time_s(self, step_model: StepTime, budget: int) -> float:
         """Predicted duration of a full step of ``budget`` tokens."""
         decodes = self.decode_seqs(budget)
         prefill = max(0, budget - decodes)
         return step_model.step_time_s(prefill, decodes, self.context_tokens(prefill))
 
-    def largest_budget_within(self, step_model: StepTimeModel, limit_s: float, high: int) -> int:
+    def largest_budget_within(self, step_model: StepTime, limit_s: float, high: int) -> int:
         """Largest budget (at most ``high``) whose full step stays within ``limit_s`` (0 when none)."""
         if high < 1 or self.time_s(step_model, 1) > limit_s:
             return 0
@@ -716,9 +531,7 @@ def _with_budget(space: SearchSpace, budget: int) -> TunedConfig:
     return space.to_config(params)
 
 
-def model_guess(
-    space: SearchSpace, facts: ServiceFacts, step_model: StepTimeModel | None = None
-) -> TunedConfig:
+def model_guess(space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None) -> TunedConfig:
     """The largest budget whose full step at load meets the ITL target (the rest as the incumbent).
 
     The step is :class:`LoadedStep`: the prefill chunk plus the running decode batch and
@@ -742,7 +555,7 @@ def model_guess(
 
 
 def unloaded_guess(
-    space: SearchSpace, facts: ServiceFacts, step_model: StepTimeModel | None = None
+    space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None
 ) -> TunedConfig:
     """The largest budget whose prefill-only step meets the ITL target: the guess's upper end.
 
@@ -794,7 +607,7 @@ class WarmStart(Mapping[str, int]):
 
 
 def warm_start(
-    space: SearchSpace, facts: ServiceFacts, step_model: StepTimeModel | None = None
+    space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None
 ) -> list[WarmStart]:
     """Parameters to try first: the model-based guess, then its upper end when ITL had slack.
 

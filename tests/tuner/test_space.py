@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from chunkpilot.tuner.hardware import StepTime, step_time
 from chunkpilot.tuner.space import (
+    KNOB_ALIASES,
     Knob,
     LoadedStep,
-    ModelShape,
-    RooflineStepTime,
     ServiceFacts,
-    SimulatorStepTime,
     SpaceError,
-    StepTimeModel,
     TunedConfig,
     build_space,
     compute_knee_tokens,
     default_step_model,
+    honours_max_num_active_seqs,
     honours_partial_prefills,
     largest_tokens_within,
     load_accelerator,
@@ -24,11 +23,14 @@ from chunkpilot.tuner.space import (
     warm_start,
 )
 
-LLAMA_8B = ModelShape("llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256)
+from chunkpilot.api.knobs import TUNABLE
 
 
-def roofline(accelerator: str = "h100") -> RooflineStepTime:
-    return RooflineStepTime(load_accelerator(accelerator), LLAMA_8B)
+def sim_step(accelerator: str = "h100") -> StepTime:
+    """The simulator's roofline step-time model of Llama 3.1 8B (the one hardware model)."""
+    model = step_time("llama-3.1-8b", accelerator)
+    assert model is not None
+    return model
 
 
 def facts(**overrides: object) -> ServiceFacts:
@@ -43,7 +45,7 @@ def facts(**overrides: object) -> ServiceFacts:
 
 
 def test_budget_floor_is_the_compute_knee() -> None:
-    space = build_space(facts(), step_model=roofline())
+    space = build_space(facts(), step_model=sim_step())
     knee = compute_knee_tokens(load_accelerator("h100"))
     assert 280 <= knee <= 310  # 989 TFLOP/s / 3.35 TB/s
     assert space.budget.low == knee
@@ -51,13 +53,13 @@ def test_budget_floor_is_the_compute_knee() -> None:
 
 
 def test_budget_floor_respects_speculative_tokens() -> None:
-    space = build_space(facts(speculative_tokens=4), step_model=roofline())
+    space = build_space(facts(speculative_tokens=4), step_model=sim_step())
     seqs_low = space.ranges[Knob.MAX_NUM_SEQS].low
     assert space.budget.low >= seqs_low * 5
 
 
 def test_budget_ceiling_follows_the_itl_target() -> None:
-    model = roofline()
+    model = sim_step()
     tight = build_space(facts(itl_target_ms=30.0), step_model=model)
     loose = build_space(facts(itl_target_ms=200.0), step_model=model)
     assert tight.budget.high < loose.budget.high
@@ -69,7 +71,7 @@ def test_bounds_override_derived_limits() -> None:
     space = build_space(
         facts(),
         bounds={"maxNumBatchedTokens": (512, 16384), "maxNumSeqs": (32, 64)},
-        step_model=roofline(),
+        step_model=sim_step(),
     )
     assert (space.budget.low, space.budget.high) == (512, 16384)
     assert (space.ranges[Knob.MAX_NUM_SEQS].low, space.ranges[Knob.MAX_NUM_SEQS].high) == (32, 64)
@@ -96,7 +98,7 @@ def test_unknown_accelerator_is_a_clear_error() -> None:
     ],
 )
 def test_to_config_never_leaves_the_bounds(params: dict[str, int]) -> None:
-    space = build_space(facts(speculative_tokens=2), step_model=roofline())
+    space = build_space(facts(speculative_tokens=2), step_model=sim_step())
     config = space.to_config(params)
     for knob, r in space.ranges.items():
         value = getattr(config, knob.value)
@@ -107,7 +109,7 @@ def test_to_config_never_leaves_the_bounds(params: dict[str, int]) -> None:
 
 
 def test_long_prefill_threshold_at_or_above_budget_means_off() -> None:
-    space = build_space(facts(), step_model=roofline())
+    space = build_space(facts(), step_model=sim_step())
     config = space.to_config(
         {"max_num_batched_tokens": 1024, "max_num_seqs": 64, "long_prefill_token_threshold": 2000}
     )
@@ -119,7 +121,7 @@ def test_long_prefill_threshold_at_or_above_budget_means_off() -> None:
 
 
 def test_params_round_trip() -> None:
-    space = build_space(facts(), step_model=roofline())
+    space = build_space(facts(), step_model=sim_step())
     config = space.to_config(
         {"max_num_batched_tokens": 1500, "max_num_seqs": 100, "long_prefill_token_threshold": 300}
     )
@@ -137,7 +139,7 @@ def test_partial_prefills_only_where_honoured() -> None:
 
 
 def test_model_guess_full_step_meets_the_itl_target_and_is_warm_started() -> None:
-    model = roofline()
+    model = sim_step()
     f = facts(itl_target_ms=50.0)
     space = build_space(f, step_model=model)
     guess = model_guess(space, f, model)
@@ -154,7 +156,7 @@ def test_model_guess_full_step_meets_the_itl_target_and_is_warm_started() -> Non
 
 
 def test_the_second_warm_start_is_the_prefill_only_budget_tried_on_itl_slack() -> None:
-    model = roofline()
+    model = sim_step()
     f = facts(itl_target_ms=50.0)
     space = build_space(f, step_model=model)
     first, second = warm_start(space, f, model)
@@ -167,8 +169,8 @@ def test_the_second_warm_start_is_the_prefill_only_budget_tried_on_itl_slack() -
     assert len(warm_start(build_space(tight, step_model=model), tight, model)) == 1
 
 
-@pytest.mark.parametrize("model", [roofline(), SimulatorStepTime("llama-3.1-8b", "h100")])
-def test_model_guess_shrinks_as_the_running_batch_grows(model: StepTimeModel) -> None:
+@pytest.mark.parametrize("model", [sim_step("h100"), sim_step("a100-80gb")])
+def test_model_guess_shrinks_as_the_running_batch_grows(model: StepTime) -> None:
     budgets = []
     for output_tokens in (16, 128, 512, 1024):
         f = facts(mean_prompt_tokens=1024, mean_output_tokens=output_tokens)
@@ -184,7 +186,7 @@ def test_model_guess_shrinks_as_the_running_batch_grows(model: StepTimeModel) ->
 
 
 def test_a_higher_itl_quantile_gets_more_headroom() -> None:
-    model = roofline()
+    model = sim_step()
     guesses = {}
     for quantile in (0.5, 0.9, 0.99):
         f = facts(itl_quantile=quantile)
@@ -199,12 +201,43 @@ def test_a_higher_itl_quantile_gets_more_headroom() -> None:
 def test_a_bad_itl_quantile_names_the_field() -> None:
     f = facts(itl_quantile=99.0)
     with pytest.raises(SpaceError, match=r"spec\.slo\.itl\.quantile"):
-        model_guess(build_space(f, step_model=roofline()), f, roofline())
+        model_guess(build_space(f, step_model=sim_step()), f, sim_step())
 
 
 def test_model_guess_defaults_to_the_spaces_step_model() -> None:
     f = facts()
     space = build_space(f)
     default = default_step_model(f.model, f.accelerator)
-    assert isinstance(default, SimulatorStepTime)
+    assert isinstance(default, StepTime)
     assert model_guess(space, f) == model_guess(space, f, default)
+
+
+def test_knob_names_and_tuned_config_fields_are_the_knob_table() -> None:
+    names = tuple(row.name for row in TUNABLE)
+    assert tuple(knob.value for knob in Knob) == names
+    assert tuple(TunedConfig(1, 1).as_dict()) == names
+    assert {Knob(row.name): row.camel for row in TUNABLE} == KNOB_ALIASES
+
+
+def test_tuned_config_summary_is_the_api_summary() -> None:
+    config = TunedConfig(3072, 256, max_num_active_seqs=64, long_prefill_token_threshold=512)
+    assert config.summary() == "budget=3072 seqs=256 active=64 lpt=512"
+    assert TunedConfig(3072, 256).summary() == "budget=3072 seqs=256"
+
+
+def test_version_judgement_follows_the_knob_tables_columns() -> None:
+    assert honours_max_num_active_seqs("vllm", "0.33.0") and not honours_max_num_active_seqs("vllm", "0.32.1")
+    assert honours_partial_prefills("vllm", "v0.8.5.post1") and not honours_partial_prefills("vllm", "0.9")
+    assert honours_partial_prefills("sim", "0.33.0") and honours_max_num_active_seqs("sim", "0.8.0")
+
+
+def test_no_step_model_without_a_profile_or_for_an_impossible_layout() -> None:
+    assert default_step_model("acme/unknown-model", "h100") is None
+    # 32 attention heads cannot be split over 3 GPUs: no engine runs it, so no prediction.
+    assert default_step_model("llama-3.1-8b", "h100", tensor_parallel_size=3) is None
+    assert isinstance(default_step_model("hf://meta-llama/Llama-3.1-8B-Instruct", "h100"), StepTime)
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_names_the_field() -> None:
+    with pytest.raises(SpaceError, match=r"spec\.engine\.tensorParallelSize: 3 does not divide the 32"):
+        build_space(facts(tensor_parallel_size=3))
