@@ -1,6 +1,8 @@
 """The ``vllm serve`` engine flags the simulator accepts, and their translation into a SimConfig.
 
-Spelling and defaults follow vLLM 0.33. Flags that only matter to a real GPU engine
+Spelling and defaults follow vLLM 0.33. The scheduler and engine knobs are the knob table's
+(:mod:`chunkpilot.api.knobs`, vLLM dialect), so a knob the operator renders is a flag the
+simulator parses. Flags that only matter to a real GPU engine
 (``--dtype``, ``--load-format``, ``--revision``, ``--trust-remote-code``, ``--scheduler-cls``,
 ``--additional-config`` …) are accepted and validated for shape, then ignored. Unknown flags are
 rejected by argparse, as ``vllm serve`` does.
@@ -17,6 +19,9 @@ from chunkpilot.engine.sim.engine import SimConfig, default_limits
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
 from chunkpilot.engine.sim.profiles.loader import accelerator_names, load_accelerator, load_model, model_names
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
+
+from chunkpilot.api import EngineSpec
+from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 
 DEFAULT_SPEC_ACCEPTANCE = 0.7
 
@@ -63,36 +68,37 @@ class _Switch(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
+#: Short spellings vLLM also accepts.
+_SHORT_FLAGS = {"tensor_parallel_size": ("-tp",)}
+_VALUE_TYPES: dict[str, Any] = {"int": int, "float": float, "json": _json_object}
+
+
+def _help(knob: KnobSpec) -> str:
+    return knob.doc.replace(f" ({knob.flag(VLLM).flag})", "")
+
+
+def _add_knob_flag(group: argparse._ArgumentGroup, knob: KnobSpec) -> None:
+    """The knob's vLLM flag (parsed into the attribute argparse names after the flag)."""
+    names = [knob.flag(VLLM).flag, *_SHORT_FLAGS.get(knob.name, ())]
+    # The API's default is vLLM's, except where vLLM picks one from the hardware (see default_limits).
+    default = None if knob.hardware_default else EngineSpec.model_fields[knob.name].get_default()
+    if knob.kind == "bool":
+        group.add_argument(*names, action=_Switch, default=bool(default), help=_help(knob))
+    else:
+        value_type = _VALUE_TYPES[knob.kind]
+        group.add_argument(*names, type=value_type, default=default, help=_help(knob))
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Add the vLLM engine/scheduler flags and the simulator-only flags to ``parser``."""
     g = parser.add_argument_group("vLLM engine flags")
     g.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API answers to")
     g.add_argument("--revision", default=None, help="accepted for compatibility (ignored)")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    for knob in KNOBS:
+        if VLLM in knob.flags:
+            _add_knob_flag(g, knob)
     g.add_argument("--max-num-scheduled-tokens", type=int, default=None, help="alias that caps the budget")
-    g.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
-    g.add_argument(
-        "--max-num-active-seqs", type=int, default=None, help="most RUNNING requests (<= max-num-seqs)"
-    )
-    g.add_argument("--enable-chunked-prefill", action=_Switch, default=True)
-    g.add_argument(
-        "--long-prefill-token-threshold", type=int, default=0, help="per-request prefill cap (0 = off)"
-    )
-    g.add_argument("--long-prefill-token-threshold-adaptive", action=_Switch, default=False)
-    g.add_argument("--max-num-partial-prefills", type=int, default=None, help="legacy partial-prefill limit")
-    g.add_argument(
-        "--max-long-partial-prefills", type=int, default=None, help="legacy long partial-prefill limit"
-    )
-    g.add_argument("--enable-prefix-caching", action=_Switch, default=True)
-    g.add_argument(
-        "--speculative-config",
-        type=_json_object,
-        default=None,
-        help='JSON, e.g. {"num_speculative_tokens":4}',
-    )
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     g.add_argument("--shutdown-timeout", type=float, default=0.0, help="seconds to drain on SIGTERM")
     g.add_argument("--scheduler-cls", default=None, help="accepted for compatibility (ignored)")
     g.add_argument("--additional-config", type=_json_object, default=None, help="accepted for compatibility")
