@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from chunkpilot.engine.vllm_plugin.config import LiveLimits
 from pydantic import ValidationError
 
 from chunkpilot.api import EngineConfig, EngineSpec, TuningBounds, knobs
@@ -82,3 +85,7 @@ def test_lenient_version_parse() -> None:
     assert EngineVersion.lenient("v0.8.5.post1") == EngineVersion(0, 8, 5)
     assert EngineVersion.lenient("0.33") == EngineVersion(0, 33, 0)
     assert EngineVersion.lenient("nightly") == EngineVersion(0, 0, 0)
+
+
+def test_live_column_is_what_the_live_adjustment_route_accepts() -> None:
+    assert tuple(f.name for f in dataclasses.fields(LiveLimits)) == knobs.LIVE_NAMES
