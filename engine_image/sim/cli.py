@@ -21,6 +21,19 @@ __all__ = ["register"]
 DEFAULT_CAPACITY_REQUESTS = 1000
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A sub-command parser that reports unknown arguments itself, with its own usage line
+    (argparse otherwise hands them up to the top-level ``chunkpilot`` parser)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``sim`` with its ``run``, ``capacity``, ``serve`` and ``bench`` sub-commands."""
     parser = subparsers.add_parser(
@@ -28,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="CPU engine simulator: vLLM V1 chunked-prefill scheduling with a roofline step-time model",
         description="Simulate a vLLM engine offline (traces in, latency summaries out) or serve it live.",
     )
-    commands = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="sim_command", metavar="SUBCOMMAND", required=True, parser_class=_CommandParser
+    )
 
     run = commands.add_parser(
         "run",
@@ -100,6 +115,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     bench_parser.add_argument("--json", action="store_true", help="print one JSON object")
     bench_parser.set_defaults(func=_bench)
+
+    export = commands.add_parser(
+        "tokenizer",
+        help="write the simulator's tokenizer as Hugging Face files for benchmark clients' --tokenizer",
+        description="Write tokenizer.json and tokenizer_config.json whose token counts equal the "
+        "simulator's (for aiperf, guidellm and other clients that count tokens with a Hugging Face "
+        "tokenizer; no hub download needed).",
+        allow_abbrev=False,
+    )
+    export.add_argument("--out", required=True, help="folder to write (created if missing)")
+    export.add_argument("--model", default="llama-3.1-8b", help="model profile whose vocabulary size to use")
+    export.add_argument(
+        "--max-model-len", type=int, default=None, help="model_max_length to record (default: the model's)"
+    )
+    export.set_defaults(func=_tokenizer)
 
 
 def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
@@ -209,7 +239,30 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except (ValueError, OSError) as exc:
         return _error(args, exc)
-    serve(server_config)
+    try:
+        serve(server_config)
+    except OSError as exc:  # address in use, unresolvable or foreign --host
+        reason = exc.strerror or str(exc)
+        return _error(args, ValueError(f"cannot listen on {args.host}:{args.port}: {reason}"))
+    return 0
+
+
+def _tokenizer(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from chunkpilot.engine.sim.hf_tokenizer import export
+    from chunkpilot.engine.sim.profiles.loader import load_model
+
+    try:
+        model = load_model(args.model)
+        max_len = args.max_model_len or model.max_position_embeddings
+        if max_len < 1:
+            raise ValueError(f"--max-model-len must be >= 1, got {max_len}")
+        written = export(Path(args.out), model.vocab_size, max_len)
+    except (ValueError, OSError) as exc:
+        return _error(args, exc)
+    for path in written:
+        print(path)
     return 0
 
 

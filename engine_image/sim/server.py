@@ -4,6 +4,9 @@ One asyncio task runs the engine: it schedules a step, waits the step's simulate
 by the time scale, then delivers the step's tokens to the waiting streams and records the vLLM
 metrics. Simulated time is ``time_scale x`` wall time since start; every latency the engine reports
 (``/metrics``) is in simulated seconds, i.e. what the modelled GPU would show.
+
+Request handling (validation, planned outputs, response bodies) lives in
+:mod:`~chunkpilot.engine.sim.openai_api`; this module owns the engine task and the routes.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
+from chunkpilot.engine.sim.generation import Plan
+from chunkpilot.engine.sim.http_api import APIError, errors_middleware
 from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
 from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
 from chunkpilot.engine.vllm_plugin.config import (
@@ -32,36 +36,27 @@ from chunkpilot.engine.vllm_plugin.config import (
     lowered_limits,
 )
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+__all__ = ["APIError", "ServerConfig", "SimEngineServer", "serve"]
 
-
-class APIError(Exception):
-    """An error answered with an OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.kind = kind or {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}.get(
-            status, "InternalServerError"
-        )
-
-    def response(self) -> web.Response:
-        """The JSON error response."""
-        body = {
-            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
-        }
-        return web.json_response(body, status=self.status)
+#: The vLLM version whose semantics are simulated, as ``/version`` reports it.
+VERSION = "0.33.0+chunkpilot.sim"
+#: Largest request body accepted (413 past it).
+MAX_BODY_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
-class _Stream:
-    """Bridge between the engine task and one HTTP request."""
+class Choice:
+    """Bridge between the engine task and one choice (one engine request) of an HTTP request.
+
+    The choices of one HTTP request share ``queue``; the engine task puts
+    ``(index, new tokens, finished)`` into it after each step.
+    """
 
     request: Request
-    queue: asyncio.Queue[tuple[int, bool]] = field(default_factory=asyncio.Queue)
-    natural_stop: bool = False
+    index: int
+    plan: Plan
+    queue: asyncio.Queue[tuple[int, int, bool]]
+    delivered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +84,7 @@ class SimEngineServer:
         self.core: EngineCore = config.sim.build()
         self.model_name = config.served_model_names[0]
         self.metrics = EngineMetrics(self.model_name)
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, Choice] = {}
         self._wall0 = time.monotonic()
         self._sim_clock = 0.0
         self._work = asyncio.Event()
@@ -102,6 +97,17 @@ class SimEngineServer:
         )
         self.live_limits = self.startup_limits
         self._live_generation = 0
+        tokenizer.vocabulary(self.vocab_size)  # built once, before the first request
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1``."""
+        return self.core.model.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        """Context length: prompt plus output tokens."""
+        return self.core.scheduler.config.max_model_len
 
     # ---- clock ------------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -119,29 +125,17 @@ class SimEngineServer:
     # ---- application ------------------------------------------------------------------------
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
-        app = web.Application(middlewares=[self._errors], client_max_size=64 * 2**20)
+        from chunkpilot.engine.sim.openai_api import OpenAIRoutes
+
+        app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_handler)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/version", self.version)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get(LIVE_ADJUST_ROUTE, self.get_limits)
         app.router.add_put(LIVE_ADJUST_ROUTE, self.put_limits)
+        OpenAIRoutes(self).add_to(app.router)
         app.on_startup.append(self._start_engine)
         app.on_shutdown.append(self._stop_engine)
         return app
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except APIError as error:
-            return error.response()
-        except web.HTTPException as error:
-            if error.status < 400:
-                raise
-            return APIError(error.status, error.reason or "error").response()
 
     async def _start_engine(self, _: web.Application) -> None:
         self._task = asyncio.create_task(self._engine_loop())
@@ -203,12 +197,11 @@ class SimEngineServer:
                 m.observe(names.INTER_TOKEN_LATENCY, end - out.previous_token_s)
             stream = self.streams.get(request.request_id)
             if out.finished:
-                reason = "stop" if stream is not None and stream.natural_stop else "length"
-                m.finished(reason)
+                m.finished(stream.plan.finish_reason if stream is not None else "length")
                 m.observe(names.E2E_REQUEST_LATENCY, end - request.arrival_s)
                 m.observe(names.REQUEST_DECODE_TIME, end - (request.first_token_s or end))
             if stream is not None:
-                stream.queue.put_nowait((out.new_tokens, out.finished))
+                stream.queue.put_nowait((stream.index, out.new_tokens, out.finished))
         kv = self.core.scheduler.kv
         m.counters[names.PREFIX_CACHE_QUERIES] = float(kv.queries)
         m.counters[names.PREFIX_CACHE_HITS] = float(kv.hits)
@@ -220,27 +213,32 @@ class SimEngineServer:
         self.metrics.set(names.NUM_REQUESTS_WAITING, len(sched.waiting))
         self.metrics.set(names.KV_CACHE_USAGE, sched.kv.usage)
 
-    def _submit(self, prompt_ids: list[int], max_tokens: int, natural_stop: bool) -> _Stream:
+    def submit(
+        self, prompt_ids: list[int], plan: Plan, index: int, queue: asyncio.Queue[tuple[int, int, bool]]
+    ) -> Choice:
+        """Hand one choice to the scheduler; its tokens arrive in ``queue``."""
         request_id = uuid.uuid4().hex
         sched = self.core.scheduler
         request = Request(
             request_id,
             self.wall_now(),
             len(prompt_ids),
-            max_tokens,
+            plan.num_tokens,
             tokenizer.block_hashes(prompt_ids, sched.config.block_size),
         )
-        stream = _Stream(request, natural_stop=natural_stop)
-        self.streams[request_id] = stream
+        choice = Choice(request, index, plan, queue)
+        self.streams[request_id] = choice
         sched.add_request(request)
         self._work.set()
-        return stream
+        return choice
 
-    def _abort(self, stream: _Stream) -> None:
-        request = stream.request
+    def abort(self, choice: Choice) -> None:
+        """Abort ``choice`` unless it finished (counted as ``abort``); forget it either way."""
+        request = choice.request
         if request.status is not RequestStatus.FINISHED:
             self.core.scheduler.abort(request, self.sim_now())
             self.metrics.finished(FinishReason.ABORT.value)
+            self._update_gauges()
         self.streams.pop(request.request_id, None)
 
     # ---- handlers ---------------------------------------------------------------------------
@@ -253,26 +251,6 @@ class SimEngineServer:
         """Prometheus text exposition."""
         self._update_gauges()
         return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
-
-    async def version(self, _: web.Request) -> web.Response:
-        """Engine version (the vLLM version whose semantics are simulated)."""
-        return web.json_response({"version": "0.33.0+chunkpilot.sim"})
-
-    async def models(self, _: web.Request) -> web.Response:
-        """The served model names."""
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "vllm",
-                "root": self.config.sim.model,
-                "parent": None,
-                "max_model_len": self.core.scheduler.config.max_model_len,
-            }
-            for name in self.config.served_model_names
-        ]
-        return web.json_response({"object": "list", "data": data})
 
     # ---- live adjustment (the vLLM plugin's contract, see chunkpilot.engine.vllm_plugin.endpoint)
     def _limits_refusal(self, request: web.Request) -> web.Response | None:
@@ -314,8 +292,8 @@ class SimEngineServer:
             return refusal
         example = 'the body must be a JSON object such as {"max_num_batched_tokens": 1024}'
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(await request.read())
+        except (ValueError, RecursionError):
             return web.json_response({"error": example}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": example}, status=400)
@@ -332,216 +310,13 @@ class SimEngineServer:
         self._live_generation += 1
         return web.json_response(self._limits_snapshot())
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/completions``."""
-        body = await _json_body(request)
-        prompt = body.get("prompt")
-        vocab = self.core.model.vocab_size
-        if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt, vocab)
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        ):
-            ids = list(prompt)
-        elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            ids = tokenizer.encode(prompt[0], vocab)
-        else:
-            raise APIError(400, "'prompt' must be a non-empty string or a list of token ids", "prompt")
-        return await self._generate(request, body, ids, chat=False)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/chat/completions``."""
-        body = await _json_body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(400, "'messages' must be a non-empty list", "messages")
-        parsed: list[tuple[str, str]] = []
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise APIError(400, f"messages[{i}] must be an object with a string 'role'", "messages")
-            parsed.append((message["role"], _content_text(message.get("content"), i)))
-        ids = tokenizer.encode_chat(parsed, self.core.model.vocab_size)
-        return await self._generate(request, body, ids, chat=True)
-
-    async def _generate(
-        self, http: web.Request, body: dict[str, Any], prompt_ids: list[int], chat: bool
-    ) -> web.StreamResponse:
-        self._check_model(body.get("model"))
-        max_len = self.core.scheduler.config.max_model_len
-        limit_key = (
-            "max_completion_tokens"
-            if chat and body.get("max_completion_tokens") is not None
-            else "max_tokens"
-        )
-        max_tokens = body.get(limit_key)
-        if max_tokens is None:
-            max_tokens = max_len - len(prompt_ids)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise APIError(400, f"'{limit_key}' must be a positive integer", limit_key)
-        n = body.get("n", 1)
-        if n != 1:
-            raise APIError(400, "only n=1 is supported", "n")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise APIError(400, "'stream' must be a boolean", "stream")
-        ignore_eos = body.get("ignore_eos", False)
-        if not isinstance(ignore_eos, bool):
-            raise APIError(400, "'ignore_eos' must be a boolean", "ignore_eos")
-        if len(prompt_ids) + max_tokens > max_len:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                limit_key,
-            )
-        natural = tokenizer.natural_length(prompt_ids)
-        natural_stop = not ignore_eos and natural < max_tokens
-        target = natural if natural_stop else max_tokens
-        options = body.get("stream_options") or {}
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        generation = self._submit(prompt_ids, target, natural_stop)
-        if stream:
-            return await self._stream(http, generation, chat, include_usage)
-        return await self._complete(http, generation, chat)
-
-    def _check_model(self, model: object) -> None:
-        if model is None:
-            return
-        if not isinstance(model, str):
-            raise APIError(400, "'model' must be a string", "model")
-        if model not in self.config.served_model_names and model != self.config.sim.model:
-            raise APIError(404, f"The model `{model}` does not exist.", "model", "NotFoundError")
-
-    async def _complete(self, http: web.Request, generation: _Stream, chat: bool) -> web.Response:
-        text = tokenizer.TextGenerator(generation.request.request_id)
-        pieces: list[str] = []
-        try:
-            while True:
-                count, finished = await generation.queue.get()
-                pieces.append(text.tokens(count))
-                if finished:
-                    break
-        finally:
-            self._abort(generation)
-        request = generation.request
-        reason = "stop" if generation.natural_stop else "length"
-        content = "".join(pieces)
-        choice: dict[str, Any] = (
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": reason,
-                "logprobs": None,
-            }
-            if chat
-            else {"index": 0, "text": content, "finish_reason": reason, "logprobs": None}
-        )
-        return web.json_response(
-            {
-                "id": ("chatcmpl-" if chat else "cmpl-") + request.request_id,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [choice],
-                "usage": _usage(request),
-            }
-        )
-
-    async def _stream(
-        self, http: web.Request, generation: _Stream, chat: bool, include_usage: bool
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(http)
-        request = generation.request
-        created = int(time.time())
-        base = {
-            "id": ("chatcmpl-" if chat else "cmpl-") + request.request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created,
-            "model": self.model_name,
-        }
-        text = tokenizer.TextGenerator(request.request_id)
-        try:
-            if chat:
-                first = {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                await _send(response, {**base, "choices": [first]})
-            while True:
-                count, finished = await generation.queue.get()
-                reason = ("stop" if generation.natural_stop else "length") if finished else None
-                piece = text.tokens(count)
-                choice: dict[str, Any] = (
-                    {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": reason}
-                    if chat
-                    else {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}
-                )
-                chunk: dict[str, Any] = {**base, "choices": [choice]}
-                if include_usage:
-                    chunk["usage"] = None
-                await _send(response, chunk)
-                if finished:
-                    break
-            if include_usage:
-                await _send(response, {**base, "choices": [], "usage": _usage(request)})
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self._abort(generation)
-            raise
-        finally:
-            self._abort(generation)
-        return response
-
-
-async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
-
-
-def _usage(request: Request) -> dict[str, int]:
-    return {
-        "prompt_tokens": request.prompt_tokens,
-        "completion_tokens": request.num_output_tokens,
-        "total_tokens": request.prompt_tokens + request.num_output_tokens,
-    }
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    return body
-
-
-def _content_text(content: object, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise APIError(400, f"messages[{index}].content: only text parts are supported", "messages")
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise APIError(400, f"messages[{index}].content must be a string or a list of text parts", "messages")
-
 
 def serve(config: ServerConfig) -> None:
-    """Run the server until interrupted (SIGINT/SIGTERM)."""
+    """Run the server until interrupted (SIGINT/SIGTERM).
+
+    A client that disconnects cancels its handler, which aborts its requests in the engine
+    (streaming or not), as vLLM does. ``OSError`` (address in use, unresolvable host) propagates.
+    """
     server = SimEngineServer(config)
     web.run_app(
         server.app(),
@@ -550,4 +325,5 @@ def serve(config: ServerConfig) -> None:
         print=lambda line: print(line, flush=True),
         access_log=None,
         shutdown_timeout=max(1.0, config.shutdown_timeout),
+        handler_cancellation=True,
     )

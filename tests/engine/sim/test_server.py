@@ -128,7 +128,7 @@ BAD_REQUESTS: list[tuple[str, bytes, str]] = [
     ("/v1/completions", b'{"prompt": "x", "max_tokens": "ten"}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": 1.5}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": true}', "max_tokens"),
-    ("/v1/completions", b'{"prompt": "x", "n": 3}', "n=1"),
+    ("/v1/completions", b'{"prompt": "x", "n": 0}', "'n'"),
     ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', "stream"),
     ("/v1/completions", b'{"prompt": "x", "ignore_eos": 1}', "ignore_eos"),
     ("/v1/completions", b'{"prompt": "x", "model": 7}', "model"),
