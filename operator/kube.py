@@ -19,8 +19,9 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import kubernetes.client
 import kubernetes.config
+from chunkpilot.operator.apicalls import APPLY_PATCH as APPLY_PATCH
+from chunkpilot.operator.apicalls import check_declared, enforcing
 
-APPLY_PATCH: Final = "application/apply-patch+yaml"
 MERGE_PATCH: Final = "application/merge-patch+json"
 
 
@@ -129,7 +130,10 @@ def load_credentials(kubeconfig: str | None = None) -> _Credentials:
 
 
 class KubeClient:
-    """The verbs the operator needs, on JSON dicts."""
+    """The verbs the operator needs, on JSON dicts.
+
+    Each request's RBAC needs are those :mod:`chunkpilot.operator.apicalls` lists for the chart.
+    """
 
     def __init__(self, credentials: _Credentials, *, field_manager: str, timeout_s: float = 30.0) -> None:
         self._credentials = credentials
@@ -137,6 +141,8 @@ class KubeClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
+        #: Refuse calls missing from :data:`~chunkpilot.operator.apicalls.API_CALLS` (tests turn it on).
+        self.enforce_declared_calls = enforcing()
 
     @classmethod
     def from_environment(cls, *, field_manager: str, kubeconfig: str | None = None) -> KubeClient:
@@ -165,6 +171,10 @@ class KubeClient:
         content_type: str = "application/json",
         params: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
+        """``method path`` with a JSON ``body``; the decoded answer, or :class:`KubeError`."""
+        url = path + (f"?{urlencode(params)}" if params else "")
+        if self.enforce_declared_calls:
+            check_declared(method, url, content_type if body is not None else None)
         session = await self._get_session()
         headers = {"Accept": "application/json"}
         auth = self._credentials.authorization()
@@ -174,7 +184,6 @@ class KubeClient:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        url = path + (f"?{urlencode(params)}" if params else "")
         async with session.request(method, url, data=data, headers=headers) as response:
             text = await response.text()
             if response.status >= 400:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chunkpilot.operator.testing import OperatorProcess, operator_env, token_kubeconfig, wait_for
+from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 from chunkpilot.devcluster.components import Binary
+from chunkpilot.localrun import chart
 
 pytestmark = pytest.mark.cluster
 
@@ -31,22 +32,15 @@ def helm(control_plane_binaries: Any) -> Path:
 
 
 def run_helm(helm: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(helm), *args], capture_output=True, text=True, timeout=120, env=env, check=False
-    )
+    return chart.run_helm(helm, *args, env=env)
 
 
 def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    argv = ["template", "cp", str(CHART), "--namespace", RELEASE_NS]
-    for item in sets:
-        argv += ["--set", item]
-    result = run_helm(helm, *argv)
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return chart.render(helm, CHART, sets, release="cp", namespace=RELEASE_NS)
 
 
-def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in documents if doc["kind"] == kind]
+by_kind = chart.by_kind
+rules_of = chart.rules_of
 
 
 def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -120,16 +114,6 @@ def test_rbac_has_no_wildcards(helm: Path, sets: list[str]) -> None:
         assert not by_kind(documents, "ClusterRole") and not by_kind(documents, "ClusterRoleBinding")
 
 
-def rules_of(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
-    """``(apiGroup, resource) -> verbs`` of a Role or ClusterRole."""
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    return granted
-
-
 #: What operator/probejob.py does in a watched namespace (see docs/probe.md).
 PROBE_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
@@ -156,10 +140,22 @@ def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: l
         assert len(roles) == (2 if sets else 1)
         for role in roles:
             granted = rules_of(role)
-            # The live-adjustment token Secret (autotune.liveAdjust), in every mode.
-            assert granted[("", "secrets")] == {"get", "create", "patch"}
             for key, verbs in PROBE_RULES.items():
                 assert granted.get(key) == (verbs if probing else None), (key, probing)
+
+
+@pytest.mark.parametrize(
+    "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
+)
+def test_live_adjust_value_grants_the_token_secrets(helm: Path, sets: list[str]) -> None:
+    """The live-adjustment token Secrets (autotune.liveAdjust) are granted only when the chart allows it."""
+    for enabled in (False, True):
+        documents = render(helm, *sets, f"liveAdjust.enabled={str(enabled).lower()}")
+        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        assert len(roles) == (2 if sets else 1)
+        for role in roles:
+            granted = rules_of(role).get(("", "secrets"))
+            assert granted == ({"get", "create", "patch"} if enabled else None), (enabled, role)
 
 
 def test_several_replicas_get_peering(helm: Path) -> None:
@@ -243,6 +239,7 @@ def test_optuna_storage_and_metrics_port(helm: Path) -> None:
         ("optuna.storage=not-a-url", "/optuna/storage"),
         ("bogus=1", "bogus"),
         ("probeJobs.enabled=maybe", "/probeJobs/enabled"),
+        ("liveAdjust.enabled=maybe", "/liveAdjust/enabled"),
         ("tuner.interval=0", "/tuner/interval"),
     ],
 )
@@ -271,6 +268,7 @@ def installed(helm: Path, control_plane: Any) -> Iterator[Any]:
         "install", "cp", str(CHART), "--namespace", RELEASE_NS,
         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{WATCHED_NS}}}",
         "--set", "grafanaDashboard.enabled=true", "--set", "probeJobs.enabled=true",
+        "--set", "liveAdjust.enabled=true",
         env=control_plane.env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -300,8 +298,9 @@ def test_operator_runs_with_the_charts_service_account(
 ) -> None:
     """KWOK runs no containers, so the operator runs here as a process with the release's token."""
     folder = tmp_path_factory.mktemp("chart-operator")
-    token = installed.kubectl("create", "token", "cp-chunkpilot", "-n", RELEASE_NS).stdout.strip()
-    kubeconfig = token_kubeconfig(installed.kubeconfig, token, folder / "kubeconfig", RELEASE_NS)
+    kubeconfig = chart.service_account_kubeconfig(
+        installed, "cp-chunkpilot", RELEASE_NS, folder / "kubeconfig"
+    )
     env = operator_env(installed.env, KUBECONFIG=str(kubeconfig), CHUNKPILOT_PROBE_JOBS="on")
     operator = OperatorProcess(
         [

@@ -53,23 +53,26 @@ app.kubernetes.io/component: operator
 {{- join "," .Values.watch.namespaces }}
 {{- end }}
 
-{{/* Permissions the operator (and the autotuner running in it) needs in a namespace. No wildcards. */}}
+{{/* Permissions the operator (and the autotuner running in it) needs in a namespace. No wildcards.
+Each rule is a call listed in chunkpilot.operator.apicalls.API_CALLS (tests/operator/test_rbac.py
+fails on a call without a rule and on a rule without a call). */}}
 {{- define "chunkpilot.namespacedRules" -}}
 - apiGroups: ["chunkpilot.io"]
   resources: ["inferenceservices"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["chunkpilot.io"]
   resources: ["inferenceservices/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+# Children carry ownerReferences with blockOwnerDeletion.
 - apiGroups: ["chunkpilot.io"]
   resources: ["inferenceservices/finalizers"]
   verbs: ["update"]
 - apiGroups: ["chunkpilot.io"]
   resources: ["tuningtrials"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "create", "patch"]
 - apiGroups: ["chunkpilot.io"]
   resources: ["tuningtrials/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -82,10 +85,19 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The live-adjustment token Secret of each service (autotune.liveAdjust): read, created once.
+# The autotuner lists a service's canary pods (crash detection; the Ready ones to live-adjust).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- if .Values.liveAdjust.enabled }}
+# Live adjustment (liveAdjust.enabled): the token Secret of each service with autotune.liveAdjust,
+# created once by the operator and read by the autotuner. Its name derives from the service, and
+# create cannot be limited by resourceNames, so the rule covers the Secrets of the watched
+# namespaces (namespaced mode) or of the cluster (cluster mode).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
+{{- end }}
 {{- if .Values.probeJobs.enabled }}
 # Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes, and the probe's
 # ServiceAccount, Role and RoleBinding (granting the Role needs its ConfigMap verbs held here).

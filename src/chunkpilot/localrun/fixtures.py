@@ -16,9 +16,16 @@ from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.podrunner import PodRunner, RunnerSettings, core_api_from_kubeconfig
 from chunkpilot.localrun.stack import LocalStack, StackOptions
 from chunkpilot.localrun.targets import FileSDTargets
+from chunkpilot.operator.apicalls import ENFORCE, ENV_KUBE_CALLS
 
 #: Engines in tests run this many times faster than the hardware they simulate.
 ENV_TEST_TIME_SCALE = "CHUNKPILOT_TEST_TIME_SCALE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every Kubernetes client of the operator and tuner, in-process or in a subprocess started by a
+    test, refuses API calls that :data:`chunkpilot.operator.apicalls.API_CALLS` does not declare."""
+    os.environ.setdefault(ENV_KUBE_CALLS, ENFORCE)
 
 
 def engine_time_scale() -> float:
