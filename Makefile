@@ -36,6 +36,7 @@ test: dev lint typecheck
 	$(VENV)/bin/chunkpilot cluster fetch
 	$(VENV)/bin/chunkpilot probe torch-env
 	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
+	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
 	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu"
 
 crds: dev
