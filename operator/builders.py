@@ -319,7 +319,7 @@ class Children:
         return [m for m in (self.deployment, self.service, self.pod_monitor) if m is not None]
 
 
-def stable_config(isvc: InferenceService) -> EngineConfig | None:
+def promoted_config(isvc: InferenceService) -> EngineConfig | None:
     """The promoted knobs the stable track runs, or None to run the spec's knobs.
 
     While ``spec.autotune.enabled``, a ``status.bestConfig`` written by the tuner
@@ -338,9 +338,18 @@ def stable_config(isvc: InferenceService) -> EngineConfig | None:
     return status.best_config
 
 
+def incumbent(isvc: InferenceService) -> EngineConfig:
+    """What the stable track runs: the promoted config (see :func:`promoted_config`), else the spec's knobs.
+
+    The one definition the operator renders the stable Deployment from and the tuner compares
+    every trial against.
+    """
+    return promoted_config(isvc) or EngineConfig.from_engine(isvc.spec.engine)
+
+
 def build_stable_deployment(isvc: InferenceService) -> dict[str, Any]:
     """The stable Deployment as the operator keeps it: the promoted config if any, else the spec's."""
-    return build_deployment(isvc, Track.STABLE, config=stable_config(isvc))
+    return build_deployment(isvc, Track.STABLE, config=promoted_config(isvc))
 
 
 def build_children(

@@ -1,4 +1,4 @@
-"""Pure event selection: which Kubernetes Events a reconcile should post.
+"""Event selection (which Kubernetes Events a reconcile should post) and the one poster of Events.
 
 Events mark transitions a person reading ``kubectl describe`` cares about:
 children created, the stable track rolled to a new config, the service became
@@ -7,10 +7,12 @@ ready, a knob the engine cannot honour, a hand-made change undone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
+import kopf
 from chunkpilot.operator.status import Reason, get_condition
 
 from chunkpilot.api import ConditionStatus, ConditionType, EngineConfig, InferenceServiceStatus
@@ -28,6 +30,11 @@ class EventSpec:
     type: EventType
     reason: str
     message: str
+
+
+def post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
+    """Post a Kubernetes Event on ``body`` (queued; Kopf sends it in the background)."""
+    kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
 
 
 def created(kinds_and_names: Sequence[tuple[str, str]]) -> EventSpec:

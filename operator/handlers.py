@@ -12,25 +12,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from chunkpilot.operator import ha
 from chunkpilot.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
 from chunkpilot.operator.config import FIELD_MANAGER, FINALIZER, PERSISTENCE_PREFIX, OperatorConfig
-from chunkpilot.operator.events import EventSpec
+from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.operator.reconcile import Reconciler
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, LABEL_SERVICE, VERSION
 
 CHILD_LABELS: dict[str, Any] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: kopf.PRESENT}
-
-
-def post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
-    """Post a Kubernetes Event on ``body`` (queued; Kopf sends it in the background)."""
-    kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
 
 
 @kopf.on.startup()

@@ -43,8 +43,7 @@ from chunkpilot.engine.probe.kube import (
 )
 from chunkpilot.engine.probe.profile import ProfileError, StepProfile
 from chunkpilot.operator.config import FIELD_MANAGER
-from chunkpilot.operator.events import EventSpec, EventType
-from chunkpilot.operator.handlers import post_event
+from chunkpilot.operator.events import EventSpec, EventType, post_event
 from chunkpilot.operator.kube import APPLY_PATCH, KubeError, object_path, resource_path
 
 from chunkpilot import __version__

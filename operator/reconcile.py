@@ -34,15 +34,13 @@ from chunkpilot.operator.builders import (
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
+from chunkpilot.operator.objects import adopt, isvc_path, parse_status, write_service_status
 from chunkpilot.operator.status import DeploymentState, Observation, compute_status, status_patch
 
 from chunkpilot import telemetry
 from chunkpilot.api import (
-    GROUP,
-    ISVC_PLURAL,
     LABEL_SERVICE,
     LABEL_TRACK,
-    VERSION,
     EngineConfig,
     InferenceService,
     InferenceServiceStatus,
@@ -52,10 +50,8 @@ from chunkpilot.api import (
 
 logger = logging.getLogger(__name__)
 
-ISVC_API_VERSION: Final = f"{GROUP}/{VERSION}"
 #: How long the answer to "is the PodMonitor API served?" is trusted.
 API_DISCOVERY_TTL_S: Final = 300.0
-STATUS_WRITE_ATTEMPTS: Final = 5
 
 
 class ChildKind(StrEnum):
@@ -114,10 +110,6 @@ def foreign_selector_keys(desired: Mapping[str, Any], actual: Mapping[str, Any])
 
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
     return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
-
-
-def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
-    return resource_path(ISVC_API_VERSION, ISVC_PLURAL, namespace, name, subresource)
 
 
 @dataclass
@@ -205,7 +197,7 @@ class Reconciler:
         except ManifestError as error:
             raise kopf.PermanentError(str(error)) from None
         isvc = with_best_config(isvc, body.get("status"))
-        owner = _owner(body)
+        owner = body
         problem: RenderProblem | None = None
         stable: dict[str, Any] | None = None
         created: list[tuple[str, str]] = []
@@ -296,9 +288,9 @@ class Reconciler:
             ", ".join(sorted(kinds)) if kinds else "status only",
         )
 
-    async def _ensure(self, desired: dict[str, Any], owner: dict[str, Any], current: Any) -> _Ensured:
+    async def _ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> _Ensured:
         """Apply ``desired`` unless the live object already matches it."""
-        kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]  # a plain dict is a valid owner body
+        adopt(desired, owner)
         if current is _UNKNOWN:
             current = await self.kube.get(object_path(desired))
         if current is not None and is_terminating(current):
@@ -312,14 +304,14 @@ class Reconciler:
             actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
         return _Ensured(actual=actual, previous=current, created=current is None, written=True)
 
-    async def _ensure_live_adjust_secret(self, isvc: InferenceService, owner: dict[str, Any]) -> bool:
+    async def _ensure_live_adjust_secret(self, isvc: InferenceService, owner: Mapping[str, Any]) -> bool:
         """Create the live-adjustment token Secret once; True when it was created now.
 
         An existing token is never replaced (engines read it at start-up): only a
         Secret without one gets a token added.
         """
         secret = build_live_adjust_secret(isvc, new_live_adjust_token())
-        kopf.adopt(secret, owner=owner)  # type: ignore[arg-type]  # a plain dict is a valid owner body
+        adopt(secret, owner)
         path = object_path(secret)
         current = await self.kube.get(path)
         if current is None:
@@ -346,31 +338,28 @@ class Reconciler:
 
     async def _write_status(self, namespace: str, name: str, observation: Observation) -> None:
         """Write the status computed from ``observation``; conditional on resourceVersion, retried."""
-        path = isvc_path(namespace, name)
-        for _ in range(STATUS_WRITE_ATTEMPTS):
-            fresh = await self.kube.get(path)
-            if fresh is None or is_terminating(fresh):
-                return
+        computed: dict[str, InferenceServiceStatus | None] = {}
+
+        def patcher(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
             raw = fresh.get("status") or {}
-            try:
-                current: InferenceServiceStatus | None = InferenceServiceStatus.model_validate(raw)
-            except ValueError:
-                current = None
+            current = parse_status(raw)
             new = compute_status(current, observation)
+            computed.update(current=current, new=new)
             patch = status_patch(raw, new)
-            if patch is None:
-                return
-            patch["metadata"] = {"resourceVersion": fresh["metadata"]["resourceVersion"]}
-            try:
-                await self.kube.merge_patch(isvc_path(namespace, name, "status"), patch)
-            except KubeError as error:
-                if error.conflict:
-                    continue
-                raise
-            for spec in ev.status_transitions(current, new):
+            return patch["status"] if patch is not None else None
+
+        def written(fresh: Mapping[str, Any]) -> None:
+            new = computed["new"]
+            assert new is not None
+            for spec in ev.status_transitions(computed["current"], new):
                 self._emit(fresh, spec)
-            return
-        raise kopf.TemporaryError(f"status of {namespace}/{name} kept changing underneath; retrying", delay=1)
+
+        if not await write_service_status(
+            self.kube, namespace, name, patcher, skip_terminating=True, on_written=written
+        ):
+            raise kopf.TemporaryError(
+                f"status of {namespace}/{name} kept changing underneath; retrying", delay=1
+            )
 
     def _emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
         if self.post_event is not None:
@@ -401,20 +390,6 @@ class _Unknown:
 
 
 _UNKNOWN: Final = _Unknown()
-
-
-def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body["metadata"]
-    return {
-        "apiVersion": body.get("apiVersion", ISVC_API_VERSION),
-        "kind": body.get("kind", "InferenceService"),
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "labels": dict(meta.get("labels") or {}),
-        },
-    }
 
 
 def _name(isvc: InferenceService) -> str:

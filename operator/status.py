@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from chunkpilot.operator.builders import ANNOTATION_CONFIG
 from chunkpilot.operator.engines import RenderProblem
 
 from chunkpilot.api import (
@@ -25,8 +26,6 @@ from chunkpilot.api import (
     InferenceServiceStatus,
     ServicePhase,
 )
-
-ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
 
 #: Fields of ``.status`` this operator writes; everything else belongs to the tuner.
 OWNED_FIELDS: Final = (
@@ -173,6 +172,28 @@ def set_condition(
                 last_transition_time=now,
                 observed_generation=generation,
             )
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """One condition to set (type, status, reason, message); times come from :func:`set_conditions`."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def set_conditions(
+    conditions: Sequence[Condition], updates: Iterable[ConditionUpdate], generation: int, now: datetime
+) -> list[Condition]:
+    """``conditions`` with every update applied by :func:`set_condition`, in order."""
+    result = list(conditions)
+    for update in updates:
+        result = set_condition(
+            result, update.type, update.status, update.reason, update.message, generation, now
         )
     return result
 

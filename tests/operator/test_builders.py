@@ -12,7 +12,8 @@ from chunkpilot.operator.builders import (
     build_pod_monitor,
     build_service,
     build_stable_deployment,
-    stable_config,
+    incumbent,
+    promoted_config,
 )
 from chunkpilot.operator.reconcile import with_best_config
 
@@ -133,7 +134,7 @@ def test_promoted_best_config_drives_the_stable_deployment_while_autotuning() ->
     service, best = with_best(
         isvc(slo=SLO, autotune={"enabled": True}), max_num_batched_tokens=3072, max_num_seqs=96
     )
-    assert stable_config(service) == best
+    assert promoted_config(service) == best == incumbent(service)
     deployment = build_children(service, pod_monitor=False).deployment
     assert deployment == build_deployment(service, Track.STABLE, config=best)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -145,12 +146,14 @@ def test_promoted_best_config_drives_the_stable_deployment_while_autotuning() ->
 
 def test_best_config_is_ignored_when_autotune_is_off_or_the_engine_cannot_run_it() -> None:
     off, _ = with_best(isvc(slo=SLO), max_num_batched_tokens=3072)
-    assert stable_config(off) is None
+    assert promoted_config(off) is None
+    assert incumbent(off) == EngineConfig.from_engine(off.spec.engine)  # the spec's knobs
     assert build_stable_deployment(off) == build_deployment(off, Track.STABLE)
     upstream = isvc(slo=SLO, autotune={"enabled": True}, engine={"image": "vllm/vllm-openai:v0.33.0"})
     unsupported, _ = with_best(upstream, max_num_partial_prefills=2)
-    assert stable_config(unsupported) is None  # upstream vLLM 0.33 has no partial-prefill limits
-    assert stable_config(isvc(slo=SLO, autotune={"enabled": True})) is None
+    assert promoted_config(unsupported) is None  # upstream vLLM 0.33 has no partial-prefill limits
+    assert incumbent(unsupported) == EngineConfig.from_engine(unsupported.spec.engine)
+    assert promoted_config(isvc(slo=SLO, autotune={"enabled": True})) is None
 
 
 def test_status_best_config_is_read_leniently() -> None:

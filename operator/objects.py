@@ -1,0 +1,101 @@
+"""Kubernetes plumbing the operator and the tuner share: paths, ownership, the service status write.
+
+The operator's reconciler and the tuner's controller both adopt what they create
+with :func:`adopt` (Kopf's owner reference, namespace and labels), address the
+InferenceService with :func:`isvc_path` and write its status through
+:func:`write_service_status`: a merge patch conditional on the ``resourceVersion``
+it was computed from, recomputed and retried on a conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+import kopf
+from chunkpilot.operator.kube import KubeError, resource_path
+
+from chunkpilot.api import API_VERSION, ISVC_KIND, ISVC_PLURAL, InferenceServiceStatus
+
+#: Attempts of a conditional status write before giving up.
+STATUS_WRITE_ATTEMPTS: Final = 5
+
+
+class StatusKube(Protocol):
+    """The two verbs a status write needs."""
+
+    async def get(self, path: str) -> dict[str, Any] | None: ...
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def isvc_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    """The API path of an InferenceService (``subresource``: e.g. ``status``)."""
+    return resource_path(API_VERSION, ISVC_PLURAL, namespace, name, subresource)
+
+
+def owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The owner body Kopf adopts children with (an InferenceService's identity and labels)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", ISVC_KIND),
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "labels": dict(meta.get("labels") or {}),
+        },
+    }
+
+
+def adopt(manifest: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """``manifest`` owned by the InferenceService ``body`` (garbage-collected with it), in its namespace."""
+    kopf.adopt(manifest, owner=owner(body))  # type: ignore[arg-type]  # a plain dict is a valid owner body
+    return manifest
+
+
+def parse_status(raw: Any) -> InferenceServiceStatus | None:
+    """The typed status of a raw ``.status`` (None when it does not validate)."""
+    try:
+        return InferenceServiceStatus.model_validate(raw or {})
+    except ValueError:
+        return None
+
+
+StatusPatcher = Callable[[Mapping[str, Any]], dict[str, Any] | None]
+"""From the fresh InferenceService, the ``.status`` fields to write (None or empty: nothing)."""
+
+
+async def write_service_status(
+    kube: StatusKube,
+    namespace: str,
+    name: str,
+    patcher: StatusPatcher,
+    *,
+    skip_terminating: bool = False,
+    on_written: Callable[[Mapping[str, Any]], None] | None = None,
+) -> bool:
+    """Write what ``patcher`` computes from the fresh object, conditional on its resourceVersion.
+
+    Retried on a conflict (``patcher`` sees the newer object); returns False only when every
+    attempt conflicted. ``on_written`` gets the object the written patch was computed from.
+    """
+    path = isvc_path(namespace, name)
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        fresh = await kube.get(path)
+        if fresh is None or (skip_terminating and fresh.get("metadata", {}).get("deletionTimestamp")):
+            return True
+        status = patcher(fresh)
+        if not status:
+            return True
+        patch = {"metadata": {"resourceVersion": fresh["metadata"]["resourceVersion"]}, "status": status}
+        try:
+            await kube.merge_patch(isvc_path(namespace, name, "status"), patch)
+        except KubeError as error:
+            if error.conflict:
+                continue
+            raise
+        if on_written is not None:
+            on_written(fresh)
+        return True
+    return False
