@@ -181,13 +181,8 @@ def _workload(trace: str, requests: int) -> Workload:
 
 
 def sim_config(config: TunedConfig, settings: BenchSettings) -> SimConfig:
-    """The simulated engine running ``config``."""
-    scheduler = SchedulerConfig(
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        max_model_len=settings.max_model_len,
-    )
+    """The simulated engine running ``config`` (every tuned knob; the simulator's names are the table's)."""
+    scheduler = SchedulerConfig(**config.as_dict(), max_model_len=settings.max_model_len)  # type: ignore[arg-type]
     return SimConfig(
         model=settings.model, accelerator=settings.accelerator, scheduler=scheduler, seed=settings.seed
     )

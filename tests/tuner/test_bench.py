@@ -24,6 +24,7 @@ from chunkpilot.tuner.bench import (
     run_random,
     run_tpe,
     scenario_facts,
+    sim_config,
 )
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, build_space
 
@@ -168,3 +169,17 @@ def test_a_slice_too_short_to_load_the_engine_is_a_clear_error() -> None:
     )
     with pytest.raises(BenchError, match="--requests 2"):
         run_benchmark(settings)
+
+
+def test_the_simulated_engine_runs_every_tuned_knob_of_the_config() -> None:
+    config = TunedConfig(
+        2048,
+        128,
+        max_num_active_seqs=64,
+        long_prefill_token_threshold=512,
+        max_num_partial_prefills=2,
+        max_long_partial_prefills=1,
+    )
+    scheduler = sim_config(config, QUICK).scheduler
+    assert {name: getattr(scheduler, name) for name in config.as_dict()} == config.as_dict()
+    assert scheduler.max_model_len == QUICK.max_model_len

@@ -241,3 +241,11 @@ def test_no_step_model_without_a_profile_or_for_an_impossible_layout() -> None:
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_names_the_field() -> None:
     with pytest.raises(SpaceError, match=r"spec\.engine\.tensorParallelSize: 3 does not divide the 32"):
         build_space(facts(tensor_parallel_size=3))
+
+
+def test_long_partial_prefill_bounds_from_the_resource_shape_the_space() -> None:
+    incumbent = TunedConfig(2048, 128, max_num_partial_prefills=4, max_long_partial_prefills=2)
+    f = facts(incumbent=incumbent, engine_kind="sim")
+    space = build_space(f, bounds={"maxNumPartialPrefills": (1, 6), "maxLongPartialPrefills": (1, 3)})
+    long_range = space.ranges[Knob.MAX_LONG_PARTIAL_PREFILLS]
+    assert (long_range.low, long_range.high) == (1, 3)
