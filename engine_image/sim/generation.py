@@ -99,19 +99,20 @@ def _apply_stop_strings(result: Plan, sampling: Sampling) -> None:
     result.texts = clipped
 
 
-def _logprob(text: str, position: int, rank: int) -> float:
+def _logprob(text: str, position: int) -> float:
     digest = zlib.crc32(f"{position}:{text}".encode("utf-8", "surrogatepass"))
-    return -round(0.02 + (digest % 1000) / 400 + rank * 0.75, 4)
+    return -round(0.02 + (digest % 1000) / 400, 4)
 
 
 def _top(text: str, position: int, k: int) -> list[tuple[str, float]]:
-    """The chosen token first, then ``k - 1`` alternatives with lower logprobs."""
+    """The chosen token first, then ``k - 1`` alternatives, each less likely than the one before."""
     alternatives = [a for a in _ALTERNATIVES if a != text]
     start = zlib.crc32(text.encode("utf-8", "surrogatepass")) % len(alternatives)
-    picks = [alternatives[(start + i) % len(alternatives)] for i in range(max(0, k - 1))]
-    return [(text, _logprob(text, position, 0))] + [
-        (a, _logprob(a, position, i + 1)) for i, a in enumerate(picks)
-    ]
+    top = [(text, _logprob(text, position))]
+    for i in range(max(0, k - 1)):
+        alternative = alternatives[(start + i) % len(alternatives)]
+        top.append((alternative, round(top[-1][1] - 0.25 + _logprob(alternative, position) / 10, 4)))
+    return top
 
 
 def completion_logprobs(
