@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 from chunkpilot.operator.config import OperatorConfig
-from chunkpilot.operator.events import EventSpec
+from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.tuner import liveadjust, mirror
 from chunkpilot.tuner.controller import Mirror, TunerSettings, TuningController
@@ -75,10 +75,6 @@ def _mirror_to(url: str) -> Mirror:
     return copy
 
 
-def _post_event(body: Mapping[str, Any], spec: EventSpec) -> None:
-    kopf.event(body, type=spec.type.value, reason=spec.reason, message=spec.message)  # type: ignore[arg-type]
-
-
 def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
     """Tick for services that autotune, and for those with a trial left to clean up."""
     autotune = spec.get("autotune") or {}
@@ -101,7 +97,7 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     memo[MEMO_KEY] = TuningController(
         kube,
         query,
-        post_event=_post_event,
+        post_event=post_event,
         settings=settings,
         mirror=_mirror_to(url) if url else None,
         live_adjuster=liveadjust.HttpLiveAdjuster(resolver),

@@ -1,4 +1,12 @@
-"""Live adjustment: lower a running canary's scheduler limits instead of rolling out a new one.
+"""The canary Deployment: its manifest, ownership, parking, reuse and live adjustment.
+
+A canary belongs to the trial named in its ``chunkpilot.io/trial`` annotation; any
+canary no active trial owns is an orphan and deleted, except a *parked* one
+(``chunkpilot.io/parked``) kept for the next trial to adjust. Both annotations, and
+the start-up config in ``chunkpilot.io/config``, describe the Deployment itself (who
+uses it, what its pods were started with), so they stay on it rather than on a trial.
+
+Live adjustment lowers a running canary's scheduler limits instead of rolling out a new one.
 
 With ``spec.autotune.liveAdjust`` the engine serves an authenticated route (the vLLM
 plugin's, see :mod:`chunkpilot.engine.vllm_plugin.endpoint`; the simulator serves the
@@ -8,8 +16,10 @@ The tuner starts a canary at the top of the search space for those three knobs a
 reaches each trial's values through the route, so a trial that only lowers them
 needs no restart.
 
-This module holds the pure decision (:func:`live_adjust_refusal`, :func:`ceiling_config`),
-the request (:func:`build_request`) and the HTTP client (:class:`HttpLiveAdjuster`).
+This module holds the pure decisions (:func:`live_adjust_refusal`, :func:`ceiling_config`,
+and the plan steps :func:`remove_orphan`, :func:`take_over_parked`, :func:`park_or_delete`,
+:func:`release_parked`, :func:`adjust_or_fall_back`), the request (:func:`build_request`)
+and the HTTP client (:class:`HttpLiveAdjuster`).
 """
 
 from __future__ import annotations
@@ -23,24 +33,45 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
-from chunkpilot.operator.builders import LIVE_ADJUST_SECRET_KEY
+from chunkpilot.operator.builders import (
+    ANNOTATION_CONFIG,
+    LIVE_ADJUST_SECRET_KEY,
+    RenderError,
+    build_deployment,
+)
 from chunkpilot.operator.engines.common import ENGINE_PORT
-from chunkpilot.tuner.records import GROUP_PREFIX
+from chunkpilot.operator.events import EventSpec, EventType
+from chunkpilot.operator.objects import adopt
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import (
+    Action,
+    AdjustLive,
+    AnnotateCanary,
+    ApplyCanary,
+    DeleteCanary,
+    Emit,
+    PatchTrial,
+    Plan,
+    TrackGauges,
+)
+from chunkpilot.tuner.space import Knob, SearchSpace
 
-from chunkpilot.api import EngineConfig
+from chunkpilot.api import (
+    LABEL_CONFIG_HASH,
+    EngineConfig,
+    InferenceService,
+    Track,
+    TrialPhase,
+    TrialProgress,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialStatus,
+)
 
 #: The knobs the route can change; every other knob needs a restart.
 LIVE_KNOBS: Final = ("max_num_batched_tokens", "max_num_seqs", "max_num_active_seqs")
-#: On the canary Deployment: the config its pods were started with (JSON, API spelling).
-ANNOTATION_STARTED_CONFIG: Final = f"{GROUP_PREFIX}/started-config"
 #: On the canary Deployment: kept between trials for the next one to adjust ("true").
-ANNOTATION_PARKED: Final = f"{GROUP_PREFIX}/parked"
-#: On a TuningTrial: "true" when its limits were set through the route, else why not.
-ANNOTATION_LIVE_ADJUSTED: Final = f"{GROUP_PREFIX}/live-adjusted"
-#: On a TuningTrial: the config hash of the pods that serve it (labels Prometheus selects on).
-ANNOTATION_CANARY_HASH: Final = f"{GROUP_PREFIX}/canary-config-hash"
-#: Prefix of a :data:`ANNOTATION_LIVE_ADJUSTED` value recording a failed call (the route is unusable).
-FAILED_PREFIX: Final = "failed: "
+ANNOTATION_PARKED: Final = f"{rec.GROUP_PREFIX}/parked"
 DEFAULT_TIMEOUT_S: Final = 5.0
 
 
@@ -96,20 +127,15 @@ def ceiling_config(target: EngineConfig, budget_high: int | None, seqs_high: int
     return EngineConfig.model_validate(values)
 
 
-def started_config(deployment: Mapping[str, Any]) -> EngineConfig | None:
+def started_config(deployment: Mapping[str, Any] | None) -> EngineConfig | None:
     """The config a canary Deployment's pods were started with (None: not recorded or unreadable)."""
-    raw = ((deployment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_STARTED_CONFIG)
+    raw = _annotations(deployment).get(ANNOTATION_CONFIG)
     if not raw:
         return None
     try:
         return EngineConfig.model_validate(json.loads(raw))
     except ValueError:
         return None
-
-
-def started_config_annotation(config: EngineConfig) -> str:
-    """The :data:`ANNOTATION_STARTED_CONFIG` value for ``config``."""
-    return json.dumps(config.to_k8s(), sort_keys=True, separators=(",", ":"))
 
 
 def secret_token(secret: Mapping[str, Any] | None) -> str | None:
@@ -132,6 +158,190 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         return False
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+# --------------------------------------------------------------------------- the canary in a plan
+
+
+def _annotations(deployment: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((deployment or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def canary_owner(canary: Mapping[str, Any] | None) -> str | None:
+    """The trial a canary Deployment belongs to (None: none, or no canary)."""
+    return _annotations(canary).get(rec.ANNOTATION_TRIAL) or None
+
+
+def is_parked(canary: Mapping[str, Any] | None) -> bool:
+    return bool(_annotations(canary).get(ANNOTATION_PARKED))
+
+
+def _terminating(canary: Mapping[str, Any] | None) -> bool:
+    return bool(((canary or {}).get("metadata") or {}).get("deletionTimestamp"))
+
+
+def canary_manifest(
+    isvc: InferenceService, body: Mapping[str, Any], trial: TuningTrial, start: EngineConfig | None = None
+) -> dict[str, Any]:
+    """The canary Deployment of ``trial`` (raises :class:`RenderError` for a knob the engine refuses).
+
+    ``start``: the config to start the pods with when it is not the trial's own (live
+    adjustment then lowers the limits to the trial's).
+    """
+    manifest = build_deployment(isvc, Track.CANARY, config=start or trial.spec.params)
+    assert trial.metadata.name is not None
+    annotations = manifest["metadata"].setdefault("annotations", {})
+    annotations[rec.ANNOTATION_TRIAL] = trial.metadata.name
+    annotations[ANNOTATION_PARKED] = ""
+    return adopt(manifest, body)
+
+
+def live_usable(plan: Plan) -> bool:
+    """``autotune.liveAdjust`` is on and no trial of the service saw the route fail."""
+    if not plan.snap.isvc.spec.autotune.live_adjust:
+        return False
+    return not any(rec.trial_progress(t).live_adjusted is False for t in plan.snap.trials)
+
+
+def live_start(plan: Plan, trial: TuningTrial, space: SearchSpace | None) -> EngineConfig | None:
+    """The config to start a new canary with so later trials can go down (None: the trial's own)."""
+    if not live_usable(plan) or space is None:
+        return None
+    budget = space.ranges.get(Knob.MAX_NUM_BATCHED_TOKENS)
+    seqs = space.ranges.get(Knob.MAX_NUM_SEQS)
+    try:
+        start = ceiling_config(
+            trial.spec.params, budget.high if budget else None, seqs.high if seqs else None
+        )
+    except ValueError:
+        return None
+    return None if start == trial.spec.params else start
+
+
+def delete_canary(plan: Plan) -> None:
+    plan.do(DeleteCanary(), TrackGauges(Track.CANARY, None))
+    plan.canary = None
+
+
+def remove_orphan(plan: Plan, current: TuningTrial | None, *, keep_parked: bool = False) -> None:
+    """Delete a canary no active trial owns (a parked one stays while it may be reused)."""
+    canary = plan.canary
+    if canary is None or _terminating(canary):
+        return
+    owner = canary_owner(canary)
+    if current is not None and owner == current.metadata.name:
+        return
+    if keep_parked and is_parked(canary) and plan.snap.isvc.spec.autotune.live_adjust:
+        return  # kept for the next trial to adjust (removed when tuning stops)
+    delete_canary(plan)
+    plan.emit(
+        EventType.WARNING,
+        "OrphanRemoved",
+        f"removed canary Deployment {canary['metadata']['name']} of {owner or 'no trial'}: "
+        "no active trial owns it",
+    )
+
+
+def take_over_parked(plan: Plan, trial: TuningTrial, ready: bool) -> bool:
+    """Hand a parked, Ready canary whose start-up limits cover ``trial`` to it (no new rollout)."""
+    canary = plan.canary
+    if not live_usable(plan) or canary is None or _terminating(canary) or not is_parked(canary):
+        return False
+    started = started_config(canary)
+    if started is None or live_adjust_refusal(started, trial.spec.params) is not None:
+        return False  # the new rollout replaces it
+    if not ready:
+        return False
+    plan.do(AnnotateCanary({rec.ANNOTATION_TRIAL: trial.metadata.name, ANNOTATION_PARKED: None}))
+    return True
+
+
+def park_or_delete(plan: Plan, trial: TuningTrial, verdict: TrialVerdict) -> None:
+    """Keep a finished trial's canary for the next trial to adjust, else delete it."""
+    canary = plan.canary
+    if (
+        verdict is not TrialVerdict.ABORTED
+        and live_usable(plan)
+        and rec.trial_progress(trial).live_adjusted is not False
+        and canary is not None
+        and started_config(canary) is not None
+        and canary_owner(canary) == trial.metadata.name
+    ):
+        plan.do(
+            AnnotateCanary({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"}),
+            TrackGauges(Track.CANARY, None),
+        )
+        return
+    delete_canary(plan)
+
+
+def release_parked(plan: Plan) -> None:
+    """Delete a parked canary once no next trial will use it."""
+    if plan.snap.isvc.spec.autotune.live_adjust and plan.canary is not None and is_parked(plan.canary):
+        delete_canary(plan)
+
+
+def adjust_or_fall_back(
+    plan: Plan,
+    trial: TuningTrial,
+    started: EngineConfig,
+    measuring: Callable[[TrialProgress], Sequence[Action]],
+    abort: Callable[[str], Sequence[Action]],
+) -> bool:
+    """Set the trial's limits on the Ready canary pods, then start measuring; on failure roll out.
+
+    Returns False when live adjustment is not wanted (the caller starts measuring itself).
+    After a successful adjustment ``measuring`` gets the progress with the live marks;
+    a failure records why and rolls out a canary with the trial's own config
+    (``abort``: the actions that abort the trial, should that config not render).
+    """
+    # With live adjustment usable, always set the limits: a parked canary taken over
+    # still runs the previous trial's, even when this trial's equal the start-up ones.
+    if started == trial.spec.params and not live_usable(plan):
+        return False
+    snap = plan.snap
+    name = trial.metadata.name or ""
+    progress = rec.trial_progress(trial)
+    adjusted = progress.model_copy(
+        update={"live_adjusted": True, "canary_config_hash": started.config_hash()}
+    )
+
+    def fall_back(reason: str) -> list[Action]:
+        failed = progress.model_copy(update={"live_adjusted": False, "live_adjust_error": reason[:1024]})
+        actions: list[Action] = [
+            PatchTrial(name, rec.progress_patch(failed)),
+            _event(
+                EventType.WARNING,
+                "LiveAdjustFailed",
+                f"trial {trial.spec.number}: live adjustment failed ({reason}); "
+                "rolling out a canary with the trial's config",
+            ),
+        ]
+        try:
+            manifest = canary_manifest(snap.isvc, snap.body, trial)
+        except RenderError as error:
+            return [*actions, *abort(f"the engine refuses the config: {error}")]
+        status = TuningTrialStatus(phase=TrialPhase.ROLLING_OUT, started_at=snap.now)
+        return [*actions, ApplyCanary(manifest), PatchTrial(name, {"status": status.to_k8s()})]
+
+    refusal = live_adjust_refusal(started, trial.spec.params)
+    failure = refusal or snap.live_token_error
+    if failure is not None or snap.live_token is None:
+        plan.do(*fall_back(failure or "no live-adjustment token"))
+        return True
+    pods = tuple(
+        pod
+        for pod in snap.canary_pods
+        if pod_ready(pod)
+        and ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CONFIG_HASH) == started.config_hash()
+    )
+    success = tuple(measuring(adjusted))
+    plan.do(AdjustLive(pods, snap.live_token, target_limits(trial.spec.params), success, fall_back))
+    return True
+
+
+def _event(type_: EventType, reason: str, message: str) -> Action:
+    return Emit(EventSpec(type_, reason, message))
 
 
 # --------------------------------------------------------------------------- where pods listen

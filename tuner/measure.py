@@ -26,10 +26,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-from chunkpilot.api import Measurement
+from chunkpilot.api import Measurement, Track
 
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
@@ -40,13 +39,6 @@ REQUEST_SUCCESS = "vllm:request_success_total"
 
 class MetricsUnavailableError(RuntimeError):
     """Prometheus could not be queried (unreachable, error response, malformed answer)."""
-
-
-class TrackName(StrEnum):
-    """The two Deployments of a service."""
-
-    STABLE = "stable"
-    CANARY = "canary"
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class Selector:
 
     service: str
     namespace: str | None
-    track: TrackName | str | None
+    track: Track | str | None
     labels: LabelScheme = field(default_factory=LabelScheme)
     config_hash: str | None = None
 
@@ -275,7 +267,7 @@ def measure_window(
     itl_quantile: float,
     ttft_quantile: float,
     labels: LabelScheme | None = None,
-    config_hashes: Mapping[TrackName, str | None] | None = None,
+    config_hashes: Mapping[Track, str | None] | None = None,
 ) -> WindowMeasurement:
     """Canary and stable of ``service`` over the same ``window`` ending at ``at``.
 
@@ -293,9 +285,9 @@ def measure_window(
             itl_quantile,
             ttft_quantile,
         )
-        for track in (TrackName.CANARY, TrackName.STABLE)
+        for track in (Track.CANARY, Track.STABLE)
     }
-    return WindowMeasurement(canary=results[TrackName.CANARY], stable=results[TrackName.STABLE])
+    return WindowMeasurement(canary=results[Track.CANARY], stable=results[Track.STABLE])
 
 
 def parse_instant_result(result: Any) -> float | None:

@@ -26,6 +26,8 @@ from enum import StrEnum
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.study import RecordState, TrialRecord, best_record
 
+from chunkpilot.api import Objective
+
 #: Weight of the latency slack in the objective.
 HEADROOM_WEIGHT = 0.5
 #: Relative objective gain over the incumbent a feasible canary needs to be promoted.
@@ -37,13 +39,6 @@ CONVERGENCE_PATIENCE = 8
 CONVERGENCE_GAIN = 0.01
 #: How much longer than its window a trial may wait for enough samples before it is given up.
 INCONCLUSIVE_WINDOW_FACTOR = 2.0
-
-
-class ObjectiveKind(StrEnum):
-    """Mirrors the API's ``Objective``."""
-
-    THROUGHPUT = "throughput"
-    GOODPUT = "goodput"
 
 
 @dataclass(frozen=True)
@@ -104,12 +99,12 @@ def check_slo(m: TrackMeasurement, slo: SLOTargets) -> SLOCheck:
 def objective_value(
     m: TrackMeasurement,
     slo: SLOTargets,
-    kind: ObjectiveKind = ObjectiveKind.THROUGHPUT,
+    kind: Objective = Objective.THROUGHPUT,
     gpus_per_replica: int = 1,
 ) -> float | None:
     """Headroom-scaled throughput per replica (or goodput per GPU); None without data."""
     check = check_slo(m, slo)
-    if kind is ObjectiveKind.GOODPUT:
+    if kind is Objective.GOODPUT:
         served = m.per_replica(m.request_rate)
         served = None if served is None else served / max(1, gpus_per_replica)
     else:
@@ -166,7 +161,7 @@ def judge_final(
     window: WindowMeasurement,
     slo: SLOTargets,
     abort: AbortRules,
-    kind: ObjectiveKind = ObjectiveKind.THROUGHPUT,
+    kind: Objective = Objective.THROUGHPUT,
     gpus_per_replica: int = 1,
     incumbent_objective: float | None = None,
     margin: float = PROMOTE_MARGIN,

@@ -8,45 +8,52 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Final
 
+from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.engines import EngineRender, render_engine
-from chunkpilot.tuner.policy import AbortRules, ObjectiveKind, SLOTargets
+from chunkpilot.tuner.policy import AbortRules, SLOTargets
 from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.study import RecordState, TrialRecord
 
 from chunkpilot.api import (
-    Condition,
-    ConditionStatus,
     EngineConfig,
     InferenceService,
     InferenceServiceSpec,
     Measurement,
+    Objective,
     SLOState,
+    TokenMix,
     TrialPhase,
+    TrialProgress,
     TrialVerdict,
     TuningTrial,
 )
 
 GROUP_PREFIX = "chunkpilot.io"
-#: Raw Optuna parameters of a trial (exact study history even where repairs changed the config).
-ANNOTATION_STUDY_PARAMS = f"{GROUP_PREFIX}/study-params"
-#: When every canary replica was first seen Ready.
-ANNOTATION_READY_AT = f"{GROUP_PREFIX}/canary-ready-at"
-#: Start of the trial's measurement window (after warm-up; moved after a metrics outage).
-ANNOTATION_MEASURE_FROM = f"{GROUP_PREFIX}/measure-from"
-#: Since when Prometheus has been unreachable during the trial's measurement.
-ANNOTATION_METRICS_GAP = f"{GROUP_PREFIX}/metrics-gap-since"
-#: Objective of the stable track measured in the trial's window.
-ANNOTATION_STABLE_OBJECTIVE = f"{GROUP_PREFIX}/stable-objective"
-#: Set on a promoted trial once its config was written into the service's spec.
-ANNOTATION_PROMOTION_APPLIED = f"{GROUP_PREFIX}/promotion-applied"
-#: On canary Deployments: the trial they belong to.
+#: On canary Deployments: the trial they belong to (a fact about the Deployment, kept on it).
 ANNOTATION_TRIAL = f"{GROUP_PREFIX}/trial"
 #: Tuning round of a trial (a re-tune after a sustained SLO violation starts a new round).
 LABEL_ROUND = f"{GROUP_PREFIX}/tuning-round"
+
+#: Where releases before ``status.progress`` kept each progress field (read for trials they wrote).
+LEGACY_PROGRESS_ANNOTATIONS: Final = {
+    "ready_at": f"{GROUP_PREFIX}/canary-ready-at",
+    "measure_from": f"{GROUP_PREFIX}/measure-from",
+    "metrics_gap_since": f"{GROUP_PREFIX}/metrics-gap-since",
+    "stable_objective": f"{GROUP_PREFIX}/stable-objective",
+    "promotion_applied": f"{GROUP_PREFIX}/promotion-applied",
+    "live_adjusted": f"{GROUP_PREFIX}/live-adjusted",
+    "canary_config_hash": f"{GROUP_PREFIX}/canary-config-hash",
+}
+#: The same for the spec fields ``studyParams`` and ``tokenMix`` (note and JSON means).
+LEGACY_STUDY_PARAMS: Final = f"{GROUP_PREFIX}/study-params"
+LEGACY_TOKEN_MIX: Final = f"{GROUP_PREFIX}/token-mix"
+LEGACY_TOKEN_MIX_MEANS: Final = f"{GROUP_PREFIX}/token-mix-means"
+#: Prefix of a legacy live-adjusted annotation recording a failure.
+LEGACY_FAILED_PREFIX: Final = "failed: "
 
 ACTIVE_PHASES = (TrialPhase.PENDING, TrialPhase.ROLLING_OUT, TrialPhase.MEASURING)
 
@@ -74,8 +81,8 @@ def abort_rules(isvc: InferenceService) -> AbortRules:
     )
 
 
-def objective_kind(isvc: InferenceService) -> ObjectiveKind:
-    return ObjectiveKind(str(isvc.spec.autotune.objective))
+def objective_kind(isvc: InferenceService) -> Objective:
+    return Objective(str(isvc.spec.autotune.objective))
 
 
 def tuned_config(config: EngineConfig) -> TunedConfig:
@@ -93,14 +100,6 @@ def tuned_config(config: EngineConfig) -> TunedConfig:
 def engine_config(config: TunedConfig) -> EngineConfig:
     """The API EngineConfig of a tuner configuration (validated)."""
     return EngineConfig.model_validate(config.as_dict())
-
-
-def incumbent(isvc: InferenceService) -> EngineConfig:
-    """The knobs the stable track runs: the promoted ``status.bestConfig`` while autotuning, else the spec."""
-    status = isvc.status
-    if isvc.spec.autotune.enabled and status is not None and status.best_config is not None:
-        return status.best_config
-    return EngineConfig.from_engine(isvc.spec.engine)
 
 
 def service_facts(isvc: InferenceService) -> ServiceFacts:
@@ -163,7 +162,9 @@ def trial_round(trial: TuningTrial) -> int:
 
 def study_params(trial: TuningTrial, space: SearchSpace) -> dict[str, int] | None:
     """The trial's Optuna parameters: the recorded raw ones, else derived from its config."""
-    raw = trial.metadata.annotations.get(ANNOTATION_STUDY_PARAMS)
+    if trial.spec.study_params is not None:
+        return dict(trial.spec.study_params)
+    raw = trial.metadata.annotations.get(LEGACY_STUDY_PARAMS)
     if raw:
         try:
             data = json.loads(raw)
@@ -215,20 +216,16 @@ def incumbent_record(
     config_hash = config.config_hash()
     for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
         status = trial.status
-        raw = trial.metadata.annotations.get(ANNOTATION_STABLE_OBJECTIVE)
+        objective = trial_progress(trial).stable_objective
         if (
             status is None
             or status.stable is None
-            or raw is None
+            or objective is None
             or trial.spec.baseline_config_hash != config_hash
         ):
             continue
         stable = status.stable
         if stable.itl_ms is None or stable.ttft_ms is None:
-            continue
-        try:
-            objective = float(raw)
-        except ValueError:
             continue
         if not math.isfinite(objective):
             continue
@@ -293,56 +290,7 @@ def slo_state(measurement: Measurement | None, slo: SLOTargets, enough: bool) ->
     return SLOState.VIOLATED
 
 
-@dataclass(frozen=True)
-class ConditionUpdate:
-    """A condition the tuner sets (type, status, reason, message)."""
-
-    type: str
-    status: ConditionStatus
-    reason: str
-    message: str
-
-
-def merge_conditions(
-    existing: Sequence[Condition], updates: Iterable[ConditionUpdate], generation: int, now: datetime
-) -> list[Condition]:
-    """``existing`` with ``updates`` applied; transition times move only on a status change."""
-    result = list(existing)
-    for update in updates:
-        for index, current in enumerate(result):
-            if current.type != update.type:
-                continue
-            flipped = current.status != update.status
-            result[index] = Condition(
-                type=update.type,
-                status=update.status,
-                reason=update.reason,
-                message=update.message,
-                last_transition_time=now
-                if flipped or current.last_transition_time is None
-                else current.last_transition_time,
-                observed_generation=generation,
-            )
-            break
-        else:
-            result.append(
-                Condition(
-                    type=update.type,
-                    status=update.status,
-                    reason=update.reason,
-                    message=update.message,
-                    last_transition_time=now,
-                    observed_generation=generation,
-                )
-            )
-    return result
-
-
-def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
-    return next((c for c in conditions if c.type == type_), None)
-
-
-def annotation_time(annotations: Mapping[str, str], key: str) -> datetime | None:
+def _annotation_time(annotations: Mapping[str, str], key: str) -> datetime | None:
     raw = annotations.get(key)
     if not raw:
         return None
@@ -352,5 +300,61 @@ def annotation_time(annotations: Mapping[str, str], key: str) -> datetime | None
         return None
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+# --------------------------------------------------------------------------- progress
+
+
+def trial_progress(trial: TuningTrial) -> TrialProgress:
+    """The trial's progress block; for a trial written before it existed, read from its annotations.
+
+    Once the tuner wrote ``status.progress`` the block is authoritative (a cleared field
+    stays cleared); before that the ``chunkpilot.io/*`` annotations of the earlier release
+    are its values, so a trial that release started resumes where it was.
+    """
+    if trial.status is not None and trial.status.progress is not None:
+        return trial.status.progress
+    annotations = trial.metadata.annotations or {}
+    keys = LEGACY_PROGRESS_ANNOTATIONS
+    objective: float | None = None
+    try:
+        raw_objective = annotations.get(keys["stable_objective"])
+        objective = float(raw_objective) if raw_objective else None
+    except ValueError:
+        objective = None
+    live = annotations.get(keys["live_adjusted"])
+    failed = live is not None and live.startswith(LEGACY_FAILED_PREFIX)
+    canary_hash = annotations.get(keys["canary_config_hash"]) or None
+    return TrialProgress(
+        ready_at=_annotation_time(annotations, keys["ready_at"]),
+        measure_from=_annotation_time(annotations, keys["measure_from"]),
+        metrics_gap_since=_annotation_time(annotations, keys["metrics_gap_since"]),
+        live_adjusted=None if live is None else not failed,
+        live_adjust_error=live.removeprefix(LEGACY_FAILED_PREFIX) if failed and live else None,
+        canary_config_hash=canary_hash,
+        stable_objective=objective,
+        promotion_applied=True if annotations.get(keys["promotion_applied"]) else None,
+    )
+
+
+def progress_patch(progress: TrialProgress) -> dict[str, object]:
+    """A merge patch writing the whole progress block (a cleared field is written as null)."""
+    return {"status": {"progress": progress.model_dump(mode="json", by_alias=True)}}
+
+
+def canary_config_hash(trial: TuningTrial) -> str:
+    """The config hash of the pods serving ``trial`` (their start-up config's, when live-adjusted)."""
+    return trial_progress(trial).canary_config_hash or trial.spec.params.config_hash()
+
+
+def token_mix(trial: TuningTrial) -> TokenMix | None:
+    """The token mix the trial's warm start was sized for (``spec.tokenMix``, else the legacy annotations)."""
+    if trial.spec.token_mix is not None:
+        return trial.spec.token_mix
+    annotations = trial.metadata.annotations or {}
+    raw, note = annotations.get(LEGACY_TOKEN_MIX_MEANS), annotations.get(LEGACY_TOKEN_MIX)
+    if raw is None or note is None:
+        return None
+    try:
+        means = json.loads(raw)
+        return TokenMix(prompt=means.get("prompt"), output=means.get("output"), note=note)
+    except (ValueError, AttributeError):
+        return None

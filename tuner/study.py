@@ -22,8 +22,11 @@ from typing import Any
 
 import optuna
 from chunkpilot.tuner.space import SearchSpace, TunedConfig, WarmStart
+from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from chunkpilot.api import SamplerKind
 
 #: Random trials TPE needs before it models the space (Optuna's default of 10 is
 #: too many for a budget of a dozen trials that starts from a model-based guess).
@@ -32,13 +35,6 @@ TPE_STARTUP_TRIALS = 3
 MAX_ASK_ATTEMPTS = 24
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-class SamplerChoice(StrEnum):
-    """Sampler of the study (mirrors the API's ``SamplerKind``)."""
-
-    TPE = "tpe"
-    GP = "gp"
 
 
 class SamplerUnavailableError(RuntimeError):
@@ -87,10 +83,10 @@ def seed_for(service_uid: str, number: int) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
-def make_sampler(kind: SamplerChoice | str, seed: int | None = None) -> BaseSampler:
+def make_sampler(kind: SamplerKind | str, seed: int | None = None) -> BaseSampler:
     """TPE (default) or GP sampler; constraints are read from each trial's constraint values."""
-    choice = SamplerChoice(str(kind))
-    if choice is SamplerChoice.GP:
+    choice = SamplerKind(str(kind))
+    if choice is SamplerKind.GP:
         missing = [name for name in ("torch", "scipy") if importlib.util.find_spec(name) is None]
         if missing:
             raise SamplerUnavailableError(
@@ -108,12 +104,20 @@ def make_sampler(kind: SamplerChoice | str, seed: int | None = None) -> BaseSamp
         )
 
 
+def _within(distribution: BaseDistribution, value: int) -> bool:
+    """Whether ``value`` is a point of ``distribution`` (the study's knobs are integer ranges)."""
+    if not isinstance(distribution, IntDistribution):
+        return False
+    low, high, step = distribution.low, distribution.high, distribution.step
+    return low <= value <= high and (value - low) % step == 0
+
+
 def _frozen(space: SearchSpace, record: TrialRecord) -> FrozenTrial | None:
     distributions = space.distributions()
     params = {k: int(v) for k, v in record.params.items() if k in distributions}
     if set(params) != set(distributions):
         return None
-    if any(not distributions[k]._contains(distributions[k].to_internal_repr(v)) for k, v in params.items()):
+    if any(not _within(distributions[k], v) for k, v in params.items()):
         return None
     if (
         record.state is RecordState.COMPLETE
@@ -160,7 +164,7 @@ def suggest(
     space: SearchSpace,
     records: Sequence[TrialRecord],
     *,
-    sampler: SamplerChoice | str = SamplerChoice.TPE,
+    sampler: SamplerKind | str = SamplerKind.TPE,
     seed: int | None = None,
     warm_starts: Sequence[Mapping[str, int]] = (),
     exclude: Iterable[TunedConfig] = (),

@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
 TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 TRIALS = 3
-LIVE_ADJUSTED = "chunkpilot.io/live-adjusted"
 LIMITS_PATH = "/chunkpilot/v1/scheduler/limits"
 
 
@@ -123,14 +122,13 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
 
         wait_until("tuning to stop after maxTrials", observe, 360, cluster, poll_s=0.5)
         trials = cluster.trials()
-        marks = {
-            t["spec"]["number"]: (t["metadata"].get("annotations") or {}).get(LIVE_ADJUSTED) for t in trials
-        }
+        progress = {t["spec"]["number"]: (t.get("status") or {}).get("progress") or {} for t in trials}
+        marks = {number: p.get("liveAdjusted") for number, p in progress.items()}
         results = cluster.verdicts()
         print(json.dumps({"live_adjusted": marks, "applied": seen_limits, "trials": results}, default=str))
 
         # Every trial after the first took over the parked canary: adjusted live, no new rollout.
-        assert all(marks[n] == "true" for n in range(2, TRIALS + 1)), marks
+        assert all(marks[n] is True for n in range(2, TRIALS + 1)), marks
         assert len(canary_uids) == 1, f"canary rolled out {len(canary_uids)} times: {canary_uids}"
         # The canary engine applied each trial's budget, lowered from its start-up budget.
         assert set(seen_limits) == set(range(1, TRIALS + 1)), f"limits seen on the canary: {seen_limits}"

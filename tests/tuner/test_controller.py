@@ -2,7 +2,9 @@
 
 The fakes model only what the loop relies on: objects by path with resourceVersion
 conflicts and label-selected lists; Deployments that become Ready when the test
-says so; Prometheus answers computed from the config hash in the query.
+says so; Prometheus answers computed from the config hash in the query. The
+operator's own reconciler (the real one) follows a new ``status.bestConfig`` onto the
+stable Deployment, as its ``follow_promotion`` handler does.
 """
 
 from __future__ import annotations
@@ -19,16 +21,14 @@ from typing import Any
 
 import pytest
 import yaml
+from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
+from chunkpilot.operator.reconcile import Reconciler
+from chunkpilot.operator.status import get_condition
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.controller import (
-    ANNOTATION_TOKEN_MIX,
-    TunerSettings,
-    TuningController,
-    crash_message,
-)
+from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
 from chunkpilot.tuner.measure import MetricsUnavailableError
 from chunkpilot.tuner.space import build_space, model_guess
 
@@ -219,6 +219,9 @@ class Harness:
         self.mirror_fails = False
         self.controller = self.new_controller()
         self.stable_from_spec()
+        self.operator = Reconciler(kube=self.kube, config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED))  # type: ignore[arg-type]
+        self.operator_follows = True
+        self.followed: Any = None
 
     @property
     def isvc_path(self) -> str:
@@ -280,11 +283,22 @@ class Harness:
         for trial in self.trials():
             self.prom.know(trial.spec.params)
 
+    def follow_promotion(self) -> None:
+        """The operator's ``follow_promotion``: a new ``status.bestConfig`` rolls the stable Deployment."""
+        body = self.kube.objects[self.isvc_path]
+        best = (body.get("status") or {}).get("bestConfig")
+        if self.operator_follows and best != self.followed:
+            asyncio.run(self.operator.reconcile(copy.deepcopy(body)))
+            self.followed = copy.deepcopy(best)
+
     def tick(self, count: int = 1) -> None:
         for _ in range(count):
             self.know_trials()
             self.ready_deployments()
-            asyncio.run(self.controller.step(NS, NAME))
+            try:
+                asyncio.run(self.controller.step(NS, NAME))
+            finally:
+                self.follow_promotion()
             self.now += TICK
 
     def run_until(self, predicate: Callable[[], bool], limit: int = 400) -> None:
@@ -303,7 +317,7 @@ class Harness:
         return InferenceServiceStatus.model_validate(self.kube.objects[self.isvc_path].get("status") or {})
 
     def condition(self, type_: str) -> tuple[str, str] | None:
-        found = rec.find_condition(self.status().conditions, type_)
+        found = get_condition(self.status().conditions, type_)
         return (found.status.value, found.reason) if found else None
 
     def canary(self) -> dict[str, Any] | None:
@@ -351,7 +365,12 @@ def test_tunes_a_violating_service_into_its_slo_and_promotes_through_the_stable_
     assert trial.status.constraints.itl < 0
     assert h.canary() is None
     assert "TrialStarted" in h.reasons() and "Promoted" in h.reasons()
-    assert trial.metadata.annotations.get(rec.ANNOTATION_PROMOTION_APPLIED) == "true"
+    # Marked applied once the operator reports the promoted config's hash (one step later).
+    assert rec.trial_progress(trial).promotion_applied is None
+    assert h.status().applied_config_hash == best.config_hash()
+    h.tick()
+    trial = next(t for t in h.trials() if t.metadata.name == trial.metadata.name)
+    assert rec.trial_progress(trial).promotion_applied is True
     # The next trial compares against the promoted config, not the spec.
     h.run_until(lambda: len(h.trials()) > len(promoted) + 0 and rec.is_active(h.trials()[-1]))
     assert h.trials()[-1].spec.baseline_config_hash == best.config_hash()
@@ -382,7 +401,8 @@ def test_first_trial_is_the_model_based_guess_within_the_bounds() -> None:
 def first_budget_and_mix(h: Harness) -> tuple[int, str]:
     h.tick(2)
     trial = h.trials()[0]
-    return trial.spec.params.max_num_batched_tokens, trial.metadata.annotations[ANNOTATION_TOKEN_MIX]
+    assert trial.spec.token_mix is not None
+    return trial.spec.params.max_num_batched_tokens, trial.spec.token_mix.note
 
 
 def expected_guess(h: Harness, prompt: float | None, output: float | None) -> int:
@@ -423,10 +443,10 @@ def test_a_drifting_token_mix_keeps_the_rounds_first_warm_start() -> None:
     h = Harness(autotune={"maxTrials": 3})
     h.prom.prompt_tok_s = 40_000.0
     h.tick(2)
-    first_mix = h.trials()[0].metadata.annotations[ANNOTATION_TOKEN_MIX]
+    first_mix = h.trials()[0].spec.token_mix
     h.prom.prompt_tok_s = 1_000.0  # the load changes while the first trial runs
     h.run_until(lambda: len(h.trials()) >= 3)
-    mixes = [t.metadata.annotations[ANNOTATION_TOKEN_MIX] for t in h.trials()]
+    mixes = [t.spec.token_mix for t in h.trials()]
     assert mixes == [first_mix] * 3
     warm_starts = [e for e in h.events if e.reason == "WarmStart"]
     assert len(warm_starts) <= 2, [e.message for e in warm_starts]  # the guess and its conditional follow-up
@@ -451,7 +471,7 @@ def test_an_invalid_warm_start_reports_an_invalid_search_space_instead_of_crashi
     h.tick(3)
     assert h.trials() == []
     assert h.condition("Tuning") == ("False", "InvalidSearchSpace")
-    tuning = rec.find_condition(h.status().conditions, "Tuning")
+    tuning = get_condition(h.status().conditions, "Tuning")
     assert tuning is not None and "spec.slo.itl.quantile" in tuning.message
 
 
@@ -538,12 +558,12 @@ def test_a_short_metrics_gap_restarts_the_measurement_window() -> None:
     h.tick(4)
     h.prom.down = True
     h.tick(2)
-    assert rec.ANNOTATION_METRICS_GAP in h.trials()[0].metadata.annotations
+    assert rec.trial_progress(h.trials()[0]).metrics_gap_since is not None
     h.prom.down = False
     h.tick()
     trial = h.trials()[0]
-    assert rec.ANNOTATION_METRICS_GAP not in trial.metadata.annotations
-    restarted = rec.annotation_time(trial.metadata.annotations, rec.ANNOTATION_MEASURE_FROM)
+    assert rec.trial_progress(trial).metrics_gap_since is None
+    restarted = rec.trial_progress(trial).measure_from
     assert restarted is not None and restarted >= h.now - 2 * TICK
     assert "MetricsRestored" in h.reasons()
 
@@ -599,10 +619,9 @@ def test_restart_mid_trial_resumes_the_same_trial_without_duplicates() -> None:
     h.controller = h.new_controller()  # the operator restarted: no memory
     h.run_until(lambda: bool(h.finished()))
     assert h.finished()[0].metadata.name == before.metadata.name
-    assert (
-        h.finished()[0].metadata.annotations[rec.ANNOTATION_MEASURE_FROM]
-        == (before.metadata.annotations[rec.ANNOTATION_MEASURE_FROM])
-    )
+    measure_from = rec.trial_progress(before).measure_from
+    assert measure_from is not None
+    assert rec.trial_progress(h.finished()[0]).measure_from == measure_from
 
 
 def test_a_crash_between_creating_a_trial_and_recording_it_creates_no_duplicate() -> None:
@@ -634,19 +653,56 @@ def test_an_orphaned_canary_is_removed() -> None:
     assert "OrphanRemoved" in h.reasons()
 
 
+def promoted_trial(h: Harness) -> TuningTrial | None:
+    return next((t for t in h.trials() if t.status and t.status.verdict == "Promoted"), None)
+
+
 def test_an_interrupted_promotion_is_completed_on_the_next_step() -> None:
+    """The step that recorded the verdict stopped before writing bestConfig (the operator process died)."""
     h = Harness()
-    h.kube.fail = lambda verb, path: verb == "apply" and path.endswith("/chat-stable")
+    status_path = h.isvc_path + "/status"
+    h.kube.fail = lambda verb, path: (
+        verb == "merge_patch" and path == status_path and promoted_trial(h) is not None
+    )
     with pytest.raises(RuntimeError, match="injected failure"):
         h.run_until(lambda: h.status().best_config is not None)
-    promoted = next(t for t in h.trials() if t.status and t.status.verdict == "Promoted")
-    assert rec.ANNOTATION_PROMOTION_APPLIED not in promoted.metadata.annotations
+    promoted = promoted_trial(h)
+    assert promoted is not None and h.status().best_config is None
+    assert rec.trial_progress(promoted).promotion_applied is None
     h.controller = h.new_controller()
     h.tick()
     assert h.status().best_trial == promoted.metadata.name
     assert flag(h.stable_args(), "--max-num-batched-tokens") == promoted.spec.params.max_num_batched_tokens
+    h.tick()
     promoted = next(t for t in h.trials() if t.metadata.name == promoted.metadata.name)
-    assert promoted.metadata.annotations[rec.ANNOTATION_PROMOTION_APPLIED] == "true"
+    assert rec.trial_progress(promoted).promotion_applied is True
+
+
+def test_a_promotion_is_marked_applied_only_once_the_operator_runs_it_and_blocks_the_next_trial() -> None:
+    h = Harness()
+    h.operator_follows = False  # the operator is slow to roll the stable Deployment
+    h.run_until(lambda: h.status().best_config is not None)
+    promoted = promoted_trial(h)
+    assert promoted is not None
+    count = len(h.trials())
+    h.tick(5)
+    assert (
+        rec.trial_progress(
+            next(t for t in h.trials() if t.metadata.name == promoted.metadata.name)
+        ).promotion_applied
+        is None
+    )
+    assert (
+        len(h.trials()) == count
+    )  # no trial is measured against a stable that does not run the incumbent yet
+    assert h.condition("Tuning") == ("True", "WaitingForStable")
+    assert flag(h.stable_args(), "--max-num-batched-tokens") != promoted.spec.params.max_num_batched_tokens
+    h.operator_follows = True
+    h.run_until(lambda: len(h.trials()) > count)
+    promoted = next(t for t in h.trials() if t.metadata.name == promoted.metadata.name)
+    assert rec.trial_progress(promoted).promotion_applied is True
+    assert flag(h.stable_args(), "--max-num-batched-tokens") == promoted.spec.params.max_num_batched_tokens
+    assert h.trials()[-1].spec.baseline_config_hash == promoted.spec.params.config_hash()
 
 
 # --------------------------------------------------------------------------- study-level outcomes
@@ -655,7 +711,7 @@ def test_an_interrupted_promotion_is_completed_on_the_next_step() -> None:
 def test_infeasible_slos_are_reported_with_the_best_quantiles_and_a_remedy() -> None:
     h = Harness(itl_ms=lambda b: 80.0, autotune={"maxTrials": 10, "abort": {"itlFactor": 4}})
     h.run_until(lambda: h.condition("SLOInfeasible") == ("True", "SLOInfeasible"))
-    condition = rec.find_condition(h.status().conditions, "SLOInfeasible")
+    condition = get_condition(h.status().conditions, "SLOInfeasible")
     assert condition is not None
     assert "best achieved ITL p99 80ms" in condition.message
     assert "tensorParallelSize" in condition.message and "DifferentParallelism" in condition.message
@@ -779,8 +835,11 @@ class LiveHarness(Harness):
         for hash_, config in self.served.items():
             self.prom.configs[hash_] = config  # Prometheus sees what the adjusted pods run
 
-    def live_marks(self) -> list[str | None]:
-        return [t.metadata.annotations.get(live.ANNOTATION_LIVE_ADJUSTED) for t in self.trials()]
+    def live_marks(self) -> list[bool | None]:
+        return [rec.trial_progress(t).live_adjusted for t in self.trials()]
+
+    def live_errors(self) -> list[str | None]:
+        return [rec.trial_progress(t).live_adjust_error for t in self.trials()]
 
 
 def stopped(h: Harness) -> bool:
@@ -797,14 +856,14 @@ def test_live_adjust_starts_one_canary_at_the_top_of_the_space_and_adjusts_it_fo
     assert started is not None
     assert all(live.live_adjust_refusal(started, t.spec.params) is None for t in trials)
     assert started.max_num_batched_tokens > trials[0].spec.params.max_num_batched_tokens
-    assert h.live_marks() == ["true"] * len(trials)
+    assert h.live_marks() == [True] * len(trials)
     assert [call[2] for call in h.adjuster.calls] == [live.target_limits(t.spec.params) for t in trials]
     assert all(
         call[0] == [f"chat-canary-{started.config_hash()}"] and call[1] == "tok" for call in h.adjuster.calls
     )
     # Measured on the adjusted pods (the fake Prometheus answers per hash with the adjusted limits).
     assert all(t.status is not None and t.status.canary is not None for t in trials)
-    assert all(t.metadata.annotations[live.ANNOTATION_CANARY_HASH] == started.config_hash() for t in trials)
+    assert all(rec.trial_progress(t).canary_config_hash == started.config_hash() for t in trials)
     assert h.canary() is None  # released once tuning stopped
     assert "LiveAdjustFailed" not in h.reasons()
 
@@ -815,8 +874,8 @@ def test_a_failing_route_falls_back_to_a_rollout_and_live_adjustment_is_not_trie
     h.run_until(lambda: stopped(h))
     trials = h.finished()
     assert len(h.adjuster.calls) == 1
-    marks = h.live_marks()
-    assert marks[0] is not None and marks[0].startswith(live.FAILED_PREFIX) and "409" in marks[0]
+    marks, errors = h.live_marks(), h.live_errors()
+    assert marks[0] is False and errors[0] is not None and "409" in errors[0]
     assert marks[1:] == [None] * (len(trials) - 1)
     assert "LiveAdjustFailed" in h.reasons()
     # The fallback and every later canary run the trial's own config; nothing is left broken.
@@ -831,7 +890,8 @@ def test_without_the_token_secret_the_trial_falls_back_to_a_normal_rollout() -> 
     h = LiveHarness(secret=False)
     h.run_until(lambda: len(h.finished()) >= 1)
     assert h.adjuster.calls == []
-    assert (h.live_marks()[0] or "").startswith(live.FAILED_PREFIX + "no live-adjustment token")
+    assert h.live_marks()[0] is False
+    assert (h.live_errors()[0] or "").startswith("no live-adjustment token")
     assert h.finished()[0].status.verdict != "Aborted"  # type: ignore[union-attr]
 
 
@@ -840,7 +900,7 @@ def test_liveadjust_off_rolls_out_each_trial_with_its_own_config() -> None:
     h.run_until(lambda: stopped(h))
     trials = h.finished()
     assert h.adjuster.calls == []
-    assert all(live.ANNOTATION_LIVE_ADJUSTED not in t.metadata.annotations for t in trials)
+    assert all(rec.trial_progress(t).live_adjusted is None for t in trials)
     assert [live.started_config(m) for m in h.canary_applies] == [t.spec.params for t in trials]
 
 

@@ -14,6 +14,7 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.server import ServerConfig, SimEngineServer
 from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
+from chunkpilot.operator.builders import ANNOTATION_CONFIG
 from chunkpilot.tuner import liveadjust as live
 
 from chunkpilot.api import EngineConfig
@@ -76,16 +77,12 @@ def test_ceiling_raises_only_the_live_limits_to_the_top_of_the_space() -> None:
     assert live.target_limits(START)["max_num_active_seqs"] == 256
 
 
-def test_started_config_round_trips_through_the_deployment_annotation() -> None:
+def test_started_config_is_the_config_the_deployment_was_built_with() -> None:
     trial = config(max_num_active_seqs=8)
-    deployment = {
-        "metadata": {"annotations": {live.ANNOTATION_STARTED_CONFIG: live.started_config_annotation(trial)}}
-    }
+    deployment = {"metadata": {"annotations": {ANNOTATION_CONFIG: json.dumps(trial.to_k8s())}}}
     assert live.started_config(deployment) == trial
     assert live.started_config({"metadata": {}}) is None
-    assert (
-        live.started_config({"metadata": {"annotations": {live.ANNOTATION_STARTED_CONFIG: "{oops"}}}) is None
-    )
+    assert live.started_config({"metadata": {"annotations": {ANNOTATION_CONFIG: "{oops"}}}) is None
 
 
 def test_request_token_and_endpoints(tmp_path: Path) -> None:

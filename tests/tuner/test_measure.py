@@ -9,7 +9,6 @@ from chunkpilot.tuner.measure import (
     LabelScheme,
     MetricsUnavailableError,
     Selector,
-    TrackName,
     count_query,
     measure_track,
     measure_window,
@@ -19,7 +18,9 @@ from chunkpilot.tuner.measure import (
     track_queries,
 )
 
-SEL = Selector("chat", "default", TrackName.CANARY)
+from chunkpilot.api import Track
+
+SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -106,7 +107,7 @@ def test_token_mix_is_tokens_per_request_of_the_same_selector_and_window(
     prompt: float | None, generation: float | None, requests: float | None, expected: tuple[float | None, ...]
 ) -> None:
     seen: list[str] = []
-    stable = Selector("chat", "default", TrackName.STABLE, config_hash="abc")
+    stable = Selector("chat", "default", Track.STABLE, config_hash="abc")
 
     def query(promql: str, at: datetime) -> float | None:
         seen.append(promql)

@@ -1,0 +1,440 @@
+"""Decide: from one snapshot, the plan of one step (:class:`~chunkpilot.tuner.actions.Plan`).
+
+Pure: no I/O, the same snapshot and settings always give the same plan (the sampler
+is seeded by the trial number). One function per service-level phase; the active
+trial's phases are in :mod:`chunkpilot.tuner.phases`:
+
+.. code-block:: text
+
+    disabled | paused | no Prometheus   -> abort the running trial, remove the canary
+    a trial is active                   -> phases.advance (roll out, warm up, measure, judge)
+    a promotion awaits the operator     -> wait (stable must run it before the next trial)
+    stopped (max trials, converged, infeasible, exhausted) -> keep stopped; retune on a
+                                           sustained SLO violation
+    otherwise (idle)                    -> ask the study for the next trial
+
+Invariants stated once: at most one trial of a service is active; a canary Deployment
+exists only while its trial is active or while it is parked for the next one (any other
+is an orphan and deleted); a trial's name is derived from its number, so a restart
+between "ask" and "create" cannot duplicate it; nothing is promoted without a
+measurement of both tracks from the same window; a promotion is applied by the
+operator, and a trial is marked applied only once the stable track runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from chunkpilot.operator.events import EventType
+from chunkpilot.operator.objects import adopt
+from chunkpilot.tuner import liveadjust as live
+from chunkpilot.tuner import phases
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import (
+    CreateTrial,
+    CurrentTrialGauge,
+    ExportSLOTargets,
+    Log,
+    Plan,
+    TrackGauges,
+)
+from chunkpilot.tuner.measure import TrackMeasurement
+from chunkpilot.tuner.phases import TunerSettings, metrics_down, metrics_ok
+from chunkpilot.tuner.policy import StopReason, assess_infeasibility, check_slo, should_stop
+from chunkpilot.tuner.snapshot import Snapshot
+from chunkpilot.tuner.space import (
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+    SearchSpace,
+    ServiceFacts,
+    SpaceError,
+    build_space,
+    warm_start,
+)
+from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
+
+from chunkpilot.api import (
+    ConditionStatus,
+    ConditionType,
+    EngineConfig,
+    ObjectMeta,
+    ServiceSummary,
+    SLOState,
+    TokenMix,
+    Track,
+    TrialPhase,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialSpec,
+    TuningTrialStatus,
+    parse_duration,
+    trial_labels,
+    trial_name,
+)
+
+
+class TuningReason(StrEnum):
+    """Reasons of the Tuning condition."""
+
+    TRIAL_RUNNING = "TrialRunning"
+    WAITING = "WaitingForStable"
+    PAUSED = "Paused"
+    DISABLED = "Disabled"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    INVALID_SPACE = "InvalidSearchSpace"
+
+
+def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
+    """The plan of one step of the service's tuning loop."""
+    plan = Plan(snap)
+    active = snap.active()
+    for extra in active[1:]:  # never more than one: abort the newer ones
+        phases.finish(plan, extra, TrialPhase.FAILED, TrialVerdict.ABORTED, "another trial was active")
+    current = active[0] if active else None
+    pending = phases.pending_promotion(plan)
+    autotune = snap.isvc.spec.autotune
+    if not autotune.enabled or snap.isvc.spec.slo is None:
+        disabled(plan, current)
+        return plan
+    slo = snap.slo
+    plan.do(
+        ExportSLOTargets((slo.itl_quantile, slo.itl_ms), (slo.ttft_quantile, slo.ttft_ms)),
+        TrackGauges(Track.STABLE, plan.stable_config),
+    )
+    if autotune.paused:
+        paused(plan, current)
+        return plan
+    if not snap.prometheus:
+        no_prometheus(plan, current)
+        return plan
+    live.remove_orphan(plan, current, keep_parked=True)
+    record_stable(plan)
+    if current is not None:
+        phases.advance(plan, current, settings)
+        return plan
+    if pending is not None:
+        plan.condition(
+            ConditionType.TUNING,
+            ConditionStatus.TRUE,
+            TuningReason.WAITING,
+            f"waiting for the stable Deployment to run the config promoted by trial {pending.spec.number}",
+        )
+        return plan
+    idle(plan, settings)
+    if plan.status.get("currentTrial") is None and plan.set_condition_false(ConditionType.TUNING):
+        live.release_parked(plan)
+    return plan
+
+
+# --------------------------------------------------------------------------- service phases
+
+
+def disabled(plan: Plan, current: TuningTrial | None) -> None:
+    if current is not None:
+        phases.abort(plan, current, "autotuning was disabled")
+    live.remove_orphan(plan, None)
+    if plan.current_condition(ConditionType.TUNING) is not None:
+        plan.condition(
+            ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISABLED, "autotune.enabled is false"
+        )
+    plan.status["currentTrial"] = None
+
+
+def paused(plan: Plan, current: TuningTrial | None) -> None:
+    if current is not None:
+        phases.abort(plan, current, "autotuning was paused")
+    live.remove_orphan(plan, None)
+    plan.condition(
+        ConditionType.TUNING,
+        ConditionStatus.FALSE,
+        TuningReason.PAUSED,
+        "autotune.paused is true: keeping the current config",
+    )
+    plan.status["currentTrial"] = None
+    plan.do(CurrentTrialGauge(0))
+    record_stable(plan)
+
+
+def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:
+    plan.condition(
+        ConditionType.METRICS_UNAVAILABLE,
+        ConditionStatus.TRUE,
+        "NoPrometheus",
+        "no Prometheus URL configured: set --prometheus-url "
+        "(CHUNKPILOT_PROMETHEUS_URL, chart value prometheus.url)",
+    )
+    if current is not None:
+        phases.abort(plan, current, "no Prometheus to measure with")
+    live.remove_orphan(plan, None)
+
+
+def record_stable(plan: Plan) -> None:
+    """SLOMet, lastMeasurement and the summary from the stable reading (MetricsUnavailable if none)."""
+    snap = plan.snap
+    reading = snap.stable_reading
+    if reading.error is not None:
+        metrics_down(plan, reading.error)
+        return
+    m = reading.value
+    if m is None:
+        return
+    metrics_ok(plan)
+    slo, abort = snap.slo, rec.abort_rules(snap.isvc)
+    api = m.to_api()
+    state = rec.slo_state(api, slo, m.enough_samples(abort.min_samples))
+    itl, ttft = rec.latency_summary(api.itl_ms, slo.itl_ms), rec.latency_summary(api.ttft_ms, slo.ttft_ms)
+    plan.status["lastMeasurement"] = api.to_k8s()
+    plan.status["summary"] = ServiceSummary(itl=itl, ttft=ttft, slo=state).to_k8s()
+    text = f"{itl} ITL, {ttft} TTFT"
+    if state is SLOState.MET:
+        plan.condition(
+            ConditionType.SLO_MET, ConditionStatus.TRUE, "SLOMet", f"stable meets the SLOs: {text}"
+        )
+    elif state is SLOState.VIOLATED:
+        check = check_slo(m, slo)
+        broken = ", ".join(k.upper() for k, v in check.excess_ms.items() if v > 0)
+        plan.condition(
+            ConditionType.SLO_MET, ConditionStatus.FALSE, "SLOViolated", f"stable violates {broken}: {text}"
+        )
+    else:
+        plan.condition(
+            ConditionType.SLO_MET,
+            ConditionStatus.UNKNOWN,
+            "InsufficientData",
+            f"stable served {m.ttft_samples:.0f} requests in {m.window}; {abort.min_samples} needed",
+        )
+
+
+# --------------------------------------------------------------------------- idle: ask the study
+
+
+def idle(plan: Plan, settings: TunerSettings) -> None:
+    """No trial is active: stay stopped, or ask the study for the next trial and create it."""
+    snap = plan.snap
+    try:
+        space = build_space(rec.service_facts(snap.isvc), rec.space_bounds(snap.isvc))
+    except SpaceError as error:
+        invalid_space(plan, str(error))
+        return
+    if snap.stable_reading.down:
+        return  # Prometheus unreachable: wait (MetricsUnavailable set)
+    round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
+    in_round = [t for t in snap.trials if rec.trial_round(t) == round_]
+    if stop_reason(plan, records(plan, space, in_round), len(in_round)) is not None:
+        if not should_retune(plan, settings):
+            return
+        round_ += 1
+        plan.emit(
+            EventType.WARNING,
+            "Retuning",
+            f"SLO violated for a sustained window after tuning stopped: starting tuning round {round_}",
+        )
+    if snap.stable is None or not snap.stable.rollout_complete:
+        plan.condition(
+            ConditionType.TUNING,
+            ConditionStatus.TRUE,
+            TuningReason.WAITING,
+            "waiting for the stable Deployment to finish rolling out before the next trial",
+        )
+        return
+    ask(plan, space, round_)
+
+
+def ask(plan: Plan, space: SearchSpace, round_: int) -> None:
+    """Ask the study for trial ``n + 1`` of ``round_`` and create it."""
+    snap = plan.snap
+    number = max((t.spec.number for t in snap.trials), default=0) + 1
+    known = records(plan, space, snap.trials)
+    incumbent_record = rec.incumbent_record(snap.trials, space, plan.stable_config, snap.slo)
+    if incumbent_record is not None:
+        known.append(incumbent_record)
+    round_trials = [t for t in snap.trials if rec.trial_round(t) == round_]
+    facts, mix = round_token_mix(rec.service_facts(snap.isvc), snap.stable_reading.value, round_trials)
+    try:
+        starts = warm_start(space, facts)
+        suggestion = suggest(
+            space,
+            known,
+            sampler=str(snap.isvc.spec.autotune.sampler),
+            seed=seed_for(snap.isvc.metadata.uid or snap.name, number),
+            warm_starts=starts,
+            exclude=[rec.tuned_config(plan.stable_config)],
+        )
+    except (SpaceError, SamplerUnavailableError) as error:
+        invalid_space(plan, str(error))
+        return
+    if suggestion is None:
+        stopped(plan, StopReason.EXHAUSTED, "no untried configuration is left in the search space")
+        return
+    config = rec.engine_config(suggestion.config)
+    manifest = trial_manifest(plan, number, config, suggestion.params, round_, mix)
+    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=config.summary())
+    plan.do(CreateTrial(manifest, phases.status_patch(status)))
+    plan.status["currentTrial"] = manifest["metadata"]["name"]
+    plan.condition(
+        ConditionType.TUNING,
+        ConditionStatus.TRUE,
+        TuningReason.TRIAL_RUNNING,
+        f"trial {number} ({suggestion.source}): {config.summary()}",
+    )
+    plan.do(CurrentTrialGauge(number))
+    if suggestion.source == "warm-start":
+        plan.emit(
+            EventType.NORMAL,
+            "WarmStart",
+            f"trial {number} is a model-based warm start ({config.summary()}) sized for {mix.note}",
+        )
+    plan.do(Log(f"trial {number} created ({suggestion.source}): {config.summary()}"))
+
+
+def invalid_space(plan: Plan, message: str) -> None:
+    plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.INVALID_SPACE, message)
+
+
+def records(plan: Plan, space: SearchSpace, trials: Iterable[TuningTrial]) -> list[TrialRecord]:
+    return [r for t in trials if (r := rec.trial_record(t, space, plan.snap.slo)) is not None]
+
+
+def trial_manifest(
+    plan: Plan,
+    number: int,
+    config: EngineConfig,
+    params: Mapping[str, int],
+    round_: int,
+    mix: TokenMix,
+) -> dict[str, Any]:
+    """The new TuningTrial, owned by the service; its study inputs travel in its spec."""
+    snap = plan.snap
+    trial = TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name(snap.name, number),
+            namespace=snap.namespace,
+            labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
+        ),
+        spec=TuningTrialSpec(
+            service_name=snap.name,
+            number=number,
+            params=config,
+            baseline_config_hash=plan.stable_config.config_hash(),
+            track=Track.CANARY,
+            window=snap.isvc.spec.autotune.trial_window,
+            study_params=dict(params),
+            token_mix=mix,
+        ),
+    )
+    return adopt(trial.to_manifest(), snap.body)
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def stop_reason(plan: Plan, round_records: Sequence[TrialRecord], round_trials: int) -> StopReason | None:
+    """Why tuning stops (infeasible SLOs, max trials, converged), with its conditions set; None: go on."""
+    autotune = plan.snap.isvc.spec.autotune
+    infeasible = assess_infeasibility(round_records, plan.snap.slo, incumbent_met(plan))
+    if infeasible is not None:
+        remedies = ", ".join(r.value for r in infeasible.remedies)
+        message = f"{infeasible.message} Remedies: {remedies}."
+        before = plan.current_condition(ConditionType.SLO_INFEASIBLE)
+        if before is None or before.status != ConditionStatus.TRUE:
+            plan.emit(EventType.WARNING, "SLOInfeasible", message)
+        plan.condition(ConditionType.SLO_INFEASIBLE, ConditionStatus.TRUE, "SLOInfeasible", message)
+        stopped(plan, StopReason.INFEASIBLE, infeasible.message)
+        return StopReason.INFEASIBLE
+    plan.condition(
+        ConditionType.SLO_INFEASIBLE,
+        ConditionStatus.FALSE,
+        "Feasible",
+        "no evidence that the SLOs are out of reach",
+    )
+    reason: StopReason | None
+    if round_trials >= autotune.max_trials:
+        reason = StopReason.MAX_TRIALS
+    else:
+        reason = should_stop(round_records, autotune.max_trials)
+    if reason is not None:
+        detail = {
+            StopReason.MAX_TRIALS: f"{round_trials} of {autotune.max_trials} trials run",
+            StopReason.CONVERGED: "the best objective stopped improving",
+        }.get(reason, reason.value)
+        stopped(plan, reason, detail)
+    return reason
+
+
+def stopped(plan: Plan, reason: StopReason, detail: str) -> None:
+    status = plan.snap.status
+    before = plan.current_condition(ConditionType.TUNING)
+    best = f"; best: {status.best_trial} ({status.best_config.summary()})" if status.best_config else ""
+    message = f"tuning stopped: {detail}{best}"
+    if before is None or before.status != ConditionStatus.FALSE or before.reason != reason.value:
+        plan.emit(EventType.NORMAL, "TuningStopped", message)
+    plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, reason.value, message)
+    plan.status["currentTrial"] = None
+    plan.do(CurrentTrialGauge(0))
+
+
+def incumbent_met(plan: Plan) -> bool | None:
+    slo = plan.current_condition(ConditionType.SLO_MET)
+    if slo is None or slo.status == ConditionStatus.UNKNOWN:
+        return None
+    return bool(slo.status == ConditionStatus.TRUE)
+
+
+def should_retune(plan: Plan, settings: TunerSettings) -> bool:
+    """SLOMet turned False after tuning stopped and stayed so for the retune window."""
+    tuning = plan.current_condition(ConditionType.TUNING)
+    slo = plan.current_condition(ConditionType.SLO_MET)
+    if tuning is None or slo is None or tuning.status != ConditionStatus.FALSE:
+        return False
+    if tuning.reason == StopReason.INFEASIBLE.value or slo.status != ConditionStatus.FALSE:
+        return False
+    since, stopped_at = slo.last_transition_time, tuning.last_transition_time
+    if since is None or stopped_at is None or since <= stopped_at:
+        return False  # violated already when tuning stopped: a new round would find nothing new
+    window = settings.retune_after_s
+    if window is None:
+        assert plan.snap.isvc.spec.slo is not None
+        window = parse_duration(plan.snap.isvc.spec.slo.window)
+    return plan.snap.now - since >= timedelta(seconds=window)
+
+
+# --------------------------------------------------------------------------- the token mix
+
+
+def with_token_mix(facts: ServiceFacts, stable: TrackMeasurement | None) -> tuple[ServiceFacts, TokenMix]:
+    """``facts`` with the stable track's measured tokens per request, and the mix used.
+
+    A mean Prometheus has no data for stays None, so the warm start assumes the default.
+    """
+    prompt = stable.mean_prompt_tokens if stable is not None else None
+    output = stable.mean_output_tokens if stable is not None else None
+    facts = replace(facts, mean_prompt_tokens=prompt, mean_output_tokens=output)
+    window = f" over {stable.window}" if stable is not None else ""
+    if prompt is not None and output is not None:
+        source = f"measured on stable{window}"
+    elif prompt is None and output is None:
+        source = f"defaults: Prometheus has no stable traffic{window}"
+    else:
+        source = f"{'output' if prompt is not None else 'prompt'} default: no data{window}"
+    shown_prompt = prompt if prompt is not None else DEFAULT_PROMPT_TOKENS
+    shown_output = output if output is not None else DEFAULT_OUTPUT_TOKENS
+    note = f"{shown_prompt:.0f} prompt + {shown_output:.0f} output tokens per request ({source})"
+    return facts, TokenMix(prompt=prompt, output=output, note=note)
+
+
+def round_token_mix(
+    facts: ServiceFacts, stable: TrackMeasurement | None, round_trials: Sequence[TuningTrial]
+) -> tuple[ServiceFacts, TokenMix]:
+    """The token mix the round's first trial recorded, or (first trial of a round) the measured one.
+
+    The round's first trial fixes it, so a drifting measurement cannot mint a new warm start every trial.
+    """
+    first = min(round_trials, key=lambda t: t.spec.number, default=None)
+    mix = rec.token_mix(first) if first is not None else None
+    if mix is not None:
+        return replace(facts, mean_prompt_tokens=mix.prompt, mean_output_tokens=mix.output), mix
+    return with_token_mix(facts, stable)

@@ -1,0 +1,473 @@
+"""Decide, for the active trial: one function per phase, each pure (a snapshot in, a plan filled).
+
+.. code-block:: text
+
+    Pending     -- canary applied (or a parked one taken over) -->  RollingOut
+    RollingOut  -- canary Ready (limits set live, if so) -->  Measuring (warm-up first)
+    Measuring   -- early breach -->  Pruned                      (canary parked or deleted)
+                -- window over  -->  Promoted | RolledBack | Failed
+                -- Prometheus silent --> metrics gap: restart the window, or abort after a long gap
+                -- too few samples at the end --> the window widens up to its deadline
+    Promoted    -- the operator runs it on stable (appliedConfigHash) -->  promotion applied
+
+Every phase writes progress through the trial's ``status.progress`` block; the
+stable Deployment is the operator's alone: a promotion writes ``status.bestConfig``
+and is marked applied once the operator reports the promoted config's hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from chunkpilot.operator.builders import RenderError
+from chunkpilot.operator.events import EventType
+from chunkpilot.operator.status import DeploymentState
+from chunkpilot.tuner import liveadjust as live
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import (
+    Action,
+    ApplyCanary,
+    CountFinished,
+    CurrentTrialGauge,
+    Log,
+    MirrorStudy,
+    PatchTrial,
+    Plan,
+    TrackGauges,
+)
+from chunkpilot.tuner.measure import WindowMeasurement
+from chunkpilot.tuner.policy import (
+    Decision,
+    Judgement,
+    SLOTargets,
+    judge_early,
+    judge_final,
+    objective_value,
+)
+from chunkpilot.tuner.snapshot import window_plan
+from chunkpilot.tuner.space import SearchSpace, SpaceError, build_space
+
+from chunkpilot.api import (
+    LABEL_CONFIG_HASH,
+    ConditionStatus,
+    ConditionType,
+    Constraints,
+    EngineConfig,
+    Measurement,
+    Track,
+    TrialPhase,
+    TrialProgress,
+    TrialSummary,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialStatus,
+    parse_duration,
+)
+
+
+@dataclass(frozen=True)
+class TunerSettings:
+    """Timing and safety limits of the loop that are not part of the API."""
+
+    #: Longest a canary may take to become Ready before the trial is aborted.
+    rollout_timeout_s: float = 900.0
+    #: Restarts of a canary container that abort its trial (1: the first crash).
+    crash_restarts: int = 1
+    #: How long Prometheus may be unreachable during a trial before the trial is aborted
+    #: (None: the trial window).
+    metrics_outage_abort_s: float | None = None
+    #: SLO violated for this long after tuning stopped starts a new tuning round
+    #: (None: the SLO window).
+    retune_after_s: float | None = None
+
+
+VERDICTS = {
+    Decision.PROMOTE: (TrialPhase.PROMOTED, TrialVerdict.PROMOTED),
+    Decision.DISCARD: (TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED),
+    Decision.PRUNE: (TrialPhase.PRUNED, TrialVerdict.PRUNED),
+}
+
+
+# --------------------------------------------------------------------------- small pure helpers
+
+
+def space_of(plan: Plan) -> SearchSpace | None:
+    """The service's search space (None when it cannot be built)."""
+    try:
+        return build_space(rec.service_facts(plan.snap.isvc), rec.space_bounds(plan.snap.isvc))
+    except SpaceError:
+        return None
+
+
+def crash_message(
+    pods: Iterable[Mapping[str, Any]], limit: int, config_hash: str | None = None
+) -> str | None:
+    """Why the canary counts as crashed (a container restarted ``limit`` times or is in back-off).
+
+    Pods being deleted and pods of another config (an earlier trial's) are not looked at.
+    """
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        if config_hash is not None and (meta.get("labels") or {}).get(LABEL_CONFIG_HASH) != config_hash:
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            restarts = int(status.get("restartCount") or 0)
+            if restarts >= limit or waiting.get("reason") == "CrashLoopBackOff":
+                last = ((status.get("lastState") or {}).get("terminated")) or {}
+                details = [f"{restarts} restart(s)"]
+                if waiting.get("reason"):
+                    details.append(str(waiting["reason"]))
+                if "exitCode" in last:
+                    details.append(f"exit code {last['exitCode']}")
+                return f"canary pod {pod['metadata']['name']} crashed ({', '.join(details)})"
+    return None
+
+
+def excess_constraints(m: Measurement | None, slo: SLOTargets) -> Constraints | None:
+    if m is None or m.itl_ms is None or m.ttft_ms is None:
+        return None
+    return Constraints(itl=round(m.itl_ms - slo.itl_ms, 1), ttft=round(m.ttft_ms - slo.ttft_ms, 1))
+
+
+def status_patch(status: TuningTrialStatus) -> dict[str, object]:
+    return {"status": status.to_k8s()}
+
+
+def metrics_down(plan: Plan, error: str) -> None:
+    before = plan.current_condition(ConditionType.METRICS_UNAVAILABLE)
+    if before is None or before.status != ConditionStatus.TRUE:
+        plan.emit(EventType.WARNING, "MetricsUnavailable", f"tuning paused: {error}")
+    plan.condition(
+        ConditionType.METRICS_UNAVAILABLE,
+        ConditionStatus.TRUE,
+        "PrometheusUnreachable",
+        f"tuning paused, nothing is promoted: {error}",
+    )
+
+
+def metrics_ok(plan: Plan) -> None:
+    plan.condition(
+        ConditionType.METRICS_UNAVAILABLE, ConditionStatus.FALSE, "MetricsAvailable", "Prometheus answers"
+    )
+
+
+# --------------------------------------------------------------------------- one trial
+
+
+def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """The active trial's step: roll out, wait for Ready, measure, judge."""
+    snap = plan.snap
+    phase = rec.trial_phase(trial)
+    plan.status["currentTrial"] = trial.metadata.name
+    plan.condition(
+        ConditionType.TUNING,
+        ConditionStatus.TRUE,
+        "TrialRunning",
+        f"trial {trial.spec.number} {phase.value}: {trial.spec.params.summary()}",
+    )
+    plan.do(CurrentTrialGauge(trial.spec.number))
+    if phase is TrialPhase.PENDING or live.canary_owner(plan.canary) != trial.metadata.name:
+        roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
+        return
+    started = live.started_config(plan.canary)
+    config_hash = (started or trial.spec.params).config_hash()
+    crashed = crash_message(snap.canary_pods, settings.crash_restarts, config_hash)
+    if crashed is not None:
+        abort(plan, trial, crashed)
+        return
+    if snap.stable_reading.down:
+        if phase is TrialPhase.MEASURING:
+            metrics_gap(plan, trial, None, settings)
+        return
+    assert plan.canary is not None
+    if phase is TrialPhase.ROLLING_OUT:
+        check_rollout(plan, trial, DeploymentState.from_manifest(plan.canary), started, settings)
+    else:
+        measure(plan, trial, settings)
+
+
+def _ready(state: DeploymentState) -> bool:
+    return state.rollout_complete and state.ready >= state.desired > 0
+
+
+def roll_out(plan: Plan, trial: TuningTrial) -> None:
+    """Start the trial's canary: take over a parked one, else apply a new one."""
+    snap = plan.snap
+    canary = plan.canary
+    ready = canary is not None and _ready(DeploymentState.from_manifest(canary))
+    if not live.take_over_parked(plan, trial, ready):
+        try:
+            manifest = live.canary_manifest(snap.isvc, snap.body, trial)
+        except RenderError as error:
+            abort(plan, trial, f"the engine refuses the config: {error}")
+            return
+        start = live.live_start(plan, trial, space_of(plan))
+        if start is not None:
+            # The top of the space may not render: the trial's own config it is, then.
+            with contextlib.suppress(RenderError):
+                manifest = live.canary_manifest(snap.isvc, snap.body, trial, start)
+        plan.do(ApplyCanary(manifest))
+    started_at = trial.status.started_at if trial.status is not None and trial.status.started_at else snap.now
+    status = TuningTrialStatus(
+        phase=TrialPhase.ROLLING_OUT, params_summary=trial.spec.params.summary(), started_at=started_at
+    )
+    plan.do(PatchTrial(trial.metadata.name or "", status_patch(status)))
+    if rec.trial_phase(trial) is TrialPhase.PENDING:
+        plan.emit(
+            EventType.NORMAL,
+            "TrialStarted",
+            f"trial {trial.spec.number} canary started: "
+            f"{rec.config_change(plan.stable_config, trial.spec.params)}",
+        )
+    plan.do(TrackGauges(Track.CANARY, trial.spec.params))
+
+
+def check_rollout(
+    plan: Plan,
+    trial: TuningTrial,
+    state: DeploymentState,
+    started: EngineConfig | None,
+    settings: TunerSettings,
+) -> None:
+    """RollingOut: once the canary is Ready, set live limits if so and start the warm-up; else time out."""
+    snap = plan.snap
+    name = trial.metadata.name or ""
+    if _ready(state):
+        warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
+
+        def measuring(progress: TrialProgress) -> list[Action]:
+            ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
+            phase = TuningTrialStatus(phase=TrialPhase.MEASURING)
+            return [PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, status_patch(phase))]
+
+        def aborting(reason: str) -> list[Action]:
+            sub = Plan(snap)
+            sub.canary = plan.canary
+            abort(sub, trial, reason)
+            return sub.actions
+
+        if started is None or not live.adjust_or_fall_back(plan, trial, started, measuring, aborting):
+            plan.do(*measuring(rec.trial_progress(trial)))
+        return
+    since = trial.status.started_at if trial.status is not None else None
+    if state.progress_deadline_exceeded:
+        abort(plan, trial, "the canary Deployment exceeded its progress deadline")
+    elif since is not None and (snap.now - since).total_seconds() > settings.rollout_timeout_s:
+        abort(plan, trial, f"the canary did not become Ready within {settings.rollout_timeout_s:g}s")
+
+
+def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """Measuring: wait out the warm-up, prune early on a breach, judge once the window is over."""
+    snap = plan.snap
+    progress = rec.trial_progress(trial)
+    window_s = parse_duration(snap.isvc.spec.autotune.trial_window)
+    due = window_plan(progress.measure_from, window_s, snap.now)
+    if due is None:
+        return  # warming up, or too short a window yet
+    if snap.window.down or snap.window.value is None:
+        metrics_gap(plan, trial, snap.window.error or "no measurement of the trial window", settings)
+        return
+    window = snap.window.value
+    metrics_ok(plan)
+    if progress.metrics_gap_since is not None:
+        # The window has a hole: measure again from now on.
+        restarted = progress.model_copy(update={"metrics_gap_since": None, "measure_from": snap.now})
+        plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(restarted)))
+        plan.emit(
+            EventType.NORMAL,
+            "MetricsRestored",
+            f"trial {trial.spec.number}: Prometheus answers again; restarting the measurement window",
+        )
+        return
+    if not due.final:
+        early = judge_early(window.canary, snap.slo, rec.abort_rules(snap.isvc))
+        if early.decision is Decision.PRUNE:
+            conclude(plan, trial, Decision.PRUNE, early.reason, window)
+        return
+    verdict = judge(plan, window)
+    if verdict.decision is Decision.INCONCLUSIVE and due.widened_at is not None:
+        # Too few samples in the window: widen it up to now (until the deadline).
+        if snap.widened.down or snap.widened.value is None:
+            metrics_gap(plan, trial, snap.widened.error or "no measurement of the widened window", settings)
+            return
+        window = snap.widened.value
+        verdict = judge(plan, window)
+    if verdict.decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
+        return
+    conclude(plan, trial, verdict.decision, verdict.reason, window)
+
+
+def judge(plan: Plan, window: WindowMeasurement) -> Judgement:
+    """The final verdict on ``window`` against the incumbent's last measured objective."""
+    snap = plan.snap
+    space = space_of(plan)
+    incumbent = rec.incumbent_record(snap.trials, space, plan.stable_config, snap.slo) if space else None
+    return judge_final(
+        window,
+        snap.slo,
+        rec.abort_rules(snap.isvc),
+        rec.objective_kind(snap.isvc),
+        snap.isvc.spec.engine.tensor_parallel_size,
+        incumbent_objective=incumbent.objective if incumbent is not None else None,
+    )
+
+
+def metrics_gap(plan: Plan, trial: TuningTrial, error: str | None, settings: TunerSettings) -> None:
+    """Note when Prometheus stopped answering during the trial; abort after a long outage."""
+    snap = plan.snap
+    if error is not None:
+        metrics_down(plan, error)
+    progress = rec.trial_progress(trial)
+    since = progress.metrics_gap_since
+    if since is None:
+        gap = progress.model_copy(update={"metrics_gap_since": snap.now})
+        plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(gap)))
+        return
+    limit = settings.metrics_outage_abort_s
+    if limit is None:
+        limit = float(parse_duration(snap.isvc.spec.autotune.trial_window))
+    if (snap.now - since).total_seconds() > limit:
+        abort(plan, trial, f"Prometheus unreachable for more than {limit:g}s; not judging without data")
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def conclude(
+    plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: WindowMeasurement
+) -> None:
+    """Record the verdict with both tracks' measurements; promote a winner."""
+    snap = plan.snap
+    kind = rec.objective_kind(snap.isvc)
+    gpus = snap.isvc.spec.engine.tensor_parallel_size
+    canary_obj = objective_value(window.canary, snap.slo, kind, gpus)
+    stable_obj = (
+        objective_value(window.stable, snap.slo, kind, gpus)
+        if window.stable.enough_samples(rec.abort_rules(snap.isvc).min_samples)
+        else None
+    )
+    phase, verdict = VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
+    if stable_obj is not None:
+        progress = rec.trial_progress(trial).model_copy(update={"stable_objective": round(stable_obj, 4)})
+        plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(progress)))
+    objective = None if verdict is TrialVerdict.ABORTED else canary_obj
+    finish(plan, trial, phase, verdict, reason, window, objective)
+    if verdict is TrialVerdict.PROMOTED:
+        promote(plan, trial, reason)
+
+
+def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    finish(plan, trial, TrialPhase.FAILED, TrialVerdict.ABORTED, reason)
+
+
+def finish(
+    plan: Plan,
+    trial: TuningTrial,
+    phase: TrialPhase,
+    verdict: TrialVerdict,
+    reason: str,
+    window: WindowMeasurement | None = None,
+    objective: float | None = None,
+) -> None:
+    """Record the verdict first, then remove the canary (an orphan is removed on the next step)."""
+    snap = plan.snap
+    name = trial.metadata.name or ""
+    canary = window.canary.to_api() if window is not None else None
+    stable = window.stable.to_api() if window is not None else None
+    status = TuningTrialStatus(
+        phase=phase,
+        params_summary=trial.spec.params.summary(),
+        canary=canary,
+        stable=stable,
+        constraints=excess_constraints(canary, snap.slo),
+        objective=None if objective is None or not math.isfinite(objective) else round(objective, 4),
+        verdict=verdict,
+        reason=reason[:4096],
+        finished_at=snap.now,
+        summary=TrialSummary(
+            itl=rec.latency_summary(canary.itl_ms if canary else None, snap.slo.itl_ms),
+            ttft=rec.latency_summary(canary.ttft_ms if canary else None, snap.slo.ttft_ms),
+        ),
+    )
+    plan.do(PatchTrial(name, status_patch(status)))
+    live.park_or_delete(plan, trial, verdict)
+    plan.status["trialsCompleted"] = sum(
+        1 for t in plan.trials if not rec.is_active(t) or t.metadata.name == name
+    )
+    plan.status["currentTrial"] = None
+    plan.do(CountFinished(verdict), CurrentTrialGauge(0))
+    if verdict is not TrialVerdict.PROMOTED:
+        warning = verdict in (TrialVerdict.ABORTED, TrialVerdict.PRUNED)
+        plan.emit(
+            EventType.WARNING if warning else EventType.NORMAL,
+            f"Trial{verdict.value}",
+            f"trial {trial.spec.number} {verdict.value.lower()} ({trial.spec.params.summary()}): {reason}",
+        )
+    plan.trials = [
+        t if t.metadata.name != name else t.model_copy(update={"status": status}) for t in plan.trials
+    ]
+    mirror(plan)
+    plan.do(Log(f"trial {trial.spec.number} {verdict.value}: {reason}"))
+
+
+def mirror(plan: Plan) -> None:
+    """Hand the whole finished history to the mirror (it skips what it already has)."""
+    space = space_of(plan)
+    if space is None:
+        return
+    finished = [t for t in plan.trials if not rec.is_active(t)]
+    attrs = {
+        t.spec.number: {"verdict": str(t.status.verdict), "reason": t.status.reason or ""}
+        for t in finished
+        if t.status is not None and t.status.verdict is not None
+    }
+    records = tuple(r for t in finished if (r := rec.trial_record(t, space, plan.snap.slo)) is not None)
+    plan.do(MirrorStudy(space, records, attrs))
+
+
+def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    """Make the trial's config the service's best; the operator rolls the stable Deployment to it."""
+    best = trial.spec.params
+    old = plan.stable_config
+    plan.status["bestConfig"] = best.to_k8s()
+    plan.status["bestTrial"] = trial.metadata.name
+    plan.incumbent = best
+    plan.emit(
+        EventType.NORMAL,
+        "Promoted",
+        f"promoted trial {trial.spec.number}: {rec.config_change(old, best)}; {reason}",
+    )
+    plan.do(TrackGauges(Track.STABLE, best))
+
+
+def pending_promotion(plan: Plan) -> TuningTrial | None:
+    """Complete the latest promotion: re-write bestConfig if it is missing, mark it applied once it runs.
+
+    Returns the promoted trial while the operator has not rolled the stable track to it yet.
+    """
+    snap = plan.snap
+    promoted = next((t for t in reversed(snap.trials) if rec.trial_phase(t) is TrialPhase.PROMOTED), None)
+    if promoted is None:
+        return None
+    progress = rec.trial_progress(promoted)
+    if progress.promotion_applied:
+        return None
+    best = promoted.spec.params
+    if snap.status.best_config != best or snap.status.best_trial != promoted.metadata.name:
+        # The verdict was recorded but the step stopped before bestConfig was written.
+        promote(plan, promoted, "completing a promotion interrupted by a restart")
+        return promoted
+    if snap.status.applied_config_hash != best.config_hash():
+        return promoted  # the operator has not rolled the stable Deployment to it yet
+    applied = progress.model_copy(update={"promotion_applied": True})
+    plan.do(PatchTrial(promoted.metadata.name or "", rec.progress_patch(applied)))
+    plan.do(Log(f"trial {promoted.spec.number}: the stable track runs the promoted config"))
+    return None
