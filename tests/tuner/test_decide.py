@@ -1,0 +1,452 @@
+"""decide(): one snapshot in, a plan out, per phase; no API server, no Prometheus, no clock.
+
+Every snapshot is built from the API models directly; the assertions read the plan's
+typed actions, status fields and conditions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from chunkpilot.operator.builders import incumbent
+from chunkpilot.operator.status import DeploymentState
+from chunkpilot.tuner import liveadjust as live
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import (
+    Action,
+    AdjustLive,
+    AnnotateCanary,
+    ApplyCanary,
+    CreateTrial,
+    DeleteCanary,
+    Emit,
+    PatchTrial,
+    Plan,
+)
+from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
+
+from chunkpilot.api import (
+    EngineConfig,
+    InferenceService,
+    ObjectMeta,
+    TrialPhase,
+    TrialProgress,
+    TuningTrial,
+    TuningTrialSpec,
+    TuningTrialStatus,
+    trial_labels,
+    trial_name,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+SETTINGS = TunerSettings(rollout_timeout_s=120)
+TRIAL_CONFIG = EngineConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+READY = DeploymentState(
+    desired=1, replicas=1, ready=1, updated=1, available=1, generation=1, observed_generation=1
+)
+
+
+def service_body(**autotune: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
+    body["spec"]["engine"]["maxNumBatchedTokens"] = 8192
+    body["spec"]["autotune"].update({"trialWindow": "60s", "warmup": "10s", "maxTrials": 6, **autotune})
+    return body
+
+
+def service(body: dict[str, Any]) -> InferenceService:
+    isvc = parse_service(body)
+    assert isvc is not None
+    return isvc
+
+
+def trial(
+    number: int = 1,
+    phase: TrialPhase | None = TrialPhase.MEASURING,
+    progress: TrialProgress | None = None,
+    params: EngineConfig = TRIAL_CONFIG,
+    **status: Any,
+) -> TuningTrial:
+    return TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name("chat", number),
+            namespace="default",
+            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
+        ),
+        spec=TuningTrialSpec(service_name="chat", number=number, params=params, window="60s"),
+        status=TuningTrialStatus(
+            phase=phase, started_at=NOW - timedelta(seconds=30), progress=progress, **status
+        )
+        if phase is not None
+        else None,
+    )
+
+
+def canary_of(body: dict[str, Any], owner: TuningTrial, ready: bool = True, **start: Any) -> dict[str, Any]:
+    start_config = owner.spec.params.model_copy(update=start) if start else None
+    manifest = live.canary_manifest(service(body), body, owner, start_config)
+    manifest["metadata"]["generation"] = 1
+    replicas = manifest["spec"]["replicas"] if ready else 0
+    manifest["status"] = {
+        "replicas": manifest["spec"]["replicas"],
+        "readyReplicas": replicas,
+        "updatedReplicas": manifest["spec"]["replicas"],
+        "availableReplicas": replicas,
+        "observedGeneration": 1,
+    }
+    return manifest
+
+
+def measurement(
+    track: str, itl_ms: float, ttft_ms: float = 500.0, samples: float = 500.0
+) -> TrackMeasurement:
+    return TrackMeasurement(
+        track=track,
+        window="60s",
+        time=NOW,
+        itl_quantile=0.99,
+        ttft_quantile=0.95,
+        itl_ms=itl_ms,
+        ttft_ms=ttft_ms,
+        itl_samples=samples * 50,
+        ttft_samples=samples,
+        generation_tok_s=1000.0,
+        prompt_tok_s=2000.0,
+        request_rate=5.0,
+        replicas=1,
+    )
+
+
+STABLE_VIOLATING = Reading(measurement("stable", 90.0))
+
+
+def snapshot(
+    body: dict[str, Any] | None = None, trials: Sequence[TuningTrial] = (), **fields: Any
+) -> Snapshot:
+    body = body or service_body()
+    isvc = service(body)
+    assert isvc.status is not None
+    values: dict[str, Any] = {
+        "stable": READY,
+        "prometheus": True,
+        "stable_reading": STABLE_VIOLATING,
+        **fields,
+    }
+    return Snapshot(
+        body=body,
+        isvc=isvc,
+        status=isvc.status,
+        trials=tuple(trials),
+        now=NOW,
+        incumbent=incumbent(isvc),
+        **values,
+    )
+
+
+A = TypeVar("A")
+
+
+def of_type(plan: Plan, kind: type[A]) -> list[A]:
+    return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def events(actions: Sequence[Action]) -> list[str]:
+    return [a.event.reason for a in actions if isinstance(a, Emit)]
+
+
+def trial_status(plan: Plan | Sequence[Action]) -> dict[str, Any]:
+    """Every status field the plan writes to trials, merged in order."""
+    merged: dict[str, Any] = {}
+    actions = plan.actions if isinstance(plan, Plan) else plan
+    for action in actions:
+        if isinstance(action, PatchTrial):
+            merged.update(action.patch["status"])
+    return merged
+
+
+def condition(plan: Plan, type_: str) -> tuple[str, str] | None:
+    found = next((c for c in plan.conditions if c.type == type_), None)
+    return (found.status.value, found.reason) if found else None
+
+
+# --------------------------------------------------------------------------- service phases
+
+
+def test_idle_asks_the_study_and_creates_trial_one_with_its_study_inputs_in_the_spec() -> None:
+    plan = decide(snapshot(), SETTINGS)
+    (create,) = of_type(plan, CreateTrial)
+    created = TuningTrial.from_manifest(dict(create.manifest))
+    assert created.metadata.name == "chat-trial-1" and created.spec.number == 1
+    assert created.spec.study_params is not None and created.spec.token_mix is not None
+    assert created.spec.token_mix.note.endswith("(measured on stable over 60s)")
+    assert create.manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-chat"
+    assert create.status["status"]["phase"] == "Pending"
+    assert plan.status["currentTrial"] == "chat-trial-1"
+    assert condition(plan, "Tuning") == ("True", "TrialRunning")
+    assert condition(plan, "SLOMet") == ("False", "SLOViolated")
+    assert decide(snapshot(), SETTINGS).actions == plan.actions  # pure: the same snapshot, the same plan
+
+
+def test_without_a_stable_rollout_nothing_is_asked() -> None:
+    plan = decide(snapshot(stable=None), SETTINGS)
+    assert of_type(plan, CreateTrial) == []
+    assert condition(plan, "Tuning") == ("True", "WaitingForStable")
+
+
+def test_prometheus_down_is_an_explicit_reading_and_starts_nothing() -> None:
+    plan = decide(snapshot(stable_reading=Reading(error="connection refused")), SETTINGS)
+    assert of_type(plan, CreateTrial) == []
+    assert condition(plan, "MetricsUnavailable") == ("True", "PrometheusUnreachable")
+    assert "MetricsUnavailable" in events(plan.actions)
+
+
+def test_stopped_after_max_trials_creates_nothing_and_releases_a_parked_canary() -> None:
+    body = service_body(maxTrials=2, liveAdjust=True)
+    done = [trial(n, TrialPhase.ROLLED_BACK, verdict="Discarded") for n in (1, 2)]
+    parked = canary_of(body, done[-1])
+    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"})
+    plan = decide(snapshot(body, done, canary=parked), SETTINGS)
+    assert of_type(plan, CreateTrial) == []
+    assert condition(plan, "Tuning") == ("False", "MaxTrialsReached")
+    assert of_type(plan, DeleteCanary) and "TuningStopped" in events(plan.actions)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"), [({"paused": True}, "Paused"), ({"enabled": False}, "Disabled")]
+)
+def test_paused_or_disabled_aborts_the_running_trial_and_deletes_its_canary(
+    change: dict[str, Any], reason: str
+) -> None:
+    body = service_body(**change)
+    running = trial()
+    body["status"] = {
+        "conditions": [{"type": "Tuning", "status": "True", "reason": "TrialRunning", "message": ""}]
+    }
+    plan = decide(snapshot(body, [running], canary=canary_of(body, running)), SETTINGS)
+    assert trial_status(plan)["verdict"] == "Aborted"
+    assert of_type(plan, DeleteCanary)
+    assert condition(plan, "Tuning") == ("False", reason)
+    assert plan.status["currentTrial"] is None
+
+
+def test_an_orphaned_canary_is_deleted() -> None:
+    body = service_body()
+    orphan = canary_of(body, trial(7))
+    plan = decide(snapshot(body, [trial(7, TrialPhase.ROLLED_BACK)], canary=orphan), SETTINGS)
+    assert of_type(plan, DeleteCanary) and "OrphanRemoved" in events(plan.actions)
+
+
+# --------------------------------------------------------------------------- trial phases
+
+
+def test_pending_applies_the_canary_and_moves_to_rolling_out() -> None:
+    pending = trial(phase=TrialPhase.PENDING)
+    plan = decide(snapshot(trials=[pending]), SETTINGS)
+    (apply,) = of_type(plan, ApplyCanary)
+    assert apply.manifest["metadata"]["annotations"][rec.ANNOTATION_TRIAL] == "chat-trial-1"
+    assert live.started_config(apply.manifest) == TRIAL_CONFIG
+    assert trial_status(plan)["phase"] == "RollingOut"
+    assert "TrialStarted" in events(plan.actions)
+
+
+def test_rolling_out_starts_the_warm_up_once_the_canary_is_ready() -> None:
+    body = service_body()
+    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    plan = decide(snapshot(body, [rolling], canary=canary_of(body, rolling)), SETTINGS)
+    status = trial_status(plan)
+    assert status["phase"] == "Measuring"
+    assert status["progress"]["readyAt"] == "2026-01-01T12:00:00Z"
+    assert status["progress"]["measureFrom"] == "2026-01-01T12:00:10Z"  # warmup 10s
+
+
+def test_rolling_out_times_out() -> None:
+    body = service_body()
+    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    late = rolling.model_copy(
+        update={"status": rolling.status.model_copy(update={"started_at": NOW - timedelta(seconds=121)})}  # type: ignore[union-attr]
+    )
+    plan = decide(snapshot(body, [late], canary=canary_of(body, late, ready=False)), SETTINGS)
+    assert trial_status(plan)["verdict"] == "Aborted"
+    assert "did not become Ready within 120s" in trial_status(plan)["reason"]
+
+
+def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None:
+    body = service_body(liveAdjust=True)
+    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    canary = canary_of(body, rolling, max_num_batched_tokens=8192, max_num_seqs=256)
+    pod = {
+        "metadata": {"name": "p", "labels": dict(canary["spec"]["template"]["metadata"]["labels"])},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    snap = snapshot(body, [rolling], canary=canary, canary_pods=(pod,), live_token="tok")
+    (adjust,) = of_type(decide(snap, SETTINGS), AdjustLive)
+    assert adjust.limits == live.target_limits(TRIAL_CONFIG) and adjust.token == "tok"
+    success = trial_status(adjust.on_success)
+    assert success["progress"]["liveAdjusted"] is True and success["phase"] == "Measuring"
+    failure = adjust.on_failure("answered 409")
+    assert trial_status(failure)["progress"]["liveAdjusted"] is False
+    assert trial_status(failure)["progress"]["liveAdjustError"] == "answered 409"
+    assert trial_status(failure)["phase"] == "RollingOut"
+    (rollout,) = [a for a in failure if isinstance(a, ApplyCanary)]
+    assert live.started_config(rollout.manifest) == TRIAL_CONFIG  # rolled out with the trial's own config
+    assert "LiveAdjustFailed" in events(failure)
+    # Without the token the fallback is decided at once.
+    plan = decide(snapshot(body, [rolling], canary=canary, live_token_error="no token"), SETTINGS)
+    assert of_type(plan, AdjustLive) == [] and "LiveAdjustFailed" in events(plan.actions)
+
+
+def measuring(measure_from: datetime, **progress: Any) -> TuningTrial:
+    return trial(
+        progress=TrialProgress(
+            ready_at=measure_from - timedelta(seconds=10), measure_from=measure_from, **progress
+        )
+    )
+
+
+def window(canary_itl: float, samples: float = 500.0) -> Reading[WindowMeasurement]:
+    return Reading(
+        WindowMeasurement(
+            measurement("canary", canary_itl, samples=samples), measurement("stable", 90.0, samples=samples)
+        )
+    )
+
+
+def test_warm_up_waits() -> None:
+    body = service_body()
+    warming = measuring(NOW + timedelta(seconds=5))
+    plan = decide(snapshot(body, [warming], canary=canary_of(body, warming)), SETTINGS)
+    assert of_type(plan, PatchTrial) == [] and of_type(plan, DeleteCanary) == []
+    assert condition(plan, "Tuning") == ("True", "TrialRunning")
+
+
+def test_an_early_breach_prunes_and_a_good_window_promotes_through_best_config() -> None:
+    body = service_body()
+    early = measuring(NOW - timedelta(seconds=20))
+    plan = decide(snapshot(body, [early], canary=canary_of(body, early), window=window(500.0)), SETTINGS)
+    assert trial_status(plan)["verdict"] == "Pruned" and of_type(plan, DeleteCanary)
+
+    done = measuring(NOW - timedelta(seconds=61))
+    plan = decide(snapshot(body, [done], canary=canary_of(body, done), window=window(30.0)), SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Promoted" and status["progress"]["stableObjective"] is not None
+    assert plan.status["bestConfig"] == TRIAL_CONFIG.to_k8s() and plan.status["bestTrial"] == "chat-trial-1"
+    assert "Promoted" in events(plan.actions)
+    assert not [a for a in plan.actions if isinstance(a, ApplyCanary)]  # the operator rolls stable
+
+
+def test_too_few_samples_at_the_end_judges_the_widened_window() -> None:
+    body = service_body()
+    late = measuring(NOW - timedelta(seconds=75))
+    snap = snapshot(
+        body, [late], canary=canary_of(body, late), window=window(30.0, samples=10), widened=window(30.0)
+    )
+    assert trial_status(decide(snap, SETTINGS))["verdict"] == "Promoted"
+    inconclusive = replace(snap, widened=window(30.0, samples=10))
+    assert of_type(decide(inconclusive, SETTINGS), PatchTrial) == []  # wait until the deadline
+
+
+def test_a_metrics_gap_is_noted_restarts_the_window_and_aborts_when_long() -> None:
+    body = service_body()
+    open_window = measuring(NOW - timedelta(seconds=20))
+    snap = snapshot(body, [open_window], canary=canary_of(body, open_window), window=Reading(error="down"))
+    assert trial_status(decide(snap, SETTINGS))["progress"]["metricsGapSince"] == "2026-01-01T12:00:00Z"
+
+    gap = measuring(NOW - timedelta(seconds=20), metrics_gap_since=NOW - timedelta(seconds=5))
+    snap = snapshot(body, [gap], canary=canary_of(body, gap), window=window(30.0))
+    plan = decide(snap, SETTINGS)
+    progress = trial_status(plan)["progress"]
+    assert progress["metricsGapSince"] is None and progress["measureFrom"] == "2026-01-01T12:00:00Z"
+    assert "MetricsRestored" in events(plan.actions)
+
+    long = measuring(NOW - timedelta(seconds=90), metrics_gap_since=NOW - timedelta(seconds=61))
+    snap = snapshot(body, [long], canary=canary_of(body, long), stable_reading=Reading(error="down"))
+    assert "Prometheus unreachable for more than 60s" in trial_status(decide(snap, SETTINGS))["reason"]
+
+
+def test_a_finished_live_trial_parks_its_canary() -> None:
+    body = service_body(liveAdjust=True)
+    done = measuring(NOW - timedelta(seconds=61), live_adjusted=True)
+    plan = decide(snapshot(body, [done], canary=canary_of(body, done), window=window(70.0)), SETTINGS)
+    assert trial_status(plan)["verdict"] == "Discarded"
+    (park,) = of_type(plan, AnnotateCanary)
+    assert park.annotations == {rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"}
+    assert of_type(plan, DeleteCanary) == []
+
+
+def test_a_parked_canary_is_taken_over_by_the_next_trial_without_a_rollout() -> None:
+    body = service_body(liveAdjust=True)
+    previous = trial(1, TrialPhase.ROLLED_BACK, verdict="Discarded")
+    parked = canary_of(body, previous, max_num_batched_tokens=8192, max_num_seqs=256)
+    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"})
+    plan = decide(snapshot(body, [previous, trial(2, TrialPhase.PENDING)], canary=parked), SETTINGS)
+    assert of_type(plan, ApplyCanary) == [] and of_type(plan, DeleteCanary) == []
+    (take,) = of_type(plan, AnnotateCanary)
+    assert take.annotations == {rec.ANNOTATION_TRIAL: "chat-trial-2", live.ANNOTATION_PARKED: None}
+
+
+# --------------------------------------------------------------------------- pending promotion
+
+
+def promoted_body(applied: str | None) -> tuple[dict[str, Any], TuningTrial]:
+    body = service_body()
+    body["status"] = {
+        "bestConfig": TRIAL_CONFIG.to_k8s(),
+        "bestTrial": "chat-trial-1",
+        "appliedConfigHash": applied,
+    }
+    return body, trial(1, TrialPhase.PROMOTED, verdict="Promoted")
+
+
+def test_a_promotion_waits_for_the_operator_and_is_marked_applied_when_stable_runs_it() -> None:
+    body, promoted = promoted_body(
+        applied=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=128).config_hash()
+    )
+    plan = decide(snapshot(body, [promoted]), SETTINGS)
+    assert of_type(plan, CreateTrial) == [] and of_type(plan, PatchTrial) == []
+    assert condition(plan, "Tuning") == ("True", "WaitingForStable")
+
+    body, promoted = promoted_body(applied=TRIAL_CONFIG.config_hash())
+    plan = decide(snapshot(body, [promoted]), SETTINGS)
+    assert trial_status(plan)["progress"]["promotionApplied"] is True
+    (create,) = of_type(plan, CreateTrial)  # stable runs it: the next trial is compared against it
+    assert create.manifest["spec"]["baselineConfigHash"] == TRIAL_CONFIG.config_hash()
+
+
+def test_an_interrupted_promotion_writes_best_config_again() -> None:
+    body = service_body()
+    plan = decide(snapshot(body, [trial(1, TrialPhase.PROMOTED, verdict="Promoted")]), SETTINGS)
+    assert plan.status["bestConfig"] == TRIAL_CONFIG.to_k8s()
+    assert of_type(plan, PatchTrial) == []
+
+
+def test_a_trial_of_the_previous_release_is_read_from_its_annotations() -> None:
+    legacy = trial(progress=None)
+    legacy.metadata.annotations = {
+        "chunkpilot.io/measure-from": "2026-01-01T11:59:40Z",
+        "chunkpilot.io/metrics-gap-since": "2026-01-01T11:59:55Z",
+        "chunkpilot.io/live-adjusted": "failed: answered 409",
+        "chunkpilot.io/canary-config-hash": "abcd",
+        "chunkpilot.io/stable-objective": "123.5",
+    }
+    progress = rec.trial_progress(legacy)
+    assert progress.measure_from == NOW - timedelta(seconds=20)
+    assert progress.metrics_gap_since == NOW - timedelta(seconds=5)
+    assert progress.live_adjusted is False and progress.live_adjust_error == "answered 409"
+    assert (progress.canary_config_hash, progress.stable_objective) == ("abcd", 123.5)
+    assert rec.canary_config_hash(legacy) == "abcd"
+    # Once the block is written it is authoritative: a cleared gap stays cleared.
+    written = copy.deepcopy(legacy)
+    assert written.status is not None
+    written.status.progress = progress.model_copy(update={"metrics_gap_since": None})
+    assert rec.trial_progress(written).metrics_gap_since is None
