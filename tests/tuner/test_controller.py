@@ -13,6 +13,7 @@ import asyncio
 import copy
 import dataclasses
 import itertools
+import json
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -622,6 +623,46 @@ def test_restart_mid_trial_resumes_the_same_trial_without_duplicates() -> None:
     measure_from = rec.trial_progress(before).measure_from
     assert measure_from is not None
     assert rec.trial_progress(h.finished()[0]).measure_from == measure_from
+
+
+def test_a_trial_written_by_the_previous_release_resumes_from_its_annotations() -> None:
+    """The previous release kept progress and study inputs in annotations; an upgrade resumes its trial."""
+    h = Harness()
+    h.run_until(lambda: bool(h.trials()) and rec.trial_phase(h.trials()[0]) == "Measuring")
+    h.tick(2)
+    before = h.trials()[0]
+    key = next(k for k, o in h.kube.objects.items() if o["metadata"]["name"] == before.metadata.name)
+    obj = h.kube.objects[key]
+    progress = obj["status"].pop("progress")
+    params, mix = obj["spec"].pop("studyParams"), obj["spec"].pop("tokenMix")
+    obj["metadata"]["annotations"] = {
+        "chunkpilot.io/canary-ready-at": progress["readyAt"],
+        "chunkpilot.io/measure-from": progress["measureFrom"],
+        "chunkpilot.io/study-params": json.dumps(params),
+        "chunkpilot.io/token-mix": mix["note"],
+        "chunkpilot.io/token-mix-means": json.dumps(
+            {"prompt": mix.get("prompt"), "output": mix.get("output")}
+        ),
+    }
+    legacy = h.trials()[0]
+    assert legacy.status is not None and legacy.status.progress is None and legacy.spec.study_params is None
+    measure_from = rec.trial_progress(before).measure_from
+    assert measure_from is not None and rec.trial_progress(legacy).measure_from == measure_from
+    h.controller = h.new_controller()  # the upgraded release
+    h.run_until(lambda: bool(h.finished()))
+    finished = h.finished()[0]
+    assert finished.metadata.name == before.metadata.name and len(h.trials()) == 1
+    assert finished.status is not None and finished.status.verdict != "Aborted", finished.status
+    assert rec.trial_progress(finished).measure_from == measure_from  # the window it had started
+    assert rec.token_mix(finished) == before.spec.token_mix
+    space = build_space(
+        rec.service_facts(
+            InferenceService.from_manifest(
+                {k: v for k, v in h.kube.objects[h.isvc_path].items() if k != "status"}
+            )
+        )
+    )
+    assert rec.study_params(finished, space) == before.spec.study_params
 
 
 def test_a_crash_between_creating_a_trial_and_recording_it_creates_no_duplicate() -> None:
