@@ -96,6 +96,14 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def fast_sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    """Llama-3.1-8B with a 512-token context at 1000x real time (outputs finish in milliseconds)."""
+    args = ("llama-3.1-8b", "--served-model-name", "llama-8b", "--max-model-len", "512")
+    with run_sim_server(tmp_path_factory.mktemp("sim-fast"), *args, time_scale=1000.0) as server:
+        yield server
+
+
 @pytest.fixture
 def sim_server_runner() -> Any:
     """``run_sim_server`` for tests that need their own server flags (``with runner(dir, *args) as s``)."""
