@@ -44,7 +44,13 @@ from chunkpilot.tuner.actions import (
 )
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings, metrics_down, metrics_ok
-from chunkpilot.tuner.policy import StopReason, assess_infeasibility, check_slo, should_stop
+from chunkpilot.tuner.policy import (
+    StopReason,
+    assess_infeasibility,
+    check_slo,
+    should_stop,
+    sustained_violation,
+)
 from chunkpilot.tuner.snapshot import Snapshot
 from chunkpilot.tuner.space import (
     DEFAULT_OUTPUT_TOKENS,
@@ -399,7 +405,7 @@ def should_retune(plan: Plan, settings: TunerSettings) -> bool:
     if window is None:
         assert plan.snap.isvc.spec.slo is not None
         window = parse_duration(plan.snap.isvc.spec.slo.window)
-    return plan.snap.now - since >= timedelta(seconds=window)
+    return sustained_violation(since, plan.snap.now, timedelta(seconds=window))
 
 
 # --------------------------------------------------------------------------- the token mix

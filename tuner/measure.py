@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from chunkpilot.api import Measurement, Track
@@ -336,8 +336,3 @@ class PrometheusClient:
         except MetricsUnavailableError:
             return False
         return True
-
-
-def now_utc() -> datetime:
-    """The current time, timezone-aware (UTC)."""
-    return datetime.now(UTC)

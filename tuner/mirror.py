@@ -14,9 +14,9 @@ the driver).
   mirroring the whole history again after an operator restart adds no duplicates;
 - never in the way: every failure is logged and swallowed; tuning goes on without it.
 
-The call after each finished trial is :func:`mirror_trial` (or :func:`mirror_trials` with the
-whole history, which also catches up after a storage outage); both block on the database, so
-async code runs them in a thread (:func:`amirror_trials`).
+The call after each finished trial is :func:`mirror_trials` with the whole history (which also
+catches up after a storage outage); it blocks on the database, so async code runs it in a
+thread (:func:`amirror_trials`).
 """
 
 from __future__ import annotations
@@ -165,22 +165,6 @@ def mirror_trials(
             error,
         )
         return None
-
-
-def mirror_trial(
-    namespace: str,
-    name: str,
-    space: SearchSpace,
-    record: TrialRecord,
-    *,
-    url: str | None = None,
-    attrs: Mapping[str, Any] | None = None,
-) -> bool:
-    """Mirror one finished trial (a no-op when already there); False when the mirror failed."""
-    added = mirror_trials(
-        namespace, name, space, [record], url=url, attrs={record.number: attrs} if attrs else None
-    )
-    return added is not None
 
 
 async def amirror_trials(

@@ -16,7 +16,7 @@ from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.engines import EngineRender, render_engine
 from chunkpilot.tuner.policy import AbortRules, SLOTargets
 from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
-from chunkpilot.tuner.study import RecordState, TrialRecord
+from chunkpilot.tuner.study import RecordState, TrialRecord, relative_constraints
 
 from chunkpilot.api import (
     EngineConfig,
@@ -202,7 +202,7 @@ def trial_record(trial: TuningTrial, space: SearchSpace, slo: SLOTargets) -> Tri
         params=params,
         state=RecordState.COMPLETE,
         objective=float(status.objective),
-        constraints={"itl": canary.itl_ms / slo.itl_ms - 1.0, "ttft": canary.ttft_ms / slo.ttft_ms - 1.0},
+        constraints=relative_constraints({"itl": canary.itl_ms, "ttft": canary.ttft_ms}, slo.as_dict()),
     )
 
 
@@ -234,7 +234,7 @@ def incumbent_record(
             params=params,
             state=RecordState.COMPLETE,
             objective=objective,
-            constraints={"itl": stable.itl_ms / slo.itl_ms - 1.0, "ttft": stable.ttft_ms / slo.ttft_ms - 1.0},
+            constraints=relative_constraints({"itl": stable.itl_ms, "ttft": stable.ttft_ms}, slo.as_dict()),
         )
     return None
 

@@ -18,7 +18,6 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import optuna
 from chunkpilot.tuner.space import SearchSpace, TunedConfig, WarmStart
@@ -212,28 +211,3 @@ def best_record(records: Iterable[TrialRecord]) -> TrialRecord | None:
     """The feasible record with the highest objective (None when none is feasible)."""
     feasible = [r for r in records if r.feasible and r.objective is not None]
     return max(feasible, key=lambda r: (r.objective, -r.number)) if feasible else None
-
-
-def least_violating(records: Iterable[TrialRecord]) -> TrialRecord | None:
-    """The measured record closest to feasibility (smallest sum of positive constraint values)."""
-    measured = [r for r in records if r.state is RecordState.COMPLETE and r.constraints]
-    if not measured:
-        return None
-    return min(measured, key=lambda r: (sum(max(0.0, v) for v in r.constraints.values()), r.number))
-
-
-def record_from_values(
-    number: int, params: Mapping[str, Any], objective: float | None, constraints: Mapping[str, float] | None
-) -> TrialRecord:
-    """A COMPLETE record when an objective and constraints exist, else FAILED."""
-    if objective is None or constraints is None or not math.isfinite(objective):
-        return TrialRecord(
-            number=number, params={k: int(v) for k, v in params.items()}, state=RecordState.FAILED
-        )
-    return TrialRecord(
-        number=number,
-        params={k: int(v) for k, v in params.items()},
-        state=RecordState.COMPLETE,
-        objective=float(objective),
-        constraints=dict(constraints),
-    )

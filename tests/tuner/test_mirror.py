@@ -16,7 +16,6 @@ from chunkpilot.tuner import mirror
 from chunkpilot.tuner.mirror import (
     NUMBER_ATTR,
     amirror_trials,
-    mirror_trial,
     mirror_trials,
     redact,
     storage_url,
@@ -83,8 +82,10 @@ def test_mirror_trial_with_extra_attributes_and_out_of_space_params(tmp_path: Pa
     # Bounds changed since trial 3 ran: its budget lies outside today's space; a knob no longer tuned.
     params = {"max_num_batched_tokens": 16384, "max_num_seqs": 8, "long_prefill_token_threshold": 512}
     odd = TrialRecord(3, params, RecordState.COMPLETE, 5.0, {"itl": -0.1})
-    assert mirror_trial("prod", "code", SPACE, odd, url=url, attrs={"verdict": "promoted"})
-    assert mirror_trial("prod", "code", SPACE, odd, url=url)
+    assert (
+        mirror_trials("prod", "code", SPACE, [odd], url=url, attrs={odd.number: {"verdict": "promoted"}}) == 1
+    )
+    assert mirror_trials("prod", "code", SPACE, [odd], url=url) == 0  # already there
     [trial] = optuna.load_study(study_name="prod/code", storage=url).get_trials()
     assert trial.params["max_num_batched_tokens"] == 16384 and trial.params["max_num_seqs"] == 8
     assert trial.user_attrs["verdict"] == "promoted"
@@ -102,7 +103,7 @@ def test_failures_are_logged_never_raised(caplog: pytest.LogCaptureFixture) -> N
     url = "postgresql+psycopg://tuner:s3cret@127.0.0.1:1/optuna"
     with caplog.at_level(logging.WARNING, logger="chunkpilot.tuner.mirror"):
         assert mirror_trials("default", "chat", SPACE, records(), url=url) is None
-        assert mirror_trial("default", "chat", SPACE, records()[0], url=url) is False
+        assert mirror_trials("default", "chat", SPACE, records()[:1], url=url) is None
         assert mirror_trials("default", "chat", SPACE, records(), url="nosuchdialect://x") is None
     text = caplog.text
     assert "default/chat" in text and "tuning continues" in text

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.policy import (
@@ -18,7 +21,25 @@ from chunkpilot.tuner.policy import (
     should_stop,
     sustained_violation,
 )
-from chunkpilot.tuner.study import record_from_values
+from chunkpilot.tuner.study import RecordState, TrialRecord
+
+
+def record_from_values(
+    number: int, params: Mapping[str, Any], objective: float | None, constraints: Mapping[str, float] | None
+) -> TrialRecord:
+    """A COMPLETE record when an objective and constraints exist, else FAILED."""
+    if objective is None or constraints is None or not math.isfinite(objective):
+        return TrialRecord(
+            number=number, params={k: int(v) for k, v in params.items()}, state=RecordState.FAILED
+        )
+    return TrialRecord(
+        number=number,
+        params={k: int(v) for k, v in params.items()},
+        state=RecordState.COMPLETE,
+        objective=float(objective),
+        constraints=dict(constraints),
+    )
+
 
 SLO = SLOTargets(itl_ms=50.0, ttft_ms=2000.0)
 ABORT = AbortRules(itl_factor=2.0, ttft_factor=2.0, min_samples=100)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, WarmStart
 from chunkpilot.tuner.study import (
@@ -9,14 +13,30 @@ from chunkpilot.tuner.study import (
     SamplerUnavailableError,
     TrialRecord,
     best_record,
-    least_violating,
     make_sampler,
     rebuild_study,
-    record_from_values,
     relative_constraints,
     seed_for,
     suggest,
 )
+
+
+def record_from_values(
+    number: int, params: Mapping[str, Any], objective: float | None, constraints: Mapping[str, float] | None
+) -> TrialRecord:
+    """A COMPLETE record when an objective and constraints exist, else FAILED."""
+    if objective is None or constraints is None or not math.isfinite(objective):
+        return TrialRecord(
+            number=number, params={k: int(v) for k, v in params.items()}, state=RecordState.FAILED
+        )
+    return TrialRecord(
+        number=number,
+        params={k: int(v) for k, v in params.items()},
+        state=RecordState.COMPLETE,
+        objective=float(objective),
+        constraints=dict(constraints),
+    )
+
 
 SPACE = SearchSpace(
     ranges={Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 8192), Knob.MAX_NUM_SEQS: KnobRange(16, 256)},
@@ -105,7 +125,7 @@ def test_a_conditional_warm_start_waits_for_slack_on_its_slo() -> None:
     assert s is not None and s.source == "sampler"
 
 
-def test_best_and_least_violating() -> None:
+def test_best_record_is_the_best_feasible_one() -> None:
     a = record_from_values(
         0, {"max_num_batched_tokens": 1000, "max_num_seqs": 64}, 10.0, {"itl": 0.3, "ttft": 0.1}
     )
@@ -113,7 +133,6 @@ def test_best_and_least_violating() -> None:
         1, {"max_num_batched_tokens": 900, "max_num_seqs": 64}, 9.0, {"itl": 0.1, "ttft": -0.2}
     )
     assert best_record([a, b]) is None
-    assert least_violating([a, b]) == b
     c = record_from_values(
         2, {"max_num_batched_tokens": 800, "max_num_seqs": 64}, 8.0, {"itl": -0.1, "ttft": -0.2}
     )
