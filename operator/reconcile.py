@@ -197,9 +197,7 @@ class Reconciler:
         except ManifestError as error:
             raise kopf.PermanentError(str(error)) from None
         isvc = with_best_config(isvc, body.get("status"))
-        owner = body
         problem: RenderProblem | None = None
-        stable: dict[str, Any] | None = None
         created: list[tuple[str, str]] = []
 
         # Rendered on every pass, even one about another child: the status must keep
@@ -209,42 +207,11 @@ class Reconciler:
         except RenderError as error:
             problem = error.problem
             desired_stable = None
-        if ChildKind.DEPLOYMENT in kinds:
-            if desired_stable is None:
-                stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
-            else:
-                if wants_live_adjust_secret(isvc) and await self._ensure_live_adjust_secret(isvc, owner):
-                    created.append(("Secret", live_adjust_secret_name(_name(isvc))))
-                desired = desired_stable
-                ensured = await self._ensure(desired, owner, known.get(ChildKind.DEPLOYMENT, _UNKNOWN))
-                stable = ensured.actual
-                if ensured.created:
-                    created.append(("Deployment", desired["metadata"]["name"]))
-                if ensured.written and not ensured.created:
-                    old_state = DeploymentState.from_manifest(ensured.previous) if ensured.previous else None
-                    new_state = DeploymentState.from_manifest(desired)
-                    if (
-                        old_state is not None
-                        and old_state.config_hash != new_state.config_hash
-                        and new_state.config
-                    ):
-                        self._emit(
-                            body,
-                            ev.rolled(
-                                desired["metadata"]["name"],
-                                old_state.config,
-                                new_state.config,
-                                new_state.config_hash or "",
-                            ),
-                        )
-                    elif repair:
-                        self._emit(
-                            body, ev.restored("Deployment", desired["metadata"]["name"], "edited by hand")
-                        )
-                elif ensured.created and repair:
-                    self._emit(
-                        body, ev.restored("Deployment", desired["metadata"]["name"], "deleted by hand")
-                    )
+        stable: dict[str, Any] | None
+        if ChildKind.DEPLOYMENT in kinds and desired_stable is not None:
+            stable = await self._ensure_stable(
+                body, isvc, desired_stable, known.get(ChildKind.DEPLOYMENT, _UNKNOWN), repair, created
+            )
         else:
             stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
 
@@ -258,7 +225,7 @@ class Reconciler:
             else:
                 assert build is not None
                 desired = build(isvc)
-            ensured = await self._ensure(desired, owner, known.get(kind, _UNKNOWN))
+            ensured = await self._ensure(desired, body, known.get(kind, _UNKNOWN))
             name = desired["metadata"]["name"]
             if ensured.created and not repair:
                 created.append((kind.value, name))
@@ -287,6 +254,35 @@ class Reconciler:
             observation.generation,
             ", ".join(sorted(kinds)) if kinds else "status only",
         )
+
+    async def _ensure_stable(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        desired: dict[str, Any],
+        current: Any,
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> dict[str, Any] | None:
+        """Apply the stable Deployment (and the live-adjust Secret); Events for a roll or a repair."""
+        if wants_live_adjust_secret(isvc) and await self._ensure_live_adjust_secret(isvc, body):
+            created.append(("Secret", live_adjust_secret_name(_name(isvc))))
+        ensured = await self._ensure(desired, body, current)
+        name = desired["metadata"]["name"]
+        if ensured.created:
+            created.append(("Deployment", name))
+        if ensured.written and not ensured.created:
+            old_state = DeploymentState.from_manifest(ensured.previous) if ensured.previous else None
+            new_state = DeploymentState.from_manifest(desired)
+            if old_state is not None and old_state.config_hash != new_state.config_hash and new_state.config:
+                self._emit(
+                    body, ev.rolled(name, old_state.config, new_state.config, new_state.config_hash or "")
+                )
+            elif repair:
+                self._emit(body, ev.restored("Deployment", name, "edited by hand"))
+        elif ensured.created and repair:
+            self._emit(body, ev.restored("Deployment", name, "deleted by hand"))
+        return ensured.actual
 
     async def _ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> _Ensured:
         """Apply ``desired`` unless the live object already matches it."""
