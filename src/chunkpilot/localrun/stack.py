@@ -3,7 +3,9 @@
 :class:`LocalStack` starts, in order: the local control plane (etcd, kube-apiserver, controller
 manager, scheduler, KWOK with fake GPU nodes), the CRDs generated from the API model, a real
 Prometheus whose scrape targets come from a file_sd file, the pod runner (simulator processes for
-engine pods, registered in that file) and the operator as a subprocess pointed at that Prometheus.
+engine pods, registered in that file) and the operator as a subprocess pointed at that Prometheus,
+authenticated as the Helm chart's ServiceAccount under the chart's own RBAC (see
+:mod:`chunkpilot.localrun.chart`), so what the chart does not grant fails here too.
 Load generators started through :meth:`LocalStack.start_load` replay traces against a service's
 Ready engines. Leaving the ``with`` block — normally, on an exception or on Ctrl-C — stops
 everything it started, newest first, process groups included.
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +30,7 @@ from chunkpilot.devcluster.fakenodes import gpu_node_specs
 from chunkpilot.devcluster.ports import free_port
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.chart import chart_dir, install_operator_identity, watch_values
 from chunkpilot.localrun.endpoints import RoundRobinBalancer
 from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
 from chunkpilot.localrun.podrunner import PodRunner, RunnerSettings, core_api_from_kubeconfig
@@ -52,6 +56,38 @@ ENV_PROMETHEUS_URL = "CHUNKPILOT_PROMETHEUS_URL"
 ENV_POD_TARGETS_FILE = "CHUNKPILOT_POD_TARGETS_FILE"
 
 
+class OperatorIdentity(StrEnum):
+    """Whose credentials the operator process uses."""
+
+    #: The chart's ServiceAccount and RBAC (rendered with ``helm``); the chart must be found.
+    CHART = "chart"
+    #: The control plane's admin kubeconfig.
+    ADMIN = "admin"
+    #: The chart's when it is found (a checkout, ``$CHUNKPILOT_CHART_DIR``), else admin.
+    AUTO = "auto"
+
+
+#: Chart values of the local stack's operator identity: the stack runs every autotuner feature.
+DEFAULT_CHART_VALUES: tuple[str, ...] = ("liveAdjust.enabled=true",)
+
+
+#: How a refused API call shows in the operator's log: Kopf's, the client's, the inventory's.
+DENIAL_MARKERS: tuple[str, ...] = ("Forbidden", "forbidden", "HTTP 403", "undeclared Kubernetes API call")
+
+
+class DeniedApiCallsError(RuntimeError):
+    """The operator made API calls its RBAC (or the declared inventory) did not allow."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.lines = list(lines)
+        shown = "\n".join(self.lines[:10])
+        super().__init__(
+            f"{len(self.lines)} operator log line(s) show refused API calls; grant them in the chart "
+            f"(charts/chunkpilot/templates/_helpers.tpl) and declare them in "
+            f"chunkpilot.operator.apicalls.API_CALLS:\n{shown}"
+        )
+
+
 def print_progress(prefix: str = "chunkpilot") -> Progress:
     """A progress printer for humans: ``[chunkpilot  12.3s] message`` on stderr."""
     origin = time.monotonic()
@@ -73,6 +109,8 @@ class StackOptions:
     operator: bool = True
     operator_command: Sequence[str] = DEFAULT_OPERATOR_COMMAND
     operator_env: dict[str, str] = field(default_factory=dict)
+    operator_identity: OperatorIdentity = OperatorIdentity.AUTO
+    chart_values: Sequence[str] = DEFAULT_CHART_VALUES
     scrape_interval: str = "1s"
     restart_backoff_s: float = 10.0
     startup_timeout_s: float = 180.0
@@ -108,6 +146,8 @@ class LocalStack:
         self.runner: PodRunner | None = None
         self.operator: ManagedProcess | None = None
         self.operator_metrics_port: int | None = None
+        #: The kubeconfig the operator runs with (the chart's ServiceAccount unless told otherwise).
+        self.operator_kubeconfig: Path | None = None
         self._loads: list[BackgroundLoad] = []
         self._exit = contextlib.ExitStack()
 
@@ -173,14 +213,27 @@ class LocalStack:
         names = plane.apply_manifests([crds_dir])
         self.progress(f"CRDs established: {', '.join(names)}")
 
+    def _operator_kubeconfig(self, plane: ControlPlane, argv: Sequence[str]) -> Path:
+        """The chart's ServiceAccount (its RBAC applied first) or the admin kubeconfig."""
+        identity = self.options.operator_identity
+        if identity is OperatorIdentity.ADMIN or (identity is OperatorIdentity.AUTO and chart_dir() is None):
+            self.progress("operator identity: the admin kubeconfig (no chart found)")
+            return plane.kubeconfig
+        sets = [*watch_values(argv), *self.options.chart_values]
+        kubeconfig = install_operator_identity(plane, self.options.state_dir / "operator.kubeconfig", sets)
+        self.progress(f"operator identity: the chart's ServiceAccount and RBAC ({', '.join(sets)})")
+        return kubeconfig
+
     def _start_operator(self, plane: ControlPlane, prometheus: PrometheusServer) -> ManagedProcess:
+        argv = list(self.options.operator_command)
+        self.operator_kubeconfig = self._operator_kubeconfig(plane, argv)
         env = {
             **plane.env,
+            "KUBECONFIG": str(self.operator_kubeconfig),
             ENV_PROMETHEUS_URL: prometheus.url,
             ENV_POD_TARGETS_FILE: str(prometheus.targets_file),
             **self.options.operator_env,
         }
-        argv = list(self.options.operator_command)
         if not any(arg.startswith(OPERATOR_METRICS_FLAG) for arg in argv):
             self.operator_metrics_port = free_port()
             argv.append(f"{OPERATOR_METRICS_FLAG}={self.operator_metrics_port}")
@@ -227,8 +280,18 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        denied = self.denied_calls()
         self.stop()
+        if exc_type is None and denied:
+            raise DeniedApiCallsError(denied)
+
+    def denied_calls(self) -> list[str]:
+        """Lines of the operator's log where the API server (or the client's inventory) refused a call."""
+        if self.operator is None or not self.operator.log_path.exists():
+            return []
+        text = self.operator.log_path.read_text(errors="replace")
+        return [line for line in text.splitlines() if any(marker in line for marker in DENIAL_MARKERS)]
 
     # ------------------------------------------------------------------ use
 
@@ -315,8 +378,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 __all__ = [
+    "DEFAULT_CHART_VALUES",
     "DEFAULT_OPERATOR_COMMAND",
+    "DeniedApiCallsError",
     "LocalStack",
+    "OperatorIdentity",
     "StackOptions",
     "print_progress",
     "sigterm_as_interrupt",

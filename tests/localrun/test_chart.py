@@ -1,0 +1,97 @@
+"""The chart's identity for the local operator: watch values from the operator's flags, and the
+ServiceAccount token kubeconfig that the API server then authorises by the chart's rules only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from chunkpilot.devcluster.components import Binary
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.localrun.chart import RELEASE_NAMESPACE, chart_dir, install_operator_identity, watch_values
+from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (DEFAULT_OPERATOR_COMMAND, ["watch.mode=cluster"]),
+        (["operator", "-A"], ["watch.mode=cluster"]),
+        (["operator", "-n", "a", "--namespace=b"], ["watch.mode=namespaced", "watch.namespaces={a,b}"]),
+        (["operator", "--namespace", "a"], ["watch.mode=namespaced", "watch.namespaces={a}"]),
+        (["operator"], ["watch.mode=cluster"]),
+    ],
+)
+def test_watch_values_follow_the_operator_flags(args: list[str], expected: list[str]) -> None:
+    assert watch_values(args) == expected
+
+
+def test_the_chart_is_found_from_the_package() -> None:
+    found = chart_dir()
+    assert found is not None and (found / "templates" / "rbac.yaml").is_file()
+
+
+def can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
+    """``kubectl auth can-i ARGS`` as the identity in ``kubeconfig``."""
+    result = subprocess.run(
+        [str(plane.binaries[Binary.KUBECTL]), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return result.stdout.strip() == "yes"
+
+
+@pytest.mark.cluster
+def test_operator_identity_holds_the_charts_rules_and_no_more(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    plain = install_operator_identity(
+        control_plane, tmp_path / "plain.kubeconfig", ["watch.mode=namespaced", "watch.namespaces={id-a}"],
+        release="identity-plain",
+    )  # fmt: skip
+    assert can_i(control_plane, plain, "list", "pods", "-n", "id-a")
+    assert can_i(control_plane, plain, "patch", "deployments.apps", "-n", "id-a")
+    assert not can_i(control_plane, plain, "list", "pods", "-n", "id-b")  # outside the watched namespace
+    assert not can_i(control_plane, plain, "get", "secrets", "-n", "id-a")  # liveAdjust.enabled is off
+    assert not can_i(control_plane, plain, "delete", "services", "-n", "id-a")
+    assert not can_i(control_plane, plain, "list", "nodes")
+
+    live = install_operator_identity(
+        control_plane, tmp_path / "live.kubeconfig", ["watch.mode=cluster", "liveAdjust.enabled=true"],
+        release="identity-live",
+    )  # fmt: skip
+    assert can_i(control_plane, live, "get", "secrets", "-n", "anywhere")
+    assert can_i(control_plane, live, "create", "secrets", "-n", "anywhere")
+    assert not can_i(control_plane, live, "delete", "secrets", "-n", "anywhere")
+    assert not can_i(control_plane, live, "list", "secrets", "-n", "anywhere")
+    account = f"system:serviceaccount:{RELEASE_NAMESPACE}:identity-live-chunkpilot"
+    who = subprocess.run(
+        [str(control_plane.binaries[Binary.KUBECTL]), f"--kubeconfig={live}", "auth", "whoami", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(who.stdout)["status"]["userInfo"]["username"] == account
+
+
+def test_leaving_the_stack_fails_on_refused_calls_in_the_operator_log(tmp_path: Path) -> None:
+    from chunkpilot.devcluster.processes import ManagedProcess
+    from chunkpilot.localrun.stack import DeniedApiCallsError, LocalStack, StackOptions
+
+    stack = LocalStack(StackOptions(state_dir=tmp_path))
+    log = tmp_path / "operator.log"
+    stack.operator = ManagedProcess(name="operator", argv=["true"], log_path=log, env={})
+    log.write_text("reconciled ns/chat\n")
+    assert stack.denied_calls() == []
+    refused = [
+        "kopf.objects [ns/chat] APIForbiddenError: ('secrets is forbidden: User ...', ...)",
+        "GET /api/v1/namespaces/ns/pods: HTTP 403: pods is forbidden",
+        "undeclared Kubernetes API call DELETE /api/v1/namespaces/ns/services/s (delete core/services ...)",
+    ]
+    log.write_text("\n".join(["reconciled ns/chat", *refused]) + "\n")
+    assert stack.denied_calls() == refused
+    with pytest.raises(DeniedApiCallsError, match="3 operator log line"):
+        stack.__exit__(None, None, None)
