@@ -124,7 +124,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tokenizer; no hub download needed).",
         allow_abbrev=False,
     )
-    export.add_argument("--out", required=True, help="folder to write (created if missing)")
+    where = export.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="folder to write (created if missing); give it to --tokenizer")
+    where.add_argument(
+        "--hub-cache",
+        help="install into this Hugging Face hub cache (HF_HUB_CACHE) as repository --name, for "
+        "clients that load tokenizers by name offline (HF_HUB_OFFLINE=1)",
+    )
+    export.add_argument(
+        "--name",
+        default=None,
+        help="repository name in --hub-cache (default: the served model name, --model)",
+    )
     export.add_argument("--model", default="llama-3.1-8b", help="model profile whose vocabulary size to use")
     export.add_argument(
         "--max-model-len", type=int, default=None, help="model_max_length to record (default: the model's)"
@@ -250,7 +261,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _tokenizer(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from chunkpilot.engine.sim.hf_tokenizer import export
+    from chunkpilot.engine.sim.hf_tokenizer import export, export_to_hub_cache
     from chunkpilot.engine.sim.profiles.loader import load_model
 
     try:
@@ -258,7 +269,15 @@ def _tokenizer(args: argparse.Namespace) -> int:
         max_len = args.max_model_len or model.max_position_embeddings
         if max_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {max_len}")
-        written = export(Path(args.out), model.vocab_size, max_len)
+        if args.out is not None:
+            if args.name is not None:
+                raise ValueError("--name applies to --hub-cache")
+            written = export(Path(args.out), model.vocab_size, max_len)
+        else:
+            snapshot = export_to_hub_cache(
+                Path(args.hub_cache), args.name or args.model, model.vocab_size, max_len
+            )
+            written = [snapshot]
     except (ValueError, OSError) as exc:
         return _error(args, exc)
     for path in written:

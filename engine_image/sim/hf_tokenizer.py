@@ -13,6 +13,7 @@ for the reply) with added tokens, so ``--apply-chat-template`` style counts matc
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,50 @@ def tokenizer_config(max_model_len: int) -> dict[str, Any]:
     }
 
 
-def export(out: Path, vocab_size: int, max_model_len: int) -> list[Path]:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``out``; return their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        out / "tokenizer.json": tokenizer_json(vocab_size),
-        out / "tokenizer_config.json": tokenizer_config(max_model_len),
+def model_config(vocab_size: int, max_model_len: int) -> dict[str, Any]:
+    """A minimal ``config.json``: ``AutoTokenizer`` reads one when loading a repository by name."""
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_model_len,
     }
-    for path, document in files.items():
-        path.write_text(json.dumps(document, ensure_ascii=False, indent=None) + "\n", encoding="utf-8")
-    return list(files)
+
+
+def _texts(vocab_size: int, max_model_len: int) -> dict[str, str]:
+    documents = {
+        "tokenizer.json": tokenizer_json(vocab_size),
+        "tokenizer_config.json": tokenizer_config(max_model_len),
+        "config.json": model_config(vocab_size, max_model_len),
+    }
+    return {name: json.dumps(doc, ensure_ascii=False) + "\n" for name, doc in documents.items()}
+
+
+def export(out: Path, vocab_size: int, max_model_len: int) -> list[Path]:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``config.json`` into ``out``; return
+    their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in _texts(vocab_size, max_model_len).items():
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written
+
+
+def export_to_hub_cache(cache: Path, repo_id: str, vocab_size: int, max_model_len: int) -> Path:
+    """Install the files as the cached snapshot of Hugging Face repository ``repo_id`` in hub cache
+    ``cache`` (what ``HF_HUB_CACHE`` names), so that clients which load a tokenizer by name find it
+    with ``HF_HUB_OFFLINE=1``; return the snapshot folder."""
+    parts = repo_id.split("/")
+    if not 1 <= len(parts) <= 2 or not all(p and p not in {".", ".."} and "--" not in p for p in parts):
+        raise ValueError(f"--name must look like 'name' or 'namespace/name', got {repo_id!r}")
+    texts = _texts(vocab_size, max_model_len)
+    revision = hashlib.sha1("".join(texts.values()).encode()).hexdigest()
+    repo = cache / ("models--" + "--".join(parts))
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (snapshot / name).write_text(text, encoding="utf-8")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot

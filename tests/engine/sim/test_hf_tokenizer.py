@@ -39,7 +39,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(out / "tokenizer.json"), str(out / "tokenizer_config.json")]
+    names = ["tokenizer.json", "tokenizer_config.json", "config.json"]
+    assert result.stdout.split() == [str(out / name) for name in names]
     return out
 
 
@@ -127,3 +128,18 @@ def test_unknown_model_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stderr.startswith(
         "chunkpilot sim tokenizer: error: unknown model"
     )
+
+
+def test_hub_cache_install_is_a_loadable_snapshot(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "tokenizer", "--hub-cache", str(tmp_path)]
+    result = subprocess.run([*argv, "--name", "org/sim-model"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    snapshot = Path(result.stdout.strip())
+    repo = tmp_path / "models--org--sim-model"
+    assert snapshot.parent == repo / "snapshots" and (repo / "refs" / "main").read_text() == snapshot.name
+    hf = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    assert len(hf.encode("Hello world", add_special_tokens=False).ids) == tokenizer.count_tokens(
+        "Hello world"
+    )
+    bad = subprocess.run([*argv, "--name", "a/b/c"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--name must look like" in bad.stderr

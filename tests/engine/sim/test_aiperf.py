@@ -1,0 +1,133 @@
+"""The ``aiperf`` tier: NVIDIA's aiperf benchmark client, from its cached environment
+(:mod:`chunkpilot.engine.sim.aiperf_env`), against ``chunkpilot sim serve`` offline
+(``HF_HUB_OFFLINE=1``) with the tokenizer ``chunkpilot sim tokenizer`` exports. Its token counts
+must equal the server's counters and its TTFT/ITL must agree with the server's histograms."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chunkpilot.engine.sim import aiperf_env
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.aiperf
+
+SimServer = Any  # the conftest's running server
+MODEL = "llama-8b"
+SERVER_ARGS = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", MODEL, "--max-model-len", "4096")
+
+
+@pytest.fixture(scope="session")
+def aiperf() -> aiperf_env.AiperfEnv:
+    """The cached aiperf environment (built when missing)."""
+    started = time.monotonic()
+    env = aiperf_env.ensure()
+    print(f"\naiperf environment ready in {time.monotonic() - started:.1f}s "
+          f"(built in {env.manifest()['build_seconds']}s)")  # fmt: skip
+    return env
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face hub cache holding the exported tokenizer as repository ``llama-8b``."""
+    cache = tmp_path_factory.mktemp("hub")
+    argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "tokenizer", "--model", "llama-3.1-8b"]
+    subprocess.run([*argv, "--hub-cache", str(cache), "--name", MODEL], check=True, timeout=120)
+    return cache
+
+
+def _run_aiperf(
+    env: aiperf_env.AiperfEnv, server: SimServer, hub: Path, out: Path, *args: str
+) -> dict[str, Any]:
+    argv = [
+        str(env.aiperf), "profile", "--model", MODEL, "--url", server.url, "--streaming",
+        "--extra-inputs", "ignore_eos:true", "--ui-type", "none", "--no-server-metrics",
+        "--no-gpu-telemetry", "--random-seed", "7", "--output-artifact-dir", str(out), *args,
+    ]  # fmt: skip
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "HF_HOME": str(out / "hf-home")}
+    started = time.monotonic()
+    result = subprocess.run(
+        argv, env={**os.environ, **offline}, capture_output=True, text=True, timeout=170, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"\naiperf {' '.join(args)}: {time.monotonic() - started:.1f}s")
+    export: dict[str, Any] = json.loads((out / "profile_export_aiperf.json").read_text())
+    assert export["error_summary"] == [] or not export["error_summary"]
+    return export
+
+
+def _server_metrics(server: SimServer) -> dict[str, Any]:
+    status, body = server.get("/metrics")
+    assert status == 200
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def _value(families: dict[str, Any], name: str, sample: str | None = None) -> float:
+    family = families[name.removesuffix("_total")]
+    return sum(s.value for s in family.samples if s.name == (sample or name))
+
+
+def _mean_ms(families: dict[str, Any], histogram: str) -> float:
+    total = _value(families, histogram, f"{histogram}_sum")
+    count = _value(families, histogram, f"{histogram}_count")
+    assert count > 0
+    return 1000 * total / count
+
+
+def test_completions_counts_equal_and_latencies_agree(
+    aiperf: aiperf_env.AiperfEnv, hub_cache: Path, sim_server_runner: Any, tmp_path: Path
+) -> None:
+    with sim_server_runner(tmp_path, *SERVER_ARGS) as server:
+        export = _run_aiperf(
+            aiperf, server, hub_cache, tmp_path / "completions", "--endpoint-type", "completions",
+            "--synthetic-input-tokens-mean", "300", "--synthetic-input-tokens-stddev", "80",
+            "--output-tokens-mean", "32", "--output-tokens-stddev", "8",
+            "--request-count", "24", "--concurrency", "4",
+        )  # fmt: skip
+        families = _server_metrics(server)
+    requests = export["request_count"]["avg"]
+    assert requests == 24
+    assert _value(families, "vllm:request_success_total") == requests
+    # aiperf counts the prompts it sent and the text it received with the exported tokenizer.
+    assert export["total_isl"]["avg"] == _value(families, "vllm:prompt_tokens_total")
+    assert export["total_osl"]["avg"] == _value(families, "vllm:generation_tokens_total")
+    assert export["usage_prompt_tokens"]["sum"] == export["input_sequence_length"]["sum"]
+    # Latencies: the client adds HTTP and parsing time on top of the engine's figures.
+    ttft_client, ttft_server = (
+        export["time_to_first_token"]["avg"],
+        _mean_ms(families, "vllm:time_to_first_token_seconds"),
+    )
+    itl_client, itl_server = (
+        export["inter_token_latency"]["avg"],
+        _mean_ms(families, "vllm:inter_token_latency_seconds"),
+    )
+    print(f"TTFT aiperf {ttft_client:.2f} ms vs server {ttft_server:.2f} ms; "
+          f"ITL aiperf {itl_client:.2f} ms vs server {itl_server:.2f} ms")  # fmt: skip
+    assert ttft_server * 0.9 <= ttft_client <= ttft_server * 1.3 + 25
+    assert itl_server * 0.85 <= itl_client <= itl_server * 1.2 + 2
+
+
+def test_chat_counts_equal_the_servers_less_the_template(
+    aiperf: aiperf_env.AiperfEnv, hub_cache: Path, sim_server_runner: Any, tmp_path: Path
+) -> None:
+    with sim_server_runner(tmp_path, *SERVER_ARGS) as server:
+        export = _run_aiperf(
+            aiperf, server, hub_cache, tmp_path / "chat", "--endpoint-type", "chat",
+            "--synthetic-input-tokens-mean", "120", "--synthetic-input-tokens-stddev", "30",
+            "--output-tokens-mean", "16", "--output-tokens-stddev", "4",
+            "--request-count", "10", "--concurrency", "2",
+        )  # fmt: skip
+        families = _server_metrics(server)
+    requests = export["request_count"]["avg"]
+    assert export["total_osl"]["avg"] == _value(families, "vllm:generation_tokens_total")
+    # aiperf 0.13 counts the message text only; the server adds the chat template's tokens
+    # (4 for the one message, 3 for the reply), as the exported chat template does.
+    assert export["total_isl"]["avg"] + 7 * requests == _value(families, "vllm:prompt_tokens_total")
+    assert export["usage_prompt_tokens"]["sum"] == _value(families, "vllm:prompt_tokens_total")
