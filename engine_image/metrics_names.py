@@ -8,6 +8,7 @@ exposed series add ``_bucket``, ``_sum`` and ``_count``).
 
 from __future__ import annotations
 
+import bisect
 from typing import Final
 
 LABEL_MODEL_NAME: Final = "model_name"
@@ -73,3 +74,89 @@ COUNTERS: Final[tuple[str, ...]] = (
     REQUEST_SUCCESS,
 )
 GAUGES: Final[tuple[str, ...]] = (NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE)
+
+# Request-length histograms. vLLM sizes their buckets by the engine's --max-model-len (a 1-2-5 series
+# capped at it: ``vllm.v1.metrics.buckets.build_1_2_5_buckets``), so they have no static entry in
+# :data:`HISTOGRAM_BUCKETS`; see :func:`request_tokens_buckets`.
+REQUEST_PROMPT_TOKENS: Final = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS: Final = "vllm:request_generation_tokens"
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's buckets of the request-length histograms: 1, 2, 5, 10, 20, 50, … up to ``max_model_len``."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * scale
+            if value > max_model_len:
+                return tuple(buckets)
+            buckets.append(float(value))
+        scale *= 10
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunkpilot's own engine telemetry (the simulator natively, vLLM through the Chunkpilot scheduler
+# plugin), for the digital twin. Every step is counted once, in the bucket of the number of tokens it
+# scheduled (label :data:`LABEL_SCHEDULED_TOKENS`: the bucket's upper bound, ``le`` semantics, so the
+# bucket "64" holds steps of 49-64 tokens). Per bucket, ``rate(X_total[W]) / rate(STEP_DURATION_count[W])``
+# is the mean of X per step and ``rate(STEP_DURATION_sum[W]) / rate(STEP_DURATION_count[W])`` the mean
+# step time: one point of the step-time curve for the twin's least-squares fit.
+LABEL_SCHEDULED_TOKENS: Final = "scheduled_tokens"
+
+#: Histogram: wall time of one engine step (schedule + forward pass + sampling), by token bucket.
+STEP_DURATION: Final = "chunkpilot:step_duration_seconds"
+# Counters by token bucket (exposed sample names).
+STEP_PREFILL_TOKENS: Final = "chunkpilot:step_prefill_tokens_total"
+STEP_DECODE_TOKENS: Final = "chunkpilot:step_decode_tokens_total"
+STEP_SEQUENCES: Final = "chunkpilot:step_sequences_total"
+STEP_DECODE_SEQUENCES: Final = "chunkpilot:step_decode_sequences_total"
+STEP_SAMPLED_SEQUENCES: Final = "chunkpilot:step_sampled_sequences_total"
+STEP_PREFILL_ATTENTION_PAIRS: Final = "chunkpilot:step_prefill_attention_pairs_total"
+STEP_PREFILL_CONTEXT_TOKENS: Final = "chunkpilot:step_prefill_context_tokens_total"
+STEP_DECODE_CONTEXT_TOKENS: Final = "chunkpilot:step_decode_context_tokens_total"
+
+#: What each per-bucket counter adds per step (documentation and HELP text).
+STEP_COUNTERS: Final[dict[str, str]] = {
+    STEP_PREFILL_TOKENS: "Prompt (or recomputed) tokens computed by prefill chunks.",
+    STEP_DECODE_TOKENS: "Tokens computed by decoding sequences (1 + speculative tokens each).",
+    STEP_SEQUENCES: "Sequences in the batch.",
+    STEP_DECODE_SEQUENCES: "Decoding sequences in the batch.",
+    STEP_SAMPLED_SEQUENCES: "Tokens sampled (rows of the LM head).",
+    STEP_PREFILL_ATTENTION_PAIRS: "Query-key pairs of the prefill chunks' attention.",
+    STEP_PREFILL_CONTEXT_TOKENS: "KV tokens attended by prefill chunks (cached plus new).",
+    STEP_DECODE_CONTEXT_TOKENS: "KV tokens read by decoding sequences.",
+}
+
+#: Upper bounds of the scheduled-token buckets: powers of two and their midpoints (<= 19% apart above 4
+#: tokens, so the step time varies little within a bucket), then +Inf.
+STEP_TOKEN_BUCKETS: Final[tuple[int, ...]] = (
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+    3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+)  # fmt: skip
+STEP_DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5,
+    1.0, 2.5,
+)  # fmt: skip
+
+# Finer latency histograms than vLLM's (its ITL buckets jump 10 -> 25 -> 50 -> 75 ms): about 5-10 %
+# apart in the range SLOs are set in, so ``histogram_quantile`` can tell configurations apart.
+FINE_INTER_TOKEN_LATENCY: Final = "chunkpilot:inter_token_latency_seconds"
+FINE_TIME_TO_FIRST_TOKEN: Final = "chunkpilot:time_to_first_token_seconds"
+FINE_ITL_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.010, 0.011, 0.012, 0.013, 0.014,
+    0.015, 0.016, 0.018, 0.020, 0.022, 0.024, 0.026, 0.028, 0.030, 0.033, 0.036, 0.040, 0.044, 0.048,
+    0.052, 0.056, 0.060, 0.065, 0.070, 0.075, 0.080, 0.090, 0.100, 0.110, 0.120, 0.135, 0.150, 0.175,
+    0.200, 0.250, 0.300, 0.400, 0.500, 0.750, 1.0, 2.0, 5.0,
+)  # fmt: skip
+FINE_TTFT_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080, 0.090, 0.100, 0.125, 0.150, 0.175,
+    0.200, 0.250, 0.300, 0.350, 0.400, 0.450, 0.500, 0.600, 0.700, 0.800, 0.900, 1.0, 1.25, 1.5, 1.75,
+    2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.5, 15.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+
+
+def step_token_bucket(num_tokens: int) -> str:
+    """The :data:`LABEL_SCHEDULED_TOKENS` value of a step that scheduled ``num_tokens`` tokens."""
+    i = bisect.bisect_left(STEP_TOKEN_BUCKETS, num_tokens)
+    return str(STEP_TOKEN_BUCKETS[i]) if i < len(STEP_TOKEN_BUCKETS) else "+Inf"

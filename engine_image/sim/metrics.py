@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
+import numpy as np
 from chunkpilot.engine import metrics_names as names
+
+if TYPE_CHECKING:
+    from chunkpilot.engine.sim.engine import StepResult
+    from chunkpilot.engine.sim.scheduler import SchedulerOutput
 
 #: Simulator-only histogram (not a vLLM metric): tokens scheduled in each engine step, every step.
 #: vLLM exposes no per-step count; :data:`~chunkpilot.engine.metrics_names.ITERATION_TOKENS` means
@@ -31,6 +37,18 @@ _HELP = {
     names.NUM_REQUESTS_WAITING: "Number of requests waiting to be processed.",
     names.KV_CACHE_USAGE: "KV-cache usage. 1 means 100 percent usage.",
     SCHEDULED_TOKENS_PER_STEP: "Histogram of tokens scheduled per engine step (simulator only).",
+    names.REQUEST_PROMPT_TOKENS: "Number of prefill tokens processed.",
+    names.REQUEST_GENERATION_TOKENS: "Number of generation tokens processed.",
+    names.FINE_INTER_TOKEN_LATENCY: "Histogram of inter-token latency in seconds (fine buckets).",
+    names.FINE_TIME_TO_FIRST_TOKEN: "Histogram of time to first token in seconds (fine buckets).",
+    names.STEP_DURATION: "Histogram of engine step durations in seconds, by scheduled-token bucket.",
+    **names.STEP_COUNTERS,
+}
+
+#: vLLM latency histograms mirrored into Chunkpilot's finer ones (same observations, finer buckets).
+_FINE_MIRRORS = {
+    names.INTER_TOKEN_LATENCY: names.FINE_INTER_TOKEN_LATENCY,
+    names.TIME_TO_FIRST_TOKEN: names.FINE_TIME_TO_FIRST_TOKEN,
 }
 
 
@@ -53,6 +71,168 @@ class Histogram:
         self.count += 1
 
 
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What one engine step computed: the per-step figures of the step telemetry."""
+
+    tokens: int
+    prefill_tokens: int
+    decode_tokens: int
+    sequences: int
+    decode_sequences: int
+    sampled_sequences: int
+    prefill_attention_pairs: float
+    prefill_context_tokens: int
+    decode_context_tokens: int
+
+    @classmethod
+    def of(cls, output: SchedulerOutput) -> StepShape:
+        """The shape of a scheduled batch."""
+        prefill = decode = decoding = 0
+        for item in output.scheduled:
+            if item.is_prefill:
+                prefill += item.num_new_tokens
+            else:
+                decode += item.num_new_tokens
+                decoding += 1
+        fp = output.forward_pass
+        return cls(
+            fp.num_tokens, prefill, decode, fp.num_sequences, decoding, fp.num_sampled,
+            fp.prefill_attention_pairs, fp.prefill_context_tokens, fp.decode_context_tokens,
+        )  # fmt: skip
+
+
+#: The per-bucket counter of each :class:`StepTotals` sum (the same order as :data:`names.STEP_COUNTERS`).
+_COUNTER_FIELDS = {
+    names.STEP_PREFILL_TOKENS: "prefill_tokens",
+    names.STEP_DECODE_TOKENS: "decode_tokens",
+    names.STEP_SEQUENCES: "sequences",
+    names.STEP_DECODE_SEQUENCES: "decode_sequences",
+    names.STEP_SAMPLED_SEQUENCES: "sampled_sequences",
+    names.STEP_PREFILL_ATTENTION_PAIRS: "prefill_attention_pairs",
+    names.STEP_PREFILL_CONTEXT_TOKENS: "prefill_context_tokens",
+    names.STEP_DECODE_CONTEXT_TOKENS: "decode_context_tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StepTotals:
+    """Sums over the steps of one scheduled-token bucket (what ``increase()`` over a window gives)."""
+
+    steps: float = 0.0
+    duration_s: float = 0.0
+    prefill_tokens: float = 0.0
+    decode_tokens: float = 0.0
+    sequences: float = 0.0
+    decode_sequences: float = 0.0
+    sampled_sequences: float = 0.0
+    prefill_attention_pairs: float = 0.0
+    prefill_context_tokens: float = 0.0
+    decode_context_tokens: float = 0.0
+
+    def __sub__(self, other: StepTotals) -> StepTotals:
+        return StepTotals(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+    def mean(self, name: str) -> float:
+        """Mean of sum ``name`` per step (NaN without steps)."""
+        return float(getattr(self, name)) / self.steps if self.steps > 0 else math.nan
+
+    @property
+    def mean_tokens(self) -> float:
+        """Mean tokens scheduled per step."""
+        return self.mean("prefill_tokens") + self.mean("decode_tokens")
+
+
+class _StepBucket:
+    __slots__ = ("duration", "sums")
+
+    def __init__(self) -> None:
+        self.duration = Histogram(names.STEP_DURATION_BUCKETS)
+        self.sums = dict.fromkeys(_COUNTER_FIELDS.values(), 0.0)
+
+
+class StepTelemetry:
+    """Step durations and batch composition per scheduled-token bucket (``chunkpilot:step_*``)."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, _StepBucket] = {}
+
+    def _bucket(self, num_tokens: int) -> _StepBucket:
+        label = names.step_token_bucket(num_tokens)
+        bucket = self._buckets.get(label)
+        if bucket is None:
+            bucket = self._buckets[label] = _StepBucket()
+        return bucket
+
+    def observe(self, shape: StepShape, duration_s: float) -> None:
+        """Record one step."""
+        bucket = self._bucket(shape.tokens)
+        bucket.duration.observe(duration_s)
+        sums = bucket.sums
+        for key in sums:
+            sums[key] += getattr(shape, key)
+
+    def observe_decode_run(
+        self, batch: int, context_tokens: int, steps: int, first_s: float, increment_s: float
+    ) -> None:
+        """Record ``steps`` pure-decode steps of ``batch`` sequences, advanced in bulk.
+
+        Step ``i`` (from 0) reads ``context_tokens + i * batch`` KV tokens and lasts
+        ``first_s + i * increment_s``.
+        """
+        if steps <= 0:
+            return
+        bucket = self._bucket(batch)
+        durations = first_s + increment_s * np.arange(steps, dtype=np.float64)
+        hist = bucket.duration
+        slots = np.searchsorted(np.asarray(hist.buckets), durations, side="left")
+        for slot, count in enumerate(np.bincount(slots, minlength=len(hist.counts)).tolist()):
+            hist.counts[slot] += int(count)
+        hist.total += float(durations.sum())
+        hist.count += steps
+        sums = bucket.sums
+        for key in ("decode_tokens", "sequences", "decode_sequences", "sampled_sequences"):
+            sums[key] += batch * steps
+        sums["decode_context_tokens"] += steps * context_tokens + batch * steps * (steps - 1) // 2
+
+    def totals(self) -> dict[str, StepTotals]:
+        """Sums so far per bucket label (see :data:`names.LABEL_SCHEDULED_TOKENS`)."""
+        return {
+            label: StepTotals(float(b.duration.count), b.duration.total, **b.sums)
+            for label, b in self._buckets.items()
+        }
+
+    def render(self, labels: str) -> list[str]:
+        """Exposition lines of the step families (HELP/TYPE even before the first step)."""
+        order = sorted(self._buckets.items(), key=lambda item: _bucket_order(item[0]))
+        name = names.STEP_DURATION
+        lines = [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
+        for label, bucket in order:
+            series = f'{labels},{names.LABEL_SCHEDULED_TOKENS}="{label}"'
+            lines += _histogram_lines(name, series, bucket.duration)
+        for counter, key in _COUNTER_FIELDS.items():
+            lines += [f"# HELP {counter} {_HELP[counter]}", f"# TYPE {counter} counter"]
+            for label, bucket in order:
+                series = f'{labels},{names.LABEL_SCHEDULED_TOKENS}="{label}"'
+                lines.append(f"{counter}{{{series}}} {_fmt(bucket.sums[key])}")
+        return lines
+
+
+def _bucket_order(label: str) -> float:
+    return math.inf if label == "+Inf" else float(label)
+
+
+def _histogram_lines(name: str, series: str, hist: Histogram) -> list[str]:
+    lines: list[str] = []
+    cumulative = 0
+    for bound, count in zip((*hist.buckets, math.inf), hist.counts, strict=True):
+        cumulative += count
+        lines.append(f'{name}_bucket{{{series},le="{_fmt(bound)}"}} {cumulative}')
+    lines.append(f"{name}_sum{{{series}}} {_fmt(hist.total)}")
+    lines.append(f"{name}_count{{{series}}} {hist.count}")
+    return lines
+
+
 def _fmt(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
@@ -64,10 +244,18 @@ def _fmt(value: float) -> str:
 class EngineMetrics:
     """The vLLM metric set of one engine, labelled with ``model_name`` and ``engine``."""
 
-    def __init__(self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE) -> None:
+    def __init__(
+        self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE, *, max_model_len: int | None = None
+    ) -> None:
         self.labels = f'{names.LABEL_ENGINE}="{engine}",{names.LABEL_MODEL_NAME}="{_escape(model_name)}"'
         self.histograms = {name: Histogram(buckets) for name, buckets in names.HISTOGRAM_BUCKETS.items()}
         self.histograms[SCHEDULED_TOKENS_PER_STEP] = Histogram(names.ITERATION_TOKENS_BUCKETS)
+        self.histograms[names.FINE_INTER_TOKEN_LATENCY] = Histogram(names.FINE_ITL_BUCKETS)
+        self.histograms[names.FINE_TIME_TO_FIRST_TOKEN] = Histogram(names.FINE_TTFT_BUCKETS)
+        if max_model_len is not None:  # vLLM sizes these by --max-model-len
+            for name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
+                self.histograms[name] = Histogram(names.request_tokens_buckets(max_model_len))
+        self.steps = StepTelemetry()
         self.counters: dict[str, float] = {
             name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS
         }
@@ -75,8 +263,23 @@ class EngineMetrics:
         self.gauges: dict[str, float] = {name: 0.0 for name in names.GAUGES}
 
     def observe(self, name: str, value: float) -> None:
-        """Observe ``value`` in histogram ``name``."""
+        """Observe ``value`` in histogram ``name`` (vLLM's ITL and TTFT also in the finer ones)."""
         self.histograms[name].observe(value)
+        fine = _FINE_MIRRORS.get(name)
+        if fine is not None:
+            self.histograms[fine].observe(value)
+
+    def step(self, result: StepResult) -> None:
+        """Record one executed step: its telemetry, and the lengths of the requests it finished."""
+        self.steps.observe(StepShape.of(result.output), result.duration_s)
+        prompts = self.histograms.get(names.REQUEST_PROMPT_TOKENS)
+        generations = self.histograms.get(names.REQUEST_GENERATION_TOKENS)
+        if prompts is None or generations is None:
+            return
+        for out in result.results:
+            if out.finished:
+                prompts.observe(out.request.prompt_tokens)
+                generations.observe(out.request.num_output_tokens)
 
     def iteration(self, first_token_prompt_tokens: int, generated_tokens: int, emitted: bool) -> None:
         """Record one engine iteration the way vLLM V1 does.
@@ -129,12 +332,8 @@ class EngineMetrics:
             )
         for name, hist in self.histograms.items():
             lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
-            cumulative = 0
-            for bound, count in zip((*hist.buckets, math.inf), hist.counts, strict=True):
-                cumulative += count
-                lines.append(f'{name}_bucket{{{self.labels},le="{_fmt(bound)}"}} {cumulative}')
-            lines.append(f"{name}_sum{{{self.labels}}} {_fmt(hist.total)}")
-            lines.append(f"{name}_count{{{self.labels}}} {hist.count}")
+            lines += _histogram_lines(name, self.labels, hist)
+        lines += self.steps.render(self.labels)
         return "\n".join(lines) + "\n"
 
 

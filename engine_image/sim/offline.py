@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
+from chunkpilot.engine.sim.metrics import StepShape, StepTelemetry
 from chunkpilot.engine.sim.scheduler import FinishReason, Request
 from chunkpilot.engine.sim.workload import Workload
 
@@ -156,8 +157,12 @@ def simulate(
     *,
     fast_forward: bool = True,
     keep_records: bool = False,
+    telemetry: StepTelemetry | None = None,
 ) -> Summary:
-    """Run ``workload`` on the engine ``config`` describes and summarise the latencies."""
+    """Run ``workload`` on the engine ``config`` describes and summarise the latencies.
+
+    ``telemetry``, when given, records every step the way the server's ``/metrics`` does.
+    """
     wall_start = time.perf_counter()
     slo = slo or SLO()
     core = config.build()
@@ -168,7 +173,7 @@ def simulate(
         for i, spec in enumerate(workload.requests)
     ]
     recorder = _Recorder()
-    steps = _run(core, requests, recorder, fast_forward)
+    steps = _run(core, requests, recorder, fast_forward, telemetry)
     summary = _summarise(core, config, requests, recorder, steps, slo, keep_records)
     return _with_wall(summary, time.perf_counter() - wall_start)
 
@@ -181,7 +186,13 @@ def _request(
     return Request(str(index), arrival, prompt, output, hashes[: prompt // 16])
 
 
-def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_forward: bool) -> int:
+def _run(
+    core: EngineCore,
+    requests: list[Request],
+    recorder: _Recorder,
+    fast_forward: bool,
+    telemetry: StepTelemetry | None = None,
+) -> int:
     sched, model = core.scheduler, core.step_model
     pending = sorted(requests, key=lambda r: r.arrival_s)
     next_index, now, steps = 0, 0.0, 0
@@ -195,7 +206,7 @@ def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_fo
             now = next_arrival
             continue
         if fast_forward:
-            advanced = _fast_forward(core, now, next_arrival, recorder)
+            advanced = _fast_forward(core, now, next_arrival, recorder, telemetry)
             if advanced:
                 now, steps = advanced[0], steps + advanced[1]
                 continue
@@ -208,6 +219,8 @@ def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_fo
                 "no request can be scheduled: a prompt needs more KV blocks than the cache holds"
             )
         end = now + model.step_time(output.forward_pass)
+        if telemetry is not None:
+            telemetry.observe(StepShape.of(output), end - now)
         for result in sched.update(output, end):
             if not result.is_first_token and result.previous_token_s is not None:
                 itl.append(end - result.previous_token_s)
@@ -217,7 +230,11 @@ def _run(core: EngineCore, requests: list[Request], recorder: _Recorder, fast_fo
 
 
 def _fast_forward(
-    core: EngineCore, now: float, next_arrival: float, recorder: _Recorder
+    core: EngineCore,
+    now: float,
+    next_arrival: float,
+    recorder: _Recorder,
+    telemetry: StepTelemetry | None = None,
 ) -> tuple[float, int] | None:
     """Advance a stretch of identical pure-decode steps at once; None when the next step is not one."""
     sched = core.scheduler
@@ -263,6 +280,8 @@ def _fast_forward(
     allocated = kv.allocate(extra)
     assert allocated, "bulk decode outgrew the free KV blocks"
     recorder.segments.append((first, increment, n, batch))
+    if telemetry is not None:
+        telemetry.observe_decode_run(batch, context, n, first, increment)
     if n == steps_left:
         for request in [
             r
