@@ -83,7 +83,7 @@ class SimEngineServer:
         self.config = config
         self.core: EngineCore = config.sim.build()
         self.model_name = config.served_model_names[0]
-        self.metrics = EngineMetrics(self.model_name)
+        self.metrics = EngineMetrics(self.model_name, max_model_len=self.core.scheduler.config.max_model_len)
         self.streams: dict[str, Choice] = {}
         self._wall0 = time.monotonic()
         self._sim_clock = 0.0
@@ -176,6 +176,7 @@ class SimEngineServer:
     def _deliver(self, result: StepResult) -> None:
         m = self.metrics
         m.observe(SCHEDULED_TOKENS_PER_STEP, result.output.num_scheduled_tokens)
+        m.step(result)
         m.iteration(
             sum(out.request.prompt_tokens for out in result.results if out.is_first_token),
             sum(out.new_tokens for out in result.results),
