@@ -80,6 +80,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     capacity.set_defaults(func=_capacity)
 
+    _add_serve_command(commands)
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="print the offline speed on a whole trace and the step-time calibration error",
+        allow_abbrev=False,
+    )
+    bench_parser.add_argument("--trace", default="azure_conv_2023", help="trace name or CSV path")
+    bench_parser.add_argument("--model", default="llama-3.1-8b")
+    bench_parser.add_argument("--gpu", default="h100")
+    bench_parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest counts (default 3)")
+    bench_parser.add_argument(
+        "--step-by-step", action="store_true", help="also time the run without bulk decode advancing"
+    )
+    bench_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    bench_parser.set_defaults(func=_bench)
+
+    _add_tokenizer_command(commands)
+
+
+def _add_serve_command(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     serve = commands.add_parser(
         "serve",
         help="serve the simulated engine: OpenAI API, /metrics (vLLM V1 names), /health",
@@ -101,21 +122,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.set_defaults(func=_serve)
 
-    bench_parser = commands.add_parser(
-        "bench",
-        help="print the offline speed on a whole trace and the step-time calibration error",
-        allow_abbrev=False,
-    )
-    bench_parser.add_argument("--trace", default="azure_conv_2023", help="trace name or CSV path")
-    bench_parser.add_argument("--model", default="llama-3.1-8b")
-    bench_parser.add_argument("--gpu", default="h100")
-    bench_parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest counts (default 3)")
-    bench_parser.add_argument(
-        "--step-by-step", action="store_true", help="also time the run without bulk decode advancing"
-    )
-    bench_parser.add_argument("--json", action="store_true", help="print one JSON object")
-    bench_parser.set_defaults(func=_bench)
 
+def _add_tokenizer_command(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     export = commands.add_parser(
         "tokenizer",
         help="write the simulator's tokenizer as Hugging Face files for benchmark clients' --tokenizer",
