@@ -1,0 +1,99 @@
+"""Workload capture: histograms and rates in, a synthetic workload with the same distributions out."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import pytest
+from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTotals
+from chunkpilot.engine.sim.offline import simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.tuner.twin.capture import (
+    STEP_FIELDS,
+    CaptureError,
+    HistogramWindow,
+    WorkloadWindow,
+    histogram_of,
+    step_queries,
+    steps_from_results,
+    synthesize,
+    workload_queries,
+)
+
+MAX_LEN = 8192
+BOUNDS = names.request_tokens_buckets(MAX_LEN)
+
+
+def _window(prompts: list[int], outputs: list[int], rate: float, hit_rate: float = 0.0) -> WorkloadWindow:
+    queried = float(sum(prompts))
+    return WorkloadWindow(
+        duration_s=len(prompts) / rate,
+        prompt_tokens=histogram_of(prompts, BOUNDS),
+        generation_tokens=histogram_of(outputs, BOUNDS),
+        prefix_cache_queries=queried,
+        prefix_cache_hits=queried * hit_rate,
+    )
+
+
+def test_synthetic_workload_reproduces_bucket_shares_means_and_rate() -> None:
+    trace = load_trace("azure_code_2023", rate=5.0, limit=600)
+    prompts = [r.prompt_tokens for r in trace.requests]
+    outputs = [r.output_tokens for r in trace.requests]
+    window = _window(prompts, outputs, rate=5.0)
+    workload = synthesize(window, 600, max_model_len=MAX_LEN, seed=1)
+    for source, drawn in ((prompts, [r.prompt_tokens for r in workload.requests]),
+                          (outputs, [r.output_tokens for r in workload.requests])):  # fmt: skip
+        assert histogram_of(drawn, BOUNDS).counts == histogram_of(source, BOUNDS).counts
+        assert sum(drawn) / len(drawn) == pytest.approx(sum(source) / len(source), rel=0.01)
+    arrivals = [r.arrival_s for r in workload.requests]
+    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    assert rate == pytest.approx(5.0, rel=0.15)  # Poisson: 600 gaps, sd of the mean gap ~4 %
+
+
+def test_histogram_from_prometheus_cumulative_buckets() -> None:
+    hist = HistogramWindow.from_cumulative({1.0: 0, 10.0: 3, 100.0: 5, math.inf: 6}, total=400.0, count=6)
+    assert hist.bounds == (1.0, 10.0, 100.0)
+    assert hist.counts == (0, 3, 2, 1)
+    assert hist.mean == pytest.approx(400 / 6)
+
+
+def test_prefix_hit_rate_is_reproduced_through_the_simulator() -> None:
+    trace = load_trace("azure_conv_2023", rate=2.0, limit=300)
+    prompts = [r.prompt_tokens for r in trace.requests]
+    outputs = [min(64, r.output_tokens) for r in trace.requests]
+    window = _window(prompts, outputs, rate=2.0, hit_rate=0.4)
+    workload = synthesize(window, 300, max_model_len=MAX_LEN)
+    summary = simulate(SimConfig(scheduler=SchedulerConfig(max_model_len=MAX_LEN)), workload)
+    assert summary.prefix_cache_hit_rate == pytest.approx(0.4, abs=0.05)
+
+
+def test_too_few_requests_or_no_histogram_is_a_clear_error() -> None:
+    window = _window([100] * 5, [10] * 5, rate=1.0)
+    with pytest.raises(CaptureError, match="5 finished requests in the window, 20 needed"):
+        synthesize(window, 100, max_model_len=MAX_LEN)
+
+
+def test_lengths_stay_within_the_model_length() -> None:
+    window = _window([8000] * 30 + [100] * 30, [5000] * 60, rate=1.0)
+    workload = synthesize(window, 200, max_model_len=MAX_LEN)
+    assert all(r.prompt_tokens + r.output_tokens <= MAX_LEN for r in workload.requests)
+    assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in workload.requests)
+
+
+def test_promql_queries_select_the_track_and_group_steps_by_bucket() -> None:
+    queries = step_queries('pod=~"svc-canary-.*"', "5m")
+    assert set(queries) == set(STEP_FIELDS)
+    assert queries["steps"] == (
+        "sum by (scheduled_tokens) "
+        '(increase(chunkpilot:step_duration_seconds_count{pod=~"svc-canary-.*"}[5m]))'
+    )
+    workload = workload_queries('pod=~"svc-canary-.*"', "5m")
+    assert workload["prompt_bucket"].startswith("sum by (le) (increase(vllm:request_prompt_tokens_bucket{")
+    results = {"steps": {"64": 10.0, "1": 0.0}, "duration_s": {"64": 0.2}, "prefill_tokens": {"64": 500.0}}
+    steps = steps_from_results(results)
+    assert steps == {"64": StepTotals(steps=10.0, duration_s=0.2, prefill_tokens=500.0)}
+    assert bisect.bisect_left(names.STEP_TOKEN_BUCKETS, 50) == names.STEP_TOKEN_BUCKETS.index(64)

@@ -1,0 +1,325 @@
+"""Capture what the twin needs from an engine's metrics over a window (pure: no I/O here).
+
+Two sources give the same objects: PromQL results of the queries :func:`workload_queries` and
+:func:`step_queries` write (the tuner, per track), and two scrapes of ``/metrics`` some seconds apart
+(:func:`parse_exposition` and :func:`window_between`, for tests and direct checks).
+
+* :class:`WorkloadWindow`: the request-length histograms (``vllm:request_prompt_tokens``,
+  ``vllm:request_generation_tokens``), the arrival rate and the prefix-cache hit rate;
+  :func:`synthesize` turns it into a :class:`~chunkpilot.engine.sim.workload.Workload` that
+  reproduces them: each request's lengths drawn from the histograms (the bucket counts exactly, the
+  mean matched by the shape of the draw within each bucket), Poisson arrivals at the measured rate,
+  and a shared prompt prefix sized so that the hit rate matches.
+* The step telemetry per scheduled-token bucket as :class:`~chunkpilot.engine.sim.metrics.StepTotals`
+  (what :func:`chunkpilot.tuner.twin.fit.fit_steps` fits).
+
+The prompt and output lengths are drawn independently (the histograms carry no joint distribution).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Final
+
+from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
+from chunkpilot.engine.sim.metrics import StepTotals
+from chunkpilot.engine.sim.workload import RequestSpec, Workload, prefix_hashes
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "STEP_FIELDS",
+    "CaptureError",
+    "HistogramWindow",
+    "Scrape",
+    "WorkloadWindow",
+    "histogram_of",
+    "parse_exposition",
+    "step_queries",
+    "steps_from_results",
+    "synthesize",
+    "window_between",
+    "workload_queries",
+]
+
+#: The metric behind each :class:`StepTotals` field (``steps`` and ``duration_s`` are the
+#: step-duration histogram's ``_count`` and ``_sum``).
+STEP_FIELDS: Final[dict[str, str]] = {
+    "steps": f"{names.STEP_DURATION}_count",
+    "duration_s": f"{names.STEP_DURATION}_sum",
+    "prefill_tokens": names.STEP_PREFILL_TOKENS,
+    "decode_tokens": names.STEP_DECODE_TOKENS,
+    "sequences": names.STEP_SEQUENCES,
+    "decode_sequences": names.STEP_DECODE_SEQUENCES,
+    "sampled_sequences": names.STEP_SAMPLED_SEQUENCES,
+    "prefill_attention_pairs": names.STEP_PREFILL_ATTENTION_PAIRS,
+    "prefill_context_tokens": names.STEP_PREFILL_CONTEXT_TOKENS,
+    "decode_context_tokens": names.STEP_DECODE_CONTEXT_TOKENS,
+}
+#: Fewer finished requests than this in the window: no workload (the caller waits).
+MIN_REQUESTS: Final = 20
+
+
+class CaptureError(ValueError):
+    """The window holds too little data to describe the workload."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramWindow:
+    """Increase of one histogram over a window: per-bucket counts (not cumulative), sum and count."""
+
+    bounds: tuple[float, ...]  # finite upper bounds, ascending; the last bucket is (bounds[-1], +Inf)
+    counts: tuple[float, ...]  # len(bounds) + 1
+    total: float
+    count: float
+
+    @classmethod
+    def from_cumulative(cls, buckets: Mapping[float, float], total: float, count: float) -> HistogramWindow:
+        """From ``{le: cumulative count}`` (``+Inf`` included or not) as Prometheus reports them."""
+        finite = sorted(le for le in buckets if math.isfinite(le))
+        cumulative = [max(0.0, buckets[le]) for le in finite]
+        top = buckets.get(math.inf, cumulative[-1] if cumulative else count)
+        counts: list[float] = []
+        previous = 0.0
+        for value in [*cumulative, top]:
+            counts.append(max(0.0, value - previous))
+            previous = max(previous, value)
+        return cls(tuple(finite), tuple(counts), total, count)
+
+    @property
+    def mean(self) -> float:
+        """Mean observation (NaN when empty)."""
+        return self.total / self.count if self.count > 0 else math.nan
+
+    def __sub__(self, other: HistogramWindow) -> HistogramWindow:
+        if self.bounds != other.bounds:
+            raise CaptureError("histogram buckets changed between the two scrapes")
+        counts = tuple(a - b for a, b in zip(self.counts, other.counts, strict=True))
+        return HistogramWindow(self.bounds, counts, self.total - other.total, self.count - other.count)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadWindow:
+    """The workload one track saw over ``duration_s`` seconds."""
+
+    duration_s: float
+    prompt_tokens: HistogramWindow
+    generation_tokens: HistogramWindow
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+
+    @property
+    def arrival_rate(self) -> float:
+        """Finished requests per second (equal to the arrival rate in a steady state)."""
+        return self.prompt_tokens.count / self.duration_s if self.duration_s > 0 else math.nan
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the prompt tokens queried that hit the prefix cache."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------------ PromQL side
+def workload_queries(selector: str, window: str) -> dict[str, str]:
+    """PromQL for a :class:`WorkloadWindow`; ``selector`` is a label matcher list without braces."""
+    sel = f"{{{selector}}}" if selector else ""
+    queries = {
+        "prefix_cache_queries": f"sum(increase({names.PREFIX_CACHE_QUERIES}{sel}[{window}]))",
+        "prefix_cache_hits": f"sum(increase({names.PREFIX_CACHE_HITS}{sel}[{window}]))",
+    }
+    for key, name in (
+        ("prompt", names.REQUEST_PROMPT_TOKENS),
+        ("generation", names.REQUEST_GENERATION_TOKENS),
+    ):
+        queries[f"{key}_bucket"] = f"sum by (le) (increase({name}_bucket{sel}[{window}]))"
+        queries[f"{key}_sum"] = f"sum(increase({name}_sum{sel}[{window}]))"
+        queries[f"{key}_count"] = f"sum(increase({name}_count{sel}[{window}]))"
+    return queries
+
+
+def step_queries(selector: str, window: str) -> dict[str, str]:
+    """PromQL per :class:`StepTotals` field, each summed by scheduled-token bucket."""
+    sel = f"{{{selector}}}" if selector else ""
+    by = names.LABEL_SCHEDULED_TOKENS
+    return {key: f"sum by ({by}) (increase({metric}{sel}[{window}]))" for key, metric in STEP_FIELDS.items()}
+
+
+def steps_from_results(results: Mapping[str, Mapping[str, float]]) -> dict[str, StepTotals]:
+    """Step totals per bucket from ``{StepTotals field: {bucket label: value}}`` (missing = 0)."""
+    labels = sorted({label for values in results.values() for label in values})
+    out: dict[str, StepTotals] = {}
+    for label in labels:
+        values = {f.name: float(results.get(f.name, {}).get(label, 0.0)) for f in fields(StepTotals)}
+        if values["steps"] > 0:
+            out[label] = StepTotals(**values)
+    return out
+
+
+# ---------------------------------------------------------------------------------- scrape side
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """The twin's metrics in one ``/metrics`` text (cumulative since the engine started)."""
+
+    histograms: dict[str, HistogramWindow]
+    counters: dict[str, float]
+    steps: dict[str, StepTotals] = field(default_factory=dict)
+
+
+def parse_exposition(text: str) -> Scrape:
+    """Read the request-length histograms, prefix-cache counters and step telemetry of one scrape."""
+    buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    step_values: dict[str, dict[str, float]] = {key: {} for key in STEP_FIELDS}
+    step_metric = {metric: key for key, metric in STEP_FIELDS.items()}
+    wanted = (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            label = sample.labels.get(names.LABEL_SCHEDULED_TOKENS)
+            if label is not None and sample.name in step_metric:
+                values = step_values[step_metric[sample.name]]
+                values[label] = values.get(label, 0.0) + sample.value
+            elif family.name in wanted:
+                if sample.name.endswith("_bucket"):
+                    le = float(sample.labels["le"])
+                    per = buckets.setdefault(family.name, {})
+                    per[le] = per.get(le, 0.0) + sample.value
+                else:
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            elif sample.name in (names.PREFIX_CACHE_QUERIES, names.PREFIX_CACHE_HITS):
+                counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+    histograms = {
+        name: HistogramWindow.from_cumulative(
+            per, sums.get(f"{name}_sum", 0.0), sums.get(f"{name}_count", 0.0)
+        )
+        for name, per in buckets.items()
+    }
+    return Scrape(histograms, counters, steps_from_results(step_values))
+
+
+def window_between(
+    before: Scrape, after: Scrape, duration_s: float
+) -> tuple[WorkloadWindow, dict[str, StepTotals]]:
+    """The workload and step totals between two scrapes ``duration_s`` apart."""
+    try:
+        prompts = after.histograms[names.REQUEST_PROMPT_TOKENS]
+        generations = after.histograms[names.REQUEST_GENERATION_TOKENS]
+    except KeyError as exc:
+        raise CaptureError(f"the engine exports no {exc.args[0]} histogram") from exc
+    if names.REQUEST_PROMPT_TOKENS in before.histograms:
+        prompts = prompts - before.histograms[names.REQUEST_PROMPT_TOKENS]
+        generations = generations - before.histograms[names.REQUEST_GENERATION_TOKENS]
+
+    def delta(name: str) -> float:
+        return after.counters.get(name, 0.0) - before.counters.get(name, 0.0)
+
+    workload = WorkloadWindow(
+        duration_s,
+        prompts,
+        generations,
+        delta(names.PREFIX_CACHE_QUERIES),
+        delta(names.PREFIX_CACHE_HITS),
+    )
+    steps = {
+        label: totals - before.steps.get(label, StepTotals())
+        for label, totals in after.steps.items()
+        if totals.steps > before.steps.get(label, StepTotals()).steps
+    }
+    return workload, steps
+
+
+# ------------------------------------------------------------------------------------- synthesis
+def _allocate(counts: Sequence[float], n: int) -> list[int]:
+    """``n`` draws split over the buckets in proportion to ``counts`` (largest remainders)."""
+    total = sum(counts)
+    quotas = [n * c / total for c in counts]
+    whole = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(counts)), key=lambda i: quotas[i] - whole[i], reverse=True)
+    for i in by_remainder[: n - sum(whole)]:
+        whole[i] += 1
+    return whole
+
+
+def _lengths(hist: HistogramWindow, n: int, rng: random.Random, cap: int) -> list[int]:
+    """``n`` integer lengths with the histogram's bucket shares and (as far as the buckets allow) mean."""
+    if hist.count <= 0:
+        raise CaptureError("the request-length histogram is empty")
+    edges = [0.0, *hist.bounds]
+    slots = [slot for slot, k in enumerate(_allocate(hist.counts, n)) for _ in range(k)]
+    rng.shuffle(slots)
+    within = [rng.random() for _ in range(n)]
+
+    def build(power: float) -> list[int]:
+        values: list[int] = []
+        for slot, u in zip(slots, within, strict=True):
+            low = edges[slot]
+            high = hist.bounds[slot] if slot < len(hist.bounds) else max(low * 2, low + 1)
+            high = min(high, float(cap))
+            low = min(low, high - 1)
+            value = max(math.floor(low) + 1, math.ceil(low + (high - low) * u**power))
+            values.append(max(1, min(cap, value)))
+        return values
+
+    target = hist.mean
+    if not math.isfinite(target):
+        return build(1.0)
+    # u**power: power < 1 pushes draws to the bucket tops, > 1 to the bottoms; bisect on log(power).
+    low_log, high_log = -4.0, 4.0
+    for _ in range(40):
+        middle = (low_log + high_log) / 2
+        mean = sum(build(math.exp(middle))) / n
+        if mean > target:
+            low_log = middle
+        else:
+            high_log = middle
+    return build(math.exp((low_log + high_log) / 2))
+
+
+def synthesize(
+    window: WorkloadWindow,
+    requests: int,
+    *,
+    max_model_len: int,
+    seed: int = 0,
+    min_requests: int = MIN_REQUESTS,
+    name: str = "captured",
+) -> Workload:
+    """A workload of ``requests`` requests that reproduces the window's distributions and rates."""
+    seen = window.prompt_tokens.count
+    if seen < min_requests:
+        raise CaptureError(
+            f"{seen:g} finished requests in the window, {min_requests} needed to capture the workload"
+        )
+    rate = window.arrival_rate
+    if not rate > 0:
+        raise CaptureError("no arrivals in the window")
+    rng = random.Random(seed)
+    prompts = _lengths(window.prompt_tokens, requests, rng, max_model_len - 1)
+    outputs = _lengths(window.generation_tokens, requests, rng, max_model_len)
+    hit_rate = window.prefix_cache_hit_rate
+    specs: list[RequestSpec] = []
+    t = 0.0
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        output = max(1, min(output, max_model_len - prompt))
+        hashes: tuple[int, ...] = ()
+        if hit_rate > 0:
+            # One shared prefix (block-aligned): every request after the first hits its shared blocks.
+            shared = min(prompt - 1, round(hit_rate * prompt / BLOCK_SIZE) * BLOCK_SIZE)
+            hashes = prefix_hashes(prompt, max(0, shared), 0, i)
+        specs.append(RequestSpec(t, prompt, output, hashes))
+        t += rng.expovariate(rate)
+    return Workload(name, tuple(specs))
+
+
+def histogram_of(values: Sequence[float], bounds: Sequence[float]) -> HistogramWindow:
+    """The histogram of ``values`` with upper bounds ``bounds`` (``le`` semantics)."""
+    counts = [0.0] * (len(bounds) + 1)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1
+    return HistogramWindow(
+        tuple(float(b) for b in bounds), tuple(counts), float(sum(values)), float(len(values))
+    )

@@ -1,0 +1,121 @@
+"""Ask the twin: capacity at SLO of a configuration, and latency quantiles at a given load.
+
+The twin is the simulator with the fitted step profile (:class:`~chunkpilot.tuner.twin.fit.TwinFit`)
+and the captured workload. Capacity comes from the simulator's own search
+(:func:`~chunkpilot.engine.sim.capacity.find_capacity`) over the captured request lengths; the cost of
+one answer is set by ``requests`` (simulated per probed rate) and ``tolerance`` (bisection width).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Final
+
+from chunkpilot.engine.sim.capacity import CapacityResult, find_capacity, retime
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import Workload
+from chunkpilot.tuner.twin.fit import TwinFit
+
+__all__ = ["CAPACITY_REQUESTS", "CAPACITY_TOLERANCE", "LatencyQuantiles", "Twin", "relative_errors"]
+
+#: Requests simulated per probed rate and the bisection's relative width in a capacity prediction:
+#: about 0.3-0.5 CPU seconds for an 8B model (see docs/tuning.md, "The digital twin").
+CAPACITY_REQUESTS: Final = 200
+CAPACITY_TOLERANCE: Final = 0.04
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyQuantiles:
+    """The quantiles the twin's error is stated in (milliseconds)."""
+
+    itl_p50_ms: float
+    itl_p99_ms: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+
+    @classmethod
+    def of(cls, summary: Summary) -> LatencyQuantiles:
+        """The quantiles of an offline simulation."""
+        return cls(summary.itl_ms.p50, summary.itl_ms.p99, summary.ttft_ms.p50, summary.ttft_ms.p95)
+
+
+def relative_errors(predicted: LatencyQuantiles, measured: LatencyQuantiles) -> dict[str, float]:
+    """``predicted / measured - 1`` per quantile (NaN where nothing was measured)."""
+    out: dict[str, float] = {}
+    for f in fields(LatencyQuantiles):
+        name = f.name
+        p, m = getattr(predicted, name), getattr(measured, name)
+        out[name] = p / m - 1 if m and math.isfinite(m) and math.isfinite(p) else math.nan
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Twin:
+    """A service's twin: the fitted step profile (written to ``profile_path``) and its workload."""
+
+    fit: TwinFit
+    workload: Workload
+    profile_path: Path
+    gpu_memory_utilization: float = 0.92
+
+    @classmethod
+    def build(cls, fit: TwinFit, workload: Workload, directory: Path, **kwargs: float) -> Twin:
+        """Write the fitted profile under ``directory`` and return the twin that loads it."""
+        path = fit.write_profile(directory / "twin-step-profile.json")
+        return cls(fit, workload, path, **kwargs)
+
+    def config(self, scheduler: SchedulerConfig) -> SimConfig:
+        """The simulated engine of configuration ``scheduler`` on the fitted hardware."""
+        return SimConfig(
+            model=self.fit.model,
+            accelerator=self.fit.accelerator,
+            tensor_parallel_size=self.fit.tensor_parallel_size,
+            scheduler=scheduler,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            step_profile=str(self.profile_path),
+        )
+
+    def _requests(self, requests: int | None) -> Workload:
+        if requests is None or requests >= len(self.workload.requests):
+            return self.workload
+        return replace(self.workload, requests=self.workload.requests[:requests])
+
+    def capacity(
+        self,
+        scheduler: SchedulerConfig,
+        slo: SLO,
+        *,
+        requests: int = CAPACITY_REQUESTS,
+        tolerance: float = CAPACITY_TOLERANCE,
+        start_rate: float | None = None,
+        seed: int = 0,
+    ) -> CapacityResult:
+        """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``."""
+        workload = self._requests(requests)
+        start = start_rate if start_rate is not None else _arrival_rate(self.workload)
+        return find_capacity(
+            self.config(scheduler), workload, slo, tolerance=tolerance, start_rate=start, seed=seed
+        )
+
+    def latency(
+        self,
+        scheduler: SchedulerConfig,
+        rate: float,
+        slo: SLO | None = None,
+        *,
+        requests: int | None = None,
+        seed: int = 0,
+    ) -> LatencyQuantiles:
+        """Predicted ITL and TTFT quantiles of ``scheduler`` at a Poisson load of ``rate`` requests/s."""
+        summary = simulate(self.config(scheduler), retime(self._requests(requests), rate, seed), slo)
+        return LatencyQuantiles.of(summary)
+
+
+def _arrival_rate(workload: Workload) -> float:
+    arrivals = [r.arrival_s for r in workload.requests]
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else 1.0
