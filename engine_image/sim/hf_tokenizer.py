@@ -82,7 +82,9 @@ def tokenizer_config(max_model_len: int) -> dict[str, Any]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_model_len,
         "clean_up_tokenization_spaces": False,
-        "unk_token": tokenizer.UNKNOWN_TEXT,
+        # No ``unk_token``: transformers would make it special and drop it from decoded text
+        # (``skip_special_tokens``), so prompts that clients build by decoding token ids would
+        # re-tokenize shorter. Undeclared, it decodes to U+FFFD: one token again.
         "additional_special_tokens": [MESSAGE_TOKEN, REPLY_TOKEN],
         "chat_template": CHAT_TEMPLATE,
     }

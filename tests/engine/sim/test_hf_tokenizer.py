@@ -93,6 +93,7 @@ def test_unknown_chunks_decode_to_one_token(hf: Tokenizer) -> None:
 def test_config_declares_the_chat_tokens_and_no_cleanup(exported: Path, hf: Tokenizer) -> None:
     config = json.loads((exported / "tokenizer_config.json").read_text())
     assert config["clean_up_tokenization_spaces"] is False
+    assert "unk_token" not in config  # special tokens are dropped when clients decode prompts
     assert config["additional_special_tokens"] == [hf_tokenizer.MESSAGE_TOKEN, hf_tokenizer.REPLY_TOKEN]
     # What the chat template renders for one message: four message tokens, content, three reply tokens.
     content = "What is chunked prefill?"
