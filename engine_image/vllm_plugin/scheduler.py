@@ -13,6 +13,9 @@ It wraps vLLM's own ``schedule()`` rather than re-implementing it:
   above the start-up values are refused. Limits reset on restart.
 * **Step log.** With ``step_log`` set, one JSON line per step records its
   composition (for tests and debugging; off in production).
+* **Step telemetry.** With ``PROMETHEUS_MULTIPROC_DIR`` set, every step's
+  duration and composition, and finer ITL/TTFT histograms, go to vLLM's
+  ``/metrics`` (:mod:`chunkpilot.engine.vllm_plugin.telemetry`).
 
 When vLLM enables async scheduling, instantiating ``ChunkpilotScheduler``
 yields :class:`ChunkpilotAsyncScheduler`, the same logic over vLLM's
@@ -37,6 +40,7 @@ from chunkpilot.engine.vllm_plugin.config import (
     write_json_atomic,
 )
 from chunkpilot.engine.vllm_plugin.lanes import PrefillCandidate, plan_lanes, reinsert_in_order
+from chunkpilot.engine.vllm_plugin.telemetry import StepTelemetry, telemetry_problem
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -96,12 +100,23 @@ class _ChunkpilotMixin:
             # A control file left from an earlier run is ignored: limits reset on restart.
             self.cp_control_seen = self._cp_control_stat()
             self._cp_report(error=None)
+        self.cp_telemetry: StepTelemetry | None = None
+        problem = telemetry_problem()
+        if problem is None:
+            model_config = getattr(self.vllm_config, "model_config", None)
+            parallel = getattr(self.vllm_config, "parallel_config", None)
+            self.cp_telemetry = StepTelemetry(
+                str(getattr(model_config, "served_model_name", None) or "model"),
+                str(getattr(parallel, "data_parallel_rank", 0) or 0),
+            )
         logger.info(
-            "Chunkpilot scheduler (%s): partial-prefill lanes %s, live limits %s, step log %s",
+            "Chunkpilot scheduler (%s): partial-prefill lanes %s, live limits %s, step log %s, "
+            "step telemetry %s",
             type(self).__name__,
             self.cp_lanes or "off",
             "via " + self.cp_config.control_file if self.cp_config.control_file else "off",
             self.cp_config.step_log or "off",
+            "on" if problem is None else f"off ({problem})",
         )
 
     # -- live limits -----------------------------------------------------------------
@@ -164,6 +179,26 @@ class _ChunkpilotMixin:
 
     # -- the step --------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        output = self._cp_schedule(*args, **kwargs)
+        if self.cp_telemetry is not None:
+            self.cp_telemetry.scheduled(started, output, self.requests)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        if self.cp_telemetry is not None:
+            self.cp_telemetry.finished(scheduler_output, outputs)
+        return outputs
+
+    def finish_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.cp_telemetry is not None:
+            self.cp_telemetry.forget(
+                [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
+            )
+        return super().finish_requests(request_ids, *args, **kwargs)  # type: ignore[misc]
+
+    def _cp_schedule(self, *args: Any, **kwargs: Any) -> Any:
         self._cp_poll_control()
         self.cp_step += 1
         if self.cp_lanes is None and self.cp_step_log is None:

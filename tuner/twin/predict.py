@@ -23,9 +23,9 @@ from chunkpilot.tuner.twin.fit import TwinFit
 __all__ = ["CAPACITY_REQUESTS", "CAPACITY_TOLERANCE", "LatencyQuantiles", "Twin", "relative_errors"]
 
 #: Requests simulated per probed rate and the bisection's relative width in a capacity prediction:
-#: about 0.3-0.5 CPU seconds for an 8B model (see docs/tuning.md, "The digital twin").
-CAPACITY_REQUESTS: Final = 200
-CAPACITY_TOLERANCE: Final = 0.04
+#: about 1 CPU second for an 8B model on H100 (the accuracy/cost trade-off is in docs/tuning.md).
+CAPACITY_REQUESTS: Final = 400
+CAPACITY_TOLERANCE: Final = 0.03
 
 
 @dataclass(frozen=True, slots=True)

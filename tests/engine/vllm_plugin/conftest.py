@@ -23,6 +23,7 @@ from chunkpilot.engine.vllm_plugin.client import prompt_ids, stream_completion
 from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME, start_server, tiny_model
 from chunkpilot.engine.vllm_plugin.render import ENDPOINT_PLUGIN, GENERAL_PLUGIN, SCHEDULER_CLS
+from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV
 from chunkpilot.engine.vllm_plugin.testing import (
     LANES,
     LONG_LANES,
@@ -87,7 +88,14 @@ def vllm_server(
         "--scheduler-cls", SCHEDULER_CLS,
         "--additional-config", json.dumps({"chunkpilot": plugin}),
     ]  # fmt: skip
-    environ = {"VLLM_PLUGINS": f"{GENERAL_PLUGIN},{ENDPOINT_PLUGIN}", LIVE_ADJUST_TOKEN_ENV: TOKEN}
+    # The step telemetry reaches /metrics through prometheus_client's multiprocess directory.
+    metrics_dir = work / "prometheus"
+    metrics_dir.mkdir()
+    environ = {
+        "VLLM_PLUGINS": f"{GENERAL_PLUGIN},{ENDPOINT_PLUGIN}",
+        LIVE_ADJUST_TOKEN_ENV: TOKEN,
+        MULTIPROC_ENV: str(metrics_dir),
+    }
     started = time.monotonic()
     server = start_server(vllm_env, tiny_model_dir, args, work / "server.log", environ)
     print(f"\nvLLM server healthy after {server.startup_s:.1f}s")

@@ -1,0 +1,252 @@
+"""Step telemetry of the Chunkpilot scheduler on vLLM: the ``chunkpilot:*`` metrics of the twin.
+
+The scheduler runs in vLLM's engine-core process, but ``/metrics`` is served by the API-server
+process. vLLM V1 (0.32/0.33) gives a plugin no channel between them: its stat loggers run in the API
+server on a fixed ``SchedulerStats`` record, and a custom logger can only be passed to ``AsyncLLM``
+programmatically, not to ``vllm serve``. Its ``/metrics`` does however read prometheus_client's
+multiprocess directory when ``PROMETHEUS_MULTIPROC_DIR`` is set (the mode vLLM itself uses with
+``--api-server-count`` > 1), and the engine-core process inherits that variable. So the metrics are
+written here with prometheus_client and appear on the API server's ``/metrics`` next to vLLM's, with
+no extra port; without the variable they could not be served, and the telemetry stays off (the tuner
+then reports the twin unavailable).
+
+Per step (``schedule()`` to ``update_from_output()`` of the same batch) it records the duration by
+scheduled-token bucket and the batch composition (:class:`~chunkpilot.engine.sim.metrics.StepShape`);
+per output, finer ITL and TTFT histograms than vLLM's. Observations that fall in the same bucket are
+added in one increment, so the cost per step is a few prometheus_client writes, not one per request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.sim.metrics import StepShape
+from chunkpilot.engine.sim.steptime import ForwardPass
+
+logger = logging.getLogger("vllm.plugins.chunkpilot")
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+__all__ = ["MULTIPROC_ENV", "StepTelemetry", "step_shape", "telemetry_problem"]
+
+
+def telemetry_problem(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why the engine-core process cannot export metrics to ``/metrics`` (None: it can)."""
+    directory = environ.get(MULTIPROC_ENV)
+    if not directory:
+        return f"{MULTIPROC_ENV} is not set, so the API server serves no metrics of the engine-core process"
+    if not os.path.isdir(directory):
+        return f"{MULTIPROC_ENV}={directory} is not a directory"
+    return None
+
+
+def _is_prefill(computed_before: int, request: Any) -> bool:
+    prompt: int = request.num_prompt_tokens
+    total: int = request.num_tokens
+    return computed_before < max(prompt, total - 1)
+
+
+def step_shape(output: Any, requests: Mapping[str, Any]) -> StepShape:
+    """The composition of a batch vLLM just scheduled (``num_computed_tokens`` already advanced)."""
+    prefill = decode = decoding = sampled = sequences = 0
+    pairs = 0.0
+    prefill_context = decode_context = 0
+    drafts_by_request: Mapping[str, list[int]] = output.scheduled_spec_decode_tokens or {}
+    for req_id, tokens in output.num_scheduled_tokens.items():
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        sequences += 1
+        end: int = request.num_computed_tokens
+        before = end - tokens
+        drafts = len(drafts_by_request.get(req_id, ()))
+        if _is_prefill(before, request):
+            prefill += tokens
+            pairs += ForwardPass.prefill_pairs(tokens, before)
+            prefill_context += end
+        else:
+            decode += tokens
+            decoding += 1
+            decode_context += end
+        if end - drafts >= request.num_tokens:
+            sampled += 1 + drafts
+    return StepShape(
+        prefill + decode,
+        prefill,
+        decode,
+        sequences,
+        decoding,
+        sampled,
+        pairs,
+        prefill_context,
+        decode_context,
+    )
+
+
+class _BucketedHistogram:
+    """A labelled prometheus_client histogram that takes many observations of one bucket at once."""
+
+    def __init__(self, metric: Any, buckets: tuple[float, ...]) -> None:
+        self.metric = metric
+        self.buckets = buckets
+
+    def add(self, child: Any, values: list[float]) -> None:
+        counts: dict[int, int] = {}
+        total = 0.0
+        for value in values:
+            slot = bisect.bisect_left(self.buckets, value)
+            counts[slot] = counts.get(slot, 0) + 1
+            total += value
+        if not counts:
+            return
+        # prometheus_client keeps one value per bucket (non-cumulative) and the sum; incrementing
+        # them directly is what observe() does, once per distinct bucket instead of per value.
+        slots = getattr(child, "_buckets", None)
+        if slots is None or len(slots) != len(self.buckets) + 1:
+            for value in values:
+                child.observe(value)
+            return
+        for slot, count in counts.items():
+            slots[slot].inc(count)
+        child._sum.inc(total)
+
+
+class StepTelemetry:
+    """The ``chunkpilot:*`` metrics of one engine-core process (prometheus_client, multiprocess)."""
+
+    def __init__(self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        registry = CollectorRegistry()  # private: the multiprocess files are what the API server reads
+        base = [names.LABEL_MODEL_NAME, names.LABEL_ENGINE]
+        self._base = {names.LABEL_MODEL_NAME: model_name, names.LABEL_ENGINE: engine}
+        self._duration = Histogram(
+            names.STEP_DURATION,
+            "Engine step duration in seconds, by scheduled-token bucket.",
+            [*base, names.LABEL_SCHEDULED_TOKENS],
+            buckets=names.STEP_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._counters = {
+            field: Counter(
+                metric.removesuffix("_total"),
+                names.STEP_COUNTERS[metric],
+                [*base, names.LABEL_SCHEDULED_TOKENS],
+                registry=registry,
+            )
+            for field, metric in _SHAPE_FIELDS.items()
+        }
+        self._itl = _BucketedHistogram(
+            Histogram(
+                names.FINE_INTER_TOKEN_LATENCY,
+                "Inter-token latency in seconds (fine buckets).",
+                base,
+                buckets=names.FINE_ITL_BUCKETS,
+                registry=registry,
+            ),
+            names.FINE_ITL_BUCKETS,
+        )
+        self._ttft = _BucketedHistogram(
+            Histogram(
+                names.FINE_TIME_TO_FIRST_TOKEN,
+                "Time to first token in seconds (fine buckets).",
+                base,
+                buckets=names.FINE_TTFT_BUCKETS,
+                registry=registry,
+            ),
+            names.FINE_TTFT_BUCKETS,
+        )
+        self._itl_child = self._itl.metric.labels(**self._base)
+        self._ttft_child = self._ttft.metric.labels(**self._base)
+        self._children: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._started: dict[int, tuple[float, StepShape]] = {}
+        self._last_token_s: dict[str, float] = {}
+        self._arrival_s: dict[str, float] = {}
+
+    def _bucket(self, label: str) -> tuple[Any, dict[str, Any]]:
+        children = self._children.get(label)
+        if children is None:
+            labels = {**self._base, names.LABEL_SCHEDULED_TOKENS: label}
+            children = (
+                self._duration.labels(**labels),
+                {field: counter.labels(**labels) for field, counter in self._counters.items()},
+            )
+            self._children[label] = children
+        return children
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def scheduled(self, started_s: float, output: Any, requests: Mapping[str, Any]) -> None:
+        """After ``schedule()`` returned ``output``, which began at ``started_s`` (perf_counter)."""
+        if not output.total_num_scheduled_tokens:
+            return
+        self._started[id(output)] = (started_s, step_shape(output, requests))
+        arrivals = self._arrival_s
+        for req_id in output.num_scheduled_tokens:
+            if req_id not in arrivals:
+                request = requests.get(req_id)
+                if request is not None:
+                    arrivals[req_id] = float(request.arrival_time)
+
+    def finished(self, output: Any, engine_core_outputs: Any) -> None:
+        """After ``update_from_output(output, ...)`` returned ``engine_core_outputs``."""
+        entry = self._started.pop(id(output), None)
+        if entry is None:
+            return
+        started, shape = entry
+        duration, children = self._bucket(names.step_token_bucket(shape.tokens))
+        duration.observe(time.perf_counter() - started)
+        for field, child in children.items():
+            amount = getattr(shape, field)
+            if amount:
+                child.inc(amount)
+        now = time.time()  # the clock of vLLM's arrival times
+        itl: list[float] = []
+        ttft: list[float] = []
+        for outputs in _core_outputs(engine_core_outputs):
+            for out in outputs:
+                req_id = out.request_id
+                if out.new_token_ids:
+                    last = self._last_token_s.get(req_id)
+                    if last is None:
+                        arrival = self._arrival_s.get(req_id)
+                        if arrival is not None:
+                            ttft.append(now - arrival)
+                    else:
+                        itl.append(now - last)
+                    self._last_token_s[req_id] = now
+                if out.finish_reason is not None:
+                    self._last_token_s.pop(req_id, None)
+                    self._arrival_s.pop(req_id, None)
+        self._itl.add(self._itl_child, itl)
+        self._ttft.add(self._ttft_child, ttft)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop the state of aborted requests."""
+        for req_id in request_ids:
+            self._last_token_s.pop(req_id, None)
+            self._arrival_s.pop(req_id, None)
+
+
+_SHAPE_FIELDS: Final = {
+    "prefill_tokens": names.STEP_PREFILL_TOKENS,
+    "decode_tokens": names.STEP_DECODE_TOKENS,
+    "sequences": names.STEP_SEQUENCES,
+    "decode_sequences": names.STEP_DECODE_SEQUENCES,
+    "sampled_sequences": names.STEP_SAMPLED_SEQUENCES,
+    "prefill_attention_pairs": names.STEP_PREFILL_ATTENTION_PAIRS,
+    "prefill_context_tokens": names.STEP_PREFILL_CONTEXT_TOKENS,
+    "decode_context_tokens": names.STEP_DECODE_CONTEXT_TOKENS,
+}
+
+
+def _core_outputs(engine_core_outputs: Any) -> Iterable[Any]:
+    """The ``EngineCoreOutput`` lists of ``update_from_output``'s result (one per client)."""
+    if isinstance(engine_core_outputs, Mapping):
+        for value in engine_core_outputs.values():
+            yield getattr(value, "outputs", ())
