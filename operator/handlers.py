@@ -2,7 +2,8 @@
 
 * create / update (spec) / resume of an InferenceService: reconcile its children and status;
 * a new ``status.bestConfig`` (a promotion by the tuner): the same, so the stable
-  Deployment follows the promoted knobs;
+  Deployment follows the promoted knobs. The operator is the stable Deployment's only
+  writer: the tuner waits for ``status.appliedConfigHash`` to show the promoted config;
 * any event of a labelled child (stable Deployment, Service, PodMonitor): restore it
   when it was edited or deleted by hand, and refresh the parent's status from the
   Deployment. Drift is corrected by watching the children, not by polling: a
@@ -95,7 +96,7 @@ async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.bestConfig")
 async def follow_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """The tuner promoted a config: keep the stable Deployment on it (a no-op if already applied)."""
+    """The tuner promoted a config: roll the stable Deployment to it (a no-op if already applied)."""
     reconciler: Reconciler = memo["reconciler"]
     await reconciler.reconcile(_raw(body))
 
