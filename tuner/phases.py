@@ -49,7 +49,7 @@ from chunkpilot.tuner.policy import (
     judge_final,
     objective_value,
 )
-from chunkpilot.tuner.snapshot import window_plan
+from chunkpilot.tuner.snapshot import WindowPlan, window_plan
 from chunkpilot.tuner.space import SearchSpace, SpaceError, build_space
 
 from chunkpilot.api import (
@@ -268,33 +268,41 @@ def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Measuring: wait out the warm-up, prune early on a breach, judge once the window is over."""
     snap = plan.snap
     progress = rec.trial_progress(trial)
-    window_s = parse_duration(snap.isvc.spec.autotune.trial_window)
-    due = window_plan(progress.measure_from, window_s, snap.now)
+    due = window_plan(progress.measure_from, parse_duration(snap.isvc.spec.autotune.trial_window), snap.now)
     if due is None:
         return  # warming up, or too short a window yet
     if snap.window.down or snap.window.value is None:
         metrics_gap(plan, trial, snap.window.error or "no measurement of the trial window", settings)
         return
-    window = snap.window.value
     metrics_ok(plan)
     if progress.metrics_gap_since is not None:
-        # The window has a hole: measure again from now on.
-        restarted = progress.model_copy(update={"metrics_gap_since": None, "measure_from": snap.now})
-        plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(restarted)))
-        plan.emit(
-            EventType.NORMAL,
-            "MetricsRestored",
-            f"trial {trial.spec.number}: Prometheus answers again; restarting the measurement window",
-        )
-        return
-    if not due.final:
-        early = judge_early(window.canary, snap.slo, rec.abort_rules(snap.isvc))
+        restart_window(plan, trial, progress)
+    elif not due.final:
+        early = judge_early(snap.window.value.canary, snap.slo, rec.abort_rules(snap.isvc))
         if early.decision is Decision.PRUNE:
-            conclude(plan, trial, Decision.PRUNE, early.reason, window)
-        return
+            conclude(plan, trial, Decision.PRUNE, early.reason, snap.window.value)
+    else:
+        window_over(plan, trial, due, snap.window.value, settings)
+
+
+def restart_window(plan: Plan, trial: TuningTrial, progress: TrialProgress) -> None:
+    """Prometheus answers again after a gap: the window has a hole, so measure again from now on."""
+    restarted = progress.model_copy(update={"metrics_gap_since": None, "measure_from": plan.snap.now})
+    plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(restarted)))
+    plan.emit(
+        EventType.NORMAL,
+        "MetricsRestored",
+        f"trial {trial.spec.number}: Prometheus answers again; restarting the measurement window",
+    )
+
+
+def window_over(
+    plan: Plan, trial: TuningTrial, due: WindowPlan, window: WindowMeasurement, settings: TunerSettings
+) -> None:
+    """The window is over: judge it; too few samples widen it up to now, until the deadline."""
+    snap = plan.snap
     verdict = judge(plan, window)
     if verdict.decision is Decision.INCONCLUSIVE and due.widened_at is not None:
-        # Too few samples in the window: widen it up to now (until the deadline).
         if snap.widened.down or snap.widened.value is None:
             metrics_gap(plan, trial, snap.widened.error or "no measurement of the widened window", settings)
             return
