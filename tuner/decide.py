@@ -90,7 +90,6 @@ class TuningReason(StrEnum):
     WAITING = "WaitingForStable"
     PAUSED = "Paused"
     DISABLED = "Disabled"
-    METRICS_UNAVAILABLE = "MetricsUnavailable"
     INVALID_SPACE = "InvalidSearchSpace"
 
 

@@ -328,11 +328,3 @@ class PrometheusClient:
         except Exception as exc:  # requests errors and PrometheusApiClientException alike
             raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
         return parse_instant_result(result)
-
-    def healthy(self) -> bool:
-        """True when Prometheus answers a trivial query."""
-        try:
-            self.query("vector(1)")
-        except MetricsUnavailableError:
-            return False
-        return True

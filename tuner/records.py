@@ -239,30 +239,6 @@ def incumbent_record(
     return None
 
 
-def params_summary(config: TunedConfig | EngineConfig) -> str:
-    """``budget=3072 seqs=256 lpt=512`` (unset knobs left out)."""
-    data = (
-        config.as_dict()
-        if isinstance(config, TunedConfig)
-        else {k: getattr(config, k) for k in EngineConfig.KNOBS}
-    )
-    short = {
-        Knob.MAX_NUM_BATCHED_TOKENS: "budget",
-        Knob.MAX_NUM_SEQS: "seqs",
-        Knob.LONG_PREFILL_TOKEN_THRESHOLD: "lpt",
-        Knob.MAX_NUM_PARTIAL_PREFILLS: "partial",
-        Knob.MAX_LONG_PARTIAL_PREFILLS: "longpartial",
-        Knob.MAX_NUM_ACTIVE_SEQS: "active",
-    }
-    parts = []
-    for knob, label in short.items():
-        value = data.get(knob.value)
-        if value is None or (knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and value == 0):
-            continue
-        parts.append(f"{label}={value}")
-    return " ".join(parts)
-
-
 def config_change(old: EngineConfig, new: EngineConfig) -> str:
     """``budget 8192 -> 3072, seqs 256 -> 128`` (only the knobs that differ)."""
     changes = []
