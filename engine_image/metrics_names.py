@@ -128,6 +128,9 @@ STEP_COUNTERS: Final[dict[str, str]] = {
     STEP_DECODE_CONTEXT_TOKENS: "KV tokens read by decoding sequences.",
 }
 
+#: Counter (vLLM plugin only): seconds the plugin spent recording the step telemetry, its own cost.
+TELEMETRY_SECONDS: Final = "chunkpilot:step_telemetry_seconds_total"
+
 #: Upper bounds of the scheduled-token buckets: powers of two and their midpoints (<= 19% apart above 4
 #: tokens, so the step time varies little within a bucket), then +Inf.
 STEP_TOKEN_BUCKETS: Final[tuple[int, ...]] = (
@@ -154,6 +157,24 @@ FINE_TTFT_BUCKETS: Final[tuple[float, ...]] = (
     0.200, 0.250, 0.300, 0.350, 0.400, 0.450, 0.500, 0.600, 0.700, 0.800, 0.900, 1.0, 1.25, 1.5, 1.75,
     2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.5, 15.0, 20.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
+
+
+# Finer request-length histograms of our own: the 1-2-5 series of vLLM's cannot tell where in
+# 2000-5000 tokens the prompts lie, and the twin's synthetic workload is drawn from these buckets.
+FINE_REQUEST_PROMPT_TOKENS: Final = "chunkpilot:request_prompt_tokens"
+FINE_REQUEST_GENERATION_TOKENS: Final = "chunkpilot:request_generation_tokens"
+#: 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150, ... up to 10**6
+#: (at most 25 % apart above 10 tokens).
+FINE_REQUEST_TOKENS_BUCKETS: Final[tuple[float, ...]] = tuple(
+    sorted(
+        {
+            float(int(m * 10**k))
+            for k in range(7)
+            for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+            if m * 10**k <= 10**6
+        }
+    )
+)
 
 
 def step_token_bucket(num_tokens: int) -> str:

@@ -41,6 +41,8 @@ _HELP = {
     names.REQUEST_GENERATION_TOKENS: "Number of generation tokens processed.",
     names.FINE_INTER_TOKEN_LATENCY: "Histogram of inter-token latency in seconds (fine buckets).",
     names.FINE_TIME_TO_FIRST_TOKEN: "Histogram of time to first token in seconds (fine buckets).",
+    names.FINE_REQUEST_PROMPT_TOKENS: "Prompt tokens of finished requests (fine buckets).",
+    names.FINE_REQUEST_GENERATION_TOKENS: "Generated tokens of finished requests (fine buckets).",
     names.STEP_DURATION: "Histogram of engine step durations in seconds, by scheduled-token bucket.",
     **names.STEP_COUNTERS,
 }
@@ -252,6 +254,8 @@ class EngineMetrics:
         self.histograms[SCHEDULED_TOKENS_PER_STEP] = Histogram(names.ITERATION_TOKENS_BUCKETS)
         self.histograms[names.FINE_INTER_TOKEN_LATENCY] = Histogram(names.FINE_ITL_BUCKETS)
         self.histograms[names.FINE_TIME_TO_FIRST_TOKEN] = Histogram(names.FINE_TTFT_BUCKETS)
+        for name in (names.FINE_REQUEST_PROMPT_TOKENS, names.FINE_REQUEST_GENERATION_TOKENS):
+            self.histograms[name] = Histogram(names.FINE_REQUEST_TOKENS_BUCKETS)
         if max_model_len is not None:  # vLLM sizes these by --max-model-len
             for name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
                 self.histograms[name] = Histogram(names.request_tokens_buckets(max_model_len))
@@ -272,14 +276,18 @@ class EngineMetrics:
     def step(self, result: StepResult) -> None:
         """Record one executed step: its telemetry, and the lengths of the requests it finished."""
         self.steps.observe(StepShape.of(result.output), result.duration_s)
-        prompts = self.histograms.get(names.REQUEST_PROMPT_TOKENS)
-        generations = self.histograms.get(names.REQUEST_GENERATION_TOKENS)
-        if prompts is None or generations is None:
-            return
+        lengths = [
+            (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS),
+            (names.FINE_REQUEST_PROMPT_TOKENS, names.FINE_REQUEST_GENERATION_TOKENS),
+        ]
         for out in result.results:
             if out.finished:
-                prompts.observe(out.request.prompt_tokens)
-                generations.observe(out.request.num_output_tokens)
+                for prompt_name, generation_name in lengths:
+                    prompts = self.histograms.get(prompt_name)
+                    generations = self.histograms.get(generation_name)
+                    if prompts is not None and generations is not None:
+                        prompts.observe(out.request.prompt_tokens)
+                        generations.observe(out.request.num_output_tokens)
 
     def iteration(self, first_token_prompt_tokens: int, generated_tokens: int, emitted: bool) -> None:
         """Record one engine iteration the way vLLM V1 does.

@@ -12,8 +12,10 @@ then reports the twin unavailable).
 
 Per step (``schedule()`` to ``update_from_output()`` of the same batch) it records the duration by
 scheduled-token bucket and the batch composition (:class:`~chunkpilot.engine.sim.metrics.StepShape`);
-per output, finer ITL and TTFT histograms than vLLM's. Observations that fall in the same bucket are
-added in one increment, so the cost per step is a few prometheus_client writes, not one per request.
+per output, finer ITL and TTFT histograms than vLLM's, and per finished request finer
+prompt- and generation-length histograms. Observations that fall in the same bucket are
+added in one increment, so the cost per step is a few prometheus_client writes, not one per request;
+the time spent here is itself exported (``chunkpilot:step_telemetry_seconds_total``).
 """
 
 from __future__ import annotations
@@ -162,12 +164,39 @@ class StepTelemetry:
             ),
             names.FINE_TTFT_BUCKETS,
         )
+        self._cost = Counter(
+            names.TELEMETRY_SECONDS.removesuffix("_total"),
+            "Seconds the Chunkpilot plugin spent recording step telemetry (its overhead).",
+            base,
+            registry=registry,
+        ).labels(**self._base)
+        self._pending_cost_s = 0.0
+        self._lengths = {
+            name: _BucketedHistogram(
+                Histogram(
+                    name, help_text, base, buckets=names.FINE_REQUEST_TOKENS_BUCKETS, registry=registry
+                ),
+                names.FINE_REQUEST_TOKENS_BUCKETS,
+            )
+            for name, help_text in (
+                (names.FINE_REQUEST_PROMPT_TOKENS, "Prompt tokens of finished requests (fine buckets)."),
+                (
+                    names.FINE_REQUEST_GENERATION_TOKENS,
+                    "Generated tokens of finished requests (fine buckets).",
+                ),
+            )
+        }
+        self._length_children = {
+            name: histogram.metric.labels(**self._base) for name, histogram in self._lengths.items()
+        }
         self._itl_child = self._itl.metric.labels(**self._base)
         self._ttft_child = self._ttft.metric.labels(**self._base)
         self._children: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._started: dict[int, tuple[float, StepShape]] = {}
         self._last_token_s: dict[str, float] = {}
         self._arrival_s: dict[str, float] = {}
+        self._prompt_tokens: dict[str, int] = {}
+        self._generated: dict[str, int] = {}
 
     def _bucket(self, label: str) -> tuple[Any, dict[str, Any]]:
         children = self._children.get(label)
@@ -185,6 +214,7 @@ class StepTelemetry:
         """After ``schedule()`` returned ``output``, which began at ``started_s`` (perf_counter)."""
         if not output.total_num_scheduled_tokens:
             return
+        begin = time.perf_counter()
         self._started[id(output)] = (started_s, step_shape(output, requests))
         arrivals = self._arrival_s
         for req_id in output.num_scheduled_tokens:
@@ -192,6 +222,8 @@ class StepTelemetry:
                 request = requests.get(req_id)
                 if request is not None:
                     arrivals[req_id] = float(request.arrival_time)
+                    self._prompt_tokens[req_id] = int(request.num_prompt_tokens)
+        self._pending_cost_s += time.perf_counter() - begin
 
     def finished(self, output: Any, engine_core_outputs: Any) -> None:
         """After ``update_from_output(output, ...)`` returned ``engine_core_outputs``."""
@@ -199,8 +231,9 @@ class StepTelemetry:
         if entry is None:
             return
         started, shape = entry
+        begin = time.perf_counter()
         duration, children = self._bucket(names.step_token_bucket(shape.tokens))
-        duration.observe(time.perf_counter() - started)
+        duration.observe(begin - started)
         for field, child in children.items():
             amount = getattr(shape, field)
             if amount:
@@ -208,10 +241,13 @@ class StepTelemetry:
         now = time.time()  # the clock of vLLM's arrival times
         itl: list[float] = []
         ttft: list[float] = []
+        prompts: list[float] = []
+        generations: list[float] = []
         for outputs in _core_outputs(engine_core_outputs):
             for out in outputs:
                 req_id = out.request_id
                 if out.new_token_ids:
+                    self._generated[req_id] = self._generated.get(req_id, 0) + len(out.new_token_ids)
                     last = self._last_token_s.get(req_id)
                     if last is None:
                         arrival = self._arrival_s.get(req_id)
@@ -221,16 +257,28 @@ class StepTelemetry:
                         itl.append(now - last)
                     self._last_token_s[req_id] = now
                 if out.finish_reason is not None:
-                    self._last_token_s.pop(req_id, None)
-                    self._arrival_s.pop(req_id, None)
+                    prompt = self._prompt_tokens.get(req_id)
+                    if prompt is not None:
+                        prompts.append(prompt)
+                        generations.append(self._generated.get(req_id, 0))
+                    self.forget((req_id,))
         self._itl.add(self._itl_child, itl)
         self._ttft.add(self._ttft_child, ttft)
+        for name, values in (
+            (names.FINE_REQUEST_PROMPT_TOKENS, prompts),
+            (names.FINE_REQUEST_GENERATION_TOKENS, generations),
+        ):
+            self._lengths[name].add(self._length_children[name], values)
+        self._cost.inc(self._pending_cost_s + time.perf_counter() - begin)
+        self._pending_cost_s = 0.0
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop the state of aborted requests."""
         for req_id in request_ids:
             self._last_token_s.pop(req_id, None)
             self._arrival_s.pop(req_id, None)
+            self._prompt_tokens.pop(req_id, None)
+            self._generated.pop(req_id, None)
 
 
 _SHAPE_FIELDS: Final = {

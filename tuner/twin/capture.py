@@ -125,7 +125,10 @@ class WorkloadWindow:
 
 # ------------------------------------------------------------------------------------ PromQL side
 def workload_queries(selector: str, window: str) -> dict[str, str]:
-    """PromQL for a :class:`WorkloadWindow`; ``selector`` is a label matcher list without braces."""
+    """PromQL for a :class:`WorkloadWindow`; ``selector`` is a label matcher list without braces.
+
+    ``fine_*`` are Chunkpilot's finer request-length histograms (prefer them when they return data).
+    """
     sel = f"{{{selector}}}" if selector else ""
     queries = {
         "prefix_cache_queries": f"sum(increase({names.PREFIX_CACHE_QUERIES}{sel}[{window}]))",
@@ -134,6 +137,8 @@ def workload_queries(selector: str, window: str) -> dict[str, str]:
     for key, name in (
         ("prompt", names.REQUEST_PROMPT_TOKENS),
         ("generation", names.REQUEST_GENERATION_TOKENS),
+        ("fine_prompt", names.FINE_REQUEST_PROMPT_TOKENS),
+        ("fine_generation", names.FINE_REQUEST_GENERATION_TOKENS),
     ):
         queries[f"{key}_bucket"] = f"sum by (le) (increase({name}_bucket{sel}[{window}]))"
         queries[f"{key}_sum"] = f"sum(increase({name}_sum{sel}[{window}]))"
@@ -176,7 +181,12 @@ def parse_exposition(text: str) -> Scrape:
     counters: dict[str, float] = {}
     step_values: dict[str, dict[str, float]] = {key: {} for key in STEP_FIELDS}
     step_metric = {metric: key for key, metric in STEP_FIELDS.items()}
-    wanted = (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS)
+    wanted = (
+        names.REQUEST_PROMPT_TOKENS,
+        names.REQUEST_GENERATION_TOKENS,
+        names.FINE_REQUEST_PROMPT_TOKENS,
+        names.FINE_REQUEST_GENERATION_TOKENS,
+    )
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             label = sample.labels.get(names.LABEL_SCHEDULED_TOKENS)
@@ -204,15 +214,25 @@ def parse_exposition(text: str) -> Scrape:
 def window_between(
     before: Scrape, after: Scrape, duration_s: float
 ) -> tuple[WorkloadWindow, dict[str, StepTotals]]:
-    """The workload and step totals between two scrapes ``duration_s`` apart."""
+    """The workload and step totals between two scrapes ``duration_s`` apart.
+
+    The request lengths come from Chunkpilot's fine histograms where the engine exports them, else
+    from vLLM's.
+    """
+    fine = names.FINE_REQUEST_PROMPT_TOKENS in after.histograms
+    prompt_name, generation_name = (
+        (names.FINE_REQUEST_PROMPT_TOKENS, names.FINE_REQUEST_GENERATION_TOKENS)
+        if fine
+        else (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS)
+    )
     try:
-        prompts = after.histograms[names.REQUEST_PROMPT_TOKENS]
-        generations = after.histograms[names.REQUEST_GENERATION_TOKENS]
+        prompts = after.histograms[prompt_name]
+        generations = after.histograms[generation_name]
     except KeyError as exc:
         raise CaptureError(f"the engine exports no {exc.args[0]} histogram") from exc
-    if names.REQUEST_PROMPT_TOKENS in before.histograms:
-        prompts = prompts - before.histograms[names.REQUEST_PROMPT_TOKENS]
-        generations = generations - before.histograms[names.REQUEST_GENERATION_TOKENS]
+    if prompt_name in before.histograms and generation_name in before.histograms:
+        prompts = prompts - before.histograms[prompt_name]
+        generations = generations - before.histograms[generation_name]
 
     def delta(name: str) -> float:
         return after.counters.get(name, 0.0) - before.counters.get(name, 0.0)

@@ -84,10 +84,14 @@ class ValidationReport:
         return asdict(self)
 
 
-def observe_window(summary: Summary, max_model_len: int) -> WorkloadWindow:
-    """What the engine's request-length histograms and counters report for one offline run."""
+def observe_window(summary: Summary, max_model_len: int, *, fine: bool = True) -> WorkloadWindow:
+    """What the engine's request-length histograms and counters report for one offline run.
+
+    ``fine``: Chunkpilot's finer length histograms (what the simulator and the plugin export), else
+    vLLM's 1-2-5 series (what an engine without them offers).
+    """
     records = summary.records
-    bounds = names.request_tokens_buckets(max_model_len)
+    bounds = names.FINE_REQUEST_TOKENS_BUCKETS if fine else names.request_tokens_buckets(max_model_len)
     arrivals = sorted(r.arrival_s for r in records)
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 1.0
     duration = span * len(arrivals) / max(1, len(arrivals) - 1)

@@ -92,15 +92,24 @@ def test_sim_serve_exports_step_telemetry_request_lengths_and_fine_latencies(
     assert math.isclose(decodes.duration_s, expected, rel_tol=1e-9)
     assert chunks.duration_s / chunks.steps > decodes.duration_s / decodes.steps
 
-    # vLLM's request-length histograms, with vLLM's buckets for --max-model-len 4096.
-    for name, total in ((names.REQUEST_PROMPT_TOKENS, prompt), (names.REQUEST_GENERATION_TOKENS, output)):
+    # vLLM's request-length histograms, with vLLM's buckets for --max-model-len 4096, and the finer ones.
+    vllm_bounds = names.request_tokens_buckets(4096)
+    for name, total, buckets in (
+        (names.REQUEST_PROMPT_TOKENS, prompt, vllm_bounds),
+        (names.REQUEST_GENERATION_TOKENS, output, vllm_bounds),
+        (names.FINE_REQUEST_PROMPT_TOKENS, prompt, names.FINE_REQUEST_TOKENS_BUCKETS),
+        (names.FINE_REQUEST_GENERATION_TOKENS, output, names.FINE_REQUEST_TOKENS_BUCKETS),
+    ):
         samples = families[name].samples
         bounds = [float(s.labels["le"]) for s in samples if s.name == f"{name}_bucket"]
-        assert bounds == [*names.request_tokens_buckets(4096), math.inf]
+        assert bounds == [*buckets, math.inf]
         assert {s.name: s.value for s in samples if not s.name.endswith("_bucket")} == {
             f"{name}_sum": total,
             f"{name}_count": 1,
         }
+    workload, _ = window_between(parse_exposition(before_text), parse_exposition(text), 1.0)
+    assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS  # the finer ones win
+    assert (workload.prompt_tokens.count, workload.prompt_tokens.total) == (1, prompt)
     # The fine ITL/TTFT histograms hold the same observations as vLLM's coarse ones.
     for coarse, fine in (
         (names.INTER_TOKEN_LATENCY, names.FINE_INTER_TOKEN_LATENCY),

@@ -41,6 +41,15 @@ def _values(text: str, family: str) -> dict[str, float]:
     return out
 
 
+def _counter(text: str, name: str) -> float:
+    return sum(
+        sample.value
+        for metric in text_string_to_metric_families(text)
+        for sample in metric.samples
+        if sample.name == name
+    )
+
+
 def test_step_telemetry_and_request_lengths_reach_vllm_metrics(vllm_server: EngineServer) -> None:
     prompt, output = 600, 4
     before = _scrape(vllm_server.url)
@@ -66,6 +75,16 @@ def test_step_telemetry_and_request_lengths_reach_vllm_metrics(vllm_server: Engi
     for family, count in ((names.FINE_TIME_TO_FIRST_TOKEN, 1), (names.FINE_INTER_TOKEN_LATENCY, output - 1)):
         grown = _values(after, family)["_count"] - _values(before, family).get("_count", 0.0)
         assert grown == count, family
+    # The plugin's own cost is exported; it is a small part of the steps it measured.
+    cost = _counter(after, names.TELEMETRY_SECONDS) - _counter(before, names.TELEMETRY_SECONDS)
+    stepped = sum(t.duration_s for t in steps.values())
+    print(f"\ntelemetry cost {cost * 1e6:.0f} us over {stepped * 1e3:.1f} ms of steps ({cost / stepped:.2%})")
+    assert 0 < cost < 0.05 * stepped
+    # The finer request-length histograms saw it too (the twin's workload capture prefers them).
+    workload, _ = window_between(parse_exposition(before), parse_exposition(after), 1.0)
+    assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS
+    assert (workload.prompt_tokens.count, workload.prompt_tokens.total) == (1, prompt)
+    assert (workload.generation_tokens.count, workload.generation_tokens.total) == (1, output)
     # vLLM's request-length histograms, with the buckets the simulator uses for the same max-model-len.
     for metric in text_string_to_metric_families(after):
         if metric.name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
