@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from chunkpilot.operator.builders import RenderError
+from chunkpilot.operator.builders import RenderError, promoted_config
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
@@ -473,6 +473,8 @@ def pending_promotion(plan: Plan) -> TuningTrial | None:
         # The verdict was recorded but the step stopped before bestConfig was written.
         promote(plan, promoted, "completing a promotion interrupted by a restart")
         return promoted
+    if promoted_config(snap.isvc) != best:
+        return None  # the operator ignores it (the spec can no longer run it): nothing to wait for
     if snap.status.applied_config_hash != best.config_hash():
         return promoted  # the operator has not rolled the stable Deployment to it yet
     applied = progress.model_copy(update={"promotion_applied": True})

@@ -423,6 +423,24 @@ def test_a_promotion_waits_for_the_operator_and_is_marked_applied_when_stable_ru
     assert create.manifest["spec"]["baselineConfigHash"] == TRIAL_CONFIG.config_hash()
 
 
+def test_a_promotion_the_spec_can_no_longer_run_does_not_block_tuning() -> None:
+    """The engine changed since (upstream vLLM has no partial-prefill limits): the operator ignores it."""
+    body = service_body()
+    body["spec"]["engine"].update(kind="vllm", image="vllm/vllm-openai:v0.33.0")
+    unrunnable = TRIAL_CONFIG.model_copy(update={"max_num_partial_prefills": 2})
+    body["status"] = {
+        "bestConfig": unrunnable.to_k8s(),
+        "bestTrial": "chat-trial-1",
+        "appliedConfigHash": "0",
+    }
+    promoted = trial(1, TrialPhase.PROMOTED, params=unrunnable, verdict="Promoted")
+    plan = decide(snapshot(body, [promoted]), SETTINGS)
+    assert condition(plan, "Tuning") == ("True", "TrialRunning")
+    (create,) = of_type(plan, CreateTrial)
+    spec_config = EngineConfig.from_engine(service(body).spec.engine)
+    assert create.manifest["spec"]["baselineConfigHash"] == spec_config.config_hash()  # what stable runs
+
+
 def test_an_interrupted_promotion_writes_best_config_again() -> None:
     body = service_body()
     plan = decide(snapshot(body, [trial(1, TrialPhase.PROMOTED, verdict="Promoted")]), SETTINGS)
