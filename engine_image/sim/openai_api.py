@@ -121,7 +121,7 @@ class OpenAIRoutes:
             check_text(prompt, "prompt")
             self._size_check(len(prompt), "prompt", 0)
             strs = await _maybe_off_loop(len(prompt), tokenizer.pieces, prompt)
-            ids = tokenizer.encode(prompt, self.server.vocab_size)
+            ids = await _maybe_off_loop(len(prompt), tokenizer.encode, prompt, self.server.vocab_size)
         return web.json_response(
             {
                 "count": len(ids),
