@@ -109,7 +109,7 @@ class OpenAIRoutes:
             raise APIError(400, "'return_token_strs' must be a boolean", "return_token_strs")
         if "messages" in body:
             messages = parse_messages(body["messages"])
-            self._size_check(sum(len(c) for _, c in messages), "messages", 0)
+            self._size_check(sum(len(c) for _, c in messages), "messages")
             ids = await _maybe_off_loop(
                 sum(len(c) for _, c in messages), tokenizer.encode_chat, messages, self.server.vocab_size
             )
@@ -119,7 +119,7 @@ class OpenAIRoutes:
             if not isinstance(prompt, str):
                 raise APIError(400, "'prompt' must be a string (or give 'messages')", "prompt")
             check_text(prompt, "prompt")
-            self._size_check(len(prompt), "prompt", 0)
+            self._size_check(len(prompt), "prompt")
             strs = await _maybe_off_loop(len(prompt), tokenizer.pieces, prompt)
             ids = await _maybe_off_loop(len(prompt), tokenizer.encode, prompt, self.server.vocab_size)
         return web.json_response(
@@ -173,7 +173,7 @@ class OpenAIRoutes:
         sampling = parse_sampling(body, chat=True)
         messages = parse_messages(body.get("messages"))
         size = sum(len(c) for _, c in messages)
-        self._size_check(size, sampling.limit_key, sampling.max_tokens or 1)
+        self._size_check(size, "messages")
         ids = await _maybe_off_loop(size, tokenizer.encode_chat, messages, self.server.vocab_size)
         return await self._generate(
             http, Job(True, sampling, [ids], [""], [[]], [], int(time.time()), "chatcmpl-")
@@ -188,12 +188,12 @@ class OpenAIRoutes:
         if model not in config.served_model_names and model != config.sim.model:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "NotFoundError")
 
-    def _size_check(self, chars: int, param: str, max_tokens: int) -> None:
+    def _size_check(self, chars: int, param: str) -> None:
         """Refuse a prompt that cannot fit before tokenizing it: ``chars`` characters are at least
-        ``chars / 4`` tokens."""
+        ``chars / 4`` tokens, and one output token must fit beside them."""
         max_len = self.server.max_model_len
         at_least = -(-chars // tokenizer.CHARS_PER_TOKEN)
-        if at_least + max_tokens > max_len:
+        if at_least + 1 > max_len:
             raise APIError(
                 400,
                 f"This model's maximum context length is {max_len} tokens. However, your request has "
@@ -206,7 +206,7 @@ class OpenAIRoutes:
         if prompt.ids is not None:
             return list(prompt.ids)
         assert prompt.text is not None
-        self._size_check(len(prompt.text), "prompt", sampling.max_tokens or 1)
+        self._size_check(len(prompt.text), "prompt")
         return await _maybe_off_loop(len(prompt.text), tokenizer.encode, prompt.text, self.server.vocab_size)
 
     def _echo_tokens(self, prompt: Prompt, ids: list[int]) -> list[str]:
