@@ -93,6 +93,12 @@ def test_completions_counts_equal_and_latencies_agree(
         )  # fmt: skip
         families = _server_metrics(server)
     requests = export["request_count"]["avg"]
+    prompt, generated = (
+        _value(families, "vllm:prompt_tokens_total"),
+        _value(families, "vllm:generation_tokens_total"),
+    )
+    print(f"aiperf ISL {export['total_isl']['avg']} / OSL {export['total_osl']['avg']} tokens; "
+          f"server {prompt} / {generated}")  # fmt: skip
     assert requests == 24
     assert _value(families, "vllm:request_success_total") == requests
     # aiperf counts the prompts it sent and the text it received with the exported tokenizer.
