@@ -137,6 +137,8 @@ STEP_TOKEN_BUCKETS: Final[tuple[int, ...]] = (
     1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
     3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
 )  # fmt: skip
+#: Token buckets exported at zero from start-up at least up to this count (see the engines' telemetry).
+DEFAULT_PRECREATED_STEP_TOKENS: Final = 8192
 STEP_DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5,
     1.0, 2.5,

@@ -154,10 +154,21 @@ class _StepBucket:
 
 
 class StepTelemetry:
-    """Step durations and batch composition per scheduled-token bucket (``chunkpilot:step_*``)."""
+    """Step durations and batch composition per scheduled-token bucket (``chunkpilot:step_*``).
 
-    def __init__(self) -> None:
+    The buckets up to ``precreate_tokens`` are exported at zero from the start: a series born with a
+    non-zero value loses that first value in Prometheus' ``increase()``, and a fresh canary's first
+    steps would go missing from the twin's window.
+    """
+
+    def __init__(self, precreate_tokens: int = 0) -> None:
         self._buckets: dict[str, _StepBucket] = {}
+        if precreate_tokens > 0:
+            last = names.step_token_bucket(precreate_tokens)
+            for bound in names.STEP_TOKEN_BUCKETS:
+                self._bucket(bound)
+                if str(bound) == last:
+                    break
 
     def _bucket(self, num_tokens: int) -> _StepBucket:
         label = names.step_token_bucket(num_tokens)
@@ -259,7 +270,7 @@ class EngineMetrics:
         if max_model_len is not None:  # vLLM sizes these by --max-model-len
             for name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
                 self.histograms[name] = Histogram(names.request_tokens_buckets(max_model_len))
-        self.steps = StepTelemetry()
+        self.steps = StepTelemetry(max(names.DEFAULT_PRECREATED_STEP_TOKENS, max_model_len or 0))
         self.counters: dict[str, float] = {
             name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS
         }

@@ -108,6 +108,7 @@ class _ChunkpilotMixin:
             self.cp_telemetry = StepTelemetry(
                 str(getattr(model_config, "served_model_name", None) or "model"),
                 str(getattr(parallel, "data_parallel_rank", 0) or 0),
+                precreate_tokens=self.max_num_scheduled_tokens,
             )
         logger.info(
             "Chunkpilot scheduler (%s): partial-prefill lanes %s, live limits %s, step log %s, "

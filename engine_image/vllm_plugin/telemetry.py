@@ -122,7 +122,9 @@ class _BucketedHistogram:
 class StepTelemetry:
     """The ``chunkpilot:*`` metrics of one engine-core process (prometheus_client, multiprocess)."""
 
-    def __init__(self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE) -> None:
+    def __init__(
+        self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE, *, precreate_tokens: int = 0
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         registry = CollectorRegistry()  # private: the multiprocess files are what the API server reads
@@ -197,6 +199,14 @@ class StepTelemetry:
         self._arrival_s: dict[str, float] = {}
         self._prompt_tokens: dict[str, int] = {}
         self._generated: dict[str, int] = {}
+        # Buckets a step can reach are exported at zero from the start, so that Prometheus'
+        # increase() counts a fresh engine's first steps (a series born non-zero loses its first value).
+        if precreate_tokens > 0:
+            last = names.step_token_bucket(precreate_tokens)
+            for bound in names.STEP_TOKEN_BUCKETS:
+                self._bucket(str(bound))
+                if str(bound) == last:
+                    break
 
     def _bucket(self, label: str) -> tuple[Any, dict[str, Any]]:
         children = self._children.get(label)
