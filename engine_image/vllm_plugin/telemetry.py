@@ -127,7 +127,8 @@ class StepTelemetry:
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
-        registry = CollectorRegistry()  # private: the multiprocess files are what the API server reads
+        # Private: in multiprocess mode the files are what the API server reads; tests render it.
+        registry = self.registry = CollectorRegistry()
         base = [names.LABEL_MODEL_NAME, names.LABEL_ENGINE]
         self._base = {names.LABEL_MODEL_NAME: model_name, names.LABEL_ENGINE: engine}
         self._duration = Histogram(
