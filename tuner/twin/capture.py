@@ -41,8 +41,10 @@ __all__ = [
     "parse_exposition",
     "step_queries",
     "steps_from_results",
+    "steps_from_vectors",
     "synthesize",
     "window_between",
+    "workload_from_vectors",
     "workload_queries",
 ]
 
@@ -162,6 +164,56 @@ def steps_from_results(results: Mapping[str, Mapping[str, float]]) -> dict[str, 
         if values["steps"] > 0:
             out[label] = StepTotals(**values)
     return out
+
+
+def _vector(result: Sequence[Mapping[str, object]], label: str | None = None) -> dict[str, float]:
+    """``{label value: sample value}`` of a Prometheus instant vector (``""`` without ``label``)."""
+    out: dict[str, float] = {}
+    for item in result:
+        metric = item.get("metric", {})
+        value = item.get("value", (0, "nan"))
+        key = str(metric.get(label, "")) if label and isinstance(metric, Mapping) else ""
+        number = float(value[1]) if isinstance(value, Sequence) else math.nan
+        if math.isfinite(number):
+            out[key] = out.get(key, 0.0) + number
+    return out
+
+
+def steps_from_vectors(results: Mapping[str, Sequence[Mapping[str, object]]]) -> dict[str, StepTotals]:
+    """Step totals from the Prometheus instant vectors of :func:`step_queries` (by field)."""
+    return steps_from_results(
+        {key: _vector(vector, names.LABEL_SCHEDULED_TOKENS) for key, vector in results.items()}
+    )
+
+
+def workload_from_vectors(
+    results: Mapping[str, Sequence[Mapping[str, object]]], duration_s: float
+) -> WorkloadWindow:
+    """The :class:`WorkloadWindow` from the instant vectors of :func:`workload_queries`.
+
+    Uses Chunkpilot's fine length histograms when they have data, else vLLM's.
+    """
+
+    def histogram(key: str) -> HistogramWindow | None:
+        buckets = {float(le): v for le, v in _vector(results.get(f"{key}_bucket", ()), "le").items() if le}
+        count = _vector(results.get(f"{key}_count", ())).get("", 0.0)
+        if not buckets or count <= 0:
+            return None
+        return HistogramWindow.from_cumulative(
+            buckets, _vector(results.get(f"{key}_sum", ())).get("", 0.0), count
+        )
+
+    for prefix in ("fine_", ""):
+        prompts, generations = histogram(f"{prefix}prompt"), histogram(f"{prefix}generation")
+        if prompts is not None and generations is not None:
+            return WorkloadWindow(
+                duration_s,
+                prompts,
+                generations,
+                _vector(results.get("prefix_cache_queries", ())).get("", 0.0),
+                _vector(results.get("prefix_cache_hits", ())).get("", 0.0),
+            )
+    raise CaptureError("no finished requests in the window's request-length histograms")
 
 
 # ---------------------------------------------------------------------------------- scrape side

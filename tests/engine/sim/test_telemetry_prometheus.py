@@ -10,7 +10,13 @@ from typing import Any
 import openai
 import pytest
 from chunkpilot.engine import metrics_names as names
-from chunkpilot.tuner.twin.capture import parse_exposition, step_queries, steps_from_results
+from chunkpilot.tuner.twin.capture import (
+    parse_exposition,
+    step_queries,
+    steps_from_vectors,
+    workload_from_vectors,
+    workload_queries,
+)
 
 from chunkpilot.devcluster.prometheus import PrometheusServer
 
@@ -43,11 +49,18 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
                 break
             assert time.monotonic() < deadline, f"Prometheus never saw {expected_steps} steps: {seen}"
             time.sleep(0.5)
-        results = {
-            key: {r["metric"]["scheduled_tokens"]: float(r["value"][1]) for r in prometheus.query(promql)}
-            for key, promql in queries.items()
-        }
-    windowed = steps_from_results(results)
+        windowed = steps_from_vectors({key: prometheus.query(promql) for key, promql in queries.items()})
+        workload = workload_from_vectors(
+            {key: prometheus.query(q) for key, q in workload_queries('service="twin"', "10m").items()}, 600.0
+        )
+    # The request lengths: Chunkpilot's fine histograms, whose mean is the two prompts' mean.
+    assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS
+    assert workload.prompt_tokens.mean == pytest.approx((300 + 1500) / 2, rel=0.01)
+    assert workload.generation_tokens.mean == pytest.approx(6, rel=0.01)
+    assert [i for i, c in enumerate(workload.prompt_tokens.counts) if c > 0] == [
+        names.FINE_REQUEST_TOKENS_BUCKETS.index(300),
+        names.FINE_REQUEST_TOKENS_BUCKETS.index(1500),
+    ]
     assert set(windowed) == set(direct)
     for label, totals in direct.items():
         # increase() extrapolates each series to the window's edges; a bucket's sum and count are

@@ -20,7 +20,9 @@ from chunkpilot.tuner.twin.capture import (
     histogram_of,
     step_queries,
     steps_from_results,
+    steps_from_vectors,
     synthesize,
+    workload_from_vectors,
     workload_queries,
 )
 
@@ -97,3 +99,30 @@ def test_promql_queries_select_the_track_and_group_steps_by_bucket() -> None:
     steps = steps_from_results(results)
     assert steps == {"64": StepTotals(steps=10.0, duration_s=0.2, prefill_tokens=500.0)}
     assert bisect.bisect_left(names.STEP_TOKEN_BUCKETS, 50) == names.STEP_TOKEN_BUCKETS.index(64)
+
+
+def _sample(value: float, **labels: str) -> dict[str, object]:
+    return {"metric": labels, "value": [1.0, str(value)]}
+
+
+def test_prometheus_vectors_become_steps_and_a_workload_window() -> None:
+    steps = steps_from_vectors(
+        {
+            "steps": [_sample(4, scheduled_tokens="512"), _sample(0, scheduled_tokens="1")],
+            "duration_s": [_sample(0.1, scheduled_tokens="512")],
+            "decode_context_tokens": [_sample(900, scheduled_tokens="512")],
+        }
+    )
+    assert steps == {"512": StepTotals(steps=4, duration_s=0.1, decode_context_tokens=900)}
+    buckets = [_sample(0, le="10"), _sample(3, le="100"), _sample(4, le="+Inf")]
+    vectors = {
+        "prompt_bucket": buckets, "prompt_sum": [_sample(250)], "prompt_count": [_sample(4)],
+        "generation_bucket": buckets, "generation_sum": [_sample(200)], "generation_count": [_sample(4)],
+        "fine_prompt_bucket": [], "fine_prompt_count": [_sample(float("nan"))],
+        "prefix_cache_queries": [_sample(1000)], "prefix_cache_hits": [_sample(250)],
+    }  # fmt: skip
+    window = workload_from_vectors(vectors, duration_s=2.0)  # vLLM's histograms: no fine data here
+    assert window.prompt_tokens.counts == (0, 3, 1)
+    assert (window.arrival_rate, window.prefix_cache_hit_rate) == (2.0, 0.25)
+    with pytest.raises(CaptureError, match="no finished requests"):
+        workload_from_vectors({"prompt_count": [_sample(0)]}, duration_s=2.0)
