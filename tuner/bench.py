@@ -44,11 +44,10 @@ from chunkpilot.tuner.space import (
     SearchSpace,
     ServiceFacts,
     TunedConfig,
-    WarmStart,
     build_space,
-    warm_start,
 )
 from chunkpilot.tuner.study import RecordState, TrialRecord, seed_for, suggest
+from chunkpilot.tuner.warmstart import WarmStart, warm_start
 
 METHODS = ("tpe", "random", "grid")
 #: Diagnostic variant: the tuner without its model-based warm start (not a baseline).

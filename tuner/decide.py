@@ -59,9 +59,9 @@ from chunkpilot.tuner.space import (
     ServiceFacts,
     SpaceError,
     build_space,
-    warm_start,
 )
 from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
+from chunkpilot.tuner.warmstart import warm_start
 
 from chunkpilot.api import (
     ConditionStatus,

@@ -27,11 +27,9 @@ never returns a value outside the final bounds.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from statistics import NormalDist
 from typing import Any, Protocol
 
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, ProfileError
@@ -334,6 +332,110 @@ def _bound(bounds: Mapping[str, tuple[int, int]], knob: Knob) -> tuple[int, int]
     return bounds.get(knob.value) or bounds.get(KNOB_ALIASES[knob])
 
 
+def _seqs_range(facts: ServiceFacts, bounds: Mapping[str, tuple[int, int]]) -> KnobRange:
+    """max-num-seqs: the bound, else [16, 512] widened to take in the incumbent."""
+    seq_bound = _bound(bounds, Knob.MAX_NUM_SEQS)
+    if seq_bound is not None:
+        return KnobRange(*seq_bound)
+    inc = facts.incumbent
+    return KnobRange(min(16, inc.max_num_seqs), max(512, inc.max_num_seqs))
+
+
+def _derived_budget(
+    facts: ServiceFacts,
+    seqs: KnobRange,
+    accelerator: Accelerator,
+    shape: ModelProfile | None,
+    step_model: StepTime | None,
+    notes: list[str],
+) -> KnobRange:
+    """The budget range from the hardware, the model and the ITL target (see the module docstring)."""
+    per_seq = 1 + facts.speculative_tokens
+    profile = facts.step_profile
+    knee = (profile and profile.knee_tokens) or compute_knee_tokens(accelerator)
+    floor = max(knee, seqs.low * per_seq, BUDGET_ABSOLUTE_MIN)
+    if not facts.enable_chunked_prefill:
+        floor = max(floor, facts.max_model_len)
+    ceiling = min(memory_ceiling_tokens(facts, accelerator, shape), BUDGET_ABSOLUTE_MAX)
+    if profile is not None or step_model is not None:
+        limit_ms = facts.itl_target_ms * ITL_CEILING_HEADROOM
+        if profile is not None:
+            itl_limit = profile.itl_feasible_budget(limit_ms) or 0
+            notes.append(f"measured step profile: knee {knee} tokens, {limit_ms:g} ms budget {itl_limit}")
+        else:
+            assert step_model is not None
+            itl_limit = largest_tokens_within(step_model, limit_ms / 1000)
+        if itl_limit < floor:
+            notes.append(
+                f"predicted step time at the compute knee ({floor} tokens) exceeds "
+                f"{ITL_CEILING_HEADROOM:g}x the ITL target; the ITL SLO may be infeasible"
+            )
+        ceiling = min(ceiling, max(itl_limit, floor))
+    return KnobRange(floor, max(ceiling, floor))
+
+
+def _budget_range(
+    facts: ServiceFacts, bounds: Mapping[str, tuple[int, int]], seqs: KnobRange, derived: KnobRange
+) -> KnobRange:
+    """The budget bound (raised to what vLLM accepts at ``seqs.low``), else the derived range."""
+    budget_bound = _bound(bounds, Knob.MAX_NUM_BATCHED_TOKENS)
+    if budget_bound is None:
+        return derived
+    per_seq = 1 + facts.speculative_tokens
+    low, high = budget_bound
+    low = max(low, seqs.low * per_seq)  # vLLM rejects anything smaller
+    if low > high:
+        raise SpaceError(
+            f"spec.autotune.bounds.maxNumBatchedTokens: max {high} is below maxNumSeqs.min x "
+            f"(1 + speculative tokens) = {seqs.low * per_seq}; raise the budget bound or lower "
+            "maxNumSeqs.min"
+        )
+    return KnobRange(low, high)
+
+
+def _lpt_range(
+    facts: ServiceFacts, bounds: Mapping[str, tuple[int, int]], budget: KnobRange
+) -> tuple[KnobRange | None, bool]:
+    """The long-prefill threshold's range (None when empty) and whether it may be switched off."""
+    lpt_bound = _bound(bounds, Knob.LONG_PREFILL_TOKEN_THRESHOLD)
+    off_allowed = lpt_bound is None or lpt_bound[0] == 0
+    lpt_low = max(LONG_PREFILL_MIN, lpt_bound[0] if lpt_bound else LONG_PREFILL_MIN)
+    lpt_high = min(facts.max_model_len, lpt_bound[1] if lpt_bound else facts.max_model_len)
+    if lpt_bound is None:
+        lpt_high = min(lpt_high, budget.high)
+    return (KnobRange(lpt_low, lpt_high) if lpt_low <= lpt_high else None), off_allowed
+
+
+def _opt_in_ranges(
+    facts: ServiceFacts, bounds: Mapping[str, tuple[int, int]], seqs: KnobRange, notes: list[str]
+) -> dict[Knob, KnobRange]:
+    """The partial-prefill and active-sequence limits: tuned when honoured and opted in (spec or bounds)."""
+    inc = facts.incumbent
+    ranges: dict[Knob, KnobRange] = {}
+    partial_ok = (
+        facts.partial_prefills
+        if facts.partial_prefills is not None
+        else honours_partial_prefills(facts.engine_kind, facts.engine_version)
+    )
+    partial_bound = _bound(bounds, Knob.MAX_NUM_PARTIAL_PREFILLS)
+    if partial_ok and (partial_bound is not None or inc.max_num_partial_prefills is not None):
+        ranges[Knob.MAX_NUM_PARTIAL_PREFILLS] = KnobRange(*(partial_bound or (1, 8)), log=False)
+        long_bound = _bound(bounds, Knob.MAX_LONG_PARTIAL_PREFILLS)
+        if long_bound is not None or inc.max_long_partial_prefills is not None:
+            ranges[Knob.MAX_LONG_PARTIAL_PREFILLS] = KnobRange(*(long_bound or (1, 8)), log=False)
+    elif inc.max_num_partial_prefills is not None or partial_bound is not None:
+        notes.append(
+            f"{facts.engine_kind} {facts.engine_version} does not honour the partial-prefill limits; "
+            "not tuned"
+        )
+    active_bound = _bound(bounds, Knob.MAX_NUM_ACTIVE_SEQS)
+    if honours_max_num_active_seqs(facts.engine_kind, facts.engine_version) and (
+        active_bound is not None or inc.max_num_active_seqs is not None
+    ):
+        ranges[Knob.MAX_NUM_ACTIVE_SEQS] = KnobRange(*(active_bound or (seqs.low, seqs.high)))
+    return ranges
+
+
 def build_space(
     facts: ServiceFacts,
     bounds: Mapping[str, tuple[int, int]] | None = None,
@@ -356,83 +458,15 @@ def build_space(
     if step_model is None:
         step_model = default_step_model(facts.model, facts.accelerator, facts.tensor_parallel_size)
     notes: list[str] = []
-    inc = facts.incumbent
-    per_seq = 1 + facts.speculative_tokens
-    ranges: dict[Knob, KnobRange] = {}
-
     # max-num-seqs first: its floor feeds the budget floor.
-    seq_bound = _bound(bounds, Knob.MAX_NUM_SEQS)
-    if seq_bound is not None:
-        seqs = KnobRange(*seq_bound)
-    else:
-        seqs = KnobRange(min(16, inc.max_num_seqs), max(512, inc.max_num_seqs))
-    ranges[Knob.MAX_NUM_SEQS] = seqs
-
-    profile = facts.step_profile
-    knee = (profile and profile.knee_tokens) or compute_knee_tokens(accelerator)
-    floor = max(knee, seqs.low * per_seq, BUDGET_ABSOLUTE_MIN)
-    if not facts.enable_chunked_prefill:
-        floor = max(floor, facts.max_model_len)
-    ceiling = min(memory_ceiling_tokens(facts, accelerator, shape), BUDGET_ABSOLUTE_MAX)
-    if profile is not None or step_model is not None:
-        limit_ms = facts.itl_target_ms * ITL_CEILING_HEADROOM
-        if profile is not None:
-            itl_limit = profile.itl_feasible_budget(limit_ms) or 0
-            notes.append(f"measured step profile: knee {knee} tokens, {limit_ms:g} ms budget {itl_limit}")
-        else:
-            assert step_model is not None
-            itl_limit = largest_tokens_within(step_model, limit_ms / 1000)
-        if itl_limit < floor:
-            notes.append(
-                f"predicted step time at the compute knee ({floor} tokens) exceeds "
-                f"{ITL_CEILING_HEADROOM:g}x the ITL target; the ITL SLO may be infeasible"
-            )
-        ceiling = min(ceiling, max(itl_limit, floor))
-    budget_bound = _bound(bounds, Knob.MAX_NUM_BATCHED_TOKENS)
-    if budget_bound is not None:
-        low, high = budget_bound
-        low = max(low, seqs.low * per_seq)  # vLLM rejects anything smaller
-        if low > high:
-            raise SpaceError(
-                f"spec.autotune.bounds.maxNumBatchedTokens: max {high} is below maxNumSeqs.min x "
-                f"(1 + speculative tokens) = {seqs.low * per_seq}; raise the budget bound or lower "
-                "maxNumSeqs.min"
-            )
-        budget = KnobRange(low, high)
-    else:
-        budget = KnobRange(floor, max(ceiling, floor))
-    ranges = {Knob.MAX_NUM_BATCHED_TOKENS: budget, **ranges}
-
-    lpt_bound = _bound(bounds, Knob.LONG_PREFILL_TOKEN_THRESHOLD)
-    off_allowed = lpt_bound is None or lpt_bound[0] == 0
-    lpt_low = max(LONG_PREFILL_MIN, lpt_bound[0] if lpt_bound else LONG_PREFILL_MIN)
-    lpt_high = min(facts.max_model_len, lpt_bound[1] if lpt_bound else facts.max_model_len)
-    if lpt_bound is None:
-        lpt_high = min(lpt_high, budget.high)
-    if lpt_low <= lpt_high:
-        ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = KnobRange(lpt_low, lpt_high)
-
-    partial_ok = (
-        facts.partial_prefills
-        if facts.partial_prefills is not None
-        else honours_partial_prefills(facts.engine_kind, facts.engine_version)
-    )
-    partial_bound = _bound(bounds, Knob.MAX_NUM_PARTIAL_PREFILLS)
-    if partial_ok and (partial_bound is not None or inc.max_num_partial_prefills is not None):
-        ranges[Knob.MAX_NUM_PARTIAL_PREFILLS] = KnobRange(*(partial_bound or (1, 8)), log=False)
-        long_bound = _bound(bounds, Knob.MAX_LONG_PARTIAL_PREFILLS)
-        if long_bound is not None or inc.max_long_partial_prefills is not None:
-            ranges[Knob.MAX_LONG_PARTIAL_PREFILLS] = KnobRange(*(long_bound or (1, 8)), log=False)
-    elif inc.max_num_partial_prefills is not None or partial_bound is not None:
-        notes.append(
-            f"{facts.engine_kind} {facts.engine_version} does not honour the partial-prefill limits; "
-            "not tuned"
-        )
-    active_bound = _bound(bounds, Knob.MAX_NUM_ACTIVE_SEQS)
-    if honours_max_num_active_seqs(facts.engine_kind, facts.engine_version) and (
-        active_bound is not None or inc.max_num_active_seqs is not None
-    ):
-        ranges[Knob.MAX_NUM_ACTIVE_SEQS] = KnobRange(*(active_bound or (seqs.low, seqs.high)))
+    seqs = _seqs_range(facts, bounds)
+    derived = _derived_budget(facts, seqs, accelerator, shape, step_model, notes)
+    budget = _budget_range(facts, bounds, seqs, derived)
+    ranges: dict[Knob, KnobRange] = {Knob.MAX_NUM_BATCHED_TOKENS: budget, Knob.MAX_NUM_SEQS: seqs}
+    lpt, off_allowed = _lpt_range(facts, bounds, budget)
+    if lpt is not None:
+        ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = lpt
+    ranges.update(_opt_in_ranges(facts, bounds, seqs, notes))
 
     for knob, r in ranges.items():
         if r.low > r.high or r.low < 0:
@@ -440,6 +474,7 @@ def build_space(
                 f"spec.autotune.bounds.{KNOB_ALIASES[knob]}: empty range [{r.low}, {r.high}]; "
                 "make min <= max and both non-negative"
             )
+    inc = facts.incumbent
     fixed = replace(inc, long_prefill_token_threshold=inc.long_prefill_token_threshold or 0)
     return SearchSpace(
         ranges=ranges,
@@ -449,183 +484,3 @@ def build_space(
         long_prefill_off_allowed=off_allowed,
         notes=tuple(notes),
     )
-
-
-@dataclass(frozen=True)
-class LoadedStep:
-    """The step an engine runs at load: a prefill chunk plus the running decode batch.
-
-    At the capacity every step is full and, by Little's law, the decoding sequences
-    take the output share ``O / (P + O)`` of the budget (each request brings P prompt
-    tokens and decodes for O steps).  A quantile-q ITL target is decided by the slow
-    steps, so the step is sized for the q-quantile of the batch (Poisson counts:
-    ``mean + z_q sqrt(mean)``) and for a chunk late in a long prompt (prompt lengths
-    taken as exponential with mean P, the least-informed shape for a known mean:
-    length ``-P ln(1 - q)``, at most ``max_model_len``).  Below p50 no headroom is added.
-    """
-
-    prompt_tokens: float
-    output_tokens: float
-    quantile: float
-    max_num_seqs: int
-    max_model_len: int
-
-    @classmethod
-    def of(cls, facts: ServiceFacts, max_num_seqs: int) -> LoadedStep:
-        """The loaded step of ``facts``'s token mix and ITL quantile at ``max_num_seqs``."""
-        if not 0 < facts.itl_quantile < 1:
-            raise SpaceError(f"spec.slo.itl.quantile: must be in (0, 1), got {facts.itl_quantile}")
-        prompt = facts.mean_prompt_tokens or DEFAULT_PROMPT_TOKENS
-        output = facts.mean_output_tokens or DEFAULT_OUTPUT_TOKENS
-        return cls(
-            float(prompt), float(output), facts.itl_quantile, max(1, max_num_seqs), facts.max_model_len
-        )
-
-    @property
-    def _z(self) -> float:
-        return max(0.0, NormalDist().inv_cdf(self.quantile))
-
-    def decode_seqs(self, budget: int) -> int:
-        """Decoding sequences in a full step of ``budget`` tokens at the quantile."""
-        share = self.output_tokens / (self.prompt_tokens + self.output_tokens)
-        mean = min(float(self.max_num_seqs), share * budget)
-        return min(self.max_num_seqs, budget, math.ceil(mean + self._z * math.sqrt(mean)))
-
-    def context_tokens(self, prefill_tokens: int) -> int:
-        """Tokens cached before a chunk of ``prefill_tokens`` at the end of a quantile-length prompt."""
-        length = min(float(self.max_model_len), -self.prompt_tokens * math.log(1.0 - max(0.5, self.quantile)))
-        return max(0, int(length) - prefill_tokens)
-
-    def time_s(self, step_model: StepTime, budget: int) -> float:
-        """Predicted duration of a full step of ``budget`` tokens."""
-        decodes = self.decode_seqs(budget)
-        prefill = max(0, budget - decodes)
-        return step_model.step_time_s(prefill, decodes, self.context_tokens(prefill))
-
-    def largest_budget_within(self, step_model: StepTime, limit_s: float, high: int) -> int:
-        """Largest budget (at most ``high``) whose full step stays within ``limit_s`` (0 when none)."""
-        if high < 1 or self.time_s(step_model, 1) > limit_s:
-            return 0
-        if self.time_s(step_model, high) <= limit_s:
-            return high
-        lo, hi = 1, high
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.time_s(step_model, mid) <= limit_s:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-
-def _with_budget(space: SearchSpace, budget: int) -> TunedConfig:
-    """The incumbent's other knobs with ``budget`` (clipped), repaired into the space."""
-    params: dict[str, Any] = {Knob.MAX_NUM_BATCHED_TOKENS.value: space.budget.clip(budget)}
-    for knob, r in space.ranges.items():
-        if knob is Knob.MAX_NUM_BATCHED_TOKENS:
-            continue
-        value = getattr(space.fixed, knob.value)
-        if knob is Knob.LONG_PREFILL_TOKEN_THRESHOLD and not value:
-            value = r.high if space.long_prefill_off_allowed else r.low
-        params[knob.value] = r.clip(int(value if value is not None else r.low))
-    return space.to_config(params)
-
-
-def model_guess(space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None) -> TunedConfig:
-    """The largest budget whose full step at load meets the ITL target (the rest as the incumbent).
-
-    The step is :class:`LoadedStep`: the prefill chunk plus the running decode batch and
-    their KV reads, with headroom for the ITL quantile.  ``step_model`` defaults to the
-    one :func:`build_space` uses.  A measured step profile gives its ITL-feasible budget
-    instead; without any step-time model the guess is the geometric middle of the range.
-    """
-    if step_model is None:
-        step_model = default_step_model(facts.model, facts.accelerator, facts.tensor_parallel_size)
-    budget = space.budget
-    if facts.step_profile is not None:
-        guess = facts.step_profile.itl_feasible_budget(facts.itl_target_ms) or budget.low
-    elif step_model is None:
-        guess = int(math.sqrt(budget.low * budget.high))
-    else:
-        seqs = _with_budget(space, budget.high).max_num_seqs
-        loaded = LoadedStep.of(facts, seqs)
-        guess = loaded.largest_budget_within(step_model, facts.itl_target_ms / 1000, BUDGET_ABSOLUTE_MAX)
-        guess = guess or budget.low
-    return _with_budget(space, guess)
-
-
-def unloaded_guess(
-    space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None
-) -> TunedConfig:
-    """The largest budget whose prefill-only step meets the ITL target: the guess's upper end.
-
-    No step at load is slower than the loaded one, so this is the most the ITL target
-    allows when decodes are few (the budget then mostly serves TTFT).
-    """
-    if step_model is None:
-        step_model = default_step_model(facts.model, facts.accelerator, facts.tensor_parallel_size)
-    if facts.step_profile is not None:
-        budget = facts.step_profile.itl_feasible_budget(facts.itl_target_ms) or space.budget.low
-    elif step_model is None:
-        budget = space.budget.high
-    else:
-        budget = largest_tokens_within(step_model, facts.itl_target_ms / 1000) or space.budget.low
-    return _with_budget(space, budget)
-
-
-@dataclass(frozen=True, eq=False)
-class WarmStart(Mapping[str, int]):
-    """Parameters to try before the sampler (a read-only mapping of the Optuna parameters).
-
-    ``when_slack``: the name of an SLO constraint; the point is tried only when the
-    latest measured trial had slack on it, i.e. another SLO bound there (its relative
-    constraint was below the largest one).  None: always tried.
-    """
-
-    params: Mapping[str, int]
-    when_slack: str | None = None
-
-    def __getitem__(self, key: str) -> int:
-        return self.params[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.params)
-
-    def __len__(self) -> int:
-        return len(self.params)
-
-    def wanted(self, measured: Iterable[tuple[int, Mapping[str, float]]]) -> bool:
-        """Whether to try it, given ``(trial number, constraints)`` of the measured trials."""
-        if self.when_slack is None:
-            return True
-        latest = max(measured, key=lambda item: item[0], default=None)
-        if latest is None or self.when_slack not in latest[1] or len(latest[1]) < 2:
-            return False
-        constraints = latest[1]
-        others = [v for k, v in constraints.items() if k != self.when_slack]
-        return constraints[self.when_slack] < max(others)
-
-
-def warm_start(
-    space: SearchSpace, facts: ServiceFacts, step_model: StepTime | None = None
-) -> list[WarmStart]:
-    """Parameters to try first: the model-based guess, then its upper end when ITL had slack.
-
-    The guess (:func:`model_guess`) sizes the full step at load to the ITL target; when
-    its trial shows another SLO (TTFT) binding instead, the largest budget a
-    prefill-only step allows (:func:`unloaded_guess`) is tried next.  A point equal to
-    the incumbent is left out.  The incumbent itself is never re-run as a canary: it is
-    the stable track, measured in every trial window, and enters the study as a known
-    point (see :func:`chunkpilot.tuner.study.incumbent_record`).
-    """
-    starts: list[WarmStart] = []
-    seen = {facts.incumbent}
-    guess = model_guess(space, facts, step_model)
-    upper = unloaded_guess(space, facts, step_model)
-    for config, when_slack in ((guess, None), (upper, "itl")):
-        params = space.to_params(config)
-        if params is None or config in seen:
-            continue
-        seen.add(config)
-        starts.append(WarmStart(params, when_slack))
-    return starts

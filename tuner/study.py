@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import optuna
-from chunkpilot.tuner.space import SearchSpace, TunedConfig, WarmStart
+from chunkpilot.tuner.space import SearchSpace, TunedConfig
+from chunkpilot.tuner.warmstart import WarmStart
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.trial import FrozenTrial, TrialState, create_trial
@@ -171,7 +172,7 @@ def suggest(
     """Ask the study for a configuration not tried before (nor in ``exclude``).
 
     Warm starts are used first, in order, unless already tried or (a
-    :class:`~chunkpilot.tuner.space.WarmStart` with a condition) not wanted given the
+    :class:`~chunkpilot.tuner.warmstart.WarmStart` with a condition) not wanted given the
     measured trials.  Returns None when the space seems exhausted (no new
     configuration after many attempts).
     """

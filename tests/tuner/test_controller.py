@@ -31,7 +31,8 @@ from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
 from chunkpilot.tuner.measure import MetricsUnavailableError
-from chunkpilot.tuner.space import build_space, model_guess
+from chunkpilot.tuner.space import build_space
+from chunkpilot.tuner.warmstart import model_guess
 
 from chunkpilot.api import (
     API_VERSION,

@@ -7,7 +7,6 @@ from chunkpilot.tuner.hardware import StepTime, step_time
 from chunkpilot.tuner.space import (
     KNOB_ALIASES,
     Knob,
-    LoadedStep,
     ServiceFacts,
     SpaceError,
     TunedConfig,
@@ -18,10 +17,8 @@ from chunkpilot.tuner.space import (
     honours_partial_prefills,
     largest_tokens_within,
     load_accelerator,
-    model_guess,
-    unloaded_guess,
-    warm_start,
 )
+from chunkpilot.tuner.warmstart import LoadedStep, model_guess, unloaded_guess, warm_start
 
 from chunkpilot.api.knobs import TUNABLE
 

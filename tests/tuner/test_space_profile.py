@@ -25,8 +25,8 @@ from chunkpilot.tuner.space import (
     load_accelerator,
     load_model_shape,
     memory_ceiling_tokens,
-    warm_start,
 )
+from chunkpilot.tuner.warmstart import warm_start
 
 
 @dataclass

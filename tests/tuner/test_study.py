@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, WarmStart
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.study import (
     RecordState,
     SamplerUnavailableError,
@@ -19,6 +19,7 @@ from chunkpilot.tuner.study import (
     seed_for,
     suggest,
 )
+from chunkpilot.tuner.warmstart import WarmStart
 
 
 def record_from_values(
