@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from chunkpilot.operator.status import Reason, get_condition
 
-from chunkpilot.api import ConditionStatus, ConditionType, EngineConfig, InferenceServiceStatus
+from chunkpilot.api import ConditionStatus, ConditionType, EngineConfig, InferenceServiceStatus, knobs
 
 
 class EventType(StrEnum):
@@ -46,12 +46,7 @@ def rolled(deployment: str, old: EngineConfig | None, new: EngineConfig, new_has
     if old is None:
         change = new.summary()
     else:
-        changes = [
-            f"{knob}: {getattr(old, knob)} -> {getattr(new, knob)}"
-            for knob in EngineConfig.KNOBS
-            if getattr(old, knob) != getattr(new, knob)
-        ]
-        change = ", ".join(changes) or "engine settings changed"
+        change = knobs.change(old.model_dump(), new.model_dump()) or "engine settings changed"
     return EventSpec(EventType.NORMAL, "Rolled", f"rolling {deployment} to config {new_hash} ({change})")
 
 

@@ -66,10 +66,11 @@ from chunkpilot.api import (
     TrialVerdict,
     TuningTrial,
     TuningTrialStatus,
+    knobs,
 )
 
-#: The knobs the route can change; every other knob needs a restart.
-LIVE_KNOBS: Final = ("max_num_batched_tokens", "max_num_seqs", "max_num_active_seqs")
+#: The knobs the route can change (the knob table's ``live`` column); every other knob needs a restart.
+LIVE_KNOBS: Final = knobs.LIVE_NAMES
 #: On the canary Deployment: kept between trials for the next one to adjust ("true").
 ANNOTATION_PARKED: Final = f"{rec.GROUP_PREFIX}/parked"
 DEFAULT_TIMEOUT_S: Final = 5.0

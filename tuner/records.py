@@ -15,7 +15,7 @@ from typing import Final
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.engines import EngineRender, render_engine
 from chunkpilot.tuner.policy import AbortRules, SLOTargets
-from chunkpilot.tuner.space import KNOB_ALIASES, Knob, SearchSpace, ServiceFacts, TunedConfig
+from chunkpilot.tuner.space import Knob, SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.study import RecordState, TrialRecord, relative_constraints
 
 from chunkpilot.api import (
@@ -30,6 +30,7 @@ from chunkpilot.api import (
     TrialProgress,
     TrialVerdict,
     TuningTrial,
+    knobs,
 )
 
 GROUP_PREFIX = "chunkpilot.io"
@@ -240,13 +241,8 @@ def incumbent_record(
 
 
 def config_change(old: EngineConfig, new: EngineConfig) -> str:
-    """``budget 8192 -> 3072, seqs 256 -> 128`` (only the knobs that differ)."""
-    changes = []
-    for knob in Knob:
-        before, after = getattr(old, knob.value), getattr(new, knob.value)
-        if before != after:
-            changes.append(f"{KNOB_ALIASES[knob]} {before} -> {after}")
-    return ", ".join(changes) or "no change"
+    """The knobs that differ (:func:`knobs.change`), e.g. ``maxNumSeqs 256 -> 128``, or ``no change``."""
+    return knobs.change(old.model_dump(), new.model_dump()) or "no change"
 
 
 # --------------------------------------------------------------------------- status strings

@@ -28,14 +28,7 @@ def _custom_api(args: argparse.Namespace) -> Any:
 def _config_text(config: EngineConfig | None) -> str:
     if config is None:
         return "-"
-    parts = [f"budget={config.max_num_batched_tokens}", f"max-num-seqs={config.max_num_seqs}"]
-    if config.max_num_active_seqs is not None:
-        parts.append(f"max-num-active-seqs={config.max_num_active_seqs}")
-    if config.long_prefill_token_threshold:
-        parts.append(f"long-prefill-threshold={config.long_prefill_token_threshold}")
-    if config.max_num_partial_prefills is not None:
-        parts.append(f"partial-prefills={config.max_num_partial_prefills}")
-    return " ".join(parts)
+    return config.summary()
 
 
 def cmd_trials(args: argparse.Namespace, console: Console) -> int:

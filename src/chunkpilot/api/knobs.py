@@ -305,6 +305,20 @@ def summary(values: Mapping[str, object]) -> str:
     return " ".join(parts)
 
 
+def change(old: Mapping[str, object], new: Mapping[str, object]) -> str:
+    """What differs between two configurations, e.g. ``maxNumBatchedTokens 8192 -> 3072``.
+
+    ``old`` and ``new`` map tuned knob names to values; only the knobs that differ, in table
+    order, by their camelCase names; empty when none does.
+    """
+    parts = [
+        f"{k.camel} {old.get(k.name)} -> {new.get(k.name)}"
+        for k in TUNABLE
+        if old.get(k.name) != new.get(k.name)
+    ]
+    return ", ".join(parts)
+
+
 def honoured_natively(name: str, version: EngineVersion, dialect: str = VLLM) -> bool:
     """Whether ``version`` of the engine family ``dialect`` accepts knob ``name`` without the plugin."""
     return knob(name).flag(dialect).supports(version)
@@ -324,6 +338,7 @@ __all__ = [
     "EngineFlag",
     "EngineVersion",
     "KnobSpec",
+    "change",
     "doc",
     "honoured_natively",
     "knob",

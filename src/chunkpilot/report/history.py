@@ -35,14 +35,8 @@ class TrialRow:
     request_rate: float | None
     samples: int | None
     reason: str
-
-    @property
-    def params(self) -> str:
-        """Short human summary of the knobs under trial."""
-        text = f"budget={self.budget} seqs={self.max_num_seqs}"
-        if self.long_prefill_threshold:
-            text += f" lpt={self.long_prefill_threshold}"
-        return text
+    #: Short human summary of the knobs under trial (:func:`chunkpilot.api.knobs.summary`).
+    params: str
 
 
 def trial_rows(trials: list[TuningTrial]) -> list[TrialRow]:
@@ -70,6 +64,7 @@ def trial_rows(trials: list[TuningTrial]) -> list[TrialRow]:
                 request_rate=canary.request_rate if canary else None,
                 samples=canary.samples if canary else None,
                 reason=(status.reason or "") if status else "",
+                params=params.summary(),
             )
         )
     return rows

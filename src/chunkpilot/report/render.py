@@ -17,7 +17,6 @@ _VERDICT_COLOURS = {
     "Discarded": "tab:gray",
     "Pruned": "tab:orange",
     "Aborted": "tab:red",
-    "Infeasible": "tab:purple",
     "": "tab:blue",
 }
 
