@@ -3,6 +3,11 @@
 The accelerator profile's peaks are scaled (``peak_tflops``, ``hbm_tb_s``) and the per-step
 overheads multiplied through a step profile, so a truth engine is an ordinary :class:`SimConfig`
 (``accelerator`` and ``step_profile`` paths) that the tuner is never shown.
+
+A truth can also be an accelerator profile JSON file (``chunkpilot bench tuner --truth-gpu``): the
+simulator's own format, optionally with a ``"truth"`` object whose ``overhead`` multiplies the
+per-step and per-sequence overheads. The package ships a family of perturbed H100 profiles
+(:func:`family`) in that format.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.profiles.loader import load_accelerator, load_model, normalise
@@ -18,7 +24,15 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepTimeModel
 from chunkpilot.tuner.twin.fit import PROFILE_TOKENS
 
-__all__ = ["Perturbation", "write_truth"]
+__all__ = [
+    "FAMILY",
+    "Perturbation",
+    "family",
+    "perturbed_accelerator",
+    "read_perturbation",
+    "truth_engine",
+    "write_truth",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,29 +59,52 @@ def _accelerator_json(name: str) -> dict[str, object]:
     raise ValueError(f"unknown accelerator {name!r}")
 
 
-def write_truth(
-    directory: Path,
-    perturbation: Perturbation,
-    *,
-    model: str = "llama-3.1-8b",
-    accelerator: str = "h100",
-    tensor_parallel_size: int = 1,
-    scheduler: SchedulerConfig | None = None,
-) -> SimConfig:
-    """Write the truth's accelerator and step profile under ``directory``; the engine config using them."""
-    directory.mkdir(parents=True, exist_ok=True)
-    data = dict(_accelerator_json(accelerator))
-    data["peak_tflops"] = float(data["peak_tflops"]) * perturbation.compute  # type: ignore[arg-type]
-    data["hbm_tb_s"] = float(data["hbm_tb_s"]) * perturbation.memory  # type: ignore[arg-type]
+def perturbed_accelerator(perturbation: Perturbation, accelerator: str = "h100") -> dict[str, Any]:
+    """The accelerator profile JSON of ``accelerator`` with its peaks scaled and the overhead recorded."""
+    data: dict[str, Any] = dict(_accelerator_json(accelerator))
+    data["peak_tflops"] = round(float(data["peak_tflops"]) * perturbation.compute, 6)
+    data["hbm_tb_s"] = round(float(data["hbm_tb_s"]) * perturbation.memory, 6)
     data["aliases"] = []
     data["name"] = f"{data['name']}-truth"
-    accel_path = directory / "truth-accelerator.json"
-    accel_path.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    data["description"] = f"{data.get('description', data['name'])}, {perturbation.label}"
+    data["truth"] = {
+        "based_on": accelerator,
+        "compute": perturbation.compute,
+        "memory": perturbation.memory,
+        "overhead": perturbation.overhead,
+    }
+    return data
+
+
+def read_perturbation(path: Path) -> tuple[dict[str, Any], float]:
+    """An accelerator profile file and its overhead factor (1 without a ``"truth"`` object).
+
+    Raises :class:`ValueError` naming the file when it is not a usable profile.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read an accelerator profile ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an accelerator profile is a JSON object")
+    missing = [k for k in ("peak_tflops", "hbm_tb_s", "memory_gib") if k not in data]
+    if missing:
+        raise ValueError(f"{path}: accelerator profile lacks {', '.join(missing)}")
+    truth = data.get("truth", {})
+    overhead = float(truth.get("overhead", 1.0)) if isinstance(truth, dict) else 1.0
+    if not overhead > 0:
+        raise ValueError(f"{path}: truth.overhead must be positive")
+    return data, overhead
+
+
+def _write_step_profile(
+    directory: Path, accel_path: Path, overhead: float, model: str, tensor_parallel_size: int
+) -> Path:
     base = Efficiency.calibrated()
     eff = replace(
         base,
-        step_overhead_s=base.step_overhead_s * perturbation.overhead,
-        per_sequence_overhead_s=base.per_sequence_overhead_s * perturbation.overhead,
+        step_overhead_s=base.step_overhead_s * overhead,
+        per_sequence_overhead_s=base.per_sequence_overhead_s * overhead,
     )
     step_model = StepTimeModel(
         load_model(model), load_accelerator(str(accel_path)), tensor_parallel_size, efficiency=eff
@@ -85,10 +122,62 @@ def write_truth(
     }
     profile_path = directory / "truth-step-profile.json"
     profile_path.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
+    return profile_path
+
+
+def truth_engine(
+    profile: Path,
+    directory: Path,
+    *,
+    model: str = "llama-3.1-8b",
+    tensor_parallel_size: int = 1,
+    scheduler: SchedulerConfig | None = None,
+) -> SimConfig:
+    """The engine of an accelerator profile file (its overhead factor applied), files under ``directory``."""
+    data, overhead = read_perturbation(profile)
+    directory.mkdir(parents=True, exist_ok=True)
+    accel_path = directory / "truth-accelerator.json"
+    accel_path.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    step_profile = _write_step_profile(directory, accel_path, overhead, model, tensor_parallel_size)
     return SimConfig(
         model=model,
         accelerator=str(accel_path),
         tensor_parallel_size=tensor_parallel_size,
         scheduler=scheduler or SchedulerConfig(),
-        step_profile=str(profile_path),
+        step_profile=str(step_profile),
     )
+
+
+def write_truth(
+    directory: Path,
+    perturbation: Perturbation,
+    *,
+    model: str = "llama-3.1-8b",
+    accelerator: str = "h100",
+    tensor_parallel_size: int = 1,
+    scheduler: SchedulerConfig | None = None,
+) -> SimConfig:
+    """Write the truth's accelerator and step profile under ``directory``; the engine config using them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / "truth-source.json"
+    source.write_text(json.dumps(perturbed_accelerator(perturbation, accelerator)) + "\n", encoding="utf-8")
+    return truth_engine(
+        source, directory, model=model, tensor_parallel_size=tensor_parallel_size, scheduler=scheduler
+    )
+
+
+#: The shipped family of perturbed H100 profiles (compute x0.6-1.0, HBM x0.7-1.0, overhead x1-3):
+#: the corners that matter most plus a middle point; ``tuner/twin/truths/<name>.json``.
+FAMILY: dict[str, Perturbation] = {
+    "h100-c060-m070-o3": Perturbation(0.6, 0.7, 3.0),
+    "h100-c060-m100-o1": Perturbation(0.6, 1.0, 1.0),
+    "h100-c100-m070-o1": Perturbation(1.0, 0.7, 1.0),
+    "h100-c100-m100-o3": Perturbation(1.0, 1.0, 3.0),
+    "h100-c075-m085-o2": Perturbation(0.75, 0.85, 2.0),
+}
+
+
+def family() -> dict[str, Path]:
+    """The shipped perturbed profiles by name (files inside the installed package)."""
+    root = resources.files("chunkpilot.tuner.twin.truths")
+    return {name: Path(str(root.joinpath(f"{name}.json"))) for name in FAMILY}

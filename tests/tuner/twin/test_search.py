@@ -1,0 +1,90 @@
+"""Search on the twin: seeded TPE over the space, each evaluation one capacity prediction."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
+from chunkpilot.engine.sim.offline import SLO, simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.twin import Twin, fit_steps, synthesize
+from chunkpilot.tuner.twin.search import (
+    Candidate,
+    scheduler_of,
+    search_on_twin,
+    twin_objective,
+)
+from chunkpilot.tuner.twin.validate import observe_window
+
+from chunkpilot.api import Objective
+
+SLO_ = SLO(itl_ms=50.0, ttft_ms=2000.0)
+SPACE = SearchSpace(
+    ranges={
+        Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 4096),
+        Knob.MAX_NUM_SEQS: KnobRange(16, 512),
+    },
+    fixed=TunedConfig(2048, 256),
+)
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Twin:
+    lengths = load_trace("azure_conv_2023", rate=1.0, limit=120)
+    scheduler = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=256)
+    engine = SimConfig(model="llama-3.1-8b", accelerator="h100", scheduler=scheduler)
+    telemetry = StepTelemetry()
+    observed = simulate(engine, retime(lengths, 3.0), SLO_, keep_records=True, telemetry=telemetry)
+    fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
+    workload = synthesize(observe_window(observed, 8192), 120, max_model_len=8192)
+    directory: Path = tmp_path_factory.mktemp("twin")
+    return Twin.build(fit, workload, directory)
+
+
+def test_ranking_is_distinct_best_first_and_inside_the_space(twin: Twin) -> None:
+    result = search_on_twin(twin, SPACE, SLO_, seed=3, max_evaluations=12, requests=120, tolerance=0.1)
+    configs = [c.config for c in result.ranked]
+    assert result.evaluations == 12 == len(configs) == len(set(configs))
+    assert all(SPACE.contains(c) for c in configs)
+    rates = [c.capacity_req_s for c in result.ranked]
+    assert rates == sorted(rates, reverse=True) and rates[0] > 0
+    assert result.cpu_seconds > 0
+    assert result.best is result.ranked[0]
+
+
+def test_seeded_search_is_deterministic_and_honours_warm_and_exclude(twin: Twin) -> None:
+    warm = TunedConfig(512, 64)
+    first = search_on_twin(twin, SPACE, SLO_, seed=5, warm=[warm], max_evaluations=8, requests=120)
+    again = search_on_twin(twin, SPACE, SLO_, seed=5, warm=[warm], max_evaluations=8, requests=120)
+    assert first.ranked == again.ranked and first.evaluations == again.evaluations
+    assert warm in {c.config for c in first.ranked}
+    excluded = search_on_twin(
+        twin, SPACE, SLO_, seed=5, warm=[warm], exclude=[warm], max_evaluations=8, requests=120
+    )
+    assert warm not in {c.config for c in excluded.ranked}
+    assert excluded.evaluations == 8 and len(excluded.ranked) == 7
+
+
+def test_cpu_budget_stops_the_search(twin: Twin) -> None:
+    result = search_on_twin(twin, SPACE, SLO_, seed=1, cpu_budget_s=0.0, requests=120)
+    assert result.evaluations == 0 and result.ranked == () and result.best is None
+
+
+def test_objective_per_gpu() -> None:
+    candidate = Candidate(TunedConfig(1024, 128), capacity_req_s=6.0, tokens_s=1200.0)
+    assert twin_objective(candidate, Objective.GOODPUT, 2) == 3.0
+    assert twin_objective(candidate, Objective.THROUGHPUT, 4) == 300.0
+    assert math.isnan(Candidate(TunedConfig(1024, 128), 0.0).itl_ms)
+
+
+def test_scheduler_of_carries_every_knob() -> None:
+    config = TunedConfig(2048, 128, long_prefill_token_threshold=512)
+    scheduler = scheduler_of(config, 4096)
+    assert scheduler.max_num_batched_tokens == 2048 and scheduler.max_num_seqs == 128
+    assert scheduler.long_prefill_token_threshold == 512 and scheduler.max_model_len == 4096

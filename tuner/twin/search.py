@@ -1,0 +1,153 @@
+"""Rank configurations on the twin: Optuna TPE over the search space, each evaluation one capacity search.
+
+Every evaluation asks the twin for the capacity at SLO of one configuration
+(:meth:`~chunkpilot.tuner.twin.predict.Twin.capacity`). The search stops when its CPU budget
+(:func:`time.process_time`) or its evaluation cap is spent, or when the sampler keeps proposing
+configurations it already knows. It is seeded: with the same twin, space, seed, warm starts and
+evaluation count the ranking is the same (a CPU budget that binds can stop it at a different count).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import optuna
+from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.tuner.space import SearchSpace, TunedConfig
+from chunkpilot.tuner.twin.predict import CAPACITY_REQUESTS, CAPACITY_TOLERANCE, Twin
+from optuna.samplers import TPESampler
+from optuna.trial import TrialState
+
+from chunkpilot.api import Objective
+
+__all__ = ["Candidate", "TwinSearchResult", "scheduler_of", "search_on_twin", "twin_objective"]
+
+#: Consecutive proposals of known configurations after which the space counts as exhausted.
+MAX_REPEATS = 50
+#: Random proposals before TPE models the results.
+STARTUP_TRIALS = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration as the twin sees it.
+
+    ``capacity_req_s``: predicted capacity at SLO of one replica (0 when no rate meets the SLO);
+    ``tokens_s``: predicted output throughput at that capacity; ``itl_ms`` / ``ttft_ms``: the SLO
+    quantiles there (NaN when infeasible).
+    """
+
+    config: TunedConfig
+    capacity_req_s: float
+    tokens_s: float = 0.0
+    itl_ms: float = math.nan
+    ttft_ms: float = math.nan
+
+
+@dataclass(frozen=True)
+class TwinSearchResult:
+    """The twin's ranking: distinct configurations, best first (excluded ones left out)."""
+
+    ranked: tuple[Candidate, ...]
+    evaluations: int
+    cpu_seconds: float
+
+    @property
+    def best(self) -> Candidate | None:
+        """The top-ranked candidate (None when nothing was evaluated)."""
+        return self.ranked[0] if self.ranked else None
+
+
+def scheduler_of(config: TunedConfig, max_model_len: int = 8192) -> SchedulerConfig:
+    """The simulator's scheduler running ``config`` (every tuned knob; the names are the same)."""
+    return SchedulerConfig(**config.as_dict(), max_model_len=max_model_len)  # type: ignore[arg-type]
+
+
+def evaluate_on_twin(
+    twin: Twin,
+    config: TunedConfig,
+    slo: SLO,
+    *,
+    max_model_len: int = 8192,
+    requests: int = CAPACITY_REQUESTS,
+    tolerance: float = CAPACITY_TOLERANCE,
+) -> Candidate:
+    """One evaluation: the twin's capacity at SLO of ``config``."""
+    result = twin.capacity(scheduler_of(config, max_model_len), slo, requests=requests, tolerance=tolerance)
+    at = result.at_capacity
+    if not result.feasible or at is None:
+        return Candidate(config, 0.0)
+    return Candidate(
+        config,
+        result.capacity_req_s,
+        tokens_s=at.throughput_tok_s,
+        itl_ms=at.itl_at_slo_quantile_ms,
+        ttft_ms=at.ttft_at_slo_quantile_ms,
+    )
+
+
+def search_on_twin(
+    twin: Twin,
+    space: SearchSpace,
+    slo: SLO,
+    *,
+    seed: int,
+    cpu_budget_s: float = 60.0,
+    max_evaluations: int | None = None,
+    exclude: Iterable[TunedConfig] = (),
+    warm: Iterable[TunedConfig] = (),
+    requests: int = CAPACITY_REQUESTS,
+    tolerance: float = CAPACITY_TOLERANCE,
+) -> TwinSearchResult:
+    """TPE on the twin's predicted capacity; warm configurations are evaluated first.
+
+    Excluded configurations (already tried on a canary) may be evaluated to inform the sampler but
+    never appear in the ranking.
+    """
+    started = time.process_time()
+    excluded = set(exclude)
+    known: dict[TunedConfig, Candidate] = {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        direction="maximize", sampler=TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+    )
+    for config in dict.fromkeys(warm):
+        params = space.to_params(config)
+        if params is not None:
+            study.enqueue_trial(dict(params), skip_if_exists=True)
+    distributions = space.distributions()
+
+    def spent() -> bool:
+        over_cpu = time.process_time() - started >= cpu_budget_s
+        return over_cpu or (max_evaluations is not None and len(known) >= max_evaluations)
+
+    repeats = 0
+    while not spent() and repeats < MAX_REPEATS:
+        trial = study.ask(distributions)
+        config = space.to_config({k: int(v) for k, v in trial.params.items()})
+        if config in known:
+            repeats += 1
+            study.tell(trial, known[config].capacity_req_s)
+            continue
+        repeats = 0
+        candidate = evaluate_on_twin(
+            twin, config, slo, max_model_len=space.max_model_len, requests=requests, tolerance=tolerance
+        )
+        known[config] = candidate
+        study.tell(trial, candidate.capacity_req_s, state=TrialState.COMPLETE)
+    order = list(known)
+    ranked = sorted(
+        (c for c in known.values() if c.config not in excluded),
+        key=lambda c: (-c.capacity_req_s, order.index(c.config)),
+    )
+    return TwinSearchResult(tuple(ranked), len(known), time.process_time() - started)
+
+
+def twin_objective(candidate: Candidate, objective: Objective, gpus: int) -> float:
+    """Requests/s per GPU (``goodput``), or output tokens/s per GPU with ``objective=throughput``."""
+    value = candidate.tokens_s if objective is Objective.THROUGHPUT else candidate.capacity_req_s
+    return value / max(1, gpus)

@@ -1,0 +1,1 @@
+"""Perturbed accelerator profiles: hidden truths for ``chunkpilot bench tuner --truth-family``."""
