@@ -165,6 +165,9 @@ FINE_TTFT_BUCKETS: Final[tuple[float, ...]] = (
 # 2000-5000 tokens the prompts lie, and the twin's synthetic workload is drawn from these buckets.
 FINE_REQUEST_PROMPT_TOKENS: Final = "chunkpilot:request_prompt_tokens"
 FINE_REQUEST_GENERATION_TOKENS: Final = "chunkpilot:request_generation_tokens"
+#: Counter: sum over finished requests of prompt tokens x generated tokens. With the two histograms'
+#: sums and counts it gives the covariance of the lengths, which the histograms alone do not carry.
+REQUEST_TOKENS_PRODUCT: Final = "chunkpilot:request_prompt_generation_tokens_total"
 #: 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150, ... up to 10**6
 #: (at most 25 % apart above 10 tokens).
 FINE_REQUEST_TOKENS_BUCKETS: Final[tuple[float, ...]] = tuple(

@@ -43,6 +43,7 @@ _HELP = {
     names.FINE_TIME_TO_FIRST_TOKEN: "Histogram of time to first token in seconds (fine buckets).",
     names.FINE_REQUEST_PROMPT_TOKENS: "Prompt tokens of finished requests (fine buckets).",
     names.FINE_REQUEST_GENERATION_TOKENS: "Generated tokens of finished requests (fine buckets).",
+    names.REQUEST_TOKENS_PRODUCT: "Sum of prompt tokens x generated tokens over finished requests.",
     names.STEP_DURATION: "Histogram of engine step durations in seconds, by scheduled-token bucket.",
     **names.STEP_COUNTERS,
 }
@@ -270,6 +271,7 @@ class EngineMetrics:
         if max_model_len is not None:  # vLLM sizes these by --max-model-len
             for name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
                 self.histograms[name] = Histogram(names.request_tokens_buckets(max_model_len))
+        self.request_tokens_product = 0.0
         self.steps = StepTelemetry(max(names.DEFAULT_PRECREATED_STEP_TOKENS, max_model_len or 0))
         self.counters: dict[str, float] = {
             name: 0.0 for name in names.COUNTERS if name != names.REQUEST_SUCCESS
@@ -293,6 +295,7 @@ class EngineMetrics:
         ]
         for out in result.results:
             if out.finished:
+                self.request_tokens_product += out.request.prompt_tokens * out.request.num_output_tokens
                 for prompt_name, generation_name in lengths:
                     prompts = self.histograms.get(prompt_name)
                     generations = self.histograms.get(generation_name)
@@ -352,6 +355,9 @@ class EngineMetrics:
         for name, hist in self.histograms.items():
             lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
             lines += _histogram_lines(name, self.labels, hist)
+        product = names.REQUEST_TOKENS_PRODUCT
+        lines += [f"# HELP {product} {_HELP[product]}", f"# TYPE {product} counter"]
+        lines.append(f"{product}{{{self.labels}}} {_fmt(self.request_tokens_product)}")
         lines += self.steps.render(self.labels)
         return "\n".join(lines) + "\n"
 

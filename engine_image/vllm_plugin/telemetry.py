@@ -174,6 +174,12 @@ class StepTelemetry:
             registry=registry,
         ).labels(**self._base)
         self._pending_cost_s = 0.0
+        self._product = Counter(
+            names.REQUEST_TOKENS_PRODUCT.removesuffix("_total"),
+            "Sum of prompt tokens x generated tokens over finished requests.",
+            base,
+            registry=registry,
+        ).labels(**self._base)
         self._lengths = {
             name: _BucketedHistogram(
                 Histogram(
@@ -280,6 +286,8 @@ class StepTelemetry:
             (names.FINE_REQUEST_GENERATION_TOKENS, generations),
         ):
             self._lengths[name].add(self._length_children[name], values)
+        if prompts:
+            self._product.inc(sum(p * g for p, g in zip(prompts, generations, strict=True)))
         self._cost.inc(self._pending_cost_s + time.perf_counter() - begin)
         self._pending_cost_s = 0.0
 

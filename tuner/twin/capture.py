@@ -13,7 +13,8 @@ Two sources give the same objects: PromQL results of the queries :func:`workload
 * The step telemetry per scheduled-token bucket as :class:`~chunkpilot.engine.sim.metrics.StepTotals`
   (what :func:`chunkpilot.tuner.twin.fit.fit_steps` fits).
 
-The prompt and output lengths are drawn independently (the histograms carry no joint distribution).
+The histograms carry no joint distribution: where the engine exports the sum of prompt x output
+tokens, the draws are re-paired so that its mean matches (a rank copula), else they are independent.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ class WorkloadWindow:
     generation_tokens: HistogramWindow
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    #: Sum over the window's requests of prompt x generated tokens (NaN: the engine does not export it).
+    tokens_product: float = math.nan
 
     @property
     def arrival_rate(self) -> float:
@@ -135,6 +138,7 @@ def workload_queries(selector: str, window: str) -> dict[str, str]:
     queries = {
         "prefix_cache_queries": f"sum(increase({names.PREFIX_CACHE_QUERIES}{sel}[{window}]))",
         "prefix_cache_hits": f"sum(increase({names.PREFIX_CACHE_HITS}{sel}[{window}]))",
+        "tokens_product": f"sum(increase({names.REQUEST_TOKENS_PRODUCT}{sel}[{window}]))",
     }
     for key, name in (
         ("prompt", names.REQUEST_PROMPT_TOKENS),
@@ -212,6 +216,7 @@ def workload_from_vectors(
                 generations,
                 _vector(results.get("prefix_cache_queries", ())).get("", 0.0),
                 _vector(results.get("prefix_cache_hits", ())).get("", 0.0),
+                _vector(results.get("tokens_product", ())).get("", math.nan),
             )
     raise CaptureError("no finished requests in the window's request-length histograms")
 
@@ -252,7 +257,11 @@ def parse_exposition(text: str) -> Scrape:
                     per[le] = per.get(le, 0.0) + sample.value
                 else:
                     sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-            elif sample.name in (names.PREFIX_CACHE_QUERIES, names.PREFIX_CACHE_HITS):
+            elif sample.name in (
+                names.PREFIX_CACHE_QUERIES,
+                names.PREFIX_CACHE_HITS,
+                names.REQUEST_TOKENS_PRODUCT,
+            ):
                 counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
     histograms = {
         name: HistogramWindow.from_cumulative(
@@ -295,6 +304,7 @@ def window_between(
         generations,
         delta(names.PREFIX_CACHE_QUERIES),
         delta(names.PREFIX_CACHE_HITS),
+        delta(names.REQUEST_TOKENS_PRODUCT) if names.REQUEST_TOKENS_PRODUCT in after.counters else math.nan,
     )
     steps = {
         label: totals - before.steps.get(label, StepTotals())
@@ -351,6 +361,43 @@ def _lengths(hist: HistogramWindow, n: int, rng: random.Random, cap: int) -> lis
     return build(math.exp((low_log + high_log) / 2))
 
 
+def _pair(prompts: list[int], outputs: list[int], mean_product: float, rng: random.Random) -> list[int]:
+    """``outputs`` re-paired with ``prompts`` so that the mean of prompt x output is ``mean_product``.
+
+    A Gaussian copula on the ranks: correlation ``rho`` between the prompt's rank and its output's,
+    bisected (-1 pairs the longest prompts with the shortest outputs, +1 with the longest).
+    """
+    n = len(prompts)
+    by_prompt = sorted(range(n), key=prompts.__getitem__)
+    ordered_outputs = sorted(outputs)
+    anchors = sorted(rng.gauss(0.0, 1.0) for _ in range(n))
+    noise = [rng.gauss(0.0, 1.0) for _ in range(n)]
+
+    def paired(rho: float) -> list[int]:
+        spread = math.sqrt(max(0.0, 1.0 - rho * rho))
+        scores = [rho * anchors[r] + spread * noise[r] for r in range(n)]
+        result = [0] * n
+        for k, r in enumerate(sorted(range(n), key=scores.__getitem__)):
+            result[by_prompt[r]] = ordered_outputs[k]
+        return result
+
+    def mean_of(candidate: list[int]) -> float:
+        return sum(p * o for p, o in zip(prompts, candidate, strict=True)) / n
+
+    low, high = -1.0, 1.0
+    if mean_product <= mean_of(paired(low)):
+        return paired(low)
+    if mean_product >= mean_of(paired(high)):
+        return paired(high)
+    for _ in range(30):
+        middle = (low + high) / 2
+        if mean_of(paired(middle)) < mean_product:
+            low = middle
+        else:
+            high = middle
+    return paired((low + high) / 2)
+
+
 def synthesize(
     window: WorkloadWindow,
     requests: int,
@@ -372,6 +419,8 @@ def synthesize(
     rng = random.Random(seed)
     prompts = _lengths(window.prompt_tokens, requests, rng, max_model_len - 1)
     outputs = _lengths(window.generation_tokens, requests, rng, max_model_len)
+    if math.isfinite(window.tokens_product) and seen > 0:
+        outputs = _pair(prompts, outputs, window.tokens_product / seen, rng)
     hit_rate = window.prefix_cache_hit_rate
     specs: list[RequestSpec] = []
     t = 0.0

@@ -102,6 +102,7 @@ def observe_window(summary: Summary, max_model_len: int, *, fine: bool = True) -
         generation_tokens=histogram_of([r.output_tokens for r in records], bounds),
         prefix_cache_queries=queried,
         prefix_cache_hits=float(sum(r.cached_tokens for r in records)),
+        tokens_product=float(sum(r.prompt_tokens * r.output_tokens for r in records)),
     )
 
 

@@ -110,6 +110,7 @@ def test_sim_serve_exports_step_telemetry_request_lengths_and_fine_latencies(
     workload, _ = window_between(parse_exposition(before_text), parse_exposition(text), 1.0)
     assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS  # the finer ones win
     assert (workload.prompt_tokens.count, workload.prompt_tokens.total) == (1, prompt)
+    assert workload.tokens_product == prompt * output
     # The fine ITL/TTFT histograms hold the same observations as vLLM's coarse ones.
     for coarse, fine in (
         (names.INTER_TOKEN_LATENCY, names.FINE_INTER_TOKEN_LATENCY),

@@ -85,6 +85,7 @@ def test_step_telemetry_and_request_lengths_reach_vllm_metrics(vllm_server: Engi
     assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS
     assert (workload.prompt_tokens.count, workload.prompt_tokens.total) == (1, prompt)
     assert (workload.generation_tokens.count, workload.generation_tokens.total) == (1, output)
+    assert workload.tokens_product == prompt * output
     # vLLM's request-length histograms, with the buckets the simulator uses for the same max-model-len.
     for metric in text_string_to_metric_families(after):
         if metric.name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):

@@ -88,6 +88,7 @@ def test_a_step_and_its_tokens_become_the_twin_series() -> None:
     assert 0.5 <= ttft < 5  # the arrival was half a second ago
     assert fine[f'{names.FINE_INTER_TOKEN_LATENCY}_count{{engine="0",model_name="m"}}'] == 1
     assert fine[f'{names.TELEMETRY_SECONDS}{{engine="0",model_name="m"}}'] > 0
+    assert fine[f'{names.REQUEST_TOKENS_PRODUCT}{{engine="0",model_name="m"}}'] == 400 * 2
 
 
 def test_without_a_multiprocess_directory_the_telemetry_says_why(tmp_path: Path) -> None:

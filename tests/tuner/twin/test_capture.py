@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import replace
 
 import pytest
 from chunkpilot.engine import metrics_names as names
@@ -11,7 +12,7 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.twin.capture import (
     STEP_FIELDS,
     CaptureError,
@@ -126,3 +127,20 @@ def test_prometheus_vectors_become_steps_and_a_workload_window() -> None:
     assert (window.arrival_rate, window.prefix_cache_hit_rate) == (2.0, 0.25)
     with pytest.raises(CaptureError, match="no finished requests"):
         workload_from_vectors({"prompt_count": [_sample(0)]}, duration_s=2.0)
+
+
+def test_prompt_output_covariance_is_reproduced_when_the_engine_exports_it() -> None:
+    trace = load_trace("azure_code_2023", rate=5.0, limit=600)
+    prompts = [r.prompt_tokens for r in trace.requests]
+    outputs = [r.output_tokens for r in trace.requests]
+    product = float(sum(p * o for p, o in zip(prompts, outputs, strict=True)))
+    window = replace(_window(prompts, outputs, rate=5.0), tokens_product=product)
+    joint = synthesize(window, 600, max_model_len=MAX_LEN, seed=2)
+    independent = synthesize(_window(prompts, outputs, rate=5.0), 600, max_model_len=MAX_LEN, seed=2)
+
+    def mean_product(workload: Workload) -> float:
+        return sum(r.prompt_tokens * r.output_tokens for r in workload.requests) / len(workload.requests)
+
+    target = product / len(prompts)
+    assert mean_product(joint) == pytest.approx(target, rel=0.02)
+    assert abs(mean_product(independent) / target - 1) > 0.05  # the pairing is what made the difference
