@@ -124,6 +124,7 @@ def run_operator(args: argparse.Namespace) -> int:
             expected_replicas=OperatorConfig.from_env().expected_replicas,
             metrics_port=parse_port(args.metrics_port),
             optuna_storage=args.optuna_storage or None,
+            live_adjust=OperatorConfig.from_env().live_adjust,
         )
     except ValueError as error:
         print(f"chunkpilot operator: {error}", file=sys.stderr)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from chunkpilot.api import InferenceService
+
 ENV_PREFIX: Final = "CHUNKPILOT_"
 ENV_POD_MONITOR: Final = "CHUNKPILOT_POD_MONITOR"
 ENV_POD_MONITOR_LABELS: Final = "CHUNKPILOT_POD_MONITOR_LABELS"
@@ -17,12 +19,22 @@ ENV_KUBECONFIG: Final = "KUBECONFIG"
 #: Optuna RDB storage URL the autotuner mirrors its studies into (read by the tuner).
 ENV_OPTUNA_STORAGE: Final = "CHUNKPILOT_OPTUNA_STORAGE"
 ENV_METRICS_PORT: Final = "CHUNKPILOT_METRICS_PORT"
+#: ``off`` when the installation grants no Secret access (the chart's ``liveAdjust.enabled=false``).
+ENV_LIVE_ADJUST: Final = "CHUNKPILOT_LIVE_ADJUST"
 DEFAULT_METRICS_PORT: Final = 8080
 
 FIELD_MANAGER: Final = "chunkpilot-operator"
 #: Prefix of the annotations Kopf keeps its handler progress and diff base in.
 PERSISTENCE_PREFIX: Final = "chunkpilot.io"
 FINALIZER: Final = "chunkpilot.io/finalizer"
+
+#: Condition on a service that asks for ``autotune.liveAdjust`` while the installation disables it.
+CONDITION_LIVE_ADJUST: Final = "LiveAdjust"
+REASON_LIVE_ADJUST_DISABLED: Final = "LiveAdjustDisabled"
+LIVE_ADJUST_DISABLED_MESSAGE: Final = (
+    "autotune.liveAdjust needs the chart value liveAdjust.enabled=true "
+    f"(the operator runs with {ENV_LIVE_ADJUST}=off); trials roll out instead"
+)
 
 
 class PodMonitorMode(StrEnum):
@@ -58,6 +70,16 @@ class OperatorConfig:
     #: Port of the operator's own ``/metrics``; 0 = not served.
     metrics_port: int = DEFAULT_METRICS_PORT
     optuna_storage: str | None = None
+    #: Whether services may use ``autotune.liveAdjust`` (False: the installation grants no Secrets).
+    live_adjust: bool = True
+
+    def live_adjust_blocked(self, isvc: InferenceService) -> bool:
+        """True when ``isvc`` asks for live adjustment that this installation disables."""
+        return not self.live_adjust and isvc.spec.autotune.live_adjust
+
+    def served(self, isvc: InferenceService) -> InferenceService:
+        """``isvc`` as this installation runs it: ``autotune.liveAdjust`` off when it is disabled."""
+        return without_live_adjust(isvc) if self.live_adjust_blocked(isvc) else isvc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -74,7 +96,30 @@ class OperatorConfig:
             expected_replicas=replicas,
             metrics_port=parse_port(env.get(ENV_METRICS_PORT) or str(DEFAULT_METRICS_PORT), ENV_METRICS_PORT),
             optuna_storage=env.get(ENV_OPTUNA_STORAGE) or None,
+            live_adjust=live_adjust_allowed(env),
         )
+
+
+def live_adjust_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this installation allows ``autotune.liveAdjust`` (:data:`ENV_LIVE_ADJUST` not ``off``)."""
+    env = os.environ if environ is None else environ
+    return parse_switch(env.get(ENV_LIVE_ADJUST, ""), ENV_LIVE_ADJUST)
+
+
+def without_live_adjust(isvc: InferenceService) -> InferenceService:
+    """A copy of ``isvc`` with ``autotune.liveAdjust`` off (its engines then serve no route)."""
+    autotune = isvc.spec.autotune.model_copy(update={"live_adjust": False})
+    return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"autotune": autotune})})
+
+
+def parse_switch(text: str, where: str) -> bool:
+    """``on`` / ``off`` (also ``true`` / ``false``; empty: on); the error names ``where``."""
+    value = text.strip().lower()
+    if value in ("", "on", "true"):
+        return True
+    if value in ("off", "false"):
+        return False
+    raise ValueError(f"{where}={text!r}: use on or off")
 
 
 def parse_port(text: str, where: str = "--metrics-port") -> int:

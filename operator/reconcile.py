@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
@@ -31,16 +32,29 @@ from chunkpilot.operator.builders import (
     new_live_adjust_token,
     wants_live_adjust_secret,
 )
-from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
+from chunkpilot.operator.config import (
+    CONDITION_LIVE_ADJUST,
+    LIVE_ADJUST_DISABLED_MESSAGE,
+    REASON_LIVE_ADJUST_DISABLED,
+    OperatorConfig,
+    PodMonitorMode,
+)
 from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
 from chunkpilot.operator.objects import adopt, isvc_path, parse_status, write_service_status
-from chunkpilot.operator.status import DeploymentState, Observation, compute_status, status_patch
+from chunkpilot.operator.status import (
+    DeploymentState,
+    Observation,
+    compute_status,
+    set_condition,
+    status_patch,
+)
 
 from chunkpilot import telemetry
 from chunkpilot.api import (
     LABEL_SERVICE,
     LABEL_TRACK,
+    ConditionStatus,
     EngineConfig,
     InferenceService,
     InferenceServiceStatus,
@@ -106,6 +120,30 @@ def foreign_selector_keys(desired: Mapping[str, Any], actual: Mapping[str, Any])
     wanted = (desired.get("spec") or {}).get("selector") or {}
     live = (actual.get("spec") or {}).get("selector") or {}
     return {key: None for key in live if key not in wanted}
+
+
+def with_live_adjust_condition(
+    status: InferenceServiceStatus, blocked: bool, generation: int, now: datetime | None = None
+) -> InferenceServiceStatus:
+    """``status`` with the ``LiveAdjust`` condition: False (``LiveAdjustDisabled``) while blocked, else none.
+
+    Blocked: the service asks for ``autotune.liveAdjust`` and the installation disables it
+    (:attr:`OperatorConfig.live_adjust`); its engines then serve no live-adjustment route.
+    """
+    if blocked:
+        now = now or datetime.now(UTC).replace(microsecond=0)
+        status.conditions = set_condition(
+            status.conditions,
+            CONDITION_LIVE_ADJUST,
+            ConditionStatus.FALSE,
+            REASON_LIVE_ADJUST_DISABLED,
+            LIVE_ADJUST_DISABLED_MESSAGE,
+            generation,
+            now,
+        )
+    else:
+        status.conditions = [c for c in status.conditions if c.type != CONDITION_LIVE_ADJUST]
+    return status
 
 
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
@@ -197,6 +235,8 @@ class Reconciler:
         except ManifestError as error:
             raise kopf.PermanentError(str(error)) from None
         isvc = with_best_config(isvc, body.get("status"))
+        live_adjust_blocked = self.config.live_adjust_blocked(isvc)
+        isvc = self.config.served(isvc)
         problem: RenderProblem | None = None
         created: list[tuple[str, str]] = []
 
@@ -246,7 +286,7 @@ class Reconciler:
             problem=problem,
         )
         export_metrics(isvc, observation)
-        await self._write_status(meta["namespace"], meta["name"], observation)
+        await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
         logger.info(
             "reconciled %s/%s (generation %s, %s)",
             meta["namespace"],
@@ -332,7 +372,9 @@ class Reconciler:
             self._pod_monitor_api = (now, served)
         return self._pod_monitor_api[1]
 
-    async def _write_status(self, namespace: str, name: str, observation: Observation) -> None:
+    async def _write_status(
+        self, namespace: str, name: str, observation: Observation, live_adjust_blocked: bool = False
+    ) -> None:
         """Write the status computed from ``observation``; conditional on resourceVersion, retried."""
         computed: dict[str, InferenceServiceStatus | None] = {}
 
@@ -340,6 +382,7 @@ class Reconciler:
             raw = fresh.get("status") or {}
             current = parse_status(raw)
             new = compute_status(current, observation)
+            new = with_live_adjust_condition(new, live_adjust_blocked, observation.generation)
             computed.update(current=current, new=new)
             patch = status_patch(raw, new)
             return patch["status"] if patch is not None else None

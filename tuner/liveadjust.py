@@ -39,6 +39,7 @@ from chunkpilot.operator.builders import (
     RenderError,
     build_deployment,
 )
+from chunkpilot.operator.config import live_adjust_allowed, without_live_adjust
 from chunkpilot.operator.engines.common import ENGINE_PORT
 from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.objects import adopt
@@ -189,6 +190,8 @@ def canary_manifest(
     ``start``: the config to start the pods with when it is not the trial's own (live
     adjustment then lowers the limits to the trial's).
     """
+    if isvc.spec.autotune.live_adjust and not enabled(isvc):
+        isvc = without_live_adjust(isvc)  # no route, so no token Secret to reference
     manifest = build_deployment(isvc, Track.CANARY, config=start or trial.spec.params)
     assert trial.metadata.name is not None
     annotations = manifest["metadata"].setdefault("annotations", {})
@@ -197,9 +200,18 @@ def canary_manifest(
     return adopt(manifest, body)
 
 
+def enabled(isvc: InferenceService) -> bool:
+    """``autotune.liveAdjust`` is on and the installation allows it (the chart's ``liveAdjust.enabled``).
+
+    Without the chart value the operator holds no Secrets: it renders no route and sets the
+    ``LiveAdjustDisabled`` condition, and the tuner rolls every trial out instead.
+    """
+    return isvc.spec.autotune.live_adjust and live_adjust_allowed()
+
+
 def live_usable(plan: Plan) -> bool:
     """``autotune.liveAdjust`` is on and no trial of the service saw the route fail."""
-    if not plan.snap.isvc.spec.autotune.live_adjust:
+    if not enabled(plan.snap.isvc):
         return False
     return not any(rec.trial_progress(t).live_adjusted is False for t in plan.snap.trials)
 
@@ -232,7 +244,7 @@ def remove_orphan(plan: Plan, current: TuningTrial | None, *, keep_parked: bool 
     owner = canary_owner(canary)
     if current is not None and owner == current.metadata.name:
         return
-    if keep_parked and is_parked(canary) and plan.snap.isvc.spec.autotune.live_adjust:
+    if keep_parked and is_parked(canary) and enabled(plan.snap.isvc):
         return  # kept for the next trial to adjust (removed when tuning stops)
     delete_canary(plan)
     plan.emit(
@@ -278,7 +290,7 @@ def park_or_delete(plan: Plan, trial: TuningTrial, verdict: TrialVerdict) -> Non
 
 def release_parked(plan: Plan) -> None:
     """Delete a parked canary once no next trial will use it."""
-    if plan.snap.isvc.spec.autotune.live_adjust and plan.canary is not None and is_parked(plan.canary):
+    if enabled(plan.snap.isvc) and plan.canary is not None and is_parked(plan.canary):
         delete_canary(plan)
 
 

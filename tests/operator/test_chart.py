@@ -158,6 +158,16 @@ def test_live_adjust_value_grants_the_token_secrets(helm: Path, sets: list[str])
             assert granted == ({"get", "create", "patch"} if enabled else None), (enabled, role)
 
 
+def test_live_adjust_off_tells_the_operator(helm: Path) -> None:
+    """Without the Secrets grant the operator runs with CHUNKPILOT_LIVE_ADJUST=off (no Forbidden)."""
+    for enabled, expected in ((False, "off"), (True, None)):
+        documents = render(helm, f"liveAdjust.enabled={str(enabled).lower()}")
+        env = {item["name"]: item.get("value") for item in operator_container(documents)["env"]}
+        assert env.get("CHUNKPILOT_LIVE_ADJUST") == expected, (enabled, env)
+    defaults = {item["name"]: item.get("value") for item in operator_container(render(helm))["env"]}
+    assert defaults["CHUNKPILOT_LIVE_ADJUST"] == "off"  # the chart's default grants no Secrets
+
+
 def test_several_replicas_get_peering(helm: Path) -> None:
     documents = render(helm, "replicaCount=2")
     (peering,) = by_kind(documents, "ClusterKopfPeering")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,15 @@ from aiohttp import web
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.server import ServerConfig, SimEngineServer
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
-from chunkpilot.operator.builders import ANNOTATION_CONFIG
+from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.operator.builders import ANNOTATION_CONFIG, incumbent
+from chunkpilot.operator.config import ENV_LIVE_ADJUST
 from chunkpilot.tuner import liveadjust as live
+from chunkpilot.tuner.actions import Plan
+from chunkpilot.tuner.snapshot import Snapshot, parse_service
+from chunkpilot.tuner.space import KnobRange, SearchSpace, TunedConfig
 
-from chunkpilot.api import EngineConfig
+from chunkpilot.api import EngineConfig, ObjectMeta, TuningTrial, TuningTrialSpec
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 
 START = EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, long_prefill_token_threshold=512)
@@ -172,3 +177,60 @@ def test_client_fails_cleanly_when_the_route_is_off_or_nothing_listens() -> None
             await closed.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
 
     run(scenario)
+
+
+# --------------------------------------------------------------------------- disabled by the installation
+
+
+def _service(live_adjust: bool = True) -> Snapshot:
+    body = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "llm", "uid": "uid-1"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"version": "0.33.0"},
+            "autotune": {"liveAdjust": live_adjust},
+        },
+    }
+    isvc = parse_service(body)
+    assert isvc is not None and isvc.status is not None
+    return Snapshot(
+        body=body,
+        isvc=isvc,
+        status=isvc.status,
+        trials=(),
+        now=datetime(2026, 1, 1, tzinfo=UTC),
+        incumbent=incumbent(isvc),
+    )
+
+
+def test_with_live_adjustment_off_in_the_installation_trials_roll_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CHUNKPILOT_LIVE_ADJUST=off (chart liveAdjust.enabled=false): no ceiling start, no Secret reference."""
+    snap = _service()
+    trial = TuningTrial(
+        metadata=ObjectMeta(name="chat-trial-1", namespace="llm"),
+        spec=TuningTrialSpec(service_name="chat", number=1, params=config(max_num_batched_tokens=2048)),
+    )
+    space = SearchSpace(
+        ranges={
+            live.Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(512, 8192),
+            live.Knob.MAX_NUM_SEQS: KnobRange(16, 256),
+        },
+        fixed=TunedConfig(8192, 256, long_prefill_token_threshold=512),
+    )
+
+    def env_names(manifest: dict[str, Any]) -> set[str]:
+        return {item["name"] for item in manifest["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+
+    assert live.enabled(snap.isvc) and live.live_usable(Plan(snap))
+    assert live.live_start(Plan(snap), trial, space) is not None  # started at the top to go down live
+    assert LIVE_ADJUST_TOKEN_ENV in env_names(live.canary_manifest(snap.isvc, snap.body, trial))
+
+    monkeypatch.setenv(ENV_LIVE_ADJUST, "off")
+    assert not live.enabled(snap.isvc) and not live.live_usable(Plan(snap))
+    assert live.live_start(Plan(snap), trial, space) is None  # the trial's own config: a rollout
+    assert LIVE_ADJUST_TOKEN_ENV not in env_names(live.canary_manifest(snap.isvc, snap.body, trial))
+    assert not live.enabled(_service(live_adjust=False).isvc)
