@@ -233,7 +233,7 @@ class Observer:
     async def _token(self, snap: Snapshot) -> Snapshot:
         """Read the live-adjustment token when a trial's rollout may end in an adjustment."""
         active = snap.active()
-        if not snap.isvc.spec.autotune.live_adjust or not active:
+        if not live.enabled(snap.isvc) or not active:
             return snap
         if rec.trial_phase(active[0]) not in (TrialPhase.PENDING, TrialPhase.ROLLING_OUT):
             return snap
