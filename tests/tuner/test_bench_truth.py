@@ -1,0 +1,220 @@
+"""Hidden-truth tuner benchmark: the truth stays on the engine side, the JSON shape, the CLI."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.tuner import bench_online
+from chunkpilot.tuner.bench import FULL, SLO_PAIRS, BenchError, default_config, scenario_facts
+from chunkpilot.tuner.bench_grid import Grid
+from chunkpilot.tuner.bench_online import (
+    OnlineContext,
+    TwinSettings,
+    run_grid_online,
+    run_random_online,
+    run_slack,
+    run_twin,
+)
+from chunkpilot.tuner.bench_truth import (
+    MARKS,
+    METHODS,
+    TRUTH_QUICK,
+    Truth,
+    TruthEngine,
+    TruthSettings,
+    family_truths,
+    format_truth_markdown,
+    format_truth_table,
+    run_truth_benchmark,
+)
+from chunkpilot.tuner.space import build_space
+from chunkpilot.tuner.twin.truth import FAMILY, perturbed_accelerator, truth_engine
+
+from chunkpilot.cli import main
+
+SMALL_GRID = replace(
+    FULL,
+    requests=80,
+    tolerance=0.1,
+    budget_points=3,
+    seq_values=(64, 256),
+    long_prefill_values=(),
+    autotune_seqs=(64,),
+    workloads=("azure_code",),
+    slo_pairs=(SLO_PAIRS[0],),
+    jobs=1,
+)
+
+
+class _Opens:
+    """Files opened outside the engine's ``serve`` (an audit hook, active only while recording)."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.paths: list[str] = []
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[object, ...]) -> None:
+        if self.recording and event == "open" and args and isinstance(args[0], str | Path):
+            self.paths.append(str(args[0]))
+
+
+OPENS = _Opens()
+
+
+class GuardedEngine:
+    """The truth engine, with file opens recorded only while the tuner side runs."""
+
+    def __init__(self, inner: TruthEngine) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def serve(self, config, rate_req_s):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        OPENS.recording = False
+        try:
+            return self.inner.serve(config, rate_req_s)
+        finally:
+            OPENS.recording = True
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[tuple[OnlineContext, GuardedEngine, Path]]:
+    truth_dir = tmp_path / "truth"
+    source = tmp_path / "truth-source.json"
+    source.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c060-m070-o3"])), encoding="utf-8")
+    sim = truth_engine(source, truth_dir)
+    slo_pair = SLO_PAIRS[0]
+    from chunkpilot.tuner.bench_truth import _sim_slo
+
+    slo = _sim_slo(slo_pair)
+    facts = scenario_facts(SMALL_GRID, slo_pair, "azure_code")
+    space = build_space(facts)
+    lengths = load_trace("azure_code_2023", rate=1.0, limit=80)
+    engine = GuardedEngine(TruthEngine(sim, lengths, slo, SMALL_GRID.max_model_len))
+    context = OnlineContext(facts, space, Grid.over(space, SMALL_GRID), slo, 4.0, 2, 0)
+    OPENS.paths.clear()
+    OPENS.recording = True
+    try:
+        yield context, engine, tmp_path
+    finally:
+        OPENS.recording = False
+
+
+def test_the_tuner_side_never_opens_the_truth_profile(
+    guarded: tuple[OnlineContext, GuardedEngine, Path],
+) -> None:
+    context, engine, root = guarded
+    trace = run_twin(context, engine, TwinSettings(evaluations=6, rerank=1, requests=80, tolerance=0.1))
+    run_slack(context, engine)
+    run_random_online(context, engine)
+    run_grid_online(context, engine, SMALL_GRID)
+    OPENS.recording = False
+    assert engine.calls > 0 and trace.evaluations > 0
+    # The twin writes and reads its own fitted profile; nothing under the truth's files is touched.
+    assert any("twin-step-profile" in p for p in OPENS.paths)
+    leaked = [p for p in OPENS.paths if p.startswith(str(root))]
+    assert leaked == []
+
+
+def test_the_tuner_module_cannot_name_the_truth() -> None:
+    source = Path(bench_online.__file__).read_text(encoding="utf-8")
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    }
+    assert not any("truth" in module for module in imported), imported
+    # Every tuner-side method takes the context (datasheet facts) and the engine, nothing else.
+    for method in (run_twin, run_slack, run_random_online, run_grid_online):
+        params = list(inspect.signature(method).parameters)
+        assert params[:2] == ["context", "engine"] and set(params[2:]) <= {"settings", "sizes"}
+
+
+def test_quick_cli_json_keeps_the_scenario_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tuner", "--quick", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["benchmark"] == "tuner" and data["methods"] == list(METHODS)
+    settings = TRUTH_QUICK
+    grid = settings.grid
+    assert len(data["scenarios"]) == len(grid.workloads) * len(grid.slo_pairs) * len(settings.loads)
+    assert sorted({s["load"] for s in data["scenarios"]}) == [0.3, 0.6, 0.9]
+    for scenario in data["scenarios"]:
+        shares = scenario["share_after_trials"]
+        assert set(shares) == set(METHODS)
+        for curve in shares.values():
+            assert len(curve) == settings.trials
+            assert all(0 <= v <= 1 + 1e-9 for v in curve)
+        assert scenario["twin"]["cpu_s_per_trial"] >= 0
+        assert scenario["optimum_req_s"] >= scenario["grid_optimum_req_s"] > 0
+    assert set(data["goal"]) >= {"met", "measured_median", "misses"}
+
+
+def test_a_tiny_run_prints_the_marks_and_markdown() -> None:
+    settings = TruthSettings(
+        grid=SMALL_GRID,
+        loads=(0.5,),
+        trials=2,
+        repeats=1,
+        twin=TwinSettings(evaluations=4, rerank=1, requests=80, tolerance=0.1),
+    )
+    result = run_truth_benchmark(settings)
+    [entry] = result.scenarios
+    assert entry["truth"] == "h100-c075-m085-o2" and entry["load"] == 0.5
+    table = format_truth_table(result)
+    assert "azure_code / itl-tight @ 50%" in table and "CPU s per trial" in table
+    assert [k for k in MARKS if k <= 2] == [1, 2]
+    markdown = format_truth_markdown(result.to_dict())
+    assert "| azure_code / itl-tight | 50% |" in markdown and "twin 2" in markdown
+
+
+def test_settings_and_cli_reject_bad_truths_and_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(BenchError, match="--load"):
+        replace(TRUTH_QUICK, loads=(0.0,))
+    bad = tmp_path / "gpu.json"
+    bad.write_text(json.dumps({"name": "x"}), encoding="utf-8")
+    with pytest.raises(BenchError, match=r"--truth-gpu.*peak_tflops"):
+        replace(TRUTH_QUICK, truths=(Truth("x", str(bad)),))
+    assert main(["bench", "tuner", "--quick", "--truth-gpu", str(tmp_path / "missing.json")]) == 2
+    assert "--truth-gpu" in capsys.readouterr().err
+    assert main(["bench", "tuner", "--quick", "--truth-gpu", str(bad), "--truth-family"]) == 2
+    assert "choose one" in capsys.readouterr().err
+    assert main(["bench", "tuner", "--quick", "--load", "2"]) == 2
+
+
+def test_shipped_family_is_the_generator_output_and_spans_the_ranges() -> None:
+    root = resources.files("chunkpilot.tuner.twin.truths")
+    for name, perturbation in FAMILY.items():
+        assert json.loads(root.joinpath(f"{name}.json").read_text(encoding="utf-8")) == json.loads(
+            json.dumps(perturbed_accelerator(perturbation))
+        )
+    assert {t.name for t in family_truths()} == set(FAMILY)
+    values = list(FAMILY.values())
+    assert min(p.compute for p in values) == 0.6 and max(p.compute for p in values) == 1.0
+    assert min(p.memory for p in values) == 0.7 and max(p.memory for p in values) == 1.0
+    assert min(p.overhead for p in values) == 1.0 and max(p.overhead for p in values) == 3.0
+
+
+def test_truth_engine_applies_the_overhead_factor(tmp_path: Path) -> None:
+    data = perturbed_accelerator(FAMILY["h100-c100-m100-o3"])
+    source = tmp_path / "gpu.json"
+    source.write_text(json.dumps(data), encoding="utf-8")
+    sim = truth_engine(source, tmp_path / "out")
+    profile = json.loads(Path(str(sim.step_profile)).read_text(encoding="utf-8"))
+    from chunkpilot.engine.sim.steptime import Efficiency
+
+    base = Efficiency.calibrated()
+    assert math.isclose(profile["efficiency"]["step_overhead_s"], base.step_overhead_s * 3.0)
+    assert default_config(FULL).max_num_batched_tokens > 0
