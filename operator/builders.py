@@ -19,6 +19,7 @@ from chunkpilot.operator.engines import (
     ENGINE_PORT_NAME,
     EngineRender,
     RenderProblem,
+    metrics_path,
     render_engine,
 )
 
@@ -45,6 +46,8 @@ ROLLOUT_DEADLINE_MARGIN_S: Final = 300
 LIVE_ADJUST_SECRET_KEY: Final = "token"
 #: Volume holding the live-adjustment control file (an emptyDir per pod).
 CONTROL_VOLUME: Final = "chunkpilot-run"
+#: Volume holding an engine's options file, written by its command (an emptyDir per pod).
+CONFIG_VOLUME: Final = "chunkpilot-config"
 
 
 class RenderError(ValueError):
@@ -172,6 +175,9 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
     if render.control_dir is not None:
         container["volumeMounts"].append({"name": CONTROL_VOLUME, "mountPath": render.control_dir})
         volumes.append({"name": CONTROL_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
+    if render.config_dir is not None:
+        container["volumeMounts"].append({"name": CONFIG_VOLUME, "mountPath": render.config_dir})
+        volumes.append({"name": CONFIG_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     if render.model_volume is not None:
         container["volumeMounts"].append(
             {"name": "model", "mountPath": render.model_volume.mount_path, "readOnly": True}
@@ -265,7 +271,7 @@ def build_pod_monitor(isvc: InferenceService, labels: Mapping[str, str] | None =
     name = _name(isvc)
     endpoint = {
         "port": ENGINE_PORT_NAME,
-        "path": METRICS_PATH,
+        "path": metrics_path(isvc.spec.engine.kind),
         "interval": "15s",
         "relabelings": pod_monitor_relabelings(),
     }

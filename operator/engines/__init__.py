@@ -22,7 +22,9 @@ from chunkpilot.operator.engines.common import (
     UnsupportedEngineVersion,
     UnsupportedKnob,
 )
+from chunkpilot.operator.engines.sglang import default_sglang_image, render_sglang
 from chunkpilot.operator.engines.sim import default_sim_image, render_sim
+from chunkpilot.operator.engines.trtllm import default_trtllm_image, render_trtllm
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import default_vllm_image, honours_partial_prefills, render_vllm
 
@@ -32,7 +34,17 @@ Renderer = Callable[[InferenceServiceSpec], RenderResult]
 
 RENDERERS: Final[dict[EngineKind, Renderer]] = {
     EngineKind.VLLM: render_vllm,
+    EngineKind.SGLANG: render_sglang,
+    EngineKind.TRTLLM: render_trtllm,
     EngineKind.SIM: render_sim,
+}
+
+#: Where each engine serves Prometheus metrics (the PodMonitor's path).
+METRICS_PATHS: Final[dict[EngineKind, str]] = {
+    EngineKind.VLLM: "/metrics",
+    EngineKind.SGLANG: "/metrics",
+    EngineKind.TRTLLM: "/prometheus/metrics",
+    EngineKind.SIM: "/metrics",
 }
 
 
@@ -43,12 +55,24 @@ def render_engine(spec: InferenceServiceSpec) -> RenderResult:
 
 def default_image(kind: EngineKind, version: str) -> str:
     """The image used when ``spec.engine.image`` is empty."""
-    return default_vllm_image(version) if kind == EngineKind.VLLM else default_sim_image()
+    if kind == EngineKind.VLLM:
+        return default_vllm_image(version)
+    if kind == EngineKind.SGLANG:
+        return default_sglang_image(version)
+    if kind == EngineKind.TRTLLM:
+        return default_trtllm_image(version)
+    return default_sim_image()
+
+
+def metrics_path(kind: EngineKind | str) -> str:
+    """The path the PodMonitor scrapes for an engine kind."""
+    return METRICS_PATHS[EngineKind(kind)]
 
 
 __all__ = [
     "ENGINE_PORT",
     "ENGINE_PORT_NAME",
+    "METRICS_PATHS",
     "RENDERERS",
     "EngineRender",
     "EngineVersion",
@@ -60,5 +84,6 @@ __all__ = [
     "UnsupportedKnob",
     "default_image",
     "honours_partial_prefills",
+    "metrics_path",
     "render_engine",
 ]

@@ -60,6 +60,10 @@ class EngineRender:
     #: bearer token (from the service's Secret) and a scratch volume for ``control_dir``.
     live_adjust: bool = False
     control_dir: str | None = None
+    #: A per-pod scratch folder (an emptyDir) the engine's command writes its options file into.
+    config_dir: str | None = None
+    #: Where the engine serves Prometheus metrics (the PodMonitor scrapes it).
+    metrics_path: str = "/metrics"
 
     @property
     def termination_grace_period_s(self) -> int:

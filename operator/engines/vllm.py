@@ -35,6 +35,7 @@ from chunkpilot.operator.engines.common import (
     UnsupportedEngineVersion,
     UnsupportedKnob,
 )
+from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
@@ -176,6 +177,10 @@ def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -
             if rule.plugin and plugin_enforces(spec, version):
                 continue
             return rule.problem(version)
+    for row in KNOBS:
+        # Knobs of other engines (SGLang's, TensorRT-LLM's) are refused, never silently dropped.
+        if VLLM not in row.flags and row.is_set(getattr(spec.engine, row.name)):
+            return foreign_knob(row, VLLM, version)
     return None
 
 

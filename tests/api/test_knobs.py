@@ -32,7 +32,9 @@ def test_row_names_and_docs_are_the_models(row: knobs.KnobSpec) -> None:
         bounds_field = TuningBounds.model_fields[row.name]
         assert bounds_field.alias == row.camel and bounds_field.description == row.bounds_doc
         assert row.label
-    assert row.flag().flag.startswith("--")
+    assert row.flags, "every knob is honoured by some engine"
+    for flag in row.flags.values():
+        assert flag.yaml or flag.flag.startswith("--")
 
 
 def test_engine_config_and_bounds_hold_exactly_the_tunable_knobs() -> None:
@@ -46,12 +48,39 @@ def test_bounds_of_every_tuned_knob_are_read_from_the_resource() -> None:
     assert bounds.max_long_partial_prefills is not None
 
 
-@pytest.mark.parametrize("row", KNOBS, ids=lambda k: k.name)
-def test_extra_args_may_not_repeat_a_knob_flag(row: knobs.KnobSpec) -> None:
-    assert row.flag().name in MANAGED_FLAGS
+#: Every command-line flag of every dialect (options-file keys cannot appear in extraArgs).
+CLI_FLAGS = [(dialect, row) for row in KNOBS for dialect, flag in row.flags.items() if not flag.yaml]
+
+
+@pytest.mark.parametrize(("dialect", "row"), CLI_FLAGS, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_extra_args_may_not_repeat_a_knob_flag(dialect: str, row: knobs.KnobSpec) -> None:
+    flag = row.flag(dialect)
+    assert flag.name in knobs.managed_flags(dialect)
+    if dialect == knobs.VLLM:
+        assert flag.name in MANAGED_FLAGS
     with pytest.raises(ValidationError, match="extraArgs must not repeat"):
-        EngineSpec.model_validate({"extraArgs": [f"{row.flag().flag}=1"]})
-    assert not EngineSpec.model_validate({"extraArgs": ["--dtype=half"]}).long_prefill_token_threshold
+        EngineSpec.model_validate({"kind": dialect, "extraArgs": [f"{flag.flag}=1"]})
+    spec = EngineSpec.model_validate({"kind": dialect, "extraArgs": ["--dtype=half"]})
+    assert not spec.long_prefill_token_threshold
+
+
+def test_every_dialect_names_its_engine_and_the_vllm_rows_keep_their_flags() -> None:
+    assert set(knobs.DIALECTS) == set(knobs.ENGINE_NAMES) == set(knobs.SERVER_FLAGS)
+    assert all(knobs.VLLM in k.flags for k in TUNABLE)
+    assert knobs.knob("max_num_batched_tokens").flag(knobs.SGLANG).flag == "--chunked-prefill-size"
+    assert knobs.knob("max_num_batched_tokens").flag(knobs.TRTLLM).flag == "--max_num_tokens"
+    policy = knobs.knob("capacity_scheduler_policy").flag(knobs.TRTLLM)
+    assert policy.yaml and policy.where == "options file key scheduler_config.capacity_scheduler_policy"
+    assert not knobs.honoured_natively("max_num_active_seqs", EngineVersion(0, 5, 23), knobs.SGLANG)
+    assert knobs.dialect_of("sim") == knobs.VLLM and knobs.dialect_of("trtllm") == knobs.TRTLLM
+
+
+def test_an_unset_version_is_the_default_of_the_kind() -> None:
+    assert EngineSpec().version == "0.33.0"
+    assert EngineSpec.model_validate({"kind": "sim"}).version == "0.33.0"
+    assert EngineSpec.model_validate({"kind": "sglang"}).version == str(knobs.SGLANG_PINNED)
+    assert EngineSpec.model_validate({"kind": "trtllm"}).version == str(knobs.TRTLLM_PINNED)
+    assert EngineSpec.model_validate({"kind": "trtllm", "version": "1.1.0"}).version == "1.1.0"
 
 
 def test_summary_is_in_table_order_and_leaves_out_unset_knobs() -> None:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from chunkpilot.operator.engines import (
     EngineRender,
     EngineVersion,
@@ -220,7 +221,9 @@ def test_honours_partial_prefills_follows_the_renderer(engine: dict[str, Any], h
     assert isinstance(render_engine(knobbed), EngineRender) is honoured
 
 
-@pytest.mark.parametrize("row", [k for k in KNOBS if k.flag(VLLM).versioned], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "row", [k for k in KNOBS if VLLM in k.flags and k.flag(VLLM).versioned], ids=lambda k: k.name
+)
 def test_every_versioned_knob_of_the_table_is_checked(row: KnobSpec) -> None:
     flag = row.flag(VLLM)
     outside = EngineVersion(0, 8, 0) if flag.since is not None else flag.until
@@ -236,3 +239,107 @@ def test_every_versioned_knob_of_the_table_is_checked(row: KnobSpec) -> None:
         row.path,
         "spec.engine.maxNumPartialPrefills",
     }
+
+
+# --------------------------------------------------------------------------- SGLang and TensorRT-LLM
+
+
+def test_sglang_renders_the_knob_table_dialect() -> None:
+    result = rendered(
+        kind="sglang",
+        maxNumBatchedTokens=2048,
+        maxNumSeqs=64,
+        maxPrefillTokens=8192,
+        schedulePolicy="lpm",
+        enableMixedChunk=True,
+        enablePrefixCaching=False,
+    )
+    assert result.engine == "SGLang" and result.version == "0.5.23"
+    assert result.image == "lmsysorg/sglang:v0.5.23"
+    assert result.command == ["python3", "-m", "sglang.launch_server"]
+    assert flag_value(result.args, "--model-path") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert flag_value(result.args, "--chunked-prefill-size") == "2048"
+    assert flag_value(result.args, "--max-running-requests") == "64"
+    assert flag_value(result.args, "--max-prefill-tokens") == "8192"
+    assert flag_value(result.args, "--schedule-policy") == "lpm"
+    assert {"--enable-mixed-chunk", "--disable-radix-cache", "--enable-metrics"} <= set(result.args)
+    assert result.metrics_path == "/metrics" and result.config_dir is None
+
+
+def test_sglang_without_chunked_prefill_renders_minus_one() -> None:
+    args = rendered(kind="sglang", enableChunkedPrefill=False).args
+    assert flag_value(args, "--chunked-prefill-size") == "-1"
+    assert "--enable-mixed-chunk" not in args and "--disable-radix-cache" not in args
+
+
+@pytest.mark.parametrize(
+    ("kind", "engine", "knob"),
+    [
+        ("sglang", {"maxNumActiveSeqs": 8}, "spec.engine.maxNumActiveSeqs"),
+        ("sglang", {"longPrefillTokenThreshold": 512}, "spec.engine.longPrefillTokenThreshold"),
+        (
+            "sglang",
+            {"speculative": {"method": "ngram"}, "maxNumBatchedTokens": 8192},
+            "spec.engine.speculative",
+        ),
+        ("sglang", {"capacitySchedulerPolicy": "MAX_UTILIZATION"}, "spec.engine.capacitySchedulerPolicy"),
+        ("trtllm", {"maxNumPartialPrefills": 2}, "spec.engine.maxNumPartialPrefills"),
+        ("trtllm", {"enableMixedChunk": True}, "spec.engine.enableMixedChunk"),
+        ("trtllm", {"schedulePolicy": "lpm"}, "spec.engine.schedulePolicy"),
+        ("vllm", {"enableMixedChunk": True}, "spec.engine.enableMixedChunk"),
+        ("vllm", {"capacitySchedulerPolicy": "STATIC_BATCH"}, "spec.engine.capacitySchedulerPolicy"),
+        ("sim", {"maxPrefillTokens": 16384}, "spec.engine.maxPrefillTokens"),
+    ],
+)
+def test_knobs_an_engine_cannot_honour_are_refused(kind: str, engine: dict[str, Any], knob: str) -> None:
+    result = render_engine(spec(kind=kind, **engine))
+    assert isinstance(result, UnsupportedKnob), result
+    assert result.knob == knob and result.reason == "UnsupportedKnob"
+    assert "unset" in result.message and knob.rsplit(".", 1)[-1] in result.message
+
+
+def test_trtllm_renders_flags_and_the_options_file() -> None:
+    result = rendered(
+        kind="trtllm",
+        maxNumBatchedTokens=4096,
+        maxNumSeqs=128,
+        capacitySchedulerPolicy="MAX_UTILIZATION",
+        enablePrefixCaching=False,
+        model={"name": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192},
+    )
+    assert result.engine == "TensorRT-LLM" and result.version == "1.2.1"
+    assert result.image == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
+    assert result.command[:2] == ["/bin/sh", "-c"] and result.command[-1] == "trtllm-serve"
+    assert result.args[:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert flag_value(result.args, "--max_num_tokens") == "4096"
+    assert flag_value(result.args, "--max_batch_size") == "128"
+    assert flag_value(result.args, "--max_seq_len") == "8192"
+    assert flag_value(result.args, "--extra_llm_api_options") == "/etc/chunkpilot/llm-api.yaml"
+    (options,) = [item["value"] for item in result.env if item["name"] == "CHUNKPILOT_LLM_API_OPTIONS"]
+    parsed = yaml.safe_load(options)
+    assert parsed["enable_chunked_prefill"] is True
+    assert parsed["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.92}
+    assert parsed["scheduler_config"] == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
+    assert parsed["return_perf_metrics"] is True and parsed["enable_iter_perf_stats"] is True
+    assert result.metrics_path == "/prometheus/metrics" and result.config_dir == "/etc/chunkpilot"
+
+
+def test_trtllm_refuses_a_served_name_other_than_the_model() -> None:
+    model = {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama"}
+    result = render_engine(spec(kind="trtllm", model=model))
+    assert isinstance(result, UnsupportedKnob) and result.knob == "spec.model.servedName"
+    same = {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert isinstance(render_engine(spec(kind="trtllm", model=same)), EngineRender)
+
+
+@pytest.mark.parametrize(("kind", "version"), [("sglang", "0.3.6"), ("trtllm", "0.21.0"), ("sglang", "0.2.15")])
+def test_old_or_bad_versions_of_the_other_engines_are_refused(kind: str, version: str) -> None:
+    result = render_engine(spec(kind=kind, version=version))
+    assert isinstance(result, UnsupportedEngineVersion), result
+
+
+def test_default_images_of_every_kind() -> None:
+    from chunkpilot.api import EngineKind
+
+    assert default_image(EngineKind.SGLANG, "0.5.23") == "lmsysorg/sglang:v0.5.23"
+    assert default_image(EngineKind.TRTLLM, "1.2.1") == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"

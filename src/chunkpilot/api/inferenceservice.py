@@ -8,7 +8,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from chunkpilot.api.common import (
     ApiModel,
@@ -21,7 +21,18 @@ from chunkpilot.api.common import (
     StatusModel,
     parse_duration,
 )
-from chunkpilot.api.knobs import MANAGED_FLAGS, TUNABLE_NAMES, doc, knob
+from chunkpilot.api.knobs import MANAGED_FLAGS as MANAGED_FLAGS  # re-exported for the tests
+from chunkpilot.api.knobs import (
+    SGLANG,
+    SGLANG_PINNED,
+    TRTLLM,
+    TRTLLM_PINNED,
+    TUNABLE_NAMES,
+    VLLM,
+    doc,
+    knob,
+    managed_flags,
+)
 from chunkpilot.api.knobs import summary as knob_summary
 
 # --------------------------------------------------------------------------- enums
@@ -31,7 +42,44 @@ class EngineKind(StrEnum):
     """Which engine serves the model."""
 
     VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
     SIM = "sim"
+
+
+#: The engine version rendered when ``spec.engine.version`` is unset, per kind (the simulator
+#: speaks the vLLM release's command line).
+DEFAULT_ENGINE_VERSIONS: dict[str, str] = {
+    EngineKind.VLLM: "0.33.0",
+    EngineKind.SIM: "0.33.0",
+    EngineKind.SGLANG: str(SGLANG_PINNED),
+    EngineKind.TRTLLM: str(TRTLLM_PINNED),
+}
+
+
+class SchedulePolicy(StrEnum):
+    """SGLang ``--schedule-policy``: the order waiting requests are admitted in."""
+
+    FCFS = "fcfs"
+    LPM = "lpm"
+    RANDOM = "random"
+    DFS_WEIGHT = "dfs-weight"
+    LOF = "lof"
+
+
+class CapacitySchedulerPolicy(StrEnum):
+    """TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``."""
+
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+    STATIC_BATCH = "STATIC_BATCH"
+
+
+class ContextChunkingPolicy(StrEnum):
+    """TensorRT-LLM ``scheduler_config.context_chunking_policy``."""
+
+    FIRST_COME_FIRST_SERVED = "FIRST_COME_FIRST_SERVED"
+    EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 
 class Accelerator(StrEnum):
@@ -146,8 +194,17 @@ _LONG_PARTIAL_LE_PARTIAL = CelRule(
 
 _KNOB_RULES = (_BUDGET_GE_SEQS, _ACTIVE_LE_SEQS, _LONG_PARTIAL_NEEDS_PARTIAL, _LONG_PARTIAL_LE_PARTIAL)
 
-_MANAGED_FLAG_PATTERN = "^--(no-)?(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$"
+
+def _managed_flag_pattern(dialect: str) -> str:
+    return "^--(no-)?(" + "|".join(managed_flags(dialect)) + ")(=.*)?$"
+
+
+_MANAGED_FLAG_PATTERN = _managed_flag_pattern(VLLM)
 _MANAGED_FLAG_RE = re.compile(_MANAGED_FLAG_PATTERN)
+_SGLANG_FLAG_PATTERN = _managed_flag_pattern(SGLANG)
+_SGLANG_FLAG_RE = re.compile(_SGLANG_FLAG_PATTERN)
+_TRTLLM_FLAG_PATTERN = _managed_flag_pattern(TRTLLM)
+_TRTLLM_FLAG_RE = re.compile(_TRTLLM_FLAG_PATTERN)
 
 
 # --------------------------------------------------------------------------- spec
@@ -272,18 +329,76 @@ class EngineSpec(ApiModel):
             ),
         ),
         CelRule(
-            rule=f"self.extraArgs.all(a, !a.matches('{_MANAGED_FLAG_PATTERN}'))",
+            rule=(
+                "self.kind in ['sglang', 'trtllm']"
+                f" || self.extraArgs.all(a, !a.matches('{_MANAGED_FLAG_PATTERN}'))"
+            ),
             message=(
                 "extraArgs must not repeat flags rendered from the spec (e.g. --max-num-batched-tokens):"
                 " set the corresponding spec.engine field instead"
             ),
             field_path=".extraArgs",
-            check=lambda o: not any(_MANAGED_FLAG_RE.match(arg) for arg in o.extra_args),
+            check=lambda o: (
+                o.kind in (EngineKind.SGLANG, EngineKind.TRTLLM)
+                or not any(_MANAGED_FLAG_RE.match(arg) for arg in o.extra_args)
+            ),
+        ),
+        CelRule(
+            rule=f"self.kind != 'sglang' || self.extraArgs.all(a, !a.matches('{_SGLANG_FLAG_PATTERN}'))",
+            message=(
+                "extraArgs must not repeat SGLang flags rendered from the spec (e.g. --chunked-prefill-size):"
+                " set the corresponding spec.engine field instead"
+            ),
+            field_path=".extraArgs",
+            check=lambda o: (
+                o.kind != EngineKind.SGLANG or not any(_SGLANG_FLAG_RE.match(arg) for arg in o.extra_args)
+            ),
+        ),
+        CelRule(
+            rule=f"self.kind != 'trtllm' || self.extraArgs.all(a, !a.matches('{_TRTLLM_FLAG_PATTERN}'))",
+            message=(
+                "extraArgs must not repeat trtllm-serve flags rendered from the spec (e.g. --max_num_tokens):"
+                " set the corresponding spec.engine field instead"
+            ),
+            field_path=".extraArgs",
+            check=lambda o: (
+                o.kind != EngineKind.TRTLLM or not any(_TRTLLM_FLAG_RE.match(arg) for arg in o.extra_args)
+            ),
+        ),
+        CelRule(
+            rule="!self.enableMixedChunk || self.enableChunkedPrefill",
+            message=(
+                "enableMixedChunk requires enableChunkedPrefill: true (SGLang mixes prefill chunks into"
+                " decode batches only with chunked prefill on)"
+            ),
+            field_path=".enableMixedChunk",
+            check=lambda o: not o.enable_mixed_chunk or o.enable_chunked_prefill,
+        ),
+        CelRule(
+            rule=(
+                "!has(self.maxPrefillTokens) || !self.enableChunkedPrefill"
+                " || self.maxNumBatchedTokens <= self.maxPrefillTokens"
+            ),
+            message=(
+                "maxNumBatchedTokens (SGLang --chunked-prefill-size) must be <= maxPrefillTokens: a chunk"
+                " larger than the prefill batch bound never runs whole; lower the budget or raise"
+                " maxPrefillTokens"
+            ),
+            field_path=".maxNumBatchedTokens",
+            check=lambda o: (
+                o.max_prefill_tokens is None
+                or not o.enable_chunked_prefill
+                or o.max_num_batched_tokens <= o.max_prefill_tokens
+            ),
         ),
     )
 
     kind: EngineKind = Field(
-        default=EngineKind.VLLM, description="Engine: vllm (GPU) or sim (the CPU simulator with vLLM's API)."
+        default=EngineKind.VLLM,
+        description=(
+            "Engine: vllm, sglang or trtllm (TensorRT-LLM's trtllm-serve) on GPUs, or sim (the CPU"
+            " simulator with vLLM's API)."
+        ),
     )
     image: str | None = Field(
         default=None,
@@ -291,10 +406,13 @@ class EngineSpec(ApiModel):
         description="Container image; the operator's default for kind and version.",
     )
     version: str = Field(
-        default="0.33.0",
+        default_factory=lambda data: DEFAULT_ENGINE_VERSIONS[str(data.get("kind", EngineKind.VLLM))],
         max_length=64,
         pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-+.][0-9A-Za-z.-]+)?$",
-        description="Engine version the flags are rendered for, e.g. 0.33.0.",
+        description=(
+            "Engine version the flags are rendered for, e.g. 0.33.0; unset: vLLM 0.33.0 (also for sim),"
+            f" SGLang {SGLANG_PINNED}, TensorRT-LLM {TRTLLM_PINNED}."
+        ),
     )
     max_num_batched_tokens: int = Field(
         default=8192,
@@ -345,11 +463,34 @@ class EngineSpec(ApiModel):
         le=64,
         description=doc("tensor_parallel_size"),
     )
+    max_prefill_tokens: int | None = Field(
+        default=None, ge=1, le=4_194_304, description=doc("max_prefill_tokens")
+    )
+    schedule_policy: SchedulePolicy | None = Field(default=None, description=doc("schedule_policy"))
+    enable_mixed_chunk: bool = Field(default=False, description=doc("enable_mixed_chunk"))
+    capacity_scheduler_policy: CapacitySchedulerPolicy | None = Field(
+        default=None, description=doc("capacity_scheduler_policy")
+    )
+    context_chunking_policy: ContextChunkingPolicy | None = Field(
+        default=None, description=doc("context_chunking_policy")
+    )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
         max_length=64,
         description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_version_of_kind(cls, data: Any) -> Any:
+        """An unset version is the default of the engine kind (vLLM's for an unknown kind)."""
+        if isinstance(data, dict) and data.get("version") is None:
+            kind = str(data.get("kind", EngineKind.VLLM))
+            data = {
+                **data,
+                "version": DEFAULT_ENGINE_VERSIONS.get(kind, DEFAULT_ENGINE_VERSIONS[EngineKind.VLLM]),
+            }
+        return data
 
 
 class Toleration(ApiModel):

@@ -14,10 +14,13 @@ running engine, and the documentation of its CRD field.  Derived from the table:
   the tuner's judgement of what an engine honours,
 - the simulator's scheduler flags (``chunkpilot.engine.sim.flags``).
 
-A flag dialect is the command-line vocabulary of one engine family; the simulator speaks
-vLLM's.  Another engine (SGLang ``--chunked-prefill-size``, TensorRT-LLM ``--max_num_tokens``)
-is one more entry in the rows' ``flags``.  The pydantic models keep explicit typed fields;
-``tests/api/test_knobs.py`` proves they and this table agree.
+A flag dialect is the command-line vocabulary of one engine family (vLLM, SGLang,
+TensorRT-LLM); the simulator speaks vLLM's.  A row without an entry for a dialect is a
+knob that engine cannot honour: the renderers refuse it (``UnsupportedKnob``) when it is
+set.  TensorRT-LLM settings without a ``trtllm-serve`` flag are keys of its LLM-API
+options file (``EngineFlag.yaml``, dotted paths such as
+``scheduler_config.capacity_scheduler_policy``).  The pydantic models keep explicit typed
+fields; ``tests/api/test_knobs.py`` proves they and this table agree.
 """
 
 from __future__ import annotations
@@ -63,8 +66,18 @@ class EngineVersion:
 VLLM_V0_REMOVED: Final = EngineVersion(0, 9, 0)  # the V0 scheduler (partial-prefill limits) is gone
 VLLM_0_33: Final = EngineVersion(0, 33, 0)
 
+#: SGLang and TensorRT-LLM releases the rows and renderers are pinned to (validated against
+#: SGLang's own argument parser and TensorRT-LLM's option definitions at these versions).
+SGLANG_PINNED: Final = EngineVersion(0, 5, 23)
+TRTLLM_PINNED: Final = EngineVersion(1, 2, 1)
+
 #: Flag dialects: the command-line vocabulary of an engine family (the simulator speaks vLLM's).
 VLLM: Final = "vllm"
+SGLANG: Final = "sglang"
+TRTLLM: Final = "trtllm"
+DIALECTS: Final = (VLLM, SGLANG, TRTLLM)
+#: Engine names in messages and documentation, per dialect.
+ENGINE_NAMES: Final[Mapping[str, str]] = {VLLM: "vLLM", SGLANG: "SGLang", TRTLLM: "TensorRT-LLM"}
 
 
 # --------------------------------------------------------------------------- rows
@@ -75,17 +88,25 @@ class EngineFlag:
     """A knob's flag in one dialect, honoured in the releases ``[since, until)``.
 
     ``plugin``: from ``until`` on, the Chunkpilot scheduler plugin enforces the knob instead.
+    ``yaml``: ``flag`` is a dotted key of the engine's options file (TensorRT-LLM's
+    ``--extra_llm_api_options``), not a command-line flag.
     """
 
     flag: str
     since: EngineVersion | None = None
     until: EngineVersion | None = None
     plugin: bool = False
+    yaml: bool = False
 
     @property
     def name(self) -> str:
         """The flag without its dashes, e.g. ``max-num-seqs``."""
         return self.flag.removeprefix("--")
+
+    @property
+    def where(self) -> str:
+        """How the setting is spelt in messages: ``--flag`` or ``options file key a.b``."""
+        return f"options file key {self.flag}" if self.yaml else self.flag
 
     @property
     def versioned(self) -> bool:
@@ -97,7 +118,7 @@ class EngineFlag:
         return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
 
 
-ValueKind = Literal["int", "bool", "float", "json"]
+ValueKind = Literal["int", "bool", "float", "json", "enum"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,10 @@ class KnobSpec:
         """The flag in ``dialect``; KeyError when that engine family has no such setting."""
         return self.flags[dialect]
 
+    def honoured_by(self, dialect: str, version: EngineVersion) -> bool:
+        """Whether ``version`` of the engine family ``dialect`` has a flag for this knob."""
+        return dialect in self.flags and self.flags[dialect].supports(version)
+
     def is_set(self, value: object) -> bool:
         """Whether ``value`` of this knob asks the engine for something (not unset or off)."""
         return value is not None and value != self.off
@@ -144,8 +169,26 @@ class KnobSpec:
 
 def _vllm(
     flag: str, since: EngineVersion | None = None, until: EngineVersion | None = None, plugin: bool = False
-) -> Mapping[str, EngineFlag]:
+) -> dict[str, EngineFlag]:
     return {VLLM: EngineFlag(flag, since, until, plugin)}
+
+
+def _flags(
+    vllm: str | None = None,
+    sglang: str | None = None,
+    trtllm: str | None = None,
+    *,
+    trtllm_yaml: bool = False,
+) -> dict[str, EngineFlag]:
+    """A row's flags in every dialect that has one (unversioned)."""
+    out: dict[str, EngineFlag] = {}
+    if vllm is not None:
+        out[VLLM] = EngineFlag(vllm)
+    if sglang is not None:
+        out[SGLANG] = EngineFlag(sglang)
+    if trtllm is not None:
+        out[TRTLLM] = EngineFlag(trtllm, yaml=trtllm_yaml)
+    return out
 
 
 #: The table, in the order of the ``spec.engine`` fields (and of summaries).
@@ -154,8 +197,14 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "max_num_batched_tokens",
         "maxNumBatchedTokens",
         "int",
-        "Token budget per forward pass (--max-num-batched-tokens): the chunked-prefill dial.",
-        _vllm("--max-num-batched-tokens"),
+        (
+            "Token budget per forward pass (--max-num-batched-tokens): the chunked-prefill dial;"
+            " SGLang --chunked-prefill-size, TensorRT-LLM --max_num_tokens."
+        ),
+        {
+            **_vllm("--max-num-batched-tokens"),
+            **_flags(sglang="--chunked-prefill-size", trtllm="--max_num_tokens"),
+        },
         label="budget",
         tunable=True,
         live=True,
@@ -165,8 +214,11 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "max_num_seqs",
         "maxNumSeqs",
         "int",
-        "Maximum sequences per step (--max-num-seqs).",
-        _vllm("--max-num-seqs"),
+        (
+            "Maximum sequences per step (--max-num-seqs); SGLang --max-running-requests,"
+            " TensorRT-LLM --max_batch_size."
+        ),
+        {**_vllm("--max-num-seqs"), **_flags(sglang="--max-running-requests", trtllm="--max_batch_size")},
         label="seqs",
         tunable=True,
         live=True,
@@ -186,8 +238,14 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "enable_chunked_prefill",
         "enableChunkedPrefill",
         "bool",
-        "Split long prompts across steps (--enable-chunked-prefill).",
-        _vllm("--enable-chunked-prefill"),
+        (
+            "Split long prompts across steps (--enable-chunked-prefill); SGLang --chunked-prefill-size -1"
+            " when off, TensorRT-LLM enable_chunked_prefill (chunked context)."
+        ),
+        {
+            **_vllm("--enable-chunked-prefill"),
+            **_flags(sglang="--chunked-prefill-size", trtllm="enable_chunked_prefill", trtllm_yaml=True),
+        },
     ),
     KnobSpec(
         "long_prefill_token_threshold",
@@ -235,8 +293,16 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "enable_prefix_caching",
         "enablePrefixCaching",
         "bool",
-        "Reuse KV cache of shared prompt prefixes (--enable-prefix-caching).",
-        _vllm("--enable-prefix-caching"),
+        (
+            "Reuse KV cache of shared prompt prefixes (--enable-prefix-caching); SGLang"
+            " --disable-radix-cache when off, TensorRT-LLM kv_cache_config.enable_block_reuse."
+        ),
+        {
+            **_vllm("--enable-prefix-caching"),
+            **_flags(
+                sglang="--disable-radix-cache", trtllm="kv_cache_config.enable_block_reuse", trtllm_yaml=True
+            ),
+        },
     ),
     KnobSpec(
         "speculative",
@@ -249,15 +315,77 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "gpu_memory_utilization",
         "gpuMemoryUtilization",
         "float",
-        "Fraction of GPU memory the engine may use (--gpu-memory-utilization).",
-        _vllm("--gpu-memory-utilization"),
+        (
+            "Fraction of GPU memory the engine may use (--gpu-memory-utilization); SGLang"
+            " --mem-fraction-static, TensorRT-LLM kv_cache_config.free_gpu_memory_fraction (of the"
+            " memory free after the weights are loaded)."
+        ),
+        {
+            **_vllm("--gpu-memory-utilization"),
+            **_flags(
+                sglang="--mem-fraction-static",
+                trtllm="kv_cache_config.free_gpu_memory_fraction",
+                trtllm_yaml=True,
+            ),
+        },
     ),
     KnobSpec(
         "tensor_parallel_size",
         "tensorParallelSize",
         "int",
-        "GPUs each replica shards the model over (--tensor-parallel-size).",
-        _vllm("--tensor-parallel-size"),
+        (
+            "GPUs each replica shards the model over (--tensor-parallel-size); SGLang --tp-size,"
+            " TensorRT-LLM --tp_size."
+        ),
+        {**_vllm("--tensor-parallel-size"), **_flags(sglang="--tp-size", trtllm="--tp_size")},
+    ),
+    KnobSpec(
+        "max_prefill_tokens",
+        "maxPrefillTokens",
+        "int",
+        (
+            "SGLang only: maximum new prompt tokens in one prefill batch (--max-prefill-tokens; the"
+            " engine's bound is the larger of this and the context length)."
+        ),
+        _flags(sglang="--max-prefill-tokens"),
+    ),
+    KnobSpec(
+        "schedule_policy",
+        "schedulePolicy",
+        "enum",
+        "SGLang only: order in which waiting requests are admitted (--schedule-policy).",
+        _flags(sglang="--schedule-policy"),
+    ),
+    KnobSpec(
+        "enable_mixed_chunk",
+        "enableMixedChunk",
+        "bool",
+        (
+            "SGLang only: run a prefill chunk and the running decodes in one forward pass"
+            " (--enable-mixed-chunk); without it a chunk is its own pass and the decodes wait for it."
+        ),
+        _flags(sglang="--enable-mixed-chunk"),
+        off=False,
+    ),
+    KnobSpec(
+        "capacity_scheduler_policy",
+        "capacitySchedulerPolicy",
+        "enum",
+        (
+            "TensorRT-LLM only: how the capacity scheduler admits requests against the KV cache"
+            " (options file scheduler_config.capacity_scheduler_policy)."
+        ),
+        _flags(trtllm="scheduler_config.capacity_scheduler_policy", trtllm_yaml=True),
+    ),
+    KnobSpec(
+        "context_chunking_policy",
+        "contextChunkingPolicy",
+        "enum",
+        (
+            "TensorRT-LLM only: how the token budget is shared among chunked prompts"
+            " (options file scheduler_config.context_chunking_policy)."
+        ),
+        _flags(trtllm="scheduler_config.context_chunking_policy", trtllm_yaml=True),
     ),
 )
 
@@ -269,14 +397,41 @@ TUNABLE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in TUNABLE)
 LIVE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in KNOBS if knob.live)
 
 #: Server flags rendered from other parts of the spec (model, port), per dialect.
+#: Aliases of managed flags are listed too, so ``extraArgs`` cannot repeat a setting under another name.
 SERVER_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
     VLLM: ("host", "port", "served-model-name", "revision", "max-model-len"),
+    SGLANG: (
+        "model-path",
+        "model",
+        "host",
+        "port",
+        "served-model-name",
+        "revision",
+        "context-length",
+        "enable-metrics",
+        "tensor-parallel-size",
+    ),
+    TRTLLM: (
+        "host",
+        "port",
+        "backend",
+        "revision",
+        "max_seq_len",
+        "extra_llm_api_options",
+        "config",
+        "enable_chunked_prefill",
+        "tensor_parallel_size",
+        "tp_size",
+        "free_gpu_memory_fraction",
+        "kv_cache_free_gpu_memory_fraction",
+    ),
 }
 
 
 def managed_flags(dialect: str = VLLM) -> tuple[str, ...]:
     """Flags (without dashes) rendered from the spec in ``dialect``; ``extraArgs`` may not repeat them."""
-    return (*SERVER_FLAGS[dialect], *(k.flag(dialect).name for k in KNOBS if dialect in k.flags))
+    knob_flags = (k.flag(dialect).name for k in KNOBS if dialect in k.flags and not k.flag(dialect).yaml)
+    return tuple(dict.fromkeys((*SERVER_FLAGS[dialect], *knob_flags)))
 
 
 #: The vLLM flags rendered from the spec.
@@ -321,15 +476,26 @@ def change(old: Mapping[str, object], new: Mapping[str, object]) -> str:
 
 def honoured_natively(name: str, version: EngineVersion, dialect: str = VLLM) -> bool:
     """Whether ``version`` of the engine family ``dialect`` accepts knob ``name`` without the plugin."""
-    return knob(name).flag(dialect).supports(version)
+    return knob(name).honoured_by(dialect, version)
+
+
+def dialect_of(engine_kind: str) -> str:
+    """The flag dialect of an engine kind: the simulator speaks vLLM's."""
+    return engine_kind if engine_kind in (SGLANG, TRTLLM) else VLLM
 
 
 __all__ = [
+    "DIALECTS",
+    "ENGINE_NAMES",
     "KNOBS",
     "KNOB_BY_NAME",
     "LIVE_NAMES",
     "MANAGED_FLAGS",
     "SERVER_FLAGS",
+    "SGLANG",
+    "SGLANG_PINNED",
+    "TRTLLM",
+    "TRTLLM_PINNED",
     "TUNABLE",
     "TUNABLE_NAMES",
     "VLLM",
@@ -339,6 +505,7 @@ __all__ = [
     "EngineVersion",
     "KnobSpec",
     "change",
+    "dialect_of",
     "doc",
     "honoured_natively",
     "knob",

@@ -1,0 +1,127 @@
+"""Render ``python3 -m sglang.launch_server`` for the SGLang version in the spec.
+
+The knob table's SGLang dialect: the token budget is ``--chunked-prefill-size`` (``-1``
+with chunked prefill off), the running-request limit ``--max-running-requests``, prefix
+caching is on unless ``--disable-radix-cache``. Knobs without an SGLang flag (e.g.
+``maxNumActiveSeqs``, ``longPrefillTokenThreshold``, speculative decoding) are refused
+with ``UnsupportedKnob``. Metrics (``sglang:*``) are served on the API port with
+``--enable-metrics``; ``/health`` answers once the server is ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from chunkpilot.operator.engines.common import (
+    ENGINE_PORT,
+    EngineRender,
+    ProbeTiming,
+    RenderResult,
+    UnsupportedEngineVersion,
+)
+from chunkpilot.operator.engines.knobcheck import first_unsupported
+from chunkpilot.operator.engines.versions import EngineVersion
+from chunkpilot.operator.engines.vllm import model_argument, served_model_name
+
+from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.knobs import SGLANG, SGLANG_PINNED
+
+ENGINE_NAME: Final = "SGLang"
+#: Oldest release whose command line this renderer knows (the pinned one is validated).
+MIN_VERSION: Final = EngineVersion(0, 4, 0)
+PINNED_VERSION: Final = SGLANG_PINNED
+SGLANG_IMAGE_REPOSITORY: Final = "lmsysorg/sglang"
+#: Weights load, then CUDA-graph capture: up to 30 minutes before the kubelet gives up.
+SGLANG_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+METRICS_PATH: Final = "/metrics"
+COMMAND: Final = ("python3", "-m", "sglang.launch_server")
+
+
+def default_sglang_image(version: str) -> str:
+    """The upstream image for ``version`` (tags carry a ``v``)."""
+    return f"{SGLANG_IMAGE_REPOSITORY}:v{version.removeprefix('v')}"
+
+
+def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+    """Parse the spec's version and make sure this renderer knows its command line."""
+    try:
+        version = EngineVersion.parse(version_text)
+    except ValueError as error:
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, str(error))
+    if version < MIN_VERSION:
+        detail = f"the oldest supported release is {MIN_VERSION}; raise spec.engine.version"
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, detail)
+    return version
+
+
+def sglang_args(spec: InferenceServiceSpec) -> list[str]:
+    """The ``sglang.launch_server`` argument vector; knobs already checked."""
+    engine = spec.engine
+    model, _ = model_argument(spec.model.name)
+    args = [
+        "--model-path",
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ENGINE_PORT),
+        "--served-model-name",
+        served_model_name(spec),
+    ]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.max_model_len is not None:
+        args += ["--context-length", str(spec.model.max_model_len)]
+    chunk = engine.max_num_batched_tokens if engine.enable_chunked_prefill else -1
+    args += ["--chunked-prefill-size", str(chunk), "--max-running-requests", str(engine.max_num_seqs)]
+    if engine.max_prefill_tokens is not None:
+        args += ["--max-prefill-tokens", str(engine.max_prefill_tokens)]
+    if engine.schedule_policy is not None:
+        args += ["--schedule-policy", str(engine.schedule_policy)]
+    if engine.enable_mixed_chunk:
+        args.append("--enable-mixed-chunk")
+    if not engine.enable_prefix_caching:
+        args.append("--disable-radix-cache")
+    args += [
+        "--mem-fraction-static",
+        f"{engine.gpu_memory_utilization:g}",
+        "--tp-size",
+        str(engine.tensor_parallel_size),
+        "--enable-metrics",
+    ]
+    return [*args, *engine.extra_args]
+
+
+def sglang_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The model token, when the spec names its Secret."""
+    ref = spec.model.token_secret_ref
+    if ref is None:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def render_sglang(spec: InferenceServiceSpec) -> RenderResult:
+    """Container recipe for an SGLang engine, or the problem that prevents one."""
+    version = check_version(spec.engine.version)
+    if isinstance(version, UnsupportedEngineVersion):
+        return version
+    problem = first_unsupported(spec, SGLANG, version)
+    if problem is not None:
+        return problem
+    gpus = spec.engine.tensor_parallel_size
+    _, volume = model_argument(spec.model.name)
+    return EngineRender(
+        engine=ENGINE_NAME,
+        version=str(version),
+        image=spec.engine.image or default_sglang_image(spec.engine.version),
+        command=list(COMMAND),
+        args=sglang_args(spec),
+        env=sglang_env(spec),
+        gpus=gpus,
+        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        # Tensor-parallel workers exchange through shared memory (NCCL); SGLang's docs run with 32g.
+        shm_size=f"{max(8, 8 * gpus)}Gi",
+        probes=SGLANG_PROBES,
+        model_volume=volume,
+        metrics_path=METRICS_PATH,
+    )

@@ -1,0 +1,188 @@
+"""Render ``trtllm-serve serve`` and its LLM-API options file for the TensorRT-LLM version in the spec.
+
+The knob table's TensorRT-LLM dialect: the token budget is ``--max_num_tokens``, the
+running-request limit ``--max_batch_size``; settings ``trtllm-serve`` has no flag for
+(chunked context, block reuse, the KV-cache memory fraction, the capacity scheduler and
+context-chunking policies) are keys of the options file given by ``--extra_llm_api_options``.
+
+The options file is written by the container's own command from an environment
+variable into a per-pod ``emptyDir`` (rather than a ConfigMap): it is then part of the
+pod template, so changing it rolls the pods exactly like changing a flag, every canary
+carries its own, and there is no further object to own, garbage-collect or grant RBAC
+for. The file replaces whole sections of the CLI's settings (``kv_cache_config``,
+``scheduler_config``), so every key of a section is rendered into the file.
+
+Metrics: Prometheus histograms at ``/prometheus/metrics`` (request metrics need
+``return_perf_metrics``), iteration statistics as JSON at ``/metrics``
+(``enable_iter_perf_stats``). ``/health`` answers 200 once the engine is up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from chunkpilot.operator.engines.common import (
+    ENGINE_PORT,
+    EngineRender,
+    ProbeTiming,
+    RenderResult,
+    UnsupportedEngineVersion,
+    UnsupportedKnob,
+)
+from chunkpilot.operator.engines.knobcheck import first_unsupported
+from chunkpilot.operator.engines.versions import EngineVersion
+from chunkpilot.operator.engines.vllm import model_argument, served_model_name
+
+from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.knobs import TRTLLM, TRTLLM_PINNED
+
+ENGINE_NAME: Final = "TensorRT-LLM"
+#: Oldest release whose command line this renderer knows (1.0: the PyTorch backend by default,
+#: ``/prometheus/metrics``); the pinned one is validated against its option definitions.
+MIN_VERSION: Final = EngineVersion(1, 0, 0)
+PINNED_VERSION: Final = TRTLLM_PINNED
+TRTLLM_IMAGE_REPOSITORY: Final = "nvcr.io/nvidia/tensorrt-llm/release"
+#: Weights load, kernel autotuning and CUDA-graph capture: up to 40 minutes.
+TRTLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=240)
+METRICS_PATH: Final = "/prometheus/metrics"
+CONFIG_DIR: Final = "/etc/chunkpilot"
+OPTIONS_FILE: Final = f"{CONFIG_DIR}/llm-api.yaml"
+#: The environment variable the options file is written from.
+OPTIONS_ENV: Final = "CHUNKPILOT_LLM_API_OPTIONS"
+#: Write the options file, then replace the shell with trtllm-serve (it gets the signals).
+LAUNCH_SCRIPT: Final = f'printf \'%s\\n\' "${OPTIONS_ENV}" > {OPTIONS_FILE} && exec trtllm-serve "$@"'
+COMMAND: Final = ("/bin/sh", "-c", LAUNCH_SCRIPT, "trtllm-serve")
+
+Scalar = bool | int | float | str
+
+
+def default_trtllm_image(version: str) -> str:
+    """The NGC release image for ``version`` (tags carry no ``v``)."""
+    return f"{TRTLLM_IMAGE_REPOSITORY}:{version.removeprefix('v')}"
+
+
+def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+    """Parse the spec's version and make sure this renderer knows its command line."""
+    try:
+        version = EngineVersion.parse(version_text)
+    except ValueError as error:
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, str(error))
+    if version < MIN_VERSION:
+        detail = f"the oldest supported release is {MIN_VERSION}; raise spec.engine.version"
+        return UnsupportedEngineVersion(ENGINE_NAME, version_text, detail)
+    return version
+
+
+def llm_api_options(spec: InferenceServiceSpec) -> dict[str, Scalar | dict[str, Scalar]]:
+    """The options file's content: the knobs ``trtllm-serve`` has no flag for, and the metrics switches."""
+    engine = spec.engine
+    scheduler: dict[str, Scalar] = {}
+    if engine.capacity_scheduler_policy is not None:
+        scheduler["capacity_scheduler_policy"] = str(engine.capacity_scheduler_policy)
+    if engine.context_chunking_policy is not None:
+        scheduler["context_chunking_policy"] = str(engine.context_chunking_policy)
+    options: dict[str, Scalar | dict[str, Scalar]] = {
+        "enable_chunked_prefill": engine.enable_chunked_prefill,
+        "enable_iter_perf_stats": True,
+        "return_perf_metrics": True,
+        "kv_cache_config": {
+            "enable_block_reuse": engine.enable_prefix_caching,
+            "free_gpu_memory_fraction": engine.gpu_memory_utilization,
+        },
+    }
+    if scheduler:
+        options["scheduler_config"] = scheduler
+    return options
+
+
+def _scalar(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def options_yaml(options: dict[str, Scalar | dict[str, Scalar]]) -> str:
+    """Block-style YAML of a two-level mapping of plain scalars (keys in order)."""
+    lines: list[str] = []
+    for key, value in options.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines += [f"  {sub}: {_scalar(item)}" for sub, item in value.items()]
+        else:
+            lines.append(f"{key}: {_scalar(value)}")
+    return "\n".join(lines)
+
+
+def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
+    """The ``trtllm-serve`` argument vector (``serve <model> ...``); knobs already checked."""
+    engine = spec.engine
+    model, _ = model_argument(spec.model.name)
+    args = ["serve", model, "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--backend", "pytorch"]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.max_model_len is not None:
+        args += ["--max_seq_len", str(spec.model.max_model_len)]
+    args += [
+        "--max_num_tokens",
+        str(engine.max_num_batched_tokens),
+        "--max_batch_size",
+        str(engine.max_num_seqs),
+        "--tp_size",
+        str(engine.tensor_parallel_size),
+        "--extra_llm_api_options",
+        OPTIONS_FILE,
+    ]
+    return [*args, *engine.extra_args]
+
+
+def trtllm_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The options file's content and, when the spec names its Secret, the model token."""
+    env: list[dict[str, Any]] = [{"name": OPTIONS_ENV, "value": options_yaml(llm_api_options(spec))}]
+    ref = spec.model.token_secret_ref
+    if ref is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
+    """trtllm-serve names the model by its positional argument; it has no --served_model_name."""
+    model, _ = model_argument(spec.model.name)
+    if spec.model.served_name is None or served_model_name(spec) == model:
+        return None
+    return UnsupportedKnob(
+        knob="spec.model.servedName",
+        flag="(none)",
+        engine=ENGINE_NAME,
+        version=str(version),
+        detail=f"trtllm-serve serves the model under its model argument ({model})",
+        remedy="unset servedName or set it to the model argument",
+    )
+
+
+def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
+    """Container recipe for a TensorRT-LLM engine, or the problem that prevents one."""
+    version = check_version(spec.engine.version)
+    if isinstance(version, UnsupportedEngineVersion):
+        return version
+    problem = first_unsupported(spec, TRTLLM, version) or _served_name_problem(spec, version)
+    if problem is not None:
+        return problem
+    gpus = spec.engine.tensor_parallel_size
+    _, volume = model_argument(spec.model.name)
+    return EngineRender(
+        engine=ENGINE_NAME,
+        version=str(version),
+        image=spec.engine.image or default_trtllm_image(spec.engine.version),
+        command=list(COMMAND),
+        args=trtllm_args(spec),
+        env=trtllm_env(spec),
+        gpus=gpus,
+        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        shm_size=f"{max(8, 8 * gpus)}Gi",
+        probes=TRTLLM_PROBES,
+        model_volume=volume,
+        config_dir=CONFIG_DIR,
+        metrics_path=METRICS_PATH,
+    )
