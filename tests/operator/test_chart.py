@@ -371,3 +371,107 @@ def test_operator_runs_with_the_charts_service_account(
         installed.kubectl("delete", "cpis", "chat", "tuned", "-n", WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()
+
+
+OFF_RELEASE_NS = "chunkpilot-system-off"
+OFF_WATCHED_NS = "chunkpilot-chart-off"
+
+
+@pytest.fixture(scope="module")
+def installed_without_live_adjust(helm: Path, control_plane: Any) -> Iterator[Any]:
+    """A release with the chart's default ``liveAdjust.enabled=false`` (no Secrets granted)."""
+    for namespace in (OFF_RELEASE_NS, OFF_WATCHED_NS):
+        control_plane.kubectl("create", "namespace", namespace, check=False)
+    result = run_helm(
+        helm,
+        "install", "cpoff", str(CHART), "--namespace", OFF_RELEASE_NS,
+        "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{OFF_WATCHED_NS}}}",
+        env=control_plane.env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    yield control_plane
+    control_plane.kubectl("delete", "cpis", "--all", "-n", OFF_WATCHED_NS, "--wait=false", check=False)
+    run_helm(helm, "uninstall", "cpoff", "--namespace", OFF_RELEASE_NS, env=control_plane.env)
+
+
+def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
+    installed_without_live_adjust: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Under the chart's RBAC without Secrets: no Secret call, the LiveAdjustDisabled condition and Event."""
+    plane = installed_without_live_adjust
+    folder = tmp_path_factory.mktemp("chart-operator-off")
+    kubeconfig = chart.service_account_kubeconfig(
+        plane, "cpoff-chunkpilot", OFF_RELEASE_NS, folder / "kubeconfig"
+    )
+    deployment = json.loads(
+        plane.kubectl("get", "deployment", "cpoff-chunkpilot", "-n", OFF_RELEASE_NS, "-o", "json").stdout
+    )
+    chart_env = {
+        e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert chart_env["CHUNKPILOT_LIVE_ADJUST"] == "off"
+    env = operator_env(
+        plane.env, KUBECONFIG=str(kubeconfig), CHUNKPILOT_LIVE_ADJUST=chart_env["CHUNKPILOT_LIVE_ADJUST"]
+    )
+    operator = OperatorProcess(
+        [
+            "-n",
+            OFF_WATCHED_NS,
+            "--standalone",
+            "--verbose",
+            "--metrics-port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        env=env,
+        log_path=folder / "operator.log",
+    )
+    tuned = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "tuned"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "version": "0.33.0"},
+            "resources": {"accelerator": "h100"},
+            "replicas": 0,
+            "autotune": {"liveAdjust": True},
+        },
+    }
+
+    def live_condition() -> dict[str, Any] | None:
+        out = plane.kubectl("get", "cpis", "tuned", "-n", OFF_WATCHED_NS, "-o", "json").stdout
+        conditions = json.loads(out).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "LiveAdjust"), None)
+
+    def reasons() -> list[str]:
+        out = plane.kubectl(
+            "get",
+            "events",
+            "-n",
+            OFF_WATCHED_NS,
+            "--field-selector",
+            "involvedObject.name=tuned",
+            "-o",
+            "json",
+        ).stdout
+        return [event["reason"] for event in json.loads(out)["items"]]
+
+    try:
+        operator.start()
+        plane.kubectl("apply", "-n", OFF_WATCHED_NS, "-f", "-", input=json.dumps(tuned))
+        found = wait_for(live_condition, timeout=60, what="the LiveAdjust condition")
+        assert (found["status"], found["reason"]) == ("False", "LiveAdjustDisabled")
+        assert "liveAdjust.enabled=true" in found["message"]
+        wait_for(lambda: "LiveAdjustDisabled" in reasons(), timeout=30, what="the LiveAdjustDisabled Event")
+        stable = json.loads(
+            plane.kubectl("get", "deployment", "tuned-stable", "-n", OFF_WATCHED_NS, "-o", "json").stdout
+        )
+        container = stable["spec"]["template"]["spec"]["containers"][0]
+        assert not any("live-adjust" in str(e.get("valueFrom", "")) for e in container.get("env", []))
+        log = operator.log()
+        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        plane.kubectl("delete", "cpis", "tuned", "-n", OFF_WATCHED_NS, "--timeout=60s")
+    finally:
+        operator.stop()
