@@ -204,6 +204,7 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     SLO_INFEASIBLE = "SLOInfeasible"
+    TWIN_UNAVAILABLE = "TwinUnavailable"
 
 
 class Condition(StatusModel):

@@ -90,6 +90,15 @@ INFERENCE_SERVICE = ResourceDefinition(
         PrinterColumn("SLO", ".status.summary.slo", description="Met, Violated or Unknown"),
         PrinterColumn("Phase", ".status.phase"),
         PrinterColumn("Trial", ".status.currentTrial", description="Running tuning trial"),
+        PrinterColumn(
+            "Capacity",
+            ".status.twin.capacityReqS",
+            "number",
+            description="Predicted capacity at SLO of the stable config, requests/s per replica (twin)",
+        ),
+        PrinterColumn(
+            "Load", ".status.twin.liveRequestRate", "number", description="Live requests/s per stable replica"
+        ),
         _AGE,
     ),
 )
@@ -109,6 +118,13 @@ TUNING_TRIAL = ResourceDefinition(
         PrinterColumn("Verdict", ".status.verdict"),
         PrinterColumn("Phase", ".status.phase"),
         PrinterColumn("Objective", ".status.objective", "number", priority=1),
+        PrinterColumn(
+            "Capacity",
+            ".status.twin.capacityReqS",
+            "number",
+            description="Predicted capacity at SLO, requests/s per replica (twin)",
+        ),
+        PrinterColumn("TwinErr", ".status.twin.error", "number", description="Twin error on the canary"),
         _AGE,
     ),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -800,6 +801,74 @@ class ServiceSummary(StatusModel):
     slo: SLOState | None = Field(default=None, description="Met, Violated or Unknown.")
 
 
+class TwinState(StrEnum):
+    """Whether the service's digital twin is in use."""
+
+    FITTED = "Fitted"  # fitted to the engine's step telemetry; the tuner searches on it
+    WAITING = "Waiting"  # telemetry present but too little to fit yet
+    UNAVAILABLE = "Unavailable"  # no step telemetry: the tuner tunes on measurements alone
+
+
+class TwinCandidate(StatusModel):
+    """One configuration the twin ranked, with its predicted capacity at SLO."""
+
+    config: EngineConfig = Field(description="The knobs.")
+    capacity_req_s: float = Field(ge=0, description="Predicted capacity at SLO, requests/s per replica.")
+    capacity: float = Field(ge=0, description="Predicted capacity in the objective's unit, per GPU.")
+
+
+class ServiceTwin(StatusModel):
+    """The service's digital twin: its fit, its error at the live load and what it predicts.
+
+    ``error`` compares the twin's ITL and TTFT quantiles with the stable track's at the live load;
+    ``stepFitError`` is the RMS relative error of the fitted step-time model on the step telemetry.
+    """
+
+    state: TwinState = Field(description="Fitted, Waiting or Unavailable.")
+    message: str = Field(default="", max_length=1024, description="Why, in words.")
+    fitted_at: datetime | None = Field(default=None, description="When the twin was last fitted.")
+    config_hash: str | None = Field(
+        default=None, max_length=16, description="config_hash of the stable config at the last fit."
+    )
+    refit_trial: int | None = Field(
+        default=None, ge=0, description="Latest trial whose canary steps the fit includes."
+    )
+    steps: float | None = Field(default=None, ge=0, description="Engine steps the fit rests on.")
+    step_fit_error: float | None = Field(
+        default=None, ge=0, description="RMS relative error of the fitted step times."
+    )
+    scales: dict[str, float] | None = Field(
+        default=None,
+        max_length=8,
+        description="Fitted engine relative to its datasheet (compute, memory, stepOverhead, "
+        "sequenceOverhead; 1.0 = the datasheet).",
+    )
+    error: float | None = Field(
+        default=None,
+        description="Larger |predicted / measured - 1| of the stable track's ITL and TTFT quantiles.",
+    )
+    tolerance: float | None = Field(default=None, ge=0, description="Largest error the tuner acts on.")
+    predicted_itl_ms: float | None = Field(default=None, ge=0, description="Predicted stable ITL quantile.")
+    predicted_ttft_ms: float | None = Field(default=None, ge=0, description="Predicted stable TTFT quantile.")
+    measured_itl_ms: float | None = Field(default=None, ge=0, description="Measured stable ITL quantile.")
+    measured_ttft_ms: float | None = Field(default=None, ge=0, description="Measured stable TTFT quantile.")
+    capacity_req_s: float | None = Field(
+        default=None, ge=0, description="Predicted capacity at SLO of the stable config, req/s per replica."
+    )
+    capacity: float | None = Field(
+        default=None, ge=0, description="The same in the objective's unit, per GPU."
+    )
+    capacity_unit: str | None = Field(default=None, max_length=32, description="req/s/GPU or tok/s/GPU.")
+    live_request_rate: float | None = Field(
+        default=None, ge=0, description="Live requests/s per stable replica."
+    )
+    candidates: list[TwinCandidate] = Field(
+        default_factory=list, max_length=16, description="The twin's best configurations, best first."
+    )
+    evaluations: int | None = Field(default=None, ge=0, description="Capacity searches of the last ranking.")
+    cpu_seconds: float | None = Field(default=None, ge=0, description="CPU seconds of the last ranking.")
+
+
 class InferenceServiceStatus(StatusModel):
     """Observed state of an InferenceService, written by the operator and the tuner."""
 
@@ -812,7 +881,8 @@ class InferenceServiceStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=32,
-        description="Ready, Progressing, SLOMet, Tuning, Degraded, MetricsUnavailable, SLOInfeasible.",
+        description="Ready, Progressing, SLOMet, Tuning, Degraded, MetricsUnavailable, SLOInfeasible, "
+        "TwinUnavailable.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     applied_config: EngineConfig | None = Field(default=None, description="Knobs the stable pods run with.")
@@ -831,6 +901,7 @@ class InferenceServiceStatus(StatusModel):
     ready_replicas: int | None = Field(default=None, ge=0, description="Engine pods ready to serve.")
     last_measurement: Measurement | None = Field(default=None, description="Latest SLO measurement (stable).")
     summary: ServiceSummary | None = Field(default=None, description="Strings shown by kubectl get.")
+    twin: ServiceTwin | None = Field(default=None, description="The service's digital twin (tuner).")
 
 
 #: Longest service name: leaves room for the suffixes of the objects the operator creates.

@@ -164,6 +164,56 @@ class TrialProgress(StatusModel):
     )
 
 
+class TrialTwin(StatusModel):
+    """What the service's digital twin predicted for the trial, and how the canary compared.
+
+    Capacities are at SLO: the highest request rate one replica serves within both SLO quantiles.
+    ``capacity`` and ``incumbentCapacity`` are in the objective's unit (``capacityUnit``).
+    """
+
+    capacity_req_s: float | None = Field(
+        default=None, ge=0, description="Predicted capacity at SLO of the trial's config, req/s per replica."
+    )
+    capacity: float | None = Field(
+        default=None, ge=0, description="Predicted capacity in the objective's unit, per GPU."
+    )
+    incumbent_capacity: float | None = Field(
+        default=None, ge=0, description="Predicted capacity of the stable config, same unit."
+    )
+    capacity_unit: str | None = Field(
+        default=None, max_length=32, description="req/s/GPU (goodput) or tok/s/GPU (throughput)."
+    )
+    fit_error: float | None = Field(
+        default=None,
+        description="The twin's error on the stable track when the trial was chosen: the larger "
+        "|predicted / measured - 1| of its ITL and TTFT quantiles at the live load.",
+    )
+    error: float | None = Field(
+        default=None,
+        description="The twin's error on this canary: the larger |predicted / measured - 1| of its ITL "
+        "and TTFT quantiles at the canary's live load.",
+    )
+    tolerance: float | None = Field(
+        default=None, ge=0, description="Largest error at which the prediction counts as confirmed."
+    )
+    rate_req_s: float | None = Field(
+        default=None, ge=0, description="Live requests/s per canary replica the prediction was made at."
+    )
+    predicted_itl_ms: float | None = Field(
+        default=None, ge=0, description="Predicted canary ITL quantile, ms."
+    )
+    predicted_ttft_ms: float | None = Field(
+        default=None, ge=0, description="Predicted canary TTFT quantile, ms."
+    )
+    measured_itl_ms: float | None = Field(
+        default=None, ge=0, description="Measured canary ITL quantile (fine histogram), ms."
+    )
+    measured_ttft_ms: float | None = Field(
+        default=None, ge=0, description="Measured canary TTFT quantile (fine histogram), ms."
+    )
+    rank: int | None = Field(default=None, ge=1, description="The config's place in the twin's ranking.")
+
+
 class TuningTrialStatus(StatusModel):
     """Progress, measurements and verdict of a trial."""
 
@@ -184,6 +234,9 @@ class TuningTrialStatus(StatusModel):
     finished_at: datetime | None = Field(default=None, description="When the verdict was reached (RFC 3339).")
     summary: TrialSummary | None = Field(default=None, description="Strings shown by kubectl get.")
     progress: TrialProgress | None = Field(default=None, description="Timers and marks of the tuner.")
+    twin: TrialTwin | None = Field(
+        default=None, description="The twin's predicted capacity and error (absent: no twin)."
+    )
 
 
 class TuningTrial(Resource):
