@@ -27,7 +27,7 @@ typecheck: dev
 	$(VENV)/bin/mypy -p chunkpilot
 
 test-unit: dev
-	$(VENV)/bin/pytest -m "not cluster and not e2e and not prometheus and not postgres and not vllm and not gpu"
+	$(VENV)/bin/pytest -m "not cluster and not e2e and not prometheus and not postgres and not vllm and not sglang and not gpu"
 
 # Everything that runs without a GPU: unit, control-plane, Prometheus, PostgreSQL, e2e and
 # real-vLLM-on-the-CPU tiers. The heavy environments (control-plane binaries, torch for the probe,
@@ -36,6 +36,7 @@ test: dev lint typecheck
 	$(VENV)/bin/chunkpilot cluster fetch
 	$(VENV)/bin/chunkpilot probe torch-env
 	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
+	$(VENV)/bin/python -m chunkpilot.engine.sglang.env
 	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
 	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu"
 

@@ -332,7 +332,9 @@ def test_trtllm_refuses_a_served_name_other_than_the_model() -> None:
     assert isinstance(render_engine(spec(kind="trtllm", model=same)), EngineRender)
 
 
-@pytest.mark.parametrize(("kind", "version"), [("sglang", "0.3.6"), ("trtllm", "0.21.0"), ("sglang", "0.2.15")])
+@pytest.mark.parametrize(
+    ("kind", "version"), [("sglang", "0.3.6"), ("trtllm", "0.21.0"), ("sglang", "0.2.15")]
+)
 def test_old_or_bad_versions_of_the_other_engines_are_refused(kind: str, version: str) -> None:
     result = render_engine(spec(kind=kind, version=version))
     assert isinstance(result, UnsupportedEngineVersion), result

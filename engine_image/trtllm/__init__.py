@@ -1,0 +1,1 @@
+"""TensorRT-LLM: the option definitions of ``trtllm-serve`` and its LLM-API options file."""

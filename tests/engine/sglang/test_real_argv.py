@@ -1,0 +1,116 @@
+"""The SGLang argument vectors the operator renders are accepted by SGLang's own parser.
+
+Every SGLang example and golden case is rendered with the operator's renderer and parsed by
+``sglang.launch_server``'s parser and ``ServerArgs.from_cli_args`` at the pinned release,
+inside the cached SGLang environment (:mod:`chunkpilot.engine.sglang.env`); the values SGLang
+resolves must be the spec's. Broken vectors must be refused, so the check can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.engine.sglang import argcheck
+from chunkpilot.engine.sglang.env import SGLANG_VERSION, SGLangEnv, ensure
+from chunkpilot.operator.engines import EngineRender, render_engine
+
+from chunkpilot.api import EngineKind, InferenceService, InferenceServiceSpec
+
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCES = [
+    *sorted((ROOT / "examples").glob("*.yaml")),
+    *sorted((ROOT / "tests" / "operator" / "golden" / "cases").glob("*.yaml")),
+    *sorted((ROOT / "tests" / "api" / "valid").glob("*.yaml")),
+]
+
+
+def sglang_specs() -> dict[str, InferenceServiceSpec]:
+    specs: dict[str, InferenceServiceSpec] = {}
+    for path in SOURCES:
+        manifest = yaml.safe_load(path.read_text())
+        if manifest.get("kind") != "InferenceService":
+            continue
+        if (manifest["spec"].get("engine") or {}).get("kind") == EngineKind.SGLANG:
+            specs[f"{path.parent.name}/{path.name}"] = InferenceService.from_manifest(manifest).spec
+    return specs
+
+
+def vectors() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, spec in sglang_specs().items():
+        rendered = render_engine(spec)
+        assert isinstance(rendered, EngineRender), f"{name}: {rendered}"
+        assert rendered.command == ["python3", "-m", "sglang.launch_server"]
+        out[name] = list(rendered.args)
+    return out
+
+
+BAD = {
+    "bad-unknown-flag": ["--model-path", "org/model", "--max-num-seqs", "8"],
+    "bad-policy": ["--model-path", "org/model", "--schedule-policy", "shortest-job-first"],
+    "bad-chunk-not-a-number": ["--model-path", "org/model", "--chunked-prefill-size", "lots"],
+}
+
+
+@pytest.fixture(scope="module")
+def sglang_env() -> SGLangEnv:
+    return ensure()
+
+
+@pytest.fixture(scope="module")
+def results(sglang_env: SGLangEnv) -> dict[str, dict[str, Any]]:
+    proc = subprocess.run(
+        [str(sglang_env.python), argcheck.__file__],
+        input=json.dumps({**vectors(), **BAD}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed: dict[str, dict[str, Any]] = json.loads(proc.stdout)
+    return parsed
+
+
+def test_the_environment_is_the_pinned_release(results: dict[str, Any]) -> None:
+    assert results["__version__"] == SGLANG_VERSION
+
+
+def test_there_are_sglang_examples() -> None:
+    names = sglang_specs()
+    assert any(name.startswith("examples/") for name in names) and len(names) >= 3
+
+
+@pytest.mark.parametrize("name", sorted(sglang_specs()))
+def test_rendered_argv_is_accepted_and_means_the_spec(results: dict[str, Any], name: str) -> None:
+    result = results[name]
+    assert result["ok"], result
+    values = result["values"]
+    spec = sglang_specs()[name]
+    engine = spec.engine
+    chunk = engine.max_num_batched_tokens if engine.enable_chunked_prefill else -1
+    assert values["chunked_prefill_size"] == chunk
+    assert values["max_running_requests"] == engine.max_num_seqs
+    assert values["enable_mixed_chunk"] is engine.enable_mixed_chunk
+    assert values["disable_radix_cache"] is (not engine.enable_prefix_caching)
+    assert values["tp_size"] == engine.tensor_parallel_size
+    assert values["mem_fraction_static"] == pytest.approx(engine.gpu_memory_utilization)
+    assert values["enable_metrics"] is True and values["port"] == 8000
+    if engine.max_prefill_tokens is not None:
+        assert values["max_prefill_tokens"] == engine.max_prefill_tokens
+    if engine.schedule_policy is not None:
+        assert values["schedule_policy"] == str(engine.schedule_policy)
+    if spec.model.max_model_len is not None:
+        assert values["context_length"] == spec.model.max_model_len
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_broken_vectors_are_refused(results: dict[str, Any], name: str) -> None:
+    assert not results[name]["ok"], results[name]
