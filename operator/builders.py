@@ -48,6 +48,8 @@ LIVE_ADJUST_SECRET_KEY: Final = "token"
 CONTROL_VOLUME: Final = "chunkpilot-run"
 #: Volume holding an engine's options file, written by its command (an emptyDir per pod).
 CONFIG_VOLUME: Final = "chunkpilot-config"
+#: Volume holding the engine's prometheus_client multiprocess files (an emptyDir per pod).
+METRICS_VOLUME: Final = "chunkpilot-metrics"
 
 
 class RenderError(ValueError):
@@ -178,6 +180,9 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
     if render.config_dir is not None:
         container["volumeMounts"].append({"name": CONFIG_VOLUME, "mountPath": render.config_dir})
         volumes.append({"name": CONFIG_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
+    if render.metrics_dir is not None:
+        container["volumeMounts"].append({"name": METRICS_VOLUME, "mountPath": render.metrics_dir})
+        volumes.append({"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
     if render.model_volume is not None:
         container["volumeMounts"].append(
             {"name": "model", "mountPath": render.model_volume.mount_path, "readOnly": True}

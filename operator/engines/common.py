@@ -62,6 +62,9 @@ class EngineRender:
     control_dir: str | None = None
     #: A per-pod scratch folder (an emptyDir) the engine's command writes its options file into.
     config_dir: str | None = None
+    #: A per-pod folder (an emptyDir) for prometheus_client's multiprocess files: how the scheduler
+    #: plugin's step telemetry, written in the engine-core process, reaches ``/metrics``.
+    metrics_dir: str | None = None
     #: Where the engine serves Prometheus metrics (the PodMonitor scrapes it).
     metrics_path: str = "/metrics"
 

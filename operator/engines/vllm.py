@@ -24,6 +24,7 @@ from chunkpilot.engine.vllm_plugin.render import (
     plugin_args,
     plugin_env,
 )
+from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     MODEL_MOUNT_PATH,
@@ -54,6 +55,8 @@ V0_33: Final = VLLM_0_33
 
 VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
 VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+#: prometheus_client's multiprocess folder in the Chunkpilot engine image (an emptyDir per pod).
+METRICS_DIR: Final = "/run/chunkpilot-metrics"
 
 
 def upstream_vllm_image(version: str) -> str:
@@ -369,6 +372,9 @@ def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[
         env.append({"name": "VLLM_USE_V1", "value": "0"})
     # Live adjustment: allowlist the endpoint plugin (the token is added by the Deployment builder).
     env += plugin_env(plugin_settings(spec, version))
+    if uses_plugin(spec, version):
+        # The plugin's step telemetry reaches /metrics through prometheus_client's multiprocess folder.
+        env.append({"name": MULTIPROC_ENV, "value": METRICS_DIR})
     return env
 
 
@@ -397,4 +403,5 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
         model_volume=volume,
         live_adjust=live_adjust_enabled(spec, version),
         control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust_enabled(spec, version) else None,
+        metrics_dir=METRICS_DIR if uses_plugin(spec, version) else None,
     )
