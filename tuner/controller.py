@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner.act import Actor, Kube, Mirror, PostEvent
 from chunkpilot.tuner.decide import TuningReason, decide, round_token_mix, with_token_mix
-from chunkpilot.tuner.measure import QueryFn
+from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.phases import TunerSettings, crash_message
 from chunkpilot.tuner.snapshot import Observer
 
@@ -65,11 +65,13 @@ class TuningController:
         inline: bool = False,
         mirror: Mirror | None = None,
         live_adjuster: live.LiveAdjuster | None = None,
+        vector: VectorFn | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.settings = settings or TunerSettings()
-        self.observer = Observer(kube, query, inline=inline)
+        #: ``vector``: instant-vector queries for the digital twin (None: no twin, tuning as before).
+        self.observer = Observer(kube, query, inline=inline, vector=vector)
         self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)
 

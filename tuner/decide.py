@@ -24,7 +24,7 @@ operator, and a trial is marked applied only once the stable track runs it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.tuner import liveadjust as live
-from chunkpilot.tuner import phases
+from chunkpilot.tuner import phases, twinplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import (
     CreateTrial,
@@ -58,6 +58,7 @@ from chunkpilot.tuner.space import (
     SearchSpace,
     ServiceFacts,
     SpaceError,
+    TunedConfig,
     build_space,
 )
 from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
@@ -73,6 +74,7 @@ from chunkpilot.api import (
     TokenMix,
     Track,
     TrialPhase,
+    TrialTwin,
     TrialVerdict,
     TuningTrial,
     TuningTrialSpec,
@@ -88,6 +90,7 @@ class TuningReason(StrEnum):
 
     TRIAL_RUNNING = "TrialRunning"
     WAITING = "WaitingForStable"
+    WAITING_FOR_TWIN = "WaitingForTwin"
     PAUSED = "Paused"
     DISABLED = "Disabled"
     INVALID_SPACE = "InvalidSearchSpace"
@@ -118,6 +121,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         return plan
     live.remove_orphan(plan, current, keep_parked=True)
     record_stable(plan)
+    twinplan.record_twin(plan)
     if current is not None:
         phases.advance(plan, current, settings)
         return plan
@@ -246,54 +250,86 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
             "waiting for the stable Deployment to finish rolling out before the next trial",
         )
         return
+    waiting = twinplan.waiting(plan)
+    if waiting is not None:
+        plan.condition(ConditionType.TUNING, ConditionStatus.TRUE, TuningReason.WAITING_FOR_TWIN, waiting)
+        return
     ask(plan, space, round_)
 
 
-def ask(plan: Plan, space: SearchSpace, round_: int) -> None:
-    """Ask the study for trial ``n + 1`` of ``round_`` and create it."""
+@dataclass(frozen=True)
+class Next:
+    """The next trial's config, its study parameters, where it came from and the twin's evidence."""
+
+    config: TunedConfig
+    params: Mapping[str, int]
+    source: str
+    twin: TrialTwin | None = None
+
+
+def next_config(plan: Plan, space: SearchSpace, number: int, facts: ServiceFacts) -> Next | None:
+    """The twin's best untried candidate, else the study's suggestion; None: the space is exhausted.
+
+    Raises :class:`SpaceError` or :class:`SamplerUnavailableError` for a space the sampler cannot use.
+    """
     snap = plan.snap
-    number = max((t.spec.number for t in snap.trials), default=0) + 1
     known = records(plan, space, snap.trials)
+    tried = [rec.tuned_config(t.spec.params) for t in snap.trials]
+    choice = twinplan.choose(plan, space, tried)
+    if choice is not None:
+        params = space.to_params(choice.config) or {}
+        return Next(choice.config, params, choice.reason, choice.twin)
     incumbent_record = rec.incumbent_record(snap.trials, space, plan.stable_config, snap.slo)
     if incumbent_record is not None:
         known.append(incumbent_record)
+    suggestion = suggest(
+        space,
+        known,
+        sampler=str(snap.isvc.spec.autotune.sampler),
+        seed=seed_for(snap.isvc.metadata.uid or snap.name, number),
+        warm_starts=warm_start(space, facts),
+        exclude=[rec.tuned_config(plan.stable_config)],
+    )
+    if suggestion is None:
+        return None
+    return Next(suggestion.config, suggestion.params, suggestion.source)
+
+
+def ask(plan: Plan, space: SearchSpace, round_: int) -> None:
+    """Choose trial ``n + 1`` of ``round_`` (the twin's ranking, else the study) and create it."""
+    snap = plan.snap
+    number = max((t.spec.number for t in snap.trials), default=0) + 1
     round_trials = [t for t in snap.trials if rec.trial_round(t) == round_]
     facts, mix = round_token_mix(rec.service_facts(snap.isvc), snap.stable_reading.value, round_trials)
     try:
-        starts = warm_start(space, facts)
-        suggestion = suggest(
-            space,
-            known,
-            sampler=str(snap.isvc.spec.autotune.sampler),
-            seed=seed_for(snap.isvc.metadata.uid or snap.name, number),
-            warm_starts=starts,
-            exclude=[rec.tuned_config(plan.stable_config)],
-        )
+        chosen = next_config(plan, space, number, facts)
     except (SpaceError, SamplerUnavailableError) as error:
         invalid_space(plan, str(error))
         return
-    if suggestion is None:
+    if chosen is None:
         stopped(plan, StopReason.EXHAUSTED, "no untried configuration is left in the search space")
         return
-    config = rec.engine_config(suggestion.config)
-    manifest = trial_manifest(plan, number, config, suggestion.params, round_, mix)
-    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=config.summary())
+    config = rec.engine_config(chosen.config)
+    manifest = trial_manifest(plan, number, config, chosen.params, round_, mix)
+    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=config.summary(), twin=chosen.twin)
     plan.do(CreateTrial(manifest, phases.status_patch(status)))
     plan.status["currentTrial"] = manifest["metadata"]["name"]
     plan.condition(
         ConditionType.TUNING,
         ConditionStatus.TRUE,
         TuningReason.TRIAL_RUNNING,
-        f"trial {number} ({suggestion.source}): {config.summary()}",
+        f"trial {number} ({chosen.source}): {config.summary()}",
     )
     plan.do(CurrentTrialGauge(number))
-    if suggestion.source == "warm-start":
+    if chosen.source == "warm-start":
         plan.emit(
             EventType.NORMAL,
             "WarmStart",
             f"trial {number} is a model-based warm start ({config.summary()}) sized for {mix.note}",
         )
-    plan.do(Log(f"trial {number} created ({suggestion.source}): {config.summary()}"))
+    elif chosen.twin is not None:
+        plan.emit(EventType.NORMAL, "TwinCandidate", f"trial {number} ({config.summary()}): {chosen.source}")
+    plan.do(Log(f"trial {number} created ({chosen.source}): {config.summary()}"))
 
 
 def invalid_space(plan: Plan, message: str) -> None:

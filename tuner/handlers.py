@@ -12,6 +12,8 @@ Environment:
   without it the tuner only reports ``MetricsUnavailable``.
 - ``CHUNKPILOT_TUNER_INTERVAL``: seconds between ticks (default 10).
 - ``CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT``: seconds a canary may take to become Ready (default 900).
+- ``CHUNKPILOT_TWIN_CPU_SECONDS``: CPU seconds one ranking on the digital twin may spend (default 30),
+  in a worker process off the event loop.
 - ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
   mirrored into after each trial (:mod:`chunkpilot.tuner.mirror`).
 """
@@ -89,14 +91,15 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         settings = TunerSettings(rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0))
     except ValueError as error:
         raise kopf.PermanentError(str(error)) from None
-    query = PrometheusClient(config.prometheus_url, timeout_s=5.0).query if config.prometheus_url else None
+    prometheus = PrometheusClient(config.prometheus_url, timeout_s=5.0) if config.prometheus_url else None
     kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
     url = mirror.storage_url()
     targets = os.environ.get(ENV_POD_TARGETS)
     resolver = liveadjust.targets_file_resolver(targets) if targets else liveadjust.pod_ip_endpoint
     memo[MEMO_KEY] = TuningController(
         kube,
-        query,
+        prometheus.query if prometheus else None,
+        vector=prometheus.vector if prometheus else None,
         post_event=post_event,
         settings=settings,
         mirror=_mirror_to(url) if url else None,
@@ -112,6 +115,8 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
 @kopf.on.cleanup()
 async def stop_tuner(memo: kopf.Memo, **_: Any) -> None:
     controller: TuningController | None = memo.get(MEMO_KEY)
+    if controller is not None:
+        controller.observer.twins.close()
     if controller is not None and isinstance(controller.kube, KubeClient):
         await controller.kube.close()
 

@@ -227,6 +227,9 @@ class WindowMeasurement:
 QueryFn = Callable[[str, datetime], float | None]
 """Evaluate an instant PromQL query at a time; None for no data; raise MetricsUnavailableError."""
 
+VectorFn = Callable[[str, datetime], list[dict[str, Any]]]
+"""Evaluate an instant PromQL query at a time; the instant vector as Prometheus answers it."""
+
 
 def measure_track(
     query: QueryFn,
@@ -328,3 +331,16 @@ class PrometheusClient:
         except Exception as exc:  # requests errors and PrometheusApiClientException alike
             raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
         return parse_instant_result(result)
+
+    def vector(self, promql: str, at: datetime | None = None) -> list[dict[str, Any]]:
+        """Evaluate ``promql`` at ``at``; every series of the answer (``metric`` and ``value``)."""
+        params: dict[str, str] = {}
+        if at is not None:
+            params["time"] = f"{at.timestamp():.3f}"
+        try:
+            result = self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
+        except Exception as exc:  # requests errors and PrometheusApiClientException alike
+            raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        if not isinstance(result, list):
+            raise MetricsUnavailableError(f"unexpected Prometheus answer {result!r}: expected a vector")
+        return [item for item in result if isinstance(item, dict)]

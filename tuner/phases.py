@@ -29,6 +29,7 @@ from chunkpilot.operator.events import EventType
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
+from chunkpilot.tuner import twinplan
 from chunkpilot.tuner.actions import (
     Action,
     ApplyCanary,
@@ -45,6 +46,7 @@ from chunkpilot.tuner.policy import (
     Decision,
     Judgement,
     SLOTargets,
+    judge_capacity,
     judge_early,
     judge_final,
     objective_value,
@@ -301,21 +303,25 @@ def window_over(
 ) -> None:
     """The window is over: judge it; too few samples widen it up to now, until the deadline."""
     snap = plan.snap
-    verdict = judge(plan, window)
+    verdict = judge(plan, window, trial)
     if verdict.decision is Decision.INCONCLUSIVE and due.widened_at is not None:
         if snap.widened.down or snap.widened.value is None:
             metrics_gap(plan, trial, snap.widened.error or "no measurement of the widened window", settings)
             return
         window = snap.widened.value
-        verdict = judge(plan, window)
+        verdict = judge(plan, window, trial)
     if verdict.decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
         return
     conclude(plan, trial, verdict.decision, verdict.reason, window)
 
 
-def judge(plan: Plan, window: WindowMeasurement) -> Judgement:
-    """The final verdict on ``window`` against the incumbent's last measured objective."""
+def judge(plan: Plan, window: WindowMeasurement, trial: TuningTrial | None = None) -> Judgement:
+    """The final verdict on ``window``: on predicted capacity when the twin checked the canary,
+    else against the incumbent's last measured objective."""
     snap = plan.snap
+    evidence = twinplan.evidence(plan, trial) if trial is not None else None
+    if evidence is not None:
+        return judge_capacity(window, snap.slo, rec.abort_rules(snap.isvc), evidence)
     space = space_of(plan)
     incumbent = rec.incumbent_record(snap.trials, space, plan.stable_config, snap.slo) if space else None
     return judge_final(
@@ -366,6 +372,11 @@ def conclude(
     if stable_obj is not None:
         progress = rec.trial_progress(trial).model_copy(update={"stable_objective": round(stable_obj, 4)})
         plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(progress)))
+    evidence = twinplan.evidence(plan, trial)
+    if evidence is not None:  # the objective is the predicted capacity; the canary's check is kept
+        canary_obj = evidence.capacity
+        checked = twinplan.checked_twin(trial, evidence)
+        plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": checked.to_k8s()}}))
     objective = None if verdict is TrialVerdict.ABORTED else canary_obj
     finish(plan, trial, phase, verdict, reason, window, objective)
     if verdict is TrialVerdict.PROMOTED:

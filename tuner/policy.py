@@ -14,10 +14,17 @@ sheds load (queues) loses throughput, one that runs close to a target loses slac
 Promotion needs evidence: enough samples on both tracks in the same window, the
 canary within both SLOs, and either the stable track violating an SLO or the
 canary's objective above the stable one by ``PROMOTE_MARGIN``.
+
+With a digital twin (:func:`judge_capacity`) the objective is the *predicted capacity at
+SLO* instead, which the slack-scaled throughput only approximates at high load: the canary
+must meet both SLOs at the live load, its measured quantiles must agree with the twin's
+prediction within the tolerance, and its predicted capacity must beat the incumbent's by the
+margin.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -215,6 +222,103 @@ def judge_final(
         Decision.DISCARD,
         f"canary meets the SLO but its objective {c_obj:.1f} is not {margin:.0%} above the incumbent's "
         f"{reference:.1f} ({gain:+.0%})",
+    )
+
+
+@dataclass(frozen=True)
+class TwinEvidence:
+    """What the twin says about a canary: its quantiles at the canary's live load and capacities.
+
+    ``capacity`` and ``incumbent_capacity`` are predicted capacities at SLO in the objective's unit
+    (``unit``); ``fit_error`` is the twin's error on the stable track, ``tolerance`` the largest
+    error at which a prediction counts as confirmed.
+    """
+
+    predicted_ms: tuple[float, float]
+    measured_ms: tuple[float | None, float | None]
+    rate_req_s: float
+    #: The twin's error on the canary (relative, beyond the measurement's sampling band; NaN: none).
+    error: float
+    capacity: float
+    incumbent_capacity: float | None
+    unit: str
+    fit_error: float
+    tolerance: float
+
+    def agreement(self, slo: SLOTargets) -> str:
+        (p_itl, p_ttft), (m_itl, m_ttft) = self.predicted_ms, self.measured_ms
+        shown = "/".join("-" if m is None else f"{m:.0f}" for m in (m_itl, m_ttft))
+        return (
+            f"twin predicted ITL p{slo.itl_quantile * 100:g}/TTFT p{slo.ttft_quantile * 100:g} "
+            f"{p_itl:.0f}/{p_ttft:.0f}ms at {self.rate_req_s:.2f} req/s, canary measured {shown}ms "
+            f"(error {_percent(self.error)}, tolerance {self.tolerance:.0%})"
+        )
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0%}" if math.isfinite(value) else "unknown"
+
+
+def judge_capacity(
+    window: WindowMeasurement,
+    slo: SLOTargets,
+    abort: AbortRules,
+    twin: TwinEvidence,
+    margin: float = PROMOTE_MARGIN,
+) -> Judgement:
+    """Decide a trial on predicted capacity at SLO, verified by the canary at the live load.
+
+    Promote when the canary meets both SLOs and either the stable track violates them (measured
+    evidence), or the twin is confirmed (its error on the canary and on stable within tolerance)
+    and the canary's predicted capacity beats the incumbent's by ``margin``. A twin the canary
+    contradicts promotes nothing on its prediction; the reason says so (the caller refits).
+    """
+    canary, stable = window.canary, window.stable
+    c_check, s_check = check_slo(canary, slo), check_slo(stable, slo)
+
+    def verdict(decision: Decision, reason: str) -> Judgement:
+        return Judgement(decision, reason, c_check, s_check, twin.capacity, twin.incumbent_capacity)
+
+    if not canary.enough_samples(abort.min_samples):
+        return Judgement(
+            Decision.INCONCLUSIVE,
+            f"canary served {canary.ttft_samples:.0f} requests in {canary.window}; "
+            f"{abort.min_samples} needed to judge",
+        )
+    early = judge_early(canary, slo, abort)
+    if early.decision is Decision.PRUNE:
+        return verdict(Decision.PRUNE, early.reason)
+    agreement = twin.agreement(slo)
+    if not c_check.met:
+        return verdict(
+            Decision.DISCARD, f"canary violates the SLO ({_fmt(c_check, canary, slo)}); {agreement}"
+        )
+    met = f"canary meets the SLO at the live load ({_fmt(c_check, canary, slo)})"
+    if stable.enough_samples(abort.min_samples) and s_check.met is False:
+        return verdict(
+            Decision.PROMOTE, f"{met} where stable violates it ({_fmt(s_check, stable, slo)}); {agreement}"
+        )
+    if not twin.error <= twin.tolerance:
+        return verdict(
+            Decision.DISCARD,
+            f"{met}, but the twin and the canary disagree: {agreement}; no promotion on the prediction "
+            "alone: refitting the twin with this canary's steps and re-ranking",
+        )
+    if not twin.fit_error <= twin.tolerance:
+        return verdict(
+            Decision.DISCARD,
+            f"{met} and confirms the twin ({agreement}), but the twin's error on the stable track is "
+            f"{_percent(twin.fit_error)}: no promotion on the prediction alone",
+        )
+    reference = twin.incumbent_capacity
+    if reference is None:
+        return verdict(Decision.DISCARD, f"{met}; the twin has no capacity for the stable config to compare")
+    gain = twin.capacity / reference - 1.0 if reference > 0 else math.inf
+    capacities = f"predicted capacity {twin.capacity:.4g} vs {reference:.4g} {twin.unit} ({gain:+.0%})"
+    if gain >= margin:
+        return verdict(Decision.PROMOTE, f"{met}, {agreement}; {capacities}")
+    return verdict(
+        Decision.DISCARD, f"{met}, {agreement}; {capacities} is not {margin:.0%} above the stable config's"
     )
 
 

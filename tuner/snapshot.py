@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
@@ -23,11 +23,13 @@ from chunkpilot.operator.objects import isvc_path, parse_status
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.calibration import CanaryWindow, TwinObserver, TwinReading
 from chunkpilot.tuner.measure import (
     MetricsUnavailableError,
     QueryFn,
     Selector,
     TrackMeasurement,
+    VectorFn,
     WindowMeasurement,
     measure_track,
     measure_window,
@@ -134,6 +136,8 @@ class Snapshot:
     #: The live-adjustment bearer token, or why there is none (read only for a rollout to finish).
     live_token: str | None = None
     live_token_error: str | None = None
+    #: The service's digital twin (fit, ranking, the active canary's check); empty: not looked at.
+    twin: TwinReading = field(default_factory=TwinReading)
 
     @property
     def name(self) -> str:
@@ -180,10 +184,13 @@ def parse_service(body: Mapping[str, Any]) -> InferenceService | None:
 class Observer:
     """Gathers a :class:`Snapshot` through the read verbs of the API and a Prometheus query function."""
 
-    def __init__(self, kube: ReadKube, query: QueryFn | None, *, inline: bool = False) -> None:
+    def __init__(
+        self, kube: ReadKube, query: QueryFn | None, *, inline: bool = False, vector: VectorFn | None = None
+    ) -> None:
         self.kube = kube
         self.query = query
         self._inline = inline  # run blocking calls on the loop itself (tests)
+        self.twins = TwinObserver(vector if query is not None else None, inline=inline)
 
     async def observe(self, namespace: str, name: str, now: datetime) -> Snapshot | None:
         """The snapshot of one service; None when it is gone, being deleted or invalid."""
@@ -218,7 +225,8 @@ class Observer:
             canary_pods=tuple(pods),
         )
         snap = await self._token(snap)
-        return await self._measure(snap)
+        snap, final = await self._measure(snap)
+        return _replace(snap, twin=await self.twins.observe(snap, final))
 
     async def _trials(self, namespace: str, service: str) -> list[TuningTrial]:
         items = await self.kube.list(trial_path(namespace), label_selector=f"{LABEL_SERVICE}={service}")
@@ -247,10 +255,11 @@ class Observer:
             return _replace(snap, live_token_error=f"no live-adjustment token in Secret {secret_name}")
         return _replace(snap, live_token=token)
 
-    async def _measure(self, snap: Snapshot) -> Snapshot:
+    async def _measure(self, snap: Snapshot) -> tuple[Snapshot, CanaryWindow | None]:
+        """The stable reading and the active trial's window; the window when it is final."""
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
         if self.query is None or slo_spec is None or not autotune.enabled:
-            return snap
+            return snap, None
         slo = snap.slo
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
         try:
@@ -264,7 +273,7 @@ class Observer:
                 slo.ttft_quantile,
             )
         except MetricsUnavailableError as error:
-            return _replace(snap, stable_reading=Reading(error=str(error)))
+            return _replace(snap, stable_reading=Reading(error=str(error))), None
         snap = _replace(snap, stable_reading=Reading(stable))
         active = snap.active()
         trial = active[0] if active else None
@@ -274,17 +283,18 @@ class Observer:
             or rec.trial_phase(trial) is not TrialPhase.MEASURING
             or live.canary_owner(snap.canary) != trial.metadata.name
         ):
-            return snap
+            return snap, None
         plan = window_plan(
             rec.trial_progress(trial).measure_from, parse_duration(autotune.trial_window), snap.now
         )
         if plan is None:
-            return snap
+            return snap, None
         snap = _replace(snap, window=await self._window(snap, trial, plan.span_s, plan.at))
         if plan.widened_at is not None and not snap.window.down:
             span = (plan.widened_at - plan.measure_from).total_seconds()
             snap = _replace(snap, widened=await self._window(snap, trial, span, plan.widened_at))
-        return snap
+        final = CanaryWindow(trial, plan.span_s, plan.at) if plan.final and snap.window.value else None
+        return snap, final
 
     async def _window(
         self, snap: Snapshot, trial: TuningTrial, span_s: float, at: datetime

@@ -15,6 +15,11 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
+from chunkpilot.engine.sim.offline import simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
@@ -30,10 +35,15 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
 )
+from chunkpilot.tuner.calibration import NO_TELEMETRY, TwinReading
 from chunkpilot.tuner.decide import decide
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
+from chunkpilot.tuner.space import TunedConfig
+from chunkpilot.tuner.twin import Twin, fit_steps
+from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
+from chunkpilot.tuner.twin.search import Candidate
 
 from chunkpilot.api import (
     EngineConfig,
@@ -41,9 +51,11 @@ from chunkpilot.api import (
     ObjectMeta,
     TrialPhase,
     TrialProgress,
+    TrialTwin,
     TuningTrial,
     TuningTrialSpec,
     TuningTrialStatus,
+    TwinState,
     trial_labels,
     trial_name,
 )
@@ -468,3 +480,161 @@ def test_a_trial_of_the_previous_release_is_read_from_its_annotations() -> None:
     assert written.status is not None
     written.status.progress = progress.model_copy(update={"metrics_gap_since": None})
     assert rec.trial_progress(written).metrics_gap_since is None
+
+
+# --------------------------------------------------------------------------- with the twin
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+    """A real fit (the simulator's steps on its datasheet H100) and a hand-made ranking."""
+    engine = SimConfig(
+        model="llama-3.1-8b",
+        accelerator="h100",
+        scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=256),
+    )
+    telemetry = StepTelemetry()
+    workload = load_trace("azure_conv_2023", rate=2.0, limit=80)
+    simulate(engine, workload, telemetry=telemetry)
+    fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
+    twin = Twin.build(fit, workload, tmp_path_factory.mktemp("twin"))
+    ranked = (
+        Candidate(TunedConfig(2048, 128), 12.0, tokens_s=3000.0),
+        Candidate(TunedConfig(1536, 128), 11.0, tokens_s=2800.0),
+    )
+    incumbent_ = Candidate(TunedConfig(8192, 256), 4.0, tokens_s=1000.0)
+    return Calibration("k", fit, twin, (30.0, 400.0), 0.05, ranked, incumbent_)
+
+
+def fitted(calibration: Calibration, **fields: Any) -> TwinReading:
+    values: dict[str, Any] = {
+        "state": TwinState.FITTED,
+        "calibration": calibration,
+        "ranked": True,
+        "key": "k",
+        "live_rate_req_s": 5.0,
+        "measured_ms": (31.0, 420.0),
+        **fields,
+    }
+    return TwinReading(**values)
+
+
+def test_a_fitted_twin_picks_its_best_candidate_and_records_itself_on_the_service(
+    calibration: Calibration,
+) -> None:
+    plan = decide(snapshot(twin=fitted(calibration)), SETTINGS)
+    (create,) = of_type(plan, CreateTrial)
+    created = TuningTrial.from_manifest(dict(create.manifest))
+    assert created.spec.params.max_num_batched_tokens == 2048
+    block = create.status["status"]["twin"]
+    assert block["capacityReqS"] == 12.0 and block["rank"] == 1 and block["fitError"] == 0.05
+    # objective: throughput -> capacities in output tokens/s per GPU at capacity
+    assert block["capacity"] == 3000.0 and block["incumbentCapacity"] == 1000.0
+    assert block["capacityUnit"] == "tok/s/GPU"
+    twin = plan.status["twin"]
+    assert twin["state"] == "Fitted" and twin["capacityReqS"] == 4.0 and twin["capacity"] == 1000.0
+    assert twin["liveRequestRate"] == 5.0
+    assert [c["capacityReqS"] for c in twin["candidates"]] == [12.0, 11.0]
+    assert twin["error"] == 0.05 and twin["measuredItlMs"] == 31.0 and twin["predictedItlMs"] == 30.0
+    assert condition(plan, "TwinUnavailable") == ("False", "TwinFitted")
+    assert "TwinCandidate" in events(plan.actions)
+    # Tried candidates are skipped; the ranking of an earlier step (same key) serves as well.
+    first = trial(
+        1, TrialPhase.ROLLED_BACK, params=EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128)
+    )
+    body = service_body()
+    body["status"] = {"twin": plan.status["twin"]}
+    later = decide(snapshot(body, [first], twin=fitted(calibration, ranked=False)), SETTINGS)
+    (create,) = of_type(later, CreateTrial)
+    assert TuningTrial.from_manifest(dict(create.manifest)).spec.params.max_num_batched_tokens == 1536
+
+
+def test_a_ranking_of_another_stable_config_is_not_used(calibration: Calibration) -> None:
+    body = service_body()
+    stale = dict(decide(snapshot(twin=fitted(calibration)), SETTINGS).status["twin"], configHash="0000")
+    body["status"] = {"twin": stale}
+    plan = decide(snapshot(body, twin=fitted(calibration, ranked=False)), SETTINGS)
+    (create,) = of_type(plan, CreateTrial)
+    assert "twin" not in create.status["status"]  # the study's warm start, as without a twin
+
+
+def test_without_step_telemetry_tuning_goes_on_as_before_and_says_why() -> None:
+    reading = TwinReading(TwinState.UNAVAILABLE, NO_TELEMETRY)
+    plan = decide(snapshot(twin=reading), SETTINGS)
+    assert condition(plan, "TwinUnavailable") == ("True", "NoStepTelemetry")
+    message = next(c.message for c in plan.conditions if c.type == "TwinUnavailable")
+    assert "step telemetry" in message and "measurements alone" in message
+    (create,) = of_type(plan, CreateTrial)
+    without = decide(snapshot(), SETTINGS)
+    assert create.manifest == of_type(without, CreateTrial)[0].manifest
+    assert plan.status["twin"]["state"] == "Unavailable"
+
+
+def test_too_little_telemetry_waits_and_says_so() -> None:
+    reading = TwinReading(
+        TwinState.WAITING, "12 engine steps in the window, 50 needed to fit the step-time model"
+    )
+    plan = decide(snapshot(twin=reading), SETTINGS)
+    assert condition(plan, "TwinUnavailable") == ("True", "WaitingForTelemetry")
+    message = next(c.message for c in plan.conditions if c.type == "TwinUnavailable")
+    assert message.startswith("waiting to fit the twin: 12 engine steps")
+
+
+def twin_trial(measure_from: datetime) -> TuningTrial:
+    done = measuring(measure_from)
+    assert done.status is not None
+    block = TrialTwin(
+        capacity_req_s=12.0,
+        capacity=12.0,
+        incumbent_capacity=8.0,
+        capacity_unit="req/s/GPU",
+        fit_error=0.05,
+        tolerance=0.25,
+        rank=1,
+    )
+    return done.model_copy(update={"status": done.status.model_copy(update={"twin": block})})
+
+
+def stable_meeting() -> Reading[WindowMeasurement]:
+    return Reading(
+        WindowMeasurement(measurement("canary", 30.0), measurement("stable", 40.0)),
+    )
+
+
+def test_a_canary_that_confirms_the_twin_is_promoted_on_predicted_capacity(calibration: Calibration) -> None:
+    body = service_body()
+    done = twin_trial(NOW - timedelta(seconds=61))
+    check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
+    snap = snapshot(
+        body,
+        [done],
+        canary=canary_of(body, done),
+        stable_reading=Reading(measurement("stable", 40.0)),
+        window=stable_meeting(),
+        twin=fitted(calibration, ranked=False, check=check),
+    )
+    plan = decide(snap, SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Promoted" and status["objective"] == 12.0
+    assert "predicted capacity 12 vs 8 req/s/GPU (+50%)" in status["reason"]
+    assert status["twin"]["error"] == 0.1 and status["twin"]["measuredTtftMs"] == 500.0
+    assert status["twin"]["predictedItlMs"] == 28.0 and status["twin"]["rateReqS"] == 2.5
+
+
+def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    done = twin_trial(NOW - timedelta(seconds=61))
+    check = CanaryCheck(2.5, (15.0, 450.0), (30.0, 500.0))
+    snap = snapshot(
+        body,
+        [done],
+        canary=canary_of(body, done),
+        stable_reading=Reading(measurement("stable", 40.0)),
+        window=stable_meeting(),
+        twin=fitted(calibration, ranked=False, check=check),
+    )
+    status = trial_status(decide(snap, SETTINGS))
+    assert status["verdict"] == "Discarded" and status["twin"]["error"] == 0.5
+    assert "disagree" in status["reason"] and "refitting the twin" in status["reason"]

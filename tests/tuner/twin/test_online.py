@@ -1,0 +1,205 @@
+"""The twin in the tuning loop: calibrate from a hidden truth's telemetry, rank, check a canary.
+
+The truth is the simulator on perturbed hardware; its step telemetry and request-length histograms
+are what the engine exports, the twin starts from the datasheet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.sim.capacity import find_capacity, retime
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import Workload, load_trace
+from chunkpilot.tuner.measure import Selector
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.twin import online
+from chunkpilot.tuner.twin.capture import MIN_REQUESTS
+from chunkpilot.tuner.twin.fit import MIN_STEPS
+from chunkpilot.tuner.twin.truth import Perturbation, write_truth
+from chunkpilot.tuner.twin.validate import observe_window
+
+from chunkpilot.api import Objective
+
+SLO_ = SLO(itl_ms=50.0, ttft_ms=2000.0)
+TRUTH = Perturbation(0.75, 0.85, 2.0)
+INCUMBENT = TunedConfig(512, 128)
+SPACE = SearchSpace(
+    ranges={Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 4096, log=True)},
+    fixed=TunedConfig(512, 128),
+)
+RATE = 3.0
+
+
+@pytest.fixture(scope="module")
+def lengths() -> Workload:
+    return load_trace("azure_conv_2023", rate=1.0, limit=200)
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory: pytest.TempPathFactory) -> SimConfig:
+    return write_truth(tmp_path_factory.mktemp("truth"), TRUTH, model="llama-3.1-8b", accelerator="h100")
+
+
+def serve(
+    truth: SimConfig, config: TunedConfig, workload: Workload, rate: float
+) -> tuple[Summary, StepTelemetry]:
+    telemetry = StepTelemetry()
+    engine = replace(truth, scheduler=SchedulerConfig(**config.as_dict(), max_model_len=8192))  # type: ignore[arg-type]
+    summary = simulate(engine, retime(workload, rate, 1), SLO_, keep_records=True, telemetry=telemetry)
+    return summary, telemetry
+
+
+def measured(summary: Summary) -> tuple[tuple[float, float], tuple[online.Band | None, online.Band | None]]:
+    """The SLO quantiles, and the TTFT quantile's sampling band from the per-request records."""
+    ttfts = sorted(r.ttft_s * 1000.0 for r in summary.records)
+    low, high = online.band_quantiles(SLO_.ttft_quantile, len(ttfts))
+    band = (float(np.quantile(ttfts, low)), float(np.quantile(ttfts, high)))
+    return (summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms), (None, band)
+
+
+def request(
+    truth: SimConfig, lengths: Workload, tmp_path: Path, *, rank: bool, cpu_s: float = 4.0
+) -> tuple[online.Request, Summary]:
+    observed, telemetry = serve(truth, INCUMBENT, lengths, RATE)
+    quantiles, bands = measured(observed)
+    built = online.Request(
+        key="abc-0",
+        model="llama-3.1-8b",
+        accelerator="h100",
+        tensor_parallel_size=1,
+        max_model_len=8192,
+        gpu_memory_utilization=0.92,
+        steps=telemetry.totals(),
+        workload=observe_window(observed, 8192),
+        slo=SLO_,
+        space=SPACE,
+        incumbent=INCUMBENT,
+        stable_rate_req_s=RATE,
+        measured_ms=quantiles,
+        bands=bands,
+        objective=Objective.GOODPUT,
+        seed=7,
+        rank=rank,
+        cpu_budget_s=cpu_s,
+        directory=str(tmp_path),
+    )
+    return built, observed
+
+
+def test_calibration_fits_the_hidden_hardware_and_predicts_the_stable_track(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    calibration = online.calibrate(built)
+    assert calibration.fit.scales.compute == pytest.approx(TRUTH.compute, rel=0.05)
+    assert calibration.ranked == () and calibration.incumbent is None  # not asked to rank
+    # The same engine, the synthetic workload: the quantiles agree within the tolerance.
+    assert calibration.error <= online.TOLERANCE, (calibration.predicted_ms, built.measured_ms)
+
+
+def test_ranking_beats_the_incumbent_on_the_truth_too(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=True)
+    calibration = online.calibrate(built)
+    assert calibration.incumbent is not None and calibration.incumbent.config == INCUMBENT
+    assert calibration.ranked and INCUMBENT not in [c.config for c in calibration.ranked]
+    best = calibration.ranked[0]
+    assert best.capacity_req_s >= calibration.incumbent.capacity_req_s
+    assert calibration.evaluations >= 2 and calibration.cpu_seconds > 0
+
+    def true_capacity(config: TunedConfig) -> float:
+        engine = replace(truth, scheduler=SchedulerConfig(**config.as_dict(), max_model_len=8192))  # type: ignore[arg-type]
+        return find_capacity(engine, lengths, SLO_, tolerance=0.03, start_rate=2.0).capacity_req_s
+
+    assert true_capacity(best.config) >= 0.95 * true_capacity(INCUMBENT)
+
+
+def test_an_incumbent_outside_the_space_is_still_given_a_capacity(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=True, cpu_s=1.0)
+    outside = replace(built, incumbent=TunedConfig(128, 32))
+    calibration = online.calibrate(outside)
+    assert calibration.incumbent is not None and calibration.incumbent.config == TunedConfig(128, 32)
+
+
+def test_a_canary_check_agrees_on_the_truth_and_flags_a_different_engine(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    calibration = online.calibrate(built)
+    other = TunedConfig(1024, 128)
+    canary, _ = serve(truth, other, lengths, RATE / 2)
+    quantiles, bands = measured(canary)
+    check = online.check_canary(calibration, other, RATE / 2, quantiles, SLO_, 8192, bands)
+    assert check.error <= online.TOLERANCE, (check.predicted_ms, quantiles, bands)
+    slower = (quantiles[0] * 2, quantiles[1] * 2)  # an engine twice as slow as the twin thinks
+    assert online.check_canary(calibration, other, RATE / 2, slower, SLO_, 8192).error > online.TOLERANCE
+
+
+def test_quantile_error_is_the_larger_relative_error_beyond_the_sampling_band() -> None:
+    assert online.quantile_error((30.0, 440.0), (25.0, 400.0)) == pytest.approx(0.2)
+    assert online.quantile_error((30.0, 440.0), (None, 400.0)) == pytest.approx(0.1)
+    assert math.isnan(online.quantile_error((30.0, 440.0), (None, None)))
+    # Inside the band a few samples cannot contradict the prediction; outside, the distance counts.
+    assert online.quantile_error((30.0, 440.0), (25.0, 400.0), ((24.0, 31.0), (300.0, 600.0))) == 0.0
+    assert online.quantile_error((30.0, 200.0), (25.0, 400.0), (None, (300.0, 600.0))) == pytest.approx(0.5)
+    assert online.quantile_error((30.0, 900.0), (30.0, 400.0), (None, (300.0, 600.0))) == pytest.approx(0.5)
+    low, high = online.band_quantiles(0.95, 60)
+    assert 0.89 < low < 0.95 < high <= 0.9999
+    assert online.band_quantiles(0.95, 1e6)[0] == pytest.approx(0.95, abs=0.001)
+
+
+def test_merged_steps_sum_per_bucket() -> None:
+    a = {"64": StepTotals(steps=2, duration_s=0.02), "128": StepTotals(steps=1, duration_s=0.02)}
+    b = {"64": StepTotals(steps=3, duration_s=0.03)}
+    merged = online.merge_steps(a, b)
+    assert merged["64"] == StepTotals(steps=5, duration_s=0.05) and merged["128"] == a["128"]
+
+
+def test_waiting_names_what_is_missing(truth: SimConfig, lengths: Workload) -> None:
+    observed, telemetry = serve(truth, INCUMBENT, lengths, RATE)
+    window = observe_window(observed, 8192)
+    few = {label: replace(t, steps=1.0) for label, t in list(telemetry.totals().items())[:3]}
+    assert f"{MIN_STEPS} needed" in (online.waiting_reason(online.Inputs(True, few, window)) or "")
+    assert online.waiting_reason(online.Inputs(True, telemetry.totals(), None, "no finished requests")) == (
+        "no finished requests"
+    )
+    thin = replace(window, prompt_tokens=replace(window.prompt_tokens, count=5.0))
+    assert f"{MIN_REQUESTS} needed" in (
+        online.waiting_reason(online.Inputs(True, telemetry.totals(), thin)) or ""
+    )
+    assert online.waiting_reason(online.Inputs(True, telemetry.totals(), window)) is None
+
+
+def test_an_engine_without_step_telemetry_reads_as_not_exported() -> None:
+    asked: list[str] = []
+
+    def vector(query: str, at: datetime) -> list[dict[str, Any]]:
+        asked.append(query)
+        return []
+
+    inputs = online.read_inputs(
+        vector,
+        Selector("chat", "default", "stable"),
+        "60s",
+        60.0,
+        datetime(2026, 1, 1, tzinfo=UTC),
+        (0.99, 0.95),
+    )
+    assert inputs.exported is False
+    assert asked == [
+        f'count({names.STEP_DURATION}_count{{service="chat",namespace="default",track="stable"}})'
+    ]

@@ -1,0 +1,290 @@
+"""Observe the service's digital twin: read its inputs, fit and rank when due, check a finished canary.
+
+Part of observing (:mod:`chunkpilot.tuner.snapshot`): what it computes enters the snapshot as a
+:class:`TwinReading`, and deciding stays pure. The costly parts run off the event loop, in one worker
+process shared by all services (``inline`` runs them on the loop, for tests):
+
+* a **fit** (seconds): the step-time model fitted to the stable track's steps over the SLO window
+  plus the latest measured canary's steps; cached in memory per ``key`` (stable config hash and the
+  latest trial whose steps it includes), so it is redone only when either changes;
+* a **ranking** (``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds at most, default 30, at a lowered CPU
+  priority): the search on the
+  twin, only while no trial is active and the service status holds no ranking of the same key that is
+  younger than :data:`RERANK_AFTER_S`; its result is written to ``status.twin`` (durable across
+  restarts), so a restart does not search again;
+* a **check** (one simulation) at the end of a trial's window: the twin's quantiles for the canary's
+  config at the canary's live load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
+
+from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, VectorFn
+from chunkpilot.tuner.space import SpaceError, build_space
+from chunkpilot.tuner.study import seed_for
+from chunkpilot.tuner.twin import online
+from chunkpilot.tuner.twin.capture import CaptureError
+from chunkpilot.tuner.twin.fit import TwinFitError
+
+from chunkpilot.api import Track, TrialVerdict, TuningTrial, TwinState, parse_duration
+
+if TYPE_CHECKING:
+    from chunkpilot.engine.sim.metrics import StepTotals
+    from chunkpilot.tuner.snapshot import Snapshot
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: A ranking older than this is redone even when nothing changed (the workload drifts).
+RERANK_AFTER_S: Final = 900.0
+NO_TELEMETRY: Final = (
+    "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
+    "without the Chunkpilot scheduler plugin or an older simulator; tuning on measurements alone"
+)
+
+
+@dataclass(frozen=True)
+class TwinReading:
+    """What observing found out about the twin this step (``state`` None: not looked at)."""
+
+    state: TwinState | None = None
+    message: str = ""
+    calibration: online.Calibration | None = None
+    #: The calibration carries a ranking made this step (to be recorded on the service).
+    ranked: bool = False
+    key: str | None = None
+    refit_trial: int | None = None
+    live_rate_req_s: float | None = None
+    measured_ms: tuple[float | None, float | None] = (None, None)
+    #: The active trial's canary against the twin, at the end of its window.
+    check: online.CanaryCheck | None = None
+
+
+@dataclass(frozen=True)
+class CanaryWindow:
+    """The final window of the active trial (what the canary check compares)."""
+
+    trial: TuningTrial
+    span_s: float
+    at: datetime
+
+
+def sim_slo(snap: Snapshot) -> SLO:
+    slo = snap.slo
+    return SLO(slo.itl_ms, slo.itl_quantile, slo.ttft_ms, slo.ttft_quantile)
+
+
+def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
+    """The latest finished trial whose canary served a measured window (its steps refit the twin)."""
+    for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
+        status = trial.status
+        if rec.is_active(trial) or status is None or status.finished_at is None:
+            continue
+        if status.verdict is not TrialVerdict.ABORTED and status.canary is not None:
+            return trial
+    return None
+
+
+def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
+    """No trial is active and the service holds no recent ranking of this key."""
+    if snap.active():
+        return False
+    twin = snap.status.twin
+    if twin is None or twin.state is not TwinState.FITTED or twin.fitted_at is None:
+        return True
+    same = twin.config_hash == snap.incumbent.config_hash() and (twin.refit_trial or 0) == (refit or 0)
+    return not same or snap.now - twin.fitted_at > timedelta(seconds=RERANK_AFTER_S)
+
+
+class TwinObserver:
+    """Reads, fits, ranks and checks the twins of all services; keeps the fits in memory."""
+
+    def __init__(self, vector: VectorFn | None, *, inline: bool = False) -> None:
+        self.vector = vector
+        self._inline = inline
+        self._pool: Executor | None = None
+        self._fits: dict[tuple[str, str], online.Calibration] = {}
+        self._canary_steps: dict[str, dict[str, StepTotals]] = {}
+
+    async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
+        """The twin's reading for ``snap`` (nothing when there is nothing to measure with)."""
+        autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
+        stable = snap.stable_reading.value
+        if self.vector is None or slo_spec is None or not autotune.enabled or autotune.paused:
+            return TwinReading()
+        if stable is None:
+            return TwinReading()
+        selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
+        quantiles = (snap.slo.itl_quantile, snap.slo.ttft_quantile)
+        window_s = float(parse_duration(slo_spec.window))
+        try:
+            inputs = await self._blocking(
+                online.read_inputs,
+                self.vector,
+                selector,
+                slo_spec.window,
+                window_s,
+                snap.now,
+                quantiles,
+                (stable.itl_samples, stable.ttft_samples),
+            )
+            if not inputs.exported:
+                return TwinReading(TwinState.UNAVAILABLE, NO_TELEMETRY)
+            last = refit_trial(snap.trials)
+            extra = await self._trial_steps(snap, last) if last is not None else {}
+        except MetricsUnavailableError as error:
+            return TwinReading(TwinState.WAITING, f"the twin's telemetry could not be read: {error}")
+        refit = last.spec.number if last is not None else None
+        key = f"{snap.incumbent.config_hash()}-{refit or 0}"
+        rate = stable.per_replica(stable.request_rate)
+        merged = replace(inputs, steps=online.merge_steps(inputs.steps, extra))
+        base = TwinReading(key=key, refit_trial=refit, live_rate_req_s=rate, measured_ms=inputs.measured_ms)
+        waiting = online.waiting_reason(merged)
+        if waiting is not None or merged.workload is None or rate is None:
+            return replace(base, state=TwinState.WAITING, message=waiting or "no live request rate yet")
+        rank = rank_due(snap, key, refit)
+        calibration = self._fits.get((snap.namespace, snap.name))
+        if rank or calibration is None or calibration.key != key:
+            try:
+                calibration = await self._compute(
+                    online.calibrate, self._request(snap, merged, key, rate, rank)
+                )
+            except (TwinFitError, CaptureError, SpaceError) as error:
+                return replace(base, state=TwinState.WAITING, message=str(error))
+            self._fits[(snap.namespace, snap.name)] = calibration
+        reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
+        if final is not None:
+            reading = replace(reading, check=await self._check(snap, calibration, final))
+        return reading
+
+    def _request(
+        self, snap: Snapshot, inputs: online.Inputs, key: str, rate: float, rank: bool
+    ) -> online.Request:
+        spec = snap.isvc.spec
+        facts = rec.service_facts(snap.isvc)
+        space = build_space(facts, rec.space_bounds(snap.isvc))
+        tried = [rec.tuned_config(t.spec.params) for t in snap.trials]
+        assert inputs.workload is not None
+        return online.Request(
+            key=key,
+            model=spec.model.name,
+            accelerator=str(spec.resources.accelerator),
+            tensor_parallel_size=spec.engine.tensor_parallel_size,
+            max_model_len=facts.max_model_len,
+            gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+            steps=dict(inputs.steps),
+            workload=inputs.workload,
+            slo=sim_slo(snap),
+            space=space,
+            incumbent=rec.tuned_config(snap.incumbent),
+            stable_rate_req_s=rate,
+            measured_ms=inputs.measured_ms,
+            bands=inputs.bands,
+            objective=rec.objective_kind(snap.isvc),
+            seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
+            rank=rank,
+            cpu_budget_s=online.cpu_budget_s(),
+            exclude=tuple(dict.fromkeys(tried)),
+        )
+
+    async def _trial_steps(self, snap: Snapshot, trial: TuningTrial) -> dict[str, StepTotals]:
+        """The canary steps of a finished trial's window (read once per trial)."""
+        name = f"{snap.namespace}/{trial.metadata.name}"
+        if name not in self._canary_steps:
+            assert self.vector is not None and trial.status is not None and trial.status.finished_at
+            selector = Selector(
+                snap.name, snap.namespace, Track.CANARY, config_hash=rec.canary_config_hash(trial)
+            )
+            window = (trial.status.canary.window if trial.status.canary else None) or trial.spec.window
+            steps = await self._blocking(
+                online.read_steps, self.vector, selector, window, trial.status.finished_at
+            )
+            self._canary_steps[name] = steps
+        return self._canary_steps[name]
+
+    async def _check(
+        self, snap: Snapshot, calibration: online.Calibration, final: CanaryWindow
+    ) -> online.CanaryCheck | None:
+        window = snap.widened.value or snap.window.value
+        if window is None or self.vector is None:
+            return None
+        canary = window.canary
+        rate = canary.per_replica(canary.request_rate)
+        if rate is None:
+            return None
+        selector = Selector(
+            snap.name, snap.namespace, Track.CANARY, config_hash=rec.canary_config_hash(final.trial)
+        )
+        try:
+            fine, bands = await self._blocking(
+                online.fine_quantiles_ms,
+                self.vector,
+                selector,
+                canary.window,
+                canary.time,
+                (snap.slo.itl_quantile, snap.slo.ttft_quantile),
+                (canary.itl_samples, canary.ttft_samples),
+            )
+        except MetricsUnavailableError:
+            return None
+        measured = (fine[0] or canary.itl_ms, fine[1] or canary.ttft_ms)
+        config = rec.tuned_config(final.trial.spec.params)
+        facts = rec.service_facts(snap.isvc)
+        return await self._compute(
+            online.check_canary,
+            calibration,
+            config,
+            rate,
+            measured,
+            sim_slo(snap),
+            facts.max_model_len,
+            bands,
+        )
+
+    async def _blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Blocking I/O (Prometheus) off the event loop."""
+        if self._inline:
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _compute(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """CPU-bound work (fits, simulations, the search) in the worker process."""
+        if self._inline:
+            return fn(*args, **kwargs)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, _call, fn, args, kwargs)
+        except BrokenProcessPool as error:
+            self._pool = None
+            raise TwinFitError(f"the twin's worker process failed: {error}") from error
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _call(fn: Callable[..., T], args: tuple[object, ...], kwargs: dict[str, object]) -> T:
+    return fn(*args, **kwargs)
+
+
+def _lower_priority() -> None:
+    """The worker yields the CPU to everything else (engines sharing the node, the operator's loop)."""
+    with contextlib.suppress(OSError):
+        os.nice(10)

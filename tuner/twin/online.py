@@ -1,0 +1,377 @@
+"""The twin in the tuning loop: read its inputs from Prometheus, calibrate, rank, check a canary.
+
+Three steps, each a plain function of plain values (so it can run in a worker process):
+
+* :func:`read_inputs` (blocking I/O, observe only): the stable track's step telemetry and workload
+  over the SLO window, the fine latency quantiles it measured, and the steps of the latest
+  canary, queried as instant vectors;
+* :func:`calibrate` (CPU): fit the step-time model to all those steps, synthesise the captured
+  workload, predict the stable track's quantiles at its live load (the twin's error) and, when
+  asked, rank the search space on the twin (:func:`chunkpilot.tuner.twin.search.search_on_twin`);
+* :func:`check_canary` (CPU, one simulation): the twin's quantiles for a canary's config at the
+  canary's live load, against what the canary measured.
+
+The step-time model describes the hardware, not the configuration, so a canary's steps refit the
+same model: each finished trial's steps enter the next calibration (``refit_trial``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Final
+
+from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.metrics import StepTotals
+from chunkpilot.engine.sim.offline import SLO, simulate
+from chunkpilot.tuner.measure import Selector, VectorFn
+from chunkpilot.tuner.space import SearchSpace, TunedConfig
+from chunkpilot.tuner.twin.capture import (
+    MIN_REQUESTS,
+    CaptureError,
+    WorkloadWindow,
+    step_queries,
+    steps_from_vectors,
+    synthesize,
+    workload_from_vectors,
+    workload_queries,
+)
+from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
+from chunkpilot.tuner.twin.predict import Twin
+from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
+
+from chunkpilot.api import Objective
+
+__all__ = [
+    "TOLERANCE",
+    "Calibration",
+    "CanaryCheck",
+    "Inputs",
+    "Request",
+    "band_quantiles",
+    "calibrate",
+    "capacity_unit",
+    "check_canary",
+    "cpu_budget_s",
+    "fine_quantiles_ms",
+    "merge_steps",
+    "predict_ms",
+    "quantile_error",
+    "read_inputs",
+    "read_steps",
+    "waiting_reason",
+]
+
+#: The twin's error (the larger relative error of its ITL and TTFT quantiles beyond the measurement's
+#: sampling band, :func:`quantile_error`) up to which its prediction counts as confirmed: above it,
+#: nothing is promoted on the prediction alone.
+TOLERANCE: Final = 0.15
+#: CPU seconds one ranking may spend (one tick of one service); ``CHUNKPILOT_TWIN_CPU_SECONDS``.
+ENV_CPU_SECONDS: Final = "CHUNKPILOT_TWIN_CPU_SECONDS"
+DEFAULT_CPU_SECONDS: Final = 30.0
+#: Requests of the synthetic workload (the capacity search simulates these per probed rate).
+WORKLOAD_REQUESTS: Final = 400
+#: Candidates kept on the service status.
+MAX_CANDIDATES: Final = 8
+
+
+def cpu_budget_s() -> float:
+    """The CPU seconds one ranking may spend (environment, else the default)."""
+    text = os.environ.get(ENV_CPU_SECONDS, "")
+    try:
+        value = float(text) if text else DEFAULT_CPU_SECONDS
+    except ValueError:
+        raise ValueError(f"{ENV_CPU_SECONDS}={text!r} is not a number of seconds") from None
+    return value if value > 0 else DEFAULT_CPU_SECONDS
+
+
+def capacity_unit(objective: Objective) -> str:
+    return "tok/s/GPU" if objective is Objective.THROUGHPUT else "req/s/GPU"
+
+
+Band = tuple[float, float]
+"""The range (ms) a measured quantile's sampling error allows: the quantiles ``q -/+ delta``."""
+
+
+def band_quantiles(q: float, samples: float, z: float = 2.0) -> tuple[float, float]:
+    """The quantiles ``q -/+ z * sqrt(q (1 - q) / n)`` bracketing what ``n`` samples can tell apart."""
+    delta = z * math.sqrt(q * (1 - q) / samples) if samples > 0 else 0.5
+    return max(0.5, q - delta), min(0.9999, q + delta)
+
+
+def quantile_error(
+    predicted: tuple[float, float],
+    measured: tuple[float | None, float | None],
+    bands: tuple[Band | None, Band | None] = (None, None),
+) -> float:
+    """The larger relative error of (ITL, TTFT); NaN when nothing compares.
+
+    Where the measurement's sampling band is known, the error is how far the prediction lies outside
+    it (``p / high - 1`` above, ``low / p - 1`` below, 0 inside): a quantile measured from a few
+    samples cannot contradict a prediction within its own uncertainty.
+    """
+    errors = []
+    for p, m, band in zip(predicted, measured, bands, strict=True):
+        if m is None or m <= 0 or not math.isfinite(p) or p <= 0:
+            continue
+        if band is None:
+            errors.append(abs(p / m - 1.0))
+            continue
+        low, high = min(band[0], m), max(band[1], m)
+        errors.append(max(0.0, p / high - 1.0, low / p - 1.0))
+    return max(errors) if errors else math.nan
+
+
+# --------------------------------------------------------------------------- reading (observe)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What Prometheus holds for the twin over one window of the stable track."""
+
+    #: The engine exports step telemetry at all (the series exist).
+    exported: bool
+    steps: Mapping[str, StepTotals] = field(default_factory=dict)
+    workload: WorkloadWindow | None = None
+    workload_error: str | None = None
+    #: Fine-histogram quantiles (ITL, TTFT) the stable track measured, ms (None: no data), and
+    #: their sampling bands.
+    measured_ms: tuple[float | None, float | None] = (None, None)
+    bands: tuple[Band | None, Band | None] = (None, None)
+
+    @property
+    def step_count(self) -> float:
+        return sum(t.steps for t in self.steps.values())
+
+
+def fine_quantiles_ms(
+    vector: VectorFn,
+    selector: Selector,
+    window: str,
+    at: datetime,
+    quantiles: tuple[float, float],
+    samples: tuple[float, float] = (0.0, 0.0),
+) -> tuple[tuple[float | None, float | None], tuple[Band | None, Band | None]]:
+    """ITL and TTFT quantiles from the engines' fine histograms (None: no data), with their bands.
+
+    ``samples`` (ITL tokens, requests) size each band (:func:`band_quantiles`); 0: no band.
+    """
+
+    def at_quantile(name: str, q: float) -> float | None:
+        query = f"histogram_quantile({q:g}, sum by (le) (rate({name}_bucket{selector.render()}[{window}])))"
+        values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
+        finite = [v for v in values if math.isfinite(v)]
+        return finite[0] * 1000.0 if finite else None
+
+    values: list[float | None] = []
+    bands: list[Band | None] = []
+    names_ = (names.FINE_INTER_TOKEN_LATENCY, names.FINE_TIME_TO_FIRST_TOKEN)
+    for name, q, n in zip(names_, quantiles, samples, strict=True):
+        value = at_quantile(name, q)
+        values.append(value)
+        low_q, high_q = band_quantiles(q, n)
+        low, high = (at_quantile(name, low_q), at_quantile(name, high_q)) if n > 0 and value else (None, None)
+        bands.append((low, high) if low is not None and high is not None else None)
+    return (values[0], values[1]), (bands[0], bands[1])
+
+
+def read_steps(vector: VectorFn, selector: Selector, window: str, at: datetime) -> dict[str, StepTotals]:
+    """Step totals per scheduled-token bucket of ``selector`` over ``window`` ending at ``at``."""
+    queries = step_queries(selector.render()[1:-1], window)
+    return steps_from_vectors({key: vector(q, at) for key, q in queries.items()})
+
+
+def read_inputs(
+    vector: VectorFn,
+    selector: Selector,
+    window: str,
+    window_s: float,
+    at: datetime,
+    quantiles: tuple[float, float],
+    samples: tuple[float, float] = (0.0, 0.0),
+) -> Inputs:
+    """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails)."""
+    exported = vector(f"count({names.STEP_DURATION}_count{selector.render()})", at)
+    if not exported:
+        return Inputs(exported=False)
+    steps = read_steps(vector, selector, window, at)
+    queries = workload_queries(selector.render()[1:-1], window)
+    results = {key: vector(q, at) for key, q in queries.items()}
+    try:
+        workload: WorkloadWindow | None = workload_from_vectors(results, window_s)
+        error = None
+    except CaptureError as exc:
+        workload, error = None, str(exc)
+    measured, bands = fine_quantiles_ms(vector, selector, window, at, quantiles, samples)
+    return Inputs(True, steps, workload, error, measured, bands)
+
+
+def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
+    """Bucket-wise sums of several step telemetries."""
+    out: dict[str, StepTotals] = {}
+    for one in telemetry:
+        for label, totals in one.items():
+            before = out.get(label, StepTotals())
+            out[label] = StepTotals(
+                *(getattr(before, f.name) + getattr(totals, f.name) for f in fields(totals))
+            )
+    return out
+
+
+def waiting_reason(inputs: Inputs) -> str | None:
+    """Why the twin cannot be fitted yet from ``inputs`` (None: it can)."""
+    if inputs.step_count < MIN_STEPS:
+        return (
+            f"{inputs.step_count:g} engine steps in the window, {MIN_STEPS} needed to fit the step-time model"
+        )
+    if inputs.workload is None:
+        return inputs.workload_error or "no workload captured"
+    if inputs.workload.prompt_tokens.count < MIN_REQUESTS:
+        seen = inputs.workload.prompt_tokens.count
+        return f"{seen:.0f} finished requests in the window, {MIN_REQUESTS} needed to capture the workload"
+    return None
+
+
+# --------------------------------------------------------------------------- computing
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything one calibration needs (picklable: it may run in a worker process)."""
+
+    key: str
+    model: str
+    accelerator: str
+    tensor_parallel_size: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    steps: Mapping[str, StepTotals]
+    workload: WorkloadWindow
+    slo: SLO
+    space: SearchSpace
+    incumbent: TunedConfig
+    stable_rate_req_s: float
+    measured_ms: tuple[float | None, float | None]
+    objective: Objective
+    seed: int
+    rank: bool
+    cpu_budget_s: float = DEFAULT_CPU_SECONDS
+    exclude: tuple[TunedConfig, ...] = ()
+    warm: tuple[TunedConfig, ...] = ()
+    directory: str | None = None
+    bands: tuple[Band | None, Band | None] = (None, None)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted twin and what it says about the stable track (and the space, when ranked)."""
+
+    key: str
+    fit: TwinFit
+    twin: Twin
+    predicted_ms: tuple[float, float]
+    error: float
+    ranked: tuple[Candidate, ...] = ()
+    incumbent: Candidate | None = None
+    evaluations: int = 0
+    cpu_seconds: float = 0.0
+
+
+def predict_ms(
+    twin: Twin, config: TunedConfig, rate: float, slo: SLO, max_model_len: int
+) -> tuple[float, float]:
+    """The twin's ITL and TTFT at the SLO quantiles for ``config`` at ``rate`` requests/s (one replica)."""
+    if not rate > 0:
+        return math.nan, math.nan
+    summary = simulate(twin.config(scheduler_of(config, max_model_len)), retime(twin.workload, rate, 0), slo)
+    return summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms
+
+
+def calibrate(request: Request) -> Calibration:
+    """Fit, predict the stable track, and (``request.rank``) rank the space on the twin.
+
+    Raises :class:`TwinFitError` or :class:`CaptureError` when the data cannot be fitted.
+    """
+    fit = fit_steps(request.steps, request.model, request.accelerator, request.tensor_parallel_size)
+    workload = synthesize(
+        request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed
+    )
+    directory = Path(request.directory or tempfile.mkdtemp(prefix="chunkpilot-twin-"))
+    twin = Twin.build(
+        fit,
+        workload,
+        directory / request.key.replace("/", "-"),
+        gpu_memory_utilization=request.gpu_memory_utilization,
+    )
+    predicted = predict_ms(
+        twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len
+    )
+    calibration = Calibration(
+        request.key, fit, twin, predicted, quantile_error(predicted, request.measured_ms, request.bands)
+    )
+    if not request.rank:
+        return calibration
+    result = search_on_twin(
+        twin,
+        request.space,
+        request.slo,
+        seed=request.seed,
+        cpu_budget_s=request.cpu_budget_s,
+        exclude=[c for c in request.exclude if c != request.incumbent],
+        warm=[request.incumbent, *request.warm],
+    )
+    incumbent = next((c for c in result.ranked if c.config == request.incumbent), None)
+    if incumbent is None:  # outside the space (or not reached): evaluated on its own
+        incumbent = evaluate_on_twin(
+            twin, request.incumbent, request.slo, max_model_len=request.max_model_len
+        )
+    ranked = tuple(c for c in result.ranked if c.config != request.incumbent)
+    return Calibration(
+        request.key,
+        fit,
+        twin,
+        predicted,
+        calibration.error,
+        ranked,
+        incumbent,
+        result.evaluations,
+        result.cpu_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    """The twin's quantiles for a canary at its live load against the canary's own."""
+
+    rate_req_s: float
+    predicted_ms: tuple[float, float]
+    measured_ms: tuple[float | None, float | None]
+    bands: tuple[Band | None, Band | None] = (None, None)
+
+    @property
+    def error(self) -> float:
+        return quantile_error(self.predicted_ms, self.measured_ms, self.bands)
+
+
+def check_canary(
+    calibration: Calibration,
+    config: TunedConfig,
+    rate_req_s: float,
+    measured_ms: tuple[float | None, float | None],
+    slo: SLO,
+    max_model_len: int,
+    bands: tuple[Band | None, Band | None] = (None, None),
+) -> CanaryCheck:
+    """Predict ``config`` at the canary's live load with the calibrated twin."""
+    predicted = predict_ms(calibration.twin, config, rate_req_s, slo, max_model_len)
+    return CanaryCheck(rate_req_s, predicted, measured_ms, bands)
+
+
+def fit_error_text(error: float) -> str:
+    return f"{error:.0%}" if math.isfinite(error) else "unknown"

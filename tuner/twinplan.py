@@ -1,0 +1,228 @@
+"""Decide, with the twin: record it on the service, choose the next trial, build a trial's evidence.
+
+Pure, like the rest of deciding: the twin's fit, ranking and canary check were computed while
+observing (:mod:`chunkpilot.tuner.calibration`) and arrive in :attr:`Snapshot.twin`.
+
+* :func:`record_twin` writes ``status.twin`` (the ranking, the fit and its error, the stable
+  config's predicted capacity next to the live request rate) and the ``TwinUnavailable``
+  condition: True with the reason when there is no twin (no step telemetry, or too little yet).
+* :func:`choose` picks the best-ranked configuration not tried yet (the sampler takes over when the
+  twin has no ranking, or all of it was tried).
+* :func:`evidence` is what :func:`chunkpilot.tuner.policy.judge_capacity` judges a canary with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import Plan
+from chunkpilot.tuner.calibration import TwinReading
+from chunkpilot.tuner.policy import TwinEvidence
+from chunkpilot.tuner.space import SearchSpace, TunedConfig
+from chunkpilot.tuner.twin.online import TOLERANCE, Calibration, capacity_unit
+from chunkpilot.tuner.twin.search import Candidate, twin_objective
+
+from chunkpilot.api import (
+    ConditionStatus,
+    ConditionType,
+    ServiceTwin,
+    TrialTwin,
+    TuningTrial,
+    TwinCandidate,
+    TwinState,
+)
+
+#: Candidates written to the service status.
+MAX_CANDIDATES = 8
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def _gpus(plan: Plan) -> int:
+    return plan.snap.isvc.spec.engine.tensor_parallel_size
+
+
+def _capacity(plan: Plan, candidate: Candidate) -> float:
+    return twin_objective(candidate, rec.objective_kind(plan.snap.isvc), _gpus(plan))
+
+
+def service_twin(plan: Plan, reading: TwinReading, calibration: Calibration) -> ServiceTwin:
+    """The ``status.twin`` of a ranking made this step."""
+    fit = calibration.fit
+    incumbent = calibration.incumbent
+    (p_itl, p_ttft), (m_itl, m_ttft) = calibration.predicted_ms, reading.measured_ms
+    return ServiceTwin(
+        state=TwinState.FITTED,
+        message=fitted_message(calibration),
+        fitted_at=plan.snap.now.replace(microsecond=0),
+        config_hash=plan.stable_config.config_hash(),
+        refit_trial=reading.refit_trial,
+        steps=round(fit.steps),
+        step_fit_error=_round(fit.rms_relative_error),
+        scales={
+            "compute": round(fit.scales.compute, 4),
+            "memory": round(fit.scales.memory, 4),
+            "stepOverhead": round(fit.scales.step_overhead, 4),
+            "sequenceOverhead": round(fit.scales.sequence_overhead, 4),
+        },
+        error=_round(calibration.error),
+        tolerance=TOLERANCE,
+        predicted_itl_ms=_round(p_itl, 1),
+        predicted_ttft_ms=_round(p_ttft, 1),
+        measured_itl_ms=_round(m_itl, 1),
+        measured_ttft_ms=_round(m_ttft, 1),
+        capacity_req_s=_round(incumbent.capacity_req_s, 3) if incumbent else None,
+        capacity=_round(_capacity(plan, incumbent)) if incumbent else None,
+        capacity_unit=capacity_unit(rec.objective_kind(plan.snap.isvc)),
+        live_request_rate=_round(reading.live_rate_req_s, 2),
+        candidates=[
+            TwinCandidate(
+                config=rec.engine_config(c.config),
+                capacity_req_s=round(c.capacity_req_s, 3),
+                capacity=round(_capacity(plan, c), 4),
+            )
+            for c in sorted(calibration.ranked, key=lambda c: -_capacity(plan, c))[:MAX_CANDIDATES]
+        ],
+        evaluations=calibration.evaluations,
+        cpu_seconds=round(calibration.cpu_seconds, 1),
+    )
+
+
+def fitted_message(calibration: Calibration) -> str:
+    fit = calibration.fit
+    error = f"{calibration.error:.0%}" if math.isfinite(calibration.error) else "unknown"
+    return (
+        f"twin fitted on {fit.steps:.0f} engine steps (step-time error {fit.rms_relative_error:.1%}); "
+        f"its error on the stable track at the live load is {error} (tolerance {TOLERANCE:.0%})"
+    )
+
+
+def record_twin(plan: Plan) -> None:
+    """``status.twin`` and the ``TwinUnavailable`` condition from the snapshot's twin reading."""
+    reading = plan.snap.twin
+    if reading.state is None:
+        return
+    if reading.state is not TwinState.FITTED or reading.calibration is None:
+        reason = "NoStepTelemetry" if reading.state is TwinState.UNAVAILABLE else "WaitingForTelemetry"
+        prefix = "" if reading.state is TwinState.UNAVAILABLE else "waiting to fit the twin: "
+        plan.condition(ConditionType.TWIN_UNAVAILABLE, ConditionStatus.TRUE, reason, prefix + reading.message)
+        plan.status["twin"] = {"state": reading.state.value, "message": reading.message[:1024]}
+        return
+    plan.condition(
+        ConditionType.TWIN_UNAVAILABLE,
+        ConditionStatus.FALSE,
+        "TwinFitted",
+        fitted_message(reading.calibration),
+    )
+    if reading.ranked:
+        plan.status["twin"] = service_twin(plan, reading, reading.calibration).to_k8s()
+        return
+    update: dict[str, object] = {"liveRequestRate": _round(reading.live_rate_req_s, 2)}
+    before = plan.snap.status.twin
+    if before is None or before.state is not TwinState.FITTED:  # fitted again after a wait
+        update.update(state=TwinState.FITTED.value, message=fitted_message(reading.calibration))
+    plan.status["twin"] = update
+
+
+def waiting(plan: Plan) -> str | None:
+    """Why the next trial waits for the twin (telemetry present but too little to fit); None: go on."""
+    reading = plan.snap.twin
+    if reading.state is TwinState.WAITING:
+        return f"waiting for enough telemetry to fit the twin before the next trial: {reading.message}"
+    return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The twin's next trial: its config, the twin's evidence for it and why it was chosen."""
+
+    config: TunedConfig
+    twin: TrialTwin
+    reason: str
+
+
+def ranking(plan: Plan) -> tuple[list[TwinCandidate], ServiceTwin] | None:
+    """The twin's current ranking: made this step, else the service's of the same key; None: none."""
+    reading = plan.snap.twin
+    if reading.state is not TwinState.FITTED or reading.calibration is None:
+        return None
+    if reading.ranked:
+        fresh = service_twin(plan, reading, reading.calibration)
+        return list(fresh.candidates), fresh
+    twin = plan.snap.status.twin
+    if twin is None or twin.state is not TwinState.FITTED:
+        return None
+    if twin.config_hash != plan.stable_config.config_hash() or twin.refit_trial != reading.refit_trial:
+        return None
+    return list(twin.candidates), twin
+
+
+def choose(plan: Plan, space: SearchSpace, tried: Iterable[TunedConfig]) -> Choice | None:
+    """The best-ranked candidate not tried yet; None: no twin ranking, or all of it tried (the sampler).
+
+    Canaries verify the ranking in order, also below the promotion margin (the margin gates the
+    promotion, not the verification: each canary's steps also refit the twin).
+    """
+    found = ranking(plan)
+    if found is None:
+        return None
+    candidates, twin = found
+    seen = set(tried) | {rec.tuned_config(plan.stable_config)}
+    incumbent = twin.capacity
+    for rank, candidate in enumerate(candidates, start=1):
+        config = rec.tuned_config(candidate.config)
+        if config in seen or space.to_params(config) is None:
+            continue
+        evidence = TrialTwin(
+            capacity_req_s=candidate.capacity_req_s,
+            capacity=candidate.capacity,
+            incumbent_capacity=incumbent,
+            capacity_unit=twin.capacity_unit,
+            fit_error=twin.error,
+            tolerance=TOLERANCE,
+            rank=rank,
+        )
+        versus = f" vs the stable config's {incumbent:.4g}" if incumbent is not None else ""
+        why = f"twin rank {rank}: predicted capacity {candidate.capacity:.4g}{versus} {twin.capacity_unit}"
+        return Choice(config, evidence, why)
+    return None
+
+
+def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
+    """What the judge compares: the trial's predicted capacities and the canary check of this step."""
+    check = plan.snap.twin.check
+    twin = trial.status.twin if trial.status is not None else None
+    if check is None or twin is None or twin.capacity is None:
+        return None
+    return TwinEvidence(
+        predicted_ms=check.predicted_ms,
+        measured_ms=check.measured_ms,
+        rate_req_s=check.rate_req_s,
+        error=check.error,
+        capacity=twin.capacity,
+        incumbent_capacity=twin.incumbent_capacity,
+        unit=twin.capacity_unit or "",
+        fit_error=twin.fit_error if twin.fit_error is not None else math.nan,
+        tolerance=twin.tolerance if twin.tolerance is not None else TOLERANCE,
+    )
+
+
+def checked_twin(trial: TuningTrial, twin: TwinEvidence) -> TrialTwin:
+    """The trial's twin block with the canary's check filled in."""
+    base = trial.status.twin if trial.status is not None and trial.status.twin else TrialTwin()
+    (p_itl, p_ttft), (m_itl, m_ttft) = twin.predicted_ms, twin.measured_ms
+    return base.model_copy(
+        update={
+            "error": _round(twin.error),
+            "rate_req_s": _round(twin.rate_req_s, 3),
+            "predicted_itl_ms": _round(p_itl, 1),
+            "predicted_ttft_ms": _round(p_ttft, 1),
+            "measured_itl_ms": _round(m_itl, 1),
+            "measured_ttft_ms": _round(m_ttft, 1),
+        }
+    )
