@@ -16,6 +16,7 @@ pod's engine crash on demand (fault injection).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -55,6 +56,22 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ENGINE_COMMAND: tuple[str, ...] = (sys.executable, "-m", "chunkpilot.cli", "sim", "serve")
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+#: Hardware every simulated engine runs on, whatever its pod says: an accelerator profile (name or
+#: JSON path) and a step profile JSON. Neither is visible in the cluster, so the tuner is not told.
+ENV_SIM_GPU = "CHUNKPILOT_SIM_GPU"
+ENV_SIM_STEP_PROFILE = "CHUNKPILOT_SIM_STEP_PROFILE"
+
+
+def hardware_from_env() -> tuple[str, ...]:
+    """The simulator flags of :data:`ENV_SIM_GPU` and :data:`ENV_SIM_STEP_PROFILE` (empty: unset)."""
+    flags: list[str] = []
+    for env, flag in ((ENV_SIM_GPU, "--gpu"), (ENV_SIM_STEP_PROFILE, "--step-profile")):
+        value = os.environ.get(env, "")
+        if value:
+            flags += [flag, value]
+    return tuple(flags)
+
+
 FIELD_MANAGER = "chunkpilot-podrunner"
 
 
@@ -75,6 +92,8 @@ class RunnerSettings:
     tick_s: float = 0.2
     report_status: bool = True
     config_retry_s: float = 2.0
+    #: Simulator hardware flags replacing every pod's own (default: from the environment).
+    hardware: tuple[str, ...] = field(default_factory=hardware_from_env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,6 +498,7 @@ class PodRunner:
             host=self.settings.host,
             port=container.port,
             time_scale=self.settings.time_scale,
+            hardware=self.settings.hardware,
         )
         container.phase = ContainerPhase.STARTING
         container.started_at = datetime.now(UTC)

@@ -236,6 +236,10 @@ def strip_flags(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     return kept
 
 
+#: The simulator's hardware flags a runner-wide hardware override replaces in every pod's args.
+HARDWARE_FLAGS = ("--gpu", "--step-profile")
+
+
 def engine_command(
     base_command: Sequence[str],
     args: Sequence[str],
@@ -243,9 +247,15 @@ def engine_command(
     host: str,
     port: int,
     time_scale: float | None,
+    hardware: Sequence[str] = (),
 ) -> list[str]:
-    """The simulator command line for a pod: its args with host, port and time scale set by the runner."""
-    command = [*base_command, *strip_flags(args, RUNNER_OWNED_FLAGS), "--host", host, "--port", str(port)]
+    """The simulator command line for a pod: its args with host, port and time scale set by the runner.
+
+    ``hardware`` (e.g. ``["--gpu", "truth.json", "--step-profile", "truth-profile.json"]``) replaces
+    the pod's own hardware flags: the engines then run on hardware the manifests do not name.
+    """
+    owned = (*RUNNER_OWNED_FLAGS, *HARDWARE_FLAGS) if hardware else RUNNER_OWNED_FLAGS
+    command = [*base_command, *strip_flags(args, owned), *hardware, "--host", host, "--port", str(port)]
     if time_scale is not None:
         command += ["--time-scale", f"{time_scale:g}"]
     return command
