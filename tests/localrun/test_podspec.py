@@ -122,6 +122,14 @@ def test_runner_owned_flags_are_replaced_in_both_spellings() -> None:
     assert "--time-scale" not in engine_command(["sim"], args, host="h", port=1, time_scale=None)
 
 
+def test_a_hardware_override_replaces_the_pods_own_hardware_flags() -> None:
+    args = ["m", "--gpu", "h100", "--step-profile=mine.json", "--max-num-seqs", "64"]
+    hardware = ("--gpu", "/truth/accel.json", "--step-profile", "/truth/steps.json")
+    command = engine_command(["sim"], args, host="h", port=1, time_scale=None, hardware=hardware)
+    assert command == ["sim", "m", "--max-num-seqs", "64", *hardware, "--host", "h", "--port", "1"]
+    assert "h100" in engine_command(["sim"], args, host="h", port=1, time_scale=None)  # no override
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
