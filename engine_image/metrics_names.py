@@ -1,4 +1,4 @@
-"""vLLM V1 Prometheus metric names, labels and histogram buckets (vLLM 0.33).
+"""vLLM V1 Prometheus metric names, labels and histogram buckets (vLLM 0.33), and the other engines'.
 
 The single source of truth for everything that reads or writes engine metrics: the simulator's
 ``/metrics``, the tuner's PromQL queries and tests that compare the two engines. Counter constants
@@ -9,6 +9,7 @@ exposed series add ``_bucket``, ``_sum`` and ``_count``).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Final
 
 LABEL_MODEL_NAME: Final = "model_name"
@@ -186,3 +187,252 @@ def step_token_bucket(num_tokens: int) -> str:
     """The :data:`LABEL_SCHEDULED_TOKENS` value of a step that scheduled ``num_tokens`` tokens."""
     i = bisect.bisect_left(STEP_TOKEN_BUCKETS, num_tokens)
     return str(STEP_TOKEN_BUCKETS[i]) if i < len(STEP_TOKEN_BUCKETS) else "+Inf"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Other engines. Each exposes (some of) the same quantities under its own names, labels and buckets;
+# :class:`EngineMetricTable` maps the vLLM names above (the simulator's internal vocabulary) to one
+# engine's. A vLLM name missing from ``families`` is a quantity that engine does not export. The
+# ``chunkpilot:*`` step telemetry and fine histograms are the same for every engine.
+
+#: Internal key (never rendered for vLLM) of the per-request TPOT histogram TensorRT-LLM exports.
+REQUEST_TIME_PER_OUTPUT_TOKEN: Final = "chunkpilot_sim:request_time_per_output_token_seconds"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One exported metric family: its name (counters: the ``_total`` sample), HELP text,
+    buckets (histograms) and labels of its own besides the table's."""
+
+    name: str
+    help: str
+    buckets: tuple[float, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class TunerMetrics:
+    """The five series the tuner's queries read (``tuner.measure``) for one engine."""
+
+    itl_histogram: str
+    ttft_histogram: str
+    generation_tokens: str
+    prompt_tokens: str
+    request_success: str
+
+
+@dataclass(frozen=True)
+class EngineMetricTable:
+    """One engine's Prometheus vocabulary, endpoints and what the tuner reads from it."""
+
+    engine: str
+    version: str
+    #: Labels on every series besides ``model_name`` (e.g. SGLang's ``engine_type="unified"``).
+    labels: tuple[tuple[str, str], ...]
+    #: vLLM name (the keys used above) -> this engine's family.
+    families: dict[str, Family]
+    metrics_path: str
+    health_path: str
+    tuner: TunerMetrics
+    #: Where the engine cannot give the tuner a quantity directly: how the tuner gets it instead.
+    notes: tuple[str, ...] = ()
+
+
+VLLM_TUNER: Final = TunerMetrics(
+    INTER_TOKEN_LATENCY, TIME_TO_FIRST_TOKEN, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_SUCCESS
+)
+
+# SGLang 0.5.23 (``srt/observability/metrics_collector.py``): the tokenizer manager's request metrics
+# carry ``model_name`` and ``engine_type`` (``unified`` outside disaggregation), several also
+# ``is_streaming``; the scheduler's gauges add ``tp_rank``, ``pp_rank``, ``moe_ep_rank``.
+SGLANG_TTFT_BUCKETS: Final[tuple[float, ...]] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
+)  # fmt: skip
+SGLANG_ITL_BUCKETS: Final[tuple[float, ...]] = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+    0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+SGLANG_E2E_BUCKETS: Final[tuple[float, ...]] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400,
+)  # fmt: skip
+SGLANG_QUEUE_BUCKETS: Final[tuple[float, ...]] = (
+    0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70,
+    80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000,
+)  # fmt: skip
+SGLANG_TOKENS_BUCKETS: Final[tuple[float, ...]] = (
+    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000,
+    17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000,
+    600000, 800000, 1000000, 1100000,
+)  # fmt: skip
+#: The simulator has no per-request streaming flag in its metrics: every request counts as streamed.
+_STREAMING: Final = (("is_streaming", "true"),)
+_SCHEDULER: Final = (("tp_rank", "0"), ("pp_rank", "0"), ("moe_ep_rank", "0"))
+
+SGLANG_METRICS: Final = EngineMetricTable(
+    engine="sglang",
+    version="0.5.23",
+    labels=(("engine_type", "unified"),),
+    families={
+        TIME_TO_FIRST_TOKEN: Family(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            SGLANG_TTFT_BUCKETS,
+            _STREAMING,
+        ),
+        INTER_TOKEN_LATENCY: Family(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            SGLANG_ITL_BUCKETS,
+        ),
+        E2E_REQUEST_LATENCY: Family(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            SGLANG_E2E_BUCKETS,
+            _STREAMING,
+        ),
+        REQUEST_QUEUE_TIME: Family(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            SGLANG_QUEUE_BUCKETS,
+            _SCHEDULER,
+        ),
+        REQUEST_PROMPT_TOKENS: Family(
+            "sglang:prompt_tokens_histogram", "Histogram of prompt token length.", SGLANG_TOKENS_BUCKETS
+        ),
+        REQUEST_GENERATION_TOKENS: Family(
+            "sglang:generation_tokens_histogram",
+            "Histogram of generation token length.",
+            SGLANG_TOKENS_BUCKETS,
+        ),
+        PROMPT_TOKENS: Family(
+            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", (), _STREAMING
+        ),
+        GENERATION_TOKENS: Family(
+            "sglang:generation_tokens_total", "Number of generation tokens processed.", (), _STREAMING
+        ),
+        REQUEST_SUCCESS: Family("sglang:num_requests_total", "Number of requests processed.", (), _STREAMING),
+        NUM_PREEMPTIONS: Family(
+            "sglang:num_retracted_requests_total", "Total number of retracted requests.", (), _SCHEDULER
+        ),
+        NUM_REQUESTS_RUNNING: Family(
+            "sglang:num_running_reqs", "The number of running requests.", (), _SCHEDULER
+        ),
+        NUM_REQUESTS_WAITING: Family(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", (), _SCHEDULER
+        ),
+        KV_CACHE_USAGE: Family("sglang:token_usage", "The token usage.", (), _SCHEDULER),
+    },
+    metrics_path="/metrics",  # on the API port, with --enable-metrics
+    health_path="/health",
+    tuner=TunerMetrics(
+        "sglang:inter_token_latency_seconds",
+        "sglang:time_to_first_token_seconds",
+        "sglang:generation_tokens_total",
+        "sglang:prompt_tokens_total",
+        "sglang:num_requests_total",
+    ),
+)
+
+# TensorRT-LLM (``tensorrt_llm/metrics/collector.py``, served by trtllm-serve at /prometheus/metrics;
+# /metrics is iteration statistics as JSON). 1.0-1.1 name the request families without a prefix,
+# later releases with ``trtllm_``; labels ``model_name`` and ``engine_type="trtllm"``. Request metrics
+# need ``return_perf_metrics``. There is no inter-token-latency histogram and no token counter.
+TRTLLM_PREFIX_SINCE: Final = (1, 2)
+
+
+def trtllm_metrics(version: str = "1.2.1") -> EngineMetricTable:
+    """TensorRT-LLM's table for ``version`` (the prefix differs by release)."""
+    numbers = tuple(int(n) for n in version.split(".")[:2] if n.isdigit())
+    prefix = "trtllm_" if numbers >= TRTLLM_PREFIX_SINCE else ""
+    families = {
+        REQUEST_SUCCESS: Family(
+            prefix + "request_success_total", "Count of successfully processed requests."
+        ),
+        E2E_REQUEST_LATENCY: Family(
+            prefix + "e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        ),
+        TIME_TO_FIRST_TOKEN: Family(
+            prefix + "time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        ),
+        REQUEST_TIME_PER_OUTPUT_TOKEN: Family(
+            prefix + "time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            ITL_BUCKETS,
+        ),
+        REQUEST_QUEUE_TIME: Family(
+            prefix + "request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        ),
+    }
+    if prefix:
+        families[KV_CACHE_USAGE] = Family(prefix + "kv_cache_utilization", "KV cache utilization")
+    return EngineMetricTable(
+        engine="trtllm",
+        version=version,
+        labels=(("engine_type", "trtllm"),),
+        families=families,
+        metrics_path="/prometheus/metrics",
+        health_path="/health",
+        tuner=TunerMetrics(
+            prefix + "time_per_output_token_seconds",
+            prefix + "time_to_first_token_seconds",
+            FINE_REQUEST_GENERATION_TOKENS + "_sum",
+            FINE_REQUEST_PROMPT_TOKENS + "_sum",
+            prefix + "request_success_total",
+        ),
+        notes=(
+            "ITL: TensorRT-LLM exports no inter-token histogram; the tuner reads the per-request "
+            "time-per-output-token histogram instead, whose quantiles average each request's stalls "
+            "over its tokens (so an ITL objective is judged on per-request TPOT).",
+            "Tokens: no prompt/generation token counters; the tuner reads the sums of Chunkpilot's "
+            "request-length histograms (chunkpilot:request_*_tokens, exported by the simulator) and "
+            "has no throughput reading on an engine without them.",
+        ),
+    )
+
+
+TRTLLM_METRICS: Final = trtllm_metrics()
+
+
+def _vllm_table() -> EngineMetricTable:
+    families = {name: Family(name, "", buckets) for name, buckets in HISTOGRAM_BUCKETS.items()}
+    for name in (*COUNTERS, *GAUGES):
+        families[name] = Family(name, "")
+    return EngineMetricTable(
+        engine="vllm",
+        version="0.33.0",
+        labels=((LABEL_ENGINE, ENGINE_LABEL_VALUE),),
+        families=families,
+        metrics_path="/metrics",
+        health_path="/health",
+        tuner=VLLM_TUNER,
+    )
+
+
+VLLM_METRICS: Final = _vllm_table()
+
+#: Metric tables by engine kind (``spec.engine.kind``; the simulator speaks vLLM's by default).
+ENGINE_METRICS: Final[dict[str, EngineMetricTable]] = {
+    "vllm": VLLM_METRICS,
+    "sim": VLLM_METRICS,
+    "sglang": SGLANG_METRICS,
+    "trtllm": TRTLLM_METRICS,
+}
+
+
+def engine_metrics(engine: str) -> EngineMetricTable:
+    """The metric table of an engine kind (ValueError naming the kinds for an unknown one)."""
+    try:
+        return ENGINE_METRICS[engine]
+    except KeyError:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_METRICS)}") from None
+
+
+def tuner_metrics(engine: str = "vllm") -> TunerMetrics:
+    """The series the tuner queries for an engine kind."""
+    return engine_metrics(engine).tuner

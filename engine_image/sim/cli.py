@@ -11,7 +11,13 @@ from typing import Any
 
 from chunkpilot.engine.sim import bench
 from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, find_capacity
-from chunkpilot.engine.sim.flags import add_engine_flags, profiles_help, sim_config_from_args
+from chunkpilot.engine.sim.flags import (
+    ENGINE_NAMES,
+    SGLANG_DEFAULT_PORT,
+    add_flags_for,
+    config_for,
+    profiles_help,
+)
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.workload import BUNDLED_TRACES, Workload, load_trace, parse_workload_spec
 from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
@@ -23,15 +29,65 @@ DEFAULT_CAPACITY_REQUESTS = 1000
 
 class _CommandParser(argparse.ArgumentParser):
     """A sub-command parser that reports unknown arguments itself, with its own usage line
-    (argparse otherwise hands them up to the top-level ``chunkpilot`` parser)."""
+    (argparse otherwise hands them up to the top-level ``chunkpilot`` parser).
+
+    A command with engine flags (``engine_flags`` set) adds those of the engine ``--engine`` names
+    (default vllm) just before parsing: each engine has its own spelling of the same knobs.
+    """
+
+    engine_flags: Any = None
 
     def parse_known_args(  # type: ignore[override]
         self, args: Any = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        if self.engine_flags is not None:
+            args = list(sys.argv[1:] if args is None else args)
+            engine = _peek_engine(args)
+            hook, self.engine_flags = self.engine_flags, None
+            hook(self, engine)
+            self.set_defaults(engine=engine)
+            if engine == "trtllm" and args[:1] == ["serve"]:
+                args = args[1:]  # ``trtllm-serve serve MODEL ...``: the sub-command of trtllm-serve
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+
+#: Flags only one engine spells this way: ``sim serve`` without ``--engine`` takes the dialect from
+#: them, so a pod's argument vector rendered for that engine runs on the simulator as it is.
+_SGLANG_MARKERS = ("--model-path", "--chunked-prefill-size", "--max-running-requests", "--context-length")
+_TRTLLM_MARKERS = ("--max_num_tokens", "--max_batch_size", "--extra_llm_api_options", "--max_seq_len")
+
+
+def _peek_engine(argv: list[str]) -> str:
+    """The engine ``argv`` names with ``--engine``, else the one whose flag spelling it uses, else vllm."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--engine" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--engine="):
+            value = arg.partition("=")[2]
+        else:
+            continue
+        return value if value in ENGINE_NAMES else "vllm"
+    flags = {arg.partition("=")[0] for arg in argv if arg.startswith("--")}
+    if flags.intersection(_SGLANG_MARKERS):
+        return "sglang"
+    if flags.intersection(_TRTLLM_MARKERS):
+        return "trtllm"
+    return "vllm"
+
+
+def _add_engine_choice(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default="vllm",
+        help="whose scheduling semantics, flag spelling and metric names to simulate (default vllm); "
+        "give it first to see that engine's flags in --help",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,12 +164,8 @@ def _add_serve_command(commands: argparse._SubParsersAction[_CommandParser]) -> 
         epilog=profiles_help(),
         allow_abbrev=False,
     )
-    serve.add_argument(
-        "model", metavar="MODEL", help="model profile name, Hugging Face id alias, or config.json path"
-    )
-    add_engine_flags(serve)
-    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    _add_engine_choice(serve)
+    serve.engine_flags = _serve_engine_flags
     serve.add_argument(
         "--time-scale",
         type=float,
@@ -121,6 +173,18 @@ def _add_serve_command(commands: argparse._SubParsersAction[_CommandParser]) -> 
         help="simulated seconds per wall second (default 1: real time)",
     )
     serve.set_defaults(func=_serve)
+
+
+def _serve_engine_flags(serve: argparse.ArgumentParser, engine: str) -> None:
+    model_help = "model profile name, Hugging Face id alias, or config.json path"
+    if engine == "sglang":
+        serve.add_argument("--model-path", dest="model", required=True, metavar="MODEL", help=model_help)
+    else:
+        serve.add_argument("model", metavar="MODEL", help=model_help)
+    add_flags_for(serve, engine)
+    port = SGLANG_DEFAULT_PORT if engine == "sglang" else 8000
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=port, help=f"port to listen on (default {port})")
 
 
 def _add_tokenizer_command(commands: argparse._SubParsersAction[_CommandParser]) -> None:
@@ -151,11 +215,17 @@ def _add_tokenizer_command(commands: argparse._SubParsersAction[_CommandParser])
     export.set_defaults(func=_tokenizer)
 
 
-def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
+def _offline_engine_flags(parser: argparse.ArgumentParser, engine: str) -> None:
+    names = ("--model", "--model-path") if engine == "sglang" else ("--model",)
     parser.add_argument(
-        "--model", default="llama-3.1-8b", help="model profile, HF id alias, or config.json path"
+        *names, dest="model", default="llama-3.1-8b", help="model profile, HF id alias, or config.json path"
     )
-    add_engine_flags(parser)
+    add_flags_for(parser, engine)
+
+
+def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
+    _add_engine_choice(parser)
+    parser.engine_flags = _offline_engine_flags  # type: ignore[attr-defined]
     source = parser.add_argument_group("workload").add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--trace",
@@ -202,7 +272,7 @@ def _workload(args: argparse.Namespace, limit: int | None) -> Workload:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = sim_config_from_args(args.model, args)
+        config = config_for(args.model, args)
         slo = _slo(args)
         summary = simulate(config, _workload(args, args.limit), slo)
     except (ValueError, OSError) as exc:
@@ -213,7 +283,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _capacity(args: argparse.Namespace) -> int:
     try:
-        config = sim_config_from_args(args.model, args)
+        config = config_for(args.model, args)
         slo = _slo(args)
         workload = _workload(args, args.requests)
         result = find_capacity(
@@ -245,16 +315,18 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--time-scale must be > 0, got {args.time_scale}")
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-        config = sim_config_from_args(args.model, args)
+        config = config_for(args.model, args)
         config.build()  # KV capacity and tensor-parallel checks, before the socket opens
         server_config = ServerConfig(
             sim=config,
-            served_model_names=tuple(args.served_model_name or [args.model]),
+            served_model_names=_served_names(args),
             time_scale=args.time_scale,
             host=args.host,
             port=args.port,
-            shutdown_timeout=args.shutdown_timeout,
+            shutdown_timeout=getattr(args, "shutdown_timeout", 0.0),
             live_adjust_token=os.environ.get(LIVE_ADJUST_TOKEN_ENV) or None,
+            metrics_enabled=getattr(args, "enable_metrics", True),
+            engine_version=getattr(args, "engine_version", None),
         )
     except (ValueError, OSError) as exc:
         return _error(args, exc)
@@ -264,6 +336,13 @@ def _serve(args: argparse.Namespace) -> int:
         reason = exc.strerror or str(exc)
         return _error(args, ValueError(f"cannot listen on {args.host}:{args.port}: {reason}"))
     return 0
+
+
+def _served_names(args: argparse.Namespace) -> tuple[str, ...]:
+    names = getattr(args, "served_model_name", None)
+    if isinstance(names, str):  # SGLang takes one name
+        names = [names]
+    return tuple(names or [args.model])
 
 
 def _tokenizer(args: argparse.Namespace) -> int:

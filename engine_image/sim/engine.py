@@ -6,8 +6,16 @@ from dataclasses import dataclass, field
 
 from chunkpilot.engine.sim.kvcache import KVCapacity, kv_capacity
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
-from chunkpilot.engine.sim.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerOutput
+from chunkpilot.engine.sim.scheduler import (
+    Engine,
+    RequestOutput,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
 from chunkpilot.engine.sim.steptime import StepProfile, StepTimeModel
+from chunkpilot.engine.sim.trtllm_scheduler import TRTLLMScheduler
 
 H100_CLASS_MIN_FLOPS = 900e12
 
@@ -19,9 +27,18 @@ def default_limits(accelerator: Accelerator) -> tuple[int, int]:
     return 2048, 256
 
 
+def make_scheduler(config: SchedulerConfig, num_kv_blocks: int, seed: int = 0) -> Scheduler:
+    """The scheduler of ``config.engine``: vLLM V1, SGLang or TensorRT-LLM semantics."""
+    if config.engine is Engine.SGLANG:
+        return SGLangScheduler(config, num_kv_blocks, seed)
+    if config.engine is Engine.TRTLLM:
+        return TRTLLMScheduler(config, num_kv_blocks, seed)
+    return Scheduler(config, num_kv_blocks, seed)
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """Everything that defines one simulated engine."""
+    """Everything that defines one simulated engine (``scheduler.engine`` says whose semantics)."""
 
     model: str = "llama-3.1-8b"
     accelerator: str = "h100"
@@ -31,6 +48,21 @@ class SimConfig:
     step_profile: str | None = None
     seed: int = 0
     num_kv_blocks: int | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """Whose scheduling semantics and metric names this engine reproduces."""
+        return self.scheduler.engine
+
+    @classmethod
+    def for_engine(cls, engine: Engine | str, **fields: object) -> SimConfig:
+        """A SimConfig with ``engine``'s semantics; ``fields`` are SimConfig fields and
+        SchedulerConfig fields (the latter go into ``scheduler``)."""
+        kind = Engine(engine)
+        names = set(SchedulerConfig.__dataclass_fields__)
+        sched = {k: v for k, v in fields.items() if k in names}
+        rest = {k: v for k, v in fields.items() if k not in names}
+        return cls(scheduler=SchedulerConfig(engine=kind, **sched), **rest)  # type: ignore[arg-type]
 
     def build(self) -> EngineCore:
         """Instantiate the engine this configuration describes."""
@@ -80,7 +112,7 @@ class EngineCore:
                 f"{config.tensor_parallel_size} x {self.accelerator.name}; "
                 "lower --max-model-len or raise --gpu-memory-utilization / --tensor-parallel-size"
             )
-        self.scheduler = Scheduler(sched, blocks, seed=config.seed)
+        self.scheduler = make_scheduler(sched, blocks, seed=config.seed)
 
     def step(self, now: float) -> StepResult | None:
         """Schedule and execute one step starting at ``now``; None when nothing can run."""

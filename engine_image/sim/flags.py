@@ -15,10 +15,22 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from chunkpilot.engine.sim.engine import SimConfig, default_limits
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
-from chunkpilot.engine.sim.profiles.loader import accelerator_names, load_accelerator, load_model, model_names
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.profiles.loader import (
+    ModelProfile,
+    accelerator_names,
+    load_accelerator,
+    load_model,
+    model_names,
+)
+from chunkpilot.engine.sim.scheduler import (
+    CapacitySchedulerPolicy,
+    Engine,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
 
 from chunkpilot.api import EngineSpec
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
@@ -171,3 +183,295 @@ def sim_config_from_args(model: str, args: argparse.Namespace) -> SimConfig:
 def profiles_help() -> str:
     """One line listing the built-in profiles (for --help epilogs)."""
     return f"models: {', '.join(model_names())}; accelerators: {', '.join(accelerator_names())}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Other engines. Each speaks its own command line (SGLang ``python -m sglang.launch_server``,
+# TensorRT-LLM ``trtllm-serve``), checked against their sources (sglang 0.5.23
+# ``srt/arg_groups/fields``; TensorRT-LLM 1.x ``tensorrt_llm/commands/serve.py``); the scheduler knobs
+# land in the same SchedulerConfig fields as vLLM's (see :class:`SchedulerConfig`).
+
+#: SGLang's ``--schedule-policy`` values and the ones the simulator reproduces.
+SGLANG_POLICIES = (
+    "lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
+    "shortest-prefill-first",
+)  # fmt: skip
+SGLANG_SIMULATED_POLICIES = ("fcfs", "lpm", "lof", "random")
+#: ``--max-running-requests`` when unset: SGLang takes the request pool size, which is at least
+#: 2048 (``max(context-derived, 2048)``, at most 4096) on the GPUs profiled here.
+SGLANG_DEFAULT_MAX_RUNNING = 2048
+#: ``--mem-fraction-static`` when unset (SGLang derives it from the GPU; about this on 80 GB).
+SGLANG_DEFAULT_MEM_FRACTION = 0.88
+SGLANG_DEFAULT_PORT = 30000
+TRTLLM_DEFAULT_MAX_BATCH_SIZE = 2048
+TRTLLM_DEFAULT_MAX_NUM_TOKENS = 8192
+TRTLLM_DEFAULT_TOKENS_PER_BLOCK = 32
+TRTLLM_DEFAULT_PORT = 8000
+SGLANG_PINNED_VERSION = "0.5.23"
+TRTLLM_PINNED_VERSION = "1.2.1"
+
+
+def _sglang_chunk_default(accelerator_memory_bytes: int) -> int:
+    """SGLang's ``--chunked-prefill-size`` default by GPU memory (``_handle_gpu_memory_settings``)."""
+    mib = accelerator_memory_bytes / 2**20
+    if mib < 20 * 1024:
+        return 2048
+    if mib < 60 * 1024:
+        return 4096
+    if mib < 160 * 1024:
+        return 8192
+    return 16384
+
+
+def _add_sim_only(parser: argparse.ArgumentParser) -> None:
+    s = parser.add_argument_group("simulator flags")
+    s.add_argument(
+        "--gpu", default="h100", help=f"accelerator profile ({', '.join(accelerator_names())}) or JSON path"
+    )
+    s.add_argument("--step-profile", default=None, help="measured step profile JSON from the GPU probe")
+
+
+def add_sglang_flags(parser: argparse.ArgumentParser) -> None:
+    """SGLang ``launch_server`` flags for the scheduler knobs (and a few accepted, then ignored)."""
+    g = parser.add_argument_group("SGLang server flags")
+    g.add_argument("--served-model-name", default=None, help="name the API answers to")
+    g.add_argument("--tp-size", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, default=1)
+    g.add_argument("--context-length", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="tokens per prefill chunk, -1 disables chunking (default: by GPU memory)",
+    )
+    g.add_argument("--max-prefill-tokens", type=int, default=16384, help="tokens in one prefill batch")
+    g.add_argument("--max-running-requests", type=int, default=None, help="running-request limit")
+    g.add_argument("--schedule-policy", default="fcfs", choices=SGLANG_POLICIES)
+    g.add_argument("--enable-mixed-chunk", action="store_true", help="mix prefill chunks with decodes")
+    g.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
+    g.add_argument("--mem-fraction-static", type=float, default=None, help="memory fraction for weights+KV")
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
+    g.add_argument("--page-size", type=int, default=1, help="accepted (KV is modelled in 16-token blocks)")
+    g.add_argument("--random-seed", dest="seed", type=int, default=0)
+    g.add_argument("--trust-remote-code", action="store_true")
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--log-level", default="info")
+    _add_sim_only(parser)
+
+
+def add_trtllm_flags(parser: argparse.ArgumentParser) -> None:
+    """``trtllm-serve`` flags for the scheduler knobs (and a few accepted, then ignored)."""
+    g = parser.add_argument_group("trtllm-serve flags")
+    g.add_argument("--backend", default="pytorch", choices=("pytorch", "tensorrt", "trt", "_autodeploy"))
+    g.add_argument("--max_batch_size", type=int, default=None, help="most requests scheduled at once")
+    g.add_argument("--max_num_tokens", type=int, default=None, help="token budget of one batch")
+    g.add_argument("--max_seq_len", type=int, default=None, help="prompt plus output (default: the model's)")
+    g.add_argument("--max_beam_width", type=int, default=1, choices=(1,), help="only 1 is simulated")
+    g.add_argument("--tensor_parallel_size", "--tp_size", dest="tensor_parallel_size", type=int, default=1)
+    g.add_argument(
+        "--kv_cache_free_gpu_memory_fraction",
+        "--free_gpu_memory_fraction",
+        dest="free_gpu_memory_fraction",
+        type=float,
+        default=None,
+        help="fraction of the free memory after the weights for the KV cache (0.9)",
+    )
+    g.add_argument(
+        "--enable_chunked_prefill",
+        action="store_true",
+        default=None,
+        help="chunked prefill (chunked context)",
+    )
+    g.add_argument(
+        "--extra_llm_api_options",
+        "--config",
+        dest="extra_llm_api_options",
+        default=None,
+        help="YAML file of LLM API options (enable_chunked_prefill, scheduler_config, kv_cache_config, ...)",
+    )
+    g.add_argument("--trust_remote_code", action="store_true")
+    g.add_argument("--log_level", default="info")
+    g.add_argument("--seed", type=int, default=0, help="simulator seed")
+    _add_sim_only(parser)
+    parser.add_argument(
+        "--engine-version",
+        default=TRTLLM_PINNED_VERSION,
+        help=f"TensorRT-LLM release whose metric names to serve (default {TRTLLM_PINNED_VERSION}; "
+        "before 1.2 they carry no trtllm_ prefix)",
+    )
+
+
+#: Top-level keys of the extra LLM-API options file the simulator reads.
+_TRTLLM_KEYS = {
+    "enable_chunked_prefill": bool,
+    "max_num_tokens": int,
+    "max_batch_size": int,
+    "max_seq_len": int,
+    "scheduler_config": dict,
+    "kv_cache_config": dict,
+}
+_CAPACITY_POLICIES = {p.value for p in CapacitySchedulerPolicy}
+_CHUNKING_POLICIES = ("FIRST_COME_FIRST_SERVED",)
+
+
+def load_trtllm_options(path: str) -> dict[str, Any]:
+    """Read and check the ``--extra_llm_api_options`` YAML (raises ValueError naming the key)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"--extra_llm_api_options {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--extra_llm_api_options {path}: not valid YAML ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--extra_llm_api_options {path}: must be a mapping of LLM API options")
+    for key, kind in _TRTLLM_KEYS.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise ValueError(f"--extra_llm_api_options: {key} must be a {kind.__name__}")
+    sched = data.get("scheduler_config") or {}
+    policy = sched.get("capacity_scheduler_policy", CapacitySchedulerPolicy.GUARANTEED_NO_EVICT.value)
+    if policy not in _CAPACITY_POLICIES:
+        raise ValueError(
+            f"--extra_llm_api_options: scheduler_config.capacity_scheduler_policy {policy!r} is not "
+            f"simulated; use one of {', '.join(sorted(_CAPACITY_POLICIES))}"
+        )
+    chunking = sched.get("context_chunking_policy", _CHUNKING_POLICIES[0])
+    if chunking not in _CHUNKING_POLICIES:
+        raise ValueError(
+            f"--extra_llm_api_options: scheduler_config.context_chunking_policy {chunking!r} is not "
+            "simulated; use FIRST_COME_FIRST_SERVED"
+        )
+    kv = data.get("kv_cache_config") or {}
+    for key in ("tokens_per_block",):
+        if key in kv and (not isinstance(kv[key], int) or isinstance(kv[key], bool) or kv[key] < 1):
+            raise ValueError(f"--extra_llm_api_options: kv_cache_config.{key} must be a positive integer")
+    if "free_gpu_memory_fraction" in kv and not isinstance(kv["free_gpu_memory_fraction"], int | float):
+        raise ValueError("--extra_llm_api_options: kv_cache_config.free_gpu_memory_fraction must be a number")
+    return data
+
+
+def _model_len(args_value: int | None, flag: str, profile: ModelProfile) -> int:
+    max_model_len = args_value or profile.max_position_embeddings
+    if max_model_len > profile.max_position_embeddings:
+        raise ValueError(
+            f"{flag} {max_model_len} exceeds the {profile.max_position_embeddings} positions of "
+            f"{profile.name}"
+        )
+    return max_model_len
+
+
+def _sglang_config(model: str, args: argparse.Namespace) -> SimConfig:
+    profile = load_model(model)
+    accelerator = load_accelerator(args.gpu)
+    if args.schedule_policy not in SGLANG_SIMULATED_POLICIES:
+        raise ValueError(
+            f"--schedule-policy {args.schedule_policy} is not simulated; use one of "
+            f"{', '.join(SGLANG_SIMULATED_POLICIES)}"
+        )
+    chunk = args.chunked_prefill_size
+    if chunk is None:
+        chunk = _sglang_chunk_default(accelerator.memory_bytes)
+    chunked = chunk > 0
+    max_model_len = _model_len(args.context_length, "--context-length", profile)
+    scheduler = SchedulerConfig(
+        engine=Engine.SGLANG,
+        max_num_batched_tokens=chunk if chunked else args.max_prefill_tokens,
+        max_num_seqs=args.max_running_requests or SGLANG_DEFAULT_MAX_RUNNING,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=not args.disable_radix_cache,
+        max_prefill_tokens=args.max_prefill_tokens,
+        enable_mixed_chunk=args.enable_mixed_chunk,
+        policy=SchedulingPolicy(args.schedule_policy),
+    )
+    fraction = args.mem_fraction_static
+    if fraction is None:
+        fraction = SGLANG_DEFAULT_MEM_FRACTION
+    return SimConfig(
+        model=model,
+        accelerator=args.gpu,
+        tensor_parallel_size=args.tensor_parallel_size,
+        scheduler=scheduler,
+        gpu_memory_utilization=fraction,
+        step_profile=args.step_profile,
+        seed=args.seed,
+    )
+
+
+def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
+    profile = load_model(model)
+    accelerator = load_accelerator(args.gpu)
+    extra = load_trtllm_options(args.extra_llm_api_options) if args.extra_llm_api_options else {}
+    sched_extra = extra.get("scheduler_config") or {}
+    kv_extra = extra.get("kv_cache_config") or {}
+
+    def pick(name: str, default: Any) -> Any:
+        # The options file overrides the command line, as update_llm_args_with_extra_dict does.
+        if name in extra:
+            return extra[name]
+        value = getattr(args, name)
+        return default if value is None else value
+
+    chunked = bool(pick("enable_chunked_prefill", False))
+    budget = int(pick("max_num_tokens", TRTLLM_DEFAULT_MAX_NUM_TOKENS))
+    seq_len = pick("max_seq_len", None)
+    if seq_len is None and not chunked:
+        # Without chunking a prompt longer than max_num_tokens can never run: the engine refuses it.
+        seq_len = min(profile.max_position_embeddings, budget)
+    max_model_len = _model_len(seq_len, "--max_seq_len", profile)
+    fraction = kv_extra.get("free_gpu_memory_fraction", args.free_gpu_memory_fraction)
+    if fraction is None:
+        fraction = 0.9
+    if not 0.0 < float(fraction) <= 1.0:
+        raise ValueError(f"--kv_cache_free_gpu_memory_fraction must be in (0, 1], got {fraction}")
+    # TensorRT-LLM gives the KV cache a fraction of the memory left after the weights; the
+    # simulator's utilisation is a fraction of all of it.
+    weights = profile.weight_bytes / (accelerator.memory_bytes * args.tensor_parallel_size)
+    utilisation = min(1.0, float(fraction) * (1.0 - weights) + weights)
+    scheduler = SchedulerConfig(
+        engine=Engine.TRTLLM,
+        max_num_batched_tokens=budget,
+        max_num_seqs=int(pick("max_batch_size", TRTLLM_DEFAULT_MAX_BATCH_SIZE)),
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=bool(kv_extra.get("enable_block_reuse", True)),
+        capacity_scheduler_policy=CapacitySchedulerPolicy(
+            sched_extra.get("capacity_scheduler_policy", CapacitySchedulerPolicy.GUARANTEED_NO_EVICT.value)
+        ),
+        chunk_unit_size=int(kv_extra.get("tokens_per_block", TRTLLM_DEFAULT_TOKENS_PER_BLOCK)),
+    )
+    return SimConfig(
+        model=model,
+        accelerator=args.gpu,
+        tensor_parallel_size=args.tensor_parallel_size,
+        scheduler=scheduler,
+        gpu_memory_utilization=utilisation,
+        step_profile=args.step_profile,
+        seed=args.seed,
+    )
+
+
+ENGINE_NAMES = tuple(e.value for e in Engine)
+
+
+def add_flags_for(parser: argparse.ArgumentParser, engine: str) -> None:
+    """Add ``engine``'s own scheduler flags (and the simulator's) to ``parser``."""
+    kind = Engine(engine)
+    if kind is Engine.SGLANG:
+        add_sglang_flags(parser)
+    elif kind is Engine.TRTLLM:
+        add_trtllm_flags(parser)
+    else:
+        add_engine_flags(parser)
+
+
+def config_for(model: str, args: argparse.Namespace) -> SimConfig:
+    """Translate the parsed flags of ``args.engine`` (default vllm) into a validated SimConfig."""
+    kind = Engine(getattr(args, "engine", Engine.VLLM.value))
+    if kind is Engine.SGLANG:
+        return _sglang_config(model, args)
+    if kind is Engine.TRTLLM:
+        return _trtllm_config(model, args)
+    return sim_config_from_args(model, args)

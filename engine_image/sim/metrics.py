@@ -1,4 +1,9 @@
-"""A tiny Prometheus registry with the vLLM V1 metrics and the text exposition format (0.0.4)."""
+"""A tiny Prometheus registry with the vLLM V1 metrics and the text exposition format (0.0.4).
+
+With another engine's :class:`~chunkpilot.engine.metrics_names.EngineMetricTable` the same
+observations are exported under that engine's names, labels and buckets instead; quantities the
+engine does not export are dropped. The ``chunkpilot:*`` families are the same for every engine.
+"""
 
 from __future__ import annotations
 
@@ -256,19 +261,35 @@ def _fmt(value: float) -> str:
 
 
 class EngineMetrics:
-    """The vLLM metric set of one engine, labelled with ``model_name`` and ``engine``."""
+    """The vLLM metric set of one engine, labelled with ``model_name`` and ``engine`` (or, with
+    ``table``, another engine's metric set)."""
 
     def __init__(
-        self, model_name: str, engine: str = names.ENGINE_LABEL_VALUE, *, max_model_len: int | None = None
+        self,
+        model_name: str,
+        engine: str = names.ENGINE_LABEL_VALUE,
+        *,
+        max_model_len: int | None = None,
+        table: names.EngineMetricTable | None = None,
     ) -> None:
+        self.table = None if table is None or table.engine == "vllm" else table
         self.labels = f'{names.LABEL_ENGINE}="{engine}",{names.LABEL_MODEL_NAME}="{_escape(model_name)}"'
-        self.histograms = {name: Histogram(buckets) for name, buckets in names.HISTOGRAM_BUCKETS.items()}
+        if self.table is not None:
+            own = ",".join(f'{key}="{value}"' for key, value in self.table.labels)
+            self.labels = f'{names.LABEL_MODEL_NAME}="{_escape(model_name)}",{own}'
+            self.histograms = {
+                name: Histogram(family.buckets)
+                for name, family in self.table.families.items()
+                if family.buckets
+            }
+        else:
+            self.histograms = {name: Histogram(buckets) for name, buckets in names.HISTOGRAM_BUCKETS.items()}
         self.histograms[SCHEDULED_TOKENS_PER_STEP] = Histogram(names.ITERATION_TOKENS_BUCKETS)
         self.histograms[names.FINE_INTER_TOKEN_LATENCY] = Histogram(names.FINE_ITL_BUCKETS)
         self.histograms[names.FINE_TIME_TO_FIRST_TOKEN] = Histogram(names.FINE_TTFT_BUCKETS)
         for name in (names.FINE_REQUEST_PROMPT_TOKENS, names.FINE_REQUEST_GENERATION_TOKENS):
             self.histograms[name] = Histogram(names.FINE_REQUEST_TOKENS_BUCKETS)
-        if max_model_len is not None:  # vLLM sizes these by --max-model-len
+        if max_model_len is not None and self.table is None:  # vLLM sizes these by --max-model-len
             for name in (names.REQUEST_PROMPT_TOKENS, names.REQUEST_GENERATION_TOKENS):
                 self.histograms[name] = Histogram(names.request_tokens_buckets(max_model_len))
         self.request_tokens_product = 0.0
@@ -280,8 +301,11 @@ class EngineMetrics:
         self.gauges: dict[str, float] = {name: 0.0 for name in names.GAUGES}
 
     def observe(self, name: str, value: float) -> None:
-        """Observe ``value`` in histogram ``name`` (vLLM's ITL and TTFT also in the finer ones)."""
-        self.histograms[name].observe(value)
+        """Observe ``value`` in histogram ``name`` (vLLM's ITL and TTFT also in the finer ones);
+        a quantity the engine does not export is only mirrored."""
+        hist = self.histograms.get(name)
+        if hist is not None:
+            hist.observe(value)
         fine = _FINE_MIRRORS.get(name)
         if fine is not None:
             self.histograms[fine].observe(value)
@@ -333,6 +357,8 @@ class EngineMetrics:
 
     def render(self) -> str:
         """The whole registry in Prometheus text format."""
+        if self.table is not None:
+            return self._render_table(self.table)
         lines: list[str] = []
         for name, gauge in self.gauges.items():
             lines += [
@@ -355,6 +381,49 @@ class EngineMetrics:
         for name, hist in self.histograms.items():
             lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
             lines += _histogram_lines(name, self.labels, hist)
+        product = names.REQUEST_TOKENS_PRODUCT
+        lines += [f"# HELP {product} {_HELP[product]}", f"# TYPE {product} counter"]
+        lines.append(f"{product}{{{self.labels}}} {_fmt(self.request_tokens_product)}")
+        lines += self.steps.render(self.labels)
+        return "\n".join(lines) + "\n"
+
+    def _render_table(self, table: names.EngineMetricTable) -> str:
+        """The registry under another engine's names, labels and buckets, then the Chunkpilot families."""
+        lines: list[str] = []
+
+        def series(family: names.Family, extra: str = "") -> str:
+            own = "".join(f',{key}="{value}"' for key, value in family.labels)
+            return f"{self.labels}{own}{extra}"
+
+        for key, family in table.families.items():
+            if family.buckets:
+                kind = "histogram"
+            elif key in self.gauges:
+                kind = "gauge"
+            else:
+                kind = "counter"
+            lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {kind}"]
+            if kind == "histogram":
+                lines += _histogram_lines(family.name, series(family), self.histograms[key])
+            elif kind == "gauge":
+                lines.append(f"{family.name}{{{series(family)}}} {_fmt(self.gauges[key])}")
+            elif key == names.REQUEST_SUCCESS and table.engine != "sglang":
+                for reason, value in self.success.items():
+                    extra = f',{names.LABEL_FINISHED_REASON}="{reason}"'
+                    lines.append(f"{family.name}{{{series(family, extra)}}} {_fmt(value)}")
+            elif key == names.REQUEST_SUCCESS:
+                lines.append(f"{family.name}{{{series(family)}}} {_fmt(sum(self.success.values()))}")
+            else:
+                lines.append(f"{family.name}{{{series(family)}}} {_fmt(self.counters.get(key, 0.0))}")
+        for name in (
+            SCHEDULED_TOKENS_PER_STEP,
+            names.FINE_INTER_TOKEN_LATENCY,
+            names.FINE_TIME_TO_FIRST_TOKEN,
+            names.FINE_REQUEST_PROMPT_TOKENS,
+            names.FINE_REQUEST_GENERATION_TOKENS,
+        ):
+            lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} histogram"]
+            lines += _histogram_lines(name, self.labels, self.histograms[name])
         product = names.REQUEST_TOKENS_PRODUCT
         lines += [f"# HELP {product} {_HELP[product]}", f"# TYPE {product} counter"]
         lines.append(f"{product}{{{self.labels}}} {_fmt(self.request_tokens_product)}")

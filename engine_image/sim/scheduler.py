@@ -1,5 +1,10 @@
 """vLLM V1 scheduling semantics: one pass per step over running, then waiting requests.
 
+The other engines' policies (:mod:`~chunkpilot.engine.sim.sglang_scheduler`,
+:mod:`~chunkpilot.engine.sim.trtllm_scheduler`) subclass :class:`Scheduler` and replace only
+:meth:`Scheduler.schedule`; :attr:`SchedulerConfig.engine` picks one (see ``make_scheduler`` in
+:mod:`~chunkpilot.engine.sim.engine`).
+
 Invariant at the top of every pass: each request is in exactly one of ``running`` (holding KV blocks
 for its computed tokens) or ``waiting`` (FCFS order, preempted requests at the front, holding none),
 and ``len(running) <= max_running``. Running requests are served first, in order: each takes
@@ -21,10 +26,28 @@ from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
 from chunkpilot.engine.sim.steptime import ForwardPass
 
 
+class Engine(Enum):
+    """Whose scheduling semantics, flags and metric names the simulator reproduces."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class CapacitySchedulerPolicy(Enum):
+    """TensorRT-LLM's capacity scheduler policies (``scheduler_config.capacity_scheduler_policy``)."""
+
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+
+
 class SchedulingPolicy(Enum):
-    """Order in which waiting requests are admitted."""
+    """Order in which waiting requests are admitted (vLLM: FCFS; the others are SGLang's)."""
 
     FCFS = "fcfs"
+    LPM = "lpm"  # longest prefix match first
+    LOF = "lof"  # longest output first
+    RANDOM = "random"
 
 
 class PreemptionMode(Enum):
@@ -52,7 +75,14 @@ class FinishReason(Enum):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """The vLLM scheduler knobs the simulator honours (names follow the CLI flags)."""
+    """The scheduler knobs the simulator honours (names follow vLLM's CLI flags).
+
+    For the other engines (``engine``) the common fields carry their knobs: SGLang's
+    ``--chunked-prefill-size`` is ``max_num_batched_tokens`` (``enable_chunked_prefill`` false for
+    -1) and ``--max-running-requests`` is ``max_num_seqs``; TensorRT-LLM's ``max_num_tokens`` is
+    ``max_num_batched_tokens`` and ``max_batch_size`` is ``max_num_seqs``. The fields after
+    ``engine`` belong to one engine each.
+    """
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
@@ -69,6 +99,15 @@ class SchedulerConfig:
     block_size: int = BLOCK_SIZE
     policy: SchedulingPolicy = SchedulingPolicy.FCFS
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+    engine: Engine = Engine.VLLM
+    #: SGLang ``--max-prefill-tokens``: the token cap of one prefill batch.
+    max_prefill_tokens: int = 16384
+    #: SGLang ``--enable-mixed-chunk``: run a prefill chunk together with the running decodes.
+    enable_mixed_chunk: bool = False
+    #: TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``.
+    capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    #: TensorRT-LLM ``kv_cache_config.tokens_per_block``: a truncated context chunk is a multiple of it.
+    chunk_unit_size: int = 32
 
     def __post_init__(self) -> None:
         errors = self.problems()
@@ -76,7 +115,11 @@ class SchedulerConfig:
             raise ValueError("; ".join(errors))
 
     def problems(self) -> list[str]:
-        """Configuration errors in vLLM's wording, each naming the flag and the fix."""
+        """Configuration errors in the engine's wording, each naming the flag and the fix."""
+        if self.engine is Engine.SGLANG:
+            return self._sglang_problems()
+        if self.engine is Engine.TRTLLM:
+            return self._trtllm_problems()
         out: list[str] = []
         budget, seqs = self.max_num_batched_tokens, self.max_num_seqs
         if budget < 1 or seqs < 1 or self.max_model_len < 1:
@@ -120,6 +163,53 @@ class SchedulerConfig:
             )
         if not 0.0 <= self.spec_acceptance_rate <= 1.0:
             out.append("--spec-acceptance-rate must be in [0, 1]")
+        return out
+
+    def _sglang_problems(self) -> list[str]:
+        out: list[str] = []
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            out.append(
+                "--chunked-prefill-size (or -1 to disable), --max-running-requests and "
+                "--context-length must be positive"
+            )
+        if self.max_prefill_tokens < 1:
+            out.append(f"--max-prefill-tokens ({self.max_prefill_tokens}) must be positive")
+        if self.enable_mixed_chunk and not self.enable_chunked_prefill:
+            out.append("--enable-mixed-chunk needs chunked prefill (--chunked-prefill-size > 0)")
+        out += self._common_problems()
+        return out
+
+    def _trtllm_problems(self) -> list[str]:
+        out: list[str] = []
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            out.append("--max_num_tokens, --max_batch_size and --max_seq_len must be positive")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            out.append(
+                f"--max_num_tokens ({self.max_num_batched_tokens}) is smaller than --max_seq_len "
+                f"({self.max_model_len}) without chunked prefill: a long prompt could never be "
+                "scheduled; raise --max_num_tokens, lower --max_seq_len or enable_chunked_prefill"
+            )
+        if self.chunk_unit_size < 1:
+            out.append("kv_cache_config.tokens_per_block must be positive")
+        elif self.enable_chunked_prefill and self.max_num_batched_tokens < self.chunk_unit_size:
+            out.append(
+                f"--max_num_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"kv_cache_config.tokens_per_block ({self.chunk_unit_size}) with chunked prefill"
+            )
+        out += self._common_problems()
+        return out
+
+    def _common_problems(self) -> list[str]:
+        out: list[str] = []
+        if self.num_speculative_tokens:
+            out.append(f"speculative decoding is simulated for vLLM only, not {self.engine.value}")
+        if not 0.0 <= self.spec_acceptance_rate <= 1.0:
+            out.append("--spec-acceptance-rate must be in [0, 1]")
+        for name in ("max_num_active_seqs", "max_num_partial_prefills", "max_long_partial_prefills"):
+            if getattr(self, name) is not None:
+                out.append(f"{name} is a vLLM knob; {self.engine.value} cannot honour it")
+        if self.long_prefill_token_threshold:
+            out.append(f"long_prefill_token_threshold is a vLLM knob; {self.engine.value} cannot honour it")
         return out
 
     @property
@@ -418,6 +508,56 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = now
+
+    # ---- building blocks of the other engines' policies -------------------------------------
+    def _prefix_hits(self, request: Request) -> int:
+        """Leading prompt blocks of a waiting request resident in the prefix cache."""
+        if request.num_computed_tokens == 0 and request.block_hashes:
+            return self.kv.lookup(request.block_hashes, request.num_tokens)
+        return 0
+
+    def _admit(self, index: int, hits: int, num_new: int, now: float) -> bool:
+        """Move ``waiting[index]`` to ``running`` holding its ``hits`` cached blocks plus KV for
+        ``num_new`` more tokens; False, with nothing changed, when those blocks are not free."""
+        request = self.waiting[index]
+        cached_tokens = hits * self.config.block_size
+        hit_hashes = request.block_hashes[:hits]
+        self.kv.acquire_cached(hit_hashes)
+        needed = self.kv.blocks_for(cached_tokens + num_new) - hits
+        if not self.kv.allocate(needed):
+            self.kv.release(0, list(hit_hashes))
+            return False
+        del self.waiting[index]
+        if request.block_hashes and request.status is RequestStatus.WAITING:
+            self.kv.record_query(request.prompt_tokens, hits)
+        request.cached_hashes = list(hit_hashes)
+        request.plain_blocks = max(needed, 0)
+        request.num_computed_tokens = cached_tokens
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = cached_tokens
+        if num_new > 0 and request.first_scheduled_s is None:
+            request.first_scheduled_s = now
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return True
+
+    def _grow(self, request: Request, num_new: int) -> bool:
+        """Allocate the KV blocks a running request needs for ``num_new`` more tokens."""
+        needed = self.kv.blocks_for(request.num_computed_tokens + num_new) - request.held_blocks
+        if needed <= 0:
+            return True
+        if not self.kv.allocate(needed):
+            return False
+        request.plain_blocks += needed
+        return True
+
+    def _output(self, scheduled: list[ScheduledRequest], preempted: list[Request]) -> SchedulerOutput:
+        total = sum(item.num_new_tokens for item in scheduled)
+        if self.check_invariants:
+            self._check()
+        return SchedulerOutput(
+            tuple(scheduled), tuple(preempted), total, self._forward_pass(scheduled, total)
+        )
 
     # ---- helpers ---------------------------------------------------------------------------
     def _long_prefill_cap(self) -> int:

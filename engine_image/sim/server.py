@@ -16,6 +16,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,14 @@ class ServerConfig:
     #: Bearer token of the live-adjustment route (``CHUNKPILOT_LIVE_ADJUST_TOKEN``); None: the
     #: route answers 503, like the vLLM plugin's.
     live_adjust_token: str | None = None
+    #: SGLang serves its metrics only with ``--enable-metrics`` (else /metrics answers 404).
+    metrics_enabled: bool = True
+    #: The simulated engine's release where its metric names depend on it (TensorRT-LLM).
+    engine_version: str | None = None
+
+
+#: Iteration statistics TensorRT-LLM's ``/metrics`` keeps until read.
+ITERATION_STATS_KEPT = 1000
 
 
 class SimEngineServer:
@@ -83,7 +92,17 @@ class SimEngineServer:
         self.config = config
         self.core: EngineCore = config.sim.build()
         self.model_name = config.served_model_names[0]
-        self.metrics = EngineMetrics(self.model_name, max_model_len=self.core.scheduler.config.max_model_len)
+        engine = config.sim.engine.value
+        self.table = (
+            names.trtllm_metrics(config.engine_version)
+            if engine == "trtllm" and config.engine_version
+            else names.engine_metrics(engine)
+        )
+        self.metrics = EngineMetrics(
+            self.model_name, max_model_len=self.core.scheduler.config.max_model_len, table=self.table
+        )
+        self.iteration_stats: deque[dict[str, Any]] = deque(maxlen=ITERATION_STATS_KEPT)
+        self._iteration = 0
         self.streams: dict[str, Choice] = {}
         self._wall0 = time.monotonic()
         self._sim_clock = 0.0
@@ -128,8 +147,11 @@ class SimEngineServer:
         from chunkpilot.engine.sim.openai_api import OpenAIRoutes
 
         app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get(self.table.health_path, self.health)
+        if self.config.metrics_enabled:
+            app.router.add_get(self.table.metrics_path, self.metrics_handler)
+        if self.table.engine == "trtllm":
+            app.router.add_get("/metrics", self.iteration_stats_handler)
         app.router.add_get(LIVE_ADJUST_ROUTE, self.get_limits)
         app.router.add_put(LIVE_ADJUST_ROUTE, self.put_limits)
         OpenAIRoutes(self).add_to(app.router)
@@ -201,12 +223,49 @@ class SimEngineServer:
                 m.finished(stream.plan.finish_reason if stream is not None else "length")
                 m.observe(names.E2E_REQUEST_LATENCY, end - request.arrival_s)
                 m.observe(names.REQUEST_DECODE_TIME, end - (request.first_token_s or end))
+                if request.num_output_tokens > 1 and request.first_token_s is not None:
+                    tpot = (end - request.first_token_s) / (request.num_output_tokens - 1)
+                    m.observe(names.REQUEST_TIME_PER_OUTPUT_TOKEN, tpot)
             if stream is not None:
                 stream.queue.put_nowait((stream.index, out.new_tokens, out.finished))
         kv = self.core.scheduler.kv
         m.counters[names.PREFIX_CACHE_QUERIES] = float(kv.queries)
         m.counters[names.PREFIX_CACHE_HITS] = float(kv.hits)
         self._update_gauges()
+        if self.table.engine == "trtllm":
+            self._record_iteration(result)
+
+    def _record_iteration(self, result: StepResult) -> None:
+        """One entry of TensorRT-LLM's iteration statistics (the fields its /metrics JSON carries)."""
+        sched = self.core.scheduler
+        kv = sched.kv
+        context = [item for item in result.output.scheduled if item.is_prefill]
+        self._iteration += 1
+        self.iteration_stats.append(
+            {
+                "iter": self._iteration,
+                "iterLatencyMS": result.duration_s * 1e3,
+                "numActiveRequests": len(sched.running),
+                "numQueuedRequests": len(sched.waiting),
+                "numCompletedRequests": sum(1 for out in result.results if out.finished),
+                "maxNumActiveRequests": sched.config.max_num_seqs,
+                "maxBatchSizeRuntime": sched.config.max_num_seqs,
+                "maxNumTokensRuntime": sched.config.max_num_batched_tokens,
+                "kvCacheStats": {
+                    "maxNumBlocks": kv.num_blocks,
+                    "freeNumBlocks": kv.num_free_blocks,
+                    "usedNumBlocks": kv.num_blocks - kv.num_free_blocks,
+                    "tokensPerBlock": kv.block_size,
+                },
+                "inflightBatchingStats": {
+                    "numContextRequests": len(context),
+                    "numCtxTokens": sum(item.num_new_tokens for item in context),
+                    "numGenRequests": len(result.output.scheduled) - len(context),
+                    "numPausedRequests": len(result.output.preempted),
+                    "numScheduledRequests": len(result.output.scheduled),
+                },
+            }
+        )
 
     def _update_gauges(self) -> None:
         sched = self.core.scheduler
@@ -252,6 +311,12 @@ class SimEngineServer:
         """Prometheus text exposition."""
         self._update_gauges()
         return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def iteration_stats_handler(self, _: web.Request) -> web.Response:
+        """TensorRT-LLM's ``/metrics``: the iteration statistics since the last read, as JSON."""
+        stats = list(self.iteration_stats)
+        self.iteration_stats.clear()
+        return web.json_response(stats)
 
     # ---- live adjustment (the vLLM plugin's contract, see chunkpilot.engine.vllm_plugin.endpoint)
     def _limits_refusal(self, request: web.Request) -> web.Response | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chunkpilot.engine.sim.flags import sim_config_from_args
+from chunkpilot.engine.sim.flags import config_for, sim_config_from_args
 from chunkpilot.engine.sim.workload import resolve_trace
 
 from chunkpilot.cli import build_parser, main
@@ -137,28 +137,53 @@ def test_serve_rejects_a_bad_configuration_before_listening(capsys: pytest.Captu
     assert "--tensor-parallel-size 3 must divide" in capsys.readouterr().err
 
 
-def _example_engine_args() -> list[tuple[str, list[str]]]:
+def _example_engine_args() -> list[tuple[str, str, list[str], dict[str, str]]]:
     from chunkpilot.operator.engines import render_engine
     from chunkpilot.operator.engines.common import EngineRender
 
     from chunkpilot.api import InferenceService
 
-    cases: list[tuple[str, list[str]]] = []
+    cases: list[tuple[str, str, list[str], dict[str, str]]] = []
     for path in sorted((REPO / "examples").glob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
             if not document or document.get("kind") != "InferenceService":
                 continue
-            if (document["spec"].get("engine") or {}).get("kind") in ("sglang", "trtllm"):
-                continue  # their own command lines, checked by their own parser tiers
-            render = render_engine(InferenceService.from_manifest(document).spec)
+            spec = InferenceService.from_manifest(document).spec
+            render = render_engine(spec)
             assert isinstance(render, EngineRender), f"{path.name}: {render}"
-            cases.append((path.name, list(render.args)))
+            env = {item["name"]: item["value"] for item in render.env if "value" in item}
+            cases.append((path.name, str(spec.engine.kind), list(render.args), env))
     return cases
 
 
-@pytest.mark.parametrize(("example", "args"), _example_engine_args())
-def test_serve_accepts_every_flag_the_operator_renders(example: str, args: list[str]) -> None:
-    """The operator's argument vectors (vLLM and simulator engines) parse and configure the simulator."""
+#: The token-budget and running-limit flags of each engine's dialect.
+_LIMIT_FLAGS = {
+    "sglang": ("--chunked-prefill-size", "--max-running-requests"),
+    "trtllm": ("--max_num_tokens", "--max_batch_size"),
+}
+
+
+@pytest.mark.parametrize(("example", "kind", "args", "env"), _example_engine_args())
+def test_serve_accepts_every_flag_the_operator_renders(
+    example: str, kind: str, args: list[str], env: dict[str, str], tmp_path: Path
+) -> None:
+    """The operator's argument vectors parse and configure the simulator: vLLM's and the simulator's
+    as they are, SGLang's and TensorRT-LLM's in their own dialect (recognised by their spelling)."""
+    if kind in _LIMIT_FLAGS:
+        options = next((value for name, value in env.items() if name.endswith("LLM_API_OPTIONS")), None)
+        if options is not None:  # the options file the container writes from its environment
+            (tmp_path / "llm-api.yaml").write_text(options)
+            args = [str(tmp_path / "llm-api.yaml") if a.endswith("llm-api.yaml") else a for a in args]
+        parsed = _serve_args(args)
+        assert parsed.engine == kind
+        config = config_for(parsed.model, parsed)
+        assert config.engine.value == kind
+        budget_flag, seqs_flag = _LIMIT_FLAGS[kind]
+        assert config.scheduler.max_num_seqs == int(args[args.index(seqs_flag) + 1])
+        budget = int(args[args.index(budget_flag) + 1])
+        if budget > 0:
+            assert config.scheduler.max_num_batched_tokens == budget
+        return
     parsed = _serve_args(args)
     config = sim_config_from_args(parsed.model, parsed)
     assert config.scheduler.max_num_batched_tokens == int(args[args.index("--max-num-batched-tokens") + 1])

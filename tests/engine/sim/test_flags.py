@@ -17,7 +17,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+#: The knobs of the vLLM dialect (the others are SGLang's or TensorRT-LLM's only).
+VLLM_KNOBS = [knob for knob in KNOBS if VLLM in knob.flags]
+
+
+@pytest.mark.parametrize("knob", VLLM_KNOBS, ids=lambda k: k.name)
 def test_every_knob_flag_parses(knob: KnobSpec) -> None:
     value = {"int": ["3"], "float": ["0.5"], "bool": [], "json": ['{"num_speculative_tokens": 2}']}[knob.kind]
     flag = knob.flag(VLLM)
@@ -26,7 +30,7 @@ def test_every_knob_flag_parses(knob: KnobSpec) -> None:
     assert parsed[flag.name.replace("-", "_")] == expected
 
 
-@pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
+@pytest.mark.parametrize("knob", VLLM_KNOBS, ids=lambda k: k.name)
 def test_defaults_are_the_apis_except_where_vllm_picks_from_the_hardware(knob: KnobSpec) -> None:
     parsed = vars(_parser().parse_args([]))
     default = parsed[knob.flag(VLLM).name.replace("-", "_")]
