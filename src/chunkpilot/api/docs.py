@@ -6,6 +6,7 @@ from typing import Any
 
 from chunkpilot.api.common import API_VERSION
 from chunkpilot.api.crdgen import DEFINITIONS, ResourceDefinition, build_crd
+from chunkpilot.api.knobs import DIALECTS, ENGINE_NAMES, KNOBS, EngineFlag
 
 HEADER = (
     "<!-- Generated from chunkpilot.api by `chunkpilot crds docs`; do not edit by hand. -->\n\n"
@@ -125,9 +126,38 @@ def _resource_section(definition: ResourceDefinition, lines: list[str]) -> None:
         _object_section(f"{definition.kind}.{part}", root["properties"][part], lines)
 
 
+def _flag_cell(flag: EngineFlag | None) -> str:
+    if flag is None:
+        return "refused (UnsupportedKnob)"
+    text = f"options file `{flag.flag}`" if flag.yaml else f"`{flag.flag}`"
+    if flag.since is not None:
+        text += f" (since {flag.since})"
+    if flag.until is not None:
+        text += f" (until {flag.until}" + (
+            "; later: the Chunkpilot scheduler plugin)" if flag.plugin else ")"
+        )
+    return text
+
+
+def render_knob_table() -> str:
+    """The knob mapping table (``spec.engine`` field -> each engine's setting), from the knob table."""
+    header = "| `spec.engine` field | " + " | ".join(ENGINE_NAMES[d] for d in DIALECTS) + " |"
+    lines = [header, "|" + " --- |" * (len(DIALECTS) + 1)]
+    for row in KNOBS:
+        cells = [_flag_cell(row.flags.get(dialect)) for dialect in DIALECTS]
+        lines.append(f"| `{row.camel}` | " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_reference() -> str:
     """The Markdown CRD reference, exactly as committed in ``docs/reference/crds.md``."""
     lines = [HEADER]
     for definition in DEFINITIONS:
         _resource_section(definition, lines)
+    lines += [
+        "## Engine knob mapping\n",
+        "What each `spec.engine` knob renders per engine kind (the simulator takes vLLM's flags);"
+        " a knob set for an engine without a setting is refused with the `UnsupportedKnob` condition.\n",
+        render_knob_table(),
+    ]
     return "\n".join(lines).rstrip("\n") + "\n"
