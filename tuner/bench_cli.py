@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
         "--trials", type=int, default=None, help="canary trials per method (default 4 quick / 12)"
     )
     tuner.add_argument(
-        "--repeats", type=int, default=None, help="seeds for slack and random (default 1 quick / 3 full)"
+        "--repeats", type=int, default=None, help="seeds for slack and random (default 1 quick / 2 full)"
     )
     tuner.add_argument(
         "--requests", type=int, default=None, help="requests per trace slice (default 120 quick / 200 full)"

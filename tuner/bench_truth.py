@@ -102,11 +102,20 @@ class Truth:
 class TruthSettings:
     """Sizes of one hidden-truth run (``grid`` sizes the benchmark grid and the truth's capacity search)."""
 
-    grid: BenchSettings = field(default_factory=lambda: replace(FULL, requests=200, tolerance=0.02))
+    grid: BenchSettings = field(
+        default_factory=lambda: replace(
+            FULL,
+            requests=200,
+            tolerance=0.02,
+            budget_points=6,
+            seq_values=(16, 64, 256, 1024),
+            long_prefill_values=(512,),
+        )
+    )
     truths: tuple[Truth, ...] = ()
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     trials: int = 12
-    repeats: int = 3
+    repeats: int = 2
     twin: TwinSettings = field(default_factory=TwinSettings)
 
     def __post_init__(self) -> None:
