@@ -101,3 +101,25 @@ def test_report_without_measurements_is_the_table_alone(tmp_path: Path) -> None:
     path = write_report(service, rows, tmp_path)
     assert path.exists()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_with_a_twin_the_report_shows_predicted_capacity_and_its_error(
+    history: tuple[InferenceService, list[TuningTrial]], tmp_path: Path
+) -> None:
+    service, trials = history
+    twin = {"capacityReqS": 9.96, "capacity": 586.0, "capacityUnit": "tok/s/GPU", "error": 0.13}
+    with_twin = []
+    for trial in trials:
+        assert trial.status is not None
+        block = twin if trial.spec.number == 2 else {**twin, "capacityReqS": 7.1, "error": 0.4}
+        status = trial.status.model_copy(
+            update={"twin": type(trial.status).model_validate({"twin": block}).twin}
+        )
+        with_twin.append(trial.model_copy(update={"status": status}))
+    rows = trial_rows(with_twin)
+    assert [(r.capacity_req_s, r.twin_error) for r in rows] == [(7.1, 0.4), (9.96, 0.13), (7.1, 0.4)]
+    markdown = render_markdown(service, rows, [])
+    assert "| 9.96 req/s (±13%) |" in markdown and "capacity (twin)" in markdown
+    path = write_report(service, rows, tmp_path)
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    assert pngs == ["budget_vs_latency.png", "capacity_per_trial.png", "tradeoff.png"]

@@ -37,6 +37,12 @@ class TrialRow:
     reason: str
     #: Short human summary of the knobs under trial (:func:`chunkpilot.api.knobs.summary`).
     params: str
+    #: The twin's predicted capacity at SLO of the trial's config (requests/s per replica, and in the
+    #: objective's unit per GPU) and its error on the canary; None without a twin.
+    capacity_req_s: float | None = None
+    capacity: float | None = None
+    capacity_unit: str = ""
+    twin_error: float | None = None
 
 
 def trial_rows(trials: list[TuningTrial]) -> list[TrialRow]:
@@ -47,6 +53,7 @@ def trial_rows(trials: list[TuningTrial]) -> list[TrialRow]:
         canary = status.canary if status else None
         stable = status.stable if status else None
         params = trial.spec.params
+        twin = status.twin if status else None
         rows.append(
             TrialRow(
                 number=trial.spec.number,
@@ -65,6 +72,10 @@ def trial_rows(trials: list[TuningTrial]) -> list[TrialRow]:
                 samples=canary.samples if canary else None,
                 reason=(status.reason or "") if status else "",
                 params=params.summary(),
+                capacity_req_s=twin.capacity_req_s if twin else None,
+                capacity=twin.capacity if twin else None,
+                capacity_unit=(twin.capacity_unit or "") if twin else "",
+                twin_error=twin.error if twin else None,
             )
         )
     return rows

@@ -6,6 +6,7 @@ import csv
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -36,6 +37,14 @@ def _vs(value: float | None, target: float) -> str:
     return f"{format_ms(value)}/{target:.0f}ms"
 
 
+def format_capacity(row: TrialRow) -> str:
+    """``9.96 req/s (±13%)``: the twin's predicted capacity and its error on the canary; ``-``: none."""
+    if row.capacity_req_s is None:
+        return "-"
+    error = "" if row.twin_error is None else f" (±{row.twin_error:.0%})"
+    return f"{row.capacity_req_s:.2f} req/s{error}"
+
+
 def render_table(service: InferenceService, rows: list[TrialRow]) -> Table:
     """A rich table of trials: parameters, ITL/TTFT against their targets, throughput, verdict."""
     slo = _slo(service)
@@ -47,6 +56,7 @@ def render_table(service: InferenceService, rows: list[TrialRow]) -> Table:
     table.add_column(f"TTFT p{ttft_q * 100:g}", justify="right")
     table.add_column("tok/s", justify="right")
     table.add_column("req/s", justify="right")
+    table.add_column("capacity (twin)", justify="right")
     table.add_column("phase")
     table.add_column("verdict")
     for row in rows:
@@ -59,6 +69,7 @@ def render_table(service: InferenceService, rows: list[TrialRow]) -> Table:
             f"[{'green' if ttft_ok else 'red'}]{_vs(row.ttft_ms, slo.ttft.max_ms)}[/]",
             "-" if row.throughput_tok_s is None else f"{row.throughput_tok_s:.0f}",
             "-" if row.request_rate is None else f"{row.request_rate:.2f}",
+            format_capacity(row),
             row.phase,
             row.verdict or "-",
         )
@@ -86,8 +97,9 @@ def render_markdown(service: InferenceService, rows: list[TrialRow], plots: list
     lines += [
         f"- Trials: {len(rows)} ({sum(r.verdict == 'Promoted' for r in rows)} promoted)",
         "",
-        "| # | params | ITL ms | TTFT ms | stable ITL ms | tok/s | req/s | samples | verdict | reason |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| # | params | ITL ms | TTFT ms | stable ITL ms | tok/s | req/s | capacity (twin) | samples "
+        "| verdict | reason |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tput = "-" if r.throughput_tok_s is None else f"{r.throughput_tok_s:.0f}"
@@ -96,7 +108,8 @@ def render_markdown(service: InferenceService, rows: list[TrialRow], plots: list
         lines.append(
             f"| {r.number} | {r.params} | {format_ms(r.itl_ms)} | {format_ms(r.ttft_ms)} "
             f"| {format_ms(r.stable_itl_ms)} "
-            f"| {tput} | {rate} | {r.samples if r.samples is not None else '-'} | {r.verdict or r.phase} "
+            f"| {tput} | {rate} | {format_capacity(r)} | {r.samples if r.samples is not None else '-'} "
+            f"| {r.verdict or r.phase} "
             f"| {reason} |"
         )
     lines.append("")
@@ -141,21 +154,7 @@ def _plot(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> lis
     plt.close(fig)
     paths.append(path)
 
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    ax.bar(
-        [str(r.number) for r in rows],
-        [r.throughput_tok_s or 0.0 for r in rows],
-        color=[_VERDICT_COLOURS.get(r.verdict, "tab:blue") for r in rows],
-    )
-    ax.set_xlabel("trial")
-    ax.set_ylabel("throughput (tokens/s)")
-    ax.set_title("Throughput per trial (colour = verdict)")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / "throughput_per_trial.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(_per_trial(plt, rows, out_dir))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pts = [
@@ -190,6 +189,42 @@ def _plot(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> lis
     plt.close(fig)
     paths.append(path)
     return paths
+
+
+def _per_trial(plt: Any, rows: list[TrialRow], out_dir: Path) -> Path:
+    """Predicted capacity per trial with the twin's error (with a twin); else measured throughput."""
+    colours = [_VERDICT_COLOURS.get(r.verdict, "tab:blue") for r in rows]
+    labels = [str(r.number) for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    if any(r.capacity_req_s is not None for r in rows):
+        values = [r.capacity_req_s or 0.0 for r in rows]
+        errors = [(r.twin_error or 0.0) * v for r, v in zip(rows, values, strict=True)]
+        ax.bar(labels, values, color=colours, yerr=errors, capsize=4)
+        for i, r in enumerate(rows):
+            if r.twin_error is not None:
+                ax.annotate(
+                    f"±{r.twin_error:.0%}",
+                    (i, values[i]),
+                    ha="center",
+                    xytext=(0, 6),
+                    textcoords="offset points",
+                    fontsize=8,
+                )
+        ax.set_ylabel("predicted capacity at SLO (req/s per replica)")
+        ax.set_title("Twin's predicted capacity per trial, ± its error on the canary (colour = verdict)")
+        name = "capacity_per_trial.png"
+    else:
+        ax.bar(labels, [r.throughput_tok_s or 0.0 for r in rows], color=colours)
+        ax.set_ylabel("throughput (tokens/s)")
+        ax.set_title("Throughput per trial (colour = verdict)")
+        name = "throughput_per_trial.png"
+    ax.set_xlabel("trial")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> Path:
