@@ -84,6 +84,15 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             f"TTFT {fmt(last.ttft_ms, ' ms')}, {fmt(last.throughput_tok_s, ' tok/s')}, "
             f"{fmt(last.request_rate, ' req/s')}"
         )
+    twin = status.twin if status else None
+    if twin is not None:
+        console.print(f"twin: {twin.state.value}: {twin.message}")
+        if twin.capacity_req_s is not None:
+            live = "?" if twin.live_request_rate is None else f"{twin.live_request_rate:.2f}"
+            console.print(
+                f"predicted capacity at SLO (stable config): {twin.capacity_req_s:.2f} req/s per replica; "
+                f"live load {live} req/s per replica"
+            )
     if status and status.current_trial:
         console.print(f"current trial: {status.current_trial}")
     return 0
