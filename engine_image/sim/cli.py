@@ -403,10 +403,12 @@ def _format_summary(s: Summary) -> str:
     cfg = s.config
     return "\n".join(
         [
-            f"{cfg.get('model')} on {cfg.get('tensor_parallel_size')} x {cfg.get('accelerator')}, budget "
+            f"{cfg.get('engine', 'vllm')}: {cfg.get('model')} on {cfg.get('tensor_parallel_size')} x "
+            f"{cfg.get('accelerator')}, budget "
             f"{cfg.get('max_num_batched_tokens')}, max-num-seqs {cfg.get('max_num_seqs')}",
             f"  {s.completed}/{s.requests} requests over {s.duration_s:.1f} s simulated, {s.steps} steps, "
-            f"{s.preemptions} preemptions, wall {s.wall_s:.2f} s",
+            f"{s.preemptions} preemptions, {s.decode_stall_steps} decode-stalled steps, "
+            f"wall {s.wall_s:.2f} s",
             row("TTFT", s.ttft_ms),
             row("ITL", s.itl_ms),
             row("E2E", s.e2e_ms),

@@ -27,6 +27,7 @@ from chunkpilot.engine.sim.profiles.loader import (
 )
 from chunkpilot.engine.sim.scheduler import (
     CapacitySchedulerPolicy,
+    ContextChunkingPolicy,
     Engine,
     SchedulerConfig,
     SchedulingPolicy,
@@ -310,7 +311,7 @@ _TRTLLM_KEYS = {
     "kv_cache_config": dict,
 }
 _CAPACITY_POLICIES = {p.value for p in CapacitySchedulerPolicy}
-_CHUNKING_POLICIES = ("FIRST_COME_FIRST_SERVED",)
+_CHUNKING_POLICIES = tuple(p.value for p in ContextChunkingPolicy)
 
 
 def load_trtllm_options(path: str) -> dict[str, Any]:
@@ -341,7 +342,7 @@ def load_trtllm_options(path: str) -> dict[str, Any]:
     if chunking not in _CHUNKING_POLICIES:
         raise ValueError(
             f"--extra_llm_api_options: scheduler_config.context_chunking_policy {chunking!r} is not "
-            "simulated; use FIRST_COME_FIRST_SERVED"
+            f"simulated; use one of {', '.join(_CHUNKING_POLICIES)}"
         )
     kv = data.get("kv_cache_config") or {}
     for key in ("tokens_per_block",):
@@ -439,6 +440,9 @@ def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
         enable_prefix_caching=bool(kv_extra.get("enable_block_reuse", True)),
         capacity_scheduler_policy=CapacitySchedulerPolicy(
             sched_extra.get("capacity_scheduler_policy", CapacitySchedulerPolicy.GUARANTEED_NO_EVICT.value)
+        ),
+        context_chunking_policy=ContextChunkingPolicy(
+            sched_extra.get("context_chunking_policy", ContextChunkingPolicy.FIRST_COME_FIRST_SERVED.value)
         ),
         chunk_unit_size=int(kv_extra.get("tokens_per_block", TRTLLM_DEFAULT_TOKENS_PER_BLOCK)),
     )

@@ -126,6 +126,8 @@ class Summary:
     slo: SLO
     config: dict[str, Any] = field(default_factory=dict)
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    #: Steps that ran while running requests waited to decode (SGLang's prefill-only passes).
+    decode_stall_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready mapping (per-request records left out)."""
@@ -138,6 +140,7 @@ class _Recorder:
     """Collects ITL samples (single values and bulk linear segments) during a run."""
 
     def __init__(self) -> None:
+        self.stalled_steps = 0
         self.itl: list[float] = []
         self.segments: list[tuple[float, float, int, int]] = []
 
@@ -219,6 +222,8 @@ def _run(
                 "no request can be scheduled: a prompt needs more KV blocks than the cache holds"
             )
         end = now + model.step_time(output.forward_pass)
+        if all(item.is_prefill for item in output.scheduled) and any(r.is_decoding for r in sched.running):
+            recorder.stalled_steps += 1  # decodes left waiting for a prefill-only pass
         if telemetry is not None:
             telemetry.observe(StepShape.of(output), end - now)
         for result in sched.update(output, end):
@@ -342,6 +347,7 @@ def _summarise(
         slo=slo,
         config=_describe(core, config),
         records=records if keep_records else (),
+        decode_stall_steps=recorder.stalled_steps,
     )
 
 
@@ -365,6 +371,7 @@ def _record(r: Request) -> RequestRecord:
 def _describe(core: EngineCore, config: SimConfig) -> dict[str, Any]:
     sched = config.scheduler
     return {
+        "engine": sched.engine.value,
         "model": core.model.name,
         "accelerator": core.accelerator.name,
         "tensor_parallel_size": config.tensor_parallel_size,

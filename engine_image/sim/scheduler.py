@@ -41,6 +41,13 @@ class CapacitySchedulerPolicy(Enum):
     MAX_UTILIZATION = "MAX_UTILIZATION"
 
 
+class ContextChunkingPolicy(Enum):
+    """TensorRT-LLM's ``scheduler_config.context_chunking_policy``."""
+
+    FIRST_COME_FIRST_SERVED = "FIRST_COME_FIRST_SERVED"
+    EQUAL_PROGRESS = "EQUAL_PROGRESS"
+
+
 class SchedulingPolicy(Enum):
     """Order in which waiting requests are admitted (vLLM: FCFS; the others are SGLang's)."""
 
@@ -106,6 +113,8 @@ class SchedulerConfig:
     enable_mixed_chunk: bool = False
     #: TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``.
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    #: TensorRT-LLM ``scheduler_config.context_chunking_policy``.
+    context_chunking_policy: ContextChunkingPolicy = ContextChunkingPolicy.FIRST_COME_FIRST_SERVED
     #: TensorRT-LLM ``kv_cache_config.tokens_per_block``: a truncated context chunk is a multiple of it.
     chunk_unit_size: int = 32
 

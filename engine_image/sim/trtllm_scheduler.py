@@ -12,8 +12,10 @@ FCFS with head-of-line blocking:
 
 Then the micro-batch scheduler fills one in-flight batch under ``max_num_tokens``: generation
 requests first, one token each (it stops at the first that does not fit), then context requests. With
-chunked prefill (``enable_chunked_prefill``, first-come-first-served chunking) each context takes what
-is left of the budget, a truncated chunk rounded down to a multiple of ``tokens_per_block``; without
+chunked prefill (``enable_chunked_prefill``) the contexts share what is left of the budget:
+``FIRST_COME_FIRST_SERVED`` chunking gives each in turn all it can take, a truncated chunk rounded down
+to a multiple of ``tokens_per_block``; ``EQUAL_PROGRESS`` grows them all by ``tokens_per_block`` in
+turn. Without
 it a context runs whole or the batch stops there. Generation and context share every forward pass.
 
 Simplifications: KV accounting uses the simulator's 16-token blocks (``tokens_per_block`` only sizes
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from chunkpilot.engine.sim.scheduler import (
     CapacitySchedulerPolicy,
+    ContextChunkingPolicy,
     Request,
     RequestStatus,
     ScheduledRequest,
@@ -98,20 +101,41 @@ class TRTLLMScheduler(Scheduler):
             if count >= cfg.max_num_seqs:
                 break
         capacity = budget - used
-        for request in contexts:
-            if request.status is not RequestStatus.RUNNING:
-                continue  # paused above
-            if capacity <= 0:
-                break
-            remaining = request.num_tokens - request.num_computed_tokens
-            size = remaining
-            if capacity < remaining:
-                size = capacity // cfg.chunk_unit_size * cfg.chunk_unit_size
-            if size <= 0 or not self._grow(request, size):
+        for request, size in self._chunk_sizes(contexts, capacity):
+            if size <= 0:
+                continue  # a truncated chunk below one block: nothing this step
+            if not self._grow(request, size):
                 break
             items.append(self._context(request, size, now))
-            capacity -= size
         return items
+
+    def _chunk_sizes(self, contexts: list[Request], capacity: int) -> list[tuple[Request, int]]:
+        """Tokens of each waiting context this step: all of them when they fit, else chunked by policy."""
+        live = [r for r in contexts if r.status is RequestStatus.RUNNING]  # paused ones dropped
+        remaining = [r.num_tokens - r.num_computed_tokens for r in live]
+        if sum(remaining) <= capacity:
+            return list(zip(live, remaining, strict=True))
+        unit = self.config.chunk_unit_size
+        if self.config.context_chunking_policy is ContextChunkingPolicy.EQUAL_PROGRESS:
+            sizes = [0] * len(live)
+            used, progressed = 0, True
+            while used < capacity and progressed:
+                progressed = False
+                for i, left in enumerate(remaining):
+                    step = min(sizes[i] + unit, left) - sizes[i]
+                    if step > 0 and used + step <= capacity:
+                        sizes[i] += step
+                        used += step
+                        progressed = True
+            return [(r, n) for r, n in zip(live, sizes, strict=True) if n > 0]
+        out: list[tuple[Request, int]] = []
+        for request, left in zip(live, remaining, strict=True):  # FIRST_COME_FIRST_SERVED
+            size = left if left <= capacity else capacity // unit * unit
+            out.append((request, size))
+            capacity -= size
+            if capacity <= 0:
+                break
+        return out
 
     def _context(self, request: Request, num_new: int, now: float) -> ScheduledRequest:
         if request.first_scheduled_s is None:

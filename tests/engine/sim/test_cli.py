@@ -227,3 +227,68 @@ def test_switch_rejects_a_non_boolean(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         _serve_args(["llama-3.1-8b", "--enable-prefix-caching=maybe"])
     assert "expected true or false" in capsys.readouterr().err
+
+
+STALL_TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    [*["2023-11-16 18:15:46.0000000,128,3000\n"] * 8, "2023-11-16 18:15:48.0000000,16384,1\n"]
+)
+
+
+@pytest.mark.parametrize(("mixed", "stalled"), [([], 16384 // 2048), (["--enable-mixed-chunk"], 0)])
+def test_sglang_run_counts_one_stalled_step_per_chunk_without_mixed_chunks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, mixed: list[str], stalled: int
+) -> None:
+    """Eight streams decode when a 16k prompt arrives: cut into 2048-token chunks it stalls them for
+    one chunk-only pass per chunk, unless the chunks carry the decodes."""
+    trace = tmp_path / "stall.csv"
+    trace.write_text(STALL_TRACE)
+    argv = ["sim", "run", "--engine", "sglang", "--trace", str(trace), "--chunked-prefill-size", "2048"]
+    data = _json(capsys, [*argv, "--context-length", "32768", *mixed, "--json"])
+    assert data["decode_stall_steps"] == stalled
+    assert data["config"]["engine"] == "sglang" and data["completed"] == 9
+    assert main([*argv, "--context-length", "32768", *mixed]) == 0
+    assert f"{stalled} decode-stalled steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--engine", "sglang", "--schedule-policy", "priority"],
+            "--schedule-policy priority is not simulated",
+        ),
+        (["--engine", "sglang", "--max-num-seqs", "4"], "unrecognized arguments: --max-num-seqs"),
+        (["--engine", "trtllm", "--max_num_tokens", "16"], "tokens_per_block"),
+        (["--engine", "trtllm", "--extra_llm_api_options", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    ],
+)
+def test_engine_flags_are_checked_in_the_engines_own_terms(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    extra = ["--enable_chunked_prefill"] if "--max_num_tokens" in argv else []
+    try:
+        code = main(["sim", "run", *argv, *extra, "--workload", "n=5"])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trtllm_options_file_sets_the_capacity_policy_and_chunking(tmp_path: Path) -> None:
+    options = tmp_path / "llm-api.yaml"
+    options.write_text(
+        "enable_chunked_prefill: true\nmax_num_tokens: 1024\n"
+        "scheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n"
+        "kv_cache_config:\n  tokens_per_block: 64\n  enable_block_reuse: false\n"
+    )
+    args = _serve_args(
+        ["serve", "llama-3.1-8b", "--max_num_tokens", "4096", "--extra_llm_api_options", str(options)]
+    )
+    sched = config_for(args.model, args).scheduler
+    assert args.engine == "trtllm" and sched.engine.value == "trtllm"
+    assert sched.max_num_batched_tokens == 1024  # the options file overrides the flag, as in trtllm-serve
+    assert sched.enable_chunked_prefill and not sched.enable_prefix_caching
+    assert sched.capacity_scheduler_policy.value == "MAX_UTILIZATION" and sched.chunk_unit_size == 64
+    options.write_text("scheduler_config:\n  capacity_scheduler_policy: STATIC_BATCH\n")
+    with pytest.raises(ValueError, match="STATIC_BATCH"):
+        config_for(args.model, args)

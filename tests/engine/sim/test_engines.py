@@ -1,0 +1,277 @@
+"""The chunked-prefill phenomena per engine: SGLang's and TensorRT-LLM's scheduling semantics.
+
+Same scenario as ``test_phenomena``: 64 streams decode, then a 32k-token prompt arrives; the engine is
+driven step by step, so the numbers come from the scheduler and step-time model that serve traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.offline import simulate
+from chunkpilot.engine.sim.scheduler import (
+    CapacitySchedulerPolicy,
+    ContextChunkingPolicy,
+    Engine,
+    Request,
+    SchedulerConfig,
+)
+from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
+from chunkpilot.engine.sim.trtllm_scheduler import TRTLLMScheduler
+from chunkpilot.engine.sim.workload import parse_workload_spec
+
+LONG_PROMPT = 32_768
+STREAMS = 64
+STREAM_CONTEXT = 4096
+MAX_LEN = 40_960
+
+
+@dataclass
+class Run:
+    """What the streams saw after the long prompt arrived."""
+
+    stream_itl_s: list[float] = field(default_factory=list)
+    long_ttft_s: float = 0.0
+    #: Steps with no decode in them while streams were waiting to decode.
+    stalled_steps: int = 0
+    #: Prefill tokens of each step that computed part of the long prompt.
+    long_chunks: list[int] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return max(self.stream_itl_s) / statistics.median(self.stream_itl_s)
+
+
+def _run(engine: Engine, budget: int, chunked: bool, **knobs: Any) -> Run:
+    scheduler = SchedulerConfig(
+        engine=engine,
+        max_num_batched_tokens=budget,
+        max_num_seqs=128,
+        max_model_len=MAX_LEN,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=False,
+        **knobs,
+    )
+    core = SimConfig(
+        model="llama-3.1-70b", accelerator="h100", tensor_parallel_size=4, scheduler=scheduler
+    ).build()
+    sched = core.scheduler
+    sched.check_invariants = True
+    streams = [Request(f"s{i}", 0.0, STREAM_CONTEXT, 5000) for i in range(STREAMS)]
+    for request in streams:
+        sched.add_request(request)
+    run = Run()
+    long: Request | None = None
+    now = 0.0
+    while long is None or long.first_token_s is None or now < long.first_token_s + 3.0:
+        if long is None and all(r.first_token_s is not None for r in streams):
+            long = Request("long", now, LONG_PROMPT, 1)
+            sched.add_request(long)
+        step = core.step(now)
+        assert step is not None
+        if long is not None:
+            items = step.output.scheduled
+            if not any(not item.is_prefill for item in items):
+                run.stalled_steps += 1
+            run.long_chunks += [item.num_new_tokens for item in items if item.request is long]
+            for out in step.results:
+                if out.request is not long and out.previous_token_s is not None:
+                    run.stream_itl_s.append(step.end_s - out.previous_token_s)
+        now = step.end_s
+    assert long is not None and long.first_token_s is not None
+    run.long_ttft_s = long.first_token_s - long.arrival_s
+    return run
+
+
+BUDGETS = (8192, 2048, 512)
+
+
+@pytest.fixture(scope="module")
+def sglang_runs() -> dict[tuple[int | None, bool], Run]:
+    """(chunk size or None for -1, mixed chunk) -> run."""
+    runs = {(None, False): _run(Engine.SGLANG, 16384, False, max_prefill_tokens=16384)}
+    for chunk in BUDGETS:
+        for mixed in (False, True):
+            runs[(chunk, mixed)] = _run(Engine.SGLANG, chunk, True, enable_mixed_chunk=mixed)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def trtllm_runs() -> dict[int | None, Run]:
+    """max_num_tokens with chunked prefill -> run; None: chunking off (max_num_tokens = max_seq_len)."""
+    runs: dict[int | None, Run] = {None: _run(Engine.TRTLLM, MAX_LEN, False)}
+    for budget in BUDGETS:
+        runs[budget] = _run(Engine.TRTLLM, budget, True)
+    return runs
+
+
+# ---- SGLang ---------------------------------------------------------------------------------------
+def test_sglang_unchunked_long_prompt_stalls_every_stream(sglang_runs: dict[Any, Run]) -> None:
+    run = sglang_runs[(None, False)]
+    assert run.ratio >= 10, f"unchunked max/p50 ITL = {run.ratio:.1f}"
+    assert run.long_chunks == [LONG_PROMPT], "without chunking the prompt is one prefill pass"
+    assert run.stalled_steps == 1
+
+
+@pytest.mark.parametrize("chunk", BUDGETS)
+def test_sglang_decodes_stall_for_one_chunk_only_pass_per_chunk(
+    sglang_runs: dict[Any, Run], chunk: int
+) -> None:
+    separate, mixed = sglang_runs[(chunk, False)], sglang_runs[(chunk, True)]
+    chunks = math.ceil(LONG_PROMPT / chunk)
+    assert separate.long_chunks == [chunk] * chunks
+    assert separate.stalled_steps == chunks, "each chunk is its own forward pass; the decodes wait"
+    assert mixed.stalled_steps == 0, "with --enable-mixed-chunk every chunk carries the decodes"
+    # Mixed, the running decodes take their tokens out of the chunk budget.
+    assert max(mixed.long_chunks) == chunk - STREAMS and sum(mixed.long_chunks) == LONG_PROMPT
+
+
+def test_sglang_separate_passes_do_not_bound_the_stall(sglang_runs: dict[Any, Run]) -> None:
+    """The chunks run back to back before any decode: the stall is the whole prompt, however cut."""
+    unchunked = max(sglang_runs[(None, False)].stream_itl_s)
+    stalls = [max(sglang_runs[(chunk, False)].stream_itl_s) for chunk in BUDGETS]
+    assert all(stall >= unchunked for stall in stalls), f"{unchunked=} {stalls=}"
+    assert stalls[0] < stalls[1] < stalls[2], "more passes, more per-pass overhead"
+
+
+def test_sglang_mixed_chunks_bound_the_stall_and_delay_the_long_prompt(sglang_runs: dict[Any, Run]) -> None:
+    ratios = [sglang_runs[(chunk, True)].ratio for chunk in BUDGETS]
+    ttfts = [sglang_runs[(chunk, True)].long_ttft_s for chunk in BUDGETS]
+    assert ratios[0] > ratios[1] > ratios[2], f"max/p50 ITL over chunk sizes {BUDGETS}: {ratios}"
+    assert ratios[2] <= 2.5, f"max/p50 ITL at chunk 512 = {ratios[2]:.2f}"
+    assert ttfts[0] < ttfts[1] < ttfts[2], f"long-prompt TTFT over chunk sizes {BUDGETS}: {ttfts}"
+    assert sglang_runs[(None, False)].long_ttft_s < ttfts[0]
+
+
+def test_sglang_max_prefill_tokens_caps_a_prefill_batch() -> None:
+    config = SchedulerConfig(
+        engine=Engine.SGLANG,
+        max_num_batched_tokens=4096,
+        max_num_seqs=64,
+        max_model_len=8192,
+        enable_chunked_prefill=False,
+        max_prefill_tokens=3000,
+    )
+    sched = SGLangScheduler(config, num_kv_blocks=10_000)
+    for i in range(8):
+        sched.add_request(Request(str(i), 0.0, 1000, 10))
+    first = sched.schedule(0.0)
+    assert [item.num_new_tokens for item in first.scheduled] == [1000, 1000]  # a third would reach 3000
+    sched.update(first, 0.1)
+    sched.add_request(Request("big", 0.1, 5000, 10))
+    second = sched.schedule(0.1)
+    assert all(item.is_prefill for item in second.scheduled), "a prefill batch again, decodes wait"
+
+
+def test_sglang_max_running_requests_caps_admission() -> None:
+    config = SchedulerConfig(
+        engine=Engine.SGLANG, max_num_batched_tokens=8192, max_num_seqs=3, max_model_len=8192
+    )
+    sched = SGLangScheduler(config, num_kv_blocks=10_000)
+    for i in range(6):
+        sched.add_request(Request(str(i), 0.0, 100, 10))
+    out = sched.schedule(0.0)
+    assert len(out.scheduled) == 3 and len(sched.waiting) == 3
+
+
+# ---- TensorRT-LLM ---------------------------------------------------------------------------------
+def test_trtllm_unchunked_long_prompt_stalls_every_stream(trtllm_runs: dict[int | None, Run]) -> None:
+    run = trtllm_runs[None]
+    assert run.ratio >= 10, f"unchunked max/p50 ITL = {run.ratio:.1f}"
+    assert run.long_chunks == [LONG_PROMPT]
+    assert run.stalled_steps == 0, "in-flight batching: the decodes share the context pass"
+
+
+def test_trtllm_chunking_bounds_the_stall_and_delays_the_long_prompt(
+    trtllm_runs: dict[int | None, Run],
+) -> None:
+    ratios = [trtllm_runs[b].ratio for b in BUDGETS]
+    ttfts = [trtllm_runs[b].long_ttft_s for b in BUDGETS]
+    assert ratios[0] > ratios[1] > ratios[2], f"max/p50 ITL over max_num_tokens {BUDGETS}: {ratios}"
+    assert ratios[2] <= 2.5, f"max/p50 ITL at max_num_tokens 512 = {ratios[2]:.2f}"
+    assert ttfts[0] < ttfts[1] < ttfts[2], f"long-prompt TTFT over max_num_tokens {BUDGETS}: {ttfts}"
+    assert trtllm_runs[None].long_ttft_s < ttfts[0]
+
+
+@pytest.mark.parametrize("policy", list(ContextChunkingPolicy))
+def test_trtllm_context_chunks_are_multiples_of_tokens_per_block(policy: ContextChunkingPolicy) -> None:
+    """Budget 1000 less one token per admitted stream: a truncated chunk is the multiple of 32 below."""
+    run = _run(Engine.TRTLLM, 1000, True, context_chunking_policy=policy)
+    *middle, last = run.long_chunks
+    assert middle and all(chunk % 32 == 0 for chunk in middle), middle[:5]
+    assert 1000 - STREAMS - 32 < max(middle) < 1000
+    assert sum(run.long_chunks) == LONG_PROMPT and 0 < last <= max(middle)
+
+
+def _kv_pressure(policy: CapacitySchedulerPolicy) -> tuple[int, int, int]:
+    """(most requests running at once, preemptions, completed) with a KV cache for ~8 full requests."""
+    config = SimConfig.for_engine(
+        "trtllm",
+        max_num_batched_tokens=4096,
+        max_num_seqs=64,
+        max_model_len=4096,
+        capacity_scheduler_policy=policy,
+        enable_prefix_caching=False,
+        num_kv_blocks=8 * (1024 + 1024) // 16,
+    )
+    core = config.build()
+    sched = core.scheduler
+    sched.check_invariants = True
+    for i in range(32):
+        sched.add_request(Request(str(i), 0.0, 1024, 1024))
+    peak, now = 0, 0.0
+    while sched.has_unfinished():
+        step = core.step(now)
+        assert step is not None
+        peak = max(peak, len(sched.running))
+        now = step.end_s
+    return peak, sched.num_preemptions, 32
+
+
+def test_trtllm_guaranteed_no_evict_reserves_the_whole_output_max_utilization_preempts() -> None:
+    safe_peak, safe_preempted, _ = _kv_pressure(CapacitySchedulerPolicy.GUARANTEED_NO_EVICT)
+    greedy_peak, greedy_preempted, _ = _kv_pressure(CapacitySchedulerPolicy.MAX_UTILIZATION)
+    assert safe_peak == 8 and safe_preempted == 0, (safe_peak, safe_preempted)
+    assert greedy_peak > safe_peak and greedy_preempted > 0, (greedy_peak, greedy_preempted)
+
+
+def test_trtllm_max_batch_size_caps_the_active_requests() -> None:
+    config = SchedulerConfig(
+        engine=Engine.TRTLLM, max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=8192
+    )
+    sched = TRTLLMScheduler(config, num_kv_blocks=10_000)
+    for i in range(10):
+        sched.add_request(Request(str(i), 0.0, 100, 10))
+    out = sched.schedule(0.0)
+    assert len(out.scheduled) == 4 and len(sched.running) == 4
+
+
+# ---- every engine ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_budget_trades_ttft_for_itl_on_every_engine(engine: str) -> None:
+    """Long prompts among chat traffic: a smaller budget (mixed chunks for SGLang) lowers the ITL
+    tail and raises the TTFT median."""
+    workload = parse_workload_spec("n=300,rate=3,prompt=2048-8192,output=100-300,seed=3")
+    knobs = {"enable_mixed_chunk": True} if engine == "sglang" else {}
+    results = []
+    for budget in (8192, 512):
+        config = SimConfig.for_engine(
+            engine, max_num_batched_tokens=budget, max_num_seqs=128, max_model_len=16384, **knobs
+        )
+        results.append(simulate(config, workload))
+    big, small = results
+    assert small.itl_ms.p99 < big.itl_ms.p99 / 2, (big.itl_ms.p99, small.itl_ms.p99)
+    assert small.ttft_ms.p50 > big.ttft_ms.p50, (big.ttft_ms.p50, small.ttft_ms.p50)
+
+
+def test_sim_config_for_engine_puts_scheduler_fields_into_the_scheduler() -> None:
+    config = SimConfig.for_engine("sglang", model="llama-3.1-8b", max_num_batched_tokens=1024, seed=4)
+    assert config.engine is Engine.SGLANG and config.scheduler.max_num_batched_tokens == 1024
+    assert config.seed == 4 and config.model == "llama-3.1-8b"
+    with pytest.raises(ValueError, match="sglang"):
+        SimConfig.for_engine("sglang", long_prefill_token_threshold=512)
