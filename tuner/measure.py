@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from chunkpilot.engine.metrics_names import tuner_metrics
+
 from chunkpilot.api import Measurement, Track
 
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
@@ -116,16 +118,19 @@ class QuerySet:
     replicas: str
 
 
-def track_queries(selector: Selector, window: str, itl_quantile: float, ttft_quantile: float) -> QuerySet:
-    """The queries measuring ``selector`` over ``window``."""
+def track_queries(
+    selector: Selector, window: str, itl_quantile: float, ttft_quantile: float, engine: str = "vllm"
+) -> QuerySet:
+    """The queries measuring ``selector`` over ``window``, in the metric names of ``engine`` (its kind)."""
+    m = tuner_metrics(engine)
     return QuerySet(
-        itl=quantile_query(ITL_HISTOGRAM, itl_quantile, selector, window),
-        itl_samples=count_query(ITL_HISTOGRAM, selector, window),
-        ttft=quantile_query(TTFT_HISTOGRAM, ttft_quantile, selector, window),
-        ttft_samples=count_query(TTFT_HISTOGRAM, selector, window),
-        generation_rate=rate_query(GENERATION_TOKENS, selector, window),
-        prompt_rate=rate_query(PROMPT_TOKENS, selector, window),
-        request_rate=rate_query(REQUEST_SUCCESS, selector, window),
+        itl=quantile_query(m.itl_histogram, itl_quantile, selector, window),
+        itl_samples=count_query(m.itl_histogram, selector, window),
+        ttft=quantile_query(m.ttft_histogram, ttft_quantile, selector, window),
+        ttft_samples=count_query(m.ttft_histogram, selector, window),
+        generation_rate=rate_query(m.generation_tokens, selector, window),
+        prompt_rate=rate_query(m.prompt_tokens, selector, window),
+        request_rate=rate_query(m.request_success, selector, window),
         replicas=replicas_query(selector),
     )
 
@@ -238,9 +243,10 @@ def measure_track(
     at: datetime,
     itl_quantile: float,
     ttft_quantile: float,
+    engine: str = "vllm",
 ) -> TrackMeasurement:
     """Run the queries of one track at instant ``at``."""
-    queries = track_queries(selector, window, itl_quantile, ttft_quantile)
+    queries = track_queries(selector, window, itl_quantile, ttft_quantile, engine)
     itl = query(queries.itl, at)
     ttft = query(queries.ttft, at)
     replicas = query(queries.replicas, at)
@@ -271,6 +277,7 @@ def measure_window(
     ttft_quantile: float,
     labels: LabelScheme | None = None,
     config_hashes: Mapping[Track, str | None] | None = None,
+    engine: str = "vllm",
 ) -> WindowMeasurement:
     """Canary and stable of ``service`` over the same ``window`` ending at ``at``.
 
@@ -287,6 +294,7 @@ def measure_window(
             at,
             itl_quantile,
             ttft_quantile,
+            engine,
         )
         for track in (Track.CANARY, Track.STABLE)
     }

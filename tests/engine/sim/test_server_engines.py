@@ -126,3 +126,18 @@ def test_every_engine_has_a_tuner_table() -> None:
     assert names.tuner_metrics("sim") == names.tuner_metrics("vllm") == names.VLLM_TUNER
     with pytest.raises(ValueError, match="unknown engine"):
         names.engine_metrics("tgi")
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "trtllm"])
+def test_the_tuner_queries_the_series_this_server_exports(kind: str) -> None:
+    from chunkpilot.tuner.measure import Selector, track_queries
+
+    from chunkpilot.api import Track
+
+    queries = track_queries(Selector("chat", "default", Track.CANARY), "5m", 0.99, 0.95, kind)
+    table = names.engine_metrics(kind)
+    assert f"rate({table.tuner.itl_histogram}_bucket{{" in queries.itl
+    assert f"increase({table.tuner.ttft_histogram}_count{{" in queries.ttft_samples
+    assert f"rate({table.tuner.request_success}{{" in queries.request_rate
+    exported = {f.name for f in table.families.values()} | {names.FINE_REQUEST_GENERATION_TOKENS + "_sum"}
+    assert {table.tuner.itl_histogram, table.tuner.ttft_histogram, table.tuner.generation_tokens} <= exported
