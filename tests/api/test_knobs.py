@@ -81,6 +81,9 @@ def test_an_unset_version_is_the_default_of_the_kind() -> None:
     assert EngineSpec.model_validate({"kind": "sglang"}).version == str(knobs.SGLANG_PINNED)
     assert EngineSpec.model_validate({"kind": "trtllm"}).version == str(knobs.TRTLLM_PINNED)
     assert EngineSpec.model_validate({"kind": "trtllm", "version": "1.1.0"}).version == "1.1.0"
+    # Like the apiserver (no per-kind default in the CRD), a defaulted version is not written back.
+    assert "version" not in EngineSpec.model_validate({"kind": "sglang"}).to_k8s()
+    assert EngineSpec.model_validate({"kind": "sglang", "version": "0.5.22"}).to_k8s()["version"] == "0.5.22"
 
 
 def test_summary_is_in_table_order_and_leaves_out_unset_knobs() -> None:

@@ -9,7 +9,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from chunkpilot.api.common import (
     ApiModel,
@@ -481,16 +488,32 @@ class EngineSpec(ApiModel):
         description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
     )
 
-    @model_validator(mode="before")
+    #: The version was not given: it is the kind's default, and left out of dumps (as the apiserver,
+    #: which has no per-kind default, leaves it out of the stored object).
+    _version_defaulted: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _default_version_of_kind(cls, data: Any) -> Any:
+    def _default_version_of_kind(
+        cls, data: Any, handler: ModelWrapValidatorHandler[EngineSpec]
+    ) -> EngineSpec:
         """An unset version is the default of the engine kind (vLLM's for an unknown kind)."""
-        if isinstance(data, dict) and data.get("version") is None:
+        defaulted = isinstance(data, dict) and data.get("version") is None
+        if defaulted:
             kind = str(data.get("kind", EngineKind.VLLM))
             data = {
                 **data,
                 "version": DEFAULT_ENGINE_VERSIONS.get(kind, DEFAULT_ENGINE_VERSIONS[EngineKind.VLLM]),
             }
+        spec = handler(data)
+        spec._version_defaulted = defaulted
+        return spec
+
+    @model_serializer(mode="wrap")
+    def _without_a_defaulted_version(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self._version_defaulted and isinstance(data, dict):
+            data.pop("version", None)
         return data
 
 
