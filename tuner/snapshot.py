@@ -271,6 +271,7 @@ class Observer:
                 snap.now,
                 slo.itl_quantile,
                 slo.ttft_quantile,
+                str(snap.isvc.spec.engine.kind),
             )
         except MetricsUnavailableError as error:
             return _replace(snap, stable_reading=Reading(error=str(error))), None
@@ -314,6 +315,7 @@ class Observer:
                 slo.ttft_quantile,
                 None,
                 hashes,
+                str(snap.isvc.spec.engine.kind),
             )
         except MetricsUnavailableError as error:
             return Reading(error=str(error))
