@@ -126,6 +126,13 @@ class TwinObserver:
             return TwinReading()
         if stable is None:
             return TwinReading()
+        minimum = rec.abort_rules(snap.isvc).min_samples
+        if not stable.enough_samples(minimum):
+            return TwinReading(
+                TwinState.WAITING,
+                f"stable served {stable.ttft_samples:.0f} requests in {stable.window}; {minimum} needed to "
+                "compare the twin with it",
+            )
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
         quantiles = (snap.slo.itl_quantile, snap.slo.ttft_quantile)
         window_s = float(parse_duration(slo_spec.window))
@@ -140,6 +147,8 @@ class TwinObserver:
                 quantiles,
                 (stable.itl_samples, stable.ttft_samples),
             )
+            if not inputs.exported and not inputs.seen:
+                return TwinReading(TwinState.WAITING, "Prometheus has no series of the stable engine yet")
             if not inputs.exported:
                 return TwinReading(TwinState.UNAVAILABLE, NO_TELEMETRY)
             last = refit_trial(snap.trials)

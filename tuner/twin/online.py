@@ -144,6 +144,8 @@ class Inputs:
     #: their sampling bands.
     measured_ms: tuple[float | None, float | None] = (None, None)
     bands: tuple[Band | None, Band | None] = (None, None)
+    #: Prometheus has the engine's other series (without them, nothing is known yet: not scraped).
+    seen: bool = True
 
     @property
     def step_count(self) -> float:
@@ -199,7 +201,8 @@ def read_inputs(
     """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails)."""
     exported = vector(f"count({names.STEP_DURATION}_count{selector.render()})", at)
     if not exported:
-        return Inputs(exported=False)
+        seen = vector(f"count({names.REQUEST_SUCCESS}{selector.render()})", at)
+        return Inputs(exported=False, seen=bool(seen))
     steps = read_steps(vector, selector, window, at)
     queries = workload_queries(selector.render()[1:-1], window)
     results = {key: vector(q, at) for key, q in queries.items()}

@@ -184,11 +184,17 @@ def test_waiting_names_what_is_missing(truth: SimConfig, lengths: Workload) -> N
     assert online.waiting_reason(online.Inputs(True, telemetry.totals(), window)) is None
 
 
-def test_an_engine_without_step_telemetry_reads_as_not_exported() -> None:
+@pytest.mark.parametrize(
+    "engine_series", [False, True], ids=["nothing-scraped-yet", "engine-without-telemetry"]
+)
+def test_an_engine_without_step_telemetry_reads_as_not_exported(engine_series: bool) -> None:
     asked: list[str] = []
+    selector = '{service="chat",namespace="default",track="stable"}'
 
     def vector(query: str, at: datetime) -> list[dict[str, Any]]:
         asked.append(query)
+        if engine_series and query.startswith(f"count({names.REQUEST_SUCCESS}"):
+            return [{"metric": {}, "value": [0, "1"]}]
         return []
 
     inputs = online.read_inputs(
@@ -199,7 +205,8 @@ def test_an_engine_without_step_telemetry_reads_as_not_exported() -> None:
         datetime(2026, 1, 1, tzinfo=UTC),
         (0.99, 0.95),
     )
-    assert inputs.exported is False
+    assert inputs.exported is False and inputs.seen is engine_series
     assert asked == [
-        f'count({names.STEP_DURATION}_count{{service="chat",namespace="default",track="stable"}})'
+        f"count({names.STEP_DURATION}_count{selector})",
+        f"count({names.REQUEST_SUCCESS}{selector})",
     ]
