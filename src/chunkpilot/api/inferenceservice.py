@@ -698,6 +698,22 @@ class InferenceServiceSpec(ApiModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
             rule=(
+                "self.engine.kind != 'sglang' || !has(self.model.servedName)"
+                " || !self.model.servedName.contains(':')"
+            ),
+            message=(
+                "model.servedName must not contain ':' on SGLang (it reserves 'model:adapter' for LoRA):"
+                " choose another servedName"
+            ),
+            field_path=".model.servedName",
+            check=lambda o: (
+                o.engine.kind != EngineKind.SGLANG
+                or o.model.served_name is None
+                or ":" not in o.model.served_name
+            ),
+        ),
+        CelRule(
+            rule=(
                 "!has(self.model.maxModelLen) || self.engine.enableChunkedPrefill"
                 " || self.engine.maxNumBatchedTokens >= self.model.maxModelLen"
             ),
