@@ -46,8 +46,11 @@ class _CommandParser(argparse.ArgumentParser):
             hook, self.engine_flags = self.engine_flags, None
             hook(self, engine)
             self.set_defaults(engine=engine)
-            if engine == "trtllm" and args[:1] == ["serve"]:
-                args = args[1:]  # ``trtllm-serve serve MODEL ...``: the sub-command of trtllm-serve
+            first = (
+                2 if args[:1] == ["--engine"] else 1 if args[:1] and args[0].startswith("--engine=") else 0
+            )
+            if engine == "trtllm" and args[first : first + 1] == ["serve"]:
+                del args[first]  # ``trtllm-serve serve MODEL ...``: the sub-command of trtllm-serve
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")

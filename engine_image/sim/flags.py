@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -314,11 +315,23 @@ _CAPACITY_POLICIES = {p.value for p in CapacitySchedulerPolicy}
 _CHUNKING_POLICIES = tuple(p.value for p in ContextChunkingPolicy)
 
 
+#: The environment variable the operator's TensorRT-LLM launch script writes the options file from.
+TRTLLM_OPTIONS_ENV = "CHUNKPILOT_LLM_API_OPTIONS"
+
+
 def load_trtllm_options(path: str) -> dict[str, Any]:
-    """Read and check the ``--extra_llm_api_options`` YAML (raises ValueError naming the key)."""
+    """Read and check the ``--extra_llm_api_options`` YAML (raises ValueError naming the key).
+
+    Where the file does not exist but :data:`TRTLLM_OPTIONS_ENV` is set (a pod run outside its
+    container, whose launch script would have written the file from it), its value is read instead.
+    """
+    inline = os.environ.get(TRTLLM_OPTIONS_ENV)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        if inline and not os.path.exists(path):
+            data = yaml.safe_load(inline)
+        else:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
     except OSError as exc:
         raise ValueError(f"--extra_llm_api_options {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

@@ -64,3 +64,37 @@ def test_options_override_the_fast_preset() -> None:
 
 def test_without_fast_the_defaults_apply() -> None:
     assert scenario_from_args(parse()) == DemoScenario()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_engine_services_run_on_the_simulator_in_their_own_dialect(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator renders the demo's SGLang / TensorRT-LLM service on the simulator image as that
+    engine's argument vector run by ``chunkpilot sim serve --engine KIND``, which parses it."""
+    from chunkpilot.engine.sim.flags import config_for
+    from chunkpilot.operator.engines import render_engine
+    from chunkpilot.operator.engines.common import EngineRender
+
+    from chunkpilot.cli import build_parser
+
+    spec = InferenceService.from_manifest(build_inferenceservice(DemoScenario(engine=engine))).spec
+    render = render_engine(spec)
+    assert isinstance(render, EngineRender) and render.gpus == 0
+    assert f"chunkpilot sim serve --engine {engine}" in " ".join(render.command)
+    for item in render.env:  # what the pod's launch script would write its options file from
+        monkeypatch.setenv(item["name"], item["value"])
+    args = build_parser().parse_args(["sim", "serve", "--engine", engine, *render.args])
+    config = config_for(args.model, args)
+    assert config.engine.value == engine
+    assert config.scheduler.max_num_batched_tokens == DemoScenario().budget
+    assert config.scheduler.max_num_seqs == DemoScenario().max_num_seqs
+    if engine == "sglang":
+        assert config.scheduler.enable_mixed_chunk and args.enable_metrics
+    else:
+        assert config.scheduler.enable_chunked_prefill
+
+
+def test_an_unknown_demo_engine_is_refused() -> None:
+    with pytest.raises(ValueError, match="--engine must be one of sim, sglang, trtllm"):
+        DemoScenario(engine="tgi")

@@ -7,7 +7,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-from chunkpilot.demo.scenario import DemoScenario
+from chunkpilot.demo.scenario import DEMO_ENGINES, DemoScenario
 
 _DEFAULTS = DemoScenario()
 
@@ -32,6 +32,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate", type=float, default=_DEFAULTS.rate, help=f"requests per second (default {_DEFAULTS.rate:g})"
     )
     engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        choices=DEMO_ENGINES,
+        default=_DEFAULTS.engine,
+        help="engine kind of the service: sim (the simulator, vLLM flags), or sglang / trtllm run by the "
+        "simulator with that engine's flags, scheduling and metrics (default sim)",
+    )
     engine.add_argument(
         "--model", default=_DEFAULTS.model, help=f"simulated model (default {_DEFAULTS.model})"
     )
@@ -90,6 +97,7 @@ def scenario_from_args(args: argparse.Namespace) -> DemoScenario:
         itl_quantile=args.itl_quantile,
         ttft_max_ms=args.ttft_ms,
         ttft_quantile=args.ttft_quantile,
+        engine=args.engine,
     )
     if args.fast:
         base = base.fast()
