@@ -23,7 +23,7 @@ from chunkpilot.operator.engines.common import (
     UnsupportedKnob,
 )
 from chunkpilot.operator.engines.sglang import default_sglang_image, render_sglang
-from chunkpilot.operator.engines.sim import default_sim_image, render_sim
+from chunkpilot.operator.engines.sim import default_sim_image, render_sim, simulated
 from chunkpilot.operator.engines.trtllm import default_trtllm_image, render_trtllm
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import default_vllm_image, honours_partial_prefills, render_vllm
@@ -50,7 +50,7 @@ METRICS_PATHS: Final[dict[EngineKind, str]] = {
 
 def render_engine(spec: InferenceServiceSpec) -> RenderResult:
     """Render the engine container for ``spec`` with the renderer of its engine kind."""
-    return RENDERERS[EngineKind(spec.engine.kind)](spec)
+    return simulated(spec, RENDERERS[EngineKind(spec.engine.kind)](spec))
 
 
 def default_image(kind: EngineKind, version: str) -> str:

@@ -4,10 +4,15 @@ The simulator accepts the same flags as the vLLM version in the spec, so the
 same example runs on either engine; the version checks are shared too, so a
 manifest that works on the simulator also works on a GPU. With
 ``autotune.liveAdjust`` it gets the live-adjustment token like the vLLM plugin.
+
+An SGLang or TensorRT-LLM service whose image is the simulator's (:func:`simulated`) keeps that
+engine's rendered arguments and runs them with ``chunkpilot sim serve --engine KIND``: the
+simulator speaks that engine's flags, scheduling semantics and metric names.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Final
 
 from chunkpilot.operator.engines.common import (
@@ -36,6 +41,42 @@ SIM_RESOURCES: Final = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits"
 def default_sim_image() -> str:
     """The Chunkpilot image (it ships the simulator) matching this operator's version."""
     return f"{SIM_IMAGE_REPOSITORY}:{__version__}"
+
+
+#: Engine kinds the simulator image runs in their own dialect.
+SIMULATED_KINDS: Final = ("sglang", "trtllm")
+
+
+def is_sim_image(image: str) -> bool:
+    """True for the Chunkpilot image (any tag), which ships the simulator."""
+    return image == SIM_IMAGE_REPOSITORY or image.startswith(f"{SIM_IMAGE_REPOSITORY}:")
+
+
+def simulated(spec: InferenceServiceSpec, render: RenderResult) -> RenderResult:
+    """``render`` of an SGLang or TensorRT-LLM service on the simulator image: the same arguments,
+    run by ``chunkpilot sim serve --engine KIND`` on CPU; any other render unchanged."""
+    kind = str(spec.engine.kind)
+    if kind not in SIMULATED_KINDS or not isinstance(render, EngineRender) or not is_sim_image(render.image):
+        return render
+    serve = f"chunkpilot sim serve --engine {kind}"
+    if kind == "trtllm":  # the same launch script (it writes the options file), exec'ing the simulator
+        command = [
+            *render.command[:2],
+            render.command[2].replace("exec trtllm-serve", f"exec {serve}"),
+            "sim",
+        ]
+    else:
+        command = serve.split()
+    return replace(
+        render,
+        engine=f"{ENGINE_NAME} ({render.engine})",
+        command=command,
+        args=[*render.args, "--gpu", str(spec.resources.accelerator)],
+        gpus=0,
+        resources={k: dict(v) for k, v in SIM_RESOURCES.items()},
+        shm_size="64Mi",
+        probes=SIM_PROBES,
+    )
 
 
 def sim_args(spec: InferenceServiceSpec, vllm_argv: list[str]) -> list[str]:
