@@ -345,3 +345,27 @@ def test_default_images_of_every_kind() -> None:
 
     assert default_image(EngineKind.SGLANG, "0.5.23") == "lmsysorg/sglang:v0.5.23"
     assert default_image(EngineKind.TRTLLM, "1.2.1") == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
+
+
+def test_a_versioned_flag_of_another_dialect_is_refused_outside_its_releases() -> None:
+    from chunkpilot.operator.engines.knobcheck import versioned_knob
+
+    from chunkpilot.api.knobs import SGLANG, EngineFlag
+
+    row = KnobSpec(
+        "enable_mixed_chunk",
+        "enableMixedChunk",
+        "bool",
+        "doc",
+        {SGLANG: EngineFlag("--x", since=EngineVersion(0, 5, 0))},
+    )
+    early = versioned_knob(row, SGLANG, EngineVersion(0, 4, 9))
+    assert early.engine == "SGLang" and "0.5.0 and later" in early.message and early.flag == "--x"
+    gone = KnobSpec(
+        "enable_mixed_chunk",
+        "enableMixedChunk",
+        "bool",
+        "doc",
+        {SGLANG: EngineFlag("--x", until=EngineVersion(0, 5, 0))},
+    )
+    assert "removed in 0.5.0" in versioned_knob(gone, SGLANG, EngineVersion(0, 5, 23)).message
