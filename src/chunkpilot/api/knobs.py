@@ -10,8 +10,10 @@ running engine, and the documentation of its CRD field.  Derived from the table:
 - the tuned knob names (``EngineConfig.KNOBS``, the tuner's ``Knob`` and Optuna parameter
   names, the fields of ``TunedConfig``),
 - :func:`summary`, the one short form of a configuration (``budget=3072 seqs=256``),
-- the version checks of the renderers (``chunkpilot.operator.engines.vllm.KNOB_RULES``) and
-  the tuner's judgement of what an engine honours,
+- the version checks of the renderers (``chunkpilot.operator.engines.vllm.KNOB_RULES``, and
+  ``chunkpilot.operator.engines.knobcheck`` for every dialect) and the tuner's judgement of
+  what an engine honours,
+- the knob mapping table of the docs (``chunkpilot.api.docs.render_knob_table``),
 - the simulator's scheduler flags (``chunkpilot.engine.sim.flags``).
 
 A flag dialect is the command-line vocabulary of one engine family (vLLM, SGLang,
