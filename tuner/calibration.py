@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, VectorFn
+from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMeasurement, VectorFn
 from chunkpilot.tuner.space import SpaceError, build_space
 from chunkpilot.tuner.study import seed_for
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError
 from chunkpilot.tuner.twin.fit import TwinFitError
 
-from chunkpilot.api import Track, TrialVerdict, TuningTrial, TwinState, parse_duration
+from chunkpilot.api import EngineConfig, Track, TrialVerdict, TuningTrial, TwinState, parse_duration
 
 if TYPE_CHECKING:
     from chunkpilot.engine.sim.metrics import StepTotals
@@ -68,8 +68,10 @@ class TwinReading:
     refit_trial: int | None = None
     live_rate_req_s: float | None = None
     measured_ms: tuple[float | None, float | None] = (None, None)
-    #: The active trial's canary against the twin, at the end of its window.
+    #: The active trial's canary against the twin, at the end of its window, and the stable track
+    #: against it in the same window (the twin's error that the verdict uses).
     check: online.CanaryCheck | None = None
+    stable_check: online.CanaryCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ class TwinObserver:
             self._fits[(snap.namespace, snap.name)] = calibration
         reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
         if final is not None:
-            reading = replace(reading, check=await self._check(snap, calibration, final))
+            canary_check, stable_check = await self._check(snap, calibration, final)
+            reading = replace(reading, check=canary_check, stable_check=stable_check)
         return reading
 
     def _request(
@@ -225,36 +228,56 @@ class TwinObserver:
 
     async def _check(
         self, snap: Snapshot, calibration: online.Calibration, final: CanaryWindow
-    ) -> online.CanaryCheck | None:
+    ) -> tuple[online.CanaryCheck | None, online.CanaryCheck | None]:
+        """The twin against the canary and against the stable track, over the trial's window."""
         window = snap.widened.value or snap.window.value
-        if window is None or self.vector is None:
-            return None
-        canary = window.canary
-        rate = canary.per_replica(canary.request_rate)
-        if rate is None:
-            return None
-        selector = Selector(
-            snap.name, snap.namespace, Track.CANARY, config_hash=rec.canary_config_hash(final.trial)
+        if window is None:
+            return None, None
+        canary = await self._track_check(
+            snap,
+            calibration,
+            window.canary,
+            Track.CANARY,
+            final.trial.spec.params,
+            rec.canary_config_hash(final.trial),
         )
+        stable = await self._track_check(
+            snap, calibration, window.stable, Track.STABLE, snap.incumbent, snap.incumbent.config_hash()
+        )
+        return canary, stable
+
+    async def _track_check(
+        self,
+        snap: Snapshot,
+        calibration: online.Calibration,
+        track: TrackMeasurement,
+        name: Track,
+        params: EngineConfig,
+        config_hash: str,
+    ) -> online.CanaryCheck | None:
+        """Predict one track's quantiles at its live load in the window and compare."""
+        rate = track.per_replica(track.request_rate)
+        if rate is None or self.vector is None:
+            return None
+        selector = Selector(snap.name, snap.namespace, name, config_hash=config_hash)
         try:
             fine, bands = await self._blocking(
                 online.fine_quantiles_ms,
                 self.vector,
                 selector,
-                canary.window,
-                canary.time,
+                track.window,
+                track.time,
                 (snap.slo.itl_quantile, snap.slo.ttft_quantile),
-                (canary.itl_samples, canary.ttft_samples),
+                (track.itl_samples, track.ttft_samples),
             )
         except MetricsUnavailableError:
             return None
-        measured = (fine[0] or canary.itl_ms, fine[1] or canary.ttft_ms)
-        config = rec.tuned_config(final.trial.spec.params)
+        measured = (fine[0] or track.itl_ms, fine[1] or track.ttft_ms)
         facts = rec.service_facts(snap.isvc)
         return await self._compute(
             online.check_canary,
             calibration,
-            config,
+            rec.tuned_config(params),
             rate,
             measured,
             sim_slo(snap),

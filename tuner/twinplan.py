@@ -195,10 +195,12 @@ def choose(plan: Plan, space: SearchSpace, tried: Iterable[TunedConfig]) -> Choi
 
 def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
     """What the judge compares: the trial's predicted capacities and the canary check of this step."""
-    check = plan.snap.twin.check
+    check, stable = plan.snap.twin.check, plan.snap.twin.stable_check
     twin = trial.status.twin if trial.status is not None else None
     if check is None or twin is None or twin.capacity is None:
         return None
+    # The twin's error on the stable track in the canary's own window (else: when it was chosen).
+    fit_error = stable.error if stable is not None else twin.fit_error
     return TwinEvidence(
         predicted_ms=check.predicted_ms,
         measured_ms=check.measured_ms,
@@ -207,7 +209,7 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         capacity=twin.capacity,
         incumbent_capacity=twin.incumbent_capacity,
         unit=twin.capacity_unit or "",
-        fit_error=twin.fit_error if twin.fit_error is not None else math.nan,
+        fit_error=fit_error if fit_error is not None else math.nan,
         tolerance=twin.tolerance if twin.tolerance is not None else TOLERANCE,
     )
 
@@ -219,6 +221,7 @@ def checked_twin(trial: TuningTrial, twin: TwinEvidence) -> TrialTwin:
     return base.model_copy(
         update={
             "error": _round(twin.error),
+            "fit_error": _round(twin.fit_error),
             "rate_req_s": _round(twin.rate_req_s, 3),
             "predicted_itl_ms": _round(p_itl, 1),
             "predicted_ttft_ms": _round(p_ttft, 1),

@@ -638,3 +638,26 @@ def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
     status = trial_status(decide(snap, SETTINGS))
     assert status["verdict"] == "Discarded" and status["twin"]["error"] == 0.5
     assert "disagree" in status["reason"] and "refitting the twin" in status["reason"]
+
+
+def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing_on_its_word(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    done = twin_trial(NOW - timedelta(seconds=61))
+    agreeing = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
+    stable_off = CanaryCheck(2.5, (20.0, 300.0), (40.0, 500.0))
+    snap = snapshot(
+        body,
+        [done],
+        canary=canary_of(body, done),
+        stable_reading=Reading(measurement("stable", 40.0)),
+        window=stable_meeting(),
+        twin=fitted(calibration, ranked=False, check=agreeing, stable_check=stable_off),
+    )
+    status = trial_status(decide(snap, SETTINGS))
+    assert status["verdict"] == "Discarded" and status["twin"]["fitError"] == 0.5
+    assert (
+        "the twin's error on the stable track is 50%: no promotion on the prediction alone"
+        in status["reason"]
+    )

@@ -884,7 +884,8 @@ class ServiceTwin(StatusModel):
     )
     error: float | None = Field(
         default=None,
-        description="Larger |predicted / measured - 1| of the stable track's ITL and TTFT quantiles.",
+        description="The twin's error on the stable track at the last ranking (relative, beyond the "
+        "measurement's sampling band, the larger of ITL and TTFT).",
     )
     tolerance: float | None = Field(default=None, ge=0, description="Largest error the tuner acts on.")
     predicted_itl_ms: float | None = Field(default=None, ge=0, description="Predicted stable ITL quantile.")

@@ -185,13 +185,14 @@ class TrialTwin(StatusModel):
     )
     fit_error: float | None = Field(
         default=None,
-        description="The twin's error on the stable track when the trial was chosen: the larger "
-        "|predicted / measured - 1| of its ITL and TTFT quantiles at the live load.",
+        description="The twin's error on the stable track (relative, beyond the measurement's sampling "
+        "band, the larger of ITL and TTFT) at the live load: in the trial's own window once judged, "
+        "when the trial was chosen before.",
     )
     error: float | None = Field(
         default=None,
-        description="The twin's error on this canary: the larger |predicted / measured - 1| of its ITL "
-        "and TTFT quantiles at the canary's live load.",
+        description="The twin's error on this canary (relative, beyond the measurement's sampling band, "
+        "the larger of ITL and TTFT) at the canary's live load.",
     )
     tolerance: float | None = Field(
         default=None, ge=0, description="Largest error at which the prediction counts as confirmed."
