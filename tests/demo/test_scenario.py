@@ -89,6 +89,9 @@ def test_engine_services_run_on_the_simulator_in_their_own_dialect(
     assert config.engine.value == engine
     assert config.scheduler.max_num_batched_tokens == DemoScenario().budget
     assert config.scheduler.max_num_seqs == DemoScenario().max_num_seqs
+    bounds = spec.autotune.bounds
+    assert bounds is not None and bounds.long_prefill_token_threshold is not None
+    assert bounds.long_prefill_token_threshold.max == 0, "a vLLM-only knob the tuner must not search"
     if engine == "sglang":
         assert config.scheduler.enable_mixed_chunk and args.enable_metrics
     else:
