@@ -72,6 +72,8 @@ def service_twin(plan: Plan, reading: TwinReading, calibration: Calibration) -> 
         },
         error=_round(calibration.error),
         tolerance=TOLERANCE,
+        itl_offset_ms=_round(calibration.offset_ms[0], 1),
+        ttft_offset_ms=_round(calibration.offset_ms[1], 1),
         predicted_itl_ms=_round(p_itl, 1),
         predicted_ttft_ms=_round(p_ttft, 1),
         measured_itl_ms=_round(m_itl, 1),

@@ -21,7 +21,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -72,6 +72,8 @@ __all__ = [
 #: sampling band, :func:`quantile_error`) up to which its prediction counts as confirmed: above it,
 #: nothing is promoted on the prediction alone.
 TOLERANCE: Final = 0.15
+#: Largest share of an SLO target the engine's latency outside its steps may take (:func:`latency_offsets`).
+MAX_OFFSET_SHARE: Final = 0.25
 #: CPU seconds one ranking may spend (one tick of one service); ``CHUNKPILOT_TWIN_CPU_SECONDS``.
 ENV_CPU_SECONDS: Final = "CHUNKPILOT_TWIN_CPU_SECONDS"
 DEFAULT_CPU_SECONDS: Final = 30.0
@@ -284,16 +286,46 @@ class Calibration:
     incumbent: Candidate | None = None
     evaluations: int = 0
     cpu_seconds: float = 0.0
+    #: What the engine adds to ITL and TTFT outside its steps (ms), from the stable track.
+    offset_ms: tuple[float, float] = (0.0, 0.0)
 
 
 def predict_ms(
-    twin: Twin, config: TunedConfig, rate: float, slo: SLO, max_model_len: int
+    twin: Twin,
+    config: TunedConfig,
+    rate: float,
+    slo: SLO,
+    max_model_len: int,
+    offset_ms: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[float, float]:
-    """The twin's ITL and TTFT at the SLO quantiles for ``config`` at ``rate`` requests/s (one replica)."""
+    """The twin's ITL and TTFT at the SLO quantiles for ``config`` at ``rate`` requests/s (one replica),
+    plus the latency the engine adds outside its steps (``offset_ms``)."""
     if not rate > 0:
         return math.nan, math.nan
     summary = simulate(twin.config(scheduler_of(config, max_model_len)), retime(twin.workload, rate, 0), slo)
-    return summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms
+    return summary.itl_at_slo_quantile_ms + offset_ms[0], summary.ttft_at_slo_quantile_ms + offset_ms[1]
+
+
+def latency_offsets(
+    predicted: tuple[float, float], measured: tuple[float | None, float | None], slo: SLO
+) -> tuple[float, float]:
+    """What the engine adds to each quantile outside its steps (token delivery, the server's loop).
+
+    Measured minus predicted on the stable track, never negative (the step model covers what the
+    steps cost) and at most :data:`MAX_OFFSET_SHARE` of the target (a larger gap is not an offset).
+    """
+    out = []
+    for p, m, target in zip(predicted, measured, (slo.itl_ms, slo.ttft_ms), strict=True):
+        gap = m - p if m is not None and math.isfinite(p) else 0.0
+        out.append(min(max(0.0, gap), MAX_OFFSET_SHARE * target))
+    return out[0], out[1]
+
+
+def offset_slo(slo: SLO, offset_ms: tuple[float, float]) -> SLO:
+    """The SLO the simulated steps must meet so that, with the engine's offsets, the real one holds."""
+    return replace(
+        slo, itl_ms=max(1.0, slo.itl_ms - offset_ms[0]), ttft_ms=max(1.0, slo.ttft_ms - offset_ms[1])
+    )
 
 
 def calibrate(request: Request) -> Calibration:
@@ -312,18 +344,18 @@ def calibrate(request: Request) -> Calibration:
         directory / request.key.replace("/", "-"),
         gpu_memory_utilization=request.gpu_memory_utilization,
     )
-    predicted = predict_ms(
-        twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len
-    )
-    calibration = Calibration(
-        request.key, fit, twin, predicted, quantile_error(predicted, request.measured_ms, request.bands)
-    )
+    raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
+    offsets = latency_offsets(raw, request.measured_ms, request.slo)
+    predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
+    error = quantile_error(raw, request.measured_ms, request.bands)
+    calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets)
     if not request.rank:
         return calibration
+    slo = offset_slo(request.slo, offsets)
     result = search_on_twin(
         twin,
         request.space,
-        request.slo,
+        slo,
         seed=request.seed,
         cpu_budget_s=request.cpu_budget_s,
         exclude=[c for c in request.exclude if c != request.incumbent],
@@ -331,20 +363,14 @@ def calibrate(request: Request) -> Calibration:
     )
     incumbent = next((c for c in result.ranked if c.config == request.incumbent), None)
     if incumbent is None:  # outside the space (or not reached): evaluated on its own
-        incumbent = evaluate_on_twin(
-            twin, request.incumbent, request.slo, max_model_len=request.max_model_len
-        )
+        incumbent = evaluate_on_twin(twin, request.incumbent, slo, max_model_len=request.max_model_len)
     ranked = tuple(c for c in result.ranked if c.config != request.incumbent)
-    return Calibration(
-        request.key,
-        fit,
-        twin,
-        predicted,
-        calibration.error,
-        ranked,
-        incumbent,
-        result.evaluations,
-        result.cpu_seconds,
+    return replace(
+        calibration,
+        ranked=ranked,
+        incumbent=incumbent,
+        evaluations=result.evaluations,
+        cpu_seconds=result.cpu_seconds,
     )
 
 
@@ -372,7 +398,7 @@ def check_canary(
     bands: tuple[Band | None, Band | None] = (None, None),
 ) -> CanaryCheck:
     """Predict ``config`` at the canary's live load with the calibrated twin."""
-    predicted = predict_ms(calibration.twin, config, rate_req_s, slo, max_model_len)
+    predicted = predict_ms(calibration.twin, config, rate_req_s, slo, max_model_len, calibration.offset_ms)
     return CanaryCheck(rate_req_s, predicted, measured_ms, bands)
 
 

@@ -888,6 +888,13 @@ class ServiceTwin(StatusModel):
         "measurement's sampling band, the larger of ITL and TTFT).",
     )
     tolerance: float | None = Field(default=None, ge=0, description="Largest error the tuner acts on.")
+    itl_offset_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="ITL the engine adds outside its steps (token delivery), measured minus predicted on "
+        "the stable track; added to every prediction and taken off the ITL target the twin ranks for.",
+    )
+    ttft_offset_ms: float | None = Field(default=None, ge=0, description="The same for TTFT.")
     predicted_itl_ms: float | None = Field(default=None, ge=0, description="Predicted stable ITL quantile.")
     predicted_ttft_ms: float | None = Field(default=None, ge=0, description="Predicted stable TTFT quantile.")
     measured_itl_ms: float | None = Field(default=None, ge=0, description="Measured stable ITL quantile.")

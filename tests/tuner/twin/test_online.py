@@ -210,3 +210,28 @@ def test_an_engine_without_step_telemetry_reads_as_not_exported(engine_series: b
         f"count({names.STEP_DURATION}_count{selector})",
         f"count({names.REQUEST_SUCCESS}{selector})",
     ]
+
+
+def test_latency_the_engine_adds_outside_its_steps_is_calibrated_on_stable_and_carried_to_the_canary(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    (itl, ttft), _ = built.measured_ms, built.bands
+    assert itl is not None and ttft is not None
+    slower = replace(built, measured_ms=(itl + 6.0, ttft), bands=(None, None))  # +6 ms per token
+    calibration = online.calibrate(slower)
+    assert calibration.offset_ms[0] == pytest.approx(6.0, abs=1.0) and calibration.error > 0.15
+    other = TunedConfig(1024, 128)
+    canary, _ = serve(truth, other, lengths, RATE / 2)
+    quantiles, bands = measured(canary)
+    delivered = (quantiles[0] + 6.0, quantiles[1])
+    check = online.check_canary(calibration, other, RATE / 2, delivered, SLO_, 8192, bands)
+    assert check.error <= online.TOLERANCE, (check.predicted_ms, delivered)
+
+
+def test_offsets_are_never_negative_and_capped_and_tighten_the_targets() -> None:
+    slo = SLO(itl_ms=50.0, ttft_ms=2000.0)
+    assert online.latency_offsets((20.0, 400.0), (18.0, 450.0), slo) == (0.0, 50.0)
+    assert online.latency_offsets((20.0, 400.0), (90.0, None), slo) == (12.5, 0.0)
+    tightened = online.offset_slo(slo, (5.0, 50.0))
+    assert (tightened.itl_ms, tightened.ttft_ms) == (45.0, 1950.0)
