@@ -5,7 +5,7 @@ start-up budget, then the budget is lowered live for the other windows (the rout
 restored at the end. The measured quantiles are the engine's own fine ``chunkpilot:*`` histograms.
 
 On shared CPU cores the engine's latency tails are set by the machine more than by the model
-(single-token decode steps have been seen to take 50x their median while other processes ran), and
+(decode steps have been seen to take 50x their median while other processes ran), and
 its pace drifts between windows, so the test asserts what holds whatever the machine does: the
 fitted step model explains every held-out window's step telemetry better than the datasheet prior,
 and the decode-bound ITL median is predicted better than by the prior everywhere. The issue's goal
