@@ -312,11 +312,14 @@ def latency_offsets(
     """What the engine adds to each quantile outside its steps (token delivery, the server's loop).
 
     Measured minus predicted on the stable track, never negative (the step model covers what the
-    steps cost) and at most :data:`MAX_OFFSET_SHARE` of the target (a larger gap is not an offset).
+    steps cost), at most :data:`MAX_OFFSET_SHARE` of the target (a larger gap is not an offset), and
+    none from a quantile above its target (an engine past its SLO is queueing or stalled: its gap
+    says nothing about the latency it adds when it keeps up).
     """
     out = []
     for p, m, target in zip(predicted, measured, (slo.itl_ms, slo.ttft_ms), strict=True):
-        gap = m - p if m is not None and math.isfinite(p) else 0.0
+        usable = m is not None and m <= target and math.isfinite(p)
+        gap = m - p if usable and m is not None else 0.0
         out.append(min(max(0.0, gap), MAX_OFFSET_SHARE * target))
     return out[0], out[1]
 
