@@ -309,19 +309,20 @@ def predict_ms(
 def latency_offsets(
     predicted: tuple[float, float], measured: tuple[float | None, float | None], slo: SLO
 ) -> tuple[float, float]:
-    """What the engine adds to each quantile outside its steps (token delivery, the server's loop).
+    """What the engine adds to each token outside its steps (delivering it, its server's own loop).
 
-    Measured minus predicted on the stable track, never negative (the step model covers what the
-    steps cost), at most :data:`MAX_OFFSET_SHARE` of the target (a larger gap is not an offset), and
-    none from a quantile above its target (an engine past its SLO is queueing or stalled: its gap
-    says nothing about the latency it adds when it keeps up).
+    The stable track's measured minus predicted ITL quantile, never negative (the step model covers
+    what the steps cost), at most :data:`MAX_OFFSET_SHARE` of the ITL target (a larger gap is not an
+    offset), and none from an ITL above its target (an engine past its SLO is queueing or stalled:
+    its gap says nothing about what it adds when it keeps up). The first token is delivered the same
+    way, so TTFT gets the same offset (a TTFT quantile over a window rests on too few requests to
+    calibrate its own).
     """
-    out = []
-    for p, m, target in zip(predicted, measured, (slo.itl_ms, slo.ttft_ms), strict=True):
-        usable = m is not None and m <= target and math.isfinite(p)
-        gap = m - p if usable and m is not None else 0.0
-        out.append(min(max(0.0, gap), MAX_OFFSET_SHARE * target))
-    return out[0], out[1]
+    p, m = predicted[0], measured[0]
+    if m is None or m > slo.itl_ms or not math.isfinite(p):
+        return 0.0, 0.0
+    offset = min(max(0.0, m - p), MAX_OFFSET_SHARE * slo.itl_ms)
+    return offset, offset
 
 
 def offset_slo(slo: SLO, offset_ms: tuple[float, float]) -> SLO:

@@ -231,8 +231,9 @@ def test_latency_the_engine_adds_outside_its_steps_is_calibrated_on_stable_and_c
 
 def test_offsets_are_never_negative_and_capped_and_tighten_the_targets() -> None:
     slo = SLO(itl_ms=50.0, ttft_ms=2000.0)
-    assert online.latency_offsets((20.0, 400.0), (18.0, 450.0), slo) == (0.0, 50.0)
-    assert online.latency_offsets((20.0, 400.0), (45.0, None), slo) == (12.5, 0.0)
+    assert online.latency_offsets((20.0, 400.0), (18.0, 450.0), slo) == (0.0, 0.0)
+    assert online.latency_offsets((20.0, 400.0), (24.0, 300.0), slo) == (4.0, 4.0)  # one delivery each
+    assert online.latency_offsets((20.0, 400.0), (45.0, None), slo) == (12.5, 12.5)  # capped
     assert online.latency_offsets((20.0, 400.0), (90.0, 2500.0), slo) == (0.0, 0.0)  # past the SLO
     tightened = online.offset_slo(slo, (5.0, 50.0))
     assert (tightened.itl_ms, tightened.ttft_ms) == (45.0, 1950.0)
