@@ -894,7 +894,9 @@ class ServiceTwin(StatusModel):
         description="ITL the engine adds outside its steps (token delivery), measured minus predicted on "
         "the stable track; added to every prediction and taken off the ITL target the twin ranks for.",
     )
-    ttft_offset_ms: float | None = Field(default=None, ge=0, description="The same for TTFT.")
+    ttft_offset_ms: float | None = Field(
+        default=None, ge=0, description="The same offset for the first token, added to TTFT."
+    )
     predicted_itl_ms: float | None = Field(default=None, ge=0, description="Predicted stable ITL quantile.")
     predicted_ttft_ms: float | None = Field(default=None, ge=0, description="Predicted stable TTFT quantile.")
     measured_itl_ms: float | None = Field(default=None, ge=0, description="Measured stable ITL quantile.")
