@@ -219,6 +219,9 @@ class TunerMetrics:
     generation_tokens: str
     prompt_tokens: str
     request_success: str
+    #: Prefix-cache counters in tokens (queried, hit) for the twin's workload; None: not exported.
+    prefix_cache_queries: str | None = None
+    prefix_cache_hits: str | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,13 @@ class EngineMetricTable:
 
 
 VLLM_TUNER: Final = TunerMetrics(
-    INTER_TOKEN_LATENCY, TIME_TO_FIRST_TOKEN, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_SUCCESS
+    INTER_TOKEN_LATENCY,
+    TIME_TO_FIRST_TOKEN,
+    GENERATION_TOKENS,
+    PROMPT_TOKENS,
+    REQUEST_SUCCESS,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
 )
 
 # SGLang 0.5.23 (``srt/observability/metrics_collector.py``): the tokenizer manager's request metrics
@@ -311,6 +320,12 @@ SGLANG_METRICS: Final = EngineMetricTable(
             "sglang:generation_tokens_total", "Number of generation tokens processed.", (), _STREAMING
         ),
         REQUEST_SUCCESS: Family("sglang:num_requests_total", "Number of requests processed.", (), _STREAMING),
+        PREFIX_CACHE_HITS: Family(
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            (),
+            (("cache_source", "device"),),
+        ),
         NUM_PREEMPTIONS: Family(
             "sglang:num_retracted_requests_total", "Total number of retracted requests.", (), _SCHEDULER
         ),
@@ -330,6 +345,9 @@ SGLANG_METRICS: Final = EngineMetricTable(
         "sglang:generation_tokens_total",
         "sglang:prompt_tokens_total",
         "sglang:num_requests_total",
+        # Every prompt token is a prefix-cache query in SGLang (the radix cache is always consulted).
+        "sglang:prompt_tokens_total",
+        "sglang:cached_tokens_total",
     ),
 )
 
