@@ -50,13 +50,13 @@ def trial(
 
 
 def test_running_trial_means_not_finished() -> None:
-    outcome = assess(service(), [trial(0, "Succeeded", "Discarded"), trial(1, "Measuring")])
+    outcome = assess(service(), [trial(0, "RolledBack", "Discarded"), trial(1, "Measuring")])
     assert not outcome.finished
     assert outcome.trials_finished == 1
 
 
 def test_all_trials_finished_with_a_promotion_that_meets_both_slos() -> None:
-    trials = [trial(n, "Succeeded", "Discarded", itl=80) for n in range(3)] + [
+    trials = [trial(n, "RolledBack", "Discarded", itl=80) for n in range(3)] + [
         trial(3, "Promoted", "Promoted")
     ]
     outcome = assess(service(max_trials=4), trials)
@@ -79,7 +79,7 @@ def test_infeasible_condition_ends_the_run() -> None:
             "message": "best ITL p99 61 ms > 50 ms: add replicas",
         }
     ]
-    outcome = assess(service(conditions), [trial(0, "Succeeded", "Infeasible", itl=61)])
+    outcome = assess(service(conditions), [trial(0, "RolledBack", "Discarded", itl=61)])
     assert outcome.finished and outcome.infeasible
     assert "add replicas" in outcome.reason
 
@@ -92,7 +92,7 @@ def test_tuning_stopped_early_by_convergence_ends_the_run() -> None:
 
 def test_paused_tuning_does_not_end_the_run() -> None:
     conditions = [{"type": "Tuning", "status": "False", "reason": "Paused", "message": "autotune.paused"}]
-    assert not assess(service(conditions, max_trials=10), [trial(0, "Succeeded", "Discarded")]).finished
+    assert not assess(service(conditions, max_trials=10), [trial(0, "RolledBack", "Discarded")]).finished
 
 
 def test_progress_covers_warmup_then_measurement() -> None:
@@ -103,14 +103,14 @@ def test_progress_covers_warmup_then_measurement() -> None:
     assert early is not None and "warm-up" in early[0]
     assert late is not None and "measuring" in late[0]
     assert early[1] < late[1] <= 1.0
-    assert trial_progress(trial(0, "Succeeded", "Discarded", started=NOW), svc, NOW) is None
+    assert trial_progress(trial(0, "RolledBack", "Discarded", started=NOW), svc, NOW) is None
 
 
 def test_view_shows_every_trial_against_the_targets() -> None:
     console = Console(width=160, record=True)
     console.print(
         render_view(
-            service(), [trial(0, "Succeeded", "Discarded", itl=80), trial(1, "Measuring", started=NOW)], NOW
+            service(), [trial(0, "RolledBack", "Discarded", itl=80), trial(1, "Measuring", started=NOW)], NOW
         )
     )
     text = console.export_text()
