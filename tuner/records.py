@@ -120,6 +120,7 @@ def service_facts(isvc: InferenceService) -> ServiceFacts:
         engine_version=spec.engine.version,
         enable_chunked_prefill=spec.engine.enable_chunked_prefill,
         gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+        max_prefill_tokens=spec.engine.max_prefill_tokens,
         partial_prefills=renders_partial_prefills(spec),
     )
 

@@ -15,9 +15,14 @@ the SLO:
   quantile target lets a small fraction of steps exceed it, so at low load a
   budget whose full-budget step is slower than the target can still meet it.
 
-``max-num-seqs`` and the long-prefill threshold are tuned too; the partial-prefill
-limits and ``max-num-active-seqs`` only when the engine version honours them and
-the service opted in (set them in the spec or gave bounds).  A step profile
+The space is per engine, from the knob table: a tuned knob is searched only where the
+service's engine kind and version have a setting for it (:func:`honours`, the check the
+renderers refuse by).  ``max-num-seqs`` (SGLang ``--max-running-requests``, TensorRT-LLM
+``--max_batch_size``) and, on vLLM, the long-prefill threshold are tuned too; the
+partial-prefill limits and ``max-num-active-seqs`` only when the engine honours them and
+the service opted in (set them in the spec or gave bounds).  On SGLang with
+``maxPrefillTokens`` set the budget (``--chunked-prefill-size``) never exceeds it, the
+rule the API enforces.  A step profile
 measured by ``chunkpilot probe`` (``ServiceFacts.step_profile``) replaces the
 datasheet: its knee is the floor, its ITL-feasible budget sets the ceiling and
 the warm start.  Bounds in the
@@ -155,6 +160,8 @@ class ServiceFacts:
     #: ``DEFAULT_OUTPUT_TOKENS``); they size the decode batch every step carries at load.
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    #: SGLang's ``--max-prefill-tokens`` (None: unset); with chunked prefill on it caps the budget.
+    max_prefill_tokens: int | None = None
     #: Whether the rendered engine enforces the partial-prefill limits (None: judge from the engine
     #: kind and version alone; the operator's renderer knows more, e.g. the scheduler plugin).
     partial_prefills: bool | None = None
@@ -162,23 +169,38 @@ class ServiceFacts:
     step_profile: MeasuredStepProfile | None = field(default=None, compare=False)
 
 
+def honours(engine_kind: str, engine_version: str, name: str) -> bool:
+    """True when ``engine_version`` of ``engine_kind`` has a setting for knob ``name``.
+
+    The knob table's flag for the kind's dialect and its version range
+    (:func:`chunkpilot.api.knobs.engine_honours`, the judgement the renderers refuse by);
+    versions are read in the kind's own numbering.  The simulator takes every vLLM flag
+    (as an option), whatever the version.
+    """
+    if engine_kind == "sim":
+        return knobs.VLLM in knobs.knob(name).flags
+    return knobs.engine_honours(engine_kind, name, EngineVersion.lenient(engine_version))
+
+
 def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:
     """True when the engine enforces ``--max-num-partial-prefills`` / ``--max-long-partial-prefills``.
 
     Judged from kind and version alone: the simulator does (as an option); vLLM natively only
-    before 0.9.0 (V1 never enforced the flags). :attr:`ServiceFacts.partial_prefills` overrides
-    this with the operator's answer, which also knows about the Chunkpilot scheduler plugin.
+    before 0.9.0 (V1 never enforced the flags); SGLang and TensorRT-LLM have no such setting.
+    :attr:`ServiceFacts.partial_prefills` overrides this with the operator's answer, which also
+    knows about the Chunkpilot scheduler plugin.
     """
-    if engine_kind == "sim":
-        return True
-    return knobs.honoured_natively("max_num_partial_prefills", EngineVersion.lenient(engine_version))
+    return honours(engine_kind, engine_version, Knob.MAX_NUM_PARTIAL_PREFILLS)
 
 
 def honours_max_num_active_seqs(engine_kind: str, engine_version: str) -> bool:
-    """True when the engine accepts ``--max-num-active-seqs``."""
-    if engine_kind == "sim":
-        return True
-    return knobs.honoured_natively("max_num_active_seqs", EngineVersion.lenient(engine_version))
+    """True when the engine accepts ``--max-num-active-seqs`` (vLLM 0.33 and the simulator)."""
+    return honours(engine_kind, engine_version, Knob.MAX_NUM_ACTIVE_SEQS)
+
+
+def _has_setting(engine_kind: str, name: str) -> bool:
+    """Whether the kind's dialect has a flag for knob ``name`` in any release."""
+    return knobs.dialect_of(engine_kind) in knobs.knob(name).flags
 
 
 # --------------------------------------------------------------------------- the space
@@ -393,6 +415,45 @@ def _budget_range(
     return KnobRange(low, high)
 
 
+def _prefill_capped(
+    facts: ServiceFacts,
+    bounds: Mapping[str, tuple[int, int]],
+    seqs: KnobRange,
+    budget: KnobRange,
+    notes: list[str],
+) -> KnobRange:
+    """``budget`` capped at SGLang's ``--max-prefill-tokens`` where the engine has it and chunks.
+
+    The API refuses a chunk (``--chunked-prefill-size``) above the prefill batch bound; a derived
+    floor above the cap comes down to it, a bound above it is an error naming both fields.
+    """
+    cap = facts.max_prefill_tokens
+    if (
+        cap is None
+        or not facts.enable_chunked_prefill
+        or not honours(facts.engine_kind, facts.engine_version, "max_prefill_tokens")
+        or budget.high <= cap
+    ):
+        return budget
+    per_seq = 1 + facts.speculative_tokens
+    if seqs.low * per_seq > cap:
+        raise SpaceError(
+            f"spec.engine.maxPrefillTokens: {cap} is below maxNumSeqs.min x (1 + speculative tokens) = "
+            f"{seqs.low * per_seq}, the smallest budget the engine accepts; raise maxPrefillTokens or "
+            "lower maxNumSeqs.min"
+        )
+    if budget.low > cap:
+        if _bound(bounds, Knob.MAX_NUM_BATCHED_TOKENS) is not None:
+            raise SpaceError(
+                f"spec.autotune.bounds.maxNumBatchedTokens: min {budget.low} is above "
+                f"spec.engine.maxPrefillTokens {cap} (the budget is SGLang's --chunked-prefill-size, "
+                "which may not exceed it); lower the bound or raise maxPrefillTokens"
+            )
+        notes.append(f"budget floor {budget.low} lowered to maxPrefillTokens {cap}")
+    notes.append(f"budget capped at maxPrefillTokens {cap} (--chunked-prefill-size <= --max-prefill-tokens)")
+    return KnobRange(max(min(budget.low, cap), seqs.low * per_seq), cap, budget.log)
+
+
 def _lpt_range(
     facts: ServiceFacts, bounds: Mapping[str, tuple[int, int]], budget: KnobRange
 ) -> tuple[KnobRange | None, bool]:
@@ -412,7 +473,7 @@ def _opt_in_ranges(
     """The partial-prefill and active-sequence limits: tuned when honoured and opted in (spec or bounds)."""
     inc = facts.incumbent
     ranges: dict[Knob, KnobRange] = {}
-    partial_ok = (
+    partial_ok = _has_setting(facts.engine_kind, Knob.MAX_NUM_PARTIAL_PREFILLS) and (
         facts.partial_prefills
         if facts.partial_prefills is not None
         else honours_partial_prefills(facts.engine_kind, facts.engine_version)
@@ -447,6 +508,12 @@ def build_space(
     is used (:func:`default_step_model`; no ITL ceiling when the model has no profile).
     """
     bounds = bounds or {}
+    for required in (Knob.MAX_NUM_BATCHED_TOKENS, Knob.MAX_NUM_SEQS):
+        if not honours(facts.engine_kind, facts.engine_version, required):
+            raise SpaceError(
+                f"spec.engine.kind: {facts.engine_kind} {facts.engine_version} has no setting for "
+                f"{KNOB_ALIASES[required]}; the autotuner cannot tune it"
+            )
     accelerator = load_accelerator(facts.accelerator)
     shape = load_model_shape(facts.model)
     tp = max(1, facts.tensor_parallel_size)
@@ -462,10 +529,15 @@ def build_space(
     seqs = _seqs_range(facts, bounds)
     derived = _derived_budget(facts, seqs, accelerator, shape, step_model, notes)
     budget = _budget_range(facts, bounds, seqs, derived)
+    budget = _prefill_capped(facts, bounds, seqs, budget, notes)
     ranges: dict[Knob, KnobRange] = {Knob.MAX_NUM_BATCHED_TOKENS: budget, Knob.MAX_NUM_SEQS: seqs}
-    lpt, off_allowed = _lpt_range(facts, bounds, budget)
-    if lpt is not None:
-        ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = lpt
+    off_allowed = True
+    if honours(facts.engine_kind, facts.engine_version, Knob.LONG_PREFILL_TOKEN_THRESHOLD):
+        lpt, off_allowed = _lpt_range(facts, bounds, budget)
+        if lpt is not None:
+            ranges[Knob.LONG_PREFILL_TOKEN_THRESHOLD] = lpt
+    elif _bound(bounds, Knob.LONG_PREFILL_TOKEN_THRESHOLD) not in (None, (0, 0)):
+        notes.append(f"{facts.engine_kind} {facts.engine_version} has no long-prefill threshold; not tuned")
     ranges.update(_opt_in_ranges(facts, bounds, seqs, notes))
 
     for knob, r in ranges.items():

@@ -486,6 +486,16 @@ def dialect_of(engine_kind: str) -> str:
     return engine_kind if engine_kind in (SGLANG, TRTLLM) else VLLM
 
 
+def engine_honours(engine_kind: str, name: str, version: EngineVersion) -> bool:
+    """Whether ``version`` of an engine of ``engine_kind`` has a setting for knob ``name``.
+
+    The knob table's judgement the renderers refuse by (``UnsupportedKnob``): the row has a
+    flag in the kind's dialect (:func:`dialect_of`; the simulator's is vLLM's) and the
+    flag's version range takes in ``version`` (natively, without the scheduler plugin).
+    """
+    return knob(name).honoured_by(dialect_of(engine_kind), version)
+
+
 __all__ = [
     "DIALECTS",
     "ENGINE_NAMES",
@@ -509,6 +519,7 @@ __all__ = [
     "change",
     "dialect_of",
     "doc",
+    "engine_honours",
     "honoured_natively",
     "knob",
     "managed_flags",
