@@ -36,8 +36,8 @@ pytestmark = pytest.mark.cluster
 
 NAMESPACE = "chunkpilot-api-tests"
 REPO = Path(__file__).resolve().parents[2]
-ISVC_COLUMNS = ["NAME", "READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "AGE"]
-TRIAL_COLUMNS = ["NAME", "SERVICE", "PARAMS", "ITL", "TTFT", "VERDICT", "PHASE", "AGE"]
+ISVC_COLUMNS = ["NAME", "READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "CAPACITY", "LOAD", "AGE"]
+TRIAL_COLUMNS = ["NAME", "SERVICE", "PARAMS", "ITL", "TTFT", "VERDICT", "PHASE", "CAPACITY", "TWINERR", "AGE"]
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,7 @@ def test_names_subresources_and_columns() -> None:
     version = isvc["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "AGE"]
+    assert columns == ["READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "CAPACITY", "LOAD", "AGE"]
 
     trial = _crd(crdgen.TUNING_TRIAL)
     assert trial["spec"]["names"]["shortNames"] == ["cptrial"]
