@@ -19,6 +19,7 @@ from typing import Any
 
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.capacity import find_capacity, retime
+from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -114,6 +115,68 @@ def _config(base: SchedulerConfig, budget: int) -> SchedulerConfig:
     return replace(base, max_num_batched_tokens=budget)
 
 
+def _latency_checks(
+    truth: SimConfig,
+    base: SchedulerConfig,
+    lengths: Workload,
+    twin: Twin,
+    fitted_only: Twin,
+    slo: SLO,
+    points: Sequence[tuple[int, float]],
+) -> tuple[LatencyCheck, ...]:
+    """Predicted against true quantiles at each ``(budget, rate)`` of ``points``."""
+    checks: list[LatencyCheck] = []
+    for budget, rate in points:
+        cfg = _config(base, budget)
+        measured = LatencyQuantiles.of(simulate(replace(truth, scheduler=cfg), retime(lengths, rate), slo))
+        predicted = twin.latency(cfg, rate, slo)
+        fit_only = fitted_only.latency(cfg, rate, slo)
+        checks.append(
+            LatencyCheck(
+                budget,
+                rate,
+                predicted,
+                measured,
+                relative_errors(predicted, measured),
+                relative_errors(fit_only, measured),
+            )
+        )
+    return tuple(checks)
+
+
+def _capacity_checks(
+    truth: SimConfig,
+    base: SchedulerConfig,
+    lengths: Workload,
+    twin: Twin,
+    fitted_only: Twin,
+    slo: SLO,
+    budgets: Sequence[int],
+    start_rate: float,
+    requests: int,
+    tolerance: float,
+) -> tuple[CapacityCheck, ...]:
+    """Predicted against true capacity at SLO of each budget, with the prediction's CPU seconds."""
+    checks: list[CapacityCheck] = []
+    for budget in budgets:
+        cfg = _config(base, budget)
+        true = find_capacity(
+            replace(truth, scheduler=cfg), lengths, slo, tolerance=0.02, start_rate=start_rate
+        ).capacity_req_s
+        same = fitted_only.capacity(
+            cfg, slo, requests=len(lengths.requests), tolerance=0.02, start_rate=start_rate
+        ).capacity_req_s
+        started = time.process_time()
+        predicted = twin.capacity(
+            cfg, slo, requests=requests, tolerance=tolerance, start_rate=start_rate
+        ).capacity_req_s
+        cpu = time.process_time() - started
+        checks.append(
+            CapacityCheck(budget, predicted, true, _error(predicted, true), _error(same, true), cpu)
+        )
+    return tuple(checks)
+
+
 def validate_twin(
     perturbation: Perturbation = Perturbation(0.75, 0.85, 2.0),  # noqa: B008  (frozen dataclass)
     *,
@@ -156,47 +219,19 @@ def validate_twin(
         fit_cpu = time.process_time() - started
         # The same profile on the truth's own requests isolates the step-time model's error.
         fitted_only = Twin(fit, lengths, twin.profile_path)
-        latency: list[LatencyCheck] = []
-        for budget, rate in latency_points:
-            cfg = _config(base, budget)
-            truth_run = simulate(replace(truth, scheduler=cfg), retime(lengths, rate), slo)
-            measured = LatencyQuantiles.of(truth_run)
-            predicted = twin.latency(cfg, rate, slo)
-            fit_only = fitted_only.latency(cfg, rate, slo)
-            latency.append(
-                LatencyCheck(
-                    budget,
-                    rate,
-                    predicted,
-                    measured,
-                    relative_errors(predicted, measured),
-                    relative_errors(fit_only, measured),
-                )
-            )
-        capacity: list[CapacityCheck] = []
-        for budget in capacity_budgets:
-            cfg = _config(base, budget)
-            true = find_capacity(
-                replace(truth, scheduler=cfg), lengths, slo, tolerance=0.02, start_rate=fit_rate
-            ).capacity_req_s
-            same = fitted_only.capacity(
-                cfg, slo, requests=len(lengths.requests), tolerance=0.02, start_rate=fit_rate
-            ).capacity_req_s
-            started = time.process_time()
-            predicted_capacity = twin.capacity(
-                cfg, slo, requests=capacity_requests, tolerance=capacity_tolerance, start_rate=fit_rate
-            ).capacity_req_s
-            cpu = time.process_time() - started
-            capacity.append(
-                CapacityCheck(
-                    budget,
-                    predicted_capacity,
-                    true,
-                    _error(predicted_capacity, true),
-                    _error(same, true),
-                    cpu,
-                )
-            )
+        latency = _latency_checks(truth, base, lengths, twin, fitted_only, slo, latency_points)
+        capacity = _capacity_checks(
+            truth,
+            base,
+            lengths,
+            twin,
+            fitted_only,
+            slo,
+            capacity_budgets,
+            fit_rate,
+            capacity_requests,
+            capacity_tolerance,
+        )
     return ValidationReport(
         perturbation=perturbation,
         fitted=fit.scales,
@@ -204,8 +239,8 @@ def validate_twin(
         fit_rms_relative_error=fit.rms_relative_error,
         prior_rms_relative_error=fit.prior_rms_relative_error,
         fit_cpu_s=fit_cpu,
-        latency=tuple(latency),
-        capacity=tuple(capacity),
+        latency=latency,
+        capacity=capacity,
         notes={
             "workload": lengths.name,
             "requests": len(lengths.requests),
