@@ -148,6 +148,7 @@ class TwinObserver:
                 snap.now,
                 quantiles,
                 (stable.itl_samples, stable.ttft_samples),
+                engine=str(snap.isvc.spec.engine.kind),
             )
             if not inputs.exported and not inputs.seen:
                 return TwinReading(TwinState.WAITING, "Prometheus has no series of the stable engine yet")

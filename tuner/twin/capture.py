@@ -15,6 +15,10 @@ Two sources give the same objects: PromQL results of the queries :func:`workload
 
 The histograms carry no joint distribution: where the engine exports the sum of prompt x output
 tokens, the draws are re-paired so that its mean matches (a rank copula), else they are independent.
+
+The prefix-cache counters are the engine kind's (:func:`chunkpilot.engine.metrics_names.tuner_metrics`:
+vLLM's ``vllm:prefix_cache_*``, SGLang's prompt and cached tokens); where the engine exports none
+(TensorRT-LLM) or the series is missing, the hit rate is 0.
 """
 
 from __future__ import annotations
@@ -129,17 +133,27 @@ class WorkloadWindow:
 
 
 # ------------------------------------------------------------------------------------ PromQL side
-def workload_queries(selector: str, window: str) -> dict[str, str]:
+def prefix_cache_series(engine: str = "vllm") -> dict[str, str]:
+    """The engine kind's prefix-cache counters by :class:`WorkloadWindow` field (empty: none exported)."""
+    tuner = names.tuner_metrics(engine)
+    series = {
+        "prefix_cache_queries": tuner.prefix_cache_queries,
+        "prefix_cache_hits": tuner.prefix_cache_hits,
+    }
+    return {key: name for key, name in series.items() if name is not None}
+
+
+def workload_queries(selector: str, window: str, engine: str = "vllm") -> dict[str, str]:
     """PromQL for a :class:`WorkloadWindow`; ``selector`` is a label matcher list without braces.
 
     ``fine_*`` are Chunkpilot's finer request-length histograms (prefer them when they return data).
+    The prefix-cache queries are those of ``engine`` (an engine kind), left out where it has none.
     """
     sel = f"{{{selector}}}" if selector else ""
     queries = {
-        "prefix_cache_queries": f"sum(increase({names.PREFIX_CACHE_QUERIES}{sel}[{window}]))",
-        "prefix_cache_hits": f"sum(increase({names.PREFIX_CACHE_HITS}{sel}[{window}]))",
-        "tokens_product": f"sum(increase({names.REQUEST_TOKENS_PRODUCT}{sel}[{window}]))",
+        key: f"sum(increase({name}{sel}[{window}]))" for key, name in prefix_cache_series(engine).items()
     }
+    queries["tokens_product"] = f"sum(increase({names.REQUEST_TOKENS_PRODUCT}{sel}[{window}]))"
     for key, name in (
         ("prompt", names.REQUEST_PROMPT_TOKENS),
         ("generation", names.REQUEST_GENERATION_TOKENS),
@@ -195,7 +209,8 @@ def workload_from_vectors(
 ) -> WorkloadWindow:
     """The :class:`WorkloadWindow` from the instant vectors of :func:`workload_queries`.
 
-    Uses Chunkpilot's fine length histograms when they have data, else vLLM's.
+    Uses Chunkpilot's fine length histograms when they have data, else vLLM's; missing
+    prefix-cache results count as no queries (hit rate 0).
     """
 
     def histogram(key: str) -> HistogramWindow | None:
@@ -227,12 +242,24 @@ class Scrape:
     """The twin's metrics in one ``/metrics`` text (cumulative since the engine started)."""
 
     histograms: dict[str, HistogramWindow]
+    #: Counters by name; the prefix-cache ones under vLLM's names whatever the engine.
     counters: dict[str, float]
     steps: dict[str, StepTotals] = field(default_factory=dict)
 
 
-def parse_exposition(text: str) -> Scrape:
-    """Read the request-length histograms, prefix-cache counters and step telemetry of one scrape."""
+def parse_exposition(text: str, engine: str = "vllm") -> Scrape:
+    """Read the request-length histograms, prefix-cache counters and step telemetry of one scrape.
+
+    The prefix-cache counters are ``engine``'s (an engine kind), kept under vLLM's names.
+    """
+    canonical = {
+        "prefix_cache_queries": names.PREFIX_CACHE_QUERIES,
+        "prefix_cache_hits": names.PREFIX_CACHE_HITS,
+    }
+    # One engine series may stand for both (SGLang's prompt tokens are its cache queries).
+    counter_keys: dict[str, list[str]] = {names.REQUEST_TOKENS_PRODUCT: [names.REQUEST_TOKENS_PRODUCT]}
+    for key, name in prefix_cache_series(engine).items():
+        counter_keys.setdefault(name, []).append(canonical[key])
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counters: dict[str, float] = {}
@@ -257,12 +284,9 @@ def parse_exposition(text: str) -> Scrape:
                     per[le] = per.get(le, 0.0) + sample.value
                 else:
                     sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-            elif sample.name in (
-                names.PREFIX_CACHE_QUERIES,
-                names.PREFIX_CACHE_HITS,
-                names.REQUEST_TOKENS_PRODUCT,
-            ):
-                counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+            elif sample.name in counter_keys:
+                for key in counter_keys[sample.name]:
+                    counters[key] = counters.get(key, 0.0) + sample.value
     histograms = {
         name: HistogramWindow.from_cumulative(
             per, sums.get(f"{name}_sum", 0.0), sums.get(f"{name}_count", 0.0)

@@ -199,14 +199,18 @@ def read_inputs(
     at: datetime,
     quantiles: tuple[float, float],
     samples: tuple[float, float] = (0.0, 0.0),
+    engine: str = "vllm",
 ) -> Inputs:
-    """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails)."""
+    """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails).
+
+    ``engine``: the engine kind, whose prefix-cache series the workload is read from.
+    """
     exported = vector(f"count({names.STEP_DURATION}_count{selector.render()})", at)
     if not exported:
         seen = vector(f"count({names.REQUEST_SUCCESS}{selector.render()})", at)
         return Inputs(exported=False, seen=bool(seen))
     steps = read_steps(vector, selector, window, at)
-    queries = workload_queries(selector.render()[1:-1], window)
+    queries = workload_queries(selector.render()[1:-1], window, engine)
     results = {key: vector(q, at) for key, q in queries.items()}
     try:
         workload: WorkloadWindow | None = workload_from_vectors(results, window_s)

@@ -19,10 +19,12 @@ from chunkpilot.tuner.twin.capture import (
     HistogramWindow,
     WorkloadWindow,
     histogram_of,
+    parse_exposition,
     step_queries,
     steps_from_results,
     steps_from_vectors,
     synthesize,
+    window_between,
     workload_from_vectors,
     workload_queries,
 )
@@ -144,3 +146,68 @@ def test_prompt_output_covariance_is_reproduced_when_the_engine_exports_it() -> 
     target = product / len(prompts)
     assert mean_product(joint) == pytest.approx(target, rel=0.02)
     assert abs(mean_product(independent) / target - 1) > 0.05  # the pairing is what made the difference
+
+
+# ------------------------------------------------------------------------- per engine kind
+
+
+def test_prefix_cache_queries_are_the_engine_kinds() -> None:
+    for kind in ("vllm", "sim"):
+        queries = workload_queries('pod="p"', "5m", kind)
+        assert queries["prefix_cache_hits"] == 'sum(increase(vllm:prefix_cache_hits_total{pod="p"}[5m]))'
+        assert queries == workload_queries('pod="p"', "5m")
+    sglang = workload_queries('pod="p"', "5m", "sglang")
+    assert sglang["prefix_cache_queries"] == 'sum(increase(sglang:prompt_tokens_total{pod="p"}[5m]))'
+    assert sglang["prefix_cache_hits"] == 'sum(increase(sglang:cached_tokens_total{pod="p"}[5m]))'
+    trtllm = workload_queries('pod="p"', "5m", "trtllm")
+    assert "prefix_cache_queries" not in trtllm and "prefix_cache_hits" not in trtllm
+    assert not any("None" in query for query in trtllm.values())
+    assert trtllm["fine_prompt_bucket"] == sglang["fine_prompt_bucket"]
+
+
+def test_a_missing_prefix_cache_series_is_a_hit_rate_of_zero() -> None:
+    buckets = [_sample(0, le="10"), _sample(3, le="100"), _sample(4, le="+Inf")]
+    vectors = {
+        "fine_prompt_bucket": buckets, "fine_prompt_sum": [_sample(250)], "fine_prompt_count": [_sample(4)],
+        "fine_generation_bucket": buckets, "fine_generation_sum": [_sample(200)],
+        "fine_generation_count": [_sample(4)],
+    }  # fmt: skip
+    window = workload_from_vectors(vectors, duration_s=2.0)
+    assert (window.arrival_rate, window.prefix_cache_hit_rate) == (2.0, 0.0)
+    assert synthesize(window, 20, max_model_len=MAX_LEN, seed=1, min_requests=4).requests
+
+
+def _exposition(counters: dict[str, float], requests: int) -> str:
+    lines = []
+    for family in (names.FINE_REQUEST_PROMPT_TOKENS, names.FINE_REQUEST_GENERATION_TOKENS):
+        lines += [
+            f"# TYPE {family} histogram",
+            f'{family}_bucket{{le="100.0"}} {requests}',
+            f'{family}_bucket{{le="+Inf"}} {requests}',
+            f"{family}_sum {50 * requests}",
+            f"{family}_count {requests}",
+        ]
+    for name, value in counters.items():
+        family = name.removesuffix("_total")
+        lines += [f"# TYPE {family} counter", f"{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_scrapes_read_each_engines_prefix_cache_counters() -> None:
+    sglang = {"sglang:prompt_tokens_total": 1000.0, "sglang:cached_tokens_total": 400.0}
+    before = parse_exposition(_exposition(sglang, 2), "sglang")
+    after = parse_exposition(
+        _exposition({"sglang:prompt_tokens_total": 3000.0, "sglang:cached_tokens_total": 1900.0}, 6), "sglang"
+    )
+    workload, _ = window_between(before, after, 2.0)
+    assert (workload.prefix_cache_queries, workload.prefix_cache_hits) == (2000.0, 1500.0)
+    assert workload.prefix_cache_hit_rate == 0.75
+    # vLLM's reading of the same text finds no prefix-cache series: hit rate 0, no failure.
+    workload, _ = window_between(
+        parse_exposition(_exposition(sglang, 2)), parse_exposition(_exposition(sglang, 6)), 2.0
+    )
+    assert (workload.arrival_rate, workload.prefix_cache_hit_rate) == (2.0, 0.0)
+    vllm = {names.PREFIX_CACHE_QUERIES: 100.0, names.PREFIX_CACHE_HITS: 30.0}
+    trtllm = parse_exposition(_exposition(vllm, 2), "trtllm")
+    assert names.PREFIX_CACHE_QUERIES not in trtllm.counters
+    assert parse_exposition(_exposition(vllm, 2)).counters == vllm
