@@ -75,6 +75,8 @@ def test_engine_services_run_on_the_simulator_in_their_own_dialect(
     from chunkpilot.engine.sim.flags import config_for
     from chunkpilot.operator.engines import render_engine
     from chunkpilot.operator.engines.common import EngineRender
+    from chunkpilot.tuner.records import service_facts, space_bounds
+    from chunkpilot.tuner.space import Knob, build_space
 
     from chunkpilot.cli import build_parser
 
@@ -89,9 +91,9 @@ def test_engine_services_run_on_the_simulator_in_their_own_dialect(
     assert config.engine.value == engine
     assert config.scheduler.max_num_batched_tokens == DemoScenario().budget
     assert config.scheduler.max_num_seqs == DemoScenario().max_num_seqs
-    bounds = spec.autotune.bounds
-    assert bounds is not None and bounds.long_prefill_token_threshold is not None
-    assert bounds.long_prefill_token_threshold.max == 0, "a vLLM-only knob the tuner must not search"
+    isvc = InferenceService.from_manifest(build_inferenceservice(DemoScenario(engine=engine)))
+    space = build_space(service_facts(isvc), space_bounds(isvc))
+    assert Knob.LONG_PREFILL_TOKEN_THRESHOLD not in space.ranges, "a vLLM-only knob the tuner must not search"
     if engine == "sglang":
         assert config.scheduler.enable_mixed_chunk and args.enable_metrics
     else:

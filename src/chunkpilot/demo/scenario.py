@@ -136,7 +136,6 @@ def build_inferenceservice(scenario: DemoScenario) -> dict[str, Any]:
                 "window": scenario.trial_window,
             },
             "autotune": {
-                **_engine_bounds(scenario),
                 "enabled": True,
                 "objective": "throughput",
                 "trialWindow": scenario.trial_window,
@@ -146,13 +145,6 @@ def build_inferenceservice(scenario: DemoScenario) -> dict[str, Any]:
             },
         },
     }
-
-
-def _engine_bounds(scenario: DemoScenario) -> dict[str, Any]:
-    """SGLang and TensorRT-LLM have no long-prefill threshold (vLLM's): keep it out of the search."""
-    if scenario.engine == "sim":
-        return {}
-    return {"bounds": {"longPrefillTokenThreshold": {"min": 0, "max": 0}}}
 
 
 def _engine(scenario: DemoScenario) -> dict[str, Any]:
