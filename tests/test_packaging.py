@@ -119,22 +119,32 @@ print(json.dumps({"operator": operator.__file__, "config": chunkpilot.operator.c
 
 def installed_imports(python: Path) -> dict[str, str]:
     result = subprocess.run(
-        [str(python), "-c", IMPORT_CHECK], capture_output=True, text=True, cwd="/", timeout=60, check=False
+        [str(python), "-c", IMPORT_CHECK],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env=dependencies_env(),
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     found: dict[str, str] = json.loads(result.stdout)
     return found
 
 
-def run_command(python: Path) -> subprocess.CompletedProcess[str]:
-    """The installed ``chunkpilot --version``, its dependencies taken from this environment's site-packages.
+def dependencies_env() -> dict[str, str]:
+    """An environment whose ``PYTHONPATH`` holds this environment's site-packages (the dependencies).
 
-    Those are put on ``PYTHONPATH`` (whose ``.pth`` files Python does not run), so this environment's
-    own editable chunkpilot stays invisible: the command finds chunkpilot only through the install.
+    Python does not run the ``.pth`` files of ``PYTHONPATH`` folders, so this environment's own
+    editable chunkpilot stays invisible: a bare venv finds chunkpilot only through its own install.
     """
     site = sysconfig.get_paths()
-    deps = os.pathsep.join(dict.fromkeys([site["purelib"], site["platlib"]]))
-    env = {**os.environ, "PYTHONPATH": deps}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([site["purelib"], site["platlib"]]))}
+
+
+def run_command(python: Path) -> subprocess.CompletedProcess[str]:
+    """The installed ``chunkpilot --version``, its dependencies from :func:`dependencies_env`."""
+    env = dependencies_env()
     command = python.parent / "chunkpilot"
     return subprocess.run(
         [str(command), "--version"],

@@ -53,7 +53,7 @@ from chunkpilot.tuner.twin.realcheck import (
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 #: The accelerator profile of the prior: a generic CPU (the fit corrects its guesses).
-ACCELERATOR = "cpu"
+ACCELERATOR = "generic-cpu"
 REQUESTS = 80
 FIT_RATE = 6.0
 #: (budget, requests/s) of the held-out windows: two other loads at the fit budget, two other

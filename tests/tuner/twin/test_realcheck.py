@@ -83,6 +83,6 @@ def test_request_plans_are_reproducible_and_in_range() -> None:
 
 
 def test_the_cpu_profile_is_a_prior_for_the_cpu_engine() -> None:
-    cpu = load_accelerator("cpu")
+    cpu = load_accelerator("generic-cpu")
     assert cpu.peak_flops < load_accelerator("l40s").peak_flops / 100
     assert cpu.memory_bytes >= 8 * 2**30
