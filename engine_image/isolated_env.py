@@ -1,0 +1,114 @@
+"""Shared machinery of the cached, isolated Python environments (vLLM, SGLang, aiperf).
+
+Each environment is a virtual environment under ``~/.cache/chunkpilot/envs/<folder>``
+(``CHUNKPILOT_ENV_CACHE`` overrides the parent folder) with a manifest,
+``chunkpilot-env.json``, recording its recipe revision and how it was built. A changed
+recipe revision rebuilds it; one builder at a time holds ``<folder>.lock`` and logs every
+command to ``<folder>.log``. The modules that use this keep only their recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+MANIFEST_NAME = "chunkpilot-env.json"
+
+#: Builds a fresh environment in ``root`` (logging to ``log``) and returns its manifest.
+Build = Callable[[Path, Path], dict[str, object]]
+#: Runs under the lock once the environment is ready: ``(root, manifest, log)``.
+AfterReady = Callable[[Path, dict[str, object], Path], None]
+
+
+class IsolatedEnvError(RuntimeError):
+    """An isolated environment could not be created."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IsolatedEnv:
+    """A ready environment: its folder and interpreter."""
+
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def manifest(self) -> dict[str, object]:
+        return read_manifest(self.root)
+
+
+def cache_root() -> Path:
+    """Parent folder of the cached environments."""
+    override = os.environ.get("CHUNKPILOT_ENV_CACHE")
+    if override:
+        return Path(override)
+    return Path.home() / ".cache" / "chunkpilot" / "envs"
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symbolic links not followed)."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            file = Path(dirpath, name)
+            if not file.is_symlink():
+                total += file.stat().st_size
+    return total
+
+
+def read_manifest(root: Path) -> dict[str, object]:
+    """The manifest of the environment in ``root``; it must exist."""
+    data: dict[str, object] = json.loads((root / MANIFEST_NAME).read_text())
+    return data
+
+
+def write_manifest(root: Path, manifest: dict[str, object]) -> None:
+    """Record ``manifest`` as the environment's manifest."""
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
+def run(argv: Sequence[str], log: Path, error: type[Exception] = IsolatedEnvError) -> str:
+    """Run ``argv``, appending the command and its output to ``log``; return its stdout.
+
+    A non-zero exit raises ``error`` naming the command and the log.
+    """
+    with log.open("a") as handle:
+        handle.write(f"$ {' '.join(argv)}\n")
+        handle.flush()
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=handle, text=True, check=False)
+        handle.write(proc.stdout)
+    if proc.returncode != 0:
+        raise error(f"command failed ({proc.returncode}): {' '.join(argv)}; see {log}")
+    return proc.stdout
+
+
+def ensure_built(root: Path, recipe: int, build: Build, *, after: AfterReady | None = None) -> None:
+    """Make ``root`` a ready environment of recipe revision ``recipe``.
+
+    The environment is reused when its manifest names ``recipe``; otherwise it is removed
+    and ``build`` makes it afresh (its manifest gains ``size_bytes``). ``after`` runs once
+    it is ready, still under the lock. Concurrent callers wait for the first one's build.
+    """
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with (root.parent / f"{root.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = root.parent / f"{root.name}.log"
+        manifest: dict[str, object] = {}
+        if (root / MANIFEST_NAME).is_file():
+            manifest = read_manifest(root)
+        if manifest.get("recipe") != recipe:
+            if root.exists():
+                shutil.rmtree(root)
+            log.write_text("")
+            manifest = build(root, log)
+            manifest["size_bytes"] = folder_size(root)
+            write_manifest(root, manifest)
+        if after is not None:
+            after(root, manifest, log)
