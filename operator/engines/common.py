@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from chunkpilot.operator.engines.versions import EngineVersion
+
 #: The engine's HTTP port (OpenAI API, /health and /metrics) and its name.
 ENGINE_PORT: Final = 8000
 ENGINE_PORT_NAME: Final = "http"
@@ -110,6 +112,20 @@ class UnsupportedEngineVersion:
     @property
     def message(self) -> str:
         return f"spec.engine.version {self.version!r} is not supported for {self.engine}: {self.detail}"
+
+
+def check_engine_version(
+    engine: str, min_version: EngineVersion, version_text: str
+) -> EngineVersion | UnsupportedEngineVersion:
+    """Parse the spec's version and make sure it is ``min_version`` of ``engine`` or newer."""
+    try:
+        version = EngineVersion.parse(version_text)
+    except ValueError as error:
+        return UnsupportedEngineVersion(engine, version_text, str(error))
+    if version < min_version:
+        detail = f"the oldest supported release is {min_version}; raise spec.engine.version"
+        return UnsupportedEngineVersion(engine, version_text, detail)
+    return version
 
 
 RenderProblem = UnsupportedKnob | UnsupportedEngineVersion

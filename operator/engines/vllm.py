@@ -35,6 +35,7 @@ from chunkpilot.operator.engines.common import (
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
+    check_engine_version,
 )
 from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
@@ -163,14 +164,7 @@ KNOB_RULES: Final[tuple[KnobRule, ...]] = tuple(
 
 def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    try:
-        version = EngineVersion.parse(version_text)
-    except ValueError as error:
-        return UnsupportedEngineVersion(ENGINE_NAME, version_text, str(error))
-    if version < MIN_VERSION:
-        detail = f"the oldest supported release is {MIN_VERSION}; raise spec.engine.version"
-        return UnsupportedEngineVersion(ENGINE_NAME, version_text, detail)
-    return version
+    return check_engine_version(ENGINE_NAME, MIN_VERSION, version_text)
 
 
 def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
