@@ -128,6 +128,18 @@ STEP_COUNTERS: Final[dict[str, str]] = {
     STEP_PREFILL_CONTEXT_TOKENS: "KV tokens attended by prefill chunks (cached plus new).",
     STEP_DECODE_CONTEXT_TOKENS: "KV tokens read by decoding sequences.",
 }
+#: The per-step shape counter behind each field of a step's shape (the telemetry's counters,
+#: the twin capture's step totals).
+STEP_SHAPE_FIELDS: Final[dict[str, str]] = {
+    "prefill_tokens": STEP_PREFILL_TOKENS,
+    "decode_tokens": STEP_DECODE_TOKENS,
+    "sequences": STEP_SEQUENCES,
+    "decode_sequences": STEP_DECODE_SEQUENCES,
+    "sampled_sequences": STEP_SAMPLED_SEQUENCES,
+    "prefill_attention_pairs": STEP_PREFILL_ATTENTION_PAIRS,
+    "prefill_context_tokens": STEP_PREFILL_CONTEXT_TOKENS,
+    "decode_context_tokens": STEP_DECODE_CONTEXT_TOKENS,
+}
 
 #: Counter (vLLM plugin only): seconds the plugin spent recording the step telemetry, its own cost.
 TELEMETRY_SECONDS: Final = "chunkpilot:step_telemetry_seconds_total"

@@ -145,7 +145,7 @@ class StepTelemetry:
                 [*base, names.LABEL_SCHEDULED_TOKENS],
                 registry=registry,
             )
-            for field, metric in _SHAPE_FIELDS.items()
+            for field, metric in names.STEP_SHAPE_FIELDS.items()
         }
         self._itl = _BucketedHistogram(
             Histogram(
@@ -298,18 +298,6 @@ class StepTelemetry:
             self._arrival_s.pop(req_id, None)
             self._prompt_tokens.pop(req_id, None)
             self._generated.pop(req_id, None)
-
-
-_SHAPE_FIELDS: Final = {
-    "prefill_tokens": names.STEP_PREFILL_TOKENS,
-    "decode_tokens": names.STEP_DECODE_TOKENS,
-    "sequences": names.STEP_SEQUENCES,
-    "decode_sequences": names.STEP_DECODE_SEQUENCES,
-    "sampled_sequences": names.STEP_SAMPLED_SEQUENCES,
-    "prefill_attention_pairs": names.STEP_PREFILL_ATTENTION_PAIRS,
-    "prefill_context_tokens": names.STEP_PREFILL_CONTEXT_TOKENS,
-    "decode_context_tokens": names.STEP_DECODE_CONTEXT_TOKENS,
-}
 
 
 def _core_outputs(engine_core_outputs: Any) -> Iterable[Any]:

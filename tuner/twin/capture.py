@@ -58,14 +58,7 @@ __all__ = [
 STEP_FIELDS: Final[dict[str, str]] = {
     "steps": f"{names.STEP_DURATION}_count",
     "duration_s": f"{names.STEP_DURATION}_sum",
-    "prefill_tokens": names.STEP_PREFILL_TOKENS,
-    "decode_tokens": names.STEP_DECODE_TOKENS,
-    "sequences": names.STEP_SEQUENCES,
-    "decode_sequences": names.STEP_DECODE_SEQUENCES,
-    "sampled_sequences": names.STEP_SAMPLED_SEQUENCES,
-    "prefill_attention_pairs": names.STEP_PREFILL_ATTENTION_PAIRS,
-    "prefill_context_tokens": names.STEP_PREFILL_CONTEXT_TOKENS,
-    "decode_context_tokens": names.STEP_DECODE_CONTEXT_TOKENS,
+    **names.STEP_SHAPE_FIELDS,
 }
 #: Fewer finished requests than this in the window: no workload (the caller waits).
 MIN_REQUESTS: Final = 20
