@@ -14,6 +14,7 @@ Environment:
 - ``CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT``: seconds a canary may take to become Ready (default 900).
 - ``CHUNKPILOT_TWIN_CPU_SECONDS``: CPU seconds one ranking on the digital twin may spend (default 30),
   in a worker process off the event loop.
+- ``CHUNKPILOT_TWIN``: ``off`` tunes without the digital twin (on measurements alone); default ``on``.
 - ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
   mirrored into after each trial (:mod:`chunkpilot.tuner.mirror`).
 """
@@ -44,6 +45,8 @@ ENV_ROLLOUT_TIMEOUT = "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"
 #: A Prometheus file_sd file naming each engine pod's address (the local pod runner writes one);
 #: unset: live adjustment calls pods at their pod IP.
 ENV_POD_TARGETS = "CHUNKPILOT_POD_TARGETS_FILE"
+#: ``off`` runs the tuner without the digital twin (tuning on measurements alone); default ``on``.
+ENV_TWIN = "CHUNKPILOT_TWIN"
 FIELD_MANAGER = "chunkpilot-tuner"
 MEMO_KEY = "tuner"
 
@@ -62,6 +65,14 @@ def _float_env(name: str, default: float) -> float:
 
 
 INTERVAL_S = _float_env(ENV_INTERVAL, 10.0)
+
+
+def twin_enabled() -> bool:
+    """Whether ``CHUNKPILOT_TWIN`` (``on`` or ``off``, default ``on``) lets the tuner use the twin."""
+    text = os.environ.get(ENV_TWIN, "on").strip().lower()
+    if text not in ("on", "off"):
+        raise ValueError(f"{ENV_TWIN}={text!r}: use on or off")
+    return text == "on"
 
 
 def _mirror_to(url: str) -> Mirror:
@@ -89,6 +100,7 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     try:
         settings = TunerSettings(rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0))
+        twin = twin_enabled()
     except ValueError as error:
         raise kopf.PermanentError(str(error)) from None
     prometheus = PrometheusClient(config.prometheus_url, timeout_s=5.0) if config.prometheus_url else None
@@ -99,16 +111,17 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     memo[MEMO_KEY] = TuningController(
         kube,
         prometheus.query if prometheus else None,
-        vector=prometheus.vector if prometheus else None,
+        vector=prometheus.vector if prometheus and twin else None,
         post_event=post_event,
         settings=settings,
         mirror=_mirror_to(url) if url else None,
         live_adjuster=liveadjust.HttpLiveAdjuster(resolver),
     )
     logger.info(
-        "autotuner ready: Prometheus %s, tick every %gs",
+        "autotuner ready: Prometheus %s, tick every %gs, digital twin %s",
         config.prometheus_url or "not configured",
         INTERVAL_S,
+        "on" if twin else f"off ({ENV_TWIN}=off)",
     )
 
 
