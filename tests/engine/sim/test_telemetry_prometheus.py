@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,13 @@ MODEL = "sim-twin"
 def test_step_queries_give_the_mean_step_time_per_bucket(
     prometheus: PrometheusServer, tmp_path: Path, sim_server_runner: Any
 ) -> None:
+    # A label of its own: the session's Prometheus keeps what earlier tests scraped (the e2e twin
+    # test's engines belong to a service named "twin"), and this window must see only this engine.
+    service = f"telemetry-{uuid.uuid4().hex[:8]}"
+    selector = f'service="{service}"'
     args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", MODEL, "--max-num-batched-tokens", "512")
     with sim_server_runner(tmp_path, *args, time_scale=0.5) as server:
-        prometheus.set_targets([server.address], labels={"service": "twin", "track": "stable"})
+        prometheus.set_targets([server.address], labels={"service": service, "track": "stable"})
         prometheus.wait_for_target_up(server.address, timeout=30)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
         for length in (300, 1500):
@@ -39,9 +44,9 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
             )
         with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
             direct = parse_exposition(response.read().decode()).steps
-        queries = step_queries('service="twin"', "10m")
+        queries = step_queries(selector, "10m")
         expected_steps = sum(t.steps for t in direct.values())
-        raw = f'sum({names.STEP_DURATION}_count{{service="twin"}})'
+        raw = f"sum({names.STEP_DURATION}_count{{{selector}}})"
         deadline = time.monotonic() + 20
         while True:  # wait for a scrape taken after the last step
             seen = prometheus.query(raw)
@@ -51,7 +56,7 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
             time.sleep(0.5)
         windowed = steps_from_vectors({key: prometheus.query(promql) for key, promql in queries.items()})
         workload = workload_from_vectors(
-            {key: prometheus.query(q) for key, q in workload_queries('service="twin"', "10m").items()}, 600.0
+            {key: prometheus.query(q) for key, q in workload_queries(selector, "10m").items()}, 600.0
         )
     # The request lengths: Chunkpilot's fine histograms, whose mean is the two prompts' mean.
     assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS
