@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -89,6 +90,24 @@ def find_capacity(
     seed: int = 0,
 ) -> CapacityResult:
     """Bisect the Poisson rate until ``(upper - lower) / lower <= tolerance``."""
+    return search_capacity(
+        lambda retimed: simulate(config, retimed, slo),
+        workload,
+        tolerance=tolerance,
+        start_rate=start_rate,
+        seed=seed,
+    )
+
+
+def search_capacity(
+    run: Callable[[Workload], Summary],
+    workload: Workload,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    start_rate: float = 1.0,
+    seed: int = 0,
+) -> CapacityResult:
+    """:func:`find_capacity` over any simulation: ``run`` summarises the workload retimed to a rate."""
     if not 0 < tolerance < 1:
         raise ValueError("--tolerance must be in (0, 1)")
     if not workload.requests:
@@ -98,7 +117,7 @@ def find_capacity(
     summaries: dict[float, Summary] = {}
 
     def met(rate: float) -> bool:
-        summary = simulate(config, retime(workload, rate, seed), slo)
+        summary = run(retime(workload, rate, seed))
         summaries[rate] = summary
         probes.append(
             Probe(rate, summary.slo_met, summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms)

@@ -17,8 +17,10 @@ the running-request limit and the KV cache allow; prefix-cache hits shrink the p
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -67,6 +69,8 @@ class RequestStatus(Enum):
     """Lifecycle of a request inside the engine."""
 
     WAITING = "waiting"
+    #: Decode side of a disaggregated request: KV blocks allocated, the remote prefill's KV in flight.
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
@@ -257,6 +261,14 @@ class Request:
     last_token_s: float | None = None
     finish_s: float | None = None
     finish_reason: FinishReason | None = None
+    #: Prefill side of a disaggregated request (``do_remote_decode``): on finishing, its KV blocks
+    #: stay allocated in :attr:`Scheduler.held` until the decode side has read them.
+    kv_hold: bool = False
+    #: Decode side of a disaggregated request (``do_remote_prefill``): its prompt's KV comes from a
+    #: remote prefill engine instead of being computed here.
+    remote_prefill: bool = False
+    #: When the remote KV of a WAITING_FOR_REMOTE_KVS request has arrived (simulated seconds).
+    kv_ready_s: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -322,6 +334,12 @@ class Scheduler:
         self.rng = random.Random(seed)
         self.num_preemptions = 0
         self.check_invariants = False
+        #: Finished prefill-side requests whose KV blocks a decode engine has not released yet.
+        self.held: dict[str, Request] = {}
+        #: Seconds to receive ``n`` tokens of remote KV; set on engines that decode remote prefills.
+        self.kv_transfer_s: Callable[[int], float] | None = None
+        #: Decode-side requests whose remote KV arrived (drained by whoever releases the prefill side).
+        self.received: list[Request] = []
 
     def set_limits(
         self, max_num_batched_tokens: int, max_num_seqs: int, max_num_active_seqs: int | None
@@ -348,6 +366,21 @@ class Scheduler:
         """True while any request is waiting or running."""
         return bool(self.waiting or self.running)
 
+    def release_held(self, request_id: str) -> bool:
+        """Free the KV blocks a finished prefill-side request kept for its decode side."""
+        request = self.held.pop(request_id, None)
+        if request is None:
+            return False
+        self._free(request)
+        return True
+
+    def next_kv_ready_s(self) -> float:
+        """Earliest arrival of a remote KV still in flight (inf when none)."""
+        return min(
+            (r.kv_ready_s for r in self.waiting if r.kv_ready_s is not None),
+            default=math.inf,
+        )
+
     def abort(self, request: Request, now: float) -> None:
         """Drop a request wherever it is and free its blocks."""
         if request.status is RequestStatus.RUNNING:
@@ -355,6 +388,7 @@ class Scheduler:
             self._free(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+            self._free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.ABORT
         request.finish_s = now
@@ -422,10 +456,17 @@ class Scheduler:
             index = 0
             while index < len(self.waiting) and token_budget > 0 and len(self.running) < cfg.max_running:
                 request = self.waiting[index]
+                if request.remote_prefill:
+                    ready = self._remote_kv_ready(request, now)
+                    if ready is None:
+                        break  # no KV blocks for its prompt (vLLM stops admitting too)
+                    if not ready:
+                        index += 1  # its KV is still on the way
+                        continue
                 hits = 0
                 if request.num_computed_tokens == 0 and request.block_hashes:
                     hits = self.kv.lookup(request.block_hashes, request.num_tokens)
-                cached_tokens = hits * cfg.block_size
+                cached_tokens = hits * cfg.block_size or request.num_computed_tokens
                 num_new = request.num_tokens - cached_tokens
                 if 0 < cap < num_new:
                     num_new = cap
@@ -441,7 +482,7 @@ class Scheduler:
                         break
                 hit_hashes = request.block_hashes[:hits]
                 self.kv.acquire_cached(hit_hashes)
-                needed = self.kv.blocks_for(cached_tokens + num_new) - hits
+                needed = self.kv.blocks_for(cached_tokens + num_new) - hits - request.plain_blocks
                 if not self.kv.allocate(needed):
                     self.kv.release(0, list(hit_hashes))
                     break
@@ -452,7 +493,7 @@ class Scheduler:
                 if request.block_hashes and request.status is RequestStatus.WAITING:
                     self.kv.record_query(request.prompt_tokens, hits)
                 request.cached_hashes = list(hit_hashes)
-                request.plain_blocks = needed
+                request.plain_blocks += max(needed, 0)
                 request.num_computed_tokens = cached_tokens
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = cached_tokens
@@ -511,12 +552,43 @@ class Scheduler:
         return results
 
     def finish(self, request: Request, now: float, reason: FinishReason) -> None:
-        """Retire a running request and free its blocks."""
+        """Retire a running request and free its blocks (a ``kv_hold`` request keeps them in
+        :attr:`held` for its remote decode, like vLLM's KV connectors delaying the free)."""
         self.running.remove(request)
-        self._free(request)
+        if request.kv_hold and reason is FinishReason.LENGTH:
+            self.held[request.request_id] = request
+        else:
+            self._free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = now
+
+    def _remote_kv_ready(self, request: Request, now: float) -> bool | None:
+        """Decode side of a disaggregated request, met in the waiting pass.
+
+        As vLLM's KV connectors do: on first sight allocate the blocks for its whole prompt and start
+        receiving (WAITING_FOR_REMOTE_KVS; None when the blocks are not free); once the KV has
+        arrived the prompt counts as computed except its last token, which this engine computes to
+        sample the first token, and the request is admitted like any other (True).
+        """
+        if request.kv_ready_s is None:
+            blocks = self.kv.blocks_for(request.prompt_tokens)
+            if not self.kv.allocate(blocks):
+                return None
+            request.plain_blocks = blocks
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            seconds = self.kv_transfer_s(request.prompt_tokens) if self.kv_transfer_s else 0.0
+            request.kv_ready_s = now + seconds
+            if seconds > 0:
+                return False
+        if now < request.kv_ready_s:
+            return False
+        request.remote_prefill = False
+        request.kv_ready_s = None
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = request.prompt_tokens - 1
+        self.received.append(request)
+        return True
 
     # ---- building blocks of the other engines' policies -------------------------------------
     def _prefix_hits(self, request: Request) -> int:
@@ -642,5 +714,7 @@ class Scheduler:
                 "KV under-allocated"
             )
         for request in self.waiting:
-            assert request.held_blocks == 0, "waiting request holds blocks"
-        self.kv.check_invariants(sum(r.plain_blocks for r in self.running))
+            if request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+                assert request.held_blocks == 0, "waiting request holds blocks"
+        outside = sum(r.plain_blocks for r in self.waiting) + sum(r.plain_blocks for r in self.held.values())
+        self.kv.check_invariants(sum(r.plain_blocks for r in self.running) + outside)
