@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import lru_cache
 from typing import Any
 
 from chunkpilot.engine.sim.capacity import find_capacity
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.scheduler import Engine, SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.bench_grid import Grid, autotune_order
 from chunkpilot.tuner.space import (
@@ -47,6 +48,9 @@ from chunkpilot.tuner.study import RecordState, TrialRecord, seed_for, suggest
 from chunkpilot.tuner.warmstart import WarmStart, warm_start
 
 METHODS = ("tpe", "random", "grid")
+#: Engines the benchmark simulates and tunes (``--engine``): each one's scheduling semantics,
+#: server defaults (the incumbent) and search space from the knob table.
+ENGINES = tuple(e.value for e in Engine)
 #: Diagnostic variant: the tuner without its model-based warm start (not a baseline).
 DIAGNOSTICS = ("tpe-cold",)
 #: Goal of the benchmark: the tuner's best after this many trials ...
@@ -112,8 +116,12 @@ class BenchSettings:
     max_model_len: int = 8192
     seed: int = 0
     jobs: int = 2
+    #: Whose scheduling semantics the simulated engine has and whose knob table the tuner searches.
+    engine: str = "vllm"
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise BenchError(f"--engine: unknown {self.engine!r}; choose from {', '.join(ENGINES)}")
         if self.requests < 2:
             raise BenchError("--requests must be >= 2")
         if self.trials < 1:
@@ -176,12 +184,75 @@ def _workload(trace: str, requests: int) -> Workload:
     return load_trace(trace, rate=1.0, limit=requests)
 
 
+@lru_cache(maxsize=8)
+def _engine_defaults(engine: str, model: str, accelerator: str, max_model_len: int) -> SimConfig:
+    """``engine``'s server defaults as the simulator's own flag parser gives them, chunked prefill on.
+
+    vLLM keeps the simulator's defaults (its budget and sequence limit come from
+    :func:`default_config`); SGLang and TensorRT-LLM get their own (``--chunked-prefill-size`` by GPU
+    memory, ``--max-running-requests``, ``--schedule-policy fcfs`` without mixed chunks; ``max_num_tokens``,
+    ``max_batch_size``, the ``GUARANTEED_NO_EVICT`` capacity scheduler) and memory fraction.
+    """
+    if engine == Engine.VLLM.value:
+        return SimConfig(
+            model=model, accelerator=accelerator, scheduler=SchedulerConfig(max_model_len=max_model_len)
+        )
+    import argparse
+
+    from chunkpilot.engine.sim.flags import add_flags_for, config_for
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_flags_for(parser, engine)
+    args = parser.parse_args(["--gpu", accelerator])
+    args.engine = engine
+    sim = config_for(model, args)
+    scheduler = replace(sim.scheduler, max_model_len=max_model_len, enable_chunked_prefill=True)
+    return replace(sim, scheduler=scheduler, step_profile=None)
+
+
+def engine_defaults(settings: BenchSettings) -> SimConfig:
+    """The engine of ``settings.engine`` at its server defaults (the tuned knobs are replaced per trial)."""
+    return _engine_defaults(settings.engine, settings.model, settings.accelerator, settings.max_model_len)
+
+
+#: The engine-only scheduler settings the benchmark records per engine (fixed: not in the tuned space).
+ENGINE_SETTINGS: dict[str, tuple[str, ...]] = {
+    Engine.VLLM.value: ("policy", "enable_prefix_caching"),
+    Engine.SGLANG.value: ("policy", "enable_mixed_chunk", "max_prefill_tokens", "enable_prefix_caching"),
+    Engine.TRTLLM.value: (
+        "capacity_scheduler_policy",
+        "context_chunking_policy",
+        "chunk_unit_size",
+        "enable_prefix_caching",
+    ),
+}
+
+
+def engine_settings(settings: BenchSettings) -> dict[str, object]:
+    """The engine's own scheduler settings every trial runs with (the knobs the tuner does not move)."""
+    sim = engine_defaults(settings)
+    out: dict[str, object] = {"gpu_memory_utilization": sim.gpu_memory_utilization}
+    for name in ENGINE_SETTINGS[settings.engine]:
+        value = getattr(sim.scheduler, name)
+        out[name] = value.value if isinstance(value, Enum) else value
+    return out
+
+
+def tuned_scheduler(
+    base: SchedulerConfig, config: TunedConfig, max_model_len: int | None = None
+) -> SchedulerConfig:
+    """``base`` (an engine's scheduler: its kind and own knobs) running the tuned knobs of ``config``.
+
+    On vLLM's defaults this is :func:`chunkpilot.tuner.twin.search.scheduler_of`.
+    """
+    length = base.max_model_len if max_model_len is None else max_model_len
+    return replace(base, **config.as_dict(), max_model_len=length)  # type: ignore[arg-type]
+
+
 def sim_config(config: TunedConfig, settings: BenchSettings) -> SimConfig:
     """The simulated engine running ``config`` (every tuned knob; the simulator's names are the table's)."""
-    scheduler = SchedulerConfig(**config.as_dict(), max_model_len=settings.max_model_len)  # type: ignore[arg-type]
-    return SimConfig(
-        model=settings.model, accelerator=settings.accelerator, scheduler=scheduler, seed=settings.seed
-    )
+    base = engine_defaults(settings)
+    return replace(base, scheduler=tuned_scheduler(base.scheduler, config), seed=settings.seed)
 
 
 def capacity(config: TunedConfig, workload: str, slo: SLOPair, settings: BenchSettings) -> Capacity:
@@ -394,16 +465,30 @@ class BenchResult:
 
 
 def default_config(settings: BenchSettings) -> TunedConfig:
-    """vLLM's server defaults for the accelerator (DESIGN §4): budget 8192 / 1024 seqs on H100-class."""
+    """The engine's server defaults for the accelerator: vLLM's (DESIGN §4) budget 8192 / 1024 seqs on
+    H100-class; SGLang's ``--chunked-prefill-size`` 8192 / ``--max-running-requests`` 2048; TensorRT-LLM's
+    ``max_num_tokens`` 8192 / ``max_batch_size`` 2048."""
     from chunkpilot.engine.sim.engine import default_limits
     from chunkpilot.engine.sim.profiles.loader import load_accelerator
 
+    if settings.engine != Engine.VLLM.value:
+        scheduler = engine_defaults(settings).scheduler
+        return TunedConfig(scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
     budget, seqs = default_limits(load_accelerator(settings.accelerator))
     return TunedConfig(max_num_batched_tokens=budget, max_num_seqs=seqs)
 
 
+def engine_version(engine: str) -> str:
+    """The engine release the benchmark's service runs (the knob table is read at it)."""
+    from chunkpilot.engine.sim.flags import SGLANG_PINNED_VERSION, TRTLLM_PINNED_VERSION
+
+    pinned = {Engine.SGLANG.value: SGLANG_PINNED_VERSION, Engine.TRTLLM.value: TRTLLM_PINNED_VERSION}
+    return pinned.get(engine, "0.33.0")
+
+
 def scenario_facts(settings: BenchSettings, slo: SLOPair, workload: str | None = None) -> ServiceFacts:
-    """The service the tuner would see: vLLM 0.33 with the default configuration as incumbent.
+    """The service the tuner would see: the engine (vLLM 0.33, SGLang or TensorRT-LLM at their pinned
+    releases) with its default configuration as incumbent.
 
     With ``workload`` the facts carry its mean prompt and output lengths (what the tuner
     reads from the stable track's token counters online).
@@ -419,7 +504,9 @@ def scenario_facts(settings: BenchSettings, slo: SLOPair, workload: str | None =
         incumbent=default_config(settings),
         itl_target_ms=slo.itl_ms,
         max_model_len=settings.max_model_len,
-        engine_kind="vllm",
+        engine_kind=settings.engine,
+        engine_version=engine_version(settings.engine),
+        gpu_memory_utilization=engine_defaults(settings).gpu_memory_utilization,
         itl_quantile=slo.itl_quantile,
         mean_prompt_tokens=prompt,
         mean_output_tokens=output,

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.tuner.bench import BenchError
+from chunkpilot.tuner.bench import ENGINES, BenchError
 from chunkpilot.tuner.bench_truth import (
     TRUTH_FULL,
     TRUTH_QUICK,
@@ -63,6 +63,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="one trace, one SLO pair, a coarse grid and 4 trials (well under a minute on 2 cores)",
     )
+    tuner.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="the engine tuned: the simulator in its scheduling semantics, its server defaults as the "
+        "incumbent and its search space from the knob table (default vllm)",
+    )
     tuner.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     tuner.add_argument("--jobs", type=int, default=None, help="simulator processes (default 2)")
     tuner.add_argument(
@@ -96,6 +103,7 @@ def settings_from(args: argparse.Namespace) -> TruthSettings:
         for key, value in (
             ("jobs", args.jobs),
             ("requests", args.requests),
+            ("engine", args.engine),
             ("workloads", tuple(args.workload) if args.workload else None),
         )
         if value is not None

@@ -36,6 +36,7 @@ from typing import Protocol
 
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.bench import BenchSettings, Capacity, run_random, run_tpe
 from chunkpilot.tuner.bench_grid import Grid, autotune_order
 from chunkpilot.tuner.measure import TrackMeasurement
@@ -120,6 +121,9 @@ class OnlineContext:
     rate_req_s: float
     trials: int
     seed: int
+    #: The engine's own scheduler settings as the service spec gives them (kind, and the knobs the
+    #: tuner does not move); the twin simulates with them. None: vLLM's defaults.
+    engine: SchedulerConfig | None = None
 
     @property
     def targets(self) -> SLOTargets:
@@ -228,7 +232,13 @@ class _TwinState:
         facts = self.context.facts
         fit = fit_steps(self.steps, facts.model, facts.accelerator)
         self.refits += 1
-        return Twin.build(fit, self.workload, self.root / f"fit-{self.refits}")
+        return Twin.build(
+            fit,
+            self.workload,
+            self.root / f"fit-{self.refits}",
+            gpu_memory_utilization=facts.gpu_memory_utilization,
+            engine=self.context.engine,
+        )
 
     def refit(self, canary: Observation) -> None:
         self.steps = _add_steps(self.steps, canary.steps)

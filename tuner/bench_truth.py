@@ -28,7 +28,8 @@ from typing import Any
 from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
-from chunkpilot.engine.sim.offline import SLO, simulate
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.scheduler import Engine
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.bench import (
     FULL,
@@ -38,7 +39,11 @@ from chunkpilot.tuner.bench import (
     BenchSettings,
     SLOPair,
     default_config,
+    engine_defaults,
+    engine_settings,
+    engine_version,
     scenario_facts,
+    tuned_scheduler,
 )
 from chunkpilot.tuner.bench_grid import Grid
 from chunkpilot.tuner.bench_online import (
@@ -53,8 +58,8 @@ from chunkpilot.tuner.bench_online import (
 )
 from chunkpilot.tuner.space import TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
+from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.predict import LatencyQuantiles
-from chunkpilot.tuner.twin.search import scheduler_of
 from chunkpilot.tuner.twin.truth import family, read_perturbation, truth_engine
 from chunkpilot.tuner.twin.validate import observe_window
 
@@ -191,7 +196,9 @@ class TruthEngine:
             self.windows += 1
             telemetry = StepTelemetry()
             summary = simulate(
-                replace(self._sim, scheduler=scheduler_of(config, self._max_model_len)),
+                replace(
+                    self._sim, scheduler=tuned_scheduler(self._sim.scheduler, config, self._max_model_len)
+                ),
                 retime(self._lengths, rate_req_s, self._seed),
                 self._slo,
                 keep_records=True,
@@ -208,9 +215,16 @@ class TruthEngine:
                 request_rate=summary.request_throughput_req_s,
                 samples=summary.completed,
                 steps=telemetry.totals(),
-                window=observe_window(summary, self._max_model_len),
+                window=self._window(summary),
             )
         return self._cache[key]
+
+    def _window(self, summary: Summary) -> WorkloadWindow:
+        """The request-length window; TensorRT-LLM exports no prefix-cache counters (a hit rate of 0)."""
+        window = observe_window(summary, self._max_model_len)
+        if self._sim.engine is Engine.TRTLLM:
+            window = replace(window, prefix_cache_queries=0.0, prefix_cache_hits=0.0)
+        return window
 
 
 class GroundTruth:
@@ -224,7 +238,7 @@ class GroundTruth:
         if config not in self._cache:
             st = self._settings
             result = find_capacity(
-                replace(self._sim, scheduler=scheduler_of(config, st.max_model_len)),
+                replace(self._sim, scheduler=tuned_scheduler(self._sim.scheduler, config, st.max_model_len)),
                 self._lengths,
                 self._slo,
                 tolerance=st.tolerance,
@@ -301,13 +315,19 @@ def run_unit(task: UnitTask) -> list[dict[str, Any]]:
     default = default_config(grid_st)
     with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
         sim = truth_engine(Path(task.truth.path), Path(tmp), model=grid_st.model)
+        engine_sim = engine_defaults(grid_st)  # the engine's semantics and own knobs, on the truth
+        sim = replace(
+            sim, scheduler=engine_sim.scheduler, gpu_memory_utilization=engine_sim.gpu_memory_utilization
+        )
         truth = GroundTruth(sim, lengths, slo, grid_st)
         landscape = {c: truth.capacity(c) for c in (*grid.configs, default)}
         grid_best = max(grid.configs, key=lambda c: (landscape[c], -grid.configs.index(c)))
         runs = []
         for load in st.loads:
             rate = load * landscape[grid_best]
-            context = OnlineContext(facts, space, grid, slo, rate, st.trials, grid_st.seed)
+            context = OnlineContext(
+                facts, space, grid, slo, rate, st.trials, grid_st.seed, engine=engine_sim.scheduler
+            )
             engine = TruthEngine(sim, lengths, slo, grid_st.max_model_len, grid_st.seed)
             curves, twin_facts = _methods(context, engine, st)
             runs.append((load, rate, curves, twin_facts, engine.windows))
@@ -322,6 +342,8 @@ def run_unit(task: UnitTask) -> list[dict[str, Any]]:
             {
                 "truth": task.truth.name,
                 "truth_profile": task.truth.label(),
+                "engine": grid_st.engine,
+                "space": space.describe(),
                 "workload": task.workload,
                 "trace": WORKLOADS[task.workload],
                 "slo": {
@@ -386,6 +408,9 @@ class TruthResult:
             "mode": "hidden-truth",
             "model": grid.model,
             "accelerator": grid.accelerator,
+            "engine": grid.engine,
+            "engine_version": engine_version(grid.engine),
+            "engine_settings": engine_settings(grid),
             "truths": [{"name": t.name, "profile": t.label()} for t in st.truths],
             "loads": list(st.loads),
             "requests_per_slice": grid.requests,
@@ -446,7 +471,8 @@ def format_truth_table(result: TruthResult) -> str:
     st = result.settings
     marks = _marks(st.trials)
     lines = [
-        f"Tuner benchmark with a hidden truth: {st.grid.model}, the tuner told {st.grid.accelerator}; "
+        f"Tuner benchmark with a hidden truth: {st.grid.model} on {st.grid.engine}, "
+        f"the tuner told {st.grid.accelerator}; "
         f"{st.grid.requests} requests per trace slice; share of the true optimum's capacity at SLO "
         f"reached by each method's promoted configuration; slack/random mean of {st.repeats} seeds",
         "",

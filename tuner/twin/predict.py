@@ -20,6 +20,8 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload
 from chunkpilot.tuner.twin.fit import TwinFit
 
+from chunkpilot.api.knobs import TUNABLE_NAMES
+
 __all__ = ["CAPACITY_REQUESTS", "CAPACITY_TOLERANCE", "LatencyQuantiles", "Twin", "relative_errors"]
 
 #: Requests simulated per probed rate and the bisection's relative width in a capacity prediction:
@@ -61,15 +63,29 @@ class Twin:
     workload: Workload
     profile_path: Path
     gpu_memory_utilization: float = 0.92
+    #: The engine's own scheduler (its kind's semantics and the knobs the tuner does not move); a
+    #: configuration's tuned knobs replace its values. None: vLLM's defaults.
+    engine: SchedulerConfig | None = None
 
     @classmethod
-    def build(cls, fit: TwinFit, workload: Workload, directory: Path, **kwargs: float) -> Twin:
+    def build(
+        cls,
+        fit: TwinFit,
+        workload: Workload,
+        directory: Path,
+        *,
+        gpu_memory_utilization: float = 0.92,
+        engine: SchedulerConfig | None = None,
+    ) -> Twin:
         """Write the fitted profile under ``directory`` and return the twin that loads it."""
         path = fit.write_profile(directory / "twin-step-profile.json")
-        return cls(fit, workload, path, **kwargs)
+        return cls(fit, workload, path, gpu_memory_utilization, engine)
 
     def config(self, scheduler: SchedulerConfig) -> SimConfig:
-        """The simulated engine of configuration ``scheduler`` on the fitted hardware."""
+        """The simulated engine of configuration ``scheduler`` on the fitted hardware (on :attr:`engine`)."""
+        if self.engine is not None:
+            tuned = {name: getattr(scheduler, name) for name in (*TUNABLE_NAMES, "max_model_len")}
+            scheduler = replace(self.engine, **tuned)
         return SimConfig(
             model=self.fit.model,
             accelerator=self.fit.accelerator,
