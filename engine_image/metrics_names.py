@@ -234,6 +234,11 @@ class TunerMetrics:
     #: Prefix-cache counters in tokens (queried, hit) for the twin's workload; None: not exported.
     prefix_cache_queries: str | None = None
     prefix_cache_hits: str | None = None
+    #: Read Chunkpilot's fine ITL and TTFT histograms first where the pods export them (the
+    #: simulator does for every engine); the engine's own histograms are the fallback.
+    fine_latency_first: bool = False
+    #: ``itl_histogram`` is a per-request time-per-output-token histogram, not a per-token one.
+    itl_per_request: bool = False
 
 
 @dataclass(frozen=True)
@@ -360,6 +365,8 @@ SGLANG_METRICS: Final = EngineMetricTable(
         # Every prompt token is a prefix-cache query in SGLang (the radix cache is always consulted).
         "sglang:prompt_tokens_total",
         "sglang:cached_tokens_total",
+        # Its ITL buckets jump 40 -> 60 ms around the usual targets.
+        fine_latency_first=True,
     ),
 )
 
@@ -414,11 +421,15 @@ def trtllm_metrics(version: str = "1.2.1") -> EngineMetricTable:
             FINE_REQUEST_GENERATION_TOKENS + "_sum",
             FINE_REQUEST_PROMPT_TOKENS + "_sum",
             prefix + "request_success_total",
+            fine_latency_first=True,
+            itl_per_request=True,
         ),
         notes=(
-            "ITL: TensorRT-LLM exports no inter-token histogram; the tuner reads the per-request "
-            "time-per-output-token histogram instead, whose quantiles average each request's stalls "
-            "over its tokens (so an ITL objective is judged on per-request TPOT).",
+            "ITL: TensorRT-LLM exports no inter-token histogram. The tuner reads Chunkpilot's "
+            "per-token one (chunkpilot:inter_token_latency_seconds) where the pods export it (the "
+            "simulator does); otherwise the per-request time-per-output-token histogram, whose "
+            "quantiles average each request's stalls over its tokens, judged conservatively (see "
+            "chunkpilot.tuner.measure.TPOT_ITL_FACTOR) and named in every reason.",
             "Tokens: no prompt/generation token counters; the tuner reads the sums of Chunkpilot's "
             "request-length histograms (chunkpilot:request_*_tokens, exported by the simulator) and "
             "has no throughput reading on an engine without them.",

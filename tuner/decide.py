@@ -198,7 +198,7 @@ def record_stable(plan: Plan) -> None:
     itl, ttft = rec.latency_summary(api.itl_ms, slo.itl_ms), rec.latency_summary(api.ttft_ms, slo.ttft_ms)
     plan.status["lastMeasurement"] = api.to_k8s()
     plan.status["summary"] = ServiceSummary(itl=itl, ttft=ttft, slo=state).to_k8s()
-    text = f"{itl} ITL, {ttft} TTFT"
+    text = f"{itl} ITL, {ttft} TTFT" + (f" ({m.itl_note})" if m.itl_note else "")
     if state is SLOState.MET:
         plan.condition(
             ConditionType.SLO_MET, ConditionStatus.TRUE, "SLOMet", f"stable meets the SLOs: {text}"

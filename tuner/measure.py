@@ -10,6 +10,15 @@ Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
 - token mix:        prompt and generated token rates over the request rate (tokens per request)
 - replicas:         ``count(up{sel} == 1)``
 
+Where an engine's own latency histograms are coarse or missing (SGLang's ITL buckets jump
+40 -> 60 ms; TensorRT-LLM has no ITL histogram at all), Chunkpilot's fine per-token histograms
+(``chunkpilot:inter_token_latency_seconds``, ``chunkpilot:time_to_first_token_seconds``) are read
+first when the pods export them (the simulator does for every engine), the engine's own ones
+otherwise (``TunerMetrics.fine_latency_first``). On TensorRT-LLM without them the ITL objective
+can only be judged from the per-request time-per-output-token histogram, which averages each
+request's stalls over its tokens: :data:`TPOT_ITL_FACTOR` times its quantile is taken as the ITL
+quantile (:class:`ItlSource`), and every reason and condition built on it says so (``itl_note``).
+
 Target labels: every engine target carries ``service``, ``namespace`` and
 ``track`` labels (the local runtime writes them into its file_sd targets; in a
 cluster the operator's PodMonitor relabels the pod labels ``chunkpilot.io/service``
@@ -26,17 +35,43 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Final
 
-from chunkpilot.engine.metrics_names import tuner_metrics
+from chunkpilot.engine.metrics_names import (
+    FINE_INTER_TOKEN_LATENCY,
+    FINE_TIME_TO_FIRST_TOKEN,
+    tuner_metrics,
+)
 
 from chunkpilot.api import Measurement, Track
+from chunkpilot.api.knobs import ENGINE_NAMES, dialect_of
 
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
+
+
+#: On an engine that exports only per-request TPOT (TensorRT-LLM without Chunkpilot's histogram),
+#: the ITL quantile is taken as this many times the TPOT quantile. A request's TPOT is the mean of
+#: its inter-token gaps, so a stall is divided by its length: on the simulator's TensorRT-LLM
+#: semantics, ITL p99 / TPOT p99 was 1.3-3.4 over the bundled code and conversation traces at
+#: budgets 512-8192 and 2.3-4 requests/s (docs/tuning.md). A margin above that, not a bound: no
+#: factor bounds the ratio (one long stall in a long answer hides in its mean).
+TPOT_ITL_FACTOR: Final = 4.0
+
+
+class ItlSource(StrEnum):
+    """Where a track's ITL quantile comes from."""
+
+    #: The engine's own per-token inter-token-latency histogram.
+    ENGINE = "engine"
+    #: Chunkpilot's fine per-token histogram (``chunkpilot:inter_token_latency_seconds``).
+    FINE = "fine"
+    #: :data:`TPOT_ITL_FACTOR` x the engine's per-request time-per-output-token quantile.
+    TPOT = "tpot"
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -136,6 +171,30 @@ def track_queries(
 
 
 @dataclass(frozen=True)
+class FineLatencyQueries:
+    """Chunkpilot's fine ITL and TTFT histograms of a track, read before the engine's own."""
+
+    itl: str
+    itl_samples: str
+    ttft: str
+    ttft_samples: str
+
+
+def fine_latency_queries(
+    selector: Selector, window: str, itl_quantile: float, ttft_quantile: float, engine: str = "vllm"
+) -> FineLatencyQueries | None:
+    """The fine-histogram queries for an engine that reads them first; None for one that does not."""
+    if not tuner_metrics(engine).fine_latency_first:
+        return None
+    return FineLatencyQueries(
+        itl=quantile_query(FINE_INTER_TOKEN_LATENCY, itl_quantile, selector, window),
+        itl_samples=count_query(FINE_INTER_TOKEN_LATENCY, selector, window),
+        ttft=quantile_query(FINE_TIME_TO_FIRST_TOKEN, ttft_quantile, selector, window),
+        ttft_samples=count_query(FINE_TIME_TO_FIRST_TOKEN, selector, window),
+    )
+
+
+@dataclass(frozen=True)
 class TrackMeasurement:
     """What one track did in the window; ``None`` means Prometheus had no data."""
 
@@ -152,6 +211,24 @@ class TrackMeasurement:
     prompt_tok_s: float | None = None
     request_rate: float | None = None
     replicas: int = 0
+    #: Where ``itl_ms`` comes from; with :attr:`ItlSource.TPOT` it is :data:`TPOT_ITL_FACTOR` x
+    #: ``tpot_ms``, the measured per-request TPOT quantile.
+    itl_source: ItlSource = ItlSource.ENGINE
+    tpot_ms: float | None = None
+    #: Engine kind measured (names the engine in :attr:`itl_note`).
+    engine: str = "vllm"
+
+    @property
+    def itl_note(self) -> str | None:
+        """How the ITL was judged when not from a per-token histogram (None when it was)."""
+        if self.itl_source is not ItlSource.TPOT or self.tpot_ms is None:
+            return None
+        name = ENGINE_NAMES[dialect_of(self.engine)]
+        quantile = f"p{self.itl_quantile * 100:g}"
+        return (
+            f"ITL judged from TPOT ({name} exports no ITL histogram): ITL {quantile} taken as "
+            f"{TPOT_ITL_FACTOR:g} x TPOT {quantile} {self.tpot_ms:.1f}ms"
+        )
 
     def enough_samples(self, minimum: int) -> bool:
         """True when both quantiles rest on at least ``minimum`` requests' observations.
@@ -247,8 +324,20 @@ def measure_track(
 ) -> TrackMeasurement:
     """Run the queries of one track at instant ``at``."""
     queries = track_queries(selector, window, itl_quantile, ttft_quantile, engine)
-    itl = query(queries.itl, at)
-    ttft = query(queries.ttft, at)
+    fine = fine_latency_queries(selector, window, itl_quantile, ttft_quantile, engine)
+    itl = ttft = None
+    itl_samples = ttft_samples = 0.0
+    if fine is not None:
+        itl, itl_samples = _latency(query, at, fine.itl, fine.itl_samples)
+        ttft, ttft_samples = _latency(query, at, fine.ttft, fine.ttft_samples)
+    source, tpot_ms = ItlSource.FINE, None
+    if itl is None:
+        source = ItlSource.TPOT if tuner_metrics(engine).itl_per_request else ItlSource.ENGINE
+        itl, itl_samples = _latency(query, at, queries.itl, queries.itl_samples)
+        if itl is not None and source is ItlSource.TPOT:
+            tpot_ms, itl = itl * 1000.0, itl * TPOT_ITL_FACTOR
+    if ttft is None:
+        ttft, ttft_samples = _latency(query, at, queries.ttft, queries.ttft_samples)
     replicas = query(queries.replicas, at)
     return TrackMeasurement(
         track=str(selector.track),
@@ -258,13 +347,21 @@ def measure_track(
         ttft_quantile=ttft_quantile,
         itl_ms=None if itl is None else itl * 1000.0,
         ttft_ms=None if ttft is None else ttft * 1000.0,
-        itl_samples=query(queries.itl_samples, at) or 0.0,
-        ttft_samples=query(queries.ttft_samples, at) or 0.0,
+        itl_samples=itl_samples,
+        ttft_samples=ttft_samples,
         generation_tok_s=query(queries.generation_rate, at),
         prompt_tok_s=query(queries.prompt_rate, at),
         request_rate=query(queries.request_rate, at),
         replicas=int(replicas or 0),
+        itl_source=source,
+        tpot_ms=tpot_ms,
+        engine=engine,
     )
+
+
+def _latency(query: QueryFn, at: datetime, quantile: str, samples: str) -> tuple[float | None, float]:
+    """A histogram's quantile (None without data) and its observations in the window."""
+    return query(quantile, at), query(samples, at) or 0.0
 
 
 def measure_window(

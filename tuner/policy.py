@@ -137,9 +137,10 @@ class Judgement:
 def _fmt(check: SLOCheck, m: TrackMeasurement, slo: SLOTargets) -> str:
     if m.itl_ms is None or m.ttft_ms is None:
         return "no data"
+    note = f"; {m.itl_note}" if m.itl_note else ""
     return (
         f"ITL p{slo.itl_quantile * 100:g} {m.itl_ms:.0f}/{slo.itl_ms:g}ms, "
-        f"TTFT p{slo.ttft_quantile * 100:g} {m.ttft_ms:.0f}/{slo.ttft_ms:g}ms"
+        f"TTFT p{slo.ttft_quantile * 100:g} {m.ttft_ms:.0f}/{slo.ttft_ms:g}ms{note}"
     )
 
 
@@ -152,7 +153,8 @@ def judge_early(canary: TrackMeasurement, slo: SLOTargets, abort: AbortRules) ->
     if canary.itl_ms > slo.itl_ms * abort.itl_factor:
         return Judgement(
             Decision.PRUNE,
-            f"canary ITL {canary.itl_ms:.0f}ms exceeds {abort.itl_factor:g}x the {slo.itl_ms:g}ms target",
+            f"canary ITL {canary.itl_ms:.0f}ms exceeds {abort.itl_factor:g}x the {slo.itl_ms:g}ms target"
+            + (f" ({canary.itl_note})" if canary.itl_note else ""),
             canary=check,
         )
     if canary.ttft_ms > slo.ttft_ms * abort.ttft_factor:

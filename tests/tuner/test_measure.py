@@ -6,10 +6,14 @@ from datetime import UTC, datetime
 
 import pytest
 from chunkpilot.tuner.measure import (
+    TPOT_ITL_FACTOR,
+    ItlSource,
     LabelScheme,
     MetricsUnavailableError,
+    QueryFn,
     Selector,
     count_query,
+    fine_latency_queries,
     measure_track,
     measure_window,
     parse_instant_result,
@@ -130,3 +134,74 @@ def test_token_mix_is_tokens_per_request_of_the_same_selector_and_window(
         'sum(rate(vllm:request_success_total{service="chat",namespace="default",track="stable",config_hash="abc"}[5m]))'
         in seen
     )
+
+
+def _answers(values: dict[str, float]) -> tuple[list[str], QueryFn]:
+    """A query function answering by metric family (quantiles and counts alike) and recording the queries."""
+    seen: list[str] = []
+
+    def query(promql: str, at: datetime) -> float | None:
+        seen.append(promql)
+        for family, value in values.items():
+            if f"{family}_bucket" in promql:
+                return value
+            if f"{family}_count" in promql:
+                return 300.0
+        return None
+
+    return seen, query
+
+
+def test_vllm_reads_its_own_latency_histograms_only() -> None:
+    seen, query = _answers(
+        {"vllm:inter_token_latency_seconds": 0.040, "vllm:time_to_first_token_seconds": 0.5}
+    )
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95)
+    assert m.itl_ms == pytest.approx(40.0) and m.itl_source is ItlSource.ENGINE and m.itl_note is None
+    assert fine_latency_queries(SEL, "1m", 0.99, 0.95) is None
+    assert not any("chunkpilot:" in q for q in seen)
+
+
+def test_sglang_reads_the_fine_histograms_first_and_falls_back_to_its_own() -> None:
+    fine = {
+        "chunkpilot:inter_token_latency_seconds": 0.058,
+        "chunkpilot:time_to_first_token_seconds": 0.61,
+        "sglang:inter_token_latency_seconds": 0.045,  # its 40 -> 60 ms bucket, interpolated
+        "sglang:time_to_first_token_seconds": 0.7,
+    }
+    _, query = _answers(fine)
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "sglang")
+    assert (m.itl_ms, m.ttft_ms) == (pytest.approx(58.0), pytest.approx(610.0))
+    assert m.itl_source is ItlSource.FINE and m.itl_samples == 300.0
+    own = {k: v for k, v in fine.items() if k.startswith("sglang:")}
+    _, query = _answers(own)
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "sglang")
+    assert (m.itl_ms, m.ttft_ms) == (pytest.approx(45.0), pytest.approx(700.0))
+    assert m.itl_source is ItlSource.ENGINE and m.itl_note is None
+
+
+def test_trtllm_judges_itl_per_token_where_the_fine_histogram_is_exported() -> None:
+    _, query = _answers(
+        {
+            "chunkpilot:inter_token_latency_seconds": 0.0737,
+            "trtllm_time_per_output_token_seconds": 0.0375,
+            "trtllm_time_to_first_token_seconds": 0.3,
+        }
+    )
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "trtllm")
+    assert m.itl_ms == pytest.approx(73.7) and m.itl_source is ItlSource.FINE
+    assert m.tpot_ms is None and m.itl_note is None
+
+
+def test_trtllm_without_a_per_token_histogram_judges_itl_conservatively_from_tpot_and_says_so() -> None:
+    """Budget 8192 on the code trace: TPOT p99 37.5 ms reads "met" against 50 ms where ITL p99 is 73.7."""
+    _, query = _answers(
+        {"trtllm_time_per_output_token_seconds": 0.0375, "trtllm_time_to_first_token_seconds": 0.3}
+    )
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "trtllm")
+    assert m.itl_source is ItlSource.TPOT and m.tpot_ms == pytest.approx(37.5)
+    assert m.itl_ms == pytest.approx(37.5 * TPOT_ITL_FACTOR) and m.itl_ms > 73.7
+    assert m.itl_note is not None
+    assert "ITL judged from TPOT (TensorRT-LLM exports no ITL histogram)" in m.itl_note
+    assert "p99" in m.itl_note and "37.5ms" in m.itl_note
+    assert m.ttft_ms == pytest.approx(300.0) and m.enough_samples(100)

@@ -148,3 +148,23 @@ def test_retune_only_after_a_sustained_violation() -> None:
     assert not sustained_violation(None, T0, window)
     assert not sustained_violation(T0, T0 + timedelta(minutes=4), window)
     assert sustained_violation(T0, T0 + timedelta(minutes=5), window)
+
+
+def test_a_verdict_on_itl_judged_from_tpot_says_so() -> None:
+    """TensorRT-LLM without a per-token histogram: the reason names the TPOT rule it was judged by."""
+    from dataclasses import replace
+
+    from chunkpilot.tuner.measure import TPOT_ITL_FACTOR, ItlSource
+
+    def from_tpot(track: str, tpot_ms: float, ttft: float) -> TrackMeasurement:
+        measured = m(track, tpot_ms * TPOT_ITL_FACTOR, ttft)
+        return replace(measured, itl_source=ItlSource.TPOT, tpot_ms=tpot_ms, engine="trtllm")
+
+    met = judge_final(
+        WindowMeasurement(from_tpot("canary", 10.0, 900), from_tpot("stable", 30.0, 900)), SLO, ABORT
+    )
+    assert met.decision is Decision.PROMOTE
+    assert "ITL judged from TPOT (TensorRT-LLM exports no ITL histogram)" in met.reason
+    # 37.5 ms TPOT against 50 ms reads as 150 ms ITL: never "met" on the raw TPOT
+    missed = judge_final(WindowMeasurement(from_tpot("canary", 37.5, 900), m("stable", 80, 900)), SLO, ABORT)
+    assert missed.decision is Decision.PRUNE and "TPOT p99 37.5ms" in missed.reason

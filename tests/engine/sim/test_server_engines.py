@@ -112,6 +112,31 @@ def test_trtllm_serves_prometheus_histograms_and_iteration_stats(trtllm_server: 
     assert json.loads(trtllm_server.get("/metrics")[1]) == [], "iteration statistics are read once"
 
 
+def test_trtllm_serves_the_per_token_itl_the_tuner_reads_instead_of_tpot(trtllm_server: SimServer) -> None:
+    """TensorRT-LLM has no ITL histogram; the simulator exports Chunkpilot's per-token one, one
+    observation per gap between streamed tokens, beside the per-request TPOT one."""
+    from chunkpilot.tuner.measure import Selector, fine_latency_queries
+
+    from chunkpilot.api import Track
+
+    def counts() -> tuple[float, float]:
+        families = _families(trtllm_server.get("/prometheus/metrics")[1].decode())
+        fine, tpot = (
+            families[names.FINE_INTER_TOKEN_LATENCY],
+            families["trtllm_time_per_output_token_seconds"],
+        )
+        return tuple(  # type: ignore[return-value]
+            next(s.value for s in f.samples if s.name.endswith("_count")) for f in (fine, tpot)
+        )
+
+    before = counts()
+    _generate(trtllm_server, "llama-3.1-8b", requests=2)
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (2 * 15, 2)  # 16 tokens: 15 gaps each
+    queries = fine_latency_queries(Selector("chat", "default", Track.CANARY), "5m", 0.99, 0.95, "trtllm")
+    assert queries is not None and f"{names.FINE_INTER_TOKEN_LATENCY}_bucket{{" in queries.itl
+
+
 def test_trtllm_before_1_2_names_its_families_without_a_prefix() -> None:
     old = names.trtllm_metrics("1.0.0")
     assert {f.name for f in old.families.values()} >= {"time_to_first_token_seconds", "request_success_total"}
