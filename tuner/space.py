@@ -174,12 +174,17 @@ def honours(engine_kind: str, engine_version: str, name: str) -> bool:
 
     The knob table's flag for the kind's dialect and its version range
     (:func:`chunkpilot.api.knobs.engine_honours`, the judgement the renderers refuse by);
-    versions are read in the kind's own numbering.  The simulator takes every vLLM flag
-    (as an option), whatever the version.
+    versions are read in the kind's own numbering.  The simulator is judged as the vLLM release
+    it mirrors (``render_sim`` refuses what that release would), except that it enforces the
+    knobs vLLM V1 leaves to the scheduler plugin itself (whether the operator renders those is
+    :attr:`ServiceFacts.partial_prefills`).
     """
+    version = EngineVersion.lenient(engine_version)
     if engine_kind == "sim":
-        return knobs.VLLM in knobs.knob(name).flags
-    return knobs.engine_honours(engine_kind, name, EngineVersion.lenient(engine_version))
+        flag = knobs.knob(name).flags.get(knobs.VLLM)
+        if flag is not None and flag.plugin:
+            return True
+    return knobs.engine_honours(engine_kind, name, version)
 
 
 def honours_partial_prefills(engine_kind: str, engine_version: str) -> bool:

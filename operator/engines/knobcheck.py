@@ -11,7 +11,7 @@ from chunkpilot.operator.engines.common import UnsupportedKnob
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import InferenceServiceSpec
-from chunkpilot.api.knobs import ENGINE_NAMES, KNOBS, KnobSpec
+from chunkpilot.api.knobs import ENGINE_NAMES, KNOBS, KnobSpec, engine_honours
 
 
 def _owners(row: KnobSpec) -> str:
@@ -53,12 +53,13 @@ def versioned_knob(row: KnobSpec, dialect: str, version: EngineVersion) -> Unsup
 def first_unsupported(
     spec: InferenceServiceSpec, dialect: str, version: EngineVersion
 ) -> UnsupportedKnob | None:
-    """The first knob set in ``spec`` (table order) that ``version`` of ``dialect`` cannot honour."""
+    """The first knob set in ``spec`` (table order) that ``version`` of ``dialect`` cannot honour
+    (the knob table's :func:`~chunkpilot.api.knobs.engine_honours`, which the tuner's search
+    space judges by too)."""
     for row in KNOBS:
-        if not row.is_set(getattr(spec.engine, row.name)):
+        if not row.is_set(getattr(spec.engine, row.name)) or engine_honours(dialect, row.name, version):
             continue
         if dialect not in row.flags:
             return foreign_knob(row, dialect, version)
-        if not row.flag(dialect).supports(version):
-            return versioned_knob(row, dialect, version)
+        return versioned_knob(row, dialect, version)
     return None

@@ -30,6 +30,7 @@ from chunkpilot.api.knobs import TUNABLE, EngineVersion, engine_honours
 EXAMPLES = Path(__file__).parents[2] / "examples"
 SGLANG_EXAMPLE = EXAMPLES / "qwen-7b-sglang.yaml"
 TRTLLM_EXAMPLE = EXAMPLES / "llama-8b-trtllm.yaml"
+SIM_EXAMPLE = EXAMPLES / "chat-llama-8b-sim.yaml"
 PINNED = {"sglang": "0.5.23", "trtllm": "1.2.1"}
 #: Bounds a service may give for every tuned knob (the partial-prefill and active limits opt in).
 EVERY_BOUND: dict[str, tuple[int, int]] = {
@@ -190,3 +191,18 @@ def test_every_proposal_renders_on_the_engine(name: str) -> None:
         assert isinstance(rendered, EngineRender), config
     if isvc.spec.engine.max_prefill_tokens is not None and isvc.spec.engine.enable_chunked_prefill:
         assert space.budget.high <= isvc.spec.engine.max_prefill_tokens
+
+
+@pytest.mark.parametrize(("version", "searched"), [("0.32.0", False), ("0.33.0", True)])
+def test_the_simulator_searches_max_num_active_seqs_exactly_where_it_renders_it(
+    version: str, searched: bool
+) -> None:
+    """The simulator mirrors the vLLM release in spec.engine.version: before 0.33 render_sim refuses
+    --max-num-active-seqs, so the space must not propose it; from 0.33 on it does both."""
+    isvc = _service(
+        SIM_EXAMPLE, {"version": version}, {"bounds": {"maxNumActiveSeqs": {"min": 8, "max": 64}}}
+    )
+    space = build_space(service_facts(isvc), space_bounds(isvc))
+    assert (Knob.MAX_NUM_ACTIVE_SEQS in space.ranges) is searched
+    for config in _proposals(space, n=40):
+        assert isinstance(render_for(isvc, engine_config(config)), EngineRender), config
