@@ -73,3 +73,15 @@ def test_reading_a_missing_or_broken_targets_file(tmp_path: Path) -> None:
     broken.write_text('[{"targets": ["nohostport"]}]')
     with pytest.raises(TargetsFileError, match="host:port"):
         read_targets(broken)
+
+
+def test_a_pool_engine_is_listed_with_its_role_and_a_colocated_one_without(tmp_path: Path) -> None:
+    path = tmp_path / "targets.json"
+    targets = FileSDTargets(path)
+    decode = Endpoint("default", "chat-decode-x", "chat", "stable", "abc123", "127.0.0.1", 9002, "decode")
+    targets.register(decode)
+    targets.register(endpoint("code-stable-y", port=9003, service="code"))
+    groups = {group["targets"][0]: group["labels"] for group in json.loads(path.read_text())}
+    assert groups["127.0.0.1:9002"]["role"] == "decode"
+    assert "role" not in groups["127.0.0.1:9003"]
+    assert targets_file_source(path, "chat") == [decode]

@@ -6,14 +6,19 @@ operator and the tuner write about it, and a wait that explains itself when it t
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.localrun.loadgen import BackgroundLoad
+from chunkpilot.localrun.loadgen import BackgroundLoad, word_prompt
 from chunkpilot.localrun.stack import LocalStack
 
 #: Long prompts, outputs capped low to keep the CPU cost of replay small.
@@ -163,4 +168,89 @@ def wait_until(
     )
 
 
-__all__ = ["RATE", "TRACE", "ServiceObjects", "sim_service_manifest", "start_scenario_load", "wait_until"]
+@dataclass(frozen=True, slots=True)
+class StreamedCompletion:
+    """What a client saw of one streaming completion: the tokens it received and the usage it was told."""
+
+    status: int
+    text_chunks: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    error: str = ""
+
+
+async def _stream_one(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int
+) -> StreamedCompletion:
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.monotonic()
+    ttft = float("nan")
+    chunks = 0
+    usage: dict[str, Any] = {}
+    async with session.post(f"{url}/v1/completions", json=payload) as response:
+        if response.status != 200:
+            return StreamedCompletion(response.status, 0, 0, 0, ttft, (await response.text())[:300])
+        async for raw in response.content:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            if any(choice.get("text") for choice in event.get("choices") or []):
+                if chunks == 0:
+                    ttft = time.monotonic() - started
+                chunks += 1
+            usage = event.get("usage") or usage
+    return StreamedCompletion(
+        200, chunks, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), ttft
+    )
+
+
+def stream_completions(
+    url: str,
+    model: str,
+    requests: Sequence[tuple[int, int]],
+    *,
+    concurrency: int = 4,
+    timeout_s: float = 120.0,
+    seed: int = 0,
+) -> list[StreamedCompletion]:
+    """Send streaming completions of ``(prompt words, max_tokens)`` to ``url``, ``concurrency`` at a time.
+
+    Prompts are random three-letter words (see :func:`~chunkpilot.localrun.loadgen.word_prompt`);
+    every request asks for exactly ``max_tokens`` (``ignore_eos``) and for the usage chunk.
+    """
+    rng = random.Random(seed)
+    prompts = [(word_prompt(words, rng), max_tokens) for words, max_tokens in requests]
+
+    async def run() -> list[StreamedCompletion]:
+        slots = asyncio.Semaphore(concurrency)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+
+            async def one(prompt: str, max_tokens: int) -> StreamedCompletion:
+                async with slots:
+                    return await _stream_one(session, url, model, prompt, max_tokens)
+
+            return list(await asyncio.gather(*(one(p, m) for p, m in prompts)))
+
+    return asyncio.run(run())
+
+
+__all__ = [
+    "RATE",
+    "TRACE",
+    "ServiceObjects",
+    "StreamedCompletion",
+    "sim_service_manifest",
+    "start_scenario_load",
+    "stream_completions",
+    "wait_until",
+]

@@ -9,6 +9,11 @@ from dataclasses import dataclass
 SERVICE_LABEL = "chunkpilot.io/service"
 TRACK_LABEL = "chunkpilot.io/track"
 CONFIG_HASH_LABEL = "chunkpilot.io/config-hash"
+#: What a pod is: ``router`` for the router in front of a disaggregated service's engines.
+COMPONENT_LABEL = "chunkpilot.io/component"
+ROUTER_COMPONENT = "router"
+#: An engine's pool in a disaggregated service: ``prefill`` or ``decode``.
+ROLE_LABEL = "chunkpilot.io/role"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -22,6 +27,8 @@ class Endpoint:
     config_hash: str
     host: str
     port: int
+    #: The engine's pool (``prefill``/``decode``) in a disaggregated service; empty when colocated.
+    role: str = ""
 
     @property
     def address(self) -> str:
@@ -34,14 +41,17 @@ class Endpoint:
         return f"http://{self.host}:{self.port}"
 
     def prometheus_labels(self) -> dict[str, str]:
-        """Target labels, so PromQL can select for example ``track="canary"``."""
-        return {
+        """Target labels, so PromQL can select for example ``track="canary"`` (or ``role="decode"``)."""
+        labels = {
             "namespace": self.namespace,
             "pod": self.pod,
             "service": self.service,
             "track": self.track,
             "config_hash": self.config_hash,
         }
+        if self.role:
+            labels["role"] = self.role
+        return labels
 
 
 EndpointSource = Callable[[], Sequence[Endpoint]]

@@ -9,8 +9,15 @@ condition, container state, restart count), so Deployments, the operator and the
 crashes as on a real cluster. Crashed engines are restarted with the kubelet's exponential back-off
 (CrashLoopBackOff). Deleted pods get SIGTERM, then SIGKILL after their grace period.
 
-It also answers which endpoints of a service are Ready (the stand-in for kube-proxy), and can make a
-pod's engine crash on demand (fault injection).
+Router pods (``chunkpilot.io/component: router``, a disaggregated service's ``vllm-router``) are
+run the same way, with the installed ``vllm-router``: its Kubernetes service discovery would find
+KWOK's unreachable pod IPs, so it gets static lists of the Ready engine processes its prefill and
+decode selectors match, and is restarted (debounced) when those sets change; it starts once both
+pools have a Ready engine (see :mod:`chunkpilot.localrun.router`).
+
+It also answers which endpoints of a service are Ready (the stand-in for kube-proxy: a service with
+a router sends its traffic to the router), and can make a pod's engine crash on demand (fault
+injection).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +57,15 @@ from chunkpilot.localrun.podspec import (
     status_patch,
 )
 from chunkpilot.localrun.process import LOOPBACK, EngineProcess, free_port
+from chunkpilot.localrun.router import (
+    DEFAULT_ROUTER_COMMAND,
+    RouterBackends,
+    RouterSpec,
+    Worker,
+    backends_for,
+    parse_router_args,
+    router_command,
+)
 from chunkpilot.localrun.targets import FileSDTargets
 
 log = logging.getLogger(__name__)
@@ -94,6 +110,10 @@ class RunnerSettings:
     config_retry_s: float = 2.0
     #: Simulator hardware flags replacing every pod's own (default: from the environment).
     hardware: tuple[str, ...] = field(default_factory=hardware_from_env)
+    #: How router pods are run (the installed ``vllm-router``).
+    router_command: tuple[str, ...] = DEFAULT_ROUTER_COMMAND
+    #: How long a router's set of Ready workers must stay unchanged before it is restarted with it.
+    router_debounce_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +129,10 @@ class PodReport:
     port: int
     pid: int | None
     log_path: Path
+    role: str = ""
+    router: bool = False
+    #: A router's workers as it runs now (None: not running, or not a router).
+    workers: RouterBackends | None = None
 
 
 @dataclass(slots=True)
@@ -132,6 +156,12 @@ class _Container:
     spawn_error: str | None = field(default=None)
     config_error: str = ""
     config_retry_at: float = 0.0
+    #: A router pod's selectors (None for engines).
+    router: RouterSpec | None = None
+    #: The workers the router process runs with, and the set it should run with since when.
+    workers: RouterBackends | None = None
+    wanted_workers: RouterBackends | None = None
+    wanted_since: float | None = None
 
     def report(self) -> ContainerReport:
         return ContainerReport(
@@ -146,7 +176,9 @@ class _Container:
 
     def endpoint(self, host: str) -> Endpoint:
         pod = self.pod
-        return Endpoint(pod.namespace, pod.name, pod.service, pod.track, pod.config_hash, host, self.port)
+        return Endpoint(
+            pod.namespace, pod.name, pod.service, pod.track, pod.config_hash, host, self.port, pod.role
+        )
 
 
 @dataclass(slots=True)
@@ -241,21 +273,27 @@ class PodRunner:
     # ---------------------------------------------------------------- queries
 
     def ready_endpoints(self, service: str, namespace: str | None = None) -> list[Endpoint]:
-        """Endpoints of a service's pods that are Ready in the API and healthy here (kube-proxy's view)."""
+        """Endpoints of a service's pods that are Ready in the API and healthy here (kube-proxy's view).
+
+        A disaggregated service (one with a router pod or prefill/decode engines) is reached
+        through its routers only, as its Service selects the router pods.
+        """
         with self._pods_lock:
-            ready_pods = {
-                (str(m["metadata"].get("namespace")), str(m["metadata"].get("name")))
-                for m in self._pods.values()
-                if observed_signature(m, _container_name(m))[0] and not m["metadata"].get("deletionTimestamp")
-            }
+            ready_pods = _ready_pod_keys(self._pods.values())
         with self._state_lock:
+            members = [
+                container
+                for container in self._containers.values()
+                if container.pod.service == service
+                and (namespace is None or container.pod.namespace == namespace)
+            ]
+            routed = {c.pod.namespace for c in members if c.pod.router or c.pod.role}
             return sorted(
                 container.endpoint(self.settings.host)
-                for key, container in self._containers.items()
+                for container in members
                 if container.phase is ContainerPhase.RUNNING
-                and container.pod.service == service
-                and (namespace is None or container.pod.namespace == namespace)
-                and key in ready_pods
+                and container.pod.key in ready_pods
+                and (container.pod.router or container.pod.namespace not in routed)
             )
 
     def endpoint_source(self, service: str, namespace: str | None = None) -> EndpointSource:
@@ -279,6 +317,9 @@ class PodRunner:
                         if c.process is not None and c.process.exit_code() is None
                         else None,
                         log_path=c.log_path,
+                        role=c.pod.role,
+                        router=c.pod.router,
+                        workers=c.workers if c.process is not None else None,
                     )
                     for c in self._containers.values()
                 ),
@@ -400,9 +441,12 @@ class PodRunner:
         with self._pods_lock:
             manifests = {uid: manifest for uid, manifest in self._pods.items()}
         wanted: dict[tuple[str, str], tuple[EnginePod, dict[str, Any]]] = {}
+        routers: dict[tuple[str, str], RouterSpec] = {}
         for uid, manifest in manifests.items():
             try:
                 pod = parse_pod(manifest)
+                if pod.router:
+                    routers[pod.key] = parse_router_args(pod.args)
             except PodSpecError as error:
                 if uid not in self._invalid:
                     self._invalid.add(uid)
@@ -419,24 +463,31 @@ class PodRunner:
             for key, (pod, _) in wanted.items():
                 existing = self._containers.get(key)
                 if existing is None:
-                    self._containers[key] = self._start_container(pod)
+                    self._containers[key] = self._start_container(pod, routers.get(key))
                 else:
                     existing.pod = pod
+                    existing.router = routers.get(key, existing.router)
             now = time.monotonic()
+            workers = self._ready_workers(_ready_pod_keys(m for _, m in wanted.values()))
             for key, container in self._containers.items():
+                if container.router is not None:
+                    self._sync_router(container, backends_for(container.router, workers), now)
                 self._advance(container, now)
                 self._report(container, wanted[key][1])
             self._terminating = [
                 (process, grace) for process, grace in self._terminating if not process.reap(grace)
             ]
 
-    def _start_container(self, pod: EnginePod) -> _Container:
+    def _free_port(self) -> int:
         used = {c.port for c in self._containers.values()}
         port = free_port(self.settings.host)
         while port in used:
             port = free_port(self.settings.host)
+        return port
+
+    def _start_container(self, pod: EnginePod, router: RouterSpec | None = None) -> _Container:
         log_path = self.settings.log_dir / f"{pod.namespace}_{pod.name}.log"
-        container = _Container(pod=pod, port=port, log_path=log_path)
+        container = _Container(pod=pod, port=self._free_port(), log_path=log_path, router=router)
         for rule in self._crash_rules:
             if rule.remaining > 0 and rule.matches(pod):
                 rule.remaining -= 1
@@ -487,19 +538,82 @@ class PodRunner:
             container.config_error = ""
         return env
 
+    def _ready_workers(self, ready_pods: set[tuple[str, str]]) -> list[Worker]:
+        """Engines a router may send to: healthy here and Ready in the API."""
+        return [
+            Worker(c.pod.namespace, dict(c.pod.labels), c.endpoint(self.settings.host).url)
+            for key, c in self._containers.items()
+            if not c.pod.router and c.phase is ContainerPhase.RUNNING and key in ready_pods
+        ]
+
+    def _sync_router(self, container: _Container, backends: RouterBackends, now: float) -> None:
+        """Restart a router whose Ready workers changed, once the new set has held for the debounce.
+
+        vllm-router takes no new PD workers at runtime, so a new set means a new process (on a new
+        port; the old one is stopped with the pod's grace period). Without a Ready engine in each
+        pool it needs, no router runs and the pod is not Ready.
+        """
+        spec = container.router
+        if spec is None or container.phase in (ContainerPhase.BACKOFF, ContainerPhase.CONFIG_ERROR):
+            container.wanted_workers = backends if spec and backends.complete(spec.disaggregated) else None
+            return
+        target = backends if backends.complete(spec.disaggregated) else None
+        running = container.workers if container.process is not None else None
+        if target == running:
+            container.wanted_workers, container.wanted_since = target, None
+            return
+        if container.wanted_since is None or container.wanted_workers != target:
+            container.wanted_workers, container.wanted_since = target, now
+        if now - container.wanted_since < self.settings.router_debounce_s:
+            return
+        pod = container.pod
+        log.info(
+            "pod %s/%s: router workers now %s; %s",
+            pod.namespace,
+            pod.name,
+            target.describe() if target else f"none Ready for {spec.describe()}",
+            "restarting it" if running is not None else "starting it" if target else "stopping it",
+        )
+        container.wanted_since = None
+        if container.process is not None:
+            self._stop_container(container)
+            container.port = self._free_port()
+        self._spawn(container)
+
+    def _command(self, container: _Container) -> list[str] | None:
+        """What to run for a container; None for a router without the workers it needs."""
+        pod = container.pod
+        if container.router is None:
+            return engine_command(
+                self.settings.engine_command,
+                pod.args,
+                host=self.settings.host,
+                port=container.port,
+                time_scale=self.settings.time_scale,
+                hardware=self.settings.hardware,
+            )
+        container.workers = container.wanted_workers
+        if container.workers is None:
+            return None
+        return router_command(
+            self.settings.router_command,
+            pod.args,
+            host=self.settings.host,
+            port=container.port,
+            metrics_port=self._free_port(),
+            backends=container.workers,
+        )
+
     def _spawn(self, container: _Container) -> None:
         pod = container.pod
         env = self._environment(container)
         if env is None:
             return
-        command = engine_command(
-            self.settings.engine_command,
-            pod.args,
-            host=self.settings.host,
-            port=container.port,
-            time_scale=self.settings.time_scale,
-            hardware=self.settings.hardware,
-        )
+        command = self._command(container)
+        if command is None:
+            container.phase = ContainerPhase.NO_WORKERS
+            container.process = None
+            return
         container.phase = ContainerPhase.STARTING
         container.started_at = datetime.now(UTC)
         container.crash_at = None
@@ -511,6 +625,7 @@ class PodRunner:
                 port=container.port,
                 log_path=container.log_path,
                 env=env,
+                health_path=pod.health_path,
             )
         except OSError as error:
             container.process = None
@@ -542,6 +657,8 @@ class PodRunner:
 
     def _advance(self, container: _Container, now: float) -> None:
         pod = container.pod
+        if container.phase is ContainerPhase.NO_WORKERS:
+            return  # _sync_router starts it once its pools have Ready engines
         if container.phase is ContainerPhase.CONFIG_ERROR:
             if now >= container.config_retry_at:
                 self._spawn(container)
@@ -629,7 +746,7 @@ class PodRunner:
         container.process = None
 
     def _register(self, container: _Container) -> None:
-        if self.targets is not None:
+        if self.targets is not None and not container.pod.router:
             self.targets.register(container.endpoint(self.settings.host))
 
     def _deregister(self, container: _Container) -> None:
@@ -674,6 +791,15 @@ class PodRunner:
             uid = str(fresh["metadata"]["uid"])
             if uid in self._pods:
                 self._pods[uid] = fresh
+
+
+def _ready_pod_keys(manifests: Iterable[Manifest]) -> set[tuple[str, str]]:
+    """``(namespace, name)`` of the pods Ready in the API and not being deleted."""
+    return {
+        (str(m["metadata"].get("namespace")), str(m["metadata"].get("name")))
+        for m in manifests
+        if observed_signature(m, _container_name(m))[0] and not m["metadata"].get("deletionTimestamp")
+    }
 
 
 def _container_name(manifest: Manifest) -> str:

@@ -15,10 +15,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from chunkpilot.localrun.endpoints import CONFIG_HASH_LABEL, SERVICE_LABEL, TRACK_LABEL
+from chunkpilot.localrun.endpoints import (
+    COMPONENT_LABEL,
+    CONFIG_HASH_LABEL,
+    ROLE_LABEL,
+    ROUTER_COMPONENT,
+    SERVICE_LABEL,
+    TRACK_LABEL,
+)
 
 INJECT_CRASH_ANNOTATION = "chunkpilot.io/inject-crash"
 ENGINE_CONTAINER_NAME = "engine"
+ROUTER_CONTAINER_NAME = "router"
 # Flags the runner owns: where the process listens and how fast simulated time runs.
 RUNNER_OWNED_FLAGS = ("--host", "--port", "--time-scale")
 MAX_TERMINATION_MESSAGE = 1024
@@ -75,6 +83,14 @@ class EnginePod:
     finished: bool
     grace_period_s: float
     inject_crash: str | None
+    #: The pod's labels, sorted (routers select their workers by them).
+    labels: tuple[tuple[str, str], ...] = ()
+    #: ``chunkpilot.io/role`` (``prefill``/``decode``) of a disaggregated service's engine, else empty.
+    role: str = ""
+    #: Whether this is a router pod (``chunkpilot.io/component: router``) rather than an engine.
+    router: bool = False
+    #: The readiness probe's HTTP path (``/health`` unless the container's ``readinessProbe`` says).
+    health_path: str = "/health"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -101,12 +117,12 @@ class EnginePod:
         return self.scheduled and not self.terminating and not self.finished
 
 
-def engine_container(containers: Sequence[Manifest]) -> Manifest:
-    """The engine container: the one named ``engine``, else the first."""
+def engine_container(containers: Sequence[Manifest], name: str = ENGINE_CONTAINER_NAME) -> Manifest:
+    """The container to run: the one named ``name`` (a router pod's ``router``), else the first."""
     if not containers:
         raise PodSpecError("the pod has no containers")
     for container in containers:
-        if container.get("name") == ENGINE_CONTAINER_NAME:
+        if container.get("name") == name:
             return container
     return containers[0]
 
@@ -118,12 +134,16 @@ def parse_pod(pod: Manifest) -> EnginePod:
     status = pod.get("status") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
-    container = engine_container(spec.get("containers") or [])
+    router = labels.get(COMPONENT_LABEL) == ROUTER_COMPONENT
+    container = engine_container(
+        spec.get("containers") or [], ROUTER_CONTAINER_NAME if router else ENGINE_CONTAINER_NAME
+    )
     args = [str(arg) for arg in container.get("args") or []]
     if not args:
+        expected = "vllm-router flags" if router else "[MODEL, --flag, ...]"
         raise PodSpecError(
             f"pod {metadata.get('namespace')}/{metadata.get('name')}: container "
-            f"{container.get('name')!r} has no args; an engine container's args are [MODEL, --flag, ...]"
+            f"{container.get('name')!r} has no args; its args are {expected}"
         )
     env = parse_env(container.get("env") or [], f"pod {metadata.get('namespace')}/{metadata.get('name')}")
     grace = spec.get("terminationGracePeriodSeconds")
@@ -144,6 +164,12 @@ def parse_pod(pod: Manifest) -> EnginePod:
         finished=status.get("phase") in ("Succeeded", "Failed"),
         grace_period_s=float(30 if grace is None else grace),
         inject_crash=annotations.get(INJECT_CRASH_ANNOTATION),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        role=str(labels.get(ROLE_LABEL, "")),
+        router=router,
+        health_path=str(
+            ((container.get("readinessProbe") or {}).get("httpGet") or {}).get("path") or "/health"
+        ),
     )
 
 
@@ -296,6 +322,7 @@ class ContainerPhase(enum.Enum):
     """The container state the runner reports, as the kubelet would."""
 
     STARTING = "starting"  # process running, not yet answering /health
+    NO_WORKERS = "no-workers"  # a router with no Ready engine in a pool it needs: not started yet
     RUNNING = "running"  # healthy: the pod is Ready
     BACKOFF = "backoff"  # exited; waiting to restart (CrashLoopBackOff)
     CONFIG_ERROR = "config-error"  # not started: an env reference is missing (CreateContainerConfigError)

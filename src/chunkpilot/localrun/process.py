@@ -24,11 +24,11 @@ def free_port(host: str = LOOPBACK) -> int:
         return port
 
 
-def probe_health(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    """Whether ``GET /health`` answers 200 (a readiness probe)."""
+def probe_health(host: str, port: int, timeout_s: float = 0.5, path: str = "/health") -> bool:
+    """Whether ``GET path`` (default ``/health``) answers 200 (a readiness probe)."""
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        connection.request("GET", "/health")
+        connection.request("GET", path)
         return connection.getresponse().status == 200
     except (OSError, http.client.HTTPException):
         return False
@@ -59,10 +59,12 @@ class EngineProcess:
         port: int,
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        health_path: str = "/health",
     ) -> None:
         self.command = list(command)
         self.host = host
         self.port = port
+        self.health_path = health_path
         self.log_path = log_path
         self.started_at = datetime.now(UTC)
         self._term_sent_at: float | None = None
@@ -89,8 +91,8 @@ class EngineProcess:
         return self._popen.poll()
 
     def healthy(self) -> bool:
-        """Whether the process is alive and its ``/health`` answers 200."""
-        return self.exit_code() is None and probe_health(self.host, self.port)
+        """Whether the process is alive and its health path answers 200."""
+        return self.exit_code() is None and probe_health(self.host, self.port, path=self.health_path)
 
     def _signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -107,6 +107,7 @@ def read_targets(path: Path | str) -> list[Endpoint]:
                     config_hash=str(labels.get("config_hash", "")),
                     host=host,
                     port=int(port),
+                    role=str(labels.get("role", "")),
                 )
             )
     return sorted(endpoints)
