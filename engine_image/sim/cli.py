@@ -16,6 +16,7 @@ from chunkpilot.engine.sim.flags import (
     SGLANG_DEFAULT_PORT,
     add_flags_for,
     config_for,
+    kv_transfer_from_args,
     profiles_help,
 )
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
@@ -330,6 +331,8 @@ def _serve(args: argparse.Namespace) -> int:
             live_adjust_token=os.environ.get(LIVE_ADJUST_TOKEN_ENV) or None,
             metrics_enabled=getattr(args, "enable_metrics", True),
             engine_version=getattr(args, "engine_version", None),
+            kv_connector=getattr(args, "kv_transfer_config", None),
+            kv_transfer=kv_transfer_from_args(args),
         )
     except (ValueError, OSError) as exc:
         return _error(args, exc)

@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, CapacityResult, search_capacity
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
+from chunkpilot.engine.sim.kvtransfer import DEFAULT_ABORT_TIMEOUT_S, KVTransfer
 from chunkpilot.engine.sim.offline import (
     SLO,
+    FloatArray,
     Percentiles,
     RequestRecord,
     Summary,
@@ -48,6 +50,7 @@ from chunkpilot.engine.sim.scheduler import (
 from chunkpilot.engine.sim.workload import Workload
 
 __all__ = [
+    "DEFAULT_ABORT_TIMEOUT_S",
     "DisaggregatedSummary",
     "KVTransfer",
     "PoolConfig",
@@ -57,12 +60,10 @@ __all__ = [
     "disaggregated_capacity",
     "kv_transfer_bytes",
     "parse_topology",
+    "simulate_colocated",
     "simulate_disaggregated",
 ]
 
-#: vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` default: a prefill engine frees KV blocks no decode
-#: engine has read after this many seconds.
-DEFAULT_ABORT_TIMEOUT_S = 480.0
 _TOPOLOGY = re.compile(r"^\s*(\d+)\s*P\s*:?\s*(\d+)\s*D\s*$", re.IGNORECASE)
 
 
@@ -72,31 +73,6 @@ class RouterPolicy(Enum):
     ROUND_ROBIN = "round_robin"
     #: Fewest unfinished requests (waiting, receiving or running) at the arrival.
     LEAST_LOADED = "least_loaded"
-
-
-@dataclass(frozen=True, slots=True)
-class KVTransfer:
-    """The KV-cache link between the pools: one request's KV takes ``bytes / bandwidth + latency``.
-
-    ``bandwidth_gbps`` is in gigabytes (1e9 bytes) per second, ``latency_ms`` is paid once per
-    request. Transfers do not share the bandwidth (each request sees the whole link).
-    """
-
-    bandwidth_gbps: float = 25.0
-    latency_ms: float = 1.0
-    abort_timeout_s: float = DEFAULT_ABORT_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if not self.bandwidth_gbps > 0 or not math.isfinite(self.bandwidth_gbps):
-            raise ValueError(f"--kv-bandwidth-gbps must be a positive number, not {self.bandwidth_gbps}")
-        if not self.latency_ms >= 0 or not math.isfinite(self.latency_ms):
-            raise ValueError(f"--kv-latency-ms must be >= 0, not {self.latency_ms}")
-        if not self.abort_timeout_s > 0:
-            raise ValueError(f"the KV abort timeout must be positive, not {self.abort_timeout_s}")
-
-    def seconds(self, num_bytes: int) -> float:
-        """Time to move ``num_bytes`` of KV cache from a prefill to a decode engine."""
-        return num_bytes / (self.bandwidth_gbps * 1e9) + self.latency_ms / 1e3
 
 
 def kv_transfer_bytes(core: EngineCore, prompt_tokens: int) -> int:
@@ -359,35 +335,87 @@ def simulate_disaggregated(
         pairs.append(pair)
         by_prefill[id(prefill)] = pair
         by_decode[id(decode)] = pair
-    pending = sorted(pairs, key=lambda p: p.arrival_s)
-    replicas = prefills + decodes
     recorder = _Recorder()
+    _run(pairs, prefill_router, decode_router, recorder, by_prefill, by_decode, fast_forward)
+    summary = _summarise(topology, pairs, prefills, decodes, recorder, slo, keep_records, per_token)
+    return replace(summary, wall_s=time.perf_counter() - wall_start)
+
+
+def simulate_colocated(
+    config: SimConfig,
+    replicas: int,
+    workload: Workload,
+    slo: SLO | None = None,
+    *,
+    router: RouterPolicy = RouterPolicy.LEAST_LOADED,
+    fast_forward: bool = True,
+    keep_records: bool = False,
+) -> DisaggregatedSummary:
+    """``replicas`` colocated engines behind the same router: the baseline at the same GPU count.
+
+    Its ``pools`` holds one pool, ``"colocated"``; nothing is transferred.
+    """
+    wall_start = time.perf_counter()
+    slo = slo or SLO()
+    pool = PoolConfig(config, replicas, router)
+    engines = [_Replica("colocated", config.build()) for _ in range(replicas)]
+    max_len = config.scheduler.max_model_len
+    pairs: list[_Pair] = []
+    for i, spec in enumerate(workload.requests):
+        request = _request(
+            i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len
+        )
+        pairs.append(_Pair(spec.arrival_s, request, request, engines[0], engines[0]))
+    recorder = _Recorder()
+    _run(pairs, _Router(engines, router), None, recorder, {}, {}, fast_forward)
+    records, ttft, itl_q, ttft_q, good, duration, start, end = _latencies(pairs, recorder, slo)
+    stats = _pool_stats("colocated", engines, [p.decode for p in pairs], start, end)
+    kv = [e.sched.kv for e in engines]
+    queries = sum(k.queries for k in kv)
+    description = {
+        "topology": f"{replicas}x colocated",
+        "gpus": pool.num_gpus,
+        "colocated": _describe_pool(pool),
+    }
+    summary = _build(
+        pairs, records, ttft, itl_q, ttft_q, good, duration, recorder, slo, keep_records, (stats,),
+        sum(k.hits for k in kv) / queries if queries else 0.0, description,
+    )  # fmt: skip
+    return replace(summary, wall_s=time.perf_counter() - wall_start)
+
+
+def _run(
+    pairs: list[_Pair],
+    prefill_router: _Router,
+    decode_router: _Router | None,
+    recorder: _Recorder,
+    by_prefill: dict[int, _Pair],
+    by_decode: dict[int, _Pair],
+    fast_forward: bool,
+) -> None:
+    pending = sorted(pairs, key=lambda p: p.arrival_s)
+    replicas = prefill_router.replicas + (decode_router.replicas if decode_router else [])
     next_index = 0
-    now = 0.0
     while True:
         next_arrival = pending[next_index].arrival_s if next_index < len(pending) else math.inf
         actor = min(replicas, key=lambda r: r.wake)
         if next_arrival <= actor.wake:
             if next_arrival == math.inf:
                 break
-            now = next_arrival
             pair = pending[next_index]
             next_index += 1
             pair.prefill_replica = prefill_router.pick()
-            pair.decode_replica = decode_router.pick()
-            pair.prefill_replica.add(pair.prefill, now)
+            if decode_router is not None:
+                pair.decode_replica = decode_router.pick()
+            pair.prefill_replica.add(pair.prefill, next_arrival)
             continue
-        now = actor.wake
         bound = min([next_arrival] + [r.wake for r in replicas if r is not actor])
-        _act(actor, now, bound, recorder, by_prefill, by_decode, fast_forward)
+        _act(actor, actor.wake, bound, recorder, by_prefill, by_decode, fast_forward)
     unfinished = [p for p in pairs if p.decode.finish_s is None]
     if unfinished:
         raise RuntimeError(
-            f"{len(unfinished)} request(s) never finished: a prompt needs more KV blocks than a "
-            "prefill or decode replica holds"
+            f"{len(unfinished)} request(s) never finished: a prompt needs more KV blocks than a replica holds"
         )
-    summary = _summarise(topology, pairs, prefills, decodes, recorder, slo, keep_records, per_token)
-    return replace(summary, wall_s=time.perf_counter() - wall_start)
 
 
 def _act(
@@ -406,7 +434,7 @@ def _act(
         output, replica.pending = replica.pending, None
         for result in sched.update(output, now):
             request = result.request
-            if replica.role == "decode":
+            if replica.role != "prefill":
                 if not result.is_first_token and result.previous_token_s is not None:
                     recorder.itl.append(now - result.previous_token_s)
             elif result.finished and request.kv_hold:
@@ -416,8 +444,12 @@ def _act(
     if not sched.has_unfinished():
         replica.wake = math.inf
         return
-    if fast_forward and replica.role == "decode":
-        advanced = _decode_fast_forward(replica, now, bound, recorder)
+    if fast_forward and replica.role != "prefill":
+        advanced = (
+            _decode_fast_forward(replica, now, bound, recorder)
+            if replica.role == "decode"
+            else _fast_forward(replica.core, now, bound, recorder)
+        )
         if advanced is not None:
             replica.busy_s += advanced[0] - now
             replica.steps += advanced[1]
@@ -460,42 +492,47 @@ def _decode_fast_forward(
         sched.waiting = waiting
 
 
-def _summarise(
-    topology: Topology,
+def _latencies(
+    pairs: list[_Pair], recorder: _Recorder, slo: SLO
+) -> tuple[tuple[RequestRecord, ...], FloatArray, float, float, int, float, float, float]:
+    records = tuple(_record(p) for p in pairs)
+    ttft = np.array([r.ttft_s for r in records], dtype=np.float64)
+    itl_values, itl_weights = recorder.itl_arrays()
+    start = min((p.arrival_s for p in pairs), default=0.0)
+    end = max((p.decode.finish_s or 0.0 for p in pairs), default=start)
+    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
+    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
+    ttft_q = quantile(ttft, slo.ttft_quantile) * 1e3
+    return records, ttft, itl_q, ttft_q, good, max(end - start, 1e-9), start, end
+
+
+def _build(
     pairs: list[_Pair],
-    prefills: list[_Replica],
-    decodes: list[_Replica],
+    records: tuple[RequestRecord, ...],
+    ttft: FloatArray,
+    itl_q: float,
+    ttft_q: float,
+    good: int,
+    duration: float,
     recorder: _Recorder,
     slo: SLO,
     keep_records: bool,
-    kv_bytes_per_token: int,
+    pools: tuple[PoolStats, ...],
+    hit_rate: float,
+    description: dict[str, Any],
 ) -> DisaggregatedSummary:
-    records = tuple(_record(p) for p in pairs)
-    ttft = np.array([r.ttft_s for r in records], dtype=np.float64)
     arrays = {
         name: np.array([getattr(rec, name) for rec in records], dtype=np.float64)
         for name in ("e2e_s", "tpot_s", "queue_s")
     }
+    itl_values, itl_weights = recorder.itl_arrays()
     transfer = np.array(
         [p.received_s - (p.prefill.first_token_s or 0.0) for p in pairs if p.received_s is not None],
         dtype=np.float64,
     )
     prefill_ttft = np.array([(p.prefill.first_token_s or 0.0) - p.arrival_s for p in pairs], dtype=np.float64)
-    itl_values, itl_weights = recorder.itl_arrays()
-    start = min((p.arrival_s for p in pairs), default=0.0)
-    end = max((p.decode.finish_s or 0.0 for p in pairs), default=start)
-    duration = max(end - start, 1e-9)
     output_tokens = sum(p.decode.num_output_tokens for p in pairs)
     prompt_tokens = sum(p.decode.prompt_tokens for p in pairs)
-    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
-    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
-    ttft_q = quantile(ttft, slo.ttft_quantile) * 1e3
-    pools = (
-        _pool_stats("prefill", prefills, [p.prefill for p in pairs], start, end),
-        _pool_stats("decode", decodes, [p.decode for p in pairs], start, end),
-    )
-    queries = sum(r.sched.kv.queries for r in prefills)
-    hits = sum(r.sched.kv.hits for r in prefills)
     return DisaggregatedSummary(
         requests=len(pairs),
         completed=len(records),
@@ -515,17 +552,44 @@ def _summarise(
         ttft_at_slo_quantile_ms=ttft_q,
         preemptions=sum(p.preemptions for p in pools),
         steps=sum(p.steps for p in pools),
-        prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        prefix_cache_hit_rate=hit_rate,
         kv_cache_tokens=sum(p.kv_cache_tokens * p.replicas for p in pools),
         wall_s=0.0,
         slo=slo,
-        config=topology.to_dict(),
+        config=description,
         records=records if keep_records else (),
-        topology=topology.to_dict(),
+        topology=description,
         pools=pools,
         transfer_ms=Percentiles.of(transfer),
         prefill_ttft_ms=Percentiles.of(prefill_ttft),
-        kv_bytes_per_request=kv_bytes_per_token * prompt_tokens / len(pairs) if pairs else 0.0,
+        kv_bytes_per_request=0.0,
+    )
+
+
+def _summarise(
+    topology: Topology,
+    pairs: list[_Pair],
+    prefills: list[_Replica],
+    decodes: list[_Replica],
+    recorder: _Recorder,
+    slo: SLO,
+    keep_records: bool,
+    kv_bytes_per_token: int,
+) -> DisaggregatedSummary:
+    records, ttft, itl_q, ttft_q, good, duration, start, end = _latencies(pairs, recorder, slo)
+    pools = (
+        _pool_stats("prefill", prefills, [p.prefill for p in pairs], start, end),
+        _pool_stats("decode", decodes, [p.decode for p in pairs], start, end),
+    )
+    queries = sum(r.sched.kv.queries for r in prefills)
+    hits = sum(r.sched.kv.hits for r in prefills)
+    summary = _build(
+        pairs, records, ttft, itl_q, ttft_q, good, duration, recorder, slo, keep_records, pools,
+        hits / queries if queries else 0.0, topology.to_dict(),
+    )  # fmt: skip
+    prompt_tokens = sum(p.decode.prompt_tokens for p in pairs)
+    return replace(
+        summary, kv_bytes_per_request=kv_bytes_per_token * prompt_tokens / len(pairs) if pairs else 0.0
     )
 
 

@@ -19,6 +19,14 @@ from typing import Any
 import yaml
 from chunkpilot.engine.sim.engine import SimConfig, default_limits
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
+from chunkpilot.engine.sim.kvtransfer import (
+    DEFAULT_ABORT_TIMEOUT_S,
+    DEFAULT_KV_BANDWIDTH_GBPS,
+    DEFAULT_KV_LATENCY_MS,
+    KVConnectorConfig,
+    KVTransfer,
+    parse_kv_transfer_config,
+)
 from chunkpilot.engine.sim.profiles.loader import (
     ModelProfile,
     accelerator_names,
@@ -27,6 +35,7 @@ from chunkpilot.engine.sim.profiles.loader import (
     model_names,
 )
 from chunkpilot.engine.sim.scheduler import (
+    SIMULATED_CAPACITY_POLICIES,
     CapacitySchedulerPolicy,
     ContextChunkingPolicy,
     Engine,
@@ -124,6 +133,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--load-format", default="auto", help="accepted for compatibility (ignored)")
     g.add_argument("--disable-log-requests", action="store_true")
     g.add_argument("--trust-remote-code", action="store_true")
+    g.add_argument(
+        "--kv-transfer-config",
+        type=_kv_transfer_config,
+        default=None,
+        help='KV connector for prefill/decode disaggregation, e.g. \'{"kv_connector":"NixlConnector",'
+        '"kv_role":"kv_both"}\'; each request\'s kv_transfer_params then decide its role',
+    )
     s = parser.add_argument_group("simulator flags")
     s.add_argument(
         "--gpu", default="h100", help=f"accelerator profile ({', '.join(accelerator_names())}) or JSON path"
@@ -131,6 +147,35 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--step-profile", default=None, help="measured step profile JSON from the GPU probe")
     s.add_argument(
         "--spec-acceptance-rate", type=float, default=None, help="draft token acceptance probability"
+    )
+    s.add_argument(
+        "--kv-bandwidth-gbps",
+        type=float,
+        default=DEFAULT_KV_BANDWIDTH_GBPS,
+        help="KV-transfer bandwidth between prefill and decode engines, GB/s "
+        f"(default {DEFAULT_KV_BANDWIDTH_GBPS:g})",
+    )
+    s.add_argument(
+        "--kv-latency-ms",
+        type=float,
+        default=DEFAULT_KV_LATENCY_MS,
+        help=f"fixed latency of one request's KV transfer, ms (default {DEFAULT_KV_LATENCY_MS:g})",
+    )
+
+
+def _kv_transfer_config(text: str) -> KVConnectorConfig:
+    try:
+        return parse_kv_transfer_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-transfer-config").lstrip(": ")) from exc
+
+
+def kv_transfer_from_args(args: argparse.Namespace) -> KVTransfer:
+    """The KV link ``--kv-bandwidth-gbps`` and ``--kv-latency-ms`` describe (ValueError if invalid)."""
+    return KVTransfer(
+        getattr(args, "kv_bandwidth_gbps", DEFAULT_KV_BANDWIDTH_GBPS),
+        getattr(args, "kv_latency_ms", DEFAULT_KV_LATENCY_MS),
+        float(os.environ.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", DEFAULT_ABORT_TIMEOUT_S)),
     )
 
 
@@ -311,7 +356,7 @@ _TRTLLM_KEYS = {
     "scheduler_config": dict,
     "kv_cache_config": dict,
 }
-_CAPACITY_POLICIES = {p.value for p in CapacitySchedulerPolicy}
+_CAPACITY_POLICIES = {p.value for p in SIMULATED_CAPACITY_POLICIES}
 _CHUNKING_POLICIES = tuple(p.value for p in ContextChunkingPolicy)
 
 

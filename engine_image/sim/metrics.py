@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
@@ -299,6 +300,8 @@ class EngineMetrics:
         }
         self.success: dict[str, float] = {"stop": 0.0, "length": 0.0, "abort": 0.0}
         self.gauges: dict[str, float] = {name: 0.0 for name in names.GAUGES}
+        #: More vLLM families, rendered after the others (a KV connector's, with ``--kv-transfer-config``).
+        self.extra: Callable[[str], list[str]] | None = None
 
     def observe(self, name: str, value: float) -> None:
         """Observe ``value`` in histogram ``name`` (vLLM's ITL and TTFT also in the finer ones);
@@ -384,6 +387,8 @@ class EngineMetrics:
         product = names.REQUEST_TOKENS_PRODUCT
         lines += [f"# HELP {product} {_HELP[product]}", f"# TYPE {product} counter"]
         lines.append(f"{product}{{{self.labels}}} {_fmt(self.request_tokens_product)}")
+        if self.extra is not None:
+            lines += self.extra(self.labels)
         lines += self.steps.render(self.labels)
         return "\n".join(lines) + "\n"
 

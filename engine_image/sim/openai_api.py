@@ -42,6 +42,10 @@ class Job:
     choices: list[Choice]
     created: int
     request_id: str
+    #: The body's ``kv_transfer_params`` (read only with ``--kv-transfer-config``).
+    kv_params: Any = None
+    #: The response's ``kv_transfer_params`` once the request finished (KV-connector servers).
+    kv_response: Callable[[], dict[str, Any] | None] | None = None
 
 
 class OpenAIRoutes:
@@ -164,6 +168,7 @@ class OpenAIRoutes:
             echo_tokens.append(tokens)
             echoes.append("" if not sampling.echo else prompt.text or "".join(tokens))
         job = Job(False, sampling, ids, echoes, echo_tokens, [], int(time.time()), "cmpl-")
+        job.kv_params = body.get("kv_transfer_params")
         return await self._generate(http, job)
 
     async def chat_completions(self, http: web.Request) -> web.StreamResponse:
@@ -175,9 +180,9 @@ class OpenAIRoutes:
         size = sum(len(c) for _, c in messages)
         self._size_check(size, "messages")
         ids = await _maybe_off_loop(size, tokenizer.encode_chat, messages, self.server.vocab_size)
-        return await self._generate(
-            http, Job(True, sampling, [ids], [""], [[]], [], int(time.time()), "chatcmpl-")
-        )
+        job = Job(True, sampling, [ids], [""], [[]], [], int(time.time()), "chatcmpl-")
+        job.kv_params = body.get("kv_transfer_params")
+        return await self._generate(http, job)
 
     def _check_model(self, model: object) -> None:
         if model is None:
@@ -231,6 +236,10 @@ class OpenAIRoutes:
     async def _generate(self, http: web.Request, job: Job) -> web.StreamResponse:
         sampling = job.sampling
         limits = [self._max_tokens(ids, sampling) for ids in job.prompt_ids]
+        kv = self.server.kv
+        role = kv.role(job.kv_params, len(job.prompt_ids), sampling.n) if kv is not None else None
+        if kv is not None and role is not None and not isinstance(role, bool):
+            await kv.check_remote(role, len(job.prompt_ids[0]))
         job.request_id += uuid_hex()
         vocab = self.server.vocab_size
 
@@ -250,7 +259,10 @@ class OpenAIRoutes:
         try:
             for p, (ids, choices) in enumerate(zip(job.prompt_ids, planned, strict=True)):
                 for j, plan in enumerate(choices):
-                    job.choices.append(self.server.submit(ids, plan, p * sampling.n + j, queue))
+                    job.choices.append(self.server.submit(ids, plan, p * sampling.n + j, queue, role))
+            if kv is not None:
+                first = job.choices[0].request
+                job.kv_response = lambda: kv.response_params(first)
             if sampling.stream:
                 return await stream(http, job, self.server.model_name, queue)
             return await complete(job, self.server.model_name, queue)

@@ -23,31 +23,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Final
 
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
 from chunkpilot.engine.sim.steptime import ForwardPass
 
+from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPolicy
+from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
+from chunkpilot.api.knobs import Dialect
 
-class Engine(Enum):
-    """Whose scheduling semantics, flags and metric names the simulator reproduces."""
+#: Whose scheduling semantics, flags and metric names the simulator reproduces: a flag dialect of
+#: the knob table, which also owns TensorRT-LLM's scheduler policies (``chunkpilot.api.knobs``).
+Engine = Dialect
 
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
-
-
-class CapacitySchedulerPolicy(Enum):
-    """TensorRT-LLM's capacity scheduler policies (``scheduler_config.capacity_scheduler_policy``)."""
-
-    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
-    MAX_UTILIZATION = "MAX_UTILIZATION"
-
-
-class ContextChunkingPolicy(Enum):
-    """TensorRT-LLM's ``scheduler_config.context_chunking_policy``."""
-
-    FIRST_COME_FIRST_SERVED = "FIRST_COME_FIRST_SERVED"
-    EQUAL_PROGRESS = "EQUAL_PROGRESS"
+#: The capacity-scheduler policies the simulator reproduces (``STATIC_BATCH`` is refused).
+SIMULATED_CAPACITY_POLICIES: Final = frozenset(
+    {CapacitySchedulerPolicy.GUARANTEED_NO_EVICT, CapacitySchedulerPolicy.MAX_UTILIZATION}
+)
 
 
 class SchedulingPolicy(Enum):
@@ -202,6 +194,11 @@ class SchedulerConfig:
                 f"({self.max_model_len}) without chunked prefill: a long prompt could never be "
                 "scheduled; raise --max_num_tokens, lower --max_seq_len or enable_chunked_prefill"
             )
+        if self.capacity_scheduler_policy not in SIMULATED_CAPACITY_POLICIES:
+            out.append(
+                f"scheduler_config.capacity_scheduler_policy {self.capacity_scheduler_policy.value} is "
+                f"not simulated; use one of {', '.join(sorted(SIMULATED_CAPACITY_POLICIES))}"
+            )
         if self.chunk_unit_size < 1:
             out.append("kv_cache_config.tokens_per_block must be positive")
         elif self.enable_chunked_prefill and self.max_num_batched_tokens < self.chunk_unit_size:
@@ -269,6 +266,8 @@ class Request:
     remote_prefill: bool = False
     #: When the remote KV of a WAITING_FOR_REMOTE_KVS request has arrived (simulated seconds).
     kv_ready_s: float | None = None
+    #: Prompt tokens whose KV came from a remote engine (vLLM's ``num_external_computed_tokens``).
+    num_external_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -587,6 +586,7 @@ class Scheduler:
         request.kv_ready_s = None
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = request.prompt_tokens - 1
+        request.num_external_tokens = request.prompt_tokens
         self.received.append(request)
         return True
 

@@ -17,8 +17,8 @@ import json
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from chunkpilot.engine import metrics_names as names
@@ -26,6 +26,7 @@ from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
 from chunkpilot.engine.sim.generation import Plan
 from chunkpilot.engine.sim.http_api import APIError, errors_middleware
+from chunkpilot.engine.sim.kvtransfer import KVConnectorConfig, KVTransfer, RemotePrefill
 from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
 from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
 from chunkpilot.engine.vllm_plugin.config import (
@@ -36,6 +37,9 @@ from chunkpilot.engine.vllm_plugin.config import (
     access_problem,
     lowered_limits,
 )
+
+if TYPE_CHECKING:
+    from chunkpilot.engine.sim.kvserve import KVSide
 
 __all__ = ["APIError", "ServerConfig", "SimEngineServer", "serve"]
 
@@ -77,6 +81,10 @@ class ServerConfig:
     metrics_enabled: bool = True
     #: The simulated engine's release where its metric names depend on it (TensorRT-LLM).
     engine_version: str | None = None
+    #: ``--kv-transfer-config``: serve both prefill/decode-disaggregation roles (vLLM only).
+    kv_connector: KVConnectorConfig | None = None
+    #: ``--kv-bandwidth-gbps`` and ``--kv-latency-ms``: how long a remote prefill's KV takes to arrive.
+    kv_transfer: KVTransfer = field(default_factory=KVTransfer)
 
 
 #: Iteration statistics TensorRT-LLM's ``/metrics`` keeps until read.
@@ -116,6 +124,12 @@ class SimEngineServer:
         )
         self.live_limits = self.startup_limits
         self._live_generation = 0
+        self.kv: KVSide | None = None
+        if config.kv_connector is not None:
+            from chunkpilot.engine.sim.kvserve import KVSide
+
+            self.kv = KVSide(self, config.kv_connector, config.kv_transfer)
+            self.metrics.extra = self.kv.metric_lines
         tokenizer.vocabulary(self.vocab_size)  # built once, before the first request
 
     @property
@@ -155,6 +169,8 @@ class SimEngineServer:
         app.router.add_get(LIVE_ADJUST_ROUTE, self.get_limits)
         app.router.add_put(LIVE_ADJUST_ROUTE, self.put_limits)
         OpenAIRoutes(self).add_to(app.router)
+        if self.kv is not None:
+            self.kv.add_routes(app)
         app.on_startup.append(self._start_engine)
         app.on_shutdown.append(self._stop_engine)
         return app
@@ -185,6 +201,10 @@ class SimEngineServer:
             result = self.core.step(start)
             if result is None:
                 self._work.clear()
+                if self.kv is not None:
+                    self.kv.drain()
+                    await self._await_kv(start)
+                    continue
                 await asyncio.sleep(0.001)
                 continue
             self._sim_clock = result.end_s
@@ -194,6 +214,17 @@ class SimEngineServer:
             else:
                 await asyncio.sleep(0)
             self._deliver(result)
+
+    async def _await_kv(self, now: float) -> None:
+        """Idle until a remote KV arrives, a request comes in or blocks are released."""
+        ready = self.core.scheduler.next_kv_ready_s()
+        timeout = 0.05 if ready == float("inf") else (ready - now) / self.config.time_scale
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work.wait(), max(0.001, min(timeout, 0.05)))
+
+    def wake(self) -> None:
+        """Let the engine task schedule again (new work or freed blocks)."""
+        self._work.set()
 
     def _deliver(self, result: StepResult) -> None:
         m = self.metrics
@@ -231,6 +262,8 @@ class SimEngineServer:
         kv = self.core.scheduler.kv
         m.counters[names.PREFIX_CACHE_QUERIES] = float(kv.queries)
         m.counters[names.PREFIX_CACHE_HITS] = float(kv.hits)
+        if self.kv is not None:
+            self.kv.after_step(result.results)
         self._update_gauges()
         if self.table.engine == "trtllm":
             self._record_iteration(result)
@@ -274,9 +307,15 @@ class SimEngineServer:
         self.metrics.set(names.KV_CACHE_USAGE, sched.kv.usage)
 
     def submit(
-        self, prompt_ids: list[int], plan: Plan, index: int, queue: asyncio.Queue[tuple[int, int, bool]]
+        self,
+        prompt_ids: list[int],
+        plan: Plan,
+        index: int,
+        queue: asyncio.Queue[tuple[int, int, bool]],
+        kv_role: bool | RemotePrefill | None = None,
     ) -> Choice:
-        """Hand one choice to the scheduler; its tokens arrive in ``queue``."""
+        """Hand one choice to the scheduler; its tokens arrive in ``queue`` (``kv_role``: see
+        :meth:`KVSide.role`)."""
         request_id = uuid.uuid4().hex
         sched = self.core.scheduler
         request = Request(
@@ -288,6 +327,8 @@ class SimEngineServer:
         )
         choice = Choice(request, index, plan, queue)
         self.streams[request_id] = choice
+        if self.kv is not None:
+            self.kv.prepare(request, kv_role)
         sched.add_request(request)
         self._work.set()
         return choice
@@ -298,6 +339,8 @@ class SimEngineServer:
         if request.status is not RequestStatus.FINISHED:
             self.core.scheduler.abort(request, self.sim_now())
             self.metrics.finished(FinishReason.ABORT.value)
+            if self.kv is not None:
+                self.kv.aborted(request)
             self._update_gauges()
         self.streams.pop(request.request_id, None)
 

@@ -95,6 +95,8 @@ async def complete(job: Job, model: str, queue: Queue) -> web.Response:
         bodies.append(_choice_body(job, choice, text, True, 0, choice.delivered))
     payload = _envelope(job, model, bodies, chunk=False)
     payload["usage"] = usage(job)
+    if job.kv_response is not None:
+        payload["kv_transfer_params"] = job.kv_response()
     return web.json_response(payload)
 
 
