@@ -121,3 +121,36 @@ def test_lenient_version_parse() -> None:
 
 def test_live_column_is_what_the_live_adjustment_route_accepts() -> None:
     assert tuple(f.name for f in dataclasses.fields(LiveLimits)) == knobs.LIVE_NAMES
+
+
+def test_engine_kinds_and_trtllm_policies_are_one_vocabulary_with_the_simulators() -> None:
+    """The API's engine kinds are the table's dialects plus the simulator; the simulator's engine
+    and TensorRT-LLM policy enums are the table's own, not copies."""
+    from chunkpilot.engine.sim import scheduler
+
+    from chunkpilot import api
+    from chunkpilot.api import inferenceservice
+    from chunkpilot.api.knobs import (
+        DIALECTS,
+        CapacitySchedulerPolicy,
+        ContextChunkingPolicy,
+        Dialect,
+        EngineKind,
+        dialect_of,
+    )
+
+    assert {kind.value for kind in EngineKind} == {*DIALECTS, "sim"}
+    assert [dialect_of(kind) for kind in EngineKind] == [
+        Dialect.VLLM,
+        Dialect.SGLANG,
+        Dialect.TRTLLM,
+        Dialect.VLLM,
+    ]
+    assert scheduler.Engine is Dialect and api.EngineKind is EngineKind
+    assert (
+        scheduler.CapacitySchedulerPolicy
+        is CapacitySchedulerPolicy
+        is inferenceservice.CapacitySchedulerPolicy
+    )
+    assert scheduler.ContextChunkingPolicy is ContextChunkingPolicy is inferenceservice.ContextChunkingPolicy
+    assert set(CapacitySchedulerPolicy) > scheduler.SIMULATED_CAPACITY_POLICIES

@@ -41,18 +41,12 @@ from chunkpilot.api.knobs import (
     knob,
     managed_flags,
 )
+from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPolicy  # the table's enums
+from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
+from chunkpilot.api.knobs import EngineKind as EngineKind
 from chunkpilot.api.knobs import summary as knob_summary
 
 # --------------------------------------------------------------------------- enums
-
-
-class EngineKind(StrEnum):
-    """Which engine serves the model."""
-
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
-    SIM = "sim"
 
 
 #: The engine version rendered when ``spec.engine.version`` is unset, per kind (the simulator
@@ -73,21 +67,6 @@ class SchedulePolicy(StrEnum):
     RANDOM = "random"
     DFS_WEIGHT = "dfs-weight"
     LOF = "lof"
-
-
-class CapacitySchedulerPolicy(StrEnum):
-    """TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``."""
-
-    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
-    MAX_UTILIZATION = "MAX_UTILIZATION"
-    STATIC_BATCH = "STATIC_BATCH"
-
-
-class ContextChunkingPolicy(StrEnum):
-    """TensorRT-LLM ``scheduler_config.context_chunking_policy``."""
-
-    FIRST_COME_FIRST_SERVED = "FIRST_COME_FIRST_SERVED"
-    EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 
 class Accelerator(StrEnum):

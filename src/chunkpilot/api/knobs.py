@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final, Literal
 
 # --------------------------------------------------------------------------- engine versions
@@ -73,13 +74,49 @@ VLLM_0_33: Final = EngineVersion(0, 33, 0)
 SGLANG_PINNED: Final = EngineVersion(0, 5, 23)
 TRTLLM_PINNED: Final = EngineVersion(1, 2, 1)
 
-#: Flag dialects: the command-line vocabulary of an engine family (the simulator speaks vLLM's).
-VLLM: Final = "vllm"
-SGLANG: Final = "sglang"
-TRTLLM: Final = "trtllm"
+
+class Dialect(StrEnum):
+    """A flag dialect: the command-line vocabulary of an engine family, and the scheduling
+    semantics and metric names the simulator reproduces for it (``sim --engine``)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+#: The dialects as plain strings (the keys of :attr:`KnobSpec.flags`).
+VLLM: Final[str] = Dialect.VLLM.value
+SGLANG: Final[str] = Dialect.SGLANG.value
+TRTLLM: Final[str] = Dialect.TRTLLM.value
 DIALECTS: Final = (VLLM, SGLANG, TRTLLM)
 #: Engine names in messages and documentation, per dialect.
 ENGINE_NAMES: Final[Mapping[str, str]] = {VLLM: "vLLM", SGLANG: "SGLang", TRTLLM: "TensorRT-LLM"}
+
+
+class EngineKind(StrEnum):
+    """Which engine serves the model (``spec.engine.kind``): one per dialect, or the simulator,
+    which speaks vLLM's (:func:`dialect_of`)."""
+
+    VLLM = Dialect.VLLM.value
+    SGLANG = Dialect.SGLANG.value
+    TRTLLM = Dialect.TRTLLM.value
+    SIM = "sim"
+
+
+class CapacitySchedulerPolicy(StrEnum):
+    """TensorRT-LLM ``scheduler_config.capacity_scheduler_policy`` (every value 1.2.1 accepts; the
+    simulator reproduces a subset, ``chunkpilot.engine.sim.scheduler.SIMULATED_CAPACITY_POLICIES``)."""
+
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+    STATIC_BATCH = "STATIC_BATCH"
+
+
+class ContextChunkingPolicy(StrEnum):
+    """TensorRT-LLM ``scheduler_config.context_chunking_policy``."""
+
+    FIRST_COME_FIRST_SERVED = "FIRST_COME_FIRST_SERVED"
+    EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 
 # --------------------------------------------------------------------------- rows
@@ -481,9 +518,9 @@ def honoured_natively(name: str, version: EngineVersion, dialect: str = VLLM) ->
     return knob(name).honoured_by(dialect, version)
 
 
-def dialect_of(engine_kind: str) -> str:
+def dialect_of(engine_kind: str) -> Dialect:
     """The flag dialect of an engine kind: the simulator speaks vLLM's."""
-    return engine_kind if engine_kind in (SGLANG, TRTLLM) else VLLM
+    return Dialect(engine_kind) if engine_kind in (SGLANG, TRTLLM) else Dialect.VLLM
 
 
 def engine_honours(engine_kind: str, name: str, version: EngineVersion) -> bool:
@@ -513,7 +550,11 @@ __all__ = [
     "VLLM",
     "VLLM_0_33",
     "VLLM_V0_REMOVED",
+    "CapacitySchedulerPolicy",
+    "ContextChunkingPolicy",
+    "Dialect",
     "EngineFlag",
+    "EngineKind",
     "EngineVersion",
     "KnobSpec",
     "change",

@@ -275,3 +275,14 @@ def test_sim_config_for_engine_puts_scheduler_fields_into_the_scheduler() -> Non
     assert config.seed == 4 and config.model == "llama-3.1-8b"
     with pytest.raises(ValueError, match="sglang"):
         SimConfig.for_engine("sglang", long_prefill_token_threshold=512)
+
+
+def test_a_capacity_policy_the_simulator_does_not_reproduce_is_refused() -> None:
+    with pytest.raises(ValueError, match="STATIC_BATCH is not simulated"):
+        SchedulerConfig(
+            engine=Engine.TRTLLM,
+            max_num_batched_tokens=8192,
+            max_num_seqs=4,
+            max_model_len=8192,
+            capacity_scheduler_policy=CapacitySchedulerPolicy.STATIC_BATCH,
+        )
