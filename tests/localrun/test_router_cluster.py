@@ -28,6 +28,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pyt
 
 MODEL = "llama-8b"
 ENGINE_ARGS = ["llama-3.1-8b", "--served-model-name", MODEL, "--max-num-seqs", "32", "--gpu", "h100"]
+#: Both roles of vLLM's NIXL connector; the simulator moves each request's KV at this bandwidth.
+KV_ARGS = [
+    "--kv-transfer-config",
+    '{"kv_connector":"NixlConnector","kv_role":"kv_both"}',
+    "--kv-bandwidth-gbps",
+    "25",
+    "--kv-latency-ms",
+    "1",
+]
 WAIT_S = 90.0
 
 
@@ -51,7 +60,7 @@ def pool_deployment(service: str, role: str, replicas: int = 1) -> dict[str, Any
                             "name": "engine",
                             "image": "ghcr.io/chunkpilot/chunkpilot:test",
                             "command": ["chunkpilot", "sim", "serve"],
-                            "args": [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000"],
+                            "args": [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000", *KV_ARGS],
                         }
                     ],
                 },
@@ -198,6 +207,8 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
         f'sum(vllm:generation_tokens_total{{{where},role="prefill"}})': len(requests),
         f'sum(vllm:generation_tokens_total{{{where},role="decode"}})': generated,
         f'sum(vllm:request_success_total{{{where},role="decode"}})': len(requests),
+        # Each request's KV reached the decode engine in one transfer (vLLM's NIXL metrics).
+        f'sum(vllm:nixl_xfer_time_seconds_count{{{where},role="decode"}})': len(requests),
     }
 
     def scraped() -> dict[str, float]:
