@@ -7,10 +7,19 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from chunkpilot.engine.sim import bench
-from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, find_capacity
+from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, search_capacity
+from chunkpilot.engine.sim.disagg import (
+    DisaggregatedSummary,
+    RouterPolicy,
+    Topology,
+    simulate_colocated,
+    simulate_disaggregated,
+)
+from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.flags import (
     ENGINE_NAMES,
     SGLANG_DEFAULT_PORT,
@@ -250,6 +259,96 @@ def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
     slo.add_argument("--slo-ttft-ms", type=float, default=defaults.ttft_ms)
     slo.add_argument("--slo-ttft-quantile", type=float, default=defaults.ttft_quantile, help="in (0, 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_topology_flags(parser)
+
+
+def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
+    pd = parser.add_argument_group(
+        "prefill/decode disaggregation (vLLM)",
+        "with --topology (or --prefill-replicas/--decode-replicas) the workload runs on a prefill pool and a "
+        "decode pool; the KV link is --kv-bandwidth-gbps and --kv-latency-ms",
+    )
+    pd.add_argument("--topology", default=None, help="<prefill>P<decode>D replicas, e.g. 1P3D")
+    pd.add_argument(
+        "--prefill-replicas", type=int, default=None, help="prefill replicas (with --decode-replicas)"
+    )
+    pd.add_argument(
+        "--decode-replicas", type=int, default=None, help="decode replicas (with --prefill-replicas)"
+    )
+    for pool in ("prefill", "decode"):
+        pd.add_argument(
+            f"--{pool}-max-num-batched-tokens",
+            type=int,
+            default=None,
+            help=f"token budget of the {pool} pool",
+        )
+        pd.add_argument(
+            f"--{pool}-max-num-seqs", type=int, default=None, help=f"max-num-seqs of the {pool} pool"
+        )
+        pd.add_argument(
+            f"--{pool}-long-prefill-token-threshold",
+            type=int,
+            default=None,
+            help=f"long-prefill token threshold of the {pool} pool",
+        )
+    pd.add_argument(
+        "--router-policy",
+        choices=[p.value for p in RouterPolicy],
+        default=RouterPolicy.LEAST_LOADED.value,
+        help="how the router picks a replica of each pool (default least_loaded)",
+    )
+    pd.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="without --topology: colocated replicas behind the same router (default 1)",
+    )
+
+
+def _topology(args: argparse.Namespace, config: SimConfig) -> Topology | None:
+    """The P:D topology the flags ask for; None for a colocated run."""
+    spec = args.topology
+    counts = (args.prefill_replicas, args.decode_replicas)
+    if spec is not None and any(c is not None for c in counts):
+        raise ValueError("give either --topology or --prefill-replicas/--decode-replicas, not both")
+    if spec is None and any(c is not None for c in counts):
+        if None in counts:
+            raise ValueError("--prefill-replicas and --decode-replicas go together")
+        spec = f"{counts[0]}P{counts[1]}D"
+    overrides = {
+        pool: {
+            name: value
+            for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold")
+            if (value := getattr(args, f"{pool}_{name}")) is not None
+        }
+        for pool in ("prefill", "decode")
+    }
+    if spec is None:
+        if any(overrides.values()):
+            raise ValueError("the --prefill-*/--decode-* knobs need --topology")
+        return None
+    if args.replicas != 1:
+        raise ValueError("--replicas is for colocated runs; with --topology give the pools' replicas")
+    if config.engine.value != "vllm":
+        raise ValueError("--topology simulates vLLM's KV connectors; use --engine vllm")
+    router = RouterPolicy(args.router_policy)
+    return Topology.of(
+        spec, config, prefill=overrides["prefill"], decode=overrides["decode"],
+        kv_transfer=kv_transfer_from_args(args), router=router,
+    )  # fmt: skip
+
+
+def _simulation(args: argparse.Namespace, config: SimConfig, slo: SLO) -> Callable[[Workload], Summary]:
+    """How to simulate one workload: one engine (today's path), colocated replicas, or a P:D topology."""
+    topology = _topology(args, config)
+    if topology is not None:
+        return lambda workload: simulate_disaggregated(topology, workload, slo)
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.replicas > 1:
+        replicas, router = args.replicas, RouterPolicy(args.router_policy)
+        return lambda workload: simulate_colocated(config, replicas, workload, slo, router=router)
+    return lambda workload: simulate(config, workload, slo)
 
 
 def _error(args: argparse.Namespace, exc: Exception) -> int:
@@ -278,7 +377,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = config_for(args.model, args)
         slo = _slo(args)
-        summary = simulate(config, _workload(args, args.limit), slo)
+        summary = _simulation(args, config, slo)(_workload(args, args.limit))
     except (ValueError, OSError) as exc:
         return _error(args, exc)
     print(_json(summary.to_dict()) if args.json else _format_summary(summary))
@@ -290,8 +389,12 @@ def _capacity(args: argparse.Namespace) -> int:
         config = config_for(args.model, args)
         slo = _slo(args)
         workload = _workload(args, args.requests)
-        result = find_capacity(
-            config, workload, slo, tolerance=args.tolerance, start_rate=args.start_rate, seed=args.seed
+        result = search_capacity(
+            _simulation(args, config, slo),
+            workload,
+            tolerance=args.tolerance,
+            start_rate=args.start_rate,
+            seed=args.seed,
         )
     except (ValueError, OSError) as exc:
         return _error(args, exc)
@@ -402,10 +505,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _format_summary(s: Summary) -> str:
-    def row(name: str, p: Any) -> str:
-        return f"  {name:<6} p50 {p.p50:9.1f}  p90 {p.p90:9.1f}  p99 {p.p99:9.1f}  max {p.max:9.1f} ms"
+def _row(name: str, p: Any) -> str:
+    return f"  {name:<6} p50 {p.p50:9.1f}  p90 {p.p90:9.1f}  p99 {p.p99:9.1f}  max {p.max:9.1f} ms"
 
+
+def _format_summary(s: Summary) -> str:
+    row = _row
+    if isinstance(s, DisaggregatedSummary):
+        return _format_pools(s)
     cfg = s.config
     return "\n".join(
         [
@@ -427,3 +534,38 @@ def _format_summary(s: Summary) -> str:
             f"ms -> {'met' if s.slo_met else 'MISSED'}",
         ]
     )
+
+
+def _format_pools(s: DisaggregatedSummary) -> str:
+    topo = s.topology
+    lines = [f"{topo.get('topology')} on {topo.get('gpus')} GPUs"]
+    if s.transfer_ms is not None and not math.isnan(s.transfer_ms.p50):
+        link = topo.get("kv_transfer", {})
+        lines[0] += (
+            f", KV link {link.get('bandwidth_gbps'):g} GB/s + {link.get('latency_ms'):g} ms, "
+            f"{s.kv_bytes_per_request / 2**20:.1f} MiB KV per request"
+        )
+    for pool in s.pools:
+        knobs = topo.get(pool.role, {})
+        lines.append(
+            f"  {pool.role:<9} {pool.replicas} x budget {knobs.get('max_num_batched_tokens')}, max-num-seqs "
+            f"{knobs.get('max_num_seqs')}: busy {pool.busy_fraction:.0%}, KV mean {pool.kv_usage_mean:.1%} "
+            f"peak {pool.kv_usage_peak:.1%}, {pool.steps} steps, {pool.preemptions} preemptions"
+        )
+    lines += [
+        f"  {s.completed}/{s.requests} requests over {s.duration_s:.1f} s simulated, wall {s.wall_s:.2f} s",
+        _row("TTFT", s.ttft_ms),
+    ]
+    if s.transfer_ms is not None and not math.isnan(s.transfer_ms.p50):
+        lines += [_row("P-TTFT", s.prefill_ttft_ms), _row("KV", s.transfer_ms)]
+    lines += [
+        _row("ITL", s.itl_ms),
+        _row("E2E", s.e2e_ms),
+        f"  throughput {s.throughput_tok_s:.0f} output tok/s, {s.request_throughput_req_s:.2f} req/s; "
+        f"goodput {s.goodput_req_s:.2f} req/s; SLO attainment {s.slo_attainment:.1%}",
+        f"  SLO (ITL p{s.slo.itl_quantile * 100:g} <= {s.slo.itl_ms:g} ms, "
+        f"TTFT p{s.slo.ttft_quantile * 100:g} <= {s.slo.ttft_ms:g} ms): "
+        f"ITL {s.itl_at_slo_quantile_ms:.1f} ms, TTFT {s.ttft_at_slo_quantile_ms:.1f} "
+        f"ms -> {'met' if s.slo_met else 'MISSED'}",
+    ]
+    return "\n".join(lines)

@@ -245,6 +245,8 @@ class _Replica:
         self.sched = core.scheduler
         self.pending: SchedulerOutput | None = None
         self.wake = math.inf
+        #: End of the replica's last step or bulk-advanced stretch: it cannot act before.
+        self.free_at = 0.0
         self.busy_s = 0.0
         self.steps = 0
         self.requests = 0
@@ -261,7 +263,7 @@ class _Replica:
         self.sched.add_request(request)
         self.requests += 1
         if self.pending is None:
-            self.wake = min(self.wake, now)
+            self.wake = min(self.wake, max(now, self.free_at))
 
     def sample_kv(self, now: float) -> None:
         kv = self.sched.kv
@@ -453,7 +455,7 @@ def _act(
         if advanced is not None:
             replica.busy_s += advanced[0] - now
             replica.steps += advanced[1]
-            replica.wake = advanced[0]
+            replica.wake = replica.free_at = advanced[0]
             replica.sample_kv(advanced[0])
             return
     output = sched.schedule(now)
@@ -471,7 +473,7 @@ def _act(
     replica.pending = output
     replica.busy_s += duration
     replica.steps += 1
-    replica.wake = now + duration
+    replica.wake = replica.free_at = now + duration
 
 
 def _decode_fast_forward(
