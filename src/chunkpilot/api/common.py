@@ -34,6 +34,10 @@ LABEL_SERVICE = f"{GROUP}/service"
 LABEL_TRACK = f"{GROUP}/track"
 LABEL_CONFIG_HASH = f"{GROUP}/config-hash"
 LABEL_TRIAL_NUMBER = f"{GROUP}/trial-number"
+#: Engine pods of a disaggregated service: ``prefill`` or ``decode``.
+LABEL_ROLE = f"{GROUP}/role"
+#: Pods of a service that are not engines, e.g. ``router``.
+LABEL_COMPONENT = f"{GROUP}/component"
 
 
 # --------------------------------------------------------------------------- rules

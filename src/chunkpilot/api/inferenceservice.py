@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -669,6 +670,292 @@ class AutotuneSpec(ApiModel):
     abort: AbortPolicy = Field(
         default_factory=AbortPolicy, description="Early-abort thresholds for canaries."
     )
+    allow_topology_change: bool = Field(
+        default=False,
+        description=(
+            "Let the tuner roll out a prefill/decode topology it recommends as a canary topology (not"
+            " yet acted on: the tuner recommends one in the SLOInfeasible condition and"
+            " status.recommendation)."
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class TopologyMode(StrEnum):
+    """How a service's engines are laid out."""
+
+    COLOCATED = "colocated"  # every replica runs prefill and decode (chunked prefill)
+    DISAGGREGATED = "disaggregated"  # separate prefill and decode pools, KV shipped between them
+
+
+class PoolRole(StrEnum):
+    """The role of an engine pool of a disaggregated service (pod label ``chunkpilot.io/role``)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class KVConnector(StrEnum):
+    """vLLM KV-transfer connector (``--kv-transfer-config`` ``kv_connector``)."""
+
+    NIXL = "NixlConnector"
+
+
+class RouterPolicy(StrEnum):
+    """vllm-router ``--policy``: how a request picks its prefill and decode engines."""
+
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+    CACHE_AWARE = "cache_aware"
+    KV_AWARE = "kv_aware"
+    POWER_OF_TWO = "power_of_two"
+    CONSISTENT_HASH = "consistent_hash"
+    STICKY_LEAST_LOADED = "sticky_least_loaded"
+
+
+#: First vLLM release shipping the NIXL KV connector (``NixlConnector``); the simulator, which
+#: speaks that release's flags, follows it.
+KV_CONNECTOR_SINCE = "0.9.0"
+#: Versions older than :data:`KV_CONNECTOR_SINCE`, as a pattern over ``spec.engine.version``.
+_BEFORE_KV_CONNECTOR = "^v?0[.][0-8]([^0-9]|$)"
+_BEFORE_KV_CONNECTOR_RE = re.compile(_BEFORE_KV_CONNECTOR)
+
+
+class PoolSpec(ApiModel):
+    """One engine pool of a disaggregated service: its replicas and its own scheduler knobs.
+
+    The knobs are the tuned knobs of ``spec.engine`` (:class:`EngineConfig`), under the same
+    names; an unset knob is the one in ``spec.engine``.
+    """
+
+    replicas: int = Field(ge=1, le=1000, description="Engine replicas of this pool.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, le=1_048_576, description=doc("max_num_batched_tokens")
+    )
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65_536, description=doc("max_num_seqs"))
+    max_num_active_seqs: int | None = Field(
+        default=None, ge=1, le=65_536, description=doc("max_num_active_seqs")
+    )
+    long_prefill_token_threshold: int | None = Field(
+        default=None, ge=0, le=4_194_304, description=doc("long_prefill_token_threshold")
+    )
+    max_num_partial_prefills: int | None = Field(
+        default=None, ge=1, le=1024, description=doc("max_num_partial_prefills")
+    )
+    max_long_partial_prefills: int | None = Field(
+        default=None, ge=1, le=1024, description=doc("max_long_partial_prefills")
+    )
+
+    def knobs(self) -> dict[str, Any]:
+        """The knobs this pool sets (snake_case), leaving out the ones it inherits."""
+        return {name: getattr(self, name) for name in TUNABLE_NAMES if getattr(self, name) is not None}
+
+
+class KVTransferSpec(ApiModel):
+    """How the KV cache moves from a prefill engine to a decode engine."""
+
+    connector: KVConnector = Field(
+        default=KVConnector.NIXL, description="vLLM KV-transfer connector: NixlConnector (NIXL)."
+    )
+    bandwidth_gbps: float = Field(
+        default=25.0,
+        alias="bandwidthGBps",
+        gt=0,
+        le=100_000,
+        description=(
+            "KV transfer bandwidth per replica, GB/s: a hint for the twin and the simulator"
+            " (a request's KV bytes / bandwidth + latency is its transfer time)."
+        ),
+    )
+    latency_ms: float = Field(
+        default=1.0, ge=0, le=60_000, description="Fixed latency of one KV transfer, milliseconds (a hint)."
+    )
+
+
+class RouterSpec(ApiModel):
+    """The prefill/decode-aware router in front of the pools (vllm-router)."""
+
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Router image (runs vllm-router); the operator's default: the Chunkpilot image.",
+    )
+    policy: RouterPolicy = Field(
+        default=RouterPolicy.CACHE_AWARE,
+        description="vllm-router --policy for both pools: " + ", ".join(p.value for p in RouterPolicy) + ".",
+    )
+    replicas: int = Field(default=1, ge=1, le=64, description="Router replicas.")
+
+
+class TopologySpec(ApiModel):
+    """Colocated (every replica prefills and decodes) or disaggregated prefill and decode pools."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="self.mode != 'disaggregated' || (has(self.prefill) && has(self.decode))",
+            message=(
+                "topology.mode disaggregated needs both pools: set topology.prefill.replicas and"
+                " topology.decode.replicas (each >= 1)"
+            ),
+            field_path=".mode",
+            check=lambda o: (
+                o.mode != TopologyMode.DISAGGREGATED or (o.prefill is not None and o.decode is not None)
+            ),
+        ),
+        CelRule(
+            rule="self.mode != 'colocated' || (!has(self.prefill) && !has(self.decode))",
+            message=(
+                "topology.prefill and topology.decode are only used with mode disaggregated: remove them"
+                " or set topology.mode: disaggregated"
+            ),
+            field_path=".mode",
+            check=lambda o: o.mode != TopologyMode.COLOCATED or (o.prefill is None and o.decode is None),
+        ),
+    )
+
+    mode: TopologyMode = Field(
+        default=TopologyMode.COLOCATED,
+        description="colocated (default: chunked prefill on every replica) or disaggregated (two pools).",
+    )
+    prefill: PoolSpec | None = Field(default=None, description="The prefill pool (mode disaggregated).")
+    decode: PoolSpec | None = Field(default=None, description="The decode pool (mode disaggregated).")
+    kv_transfer: KVTransferSpec | None = Field(
+        default=None,
+        description=(
+            "KV transfer between the pools; its hints are also what the tuner's topology recommendation"
+            " assumes for a colocated service."
+        ),
+    )
+    router: RouterSpec | None = Field(default=None, description="The router in front of the pools.")
+
+    def pool(self, role: PoolRole | str) -> PoolSpec | None:
+        """The pool of ``role``."""
+        return self.prefill if PoolRole(role) == PoolRole.PREFILL else self.decode
+
+
+def _disaggregated(o: Any) -> bool:
+    return o.topology is not None and o.topology.mode == TopologyMode.DISAGGREGATED
+
+
+def _pool_knob(o: Any, role: PoolRole, name: str) -> Any:
+    pool = o.topology.pool(role) if _disaggregated(o) else None
+    value = getattr(pool, name) if pool is not None else None
+    return value if value is not None else getattr(o.engine, name)
+
+
+def _pool_budget_covers_seqs(o: Any, role: PoolRole) -> bool:
+    if not _disaggregated(o) or o.topology.pool(role) is None:
+        return True
+    return bool(_pool_knob(o, role, "max_num_batched_tokens") >= _pool_knob(o, role, "max_num_seqs"))
+
+
+def _pool_active_within_seqs(o: Any, role: PoolRole) -> bool:
+    if not _disaggregated(o) or o.topology.pool(role) is None:
+        return True
+    active = _pool_knob(o, role, "max_num_active_seqs")
+    return active is None or bool(active <= _pool_knob(o, role, "max_num_seqs"))
+
+
+def _pool_rules() -> tuple[CelRule, ...]:
+    """Per pool: the knob rules vLLM enforces, over the pool's knobs and the inherited ones."""
+    rules = []
+    for role in PoolRole:
+        path = f"self.topology.{role.value}"
+
+        def cel(camel: str, path: str = path) -> str:
+            return f"(has({path}.{camel}) ? {path}.{camel} : self.engine.{camel})"
+
+        guard = f"!has(self.topology) || self.topology.mode != 'disaggregated' || !has({path})"
+        rules.append(
+            CelRule(
+                rule=f"{guard} || {cel('maxNumBatchedTokens')} >= {cel('maxNumSeqs')}",
+                message=(
+                    f"topology.{role.value}: maxNumBatchedTokens must be >= maxNumSeqs (a pool's unset knobs"
+                    " are spec.engine's): raise the pool's maxNumBatchedTokens or lower its maxNumSeqs"
+                ),
+                field_path=f".topology.{role.value}",
+                check=functools.partial(_pool_budget_covers_seqs, role=role),
+            )
+        )
+        active = (
+            f"!has({path}.maxNumActiveSeqs) && !has(self.engine.maxNumActiveSeqs)"
+            f" || {cel('maxNumActiveSeqs')} <= {cel('maxNumSeqs')}"
+        )
+        rules.append(
+            CelRule(
+                rule=f"{guard} || {active}",
+                message=(
+                    f"topology.{role.value}: maxNumActiveSeqs must be <= maxNumSeqs (a pool's unset knobs are"
+                    " spec.engine's): lower the pool's maxNumActiveSeqs or raise its maxNumSeqs"
+                ),
+                field_path=f".topology.{role.value}",
+                check=functools.partial(_pool_active_within_seqs, role=role),
+            )
+        )
+    return tuple(rules)
+
+
+_KV_TRANSFER_FLAG_PATTERN = "^--kv-transfer-config(=.*)?$"
+_KV_TRANSFER_FLAG_RE = re.compile(_KV_TRANSFER_FLAG_PATTERN)
+
+_TOPOLOGY_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        rule=(
+            "!has(self.topology) || self.topology.mode != 'disaggregated'"
+            " || self.engine.kind in ['vllm', 'sim']"
+        ),
+        message=(
+            "topology.mode disaggregated needs engine.kind vllm (or sim): Chunkpilot renders prefill/decode"
+            " disaggregation for vLLM only (its KV-transfer connectors); set engine.kind: vllm or"
+            " topology.mode: colocated"
+        ),
+        field_path=".topology.mode",
+        check=lambda o: not _disaggregated(o) or o.engine.kind in (EngineKind.VLLM, EngineKind.SIM),
+    ),
+    CelRule(
+        rule=(
+            "!has(self.topology) || self.topology.mode != 'disaggregated' || !has(self.engine.version)"
+            " || !(self.engine.kind in ['vllm', 'sim'])"
+            f" || !self.engine.version.matches('{_BEFORE_KV_CONNECTOR}')"
+        ),
+        message=(
+            f"topology.mode disaggregated needs vLLM {KV_CONNECTOR_SINCE} or later (the first release with"
+            " the NixlConnector KV connector): raise engine.version or leave it unset"
+        ),
+        field_path=".engine.version",
+        check=lambda o: (
+            not _disaggregated(o)
+            or o.engine.kind not in (EngineKind.VLLM, EngineKind.SIM)
+            or _BEFORE_KV_CONNECTOR_RE.match(o.engine.version) is None
+        ),
+    ),
+    CelRule(
+        rule="!has(self.topology) || self.topology.mode != 'disaggregated' || !self.autotune.liveAdjust",
+        message=(
+            "autotune.liveAdjust cannot be combined with topology.mode disaggregated (the limits route"
+            " adjusts one colocated track): set autotune.liveAdjust: false"
+        ),
+        field_path=".autotune.liveAdjust",
+        check=lambda o: not _disaggregated(o) or not o.autotune.live_adjust,
+    ),
+    CelRule(
+        rule=(
+            "!has(self.topology) || self.topology.mode != 'disaggregated'"
+            f" || self.engine.extraArgs.all(a, !a.matches('{_KV_TRANSFER_FLAG_PATTERN}'))"
+        ),
+        message=(
+            "engine.extraArgs must not set --kv-transfer-config with topology.mode disaggregated: the"
+            " operator renders it from topology.kvTransfer"
+        ),
+        field_path=".engine.extraArgs",
+        check=lambda o: (
+            not _disaggregated(o) or not any(_KV_TRANSFER_FLAG_RE.match(a) for a in o.engine.extra_args)
+        ),
+    ),
+    *_pool_rules(),
+)
 
 
 class InferenceServiceSpec(ApiModel):
@@ -741,6 +1028,7 @@ class InferenceServiceSpec(ApiModel):
             field_path=".slo",
             check=lambda o: not o.autotune.enabled or o.slo is not None,
         ),
+        *_TOPOLOGY_RULES,
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -749,6 +1037,42 @@ class InferenceServiceSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1000, description="Stable replicas (canaries come on top).")
     slo: SLOSpec | None = Field(default=None, description="Latency objectives; required for autotuning.")
     autotune: AutotuneSpec = Field(default_factory=AutotuneSpec, description="Online tuning of the knobs.")
+    topology: TopologySpec | None = Field(
+        default=None,
+        description=(
+            "Colocated (unset: every replica prefills and decodes) or disaggregated prefill and decode"
+            " pools behind a router; a disaggregated service does not use spec.replicas."
+        ),
+    )
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the service runs separate prefill and decode pools."""
+        return _disaggregated(self)
+
+    @property
+    def kv_transfer(self) -> KVTransferSpec:
+        """``topology.kvTransfer`` with its defaults when unset."""
+        return (self.topology.kv_transfer if self.topology else None) or KVTransferSpec()
+
+    @property
+    def router(self) -> RouterSpec:
+        """``topology.router`` with its defaults when unset."""
+        return (self.topology.router if self.topology else None) or RouterSpec()
+
+    def pool(self, role: PoolRole | str) -> PoolSpec:
+        """The pool of ``role``; ValueError for a colocated service."""
+        pool = self.topology.pool(role) if self.topology is not None and self.disaggregated else None
+        if pool is None:
+            raise ValueError(
+                f"the service has no {PoolRole(role).value} pool: topology.mode is not disaggregated"
+            )
+        return pool
+
+    def pool_config(self, role: PoolRole | str) -> EngineConfig:
+        """The knobs the pool of ``role`` runs: its own, the rest from ``spec.engine``."""
+        base = EngineConfig.from_engine(self.engine).model_dump()
+        return EngineConfig.model_validate({**base, **self.pool(role).knobs()})
 
 
 # --------------------------------------------------------------------------- engine config (tunable knobs)
@@ -897,6 +1221,54 @@ class ServiceTwin(StatusModel):
     cpu_seconds: float | None = Field(default=None, ge=0, description="CPU seconds of the last ranking.")
 
 
+class TopologyRecommendation(StatusModel):
+    """The twin's answer, once colocated tuning is SLOInfeasible: would prefill/decode disaggregation help?"""
+
+    key: str | None = Field(default=None, max_length=64, description="The twin fit it was computed on.")
+    computed_at: datetime | None = Field(default=None, description="When it was computed.")
+    message: str = Field(default="", max_length=2048, description="The recommendation, in words.")
+    meets_slo: bool | None = Field(default=None, description="A disaggregated topology meets both SLOs.")
+    prefill_replicas: int | None = Field(default=None, ge=0, description="Best topology: prefill replicas.")
+    decode_replicas: int | None = Field(default=None, ge=0, description="Best topology: decode replicas.")
+    prefill_max_num_batched_tokens: int | None = Field(default=None, ge=0, description="Prefill pool budget.")
+    decode_max_num_seqs: int | None = Field(default=None, ge=0, description="Decode pool maxNumSeqs.")
+    capacity_req_s: float | None = Field(default=None, ge=0, description="Its predicted capacity, req/s.")
+    colocated_capacity_req_s: float | None = Field(
+        default=None, ge=0, description="The best colocated predicted capacity on the same replicas, req/s."
+    )
+
+
+class PoolStatus(StatusModel):
+    """One engine pool of a disaggregated service, as its Deployment reports it."""
+
+    desired_replicas: int | None = Field(default=None, ge=0, description="Replicas the pool should run.")
+    replicas: int | None = Field(default=None, ge=0, description="Engine pods of the pool.")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Engine pods ready to serve.")
+    config: EngineConfig | None = Field(default=None, description="Knobs the pool's pods run with.")
+    config_hash: str | None = Field(
+        default=None,
+        max_length=16,
+        description="config_hash of config (pod label chunkpilot.io/config-hash).",
+    )
+
+
+class RouterStatus(StatusModel):
+    """The router Deployment in front of the pools."""
+
+    desired_replicas: int | None = Field(default=None, ge=0, description="Router replicas it should run.")
+    replicas: int | None = Field(default=None, ge=0, description="Router pods.")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Router pods ready to serve.")
+
+
+class TopologyStatus(StatusModel):
+    """The service's topology as rendered: the mode, and for disaggregated each pool and the router."""
+
+    mode: TopologyMode = Field(description="colocated or disaggregated.")
+    prefill: PoolStatus | None = Field(default=None, description="The prefill pool.")
+    decode: PoolStatus | None = Field(default=None, description="The decode pool.")
+    router: RouterStatus | None = Field(default=None, description="The router.")
+
+
 class InferenceServiceStatus(StatusModel):
     """Observed state of an InferenceService, written by the operator and the tuner."""
 
@@ -930,6 +1302,12 @@ class InferenceServiceStatus(StatusModel):
     last_measurement: Measurement | None = Field(default=None, description="Latest SLO measurement (stable).")
     summary: ServiceSummary | None = Field(default=None, description="Strings shown by kubectl get.")
     twin: ServiceTwin | None = Field(default=None, description="The service's digital twin (tuner).")
+    topology: TopologyStatus | None = Field(
+        default=None, description="Disaggregated services: each pool's replicas and knobs, and the router."
+    )
+    recommendation: TopologyRecommendation | None = Field(
+        default=None, description="Prefill/decode disaggregation on the twin, when the SLOs are infeasible."
+    )
 
 
 #: Longest service name: leaves room for the suffixes of the objects the operator creates.
