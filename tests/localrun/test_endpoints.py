@@ -13,6 +13,7 @@ from chunkpilot.localrun.targets import (
     FileSDTargets,
     TargetsFileError,
     read_targets,
+    routers_path,
     targets_file_source,
 )
 
@@ -84,4 +85,22 @@ def test_a_pool_engine_is_listed_with_its_role_and_a_colocated_one_without(tmp_p
     groups = {group["targets"][0]: group["labels"] for group in json.loads(path.read_text())}
     assert groups["127.0.0.1:9002"]["role"] == "decode"
     assert "role" not in groups["127.0.0.1:9003"]
-    assert targets_file_source(path, "chat") == [decode]
+    assert [e for e in read_targets(path) if e.service == "chat"] == [decode]
+
+
+def test_a_disaggregated_service_is_reached_through_its_routers_listed_beside_the_targets(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "targets.json"
+    targets = FileSDTargets(path)
+    assert not routers_path(path).exists()
+    prefill = Endpoint("default", "chat-prefill-x", "chat", "stable", "abc123", "127.0.0.1", 9001, "prefill")
+    targets.register(prefill)
+    assert targets_file_source(path, "chat") == []  # no Ready router yet: no endpoint
+    router = endpoint("chat-router-z", port=9000)
+    targets.register(router, router=True)
+    assert routers_path(path) == tmp_path / "targets.routers.json"
+    assert read_targets(path) == [prefill]  # Prometheus scrapes the engines only
+    assert targets_file_source(path, "chat") == [router]
+    targets.deregister("default", "chat-router-z")
+    assert read_targets(routers_path(path)) == [] and targets_file_source(path, "chat") == []

@@ -22,7 +22,7 @@ from chunkpilot.localrun.endpoints import COMPONENT_LABEL, CONFIG_HASH_LABEL, RO
 from chunkpilot.localrun.endpoints import TRACK_LABEL as TRACK
 from chunkpilot.localrun.podrunner import PodReport, PodRunner
 from chunkpilot.localrun.podspec import ContainerPhase
-from chunkpilot.localrun.targets import read_targets
+from chunkpilot.localrun.targets import read_targets, targets_file_source
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -172,6 +172,7 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
     report = router_report(pod_runner, namespace)
     assert report is not None and report.phase is ContainerPhase.NO_WORKERS and report.pid is None
     assert pod_runner.ready_endpoints(service, namespace) == []
+    assert targets_file_source(prometheus.targets_file, service, namespace) == []
     assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, report.pod), WAIT_S)
 
     apply(control_plane, namespace, pool_deployment(service, "decode"))
@@ -185,6 +186,8 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
     assert report.workers.prefill == (f"http://127.0.0.1:{engines['prefill'].port}",)
     assert report.workers.decode == (f"http://127.0.0.1:{engines['decode'].port}",)
     assert pod_runner.wait_for(lambda: pod_ready(control_plane, namespace, report.pod), WAIT_S)
+    # A load generator in another process finds the router, not the engines, in the targets files.
+    assert targets_file_source(prometheus.targets_file, service, namespace) == [endpoint]
 
     # Streaming requests through the router: every stream carries exactly the tokens asked for.
     requests = [(40 + 3 * i, 6 + i % 5) for i in range(16)]

@@ -746,8 +746,8 @@ class PodRunner:
         container.process = None
 
     def _register(self, container: _Container) -> None:
-        if self.targets is not None and not container.pod.router:
-            self.targets.register(container.endpoint(self.settings.host))
+        if self.targets is not None:
+            self.targets.register(container.endpoint(self.settings.host), router=container.pod.router)
 
     def _deregister(self, container: _Container) -> None:
         if self.targets is not None:

@@ -2,7 +2,9 @@
 
 The pod runner publishes each healthy engine process as one target group with the pod's labels;
 Prometheus watches the file and scrapes the new target within seconds. The same file tells a
-load generator in another process which endpoints a service has.
+load generator in another process which endpoints a service has. Ready router pods (in front of a
+disaggregated service) are listed in a companion file next to it (:func:`routers_path`), which
+Prometheus does not read: they are where such a service's traffic goes, not engines to scrape.
 """
 
 from __future__ import annotations
@@ -43,31 +45,45 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def routers_path(path: Path | str) -> Path:
+    """The companion file of a file_sd file that lists Ready routers (``targets.routers.json``)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.routers{path.suffix or '.json'}")
+
+
 class FileSDTargets:
-    """The set of registered engine endpoints, mirrored into one file_sd JSON file."""
+    """The set of registered engine endpoints, mirrored into one file_sd JSON file.
+
+    Routers registered with ``router=True`` go to the companion file :func:`routers_path` instead.
+    """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self.routers_path = routers_path(self.path)
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._routers: dict[tuple[str, str], Endpoint] = {}
         self._lock = threading.Lock()
         self._flush()
 
-    def register(self, endpoint: Endpoint) -> None:
-        """Add or replace the target of ``endpoint``'s pod."""
+    def register(self, endpoint: Endpoint, *, router: bool = False) -> None:
+        """Add or replace the target of ``endpoint``'s pod (a router's in the companion file)."""
         with self._lock:
-            self._endpoints[(endpoint.namespace, endpoint.pod)] = endpoint
+            (self._routers if router else self._endpoints)[(endpoint.namespace, endpoint.pod)] = endpoint
             self._flush()
 
     def deregister(self, namespace: str, pod: str) -> None:
         """Remove the target of a pod (no-op when it is not registered)."""
         with self._lock:
-            if self._endpoints.pop((namespace, pod), None) is not None:
+            engine = self._endpoints.pop((namespace, pod), None)
+            router = self._routers.pop((namespace, pod), None)
+            if engine is not None or router is not None:
                 self._flush()
 
     def clear(self) -> None:
         """Remove every target."""
         with self._lock:
             self._endpoints.clear()
+            self._routers.clear()
             self._flush()
 
     def endpoints(self) -> list[Endpoint]:
@@ -78,6 +94,9 @@ class FileSDTargets:
     def _flush(self) -> None:
         document = render_target_groups(self._endpoints.values())
         write_atomically(self.path, json.dumps(document, indent=2) + "\n")
+        if self._routers or self.routers_path.exists():
+            routers = render_target_groups(self._routers.values())
+            write_atomically(self.routers_path, json.dumps(routers, indent=2) + "\n")
 
 
 def read_targets(path: Path | str) -> list[Endpoint]:
@@ -114,9 +133,19 @@ def read_targets(path: Path | str) -> list[Endpoint]:
 
 
 def targets_file_source(path: Path | str, service: str, namespace: str | None = None) -> list[Endpoint]:
-    """Endpoints of one service listed in a file_sd file (all namespaces unless one is given)."""
-    return [
-        endpoint
-        for endpoint in read_targets(path)
-        if endpoint.service == service and (namespace is None or endpoint.namespace == namespace)
-    ]
+    """Where one service's traffic goes, from a file_sd file (all namespaces unless one is given).
+
+    Its engines, or for a disaggregated service (one with routers or prefill/decode engines) its
+    Ready routers from the companion file: the Service selects the router pods only.
+    """
+
+    def of_service(endpoints: list[Endpoint]) -> list[Endpoint]:
+        return [
+            e for e in endpoints if e.service == service and (namespace is None or e.namespace == namespace)
+        ]
+
+    engines = of_service(read_targets(path))
+    routers = of_service(read_targets(routers_path(path)))
+    if routers or any(engine.role for engine in engines):
+        return routers
+    return engines
