@@ -54,6 +54,8 @@ OPERATOR_METRICS_FLAG = "--metrics-port"
 ENV_PROMETHEUS_URL = "CHUNKPILOT_PROMETHEUS_URL"
 #: Where the tuner looks up engine addresses (fake-node pod IPs are not reachable locally).
 ENV_POD_TARGETS_FILE = "CHUNKPILOT_POD_TARGETS_FILE"
+#: ``off`` when the installation grants no Secret access (``chunkpilot.operator.config``).
+ENV_LIVE_ADJUST = "CHUNKPILOT_LIVE_ADJUST"
 
 
 class OperatorIdentity(StrEnum):
@@ -67,8 +69,20 @@ class OperatorIdentity(StrEnum):
     AUTO = "auto"
 
 
+#: The chart value that grants the Secrets of live adjustment; without it the chart's operator
+#: Deployment runs with ``CHUNKPILOT_LIVE_ADJUST=off``, and so does the local stack's operator.
+LIVE_ADJUST_CHART_VALUE = "liveAdjust.enabled=true"
 #: Chart values of the local stack's operator identity: the stack runs every autotuner feature.
-DEFAULT_CHART_VALUES: tuple[str, ...] = ("liveAdjust.enabled=true",)
+DEFAULT_CHART_VALUES: tuple[str, ...] = (LIVE_ADJUST_CHART_VALUE,)
+
+
+def chart_env(charted: bool, chart_values: Sequence[str]) -> dict[str, str]:
+    """The environment the chart's operator Deployment gets from ``chart_values`` that the local
+    operator needs too: under the chart's RBAC without the Secrets of live adjustment (no
+    :data:`LIVE_ADJUST_CHART_VALUE`), ``CHUNKPILOT_LIVE_ADJUST=off``. None under the admin kubeconfig."""
+    if charted and LIVE_ADJUST_CHART_VALUE not in chart_values:
+        return {ENV_LIVE_ADJUST: "off"}
+    return {}
 
 
 #: How a refused API call shows in the operator's log: Kopf's, the client's, the inventory's.
@@ -227,11 +241,13 @@ class LocalStack:
     def _start_operator(self, plane: ControlPlane, prometheus: PrometheusServer) -> ManagedProcess:
         argv = list(self.options.operator_command)
         self.operator_kubeconfig = self._operator_kubeconfig(plane, argv)
+        charted = self.operator_kubeconfig != plane.kubeconfig
         env = {
             **plane.env,
             "KUBECONFIG": str(self.operator_kubeconfig),
             ENV_PROMETHEUS_URL: prometheus.url,
             ENV_POD_TARGETS_FILE: str(prometheus.targets_file),
+            **chart_env(charted, self.options.chart_values),
             **self.options.operator_env,
         }
         if not any(arg.startswith(OPERATOR_METRICS_FLAG) for arg in argv):
@@ -380,10 +396,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 __all__ = [
     "DEFAULT_CHART_VALUES",
     "DEFAULT_OPERATOR_COMMAND",
+    "LIVE_ADJUST_CHART_VALUE",
     "DeniedApiCallsError",
     "LocalStack",
     "OperatorIdentity",
     "StackOptions",
+    "chart_env",
     "print_progress",
     "sigterm_as_interrupt",
 ]
