@@ -22,18 +22,23 @@ from chunkpilot.operator.engines import (
     metrics_path,
     render_engine,
 )
+from chunkpilot.operator.engines.kvtransfer import with_kv_transfer
+from chunkpilot.operator.meta import LABEL_MANAGED_BY as LABEL_MANAGED_BY
+from chunkpilot.operator.meta import MANAGED_BY as MANAGED_BY
+from chunkpilot.operator.meta import object_metadata, service_name
+from chunkpilot.operator.router import build_router_objects, router_selector
 
 from chunkpilot.api import (
     LABEL_CONFIG_HASH,
+    LABEL_ROLE,
     LABEL_SERVICE,
     LABEL_TRACK,
     EngineConfig,
     InferenceService,
+    PoolRole,
     Track,
 )
 
-MANAGED_BY: Final = "chunkpilot"
-LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 ANNOTATION_ENGINE: Final = "chunkpilot.io/engine"
 ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
 ENGINE_CONTAINER: Final = "engine"
@@ -65,6 +70,12 @@ def deployment_name(service: str, track: Track | str) -> str:
     return f"{service}-{Track(track).value}"
 
 
+def pool_deployment_name(service: str, role: PoolRole | str, track: Track | str = Track.STABLE) -> str:
+    """A disaggregated pool's Deployment: ``<service>-prefill`` (stable) or ``<service>-prefill-canary``."""
+    name = f"{service}-{PoolRole(role).value}"
+    return name if Track(track) == Track.STABLE else f"{name}-{Track(track).value}"
+
+
 def service_labels(isvc: InferenceService) -> dict[str, str]:
     """Labels every child of ``isvc`` carries; the Service selects on these alone."""
     name = _name(isvc)
@@ -77,25 +88,44 @@ def service_labels(isvc: InferenceService) -> dict[str, str]:
     }
 
 
-def selector_labels(isvc: InferenceService, track: Track | str) -> dict[str, str]:
-    """The immutable Deployment selector: service and track, never the config hash."""
-    return {LABEL_SERVICE: _name(isvc), LABEL_TRACK: Track(track).value}
+def selector_labels(
+    isvc: InferenceService, track: Track | str, role: PoolRole | str | None = None
+) -> dict[str, str]:
+    """The immutable Deployment selector: service and track (and a pool's role), never the config hash."""
+    labels = {LABEL_SERVICE: _name(isvc), LABEL_TRACK: Track(track).value}
+    if role is not None:
+        labels[LABEL_ROLE] = PoolRole(role).value
+    return labels
 
 
-def effective_config(isvc: InferenceService, config: EngineConfig | None = None) -> EngineConfig:
-    """The knobs a Deployment runs with: ``config`` if given, else those in the spec."""
-    return config if config is not None else EngineConfig.from_engine(isvc.spec.engine)
+def effective_config(
+    isvc: InferenceService, config: EngineConfig | None = None, role: PoolRole | str | None = None
+) -> EngineConfig:
+    """The knobs a Deployment runs with: ``config`` if given, else those in the spec (of the pool)."""
+    if config is not None:
+        return config
+    if role is not None:
+        return isvc.spec.pool_config(role)
+    return EngineConfig.from_engine(isvc.spec.engine)
 
 
-def render_for(isvc: InferenceService, config: EngineConfig | None = None) -> EngineRender:
-    """Render the engine container for ``isvc`` with ``config`` applied; raise :class:`RenderError`."""
+def render_for(
+    isvc: InferenceService, config: EngineConfig | None = None, role: PoolRole | str | None = None
+) -> EngineRender:
+    """Render the engine container for ``isvc`` with ``config`` applied; raise :class:`RenderError`.
+
+    With ``role``, the engine of that pool of a disaggregated service: the pool's knobs (unless
+    ``config`` is given) and the KV transfer.
+    """
     spec = isvc.spec
+    if role is not None:
+        config = effective_config(isvc, config, role)
     if config is not None:
         spec = spec.model_copy(update={"engine": config.apply_to(spec.engine)})
     result = render_engine(spec)
     if not isinstance(result, EngineRender):
         raise RenderError(result)
-    return result
+    return with_kv_transfer(spec, result) if role is not None else result
 
 
 def build_deployment(
@@ -103,20 +133,32 @@ def build_deployment(
     track: Track | str,
     config: EngineConfig | None = None,
     replicas: int | None = None,
+    role: PoolRole | str | None = None,
 ) -> dict[str, Any]:
     """The Deployment running ``isvc``'s engine on ``track`` with ``config`` (default: the spec's knobs).
 
     ``replicas`` defaults to ``spec.replicas`` on the stable track and to
-    ``spec.autotune.canaryReplicas`` on the canary track. Raises
-    :class:`RenderError` when the engine version cannot honour a knob.
+    ``spec.autotune.canaryReplicas`` on the canary track. With ``role``, the Deployment of
+    that pool of a disaggregated service (``<service>-<role>``, the pool's knobs and replicas,
+    pods labelled ``chunkpilot.io/role``). Raises :class:`RenderError` when the engine
+    version cannot honour a knob.
     """
     track = Track(track)
-    knobs = effective_config(isvc, config)
-    render = render_for(isvc, config)
+    role = PoolRole(role) if role is not None else None
+    knobs = effective_config(isvc, config, role)
+    render = render_for(isvc, knobs if role is not None else config, role)
     config_hash = knobs.config_hash()
     if replicas is None:
-        replicas = isvc.spec.replicas if track == Track.STABLE else isvc.spec.autotune.canary_replicas
+        stable = isvc.spec.replicas if role is None else isvc.spec.pool(role).replicas
+        replicas = stable if track == Track.STABLE else isvc.spec.autotune.canary_replicas
     labels = {**service_labels(isvc), LABEL_TRACK: track.value, LABEL_CONFIG_HASH: config_hash}
+    if role is not None:
+        labels[LABEL_ROLE] = role.value
+    name = (
+        deployment_name(_name(isvc), track)
+        if role is None
+        else pool_deployment_name(_name(isvc), role, track)
+    )
     annotations = {
         ANNOTATION_ENGINE: f"{render.engine} {render.version}",
         ANNOTATION_CONFIG: json.dumps(knobs.to_k8s(), sort_keys=True, separators=(",", ":")),
@@ -124,12 +166,12 @@ def build_deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(isvc, deployment_name(_name(isvc), track), labels, annotations),
+        "metadata": _metadata(isvc, name, labels, annotations),
         "spec": {
             "replicas": replicas,
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": render.probes.startup_budget_s + ROLLOUT_DEADLINE_MARGIN_S,
-            "selector": {"matchLabels": selector_labels(isvc, track)},
+            "selector": {"matchLabels": selector_labels(isvc, track, role)},
             # Never drop below the serving capacity during a rollout: surge one pod at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
@@ -150,7 +192,10 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "command": list(render.command),
         "args": list(render.args),
-        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"},
+            *(dict(port) for port in render.extra_ports),
+        ],
         "resources": {kind: dict(values) for kind, values in render.resources.items()},
         "startupProbe": {
             **probe,
@@ -243,15 +288,19 @@ def build_live_adjust_secret(isvc: InferenceService, token: str) -> dict[str, An
 
 
 def build_service(isvc: InferenceService) -> dict[str, Any]:
-    """The Service in front of every engine pod of ``isvc``: stable and canary both get traffic."""
+    """The Service in front of every engine pod of ``isvc``: stable and canary both get traffic.
+
+    A disaggregated service's Service selects its router pods instead (same name and port).
+    """
     name = _name(isvc)
+    selector = router_selector(isvc) if isvc.spec.disaggregated else {LABEL_SERVICE: name}
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(isvc, name, service_labels(isvc)),
         "spec": {
             "type": "ClusterIP",
-            "selector": {LABEL_SERVICE: name},
+            "selector": selector,
             "ports": [
                 {
                     "name": ENGINE_PORT_NAME,
@@ -264,28 +313,39 @@ def build_service(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def build_pod_monitor(isvc: InferenceService, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def build_pod_monitor(
+    isvc: InferenceService, labels: Mapping[str, str] | None = None, role: PoolRole | str | None = None
+) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor scraping every engine pod of ``isvc``.
 
     ``labels`` are added so a Prometheus ``podMonitorSelector`` (e.g.
     ``release: kube-prometheus-stack``) selects it. Relabelings give every
     target exactly the labels the tuner's PromQL selects on (see
     :data:`TARGET_LABELS`), the same set the local file_sd writer produces, so
-    stable and canary can be compared.
+    stable and canary can be compared. With ``role``, the PodMonitor
+    ``<service>-<role>`` of that pool of a disaggregated service: its pods only,
+    and a ``role`` target label as well.
     """
     name = _name(isvc)
+    selector = {LABEL_SERVICE: name}
+    relabelings = pod_monitor_relabelings()
+    if role is not None:
+        role = PoolRole(role)
+        selector[LABEL_ROLE] = role.value
+        relabelings.insert(len(TARGET_LABELS), _relabel("role", ROLE_SOURCE_LABEL))
     endpoint = {
         "port": ENGINE_PORT_NAME,
         "path": metrics_path(isvc.spec.engine.kind),
         "interval": "15s",
-        "relabelings": pod_monitor_relabelings(),
+        "relabelings": relabelings,
     }
+    monitor = name if role is None else pool_deployment_name(name, role)
     return {
         "apiVersion": POD_MONITOR_API_VERSION,
         "kind": "PodMonitor",
-        "metadata": _metadata(isvc, name, {**service_labels(isvc), **dict(labels or {})}),
+        "metadata": _metadata(isvc, monitor, {**service_labels(isvc), **dict(labels or {})}),
         "spec": {
-            "selector": {"matchLabels": {LABEL_SERVICE: name}},
+            "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [endpoint],
         },
     }
@@ -304,30 +364,49 @@ TARGET_LABELS: Final = {
     "config_hash": f"__meta_kubernetes_pod_label_{_sd_name(LABEL_CONFIG_HASH)}",
     "pod": "__meta_kubernetes_pod_name",
 }
+#: The extra target label of a disaggregated pool's targets: ``role`` (prefill or decode).
+ROLE_SOURCE_LABEL: Final = f"__meta_kubernetes_pod_label_{_sd_name(LABEL_ROLE)}"
 #: Target labels the Prometheus Operator adds to PodMonitor targets that the contract leaves out.
 DROPPED_TARGET_LABELS: Final = ("container", "endpoint")
 
 
+def _relabel(target: str, source: str) -> dict[str, Any]:
+    return {"action": "replace", "sourceLabels": [source], "targetLabel": target}
+
+
 def pod_monitor_relabelings() -> list[dict[str, Any]]:
     """Relabelings that leave a target with ``namespace, service, track, config_hash, pod`` only."""
-    rules: list[dict[str, Any]] = [
-        {"action": "replace", "sourceLabels": [source], "targetLabel": target}
-        for target, source in TARGET_LABELS.items()
-    ]
+    rules: list[dict[str, Any]] = [_relabel(target, source) for target, source in TARGET_LABELS.items()]
     rules.append({"action": "labeldrop", "regex": "|".join(DROPPED_TARGET_LABELS)})
     return rules
 
 
 @dataclass(frozen=True)
 class Children:
-    """The desired children of one InferenceService (before adoption)."""
+    """The desired children of one InferenceService (before adoption).
 
-    deployment: dict[str, Any]
+    Colocated: the stable ``deployment``, the ``service`` and its ``pod_monitor``. Disaggregated:
+    no ``deployment``; the ``pools`` (prefill, decode), the ``router`` objects (ServiceAccount,
+    Role, RoleBinding, Deployment), the ``service`` selecting the router and ``pool_monitors``.
+    """
+
+    deployment: dict[str, Any] | None
     service: dict[str, Any]
     pod_monitor: dict[str, Any] | None
+    pools: tuple[dict[str, Any], ...] = ()
+    router: tuple[dict[str, Any], ...] = ()
+    pool_monitors: tuple[dict[str, Any], ...] = ()
 
     def manifests(self) -> list[dict[str, Any]]:
-        return [m for m in (self.deployment, self.service, self.pod_monitor) if m is not None]
+        ordered = (
+            self.deployment,
+            *self.pools,
+            *self.router,
+            self.service,
+            self.pod_monitor,
+            *self.pool_monitors,
+        )
+        return [m for m in ordered if m is not None]
 
 
 def promoted_config(isvc: InferenceService) -> EngineConfig | None:
@@ -363,10 +442,30 @@ def build_stable_deployment(isvc: InferenceService) -> dict[str, Any]:
     return build_deployment(isvc, Track.STABLE, config=promoted_config(isvc))
 
 
+def build_pool_deployment(isvc: InferenceService, role: PoolRole | str) -> dict[str, Any]:
+    """The stable Deployment of one pool of a disaggregated service, as the operator keeps it."""
+    return build_deployment(isvc, Track.STABLE, role=role)
+
+
 def build_children(
     isvc: InferenceService, *, pod_monitor: bool, pod_monitor_labels: Mapping[str, str] | None = None
 ) -> Children:
-    """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor."""
+    """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor.
+
+    For a disaggregated service: both pools' Deployments, the router and its RBAC, the Service
+    in front of the router and a PodMonitor per pool.
+    """
+    if isvc.spec.disaggregated:
+        return Children(
+            deployment=None,
+            service=build_service(isvc),
+            pod_monitor=None,
+            pools=tuple(build_pool_deployment(isvc, role) for role in PoolRole),
+            router=build_router_objects(isvc),
+            pool_monitors=tuple(build_pod_monitor(isvc, pod_monitor_labels, role) for role in PoolRole)
+            if pod_monitor
+            else (),
+        )
     return Children(
         deployment=build_stable_deployment(isvc),
         service=build_service(isvc),
@@ -374,19 +473,5 @@ def build_children(
     )
 
 
-def _name(isvc: InferenceService) -> str:
-    if not isvc.metadata.name:
-        raise ValueError("metadata.name is required: name the InferenceService")
-    return isvc.metadata.name
-
-
-def _metadata(
-    isvc: InferenceService, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
-    if isvc.metadata.namespace:
-        meta["namespace"] = isvc.metadata.namespace
-    meta["labels"] = dict(labels)
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    return meta
+_name = service_name
+_metadata = object_metadata

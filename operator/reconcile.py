@@ -25,11 +25,13 @@ from chunkpilot.operator.builders import (
     RenderError,
     build_live_adjust_secret,
     build_pod_monitor,
+    build_pool_deployment,
     build_service,
     build_stable_deployment,
     deployment_name,
     live_adjust_secret_name,
     new_live_adjust_token,
+    pool_deployment_name,
     wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import (
@@ -42,9 +44,11 @@ from chunkpilot.operator.config import (
 from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
 from chunkpilot.operator.objects import adopt, isvc_path, parse_status, write_service_status
+from chunkpilot.operator.router import COMPONENT_ROUTER, build_router_objects, router_name
 from chunkpilot.operator.status import (
     DeploymentState,
     Observation,
+    TopologyObservation,
     compute_status,
     set_condition,
     status_patch,
@@ -52,6 +56,7 @@ from chunkpilot.operator.status import (
 
 from chunkpilot import telemetry
 from chunkpilot.api import (
+    LABEL_COMPONENT,
     LABEL_SERVICE,
     LABEL_TRACK,
     ConditionStatus,
@@ -59,6 +64,8 @@ from chunkpilot.api import (
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
+    PoolRole,
+    TopologyMode,
     Track,
 )
 
@@ -199,7 +206,10 @@ class Reconciler:
         if not service or not namespace:
             return
         kind = ChildKind(child["kind"])
-        if kind == ChildKind.DEPLOYMENT and labels.get(LABEL_TRACK) != Track.STABLE.value:
+        operator_owned = (
+            labels.get(LABEL_TRACK) == Track.STABLE.value or labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER
+        )
+        if kind == ChildKind.DEPLOYMENT and not operator_owned:
             # Canary Deployments belong to the tuner; they only count towards the replicas.
             kinds: frozenset[ChildKind] = frozenset()
             known: dict[ChildKind, dict[str, Any] | None] = {}
@@ -237,6 +247,9 @@ class Reconciler:
         isvc = with_best_config(isvc, body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = self.config.served(isvc)
+        if isvc.spec.disaggregated:
+            await self._reconcile_disaggregated(body, isvc, kinds, known, repair, live_adjust_blocked)
+            return
         problem: RenderProblem | None = None
         created: list[tuple[str, str]] = []
 
@@ -277,6 +290,8 @@ class Reconciler:
 
         if created and not repair:
             self._emit(body, ev.created(created))
+        if _was_disaggregated(body):
+            await self._remove_disaggregated_children(isvc, body, kinds)
 
         canary = await self.kube.get(_deployment_path(isvc, Track.CANARY))
         observation = Observation(
@@ -294,6 +309,136 @@ class Reconciler:
             observation.generation,
             ", ".join(sorted(kinds)) if kinds else "status only",
         )
+
+    async def _reconcile_disaggregated(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        kinds: frozenset[ChildKind],
+        known: dict[ChildKind, dict[str, Any] | None],
+        repair: bool,
+        live_adjust_blocked: bool,
+    ) -> None:
+        """A disaggregated service: both pools, the router and its RBAC, the Service, a PodMonitor per pool.
+
+        The same steps as the colocated path; the pools are rolled like the stable track (one
+        Event per new config) and the router is kept like any other child.
+        """
+        meta = body["metadata"]
+        problem: RenderProblem | None = None
+        created: list[tuple[str, str]] = []
+        desired_pools: dict[PoolRole, dict[str, Any]] = {}
+        for role in PoolRole:
+            try:
+                desired_pools[role] = build_pool_deployment(isvc, role)
+            except RenderError as error:
+                problem = problem or error.problem
+        states: dict[str, dict[str, Any] | None] = {}
+        if ChildKind.DEPLOYMENT in kinds and problem is None:
+            *rbac, router = build_router_objects(isvc)
+            for manifest in rbac:
+                ensured = await self._ensure(manifest, body, _UNKNOWN)
+                if ensured.created:
+                    created.append((manifest["kind"], manifest["metadata"]["name"]))
+            for role, desired in desired_pools.items():
+                states[role.value] = await self._ensure_stable(body, isvc, desired, _UNKNOWN, repair, created)
+            ensured = await self._ensure(router, body, _UNKNOWN)
+            name = router["metadata"]["name"]
+            if ensured.created and not repair:
+                created.append(("Deployment", name))
+            elif ensured.written and repair:
+                self._emit(
+                    body,
+                    ev.restored(
+                        "Deployment", name, "deleted by hand" if ensured.created else "edited by hand"
+                    ),
+                )
+            states["router"] = ensured.actual
+            if not _was_disaggregated(body):
+                await self._delete_owned(_deployment_path(isvc, Track.STABLE), body)
+        else:
+            for role in PoolRole:
+                states[role.value] = await self.kube.get(_pool_path(isvc, role))
+            states["router"] = await self.kube.get(_router_path(isvc))
+
+        if ChildKind.SERVICE in kinds:
+            ensured = await self._ensure(build_service(isvc), body, known.get(ChildKind.SERVICE, _UNKNOWN))
+            self._note(body, "Service", _name(isvc), ensured, repair, created)
+        if ChildKind.POD_MONITOR in kinds and await self._pod_monitor_wanted():
+            for role in PoolRole:
+                monitor = build_pod_monitor(isvc, self.config.pod_monitor_labels, role)
+                ensured = await self._ensure(monitor, body, _UNKNOWN)
+                self._note(body, "PodMonitor", monitor["metadata"]["name"], ensured, repair, created)
+            if not _was_disaggregated(body):
+                await self._delete_owned(_pod_monitor_path(isvc, _name(isvc)), body)
+        if created and not repair:
+            self._emit(body, ev.created(created))
+
+        def state(key: str) -> DeploymentState | None:
+            manifest = states.get(key)
+            return DeploymentState.from_manifest(manifest) if manifest is not None else None
+
+        canary = await self.kube.get(_deployment_path(isvc, Track.CANARY))
+        observation = Observation(
+            generation=int(meta.get("generation") or 0),
+            stable=None,
+            canary=DeploymentState.from_manifest(canary) if canary is not None else None,
+            problem=problem,
+            topology=TopologyObservation(
+                prefill=state("prefill"), decode=state("decode"), router=state("router")
+            ),
+        )
+        export_metrics(isvc, observation)
+        await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
+        logger.info(
+            "reconciled disaggregated %s/%s (generation %s, %s)",
+            meta["namespace"],
+            meta["name"],
+            observation.generation,
+            ", ".join(sorted(kinds)) if kinds else "status only",
+        )
+
+    def _note(
+        self,
+        body: Mapping[str, Any],
+        kind: str,
+        name: str,
+        ensured: _Ensured,
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> None:
+        """Record a created child, or report a repaired one."""
+        if ensured.created and not repair:
+            created.append((kind, name))
+        elif ensured.written and repair:
+            self._emit(
+                body, ev.restored(kind, name, "deleted by hand" if ensured.created else "edited by hand")
+            )
+
+    async def _remove_disaggregated_children(
+        self, isvc: InferenceService, body: Mapping[str, Any], kinds: frozenset[ChildKind]
+    ) -> None:
+        """A service back to colocated: delete its pools, router and pool PodMonitors."""
+        if ChildKind.DEPLOYMENT in kinds:
+            for role in PoolRole:
+                await self._delete_owned(_pool_path(isvc, role), body)
+            await self._delete_owned(_router_path(isvc), body)
+        if ChildKind.POD_MONITOR in kinds and await self._pod_monitor_wanted():
+            for role in PoolRole:
+                await self._delete_owned(
+                    _pod_monitor_path(isvc, pool_deployment_name(_name(isvc), role)), body
+                )
+
+    async def _delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
+        """Delete the child at ``path`` when this InferenceService owns it (a topology change left it)."""
+        current = await self.kube.get(path)
+        if current is None or is_terminating(current):
+            return
+        uid = owner["metadata"].get("uid")
+        if uid not in {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}:
+            return
+        await self.kube.delete(path)
+        logger.info("deleted %s %s, left from the service's previous topology", current["kind"], path)
 
     async def _ensure_stable(
         self,
@@ -441,3 +586,24 @@ def _deployment_path(isvc: InferenceService, track: Track) -> str:
     return resource_path(
         "apps/v1", "deployments", isvc.metadata.namespace, deployment_name(isvc.metadata.name, track)
     )
+
+
+def _pool_path(isvc: InferenceService, role: PoolRole) -> str:
+    return resource_path(
+        "apps/v1", "deployments", isvc.metadata.namespace, pool_deployment_name(_name(isvc), role)
+    )
+
+
+def _router_path(isvc: InferenceService) -> str:
+    return resource_path("apps/v1", "deployments", isvc.metadata.namespace, router_name(_name(isvc)))
+
+
+def _pod_monitor_path(isvc: InferenceService, name: str) -> str:
+    return resource_path(POD_MONITOR_API_VERSION, "podmonitors", isvc.metadata.namespace, name)
+
+
+def _was_disaggregated(body: Mapping[str, Any]) -> bool:
+    """Whether the status records a disaggregated topology (its pools may still exist)."""
+    status = body.get("status")
+    topology = status.get("topology") if isinstance(status, Mapping) else None
+    return isinstance(topology, Mapping) and topology.get("mode") == TopologyMode.DISAGGREGATED.value

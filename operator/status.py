@@ -24,7 +24,11 @@ from chunkpilot.api import (
     ConditionType,
     EngineConfig,
     InferenceServiceStatus,
+    PoolStatus,
+    RouterStatus,
     ServicePhase,
+    TopologyMode,
+    TopologyStatus,
 )
 
 #: Fields of ``.status`` this operator writes; everything else belongs to the tuner.
@@ -36,6 +40,7 @@ OWNED_FIELDS: Final = (
     "appliedConfigHash",
     "replicas",
     "readyReplicas",
+    "topology",
 )
 
 
@@ -123,13 +128,40 @@ class DeploymentState:
 
 
 @dataclass(frozen=True)
+class TopologyObservation:
+    """The Deployments of a disaggregated service: both pools and the router (None: not there yet)."""
+
+    prefill: DeploymentState | None
+    decode: DeploymentState | None
+    router: DeploymentState | None
+
+    def parts(self) -> list[tuple[str, DeploymentState | None]]:
+        """(name, state) of the pools and the router, in that order."""
+        return [("prefill", self.prefill), ("decode", self.decode), ("router", self.router)]
+
+    def missing(self) -> list[str]:
+        return [name for name, state in self.parts() if state is None]
+
+    def states(self) -> list[tuple[str, DeploymentState]]:
+        return [(name, state) for name, state in self.parts() if state is not None]
+
+    def ready_summary(self) -> str:
+        """e.g. ``prefill 1/1, decode 2/3, router 1/1 ready``."""
+        return ", ".join(f"{name} {state.ready}/{state.desired}" for name, state in self.states()) + " ready"
+
+
+@dataclass(frozen=True)
 class Observation:
-    """Everything the status is computed from, gathered by the reconciler."""
+    """Everything the status is computed from, gathered by the reconciler.
+
+    ``topology`` is set for a disaggregated service (whose ``stable`` is None).
+    """
 
     generation: int
     stable: DeploymentState | None
     canary: DeploymentState | None = None
     problem: RenderProblem | None = None
+    topology: TopologyObservation | None = None
 
 
 def set_condition(
@@ -207,9 +239,61 @@ def is_true(conditions: Iterable[Condition], type_: ConditionType | str) -> bool
     return condition is not None and condition.status == ConditionStatus.TRUE
 
 
+def _listed(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _ready_topology(topology: TopologyObservation) -> tuple[ConditionStatus, str, str]:
+    missing = topology.missing()
+    if missing:
+        return ConditionStatus.FALSE, Reason.CREATING, f"creating the {_listed(missing)} Deployments"
+    if all(state.ready >= state.desired for _, state in topology.states()):
+        return ConditionStatus.TRUE, Reason.AVAILABLE, topology.ready_summary()
+    return ConditionStatus.FALSE, Reason.REPLICAS_NOT_READY, topology.ready_summary()
+
+
+def _progressing_topology(topology: TopologyObservation) -> tuple[ConditionStatus, str, str]:
+    missing = topology.missing()
+    if missing:
+        return ConditionStatus.TRUE, Reason.CREATING, f"creating the {_listed(missing)} Deployments"
+    stuck = [name for name, state in topology.states() if state.progress_deadline_exceeded]
+    if stuck:
+        return (
+            ConditionStatus.FALSE,
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            f"the {_listed(stuck)} rollout stopped making progress",
+        )
+    if all(state.rollout_complete for _, state in topology.states()):
+        configs = [
+            f"{name} (config {state.config_hash})" if state.config_hash else name
+            for name, state in topology.states()
+        ]
+        return ConditionStatus.FALSE, Reason.ROLLOUT_COMPLETE, f"{_listed(configs)} up to date"
+    rolling = ", ".join(
+        f"{name} {state.updated}/{state.desired} updated" for name, state in topology.states()
+    )
+    return ConditionStatus.TRUE, Reason.ROLLING_OUT, rolling
+
+
+def _degraded_topology(topology: TopologyObservation) -> tuple[ConditionStatus, str, str]:
+    for name, state in topology.states():
+        if state.progress_deadline_exceeded:
+            return (
+                ConditionStatus.TRUE,
+                Reason.PROGRESS_DEADLINE_EXCEEDED,
+                f"the {name} Deployment exceeded its progress deadline: check its pods' events and logs",
+            )
+    for name, state in topology.states():
+        if state.replica_failure:
+            return ConditionStatus.TRUE, Reason.REPLICA_FAILURE, f"{name}: {state.replica_failure}"
+    return ConditionStatus.FALSE, Reason.AS_EXPECTED, ""
+
+
 def _ready(obs: Observation) -> tuple[ConditionStatus, str, str]:
     if obs.problem is not None:
         return ConditionStatus.FALSE, obs.problem.reason, obs.problem.message
+    if obs.topology is not None:
+        return _ready_topology(obs.topology)
     stable = obs.stable
     if stable is None:
         return ConditionStatus.FALSE, Reason.CREATING, "creating the stable Deployment"
@@ -231,6 +315,8 @@ def _ready(obs: Observation) -> tuple[ConditionStatus, str, str]:
 def _progressing(obs: Observation) -> tuple[ConditionStatus, str, str]:
     if obs.problem is not None:
         return ConditionStatus.FALSE, obs.problem.reason, "nothing is rolled out until the spec is fixed"
+    if obs.topology is not None:
+        return _progressing_topology(obs.topology)
     stable = obs.stable
     if stable is None:
         return ConditionStatus.TRUE, Reason.CREATING, "creating the stable Deployment"
@@ -257,6 +343,8 @@ def _progressing(obs: Observation) -> tuple[ConditionStatus, str, str]:
 def _degraded(obs: Observation) -> tuple[ConditionStatus, str, str]:
     if obs.problem is not None:
         return ConditionStatus.TRUE, obs.problem.reason, obs.problem.message
+    if obs.topology is not None:
+        return _degraded_topology(obs.topology)
     stable = obs.stable
     if stable is not None and stable.progress_deadline_exceeded:
         return (
@@ -301,13 +389,48 @@ def compute_status(
     status.conditions = conditions
     status.phase = compute_phase(conditions)
     status.observed_generation = obs.generation
-    if obs.stable is not None:
-        status.applied_config = obs.stable.config
-        status.applied_config_hash = obs.stable.config_hash
-    tracks = [d for d in (obs.stable, obs.canary) if d is not None]
+    if obs.topology is not None:
+        # Each pool runs its own knobs: they are in status.topology, not in appliedConfig.
+        status.applied_config = None
+        status.applied_config_hash = None
+        status.topology = topology_status(obs.topology)
+        tracks = [d for d in (obs.topology.prefill, obs.topology.decode, obs.canary) if d is not None]
+    else:
+        status.topology = None
+        if obs.stable is not None:
+            status.applied_config = obs.stable.config
+            status.applied_config_hash = obs.stable.config_hash
+        tracks = [d for d in (obs.stable, obs.canary) if d is not None]
     status.replicas = sum(d.replicas for d in tracks)
     status.ready_replicas = sum(d.ready for d in tracks)
     return status
+
+
+def _pool_status(state: DeploymentState | None) -> PoolStatus | None:
+    if state is None:
+        return None
+    return PoolStatus(
+        desired_replicas=state.desired,
+        replicas=state.replicas,
+        ready_replicas=state.ready,
+        config=state.config,
+        config_hash=state.config_hash,
+    )
+
+
+def topology_status(topology: TopologyObservation) -> TopologyStatus:
+    """``status.topology`` of a disaggregated service: each pool's replicas and knobs, the router's."""
+    router = topology.router
+    return TopologyStatus(
+        mode=TopologyMode.DISAGGREGATED,
+        prefill=_pool_status(topology.prefill),
+        decode=_pool_status(topology.decode),
+        router=RouterStatus(
+            desired_replicas=router.desired, replicas=router.replicas, ready_replicas=router.ready
+        )
+        if router is not None
+        else None,
+    )
 
 
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:

@@ -69,6 +69,8 @@ class EngineRender:
     metrics_dir: str | None = None
     #: Where the engine serves Prometheus metrics (the PodMonitor scrapes it).
     metrics_path: str = "/metrics"
+    #: Container ports besides the HTTP port, e.g. the NIXL side channel of a disaggregated pool.
+    extra_ports: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def termination_grace_period_s(self) -> int:

@@ -81,14 +81,23 @@ fails on a call without a rule and on a rule without a call). */}}
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The autotuner lists a service's canary pods (crash detection; the Ready ones to live-adjust).
+# The autotuner lists a service's canary pods (crash detection; the Ready ones to live-adjust). The
+# router of a disaggregated service reads pods through its own Role, which the operator can only
+# grant while holding the same read access.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["get", "list", "watch"]
+# The router of a disaggregated service: its ServiceAccount, Role and RoleBinding.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
 {{- if .Values.liveAdjust.enabled }}
 # Live adjustment (liveAdjust.enabled): the token Secret of each service with autotune.liveAdjust,
 # created once by the operator and read by the autotuner. Its name derives from the service, and
@@ -99,20 +108,15 @@ fails on a call without a rule and on a rule without a call). */}}
   verbs: ["get", "create", "patch"]
 {{- end }}
 {{- if .Values.probeJobs.enabled }}
-# Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes, and the probe's
-# ServiceAccount, Role and RoleBinding (granting the Role needs its ConfigMap verbs held here).
+# Probe Jobs (probeJobs.enabled): the Job and the profile ConfigMaps it publishes (granting the
+# probe's Role needs its ConfigMap verbs held here; its ServiceAccount, Role and RoleBinding are
+# covered by the router's rules above).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "update", "patch"]
-- apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "create", "patch"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,219 @@
+"""Pure builders for the router of a disaggregated service: vllm-router and its RBAC.
+
+The router (``vllm-router --vllm-pd-disaggregation``) finds the engine pods itself through
+Kubernetes service discovery: it watches the pods of its namespace that match the prefill
+and decode selectors (the service label plus ``chunkpilot.io/role``), sends each request to a
+prefill engine first and then, with the KV-transfer parameters the prefill returned, to a
+decode engine. Its ServiceAccount may read pods in the namespace and nothing else. The
+service's Service selects the router pods, never the engines.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from chunkpilot.operator.engines import ENGINE_PORT, ENGINE_PORT_NAME
+from chunkpilot.operator.engines.sim import default_sim_image
+from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY, object_metadata, service_name
+
+from chunkpilot.api import LABEL_COMPONENT, LABEL_ROLE, LABEL_SERVICE, InferenceService, PoolRole
+
+ROUTER_CONTAINER: Final = "router"
+ROUTER_COMMAND: Final = ("vllm-router",)
+#: ``chunkpilot.io/component`` of the router pods.
+COMPONENT_ROUTER: Final = "router"
+#: The router serves the OpenAI API on the engines' port, so the Service is the same in both topologies.
+ROUTER_PORT: Final = ENGINE_PORT
+ROUTER_PORT_NAME: Final = ENGINE_PORT_NAME
+ROUTER_METRICS_PORT: Final = 29000
+ROUTER_METRICS_PORT_NAME: Final = "metrics"
+READINESS_PATH: Final = "/readiness"
+LIVENESS_PATH: Final = "/liveness"
+#: Set from the pod's namespace; the router's discovery namespace when the service has none.
+NAMESPACE_ENV: Final = "POD_NAMESPACE"
+ROUTER_RESOURCES: Final = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
+#: What the router's Role allows: reading the pods it routes to.
+ROUTER_RULES: Final = ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},)
+
+
+def router_name(service: str) -> str:
+    """``<service>-router``: the router's Deployment, ServiceAccount, Role and RoleBinding."""
+    return f"{service}-router"
+
+
+def default_router_image() -> str:
+    """The Chunkpilot image of this version (it ships the vllm-router binary)."""
+    return default_sim_image()
+
+
+def router_selector(isvc: InferenceService) -> dict[str, str]:
+    """The labels selecting the router pods (the Deployment's selector and the Service's)."""
+    return {LABEL_SERVICE: service_name(isvc), LABEL_COMPONENT: COMPONENT_ROUTER}
+
+
+def router_labels(isvc: InferenceService) -> dict[str, str]:
+    """Labels of the router's objects and pods."""
+    name = service_name(isvc)
+    return {
+        "app.kubernetes.io/name": "chunkpilot-router",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": COMPONENT_ROUTER,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        **router_selector(isvc),
+    }
+
+
+def pool_selector(isvc: InferenceService, role: PoolRole | str) -> dict[str, str]:
+    """The labels the router discovers the engine pods of ``role`` by."""
+    return {LABEL_SERVICE: service_name(isvc), LABEL_ROLE: PoolRole(role).value}
+
+
+def _selector_args(selector: dict[str, str]) -> list[str]:
+    return [f"{key}={value}" for key, value in selector.items()]
+
+
+def router_args(isvc: InferenceService) -> list[str]:
+    """The ``vllm-router`` argument vector: PD mode, pod discovery by role, the engines' port."""
+    namespace = isvc.metadata.namespace or f"$({NAMESPACE_ENV})"
+    router = isvc.spec.router
+    return [
+        "--vllm-pd-disaggregation",
+        "--service-discovery",
+        "--service-discovery-namespace",
+        namespace,
+        "--prefill-selector",
+        *_selector_args(pool_selector(isvc, PoolRole.PREFILL)),
+        "--decode-selector",
+        *_selector_args(pool_selector(isvc, PoolRole.DECODE)),
+        "--service-discovery-port",
+        str(ENGINE_PORT),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ROUTER_PORT),
+        "--policy",
+        router.policy.value,
+        "--prometheus-host",
+        "0.0.0.0",
+        "--prometheus-port",
+        str(ROUTER_METRICS_PORT),
+    ]
+
+
+def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": ROUTER_PORT_NAME},
+        "timeoutSeconds": 5,
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+    }
+
+
+def build_router_deployment(isvc: InferenceService) -> dict[str, Any]:
+    """The router Deployment in front of the prefill and decode pools."""
+    name = router_name(service_name(isvc))
+    labels = router_labels(isvc)
+    router = isvc.spec.router
+    container: dict[str, Any] = {
+        "name": ROUTER_CONTAINER,
+        "image": router.image or default_router_image(),
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(ROUTER_COMMAND),
+        "args": router_args(isvc),
+        "env": [{"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [
+            {"name": ROUTER_PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": ROUTER_METRICS_PORT_NAME, "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {kind: dict(values) for kind, values in ROUTER_RESOURCES.items()},
+        "readinessProbe": _probe(READINESS_PATH, 5, 3),
+        "livenessProbe": _probe(LIVENESS_PATH, 10, 6),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_metadata(isvc, name, labels),
+        "spec": {
+            "replicas": router.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": router_selector(isvc)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": name,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def build_router_service_account(isvc: InferenceService) -> dict[str, Any]:
+    """The router's ServiceAccount."""
+    name = router_name(service_name(isvc))
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+    }
+
+
+def build_router_role(isvc: InferenceService) -> dict[str, Any]:
+    """The router's Role: read the pods of the namespace (its service discovery)."""
+    name = router_name(service_name(isvc))
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+        "rules": [dict(rule) for rule in ROUTER_RULES],
+    }
+
+
+def build_router_role_binding(isvc: InferenceService) -> dict[str, Any]:
+    """Binds the router's Role to its ServiceAccount."""
+    name = router_name(service_name(isvc))
+    subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
+    if isvc.metadata.namespace:
+        subject["namespace"] = isvc.metadata.namespace
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [subject],
+    }
+
+
+def build_router_objects(isvc: InferenceService) -> tuple[dict[str, Any], ...]:
+    """ServiceAccount, Role, RoleBinding and Deployment of the router, in the order they are applied."""
+    return (
+        build_router_service_account(isvc),
+        build_router_role(isvc),
+        build_router_role_binding(isvc),
+        build_router_deployment(isvc),
+    )
+
+
+__all__ = [
+    "COMPONENT_ROUTER",
+    "LIVENESS_PATH",
+    "READINESS_PATH",
+    "ROUTER_COMMAND",
+    "ROUTER_CONTAINER",
+    "ROUTER_METRICS_PORT",
+    "ROUTER_PORT",
+    "build_router_deployment",
+    "build_router_objects",
+    "build_router_role",
+    "build_router_role_binding",
+    "build_router_service_account",
+    "default_router_image",
+    "pool_selector",
+    "router_args",
+    "router_labels",
+    "router_name",
+    "router_selector",
+]

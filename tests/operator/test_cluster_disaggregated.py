@@ -1,0 +1,185 @@
+"""A disaggregated InferenceService on the local control plane: the operator as a real process.
+
+The pools, the router with its RBAC and the Service in front of the router are created; the
+status shows both pools; switching back to colocated removes what the old topology left.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "chunkpilot-disaggregated-tests"
+EXAMPLE = REPO / "examples" / "disaggregated-sim.yaml"
+NAME = "chat-pd"
+TIMEOUT = 90.0
+
+
+def kubectl(cluster: Any, *args: str, stdin: str | None = None, check: bool = True) -> Any:
+    return cluster.kubectl(*args, input=stdin, check=check)
+
+
+def get(cluster: Any, kind: str, name: str) -> dict[str, Any] | None:
+    result = kubectl(cluster, "get", kind, name, "-n", NS, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr:
+            return None
+        raise AssertionError(result.stderr)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def condition(isvc: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for item in ((isvc or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            found: dict[str, Any] = item
+            return found
+    return {}
+
+
+def manifest() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    document["metadata"]["namespace"] = NS
+    return document
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: Any) -> Any:
+    control_plane.apply_manifests([REPO / "crds"])
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+    kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(namespace))
+    return control_plane
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        ["-n", NS, "--standalone", "--verbose"],
+        env=operator_env(cluster.env),
+        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+    )
+    process.start()
+    yield process
+    kubectl(
+        cluster, "delete", "inferenceservices", "--all", "-n", NS, "--wait=true", "--timeout=60s", check=False
+    )
+    process.stop()
+
+
+def test_disaggregated_service_gets_both_pools_the_router_and_its_rbac(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(manifest()))
+
+    def ready() -> dict[str, Any] | None:
+        isvc = get(cluster, "inferenceservices", NAME)
+        ok = condition(isvc, "Ready").get("status") == "True"
+        return isvc if ok and (isvc or {}).get("status", {}).get("topology") else None
+
+    isvc = wait_for(ready, timeout=TIMEOUT, what=f"{NAME} Ready with both pools")
+    uid = isvc["metadata"]["uid"]
+
+    pools = {role: get(cluster, "deployments", f"{NAME}-{role}") for role in ("prefill", "decode")}
+    for role, deployment in pools.items():
+        assert deployment is not None, role
+        assert deployment["metadata"]["ownerReferences"][0]["uid"] == uid
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["chunkpilot.io/role"] == role and labels["chunkpilot.io/service"] == NAME
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--kv-transfer-config") + 1] == (
+            '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+        )
+        assert args[args.index("--kv-bandwidth-gbps") + 1] == "25"
+    prefill_args = pools["prefill"]["spec"]["template"]["spec"]["containers"][0]["args"]  # type: ignore[index]
+    decode_args = pools["decode"]["spec"]["template"]["spec"]["containers"][0]["args"]  # type: ignore[index]
+    assert prefill_args[prefill_args.index("--max-num-batched-tokens") + 1] == "8192"
+    assert decode_args[decode_args.index("--max-num-batched-tokens") + 1] == "512"
+    assert pools["decode"]["spec"]["replicas"] == 3  # type: ignore[index]
+    assert get(cluster, "deployments", f"{NAME}-stable") is None
+
+    router = get(cluster, "deployments", f"{NAME}-router")
+    assert router is not None and router["metadata"]["ownerReferences"][0]["uid"] == uid
+    pod = router["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == f"{NAME}-router"
+    container = pod["containers"][0]
+    assert container["name"] == "router" and container["command"] == ["vllm-router"]
+    args = container["args"]
+    assert args[args.index("--service-discovery-namespace") + 1] == NS
+    start = args.index("--prefill-selector") + 1
+    assert args[start : start + 2] == [f"chunkpilot.io/service={NAME}", "chunkpilot.io/role=prefill"]
+    role = get(cluster, "roles", f"{NAME}-router")
+    assert role is not None and role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = get(cluster, "rolebindings", f"{NAME}-router")
+    assert binding is not None and binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{NAME}-router", "namespace": NS}
+    ]
+    assert get(cluster, "serviceaccounts", f"{NAME}-router") is not None
+    # The router's own ServiceAccount may list the pods of its namespace, and no more.
+    subject = f"system:serviceaccount:{NS}:{NAME}-router"
+    can = kubectl(cluster, "auth", "can-i", "list", "pods", "-n", NS, "--as", subject, check=False)
+    assert can.stdout.strip() == "yes"
+    cannot = kubectl(cluster, "auth", "can-i", "create", "pods", "-n", NS, "--as", subject, check=False)
+    assert cannot.stdout.strip() == "no"
+
+    service = get(cluster, "services", NAME)
+    assert service is not None
+    assert service["spec"]["selector"] == {"chunkpilot.io/service": NAME, "chunkpilot.io/component": "router"}
+
+    topology = isvc["status"]["topology"]
+    assert topology["mode"] == "disaggregated"
+    assert (topology["prefill"]["readyReplicas"], topology["decode"]["readyReplicas"]) == (1, 3)
+    assert topology["prefill"]["config"]["maxNumBatchedTokens"] == 8192
+    assert topology["decode"]["config"]["maxNumSeqs"] == 256
+    assert topology["router"]["readyReplicas"] == 1
+    assert isvc["status"]["readyReplicas"] == 4 and "appliedConfig" not in isvc["status"]
+
+
+def test_a_hand_deleted_router_is_restored(cluster: Any, operator: OperatorProcess) -> None:
+    before = get(cluster, "deployments", f"{NAME}-router")
+    assert before is not None
+    kubectl(cluster, "delete", "deployment", f"{NAME}-router", "-n", NS)
+
+    def restored() -> dict[str, Any] | None:
+        now = get(cluster, "deployments", f"{NAME}-router")
+        return now if now is not None and now["metadata"]["uid"] != before["metadata"]["uid"] else None
+
+    wait_for(restored, timeout=60, what="the router Deployment restored")
+
+
+def test_back_to_colocated_removes_the_pools_and_the_router(cluster: Any, operator: OperatorProcess) -> None:
+    remove = json.dumps([{"op": "remove", "path": "/spec/topology"}])
+    kubectl(cluster, "patch", "inferenceservices", NAME, "-n", NS, "--type=json", "-p", remove)
+
+    def switched() -> bool:
+        service = get(cluster, "services", NAME) or {}
+        return (
+            get(cluster, "deployments", f"{NAME}-stable") is not None
+            and all(
+                get(cluster, "deployments", f"{NAME}-{part}") is None
+                for part in ("prefill", "decode", "router")
+            )
+            and service.get("spec", {}).get("selector") == {"chunkpilot.io/service": NAME}
+        )
+
+    wait_for(
+        switched, timeout=TIMEOUT, what="colocated again: stable Deployment only, Service on the engines"
+    )
+
+    def status_cleared() -> dict[str, Any] | None:
+        isvc = get(cluster, "inferenceservices", NAME)
+        ok = condition(isvc, "Ready").get("status") == "True"
+        return isvc if ok and "topology" not in isvc["status"] else None  # type: ignore[index]
+
+    isvc = wait_for(status_cleared, timeout=TIMEOUT, what="status without topology")
+    assert isvc["status"]["appliedConfig"]["maxNumBatchedTokens"] == 2048
