@@ -21,6 +21,8 @@ from chunkpilot.localrun.podspec import (
     decode_secret_data,
     desired_signature,
     engine_command,
+    expand_args,
+    literal_env,
     observed_signature,
     parse_crash_injection,
     parse_pod,
@@ -263,3 +265,20 @@ def test_a_container_waiting_for_its_config_reports_create_container_config_erro
         "reason": "CreateContainerConfigError",
         "message": "secret 'x' not found",
     }
+
+
+def test_a_field_ref_to_the_pods_namespace_gives_it_and_other_field_refs_are_left_out() -> None:
+    manifest = pod_manifest()
+    manifest["spec"]["containers"][1]["env"] = [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    pod = parse_pod(manifest)
+    assert pod.env == (("POD_NAMESPACE", "demo"),)
+
+
+def test_args_expand_variables_of_the_container_env_as_kubernetes_does() -> None:
+    env = {"POD_NAMESPACE": "demo", "EMPTY": ""}
+    args = ["--ns", "$(POD_NAMESPACE)", "x=$(POD_NAMESPACE)/$(UNSET)", "$$(POD_NAMESPACE)", "$(EMPTY)", "$5"]
+    assert expand_args(args, env) == ("--ns", "demo", "x=demo/$(UNSET)", "$(POD_NAMESPACE)", "", "$5")
+    assert literal_env((("A", "1"), ("S", EnvRef(RefKind.SECRET, "s", "k")), ("A", "2"))) == {"A": "2"}

@@ -70,7 +70,10 @@ def pool_deployment(service: str, role: str, replicas: int = 1) -> dict[str, Any
 
 
 def router_deployment(service: str, namespace: str) -> dict[str, Any]:
-    """The router in front of both pools: vllm-router with Kubernetes service discovery."""
+    """The router in front of both pools: vllm-router with Kubernetes service discovery.
+
+    ``namespace`` may be ``$(POD_NAMESPACE)``: the container's env has it from the pod's namespace.
+    """
     labels = {SERVICE_LABEL: service, COMPONENT_LABEL: "router"}
     args = [
         "--vllm-pd-disaggregation",
@@ -116,6 +119,12 @@ def router_deployment(service: str, namespace: str) -> dict[str, Any]:
                             "args": args,
                             "ports": [{"name": "http", "containerPort": 8000}],
                             "readinessProbe": probe,
+                            "env": [
+                                {
+                                    "name": "POD_NAMESPACE",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                }
+                            ],
                         }
                     ],
                 },
@@ -226,7 +235,7 @@ def test_router_follows_its_pools_and_restarts_after_a_crash(
     service = f"pd-{uuid.uuid4().hex[:6]}"
     apply(control_plane, namespace, pool_deployment(service, "prefill"))
     apply(control_plane, namespace, pool_deployment(service, "decode"))
-    apply(control_plane, namespace, router_deployment(service, namespace))
+    apply(control_plane, namespace, router_deployment(service, "$(POD_NAMESPACE)"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints(service, namespace)) == 1, WAIT_S)
 
     # A second prefill replica becomes Ready: the router is restarted with both.

@@ -50,6 +50,8 @@ from chunkpilot.localrun.podspec import (
     decode_secret_data,
     desired_signature,
     engine_command,
+    expand_args,
+    literal_env,
     observed_signature,
     parse_crash_injection,
     parse_pod,
@@ -446,7 +448,7 @@ class PodRunner:
             try:
                 pod = parse_pod(manifest)
                 if pod.router:
-                    routers[pod.key] = parse_router_args(pod.args)
+                    routers[pod.key] = parse_router_args(expand_args(pod.args, literal_env(pod.env)))
             except PodSpecError as error:
                 if uid not in self._invalid:
                     self._invalid.add(uid)
@@ -580,13 +582,14 @@ class PodRunner:
             container.port = self._free_port()
         self._spawn(container)
 
-    def _command(self, container: _Container) -> list[str] | None:
+    def _command(self, container: _Container, env: dict[str, str]) -> list[str] | None:
         """What to run for a container; None for a router without the workers it needs."""
         pod = container.pod
+        args = expand_args(pod.args, env)
         if container.router is None:
             return engine_command(
                 self.settings.engine_command,
-                pod.args,
+                args,
                 host=self.settings.host,
                 port=container.port,
                 time_scale=self.settings.time_scale,
@@ -597,7 +600,7 @@ class PodRunner:
             return None
         return router_command(
             self.settings.router_command,
-            pod.args,
+            args,
             host=self.settings.host,
             port=container.port,
             metrics_port=self._free_port(),
@@ -609,7 +612,7 @@ class PodRunner:
         env = self._environment(container)
         if env is None:
             return
-        command = self._command(container)
+        command = self._command(container, env)
         if command is None:
             container.phase = ContainerPhase.NO_WORKERS
             container.process = None

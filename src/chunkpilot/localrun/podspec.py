@@ -145,7 +145,11 @@ def parse_pod(pod: Manifest) -> EnginePod:
             f"pod {metadata.get('namespace')}/{metadata.get('name')}: container "
             f"{container.get('name')!r} has no args; its args are {expected}"
         )
-    env = parse_env(container.get("env") or [], f"pod {metadata.get('namespace')}/{metadata.get('name')}")
+    env = parse_env(
+        container.get("env") or [],
+        f"pod {metadata.get('namespace')}/{metadata.get('name')}",
+        {"metadata.namespace": str(metadata.get("namespace", "default"))},
+    )
     grace = spec.get("terminationGracePeriodSeconds")
     return EnginePod(
         namespace=str(metadata.get("namespace", "default")),
@@ -176,11 +180,15 @@ def parse_pod(pod: Manifest) -> EnginePod:
 _REF_KINDS = {"secretKeyRef": RefKind.SECRET, "configMapKeyRef": RefKind.CONFIG_MAP}
 
 
-def parse_env(entries: Sequence[Manifest], where: str) -> tuple[tuple[str, str | EnvRef], ...]:
+def parse_env(
+    entries: Sequence[Manifest], where: str, fields: Mapping[str, str] | None = None
+) -> tuple[tuple[str, str | EnvRef], ...]:
     """A container's env in order: literal values and Secret/ConfigMap key references.
 
-    Other ``valueFrom`` sources (``fieldRef``, ``resourceFieldRef``) are not supported locally and
-    are left out.
+    A ``fieldRef`` whose ``fieldPath`` is in ``fields`` (:func:`parse_pod` gives
+    ``metadata.namespace``, which the router's args use as ``$(POD_NAMESPACE)``) becomes its literal
+    value. Other ``valueFrom`` sources (other ``fieldRef`` paths, ``resourceFieldRef``) are not
+    supported locally and are left out.
     """
     env: list[tuple[str, str | EnvRef]] = []
     for item in entries:
@@ -190,6 +198,11 @@ def parse_env(entries: Sequence[Manifest], where: str) -> tuple[tuple[str, str |
         source = item.get("valueFrom")
         if source is None:
             env.append((name, str(item.get("value") or "")))
+            continue
+        field_path = (source.get("fieldRef") or {}).get("fieldPath")
+        if field_path is not None:
+            if fields is not None and field_path in fields:
+                env.append((name, fields[field_path]))
             continue
         for field_name, kind in _REF_KINDS.items():
             ref = source.get(field_name)
@@ -232,6 +245,30 @@ def resolve_env(
             )
         resolved[name] = data[value.key]
     return resolved
+
+
+_VARIABLE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand_args(args: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """Kubernetes' ``$(VAR)`` expansion of a container's args from its environment.
+
+    ``$(VAR)`` becomes VAR's value when the container's env defines it and stays as written
+    otherwise; ``$$`` is a literal ``$`` (so ``$$(VAR)`` stays ``$(VAR)``).
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        return env.get(name, match.group(0))
+
+    return tuple(_VARIABLE.sub(replace, arg) for arg in args)
+
+
+def literal_env(env: Sequence[tuple[str, str | EnvRef]]) -> dict[str, str]:
+    """The env values known without reading Secrets or ConfigMaps (later entries win)."""
+    return {name: value for name, value in env if isinstance(value, str)}
 
 
 def decode_secret_data(data: Mapping[str, str] | None) -> dict[str, str]:
