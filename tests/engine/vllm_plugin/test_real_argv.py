@@ -17,11 +17,13 @@ import pytest
 import yaml
 from chunkpilot.engine.vllm_plugin.env import EngineEnv
 from chunkpilot.engine.vllm_plugin.render import SCHEDULER_CLS, PluginSettings, engine_image, plugin_args
+from chunkpilot.operator.builders import render_for
 from chunkpilot.operator.engines import EngineRender, render_engine
+from chunkpilot.operator.engines.kvtransfer import SIM_BANDWIDTH_FLAG, SIM_LATENCY_FLAG
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import V0_REMOVED, vllm_args
 
-from chunkpilot.api import EngineKind, InferenceService
+from chunkpilot.api import EngineKind, InferenceService, PoolRole
 
 # The first test also waits for the environment build (minutes, once) and the server start.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -36,6 +38,39 @@ def _speaks_vllm(path: Path) -> bool:
 
 
 EXAMPLES = [path for path in sorted((ROOT / "examples").glob("*.yaml")) if _speaks_vllm(path)]
+#: Flags only the simulator takes; the rest of its vector is vLLM's.
+SIM_ONLY_FLAGS = ("--gpu", SIM_BANDWIDTH_FLAG, SIM_LATENCY_FLAG)
+
+
+def _without_sim_flags(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in SIM_ONLY_FLAGS:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def pool_vectors() -> dict[str, list[str]]:
+    """The vLLM vector of each pool of every disaggregated example, named ``<file>#<role>``."""
+    vectors: dict[str, list[str]] = {}
+    for path in EXAMPLES:
+        service = InferenceService.from_manifest(yaml.safe_load(path.read_text()))
+        if not service.spec.disaggregated:
+            continue
+        for role in PoolRole:
+            args = list(render_for(service, role=role).args)
+            vectors[f"{path.name}#{role.value}"] = (
+                args if service.spec.engine.kind == EngineKind.VLLM else _without_sim_flags(args)
+            )
+    return vectors
+
+
+POOLS = pool_vectors()
 
 
 def check(env: EngineEnv, vectors: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -80,6 +115,7 @@ def rendered_vectors() -> tuple[dict[str, list[str]], dict[str, EngineVersion]]:
 @pytest.fixture(scope="module")
 def results(vllm_env: EngineEnv) -> dict[str, dict[str, Any]]:
     vectors, _ = rendered_vectors()
+    vectors.update(POOLS)
     # The operator's rendering for partial-prefill limits on a V1 release with the engine image.
     manifest = yaml.safe_load((ROOT / "examples" / "llama-70b-vllm.yaml").read_text())
     manifest["spec"]["engine"].update(
@@ -124,6 +160,53 @@ def test_example_argv_is_accepted_by_vllm(results: dict[str, dict[str, Any]], na
         assert "--max-num-partial-prefills" in json.dumps(result["error"])
     else:
         assert result["ok"], result
+
+
+def test_disaggregated_examples_are_found() -> None:
+    assert any(name.startswith("disaggregated-llama-70b-vllm.yaml#") for name in POOLS)
+    assert any(name.startswith("disaggregated-sim.yaml#") for name in POOLS)
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pool_argv_is_accepted_by_vllm(results: dict[str, dict[str, Any]], name: str) -> None:
+    file, _, role = name.partition("#")
+    service = InferenceService.from_manifest(yaml.safe_load((ROOT / "examples" / file).read_text()))
+    result = results[name]
+    assert result["ok"], result
+    config = service.spec.pool_config(role)
+    assert (result["max_num_batched_tokens"], result["max_num_seqs"]) == (
+        config.max_num_batched_tokens,
+        config.max_num_seqs,
+    )
+
+
+def test_pools_select_a_kv_connector_vllm_registers(vllm_env: EngineEnv) -> None:
+    """vLLM's parser reads the pools' --kv-transfer-config, and its factory knows the connector."""
+    script = """
+import json, sys
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = {}
+for name, argv in json.load(sys.stdin).items():
+    namespace = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    config = AsyncEngineArgs.from_cli_args(namespace).kv_transfer_config
+    out[name] = [config.kv_connector, config.kv_role, config.is_kv_producer, config.is_kv_consumer,
+                 config.kv_connector in KVConnectorFactory._registry]
+print(json.dumps(out))
+"""
+    proc = subprocess.run(
+        [str(vllm_env.python), "-c", script],
+        input=json.dumps(POOLS),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed == {name: ["NixlConnector", "kv_both", True, True, True] for name in POOLS}
 
 
 @pytest.mark.parametrize("name", ["plugin-partial-prefill", "operator-partial-prefill-plugin"])
