@@ -41,6 +41,9 @@ from chunkpilot.api import (
 
 ANNOTATION_ENGINE: Final = "chunkpilot.io/engine"
 ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
+#: The de-facto annotation of the metrics path for scrapers without a PodMonitor (the local runtime's
+#: file_sd among them); set only on pods whose engine does not serve ``/metrics``, its default.
+ANNOTATION_METRICS_PATH: Final = "prometheus.io/path"
 ENGINE_CONTAINER: Final = "engine"
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
@@ -175,11 +178,16 @@ def build_deployment(
             # Never drop below the serving capacity during a rollout: surge one pod at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
+                "metadata": {"labels": labels, "annotations": {**annotations, **_metrics_path(render)}},
                 "spec": _pod_spec(isvc, render),
             },
         },
     }
+
+
+def _metrics_path(render: EngineRender) -> dict[str, str]:
+    """The pod annotation naming the engine's metrics path, when it is not ``/metrics``."""
+    return {} if render.metrics_path == METRICS_PATH else {ANNOTATION_METRICS_PATH: render.metrics_path}
 
 
 def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:

@@ -29,6 +29,8 @@ class Endpoint:
     port: int
     #: The engine's pool (``prefill``/``decode``) in a disaggregated service; empty when colocated.
     role: str = ""
+    #: Where Prometheus scrapes the engine (TensorRT-LLM: ``/prometheus/metrics``).
+    metrics_path: str = "/metrics"
 
     @property
     def address(self) -> str:
@@ -51,6 +53,8 @@ class Endpoint:
         }
         if self.role:
             labels["role"] = self.role
+        if self.metrics_path != "/metrics":
+            labels["__metrics_path__"] = self.metrics_path  # file_sd's way to set a target's path
         return labels
 
 

@@ -179,7 +179,15 @@ class _Container:
     def endpoint(self, host: str) -> Endpoint:
         pod = self.pod
         return Endpoint(
-            pod.namespace, pod.name, pod.service, pod.track, pod.config_hash, host, self.port, pod.role
+            pod.namespace,
+            pod.name,
+            pod.service,
+            pod.track,
+            pod.config_hash,
+            host,
+            self.port,
+            pod.role,
+            pod.metrics_path,
         )
 
 

@@ -25,6 +25,8 @@ from chunkpilot.localrun.endpoints import (
 )
 
 INJECT_CRASH_ANNOTATION = "chunkpilot.io/inject-crash"
+#: The operator's ``chunkpilot.operator.builders.ANNOTATION_METRICS_PATH`` (what a PodMonitor scrapes).
+METRICS_PATH_ANNOTATION = "prometheus.io/path"
 ENGINE_CONTAINER_NAME = "engine"
 ROUTER_CONTAINER_NAME = "router"
 # Flags the runner owns: where the process listens and how fast simulated time runs.
@@ -91,6 +93,9 @@ class EnginePod:
     router: bool = False
     #: The readiness probe's HTTP path (``/health`` unless the container's ``readinessProbe`` says).
     health_path: str = "/health"
+    #: Where the engine serves Prometheus metrics (``/metrics`` unless the pod's
+    #: ``prometheus.io/path`` annotation says, as for TensorRT-LLM's ``/prometheus/metrics``).
+    metrics_path: str = "/metrics"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -174,6 +179,7 @@ def parse_pod(pod: Manifest) -> EnginePod:
         health_path=str(
             ((container.get("readinessProbe") or {}).get("httpGet") or {}).get("path") or "/health"
         ),
+        metrics_path=str(annotations.get(METRICS_PATH_ANNOTATION) or "/metrics"),
     )
 
 

@@ -127,6 +127,7 @@ def read_targets(path: Path | str) -> list[Endpoint]:
                     host=host,
                     port=int(port),
                     role=str(labels.get("role", "")),
+                    metrics_path=str(labels.get("__metrics_path__", "/metrics")),
                 )
             )
     return sorted(endpoints)
