@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.tuner import disaggplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMeasurement, VectorFn
 from chunkpilot.tuner.space import SpaceError, build_space
@@ -72,6 +73,8 @@ class TwinReading:
     #: against it in the same window (the twin's error that the verdict uses).
     check: online.CanaryCheck | None = None
     stable_check: online.CanaryCheck | None = None
+    #: Prefill/decode disaggregation evaluated on the twin this step (only once SLOInfeasible).
+    recommendation: disaggplan.RecommendationResult | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,13 @@ class TwinObserver:
                 return replace(base, state=TwinState.WAITING, message=str(error))
             self._fits[(snap.namespace, snap.name)] = calibration
         reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
+        if disaggplan.recommend_due(snap, key):
+            job = disaggplan.request(snap, key, calibration, sim_slo(snap))
+            try:
+                found = disaggplan.RecommendationResult(key, await self._compute(disaggplan.recommend, job))
+            except (TwinFitError, ValueError) as error:
+                found = disaggplan.RecommendationResult(key, error=str(error))
+            reading = replace(reading, recommendation=found)
         if final is not None:
             canary_check, stable_check = await self._check(snap, calibration, final)
             reading = replace(reading, check=canary_check, stable_check=stable_check)
