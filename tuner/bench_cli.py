@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.tuner import bench_disagg
 from chunkpilot.tuner.bench import ENGINES, BenchError
 from chunkpilot.tuner.bench_truth import (
     TRUTH_FULL,
@@ -88,6 +89,7 @@ def register(subparsers: Any) -> None:
         help="azure_conv, azure_code or arxiv (repeatable; default all three, azure_code with --quick)",
     )
     tuner.set_defaults(func=run_tuner_bench)
+    bench_disagg.register(inner)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
