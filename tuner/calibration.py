@@ -5,8 +5,9 @@ Part of observing (:mod:`chunkpilot.tuner.snapshot`): what it computes enters th
 process shared by all services (``inline`` runs them on the loop, for tests):
 
 * a **fit** (seconds): the step-time model fitted to the stable track's steps over the SLO window
-  plus the latest measured canary's steps; cached in memory per ``key`` (stable config hash and the
-  latest trial whose steps it includes), so it is redone only when either changes;
+  plus the steps of the newest :data:`REFIT_WINDOWS` measured canaries of the round (the model
+  describes the hardware, so every canary's steps inform it); cached in memory per ``key`` (stable
+  config hash and the latest trial whose steps it includes), so it is redone only when either changes;
 * a **ranking** (``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds at most, default 30, at a lowered CPU
   priority): the search on the
   twin, only while no trial is active and the service status holds no ranking of the same key that is
@@ -50,6 +51,8 @@ T = TypeVar("T")
 
 #: A ranking older than this is redone even when nothing changed (the workload drifts).
 RERANK_AFTER_S: Final = 900.0
+#: Measured canary windows (newest first, of the latest trial's round) whose steps refit the twin.
+REFIT_WINDOWS: Final = 4
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
     "without the Chunkpilot scheduler plugin or an older simulator; tuning on measurements alone"
@@ -91,15 +94,28 @@ def sim_slo(snap: Snapshot) -> SLO:
     return SLO(slo.itl_ms, slo.itl_quantile, slo.ttft_ms, slo.ttft_quantile)
 
 
-def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
-    """The latest finished trial whose canary served a measured window (its steps refit the twin)."""
+def refit_trials(trials: tuple[TuningTrial, ...], newest: int = REFIT_WINDOWS) -> list[TuningTrial]:
+    """The newest finished trials whose canary served a measured window, newest first, at most
+    ``newest``, all of the latest one's round (the same workload): their steps refit the twin."""
+    found: list[TuningTrial] = []
     for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
         status = trial.status
         if rec.is_active(trial) or status is None or status.finished_at is None:
             continue
-        if status.verdict is not TrialVerdict.ABORTED and status.canary is not None:
-            return trial
-    return None
+        if status.verdict is TrialVerdict.ABORTED or status.canary is None:
+            continue
+        if found and rec.trial_round(trial) != rec.trial_round(found[0]):
+            break
+        found.append(trial)
+        if len(found) >= newest:
+            break
+    return found
+
+
+def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
+    """The latest finished trial whose canary served a measured window (it names the refit)."""
+    found = refit_trials(trials, 1)
+    return found[0] if found else None
 
 
 def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
@@ -157,8 +173,9 @@ class TwinObserver:
                 return TwinReading(TwinState.WAITING, "Prometheus has no series of the stable engine yet")
             if not inputs.exported:
                 return TwinReading(TwinState.UNAVAILABLE, NO_TELEMETRY)
-            last = refit_trial(snap.trials)
-            extra = await self._trial_steps(snap, last) if last is not None else {}
+            refits = refit_trials(snap.trials)
+            last = refits[0] if refits else None
+            extra = online.merge_steps(*[await self._trial_steps(snap, t) for t in refits])
         except MetricsUnavailableError as error:
             return TwinReading(TwinState.WAITING, f"the twin's telemetry could not be read: {error}")
         refit = last.spec.number if last is not None else None

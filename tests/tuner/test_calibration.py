@@ -11,7 +11,15 @@ import yaml
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.calibration import NO_TELEMETRY, RERANK_AFTER_S, TwinObserver, rank_due, refit_trial
+from chunkpilot.tuner.calibration import (
+    NO_TELEMETRY,
+    REFIT_WINDOWS,
+    RERANK_AFTER_S,
+    TwinObserver,
+    rank_due,
+    refit_trial,
+    refit_trials,
+)
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
 
@@ -117,6 +125,20 @@ def test_the_latest_measured_trial_refits_the_twin() -> None:
     )
     found = refit_trial(trials)
     assert found is not None and found.spec.number == 1
+
+
+def test_the_newest_measured_canaries_of_the_round_all_refit_the_twin() -> None:
+    def in_round(trial: TuningTrial, round_: int) -> TuningTrial:
+        labels = {**trial.metadata.labels, rec.LABEL_ROUND: str(round_)}
+        return trial.model_copy(update={"metadata": trial.metadata.model_copy(update={"labels": labels})})
+
+    earlier = [in_round(finished(n, TrialVerdict.DISCARDED), 0) for n in (1, 2)]
+    later = [in_round(finished(n, TrialVerdict.DISCARDED), 1) for n in range(3, 9)]
+    unmeasured = in_round(finished(9, TrialVerdict.ABORTED), 1)
+    found = refit_trials((*earlier, *later, unmeasured))
+    assert [t.spec.number for t in found] == [8, 7, 6, 5] and len(found) == REFIT_WINDOWS
+    # A new round (another workload) refits from its own canaries only.
+    assert [t.spec.number for t in refit_trials((*earlier, *later[:2]))] == [4, 3]
 
 
 def test_a_ranking_is_redone_for_a_new_stable_config_a_new_refit_or_when_old() -> None:
