@@ -411,7 +411,12 @@ def _run(
                 pair.decode_replica = decode_router.pick()
             pair.prefill_replica.add(pair.prefill, next_arrival)
             continue
-        bound = min([next_arrival] + [r.wake for r in replicas if r is not actor])
+        # Bulk decode advancing may run until something could reach this replica: for colocated
+        # replicas the next arrival, for decode replicas the end of a prefill step (one that has
+        # not started yet ends after the next arrival).
+        bound = next_arrival
+        if actor.role == "decode":
+            bound = min(next_arrival, min(r.wake for r in prefill_router.replicas))
         _act(actor, actor.wake, bound, recorder, by_prefill, by_decode, fast_forward)
     unfinished = [p for p in pairs if p.decode.finish_s is None]
     if unfinished:
