@@ -175,14 +175,20 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
     # Without a Ready decode engine no router can run: the pod is not Ready, the service has no
     # endpoint, and the prefill engine alone is not reachable as the service.
     assert pod_runner.wait_for(
-        lambda: any(r.role == "prefill" and r.phase is ContainerPhase.RUNNING for r in pod_runner.pods()),
+        lambda: (
+            any(
+                r.namespace == namespace and r.role == "prefill" and r.phase is ContainerPhase.RUNNING
+                for r in pod_runner.pods()
+            )
+            and router_report(pod_runner, namespace) is not None
+        ),
         WAIT_S,
     ), pod_runner.pods()
-    report = router_report(pod_runner, namespace)
-    assert report is not None and report.phase is ContainerPhase.NO_WORKERS and report.pid is None
+    waiting = router_report(pod_runner, namespace)
+    assert waiting is not None and waiting.phase is ContainerPhase.NO_WORKERS and waiting.pid is None
     assert pod_runner.ready_endpoints(service, namespace) == []
     assert targets_file_source(prometheus.targets_file, service, namespace) == []
-    assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, report.pod), WAIT_S)
+    assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, waiting.pod), WAIT_S)
 
     apply(control_plane, namespace, pool_deployment(service, "decode"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints(service, namespace)) == 1, WAIT_S), (

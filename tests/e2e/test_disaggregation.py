@@ -1,0 +1,163 @@
+"""End to end: a disaggregated InferenceService serves through the real vllm-router on the local stack.
+
+The operator renders a prefill pool, a decode pool and a router Deployment; the pod runner runs
+simulator processes in the prefill and decode roles (the KV cache of each request moves from the
+prefill engine to the decode engine at the configured bandwidth) and the installed ``vllm-router``
+in front of them, with the Ready engines its selectors match. Streaming requests go where the
+Service sends them, to the router; the real Prometheus, selecting by the pools' ``role`` label,
+shows the prefill pool computing the prompts (and one token per request) and the decode pool
+generating the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chunkpilot.api import GROUP, VERSION
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.e2e import ServiceObjects, stream_completions, wait_until
+from chunkpilot.localrun.stack import LocalStack, StackOptions
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
+
+MODEL = "llama-8b"
+#: (prompt words, output tokens): short chats and a few longer prompts, kept cheap to replay.
+REQUESTS = [(60 + 37 * (i % 7), 4 + i % 9) for i in range(24)]
+
+
+def disaggregated_manifest(name: str, namespace: str) -> dict[str, Any]:
+    """Llama-3.1-8B on simulated H100s: 1 prefill + 1 decode replica, vllm-router in front."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "meta-llama/Llama-3.1-8B-Instruct",
+                "servedName": MODEL,
+                "maxModelLen": 8192,
+            },
+            "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+            "resources": {"accelerator": "h100"},
+            "topology": {
+                "mode": "disaggregated",
+                "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 16},
+                "decode": {"replicas": 1, "maxNumBatchedTokens": 512, "maxNumSeqs": 64},
+                "kvTransfer": {"connector": "NixlConnector", "bandwidthGBps": 25, "latencyMs": 1},
+                "router": {"policy": "round_robin"},
+            },
+            "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
+        },
+    }
+
+
+@pytest.fixture
+def stack(
+    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    options = StackOptions(state_dir=tmp_path_factory.mktemp("disagg"), time_scale=1.0, restart_backoff_s=3.0)
+    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
+        yield running
+
+
+def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(plane.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return document
+
+
+def query_value(prometheus: PrometheusServer, promql: str) -> float:
+    result = prometheus.query(promql)
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def test_disaggregated_service_streams_through_the_router_with_both_pools_counting(
+    stack: LocalStack, prometheus: PrometheusServer
+) -> None:
+    started = time.monotonic()
+    plane, runner = stack.control_plane, stack.runner
+    assert plane is not None and runner is not None
+    namespace, name = f"disagg-{uuid.uuid4().hex[:6]}", f"pd-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", namespace)
+    path = stack.options.state_dir / f"{name}.json"
+    path.write_text(json.dumps(disaggregated_manifest(name, namespace)))
+    plane.kubectl("apply", "-f", str(path))
+    cluster = ServiceObjects(plane, namespace, name)
+    try:
+        # The Service's traffic goes to the router, the only endpoint of a disaggregated service.
+        if not runner.wait_for(lambda: bool(runner.ready_endpoints(name, namespace)), 180):
+            stack.check_operator()
+            pytest.fail(
+                f"no Ready router after 180s; pods: {runner.pods()}; "
+                f"conditions: {cluster.status().get('conditions')}"
+            )
+        (endpoint,) = runner.ready_endpoints(name, namespace)
+        reports = [r for r in runner.pods() if r.namespace == namespace]
+        (router,) = [r for r in reports if r.router]
+        assert endpoint.pod == router.pod and router.workers is not None
+        engines = {r.role: r for r in reports if not r.router}
+        assert sorted(engines) == ["decode", "prefill"]
+        assert router.workers.prefill == (f"http://127.0.0.1:{engines['prefill'].port}",)
+        assert router.workers.decode == (f"http://127.0.0.1:{engines['decode'].port}",)
+        # The operator's Service selects exactly what the local kube-proxy sends to: the router pod.
+        selector = get_json(plane, namespace, "service", name)["spec"]["selector"]
+        pods = get_json(plane, namespace, "pods")["items"]
+        selected = [
+            p["metadata"]["name"] for p in pods if selector.items() <= p["metadata"]["labels"].items()
+        ]
+        assert selected == [router.pod]
+        serving_s = time.monotonic() - started
+
+        answers = stream_completions(endpoint.url, MODEL, REQUESTS, concurrency=4)
+        assert [a.error for a in answers] == [""] * len(REQUESTS)
+        # Each stream carries exactly the tokens asked for, and its usage says so.
+        assert [a.text_chunks for a in answers] == [m for _, m in REQUESTS]
+        assert [a.completion_tokens for a in answers] == [m for _, m in REQUESTS]
+        assert all(a.prompt_tokens >= words for a, (words, _) in zip(answers, REQUESTS, strict=True))
+
+        where = f'namespace="{namespace}",service="{name}"'
+        prompt_tokens = sum(a.prompt_tokens for a in answers)
+        expected = {
+            # The prefill pool computes every prompt and one token per request (discarded by the router).
+            f'sum(vllm:prompt_tokens_total{{{where},role="prefill"}})': prompt_tokens,
+            f'sum(vllm:generation_tokens_total{{{where},role="prefill"}})': len(REQUESTS),
+            f'sum(vllm:request_success_total{{{where},role="prefill"}})': len(REQUESTS),
+            # The decode pool generates what the client received.
+            f'sum(vllm:generation_tokens_total{{{where},role="decode"}})': sum(m for _, m in REQUESTS),
+            f'sum(vllm:request_success_total{{{where},role="decode"}})': len(REQUESTS),
+            # Each request's KV reached the decode engine in one transfer (vLLM's NIXL metrics).
+            f'sum(vllm:nixl_xfer_time_seconds_count{{{where},role="decode"}})': len(REQUESTS),
+        }
+
+        def scraped() -> dict[str, float]:
+            return {promql: query_value(prometheus, promql) for promql in expected}
+
+        assert runner.wait_for(lambda: scraped() == expected, 60), scraped()
+
+        # The status shows both pools and the router Ready.
+        def ready_topology() -> dict[str, Any] | None:
+            topology: dict[str, Any] = cluster.status().get("topology") or {}
+            parts = ("prefill", "decode", "router")
+            return topology if all((topology.get(p) or {}).get("readyReplicas") == 1 for p in parts) else None
+
+        topology = wait_until("the status to show both pools ready", ready_topology, 60, cluster)
+        print(
+            json.dumps(
+                {
+                    "seconds_to_serving": round(serving_s, 1),
+                    "seconds_total": round(time.monotonic() - started, 1),
+                    "ttft_ms_median": round(sorted(a.ttft_s for a in answers)[len(answers) // 2] * 1000, 1),
+                    "prompt_tokens": prompt_tokens,
+                    "topology": topology,
+                }
+            )
+        )
+    finally:
+        cluster.close()
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
