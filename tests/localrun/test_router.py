@@ -6,6 +6,7 @@ import pytest
 
 from chunkpilot.localrun.podspec import PodSpecError, parse_pod
 from chunkpilot.localrun.router import (
+    DEFAULT_ROUTER_COMMAND,
     RouterBackends,
     Worker,
     backends_for,
@@ -13,6 +14,7 @@ from chunkpilot.localrun.router import (
     parse_router_args,
     parse_selector,
     router_command,
+    router_missing,
 )
 
 ROUTER_ARGS = [
@@ -142,3 +144,13 @@ def test_an_engine_pod_carries_its_pool_role_and_the_default_health_path() -> No
     pod = parse_pod(manifest)
     assert pod.role == "decode" and not pod.router and pod.health_path == "/health"
     assert dict(pod.labels) == labels
+
+
+def test_a_missing_router_installation_is_named_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert router_missing(DEFAULT_ROUTER_COMMAND) is None  # the test extra installs it
+    assert router_missing(["/opt/router/bin/vllm-router"]) is None  # a command of one's own: not judged
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    message = router_missing(DEFAULT_ROUTER_COMMAND)
+    assert message is not None and "pip install 'chunkpilot[router]'" in message

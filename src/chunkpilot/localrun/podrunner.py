@@ -67,6 +67,7 @@ from chunkpilot.localrun.router import (
     backends_for,
     parse_router_args,
     router_command,
+    router_missing,
 )
 from chunkpilot.localrun.targets import FileSDTargets
 
@@ -629,6 +630,12 @@ class PodRunner:
         container.started_at = datetime.now(UTC)
         container.crash_at = None
         container.probe_failures = 0
+        missing = router_missing(command) if container.router is not None else None
+        if missing is not None:
+            container.process, container.spawn_error = None, missing
+            log.error("pod %s/%s: %s", pod.namespace, pod.name, missing)
+            self._crashed(container, 128, time.monotonic())
+            return
         try:
             container.process = EngineProcess(
                 command,
@@ -645,9 +652,10 @@ class PodRunner:
             self._crashed(container, 128, time.monotonic())
             return
         log.info(
-            "pod %s/%s: engine started (pid %d, port %d)",
+            "pod %s/%s: %s started (pid %d, port %d)",
             pod.namespace,
             pod.name,
+            "router" if container.router is not None else "engine",
             container.process.pid,
             container.port,
         )

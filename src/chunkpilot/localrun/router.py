@@ -11,6 +11,7 @@ pure parts: reading the router's args, matching engines, and the command line.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,16 @@ class Worker:
     namespace: str
     labels: Mapping[str, str]
     url: str
+
+
+def router_missing(command: Sequence[str]) -> str | None:
+    """Why the default router command cannot run here (vllm-router not installed), else None."""
+    if tuple(command[1:3]) == DEFAULT_ROUTER_COMMAND[1:3] and importlib.util.find_spec("vllm_router") is None:
+        return (
+            "vllm-router is not installed in this environment; a disaggregated service's router needs "
+            "it: pip install 'chunkpilot[router]'"
+        )
+    return None
 
 
 def is_router(labels: Mapping[str, str]) -> bool:
@@ -240,4 +251,5 @@ __all__ = [
     "parse_router_args",
     "parse_selector",
     "router_command",
+    "router_missing",
 ]
