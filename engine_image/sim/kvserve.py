@@ -169,10 +169,11 @@ class KVSide:
                 "kv_transfer_params",
             )
 
-    def prepare(self, request: Request, role: bool | RemotePrefill | None) -> None:
-        """Mark a new engine request with its role before it is queued."""
+    def prepare(self, request: Request, role: bool | RemotePrefill | None, finish_reason: str) -> None:
+        """Mark a new engine request with its role before it is queued (a prefill that will stop
+        rather than reach its length frees its blocks at once, as vLLM's ``request_finished``)."""
         if role is True:
-            request.kv_hold = True
+            request.kv_hold = finish_reason == "length"
         elif isinstance(role, RemotePrefill):
             request.remote_prefill = True
             self.remote[request.request_id] = role

@@ -328,7 +328,7 @@ class SimEngineServer:
         choice = Choice(request, index, plan, queue)
         self.streams[request_id] = choice
         if self.kv is not None:
-            self.kv.prepare(request, kv_role)
+            self.kv.prepare(request, kv_role, plan.finish_reason)
         sched.add_request(request)
         self._work.set()
         return choice
