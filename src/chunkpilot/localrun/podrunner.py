@@ -583,7 +583,7 @@ class PodRunner:
             pod.namespace,
             pod.name,
             target.describe() if target else f"none Ready for {spec.describe()}",
-            "restarting it" if running is not None else "starting it" if target else "stopping it",
+            "stopping it" if target is None else "restarting it" if running is not None else "starting it",
         )
         container.wanted_since = None
         if container.process is not None:
