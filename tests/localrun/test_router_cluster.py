@@ -235,7 +235,7 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
     assert pod_runner.wait_for(lambda: scraped() == expected, WAIT_S), scraped()
 
 
-def test_router_follows_its_pools_and_restarts_after_a_crash(
+def test_router_follows_its_pools_restarts_after_a_crash_and_stops_without_a_decode_engine(
     control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
 ) -> None:
     service = f"pd-{uuid.uuid4().hex[:6]}"
@@ -266,3 +266,14 @@ def test_router_follows_its_pools_and_restarts_after_a_crash(
     (container,) = pod_status(control_plane, namespace, report.pod)["containerStatuses"]
     assert container["name"] == "router" and container["restartCount"] == 1
     assert container["lastState"]["terminated"]["exitCode"] == 137
+
+    # Without a decode engine the router stops and the service has no endpoint until one is back.
+    control_plane.kubectl("delete", "-n", namespace, "deployment", f"{service}-decode", "--wait=false")
+
+    def router_phase() -> ContainerPhase | None:
+        found = router_report(pod_runner, namespace)
+        return None if found is None else found.phase
+
+    assert pod_runner.wait_for(lambda: router_phase() is ContainerPhase.NO_WORKERS, WAIT_S), pod_runner.pods()
+    assert pod_runner.ready_endpoints(service, namespace) == []
+    assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, report.pod), WAIT_S)
