@@ -30,6 +30,7 @@ class Feature(StrEnum):
 
     CORE = "core"
     LIVE_ADJUST = "liveAdjust.enabled"
+    DISAGGREGATION = "disaggregation.enabled"
     PROBE_JOBS = "probeJobs.enabled"
 
 
@@ -110,9 +111,17 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     _call(
         "monitoring.coreos.com",
         "podmonitors",
-        "get create patch delete",
+        "get create patch",
         OPERATOR,
-        "the PodMonitor (one per pool when disaggregated); those a topology change leaves are deleted",
+        "the PodMonitor (one per pool of a disaggregated service)",
+    ),
+    _call(
+        "monitoring.coreos.com",
+        "podmonitors",
+        "delete",
+        OPERATOR,
+        "the PodMonitors a topology change leaves",
+        feature=Feature.DISAGGREGATION,
     ),
     _call("", "events", "create", KOPF, "Events posted by the operator and the tuner"),
     _call("", "pods", "list", TUNER, "crash detection of canary pods; the Ready canary pods to live-adjust"),
@@ -122,21 +131,31 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "get list watch",
         APISERVER,
         "the router's Role grants these (its pod discovery); a Role can only grant what its creator holds",
+        feature=Feature.DISAGGREGATION,
     ),
-    _call("", "serviceaccounts", "get create patch", OPERATOR, "the router's ServiceAccount (disaggregated)"),
+    _call(
+        "",
+        "serviceaccounts",
+        "get create patch",
+        OPERATOR,
+        "the router's ServiceAccount",
+        feature=Feature.DISAGGREGATION,
+    ),
     _call(
         "rbac.authorization.k8s.io",
         "roles",
         "get create patch",
         OPERATOR,
-        "the router's Role (disaggregated)",
+        "the router's Role",
+        feature=Feature.DISAGGREGATION,
     ),
     _call(
         "rbac.authorization.k8s.io",
         "rolebindings",
         "get create patch",
         OPERATOR,
-        "the router's RoleBinding (disaggregated)",
+        "the router's RoleBinding",
+        feature=Feature.DISAGGREGATION,
     ),
     _call(
         "",

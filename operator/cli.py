@@ -125,6 +125,7 @@ def run_operator(args: argparse.Namespace) -> int:
             metrics_port=parse_port(args.metrics_port),
             optuna_storage=args.optuna_storage or None,
             live_adjust=OperatorConfig.from_env().live_adjust,
+            disaggregation=OperatorConfig.from_env().disaggregation,
         )
     except ValueError as error:
         print(f"chunkpilot operator: {error}", file=sys.stderr)

@@ -21,6 +21,8 @@ ENV_OPTUNA_STORAGE: Final = "CHUNKPILOT_OPTUNA_STORAGE"
 ENV_METRICS_PORT: Final = "CHUNKPILOT_METRICS_PORT"
 #: ``off`` when the installation grants no Secret access (the chart's ``liveAdjust.enabled=false``).
 ENV_LIVE_ADJUST: Final = "CHUNKPILOT_LIVE_ADJUST"
+#: ``off`` when the installation grants no router RBAC (the chart's ``disaggregation.enabled=false``).
+ENV_DISAGGREGATION: Final = "CHUNKPILOT_DISAGGREGATION"
 DEFAULT_METRICS_PORT: Final = 8080
 
 FIELD_MANAGER: Final = "chunkpilot-operator"
@@ -34,6 +36,15 @@ REASON_LIVE_ADJUST_DISABLED: Final = "LiveAdjustDisabled"
 LIVE_ADJUST_DISABLED_MESSAGE: Final = (
     "autotune.liveAdjust needs the chart value liveAdjust.enabled=true "
     f"(the operator runs with {ENV_LIVE_ADJUST}=off); trials roll out instead"
+)
+
+
+#: Ready=False reason of a disaggregated service while the installation disables disaggregation.
+REASON_DISAGGREGATION_DISABLED: Final = "DisaggregationDisabled"
+DISAGGREGATION_DISABLED_MESSAGE: Final = (
+    "topology.mode disaggregated needs the chart value disaggregation.enabled=true (the operator runs"
+    f" with {ENV_DISAGGREGATION}=off and may not create the router's ServiceAccount, Role and"
+    " RoleBinding): enable it, or set topology.mode: colocated"
 )
 
 
@@ -72,6 +83,8 @@ class OperatorConfig:
     optuna_storage: str | None = None
     #: Whether services may use ``autotune.liveAdjust`` (False: the installation grants no Secrets).
     live_adjust: bool = True
+    #: Whether disaggregated services are served (False: the installation grants no router RBAC).
+    disaggregation: bool = True
 
     def live_adjust_blocked(self, isvc: InferenceService) -> bool:
         """True when ``isvc`` asks for live adjustment that this installation disables."""
@@ -97,6 +110,7 @@ class OperatorConfig:
             metrics_port=parse_port(env.get(ENV_METRICS_PORT) or str(DEFAULT_METRICS_PORT), ENV_METRICS_PORT),
             optuna_storage=env.get(ENV_OPTUNA_STORAGE) or None,
             live_adjust=live_adjust_allowed(env),
+            disaggregation=parse_switch(env.get(ENV_DISAGGREGATION, ""), ENV_DISAGGREGATION),
         )
 
 

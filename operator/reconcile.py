@@ -36,7 +36,9 @@ from chunkpilot.operator.builders import (
 )
 from chunkpilot.operator.config import (
     CONDITION_LIVE_ADJUST,
+    DISAGGREGATION_DISABLED_MESSAGE,
     LIVE_ADJUST_DISABLED_MESSAGE,
+    REASON_DISAGGREGATION_DISABLED,
     REASON_LIVE_ADJUST_DISABLED,
     OperatorConfig,
     PodMonitorMode,
@@ -47,6 +49,7 @@ from chunkpilot.operator.objects import adopt, isvc_path, parse_status, write_se
 from chunkpilot.operator.router import COMPONENT_ROUTER, build_router_objects, router_name
 from chunkpilot.operator.status import (
     DeploymentState,
+    InstallationProblem,
     Observation,
     TopologyObservation,
     compute_status,
@@ -325,9 +328,11 @@ class Reconciler:
         Event per new config) and the router is kept like any other child.
         """
         meta = body["metadata"]
-        problem: RenderProblem | None = None
+        problem: RenderProblem | InstallationProblem | None = None
         created: list[tuple[str, str]] = []
         desired_pools: dict[PoolRole, dict[str, Any]] = {}
+        if not self.config.disaggregation:
+            problem = InstallationProblem(REASON_DISAGGREGATION_DISABLED, DISAGGREGATION_DISABLED_MESSAGE)
         for role in PoolRole:
             try:
                 desired_pools[role] = build_pool_deployment(isvc, role)
@@ -361,10 +366,12 @@ class Reconciler:
                 states[role.value] = await self.kube.get(_pool_path(isvc, role))
             states["router"] = await self.kube.get(_router_path(isvc))
 
-        if ChildKind.SERVICE in kinds:
+        # Nothing is rolled out until the problem is fixed: a service switching topologies keeps its
+        # Service on the pods that serve it now.
+        if ChildKind.SERVICE in kinds and problem is None:
             ensured = await self._ensure(build_service(isvc), body, known.get(ChildKind.SERVICE, _UNKNOWN))
             self._note(body, "Service", _name(isvc), ensured, repair, created)
-        if ChildKind.POD_MONITOR in kinds and await self._pod_monitor_wanted():
+        if ChildKind.POD_MONITOR in kinds and problem is None and await self._pod_monitor_wanted():
             for role in PoolRole:
                 monitor = build_pod_monitor(isvc, self.config.pod_monitor_labels, role)
                 ensured = await self._ensure(monitor, body, _UNKNOWN)
@@ -423,7 +430,7 @@ class Reconciler:
             for role in PoolRole:
                 await self._delete_owned(_pool_path(isvc, role), body)
             await self._delete_owned(_router_path(isvc), body)
-        if ChildKind.POD_MONITOR in kinds and await self._pod_monitor_wanted():
+        if ChildKind.POD_MONITOR in kinds and self.config.disaggregation and await self._pod_monitor_wanted():
             for role in PoolRole:
                 await self._delete_owned(
                     _pod_monitor_path(isvc, pool_deployment_name(_name(isvc), role)), body
@@ -603,7 +610,11 @@ def _pod_monitor_path(isvc: InferenceService, name: str) -> str:
 
 
 def _was_disaggregated(body: Mapping[str, Any]) -> bool:
-    """Whether the status records a disaggregated topology (its pools may still exist)."""
+    """Whether the status records a disaggregated topology that was rolled out (its pools may exist)."""
     status = body.get("status")
     topology = status.get("topology") if isinstance(status, Mapping) else None
-    return isinstance(topology, Mapping) and topology.get("mode") == TopologyMode.DISAGGREGATED.value
+    return (
+        isinstance(topology, Mapping)
+        and topology.get("mode") == TopologyMode.DISAGGREGATED.value
+        and any(topology.get(part) for part in ("prefill", "decode", "router"))
+    )

@@ -58,10 +58,21 @@ class Reason(StrEnum):
     AS_EXPECTED = "AsExpected"
     UNSUPPORTED_KNOB = "UnsupportedKnob"
     UNSUPPORTED_ENGINE_VERSION = "UnsupportedEngineVersion"
+    DISAGGREGATION_DISABLED = "DisaggregationDisabled"
 
 
-#: Ready=False reasons that only a spec change can fix.
-TERMINAL_REASONS: Final = frozenset({Reason.UNSUPPORTED_KNOB, Reason.UNSUPPORTED_ENGINE_VERSION})
+#: Ready=False reasons that only a spec change (or, for the last, the installation's) can fix.
+TERMINAL_REASONS: Final = frozenset(
+    {Reason.UNSUPPORTED_KNOB, Reason.UNSUPPORTED_ENGINE_VERSION, Reason.DISAGGREGATION_DISABLED}
+)
+
+
+@dataclass(frozen=True)
+class InstallationProblem:
+    """The installation cannot serve what the spec asks for (e.g. disaggregation is disabled)."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,7 @@ class Observation:
     generation: int
     stable: DeploymentState | None
     canary: DeploymentState | None = None
-    problem: RenderProblem | None = None
+    problem: RenderProblem | InstallationProblem | None = None
     topology: TopologyObservation | None = None
 
 

@@ -144,6 +144,33 @@ def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: l
                 assert granted.get(key) == (verbs if probing else None), (key, probing)
 
 
+DISAGGREGATION_RULES = {
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
+}
+
+
+@pytest.mark.parametrize(
+    "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
+)
+def test_disaggregation_value_sets_the_env_and_grants_the_router_rbac(helm: Path, sets: list[str]) -> None:
+    """Off (the default): the operator refuses disaggregated services and holds no router RBAC."""
+    for enabled in (False, True):
+        documents = render(helm, *sets, f"disaggregation.enabled={str(enabled).lower()}")
+        env = {item["name"]: item.get("value") for item in operator_container(documents)["env"]}
+        assert env.get("CHUNKPILOT_DISAGGREGATION") == (None if enabled else "off")
+        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        assert len(roles) == (2 if sets else 1)
+        for role in roles:
+            granted = rules_of(role)
+            for key, verbs in DISAGGREGATION_RULES.items():
+                expected = verbs if enabled else ({"list"} if key == ("", "pods") else None)
+                assert granted.get(key) == expected, (key, enabled)
+            assert ("delete" in granted[("monitoring.coreos.com", "podmonitors")]) == enabled
+
+
 @pytest.mark.parametrize(
     "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
 )
@@ -278,13 +305,64 @@ def installed(helm: Path, control_plane: Any) -> Iterator[Any]:
         "install", "cp", str(CHART), "--namespace", RELEASE_NS,
         "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{WATCHED_NS}}}",
         "--set", "grafanaDashboard.enabled=true", "--set", "probeJobs.enabled=true",
-        "--set", "liveAdjust.enabled=true",
+        "--set", "liveAdjust.enabled=true", "--set", "disaggregation.enabled=true",
         env=control_plane.env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     yield control_plane
     control_plane.kubectl("delete", "cpis", "--all", "-n", WATCHED_NS, "--wait=false", check=False)
     run_helm(helm, "uninstall", "cp", "--namespace", RELEASE_NS, env=control_plane.env)
+
+
+def _charted_operator(
+    plane: Any, release: str, release_ns: str, watched: str, folder: Path, **env: str
+) -> OperatorProcess:
+    kubeconfig = chart.service_account_kubeconfig(plane, release, release_ns, folder / "kubeconfig")
+    return OperatorProcess(
+        ["-n", watched, "--standalone", "--verbose", "--metrics-port", "0", "--kubeconfig", str(kubeconfig)],
+        env=operator_env(plane.env, KUBECONFIG=str(kubeconfig), **env),
+        log_path=folder / "operator.log",
+    )
+
+
+def _disaggregated(name: str) -> dict[str, Any]:
+    service: dict[str, Any] = yaml.safe_load((REPO / "examples" / "disaggregated-sim.yaml").read_text())
+    service["metadata"]["name"] = name
+    service["spec"]["topology"]["decode"]["replicas"] = 1
+    return service
+
+
+def _conditions(plane: Any, name: str, namespace: str) -> dict[str, dict[str, Any]]:
+    out = plane.kubectl("get", "cpis", name, "-n", namespace, "-o", "json").stdout
+    return {c["type"]: c for c in json.loads(out).get("status", {}).get("conditions", [])}
+
+
+def test_disaggregated_service_under_the_charts_rbac(
+    installed: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """disaggregation.enabled: the operator may create the router's Role (it holds the pod reads)."""
+    operator = _charted_operator(
+        installed, "cp-chunkpilot", RELEASE_NS, WATCHED_NS, tmp_path_factory.mktemp("chart-operator-pd")
+    )
+    try:
+        operator.start()
+        installed.kubectl("apply", "-n", WATCHED_NS, "-f", "-", input=json.dumps(_disaggregated("pd")))
+        wait_for(
+            lambda: _conditions(installed, "pd", WATCHED_NS).get("Ready", {}).get("status") == "True",
+            timeout=90,
+            what="pd Ready=True under the chart's RBAC",
+        )
+        role = json.loads(
+            installed.kubectl("get", "role", "pd-router", "-n", WATCHED_NS, "-o", "json").stdout
+        )
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        ]
+        log = operator.log()
+        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        installed.kubectl("delete", "cpis", "pd", "-n", WATCHED_NS, "--timeout=60s")
+    finally:
+        operator.stop()
 
 
 def test_installed_chart_creates_the_operator_deployment(installed: Any) -> None:
@@ -473,5 +551,34 @@ def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
         log = operator.log()
         assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
         plane.kubectl("delete", "cpis", "tuned", "-n", OFF_WATCHED_NS, "--timeout=60s")
+    finally:
+        operator.stop()
+
+
+def test_disaggregated_service_without_the_value_is_a_condition_not_a_forbidden(
+    installed_without_live_adjust: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The chart's default disaggregation.enabled=false: Ready=False DisaggregationDisabled, no pools."""
+    plane = installed_without_live_adjust
+    folder = tmp_path_factory.mktemp("chart-operator-pd-off")
+    operator = _charted_operator(
+        plane, "cpoff-chunkpilot", OFF_RELEASE_NS, OFF_WATCHED_NS, folder,
+        CHUNKPILOT_LIVE_ADJUST="off", CHUNKPILOT_DISAGGREGATION="off",
+    )  # fmt: skip
+    try:
+        operator.start()
+        plane.kubectl("apply", "-n", OFF_WATCHED_NS, "-f", "-", input=json.dumps(_disaggregated("pd-off")))
+
+        def refused() -> dict[str, Any] | None:
+            ready = _conditions(plane, "pd-off", OFF_WATCHED_NS).get("Ready")
+            return ready if ready and ready["reason"] == "DisaggregationDisabled" else None
+
+        ready = wait_for(refused, timeout=60, what="Ready=False DisaggregationDisabled")
+        assert ready["status"] == "False" and "disaggregation.enabled=true" in ready["message"]
+        listed = plane.kubectl("get", "deployments,roles", "-n", OFF_WATCHED_NS, "-o", "name").stdout
+        assert "pd-off" not in listed
+        log = operator.log()
+        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        plane.kubectl("delete", "cpis", "pd-off", "-n", OFF_WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()

@@ -49,6 +49,8 @@ def condition(isvc: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 def manifest() -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     document["metadata"]["namespace"] = NS
+    # Autotuning on: the operator's reconcile renders the pools all the same (tuning is the tuner's).
+    document["spec"]["autotune"] = {"enabled": True}
     return document
 
 

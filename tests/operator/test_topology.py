@@ -231,3 +231,24 @@ def test_an_unsupported_pool_knob_is_a_render_error(role: PoolRole) -> None:
     service = isvc("vllm", image="vllm/vllm-openai:v0.33.0", **{role.value: pool})
     with pytest.raises(RenderError, match="maxNumPartialPrefills"):
         build_deployment(service, Track.STABLE, role=role)
+
+
+@pytest.mark.parametrize(("value", "served"), [("", True), ("on", True), ("off", False), ("false", False)])
+def test_the_installation_switch_for_disaggregation(value: str, served: bool) -> None:
+    from chunkpilot.operator.config import ENV_DISAGGREGATION, OperatorConfig
+
+    assert OperatorConfig.from_env({ENV_DISAGGREGATION: value}).disaggregation is served
+
+
+def test_disabled_disaggregation_fails_the_service_until_it_is_enabled() -> None:
+    from chunkpilot.operator.config import DISAGGREGATION_DISABLED_MESSAGE, REASON_DISAGGREGATION_DISABLED
+    from chunkpilot.operator.status import InstallationProblem
+
+    problem = InstallationProblem(REASON_DISAGGREGATION_DISABLED, DISAGGREGATION_DISABLED_MESSAGE)
+    topology = TopologyObservation(prefill=None, decode=None, router=None)
+    status = compute_status(
+        None, Observation(generation=1, stable=None, problem=problem, topology=topology), T0
+    )
+    ready = next(c for c in status.conditions if c.type == ConditionType.READY)
+    assert (ready.status, ready.reason) == ("False", "DisaggregationDisabled")
+    assert "disaggregation.enabled=true" in ready.message and status.phase == "Failed"

@@ -81,23 +81,14 @@ fails on a call without a rule and on a rule without a call). */}}
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# The autotuner lists a service's canary pods (crash detection; the Ready ones to live-adjust). The
-# router of a disaggregated service reads pods through its own Role, which the operator can only
-# grant while holding the same read access.
+# The autotuner lists a service's canary pods (crash detection; the Ready ones to live-adjust).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
-# The router of a disaggregated service: its ServiceAccount, Role and RoleBinding.
-- apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "create", "patch"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list"]
 {{- if .Values.liveAdjust.enabled }}
 # Live adjustment (liveAdjust.enabled): the token Secret of each service with autotune.liveAdjust,
 # created once by the operator and read by the autotuner. Its name derives from the service, and
@@ -107,16 +98,38 @@ fails on a call without a rule and on a rule without a call). */}}
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
 {{- end }}
+{{- if .Values.disaggregation.enabled }}
+# Disaggregated services (disaggregation.enabled): each one's router gets a ServiceAccount and a
+# Role that reads the namespace's pods; the operator can only grant that read access while holding
+# it. The PodMonitors a topology change leaves are deleted.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors"]
+  verbs: ["delete"]
+{{- end }}
 {{- if .Values.probeJobs.enabled }}
-# Probe Jobs (probeJobs.enabled): the Job and the profile ConfigMaps it publishes (granting the
-# probe's Role needs its ConfigMap verbs held here; its ServiceAccount, Role and RoleBinding are
-# covered by the router's rules above).
+# Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes, and the probe's
+# ServiceAccount, Role and RoleBinding (granting the Role needs its ConfigMap verbs held here).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "update", "patch"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
 {{- end }}
 {{- end }}
 

@@ -72,8 +72,11 @@ class OperatorIdentity(StrEnum):
 #: The chart value that grants the Secrets of live adjustment; without it the chart's operator
 #: Deployment runs with ``CHUNKPILOT_LIVE_ADJUST=off``, and so does the local stack's operator.
 LIVE_ADJUST_CHART_VALUE = "liveAdjust.enabled=true"
+#: The chart value that grants a disaggregated service's router RBAC (its ServiceAccount, Role and
+#: RoleBinding); without it the chart's operator runs with ``CHUNKPILOT_DISAGGREGATION=off``.
+DISAGGREGATION_CHART_VALUE = "disaggregation.enabled=true"
 #: Chart values of the local stack's operator identity: the stack runs every autotuner feature.
-DEFAULT_CHART_VALUES: tuple[str, ...] = (LIVE_ADJUST_CHART_VALUE,)
+DEFAULT_CHART_VALUES: tuple[str, ...] = (LIVE_ADJUST_CHART_VALUE, DISAGGREGATION_CHART_VALUE)
 
 
 def chart_env(charted: bool, chart_values: Sequence[str]) -> dict[str, str]:
@@ -396,6 +399,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 __all__ = [
     "DEFAULT_CHART_VALUES",
     "DEFAULT_OPERATOR_COMMAND",
+    "DISAGGREGATION_CHART_VALUE",
     "LIVE_ADJUST_CHART_VALUE",
     "DeniedApiCallsError",
     "LocalStack",
