@@ -549,7 +549,8 @@ def _format_pools(s: DisaggregatedSummary) -> str:
         knobs = topo.get(pool.role, {})
         lines.append(
             f"  {pool.role:<9} {pool.replicas} x budget {knobs.get('max_num_batched_tokens')}, max-num-seqs "
-            f"{knobs.get('max_num_seqs')}: busy {pool.busy_fraction:.0%}, KV mean {pool.kv_usage_mean:.1%} "
+            f"{knobs.get('max_num_seqs')}: busy {pool.busy_fraction:.0%}, "
+            f"{pool.tokens_per_step:.0f} tokens/step, KV mean {pool.kv_usage_mean:.1%} "
             f"peak {pool.kv_usage_peak:.1%}, {pool.steps} steps, {pool.preemptions} preemptions"
         )
     lines += [

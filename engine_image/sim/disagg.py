@@ -217,6 +217,8 @@ class PoolStats:
     requests: int
     prompt_tokens: int
     generation_tokens: int
+    #: Mean tokens a step scheduled (prefill chunks and decodes), against the pool's budget.
+    tokens_per_step: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +251,7 @@ class _Replica:
         self.free_at = 0.0
         self.busy_s = 0.0
         self.steps = 0
+        self.tokens = 0
         self.requests = 0
         self.kv_area = 0.0
         self.kv_peak = 0
@@ -452,6 +455,7 @@ def _act(
         replica.wake = math.inf
         return
     if fast_forward and replica.role != "prefill":
+        batch = len(sched.running)
         advanced = (
             _decode_fast_forward(replica, now, bound, recorder)
             if replica.role == "decode"
@@ -460,6 +464,7 @@ def _act(
         if advanced is not None:
             replica.busy_s += advanced[0] - now
             replica.steps += advanced[1]
+            replica.tokens += advanced[1] * batch
             replica.wake = replica.free_at = advanced[0]
             replica.sample_kv(advanced[0])
             return
@@ -478,6 +483,7 @@ def _act(
     replica.pending = output
     replica.busy_s += duration
     replica.steps += 1
+    replica.tokens += output.num_scheduled_tokens
     replica.wake = replica.free_at = now + duration
 
 
@@ -637,6 +643,7 @@ def _pool_stats(
         requests=sum(r.requests for r in replicas),
         prompt_tokens=sum(r.prompt_tokens for r in requests),
         generation_tokens=sum(r.num_output_tokens for r in requests),
+        tokens_per_step=sum(r.tokens for r in replicas) / max(1, sum(r.steps for r in replicas)),
     )
 
 

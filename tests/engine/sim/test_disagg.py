@@ -163,6 +163,7 @@ def test_tokens_are_counted_per_role() -> None:
     assert prefill.generation_tokens == len(workload.requests)  # one token per prefill request
     assert decode.generation_tokens == sum(r.output_tokens for r in workload.requests)
     assert prefill.requests == decode.requests == len(workload.requests)
+    assert prefill.tokens_per_step > 100 * decode.tokens_per_step > 0  # prompts there, decodes here
 
 
 # ---- the phenomena ----------------------------------------------------------------------------------
