@@ -4,10 +4,11 @@
 * a new ``status.bestConfig`` (a promotion by the tuner): the same, so the stable
   Deployment follows the promoted knobs. The operator is the stable Deployment's only
   writer: the tuner waits for ``status.appliedConfigHash`` to show the promoted config;
-* any event of a labelled child (stable Deployment, Service, PodMonitor): restore it
-  when it was edited or deleted by hand, and refresh the parent's status from the
-  Deployment. Drift is corrected by watching the children, not by polling: a
-  change is undone within one watch event, and an idle cluster costs no requests.
+* any event of a labelled child (stable Deployment, a disaggregated service's pool and
+  router Deployments, Service, PodMonitor): restore it when it was edited or deleted by
+  hand, and refresh the parent's status from the Deployments. Drift is corrected by
+  watching the children, not by polling: a change is undone within one watch event, and
+  an idle cluster costs no requests.
 """
 
 from __future__ import annotations
