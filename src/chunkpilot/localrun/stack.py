@@ -3,12 +3,13 @@
 :class:`LocalStack` starts, in order: the local control plane (etcd, kube-apiserver, controller
 manager, scheduler, KWOK with fake GPU nodes), the CRDs generated from the API model, a real
 Prometheus whose scrape targets come from a file_sd file, the pod runner (simulator processes for
-engine pods, registered in that file) and the operator as a subprocess pointed at that Prometheus,
+engine pods, registered in that file, and the real ``vllm-router`` for a disaggregated service's
+router pods) and the operator as a subprocess pointed at that Prometheus,
 authenticated as the Helm chart's ServiceAccount under the chart's own RBAC (see
 :mod:`chunkpilot.localrun.chart`), so what the chart does not grant fails here too.
 Load generators started through :meth:`LocalStack.start_load` replay traces against a service's
-Ready engines. Leaving the ``with`` block — normally, on an exception or on Ctrl-C — stops
-everything it started, newest first, process groups included.
+Ready engines (a disaggregated service's Ready routers). Leaving the ``with`` block — normally,
+on an exception or on Ctrl-C — stops everything it started, newest first, process groups included.
 """
 
 from __future__ import annotations
@@ -341,7 +342,7 @@ class LocalStack:
         max_output_tokens: int | None = None,
         seed: int = 0,
     ) -> BackgroundLoad:
-        """Replay ``trace`` against ``service``'s Ready engines in the background."""
+        """Replay ``trace`` against ``service``'s Ready engines (or routers) in the background."""
         if self.runner is None:
             raise RuntimeError("the local stack is not started")
         time_scale = self.options.time_scale or 1.0
