@@ -338,32 +338,10 @@ class Reconciler:
                 desired_pools[role] = build_pool_deployment(isvc, role)
             except RenderError as error:
                 problem = problem or error.problem
-        states: dict[str, dict[str, Any] | None] = {}
         if ChildKind.DEPLOYMENT in kinds and problem is None:
-            *rbac, router = build_router_objects(isvc)
-            for manifest in rbac:
-                ensured = await self._ensure(manifest, body, _UNKNOWN)
-                if ensured.created:
-                    created.append((manifest["kind"], manifest["metadata"]["name"]))
-            for role, desired in desired_pools.items():
-                states[role.value] = await self._ensure_stable(body, isvc, desired, _UNKNOWN, repair, created)
-            ensured = await self._ensure(router, body, _UNKNOWN)
-            name = router["metadata"]["name"]
-            if ensured.created and not repair:
-                created.append(("Deployment", name))
-            elif ensured.written and repair:
-                self._emit(
-                    body,
-                    ev.restored(
-                        "Deployment", name, "deleted by hand" if ensured.created else "edited by hand"
-                    ),
-                )
-            states["router"] = ensured.actual
-            if not _was_disaggregated(body):
-                await self._delete_owned(_deployment_path(isvc, Track.STABLE), body)
+            states = await self._ensure_pools_and_router(body, isvc, desired_pools, repair, created)
         else:
-            for role in PoolRole:
-                states[role.value] = await self.kube.get(_pool_path(isvc, role))
+            states = {role.value: await self.kube.get(_pool_path(isvc, role)) for role in PoolRole}
             states["router"] = await self.kube.get(_router_path(isvc))
 
         # Nothing is rolled out until the problem is fixed: a service switching topologies keeps its
@@ -404,6 +382,33 @@ class Reconciler:
             observation.generation,
             ", ".join(sorted(kinds)) if kinds else "status only",
         )
+
+    async def _ensure_pools_and_router(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        desired_pools: Mapping[PoolRole, dict[str, Any]],
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> dict[str, dict[str, Any] | None]:
+        """Apply the router's RBAC, both pools (rolled like the stable track) and the router.
+
+        Returns the live Deployments by part (``prefill``, ``decode``, ``router``). A service that
+        was colocated until now loses its stable Deployment once its pools are in place.
+        """
+        *rbac, router = build_router_objects(isvc)
+        for manifest in rbac:
+            ensured = await self._ensure(manifest, body, _UNKNOWN)
+            self._note(body, manifest["kind"], manifest["metadata"]["name"], ensured, repair, created)
+        states: dict[str, dict[str, Any] | None] = {}
+        for role, desired in desired_pools.items():
+            states[role.value] = await self._ensure_stable(body, isvc, desired, _UNKNOWN, repair, created)
+        ensured = await self._ensure(router, body, _UNKNOWN)
+        self._note(body, "Deployment", router["metadata"]["name"], ensured, repair, created)
+        states["router"] = ensured.actual
+        if not _was_disaggregated(body):
+            await self._delete_owned(_deployment_path(isvc, Track.STABLE), body)
+        return states
 
     def _note(
         self,
