@@ -18,7 +18,7 @@ from chunkpilot.operator.engines.kvtransfer import kv_transfer_args, kv_transfer
 from chunkpilot.operator.router import router_args
 from chunkpilot.operator.status import DeploymentState, Observation, TopologyObservation, compute_status
 
-from chunkpilot.api import ConditionType, EngineConfig, InferenceService, PoolRole, Track
+from chunkpilot.api import ConditionType, EngineConfig, InferenceService, PoolRole, RouterPolicy, Track
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -252,3 +252,22 @@ def test_disabled_disaggregation_fails_the_service_until_it_is_enabled() -> None
     ready = next(c for c in status.conditions if c.type == ConditionType.READY)
     assert (ready.status, ready.reason) == ("False", "DisaggregationDisabled")
     assert "disaggregation.enabled=true" in ready.message and status.phase == "Failed"
+
+
+@pytest.mark.parametrize("policy", [policy.value for policy in RouterPolicy])
+def test_router_arguments_pass_vllm_routers_own_parser(policy: str) -> None:
+    """The rendered vector through vllm-router's argument parser (the pinned wheel's RouterArgs)."""
+    import argparse
+
+    from vllm_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    parsed = RouterArgs.from_cli_args(parser.parse_args(router_args(isvc(router={"policy": policy}))))
+    parsed._validate_router_args()
+    assert parsed.vllm_pd_disaggregation and parsed.service_discovery
+    assert parsed.service_discovery_namespace == "llm"
+    assert parsed.prefill_selector == {"chunkpilot.io/service": "chat", "chunkpilot.io/role": "prefill"}
+    assert parsed.decode_selector == {"chunkpilot.io/service": "chat", "chunkpilot.io/role": "decode"}
+    assert (parsed.service_discovery_port, parsed.host, parsed.port) == (8000, "0.0.0.0", 8000)
+    assert (parsed.policy, parsed.kv_connector) == (policy, "nixl")
