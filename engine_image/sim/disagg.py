@@ -257,10 +257,13 @@ class _Replica:
         self.kv_peak = 0
         self._kv_t = 0.0
         self._kv_used = 0
+        #: Requests the router has sent this way that are still being prefilled elsewhere.
+        self.incoming = 0
 
     @property
     def load(self) -> int:
-        return len(self.sched.waiting) + len(self.sched.running)
+        """Unfinished requests the router has given this replica (its in-flight count)."""
+        return len(self.sched.waiting) + len(self.sched.running) + self.incoming
 
     def add(self, request: Request, now: float) -> None:
         self.sched.add_request(request)
@@ -412,6 +415,7 @@ def _run(
             pair.prefill_replica = prefill_router.pick()
             if decode_router is not None:
                 pair.decode_replica = decode_router.pick()
+                pair.decode_replica.incoming += 1
             pair.prefill_replica.add(pair.prefill, next_arrival)
             continue
         # Bulk decode advancing may run until something could reach this replica: for colocated
@@ -449,6 +453,7 @@ def _act(
                     recorder.itl.append(now - result.previous_token_s)
             elif result.finished and request.kv_hold:
                 pair = by_prefill[id(request)]
+                pair.decode_replica.incoming -= 1
                 pair.decode_replica.add(pair.decode, now)
         replica.sample_kv(now)
     if not sched.has_unfinished():
