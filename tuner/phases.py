@@ -218,8 +218,13 @@ def roll_out(plan: Plan, trial: TuningTrial) -> None:
                 manifest = live.canary_manifest(snap.isvc, snap.body, trial, start)
         plan.do(ApplyCanary(manifest))
     started_at = trial.status.started_at if trial.status is not None and trial.status.started_at else snap.now
+    # A trial the twin did not choose (the sampler did) says why it has no prediction.
+    unpredicted = trial.status is None or trial.status.twin is None
     status = TuningTrialStatus(
-        phase=TrialPhase.ROLLING_OUT, params_summary=trial.spec.params.summary(), started_at=started_at
+        phase=TrialPhase.ROLLING_OUT,
+        params_summary=trial.spec.params.summary(),
+        started_at=started_at,
+        twin=twinplan.unpredicted(plan) if unpredicted else None,
     )
     plan.do(PatchTrial(trial.metadata.name or "", status_patch(status)))
     if rec.trial_phase(trial) is TrialPhase.PENDING:
@@ -373,10 +378,11 @@ def conclude(
         progress = rec.trial_progress(trial).model_copy(update={"stable_objective": round(stable_obj, 4)})
         plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(progress)))
     evidence = twinplan.evidence(plan, trial)
-    if evidence is not None:  # the objective is the predicted capacity; the canary's check is kept
+    if evidence is not None:  # the objective is the predicted capacity
         canary_obj = evidence.capacity
-        checked = twinplan.checked_twin(trial, evidence)
-        plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": checked.to_k8s()}}))
+    # Every trial keeps the twin's check of its canary, or why there is none.
+    checked = twinplan.verdict_twin(plan, trial)
+    plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": checked.to_k8s()}}))
     objective = None if verdict is TrialVerdict.ABORTED else canary_obj
     finish(plan, trial, phase, verdict, reason, window, objective)
     if verdict is TrialVerdict.PROMOTED:
@@ -384,6 +390,8 @@ def conclude(
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    twin = twinplan.aborted_twin(trial, reason)
+    plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": twin.to_k8s()}}))
     finish(plan, trial, TrialPhase.FAILED, TrialVerdict.ABORTED, reason)
 
 

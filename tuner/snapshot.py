@@ -34,7 +34,7 @@ from chunkpilot.tuner.measure import (
     measure_track,
     measure_window,
 )
-from chunkpilot.tuner.policy import SLOTargets, trial_deadline
+from chunkpilot.tuner.policy import AbortRules, Decision, SLOTargets, judge_early, trial_deadline
 
 from chunkpilot.api import (
     API_VERSION,
@@ -91,6 +91,15 @@ class WindowPlan:
     span_s: float
     #: Past the end: the window widened up to now (capped at the deadline), for too few samples.
     widened_at: datetime | None
+
+
+def twin_checks(
+    plan: WindowPlan, window: WindowMeasurement | None, slo: SLOTargets, abort: AbortRules
+) -> bool:
+    """Whether the twin checks the canary on this window: at its end, or when the canary is pruned on it."""
+    if window is None:
+        return False
+    return plan.final or judge_early(window.canary, slo, abort).decision is Decision.PRUNE
 
 
 def window_plan(measure_from: datetime | None, window_s: float, now: datetime) -> WindowPlan | None:
@@ -294,7 +303,8 @@ class Observer:
         if plan.widened_at is not None and not snap.window.down:
             span = (plan.widened_at - plan.measure_from).total_seconds()
             snap = _replace(snap, widened=await self._window(snap, trial, span, plan.widened_at))
-        final = CanaryWindow(trial, plan.span_s, plan.at) if plan.final and snap.window.value else None
+        checked = twin_checks(plan, snap.window.value, snap.slo, rec.abort_rules(snap.isvc))
+        final = CanaryWindow(trial, plan.span_s, plan.at) if checked else None
         return snap, final
 
     async def _window(

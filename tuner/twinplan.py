@@ -9,6 +9,8 @@ observing (:mod:`chunkpilot.tuner.calibration`) and arrive in :attr:`Snapshot.tw
 * :func:`choose` picks the best-ranked configuration not tried yet (the sampler takes over when the
   twin has no ranking, or all of it was tried).
 * :func:`evidence` is what :func:`chunkpilot.tuner.policy.judge_capacity` judges a canary with.
+* :func:`unpredicted`, :func:`verdict_twin` and :func:`aborted_twin` give every trial a twin block:
+  predicted capacity and the twin's error where they exist, otherwise a ``message`` saying why not.
 """
 
 from __future__ import annotations
@@ -195,6 +197,71 @@ def choose(plan: Plan, space: SearchSpace, tried: Iterable[TunedConfig]) -> Choi
     return None
 
 
+def unpredicted(plan: Plan) -> TrialTwin:
+    """The twin block of a trial the sampler chose: why the twin predicted nothing for it."""
+    reading = plan.snap.twin
+    if reading.state is TwinState.UNAVAILABLE:
+        why = f"twin unavailable: {reading.message}"
+    elif reading.state is TwinState.WAITING:
+        why = f"the twin is not fitted yet: {reading.message}"
+    elif reading.state is None:
+        why = "the twin was not consulted (the operator runs with CHUNKPILOT_TWIN=off, or without Prometheus)"
+    elif ranking(plan) is None:
+        why = "chosen by the sampler: the twin has no ranking of its current fit"
+    else:
+        why = "chosen by the sampler: every configuration the twin ranked was tried"
+    return TrialTwin(tolerance=TOLERANCE, message=f"no prediction: {why}"[:1024])
+
+
+def _unchecked(plan: Plan) -> str:
+    reading = plan.snap.twin
+    if reading.state is TwinState.FITTED:
+        return "the canary's live load or latency quantiles could not be read at the end of its window"
+    if reading.state is None:
+        return "the twin was not consulted"
+    return f"no fitted twin at the end of the window ({reading.message})"
+
+
+def _note(base: TrialTwin, note: str) -> str:
+    return "; ".join(m for m in (base.message, note) if m)[:1024]
+
+
+def verdict_twin(plan: Plan, trial: TuningTrial) -> TrialTwin:
+    """The trial's twin block at its verdict: the canary's check this step, or why there is none.
+
+    Recorded for every judged (or pruned) trial, with a prediction of its capacity or without.
+    """
+    base = trial.status.twin if trial.status is not None and trial.status.twin else TrialTwin()
+    check, stable = plan.snap.twin.check, plan.snap.twin.stable_check
+    if check is None:
+        return base.model_copy(update={"message": _note(base, f"not checked: {_unchecked(plan)}")})
+    fit_error = stable.error if stable is not None else base.fit_error
+    (p_itl, p_ttft), (m_itl, m_ttft) = check.predicted_ms, check.measured_ms
+    error = _round(check.error)
+    message = base.message
+    if error is None:
+        message = _note(base, "no error: neither quantile had both a prediction and a measurement")
+    return base.model_copy(
+        update={
+            "message": message,
+            "error": error,
+            "fit_error": _round(fit_error),
+            "tolerance": base.tolerance if base.tolerance is not None else TOLERANCE,
+            "rate_req_s": _round(check.rate_req_s, 3),
+            "predicted_itl_ms": _round(p_itl, 1),
+            "predicted_ttft_ms": _round(p_ttft, 1),
+            "measured_itl_ms": _round(m_itl, 1),
+            "measured_ttft_ms": _round(m_ttft, 1),
+        }
+    )
+
+
+def aborted_twin(trial: TuningTrial, reason: str) -> TrialTwin:
+    """The twin block of an aborted trial: nothing was measured to check the twin against."""
+    base = trial.status.twin if trial.status is not None and trial.status.twin else TrialTwin()
+    return base.model_copy(update={"message": _note(base, f"not checked: aborted ({reason})")})
+
+
 def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
     """What the judge compares: the trial's predicted capacities and the canary check of this step."""
     check, stable = plan.snap.twin.check, plan.snap.twin.stable_check
@@ -213,21 +280,4 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         unit=twin.capacity_unit or "",
         fit_error=fit_error if fit_error is not None else math.nan,
         tolerance=twin.tolerance if twin.tolerance is not None else TOLERANCE,
-    )
-
-
-def checked_twin(trial: TuningTrial, twin: TwinEvidence) -> TrialTwin:
-    """The trial's twin block with the canary's check filled in."""
-    base = trial.status.twin if trial.status is not None and trial.status.twin else TrialTwin()
-    (p_itl, p_ttft), (m_itl, m_ttft) = twin.predicted_ms, twin.measured_ms
-    return base.model_copy(
-        update={
-            "error": _round(twin.error),
-            "fit_error": _round(twin.fit_error),
-            "rate_req_s": _round(twin.rate_req_s, 3),
-            "predicted_itl_ms": _round(p_itl, 1),
-            "predicted_ttft_ms": _round(p_ttft, 1),
-            "measured_itl_ms": _round(m_itl, 1),
-            "measured_ttft_ms": _round(m_ttft, 1),
-        }
     )

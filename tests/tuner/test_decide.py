@@ -661,3 +661,103 @@ def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing
         "the twin's error on the stable track is 50%: no promotion on the prediction alone"
         in status["reason"]
     )
+
+
+# --------------------------------------------------------------------------- every trial's twin block
+
+
+def test_a_trial_the_sampler_chose_says_why_the_twin_predicted_nothing(calibration: Calibration) -> None:
+    pending = trial(phase=TrialPhase.PENDING)  # created without a twin block: the sampler chose it
+
+    def rolled_out(snap: Snapshot) -> dict[str, Any]:
+        status = trial_status(decide(snap, SETTINGS))
+        assert status["phase"] == "RollingOut"
+        block: dict[str, Any] = status["twin"]
+        return block
+
+    unavailable = rolled_out(
+        snapshot(trials=[pending], twin=TwinReading(TwinState.UNAVAILABLE, NO_TELEMETRY))
+    )
+    assert unavailable["message"] == f"no prediction: twin unavailable: {NO_TELEMETRY}"
+    assert "capacityReqS" not in unavailable
+    off = rolled_out(snapshot(trials=[pending]))
+    assert off["message"].startswith("no prediction: the twin was not consulted (")
+    stale = rolled_out(snapshot(trials=[pending], twin=fitted(calibration, ranked=False)))
+    assert (
+        stale["message"] == "no prediction: chosen by the sampler: the twin has no ranking of its current fit"
+    )
+    # Every candidate of the twin's ranking tried: the sampler's trial says so.
+    tried = [
+        trial(n, TrialPhase.ROLLED_BACK, params=EngineConfig(max_num_batched_tokens=b, max_num_seqs=128))
+        for n, b in ((1, 2048), (2, 1536))
+    ]
+    exhausted = rolled_out(snapshot(trials=[*tried, trial(3, TrialPhase.PENDING)], twin=fitted(calibration)))
+    assert exhausted["message"] == (
+        "no prediction: chosen by the sampler: every configuration the twin ranked was tried"
+    )
+    # A trial the twin chose keeps its block as it is.
+    chosen = trial(phase=TrialPhase.PENDING, twin=TrialTwin(capacity_req_s=12.0, rank=1))
+    assert "twin" not in trial_status(decide(snapshot(trials=[chosen], twin=fitted(calibration)), SETTINGS))
+
+
+def sampler_trial(measure_from: datetime) -> TuningTrial:
+    done = measuring(measure_from)
+    assert done.status is not None
+    block = TrialTwin(tolerance=0.15, message="no prediction: chosen by the sampler: every configuration …")
+    return done.model_copy(update={"status": done.status.model_copy(update={"twin": block})})
+
+
+def test_a_trial_without_a_prediction_still_records_the_twins_error_on_its_canary(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    done = sampler_trial(NOW - timedelta(seconds=61))
+    check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
+    snap = snapshot(
+        body,
+        [done],
+        canary=canary_of(body, done),
+        stable_reading=Reading(measurement("stable", 40.0)),
+        window=stable_meeting(),
+        twin=fitted(calibration, ranked=False, check=check),
+    )
+    status = trial_status(decide(snap, SETTINGS))
+    assert status["verdict"] == "Promoted"  # on the measured objective, as without a twin
+    assert status["twin"]["error"] == 0.1 and status["twin"]["predictedItlMs"] == 28.0
+    assert status["twin"]["measuredTtftMs"] == 500.0 and "capacityReqS" not in status["twin"]
+    assert status["twin"]["message"].startswith("no prediction: chosen by the sampler")
+
+
+def test_a_pruned_trial_keeps_its_capacity_and_the_twins_error_on_the_part_it_ran(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    early = twin_trial(NOW - timedelta(seconds=20))
+    check = CanaryCheck(2.5, (28.0, 450.0), (500.0, 500.0))
+    snap = snapshot(
+        body,
+        [early],
+        canary=canary_of(body, early),
+        window=window(500.0),
+        twin=fitted(calibration, check=check),
+    )
+    status = trial_status(decide(snap, SETTINGS))
+    assert status["verdict"] == "Pruned"
+    assert status["twin"]["capacityReqS"] == 12.0 and status["twin"]["error"] is not None
+    assert status["twin"]["error"] == 0.944 and status["twin"]["measuredItlMs"] == 500.0  # 28 vs 500 ms
+    # Without a check (no twin at the end), the block says why the error is missing.
+    unchecked = decide(snapshot(body, [early], canary=canary_of(body, early), window=window(500.0)), SETTINGS)
+    block = trial_status(unchecked)["twin"]
+    assert block["capacityReqS"] == 12.0 and "error" not in block
+    assert block["message"] == "not checked: the twin was not consulted"
+
+
+def test_an_aborted_trial_says_the_twin_was_not_checked() -> None:
+    body = service_body()
+    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    late = rolling.model_copy(
+        update={"status": rolling.status.model_copy(update={"started_at": NOW - timedelta(seconds=121)})}  # type: ignore[union-attr]
+    )
+    plan = decide(snapshot(body, [late], canary=canary_of(body, late, ready=False)), SETTINGS)
+    block = trial_status(plan)["twin"]
+    assert block["message"] == "not checked: aborted (the canary did not become Ready within 120s)"

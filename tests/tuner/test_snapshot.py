@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from chunkpilot.tuner.snapshot import MIN_EARLY_WINDOW_S, Reading, parse_service, window_plan, window_text
+from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.policy import AbortRules, SLOTargets
+from chunkpilot.tuner.snapshot import (
+    MIN_EARLY_WINDOW_S,
+    Reading,
+    parse_service,
+    twin_checks,
+    window_plan,
+    window_text,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0
@@ -50,3 +59,35 @@ def test_an_invalid_status_reads_as_empty_and_an_invalid_spec_as_none() -> None:
     isvc = parse_service(body)
     assert isvc is not None and isvc.status is not None and isvc.status.best_config is None
     assert parse_service({**body, "spec": {"model": {}}}) is None
+
+
+def _window(canary_itl_ms: float) -> WindowMeasurement:
+    def track(name: str, itl_ms: float) -> TrackMeasurement:
+        return TrackMeasurement(
+            track=name,
+            window="20s",
+            time=T0,
+            itl_quantile=0.99,
+            ttft_quantile=0.95,
+            itl_ms=itl_ms,
+            ttft_ms=400.0,
+            itl_samples=10_000.0,
+            ttft_samples=200.0,
+            generation_tok_s=1000.0,
+            prompt_tok_s=2000.0,
+            request_rate=5.0,
+            replicas=1,
+        )
+
+    return WindowMeasurement(track("canary", canary_itl_ms), track("stable", 40.0))
+
+
+def test_the_twin_checks_a_canary_at_the_end_of_its_window_or_when_it_is_pruned_early() -> None:
+    slo, abort = SLOTargets(50.0, 2000.0), AbortRules(itl_factor=2.0, ttft_factor=2.0, min_samples=100)
+    open_ = window_plan(T0, WINDOW_S, T0 + timedelta(seconds=20))
+    over = window_plan(T0, WINDOW_S, T0 + timedelta(seconds=60))
+    assert open_ is not None and over is not None
+    assert twin_checks(over, _window(30.0), slo, abort)  # the window is over
+    assert not twin_checks(open_, _window(30.0), slo, abort)  # open, within the abort limits
+    assert twin_checks(open_, _window(150.0), slo, abort)  # open, but pruned on it: 150 > 2 x 50 ms
+    assert not twin_checks(over, None, slo, abort)  # nothing measured

@@ -213,6 +213,12 @@ class TrialTwin(StatusModel):
         default=None, ge=0, description="Measured canary TTFT quantile (fine histogram), ms."
     )
     rank: int | None = Field(default=None, ge=1, description="The config's place in the twin's ranking.")
+    message: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why a prediction or the canary's check is missing, where one is (twin unavailable, "
+        "chosen by the sampler, not checked).",
+    )
 
 
 class TuningTrialStatus(StatusModel):
