@@ -714,7 +714,7 @@ class Scheduler:
                 "KV under-allocated"
             )
         for request in self.waiting:
-            if request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS and not request.num_external_tokens:
                 assert request.held_blocks == 0, "waiting request holds blocks"
         outside = sum(r.plain_blocks for r in self.waiting) + sum(r.plain_blocks for r in self.held.values())
         self.kv.check_invariants(sum(r.plain_blocks for r in self.running) + outside)
