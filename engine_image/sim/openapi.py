@@ -43,6 +43,11 @@ _SAMPLING: dict[str, Any] = {
     "stream_options": _STREAM_OPTIONS,
     "skip_special_tokens": _BOOL,
     "user": _STR,
+    "kv_transfer_params": {
+        "type": "object",
+        "description": "prefill/decode disaggregation (with --kv-transfer-config): do_remote_decode for a "
+        "prefill-only request, or the prefill response's kv_transfer_params for its decode",
+    },
 }
 
 _MESSAGE = {
