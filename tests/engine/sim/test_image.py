@@ -86,3 +86,15 @@ def test_copied_sources_exist() -> None:
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
     exposed = [rest for keyword, rest in _instructions() if keyword == "EXPOSE"]
     assert exposed == ["8000"]
+
+
+def test_image_installs_the_router_the_operator_renders_for_disaggregated_services() -> None:
+    from chunkpilot.operator.engines.sim import default_sim_image
+    from chunkpilot.operator.router import ROUTER_COMMAND, default_router_image
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("vllm-router==") for r in extras["router"])
+    run = " ".join(rest for keyword, rest in _instructions() if keyword == "RUN")
+    assert "pip install '.[router]'" in run, "the image must install the router extra"
+    assert f"{ROUTER_COMMAND[0]} --help" in run, "the build must check the router binary starts"
+    assert default_router_image() == default_sim_image()
