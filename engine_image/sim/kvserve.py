@@ -57,6 +57,8 @@ FAILED_NOTIFICATIONS = "vllm:nixl_num_failed_notifications"
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PROMPT_CACHED = "vllm:prompt_tokens_cached_total"
 PROMPT_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 _block_ids = itertools.count(1)
 
@@ -84,6 +86,8 @@ class KVSide:
         self.sources = dict.fromkeys(SOURCES, 0.0)
         self.cached = 0.0
         self.recomputed = 0.0
+        self.external_queries = 0.0
+        self.external_hits = 0.0
         self.xfer_time = Histogram(XFER_TIME_BUCKETS)
         self.xfer_bytes = Histogram(BYTES_BUCKETS)
         self.failed_transfers = 0.0
@@ -235,6 +239,9 @@ class KVSide:
         self.sources["local_cache_hit"] += cached + recomputed - external
         self.cached += cached
         self.recomputed += recomputed
+        # The connector's prefix-cache stats (vLLM records them when the request is scheduled).
+        self.external_queries += prompt
+        self.external_hits += external
 
     def _notify(self, remote: RemotePrefill) -> None:
         task = asyncio.get_running_loop().create_task(self._send_release(remote))
@@ -301,6 +308,18 @@ class KVSide:
         for name, value, text in (
             (PROMPT_CACHED, self.cached, "Number of cached prompt tokens (local or external)."),
             (PROMPT_RECOMPUTED, self.recomputed, "Number of cached tokens recomputed for forward pass."),
+            (
+                EXTERNAL_QUERIES,
+                self.external_queries,
+                "External prefix cache queries from KV connector cross-instance cache sharing, in terms of "
+                "number of queried tokens.",
+            ),
+            (
+                EXTERNAL_HITS,
+                self.external_hits,
+                "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+                "number of cached tokens.",
+            ),
             (FAILED_TRANSFERS, self.failed_transfers, "Number of failed NIXL KV Cache transfers."),
             (
                 FAILED_NOTIFICATIONS,

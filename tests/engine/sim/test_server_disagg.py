@@ -145,6 +145,10 @@ def test_two_step_protocol_moves_the_kv_and_counts_tokens_per_role(
     assert d["vllm:prompt_tokens_by_source_total:external_kv_transfer"] == prompt_tokens
     assert d["vllm:prompt_tokens_by_source_total:local_compute"] == 1  # the recomputed last token
     assert d["vllm:prompt_tokens_recomputed_total"] == 1
+    assert d["vllm:external_prefix_cache_queries_total"] == d["vllm:external_prefix_cache_hits_total"]
+    assert d["vllm:external_prefix_cache_hits_total"] == prompt_tokens
+    assert p["vllm:external_prefix_cache_queries_total"] == prompt_tokens
+    assert p["vllm:external_prefix_cache_hits_total"] == 0
     assert d["vllm:nixl_xfer_time_seconds_count"] == 1
     assert d["vllm:nixl_bytes_transferred_sum"] == prompt_tokens * 131072  # Llama-3.1-8B, bf16
     # The decode engine's TTFT includes the transfer: 2 GB/s + 5 ms for the prompt's KV.
