@@ -45,13 +45,7 @@ from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
 from chunkpilot.tuner.twin.predict import LatencyQuantiles, Twin
-from chunkpilot.tuner.twin.search import (
-    REFINE_DRAWS,
-    Candidate,
-    evaluate_on_twin,
-    scheduler_of,
-    search_on_twin,
-)
+from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
 from chunkpilot.tuner.warmstart import warm_start
 
 __all__ = [
@@ -177,8 +171,6 @@ class TwinSettings:
     requests: int = 200
     tolerance: float = 0.03
     margin: float = PROMOTE_MARGIN
-    #: Workload draws the top of each ranking is refined on (1: no refinement).
-    draws: int = REFINE_DRAWS
 
 
 @dataclass
@@ -229,14 +221,8 @@ class _TwinState:
     def __init__(self, context: OnlineContext, settings: TwinSettings, root: Path, stable: Observation):
         self.context, self.settings, self.root = context, settings, root
         self.steps: dict[str, StepTotals] = dict(stable.steps)
-        self.workload, *self.draws = (
-            synthesize(
-                stable.window,
-                settings.requests,
-                max_model_len=context.space.max_model_len,
-                seed=context.seed + i,
-            )
-            for i in range(max(1, settings.draws))
+        self.workload = synthesize(
+            stable.window, settings.requests, max_model_len=context.space.max_model_len, seed=context.seed
         )
         self.refits = 0
         self.twin = self._fit()
@@ -270,7 +256,6 @@ class _TwinState:
             warm=configs,
             requests=self.settings.requests,
             tolerance=self.settings.tolerance,
-            draws=self.draws,
         )
         self.predicted.update({c.config: c for c in result.ranked})
         return result.evaluations

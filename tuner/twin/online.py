@@ -7,8 +7,7 @@ Three steps, each a plain function of plain values (so it can run in a worker pr
   canary, queried as instant vectors;
 * :func:`calibrate` (CPU): fit the step-time model to all those steps, synthesise the captured
   workload, predict the stable track's quantiles at its live load (the twin's error) and, when
-  asked, rank the search space on the twin (:func:`chunkpilot.tuner.twin.search.search_on_twin`,
-  the top of the ranking refined on further draws of the captured workload);
+  asked, rank the search space on the twin (:func:`chunkpilot.tuner.twin.search.search_on_twin`);
 * :func:`check_canary` (CPU, one simulation): the twin's quantiles for a canary's config at the
   canary's live load, against what the canary measured.
 
@@ -45,13 +44,7 @@ from chunkpilot.tuner.twin.capture import (
 )
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
 from chunkpilot.tuner.twin.predict import Twin
-from chunkpilot.tuner.twin.search import (
-    REFINE_DRAWS,
-    Candidate,
-    evaluate_on_twin,
-    scheduler_of,
-    search_on_twin,
-)
+from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
 
 from chunkpilot.api import Objective
 
@@ -349,11 +342,8 @@ def calibrate(request: Request) -> Calibration:
     Raises :class:`TwinFitError` or :class:`CaptureError` when the data cannot be fitted.
     """
     fit = fit_steps(request.steps, request.model, request.accelerator, request.tensor_parallel_size)
-    workload, *draws = (
-        synthesize(
-            request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed + i
-        )
-        for i in range(REFINE_DRAWS if request.rank else 1)
+    workload = synthesize(
+        request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed
     )
     directory = Path(request.directory or tempfile.mkdtemp(prefix="chunkpilot-twin-"))
     twin = Twin.build(
@@ -378,7 +368,6 @@ def calibrate(request: Request) -> Calibration:
         cpu_budget_s=request.cpu_budget_s,
         exclude=[c for c in request.exclude if c != request.incumbent],
         warm=[request.incumbent, *request.warm],
-        draws=draws,
     )
     incumbent = next((c for c in result.ranked if c.config == request.incumbent), None)
     if incumbent is None:  # outside the space (or not reached): evaluated on its own
