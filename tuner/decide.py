@@ -31,8 +31,8 @@ from typing import Any
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
+from chunkpilot.tuner import disaggplan, phases, twinplan
 from chunkpilot.tuner import liveadjust as live
-from chunkpilot.tuner import phases, twinplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import (
     CreateTrial,
@@ -94,6 +94,7 @@ class TuningReason(StrEnum):
     PAUSED = "Paused"
     DISABLED = "Disabled"
     INVALID_SPACE = "InvalidSearchSpace"
+    DISAGGREGATED = "Disaggregated"
 
 
 def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
@@ -119,9 +120,13 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     if not snap.prometheus:
         no_prometheus(plan, current)
         return plan
+    if disaggplan.is_disaggregated(snap):
+        disaggregated(plan, current)
+        return plan
     live.remove_orphan(plan, current, keep_parked=True)
     record_stable(plan)
     twinplan.record_twin(plan)
+    disaggplan.record(plan)
     if current is not None:
         phases.advance(plan, current, settings)
         return plan
@@ -163,6 +168,18 @@ def paused(plan: Plan, current: TuningTrial | None) -> None:
         TuningReason.PAUSED,
         "autotune.paused is true: keeping the current config",
     )
+    plan.status["currentTrial"] = None
+    plan.do(CurrentTrialGauge(0))
+    record_stable(plan)
+
+
+def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
+    """A disaggregated service: no colocated canary runs against it (and none is left running)."""
+    note = disaggplan.disaggregated_note(plan)
+    if current is not None:
+        phases.abort(plan, current, note)
+    live.remove_orphan(plan, None)
+    plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISAGGREGATED, note)
     plan.status["currentTrial"] = None
     plan.do(CurrentTrialGauge(0))
     record_stable(plan)
@@ -379,7 +396,8 @@ def stop_reason(plan: Plan, round_records: Sequence[TrialRecord], round_trials: 
     infeasible = assess_infeasibility(round_records, plan.snap.slo, incumbent_met(plan))
     if infeasible is not None:
         remedies = ", ".join(r.value for r in infeasible.remedies)
-        message = f"{infeasible.message} Remedies: {remedies}."
+        note = disaggplan.infeasible_note(plan)
+        message = f"{infeasible.message} Remedies: {remedies}." + (f" {note}" if note else "")
         before = plan.current_condition(ConditionType.SLO_INFEASIBLE)
         if before is None or before.status != ConditionStatus.TRUE:
             plan.emit(EventType.WARNING, "SLOInfeasible", message)

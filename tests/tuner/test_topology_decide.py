@@ -1,0 +1,318 @@
+"""The disaggregation recommendation in the loop: when it is due, what decide writes, a disaggregated service.
+
+Pure like the other decide tests: snapshots are built from the API models; the twin is a real
+(small) fit; the recommendation arrives in the snapshot as observing would deliver it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
+from chunkpilot.engine.sim.offline import SLO, simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.operator.builders import incumbent
+from chunkpilot.operator.status import DeploymentState
+from chunkpilot.tuner import disaggplan
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import CreateTrial, Emit, Plan
+from chunkpilot.tuner.calibration import TwinReading
+from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.measure import TrackMeasurement
+from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
+from chunkpilot.tuner.space import TunedConfig
+from chunkpilot.tuner.topology import Layout, LayoutCapacity, Pool, Recommendation, TopologySearch
+from chunkpilot.tuner.topology_sim import twin_evaluator
+from chunkpilot.tuner.twin import Twin, fit_steps
+from chunkpilot.tuner.twin.online import Calibration
+from chunkpilot.tuner.twin.search import Candidate
+
+from chunkpilot.api import (
+    EngineConfig,
+    Measurement,
+    ObjectMeta,
+    TrialPhase,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialSpec,
+    TuningTrialStatus,
+    TwinState,
+    trial_labels,
+    trial_name,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+SETTINGS = TunerSettings(rollout_timeout_s=120)
+READY = DeploymentState(
+    desired=1, replicas=1, ready=1, updated=1, available=1, generation=1, observed_generation=1
+)
+BEST = Layout(Pool(1, 8192, 128), Pool(3, 2048, 128))
+
+
+def service_body(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
+    body["spec"].update(replicas=4, **spec)
+    body["spec"]["slo"].update(itl={"quantile": 0.99, "maxMs": 30}, ttft={"quantile": 0.95, "maxMs": 400})
+    body["spec"]["autotune"].update(trialWindow="60s", warmup="10s", maxTrials=12)
+    return body
+
+
+def measured_trial(number: int, budget: int, itl_ms: float, ttft_ms: float) -> TuningTrial:
+    """A finished trial whose canary missed the SLOs."""
+    canary = Measurement(itl_ms=itl_ms, itl_quantile=0.99, ttft_ms=ttft_ms, ttft_quantile=0.95, samples=500)
+    return TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name("chat", number),
+            namespace="default",
+            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
+        ),
+        spec=TuningTrialSpec(
+            service_name="chat",
+            number=number,
+            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=128),
+            window="60s",
+        ),
+        status=TuningTrialStatus(
+            phase=TrialPhase.ROLLED_BACK,
+            verdict=TrialVerdict.DISCARDED,
+            canary=canary,
+            objective=100.0,
+            started_at=NOW - timedelta(minutes=30 - number),
+            finished_at=NOW - timedelta(minutes=29 - number),
+        ),
+    )
+
+
+#: Six trials: small budgets miss TTFT, large ones ITL.
+INFEASIBLE = tuple(
+    measured_trial(n, budget, itl, ttft)
+    for n, (budget, itl, ttft) in enumerate(
+        [
+            (320, 26.0, 900.0),
+            (512, 29.0, 610.0),
+            (1024, 38.0, 450.0),
+            (2048, 52.0, 380.0),
+            (384, 27.0, 720.0),
+            (768, 33.0, 520.0),
+        ],
+        start=1,
+    )
+)
+
+
+def stable_violating() -> Reading[TrackMeasurement]:
+    return Reading(
+        TrackMeasurement(
+            track="stable",
+            window="2m",
+            time=NOW,
+            itl_quantile=0.99,
+            ttft_quantile=0.95,
+            itl_ms=40.0,
+            ttft_ms=600.0,
+            itl_samples=25000,
+            ttft_samples=500,
+            generation_tok_s=1000.0,
+            prompt_tok_s=2000.0,
+            request_rate=12.0,
+            replicas=4,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+    """A real fit (the simulator's steps on its datasheet H100)."""
+    engine = SimConfig(
+        model="llama-3.1-8b",
+        accelerator="h100",
+        scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=128),
+    )
+    telemetry = StepTelemetry()
+    workload = load_trace("azure_conv_2023", rate=2.0, limit=80)
+    simulate(engine, workload, telemetry=telemetry)
+    fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
+    twin = Twin.build(fit, workload, tmp_path_factory.mktemp("twin"))
+    incumbent_ = Candidate(TunedConfig(2048, 128), 0.4, tokens_s=100.0)
+    return Calibration("k", fit, twin, (40.0, 600.0), 0.05, (), incumbent_)
+
+
+def snapshot(body: dict[str, Any], trials: tuple[TuningTrial, ...], twin: TwinReading) -> Snapshot:
+    isvc = parse_service(body)
+    assert isvc is not None and isvc.status is not None
+    return Snapshot(
+        body=body,
+        isvc=isvc,
+        status=isvc.status,
+        trials=trials,
+        now=NOW,
+        incumbent=incumbent(isvc),
+        stable=READY,
+        prometheus=True,
+        stable_reading=stable_violating(),
+        twin=twin,
+    )
+
+
+def fitted(calibration: Calibration, **fields: Any) -> TwinReading:
+    values: dict[str, Any] = {
+        "state": TwinState.FITTED,
+        "calibration": calibration,
+        "key": "k",
+        "live_rate_req_s": 3.0,
+        "measured_ms": (40.0, 600.0),
+        **fields,
+    }
+    return TwinReading(**values)
+
+
+def paying() -> disaggplan.RecommendationResult:
+    search = TopologySearch(
+        (
+            LayoutCapacity(BEST, 12.4, itl_ms=24.0, ttft_ms=350.0),
+            LayoutCapacity(Layout(Pool(2, 8192, 128), Pool(2, 2048, 128)), 7.0, 22.0, 390.0),
+        ),
+        evaluations=2,
+        cpu_seconds=11.0,
+    )
+    return disaggplan.RecommendationResult("k", Recommendation(4, 1.6, search, 25.0, 1.0, 140.0))
+
+
+def condition(plan: Plan, type_: str) -> tuple[str, str, str] | None:
+    found = next((c for c in plan.conditions if c.type == type_), None)
+    return (found.status.value, found.reason, found.message) if found else None
+
+
+def events(plan: Plan) -> list[tuple[str, str]]:
+    return [(a.event.reason, a.event.message) for a in plan.actions if isinstance(a, Emit)]
+
+
+def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_condition_event_and_status(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    plan = decide(snapshot(body, INFEASIBLE, fitted(calibration, recommendation=paying())), SETTINGS)
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and found[:2] == ("True", "SLOInfeasible")
+    text = (
+        "1 prefill + 3 decode replicas (prefill maxNumBatchedTokens 8192, decode maxNumSeqs 128) meet "
+        "ITL p99 ≤ 30 ms and TTFT p95 ≤ 400 ms up to 12.4 req/s on the twin; colocated reaches "
+        "1.6 req/s on 4 replicas"
+    )
+    assert "no configuration of 6 measured meets both SLOs" in found[2] and text in found[2]
+    assert any(r == "TopologyRecommendation" and text in m for r, m in events(plan))
+    status = plan.status["recommendation"]
+    assert status["key"] == "k" and status["meetsSlo"] is True
+    assert (status["prefillReplicas"], status["decodeReplicas"]) == (1, 3)
+    assert status["prefillMaxNumBatchedTokens"] == 8192 and status["decodeMaxNumSeqs"] == 128
+    assert status["capacityReqS"] == 12.4 and status["colocatedCapacityReqS"] == 1.6
+    assert not [a for a in plan.actions if isinstance(a, CreateTrial)]
+    # The next step (SLOInfeasible already True, the recommendation recorded for this fit): the same
+    # message from the status, no new Event, nothing recomputed.
+    body["status"] = {"recommendation": status, "conditions": [_condition(found)]}
+    later_snap = snapshot(body, INFEASIBLE, fitted(calibration))
+    later = decide(later_snap, SETTINGS)
+    again = condition(later, "SLOInfeasible")
+    assert again is not None and text in again[2]
+    assert not [r for r, _ in events(later) if r in ("TopologyRecommendation", "SLOInfeasible")]
+    assert not disaggplan.recommend_due(later_snap, "k")
+    assert disaggplan.recommend_due(later_snap, "k2")  # refitted: evaluated again
+
+
+def _condition(found: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "type": "SLOInfeasible",
+        "status": found[0],
+        "reason": found[1],
+        "message": found[2],
+        "lastTransitionTime": (NOW - timedelta(minutes=1)).isoformat(),
+    }
+
+
+def test_before_the_recommendation_the_condition_says_it_is_being_evaluated(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    snap = snapshot(body, INFEASIBLE, fitted(calibration))
+    assert not disaggplan.recommend_due(snap, "k")  # SLOInfeasible not True yet
+    plan = decide(snap, SETTINGS)
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and found[0] == "True"
+    assert found[2].endswith("Evaluating prefill/decode disaggregation on the twin.")
+    assert "recommendation" not in plan.status
+    body["status"] = {"conditions": [_condition(found)]}
+    assert disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+
+
+def test_no_layout_meeting_the_slos_and_a_failed_evaluation_are_both_said(calibration: Calibration) -> None:
+    none = TopologySearch((LayoutCapacity(BEST, 0.0, 41.0, 700.0),), 1, 3.0)
+    result = disaggplan.RecommendationResult("k", Recommendation(4, 1.6, none, 25.0, 1.0, 140.0))
+    plan = decide(snapshot(service_body(), INFEASIBLE, fitted(calibration, recommendation=result)), SETTINGS)
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and "Disaggregation would not help" in found[2]
+    assert plan.status["recommendation"]["meetsSlo"] is False
+    failed = disaggplan.RecommendationResult("k", error="the twin's worker process failed")
+    plan = decide(snapshot(service_body(), INFEASIBLE, fitted(calibration, recommendation=failed)), SETTINGS)
+    message = "no disaggregation recommendation: the twin's worker process failed"
+    assert plan.status["recommendation"]["message"] == message
+    assert ("TopologyRecommendation", message) in events(plan)
+
+
+def test_recommend_evaluates_every_split_of_the_services_replicas_on_the_twin(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    snap = snapshot(body, INFEASIBLE, fitted(calibration))
+    job = disaggplan.request(snap, "k", calibration, SLO(30.0, 0.99, 400.0, 0.95))
+    assert job.replicas == 4 and job.decode_seqs == 128 and job.decode_budget == 2048
+    assert (job.kv_bandwidth_gbps, job.kv_latency_ms) == (25.0, 1.0)
+    asked: list[Layout] = []
+
+    def factory(_job: disaggplan.RecommendRequest) -> Any:
+        def evaluate(layout: Layout) -> LayoutCapacity:
+            asked.append(layout)
+            return LayoutCapacity(layout, 3.0 * layout.decode.replicas)
+
+        return evaluate
+
+    found = disaggplan.recommend(
+        disaggplan.RecommendRequest(**{**job.__dict__, "colocated_req_s": 0.5}), factory
+    )
+    assert found.colocated_req_s == 2.0  # 4 replicas x 0.5
+    assert {(a.prefill.replicas, a.decode.replicas) for a in asked} == {(1, 3), (2, 2), (3, 1)}
+    assert found.best is not None and found.best.layout.decode.replicas == 3 and found.pays
+    prompts = [r.prompt_tokens for r in calibration.twin.workload.requests]
+    assert found.kv_mb_per_request == pytest.approx(131072 * sum(prompts) / len(prompts) / 1e6)
+
+
+def test_the_simulators_disaggregated_mode_evaluates_a_layout_on_the_twin(calibration: Calibration) -> None:
+    slo = SLO(15.0, 0.99, 300.0, 0.95)
+    evaluate = twin_evaluator(calibration.twin, slo, 25.0, 1.0, requests_per_replica=80)
+    result = evaluate(Layout(Pool(1, 8192, 64), Pool(1, 1024, 64)))
+    assert result.feasible and result.capacity_req_s > 0
+    assert result.itl_ms <= 15.0 and result.ttft_ms <= 300.0
+    assert result.kv_transfer_ms > 1.0  # the KV hop: bytes / bandwidth + the 1 ms latency
+
+
+def test_a_disaggregated_service_runs_no_colocated_canary_and_says_why(calibration: Calibration) -> None:
+    topology = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 1, "maxNumBatchedTokens": 8192},
+        "decode": {"replicas": 3},
+    }
+    body = service_body(topology=topology)
+    plan = decide(snapshot(body, (), fitted(calibration)), SETTINGS)
+    found = condition(plan, "Tuning")
+    assert found is not None and found[:2] == ("False", "Disaggregated")
+    assert "(1 prefill + 3 decode replicas)" in found[2] and "no colocated canaries" in found[2]
+    assert not [a for a in plan.actions if isinstance(a, CreateTrial)]
+    assert not disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
