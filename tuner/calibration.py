@@ -198,16 +198,21 @@ class TwinObserver:
             self._fits[(snap.namespace, snap.name)] = calibration
         reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
         if disaggplan.recommend_due(snap, key):
-            job = disaggplan.request(snap, key, calibration, sim_slo(snap))
-            try:
-                found = disaggplan.RecommendationResult(key, await self._compute(disaggplan.recommend, job))
-            except (TwinFitError, ValueError) as error:
-                found = disaggplan.RecommendationResult(key, error=str(error))
-            reading = replace(reading, recommendation=found)
+            reading = replace(reading, recommendation=await self.recommend(snap, key, calibration))
         if final is not None:
             canary_check, stable_check = await self._check(snap, calibration, final)
             reading = replace(reading, check=canary_check, stable_check=stable_check)
         return reading
+
+    async def recommend(
+        self, snap: Snapshot, key: str, calibration: online.Calibration
+    ) -> disaggplan.RecommendationResult:
+        """Prefill/decode splits of the service's replicas on the twin (in the worker process)."""
+        job = disaggplan.request(snap, key, calibration, sim_slo(snap))
+        try:
+            return disaggplan.RecommendationResult(key, await self._compute(disaggplan.recommend, job))
+        except (TwinFitError, ValueError) as error:
+            return disaggplan.RecommendationResult(key, error=str(error))
 
     def _request(
         self, snap: Snapshot, inputs: online.Inputs, key: str, rate: float, rank: bool

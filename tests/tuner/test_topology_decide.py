@@ -6,6 +6,7 @@ Pure like the other decide tests: snapshots are built from the API models; the t
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import disaggplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import CreateTrial, Emit, Plan
-from chunkpilot.tuner.calibration import TwinReading
+from chunkpilot.tuner.calibration import TwinObserver, TwinReading
 from chunkpilot.tuner.decide import decide
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings
@@ -60,7 +61,7 @@ BEST = Layout(Pool(1, 8192, 128), Pool(3, 2048, 128))
 def service_body(**spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
-    body["spec"].update(replicas=4, **spec)
+    body["spec"].update({"replicas": 4, **spec})
     body["spec"]["slo"].update(itl={"quantile": 0.99, "maxMs": 30}, ttft={"quantile": 0.95, "maxMs": 400})
     body["spec"]["autotune"].update(trialWindow="60s", warmup="10s", maxTrials=12)
     return body
@@ -316,3 +317,32 @@ def test_a_disaggregated_service_runs_no_colocated_canary_and_says_why(calibrati
     assert "(1 prefill + 3 decode replicas)" in found[2] and "no colocated canaries" in found[2]
     assert not [a for a in plan.actions if isinstance(a, CreateTrial)]
     assert not disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+
+
+@pytest.mark.slow
+def test_the_observer_computes_it_in_the_twins_worker_process(
+    calibration: Calibration, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHUNKPILOT_TWIN_CPU_SECONDS", "0.5")  # one layout: the first is always evaluated
+    body = service_body(replicas=2)
+    body["status"] = {
+        "conditions": [
+            _condition(("True", "SLOInfeasible", "no configuration of 6 measured meets both SLOs"))
+        ]
+    }
+    snap = snapshot(body, INFEASIBLE, fitted(calibration))
+    assert disaggplan.recommend_due(snap, "k")
+    observer = TwinObserver(None)  # the worker process, as in the operator (the job must pickle)
+    try:
+        result = asyncio.run(observer.recommend(snap, "k", calibration))
+    finally:
+        observer.close()
+    assert result.error is None and result.recommendation is not None
+    found = result.recommendation
+    assert found.replicas == 2 and found.search.evaluations >= 1
+    assert found.best is not None and found.best.layout.replicas == 2
+    assert found.colocated_req_s >= 0 and found.kv_bandwidth_gbps == 25.0
+    plan = decide(snapshot(body, INFEASIBLE, fitted(calibration, recommendation=result)), SETTINGS)
+    assert plan.status["recommendation"]["key"] == "k"
+    infeasible = condition(plan, "SLOInfeasible")
+    assert infeasible is not None and "1 prefill + 1 decode replicas" in infeasible[2]
