@@ -482,7 +482,8 @@ def _act(
     sched.received.clear()
     replica.sample_kv(now)
     if output.is_empty:
-        replica.wake = sched.next_kv_ready_s()
+        ready = sched.next_kv_ready_s()
+        replica.wake = ready if ready > now else math.inf  # nothing can run until something arrives
         return
     duration = replica.core.step_model.step_time(output.forward_pass)
     replica.pending = output

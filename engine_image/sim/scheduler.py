@@ -452,6 +452,8 @@ class Scheduler:
             req_index += 1
 
         if not preempted:
+            if self.kv_transfer_s is not None:
+                self._receiving_first()
             index = 0
             while index < len(self.waiting) and token_budget > 0 and len(self.running) < cfg.max_running:
                 request = self.waiting[index]
@@ -561,6 +563,17 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = now
+
+    def _receiving_first(self) -> None:
+        """Put the requests receiving remote KV at the front of the waiting queue, as vLLM re-queues
+        them after every pass: one that cannot get blocks (a preempted request) never stands in front
+        of one whose KV has arrived and whose blocks it would free by finishing."""
+        waiting = self.waiting
+        if any(r.status is RequestStatus.WAITING_FOR_REMOTE_KVS for r in waiting):
+            receiving = [r for r in waiting if r.status is RequestStatus.WAITING_FOR_REMOTE_KVS]
+            others = [r for r in waiting if r.status is not RequestStatus.WAITING_FOR_REMOTE_KVS]
+            waiting.clear()
+            waiting.extend(receiving + others)
 
     def _remote_kv_ready(self, request: Request, now: float) -> bool | None:
         """Decode side of a disaggregated request, met in the waiting pass.

@@ -91,6 +91,33 @@ def test_a_remote_prefill_waits_for_free_blocks() -> None:
     assert second.status is RequestStatus.WAITING and second.held_blocks == 0
 
 
+def test_a_preempted_request_does_not_block_a_received_one() -> None:
+    """Blocks held by a request receiving its KV must not starve it behind a preempted request that
+    needs them: like vLLM, the receiving requests go first in the waiting pass."""
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, enable_prefix_caching=False)
+    sched = Scheduler(config, num_kv_blocks=10)
+    sched.check_invariants = True
+    sched.kv_transfer_s = lambda tokens: 1.0
+    local, remote = Request("local", 0.0, 80, 60), Request("remote", 0.0, 64, 20)
+    remote.remote_prefill = True
+    for request in (local, remote):
+        sched.add_request(request)
+    now, steps = 0.0, 0
+    while sched.has_unfinished():
+        steps += 1
+        assert steps < 2000, "the scheduler stalled"
+        output = sched.schedule(now)
+        if output.is_empty:
+            assert sched.next_kv_ready_s() > now, "nothing runnable and nothing on the way"
+            now = sched.next_kv_ready_s()
+            continue
+        now += 0.01
+        sched.update(output, now)
+    assert local.num_preemptions >= 1  # it ran out of blocks while the remote KV held 4 of 10
+    assert remote.finish_s is not None and local.finish_s is not None
+    assert remote.finish_s < local.finish_s
+
+
 # ---- topology ----------------------------------------------------------------------------------
 def test_topology_specs_and_what_cannot_be_disaggregated() -> None:
     assert parse_topology("1P3D") == (1, 3)
