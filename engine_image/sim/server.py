@@ -218,7 +218,7 @@ class SimEngineServer:
     async def _await_kv(self, now: float) -> None:
         """Idle until a remote KV arrives, a request comes in or blocks are released."""
         ready = self.core.scheduler.next_kv_ready_s()
-        timeout = 0.05 if ready == float("inf") else (ready - now) / self.config.time_scale
+        timeout = (ready - now) / self.config.time_scale if now < ready < float("inf") else 0.05
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._work.wait(), max(0.001, min(timeout, 0.05)))
 
