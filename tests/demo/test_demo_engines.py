@@ -1,0 +1,67 @@
+"""``chunkpilot demo --fast --engine sglang|trtllm`` with one trial: the engine's service runs on the
+simulator in that engine's dialect, its metrics reach Prometheus at the engine's own path, and the
+tuner measures both tracks in that engine's metric names and judges the trial on the measurements.
+
+One trial keeps this at about two minutes per engine; whether a promotion follows is the default
+demo's test (``test_demo_e2e.py``), whose six trials cost about eight minutes.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+MARKER = "CHUNKPILOT_DEMO_TEST_RUN"
+#: Verdicts reached on measurements of both tracks (not an aborted or inconclusive trial).
+JUDGED = {"Promoted", "Discarded", "Pruned"}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(
+    engine: str, tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
+) -> None:
+    reports = tmp_path / "reports"
+    marker = uuid.uuid4().hex
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chunkpilot.cli",
+            "demo",
+            "--fast",
+            "--engine",
+            engine,
+            "--max-trials",
+            "1",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--report-dir",
+            str(reports),
+        ],
+        env={**os.environ, MARKER: marker},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode in (0, 1), output[-6000:]  # 1: the one trial promoted nothing
+    with (reports / "code-assist" / "trials.csv").open() as handle:
+        trials = list(csv.DictReader(handle))
+    assert len(trials) == 1, output[-6000:]
+    trial = trials[0]
+    assert trial["verdict"] in JUDGED, f"{trial['verdict']}: {trial['reason']}"
+    for measured in ("itl_ms", "ttft_ms", "stable_itl_ms", "stable_ttft_ms", "throughput_tok_s"):
+        assert trial[measured] and float(trial[measured]) > 0, (measured, trial)
+    assert float(trial["samples"]) >= 100
+    assert "ITL judged from TPOT" not in trial["reason"]  # the simulator exports per-token ITL
+    assert not leftover_processes(f"{MARKER}={marker}"), "the demo left processes running"
