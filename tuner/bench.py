@@ -35,6 +35,7 @@ from typing import Any
 
 from chunkpilot.engine.sim.capacity import find_capacity
 from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.flags import engine_server_defaults
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import Engine, SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
@@ -186,28 +187,7 @@ def _workload(trace: str, requests: int) -> Workload:
 
 @lru_cache(maxsize=8)
 def _engine_defaults(engine: str, model: str, accelerator: str, max_model_len: int) -> SimConfig:
-    """``engine``'s server defaults as the simulator's own flag parser gives them, chunked prefill on.
-
-    vLLM keeps the simulator's defaults (its budget and sequence limit come from
-    :func:`default_config`); SGLang and TensorRT-LLM get their own (``--chunked-prefill-size`` by GPU
-    memory, ``--max-running-requests``, ``--schedule-policy fcfs`` without mixed chunks; ``max_num_tokens``,
-    ``max_batch_size``, the ``GUARANTEED_NO_EVICT`` capacity scheduler) and memory fraction.
-    """
-    if engine == Engine.VLLM.value:
-        return SimConfig(
-            model=model, accelerator=accelerator, scheduler=SchedulerConfig(max_model_len=max_model_len)
-        )
-    import argparse
-
-    from chunkpilot.engine.sim.flags import add_flags_for, config_for
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_flags_for(parser, engine)
-    args = parser.parse_args(["--gpu", accelerator])
-    args.engine = engine
-    sim = config_for(model, args)
-    scheduler = replace(sim.scheduler, max_model_len=max_model_len, enable_chunked_prefill=True)
-    return replace(sim, scheduler=scheduler, step_profile=None)
+    return engine_server_defaults(engine, model, accelerator, max_model_len)
 
 
 def engine_defaults(settings: BenchSettings) -> SimConfig:

@@ -242,6 +242,9 @@ class TwinObserver:
             rank=rank,
             cpu_budget_s=online.cpu_budget_s(),
             exclude=tuple(dict.fromkeys(tried)),
+            engine=online.engine_semantics(
+                spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len
+            ),
         )
 
     async def _trial_steps(self, snap: Snapshot, trial: TuningTrial) -> dict[str, StepTotals]:

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -537,3 +538,25 @@ def config_for(model: str, args: argparse.Namespace) -> SimConfig:
     if kind is Engine.TRTLLM:
         return _trtllm_config(model, args)
     return sim_config_from_args(model, args)
+
+
+def engine_server_defaults(engine: str, model: str, accelerator: str, max_model_len: int) -> SimConfig:
+    """``engine``'s server defaults as its own flags give them on ``accelerator``, chunked prefill on.
+
+    vLLM keeps the simulator's defaults (its budget and sequence limit come from
+    :func:`~chunkpilot.engine.sim.engine.default_limits`); SGLang and TensorRT-LLM get their own
+    (``--chunked-prefill-size`` by GPU memory, ``--max-running-requests``, ``--schedule-policy fcfs``
+    without mixed chunks; ``max_num_tokens``, ``max_batch_size``, the ``GUARANTEED_NO_EVICT`` capacity
+    scheduler) and memory fraction.
+    """
+    if Engine(engine) is Engine.VLLM:
+        return SimConfig(
+            model=model, accelerator=accelerator, scheduler=SchedulerConfig(max_model_len=max_model_len)
+        )
+    parser = argparse.ArgumentParser(add_help=False)
+    add_flags_for(parser, engine)
+    args = parser.parse_args(["--gpu", accelerator])
+    args.engine = engine
+    sim = config_for(model, args)
+    scheduler = replace(sim.scheduler, max_model_len=max_model_len, enable_chunked_prefill=True)
+    return replace(sim, scheduler=scheduler, step_profile=None)

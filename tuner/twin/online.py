@@ -28,8 +28,17 @@ from typing import Final
 
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.flags import engine_server_defaults
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO, simulate
+from chunkpilot.engine.sim.scheduler import (
+    SIMULATED_CAPACITY_POLICIES,
+    CapacitySchedulerPolicy,
+    ContextChunkingPolicy,
+    Engine,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
 from chunkpilot.tuner.measure import Selector, VectorFn
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.capture import (
@@ -46,7 +55,7 @@ from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
 from chunkpilot.tuner.twin.predict import Twin
 from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
 
-from chunkpilot.api import Objective
+from chunkpilot.api import EngineSpec, Objective
 
 __all__ = [
     "TOLERANCE",
@@ -275,6 +284,40 @@ class Request:
     warm: tuple[TunedConfig, ...] = ()
     directory: str | None = None
     bands: tuple[Band | None, Band | None] = (None, None)
+    #: The service's engine scheduling semantics (:func:`engine_semantics`); None: vLLM's.
+    engine: SchedulerConfig | None = None
+
+
+def engine_semantics(
+    spec: EngineSpec, model: str, accelerator: str, max_model_len: int
+) -> SchedulerConfig | None:
+    """The scheduler the twin simulates a SGLang or TensorRT-LLM service with (None for vLLM and sim).
+
+    The engine's server defaults on the accelerator, with the engine-only settings the spec pins
+    (SGLang's prefill cap, schedule policy and mixed chunks; TensorRT-LLM's scheduler policies);
+    a policy the simulator does not reproduce keeps the engine's default. The tuned knobs are
+    replaced per candidate (:meth:`Twin.config`).
+    """
+    kind = Engine(spec.kind.value) if spec.kind.value in {e.value for e in Engine} else Engine.VLLM
+    if kind is Engine.VLLM:
+        return None
+    base = engine_server_defaults(kind.value, model, accelerator, max_model_len).scheduler
+    pinned: dict[str, object] = {"enable_prefix_caching": spec.enable_prefix_caching}
+    if kind is Engine.SGLANG:
+        pinned["enable_mixed_chunk"] = spec.enable_mixed_chunk
+        if spec.max_prefill_tokens is not None:
+            pinned["max_prefill_tokens"] = spec.max_prefill_tokens
+        if spec.schedule_policy is not None and spec.schedule_policy.value in {
+            p.value for p in SchedulingPolicy
+        }:
+            pinned["policy"] = SchedulingPolicy(spec.schedule_policy.value)
+    else:
+        policy = spec.capacity_scheduler_policy
+        if policy is not None and CapacitySchedulerPolicy(policy.value) in SIMULATED_CAPACITY_POLICIES:
+            pinned["capacity_scheduler_policy"] = CapacitySchedulerPolicy(policy.value)
+        if spec.context_chunking_policy is not None:
+            pinned["context_chunking_policy"] = ContextChunkingPolicy(spec.context_chunking_policy.value)
+    return replace(base, **pinned)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -351,6 +394,7 @@ def calibrate(request: Request) -> Calibration:
         workload,
         directory / request.key.replace("/", "-"),
         gpu_memory_utilization=request.gpu_memory_utilization,
+        engine=request.engine,
     )
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)

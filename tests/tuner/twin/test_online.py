@@ -237,3 +237,70 @@ def test_offsets_are_never_negative_and_capped_and_tighten_the_targets() -> None
     assert online.latency_offsets((20.0, 400.0), (90.0, 2500.0), slo) == (0.0, 0.0)  # past the SLO
     tightened = online.offset_slo(slo, (5.0, 50.0))
     assert (tightened.itl_ms, tightened.ttft_ms) == (45.0, 1950.0)
+
+
+def _engine_spec(**engine: Any) -> Any:
+    from chunkpilot.api import InferenceService
+
+    manifest = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine},
+    }
+    return InferenceService.from_manifest(manifest).spec.engine
+
+
+def test_engine_semantics_is_the_services_engine_with_what_its_spec_pins() -> None:
+    from chunkpilot.engine.sim.scheduler import (
+        CapacitySchedulerPolicy,
+        Engine,
+        SchedulingPolicy,
+    )
+
+    assert online.engine_semantics(_engine_spec(kind="vllm"), "llama-3.1-8b", "h100", 8192) is None
+    assert online.engine_semantics(_engine_spec(kind="sim"), "llama-3.1-8b", "h100", 8192) is None
+    sglang = online.engine_semantics(
+        _engine_spec(
+            kind="sglang",
+            enableMixedChunk=True,
+            schedulePolicy="lpm",
+            maxPrefillTokens=4096,
+            maxNumBatchedTokens=2048,
+        ),
+        "llama-3.1-8b",
+        "h100",
+        8192,
+    )
+    assert sglang is not None and sglang.engine is Engine.SGLANG
+    assert sglang.enable_mixed_chunk and sglang.policy is SchedulingPolicy.LPM
+    assert sglang.max_prefill_tokens == 4096 and sglang.max_model_len == 8192
+    # A policy the simulator does not reproduce keeps the engine's default.
+    unsimulated = online.engine_semantics(
+        _engine_spec(kind="sglang", schedulePolicy="dfs-weight"), "llama-3.1-8b", "h100", 8192
+    )
+    assert unsimulated is not None and unsimulated.policy is SchedulingPolicy.FCFS
+    trtllm = online.engine_semantics(
+        _engine_spec(kind="trtllm", capacitySchedulerPolicy="MAX_UTILIZATION"), "llama-3.1-8b", "h100", 8192
+    )
+    assert trtllm is not None and trtllm.engine is Engine.TRTLLM
+    assert trtllm.capacity_scheduler_policy is CapacitySchedulerPolicy.MAX_UTILIZATION
+
+
+def test_the_calibrated_twin_simulates_the_requests_engine(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    from chunkpilot.engine.sim.scheduler import Engine
+
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    engine = online.engine_semantics(_engine_spec(kind="sglang"), "llama-3.1-8b", "h100", 8192)
+    sglang = online.calibrate(replace(built, engine=engine))
+    assert sglang.twin.config(scheduler_of_incumbent()).scheduler.engine is Engine.SGLANG
+    vllm = online.calibrate(built)
+    assert vllm.twin.config(scheduler_of_incumbent()).scheduler.engine is Engine.VLLM
+
+
+def scheduler_of_incumbent() -> SchedulerConfig:
+    from chunkpilot.tuner.twin.search import scheduler_of
+
+    return scheduler_of(INCUMBENT, 8192)
