@@ -18,7 +18,6 @@ from chunkpilot.tuner.bench import (
     SLOPair,
     autotune_order,
     best_so_far,
-    format_table,
     run_benchmark,
     run_grid,
     run_random,
@@ -26,6 +25,7 @@ from chunkpilot.tuner.bench import (
     scenario_facts,
     sim_config,
 )
+from chunkpilot.tuner.bench_report import format_table
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, build_space
 
 from chunkpilot.cli import main
