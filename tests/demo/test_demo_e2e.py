@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,23 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pyte
 MARKER = "CHUNKPILOT_DEMO_TEST_RUN"
 
 
-def _processes_carrying(marker: str) -> dict[str, str]:
-    """Processes whose environment holds ``marker`` (every descendant of the demo inherits it)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker.encode() in environ:
-            found[entry.name] = cmdline[:200]
-    return found
-
-
-def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> None:
+def test_fast_demo_promotes_a_config_that_meets_both_slos(
+    tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
+) -> None:
     state, reports = tmp_path / "state", tmp_path / "reports"
     marker = f"{MARKER}={uuid.uuid4().hex}"
     env = {**os.environ, MARKER: marker.split("=", 1)[1]}
@@ -65,11 +52,13 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(tmp_path: Path) -> Non
     assert "Report:" in output
     assert "Promoted" in report.read_text()
     assert list(report.parent.glob("*.png"))
-    left = _processes_carrying(marker)
+    left = leftover_processes(marker)
     assert not left, f"the demo left processes running: {left}"
 
 
-def test_ctrl_c_mid_run_tears_everything_down(tmp_path: Path) -> None:
+def test_ctrl_c_mid_run_tears_everything_down(
+    tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
+) -> None:
     marker = uuid.uuid4().hex
     process = subprocess.Popen(
         [
@@ -101,4 +90,4 @@ def test_ctrl_c_mid_run_tears_everything_down(tmp_path: Path) -> None:
     output = "".join(seen) + rest
     assert process.returncode == 130, output[-4000:]
     assert "Interrupted; every process the demo started has been stopped." in output
-    assert not _processes_carrying(f"{MARKER}={marker}"), "Ctrl-C left processes running"
+    assert not leftover_processes(f"{MARKER}={marker}"), "Ctrl-C left processes running"

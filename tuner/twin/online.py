@@ -298,9 +298,9 @@ def engine_semantics(
     a policy the simulator does not reproduce keeps the engine's default. The tuned knobs are
     replaced per candidate (:meth:`Twin.config`).
     """
-    kind = Engine(spec.kind.value) if spec.kind.value in {e.value for e in Engine} else Engine.VLLM
-    if kind is Engine.VLLM:
+    if spec.kind.value not in (Engine.SGLANG.value, Engine.TRTLLM.value):
         return None
+    kind = Engine(spec.kind.value)
     base = engine_server_defaults(kind.value, model, accelerator, max_model_len).scheduler
     pinned: dict[str, object] = {"enable_prefix_caching": spec.enable_prefix_caching}
     if kind is Engine.SGLANG:
