@@ -23,6 +23,8 @@ from chunkpilot.operator.apicalls import APPLY_PATCH as APPLY_PATCH
 from chunkpilot.operator.apicalls import check_declared, enforcing
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+# The cause the API server attaches when it refuses new content in a namespace being deleted.
+NAMESPACE_TERMINATING_CAUSE: Final = "NamespaceTerminating"
 
 
 class KubeError(RuntimeError):
@@ -32,9 +34,17 @@ class KubeError(RuntimeError):
         self.status = status
         self.body = body
         try:
-            message = json.loads(body).get("message", body)
-        except (ValueError, AttributeError):
-            message = body
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            answer = {}
+        message = answer.get("message", body)
+        # A Status's causes carry their type under the JSON key "reason".
+        causes = (answer.get("details") or {}).get("causes") or []
+        self.causes: frozenset[str] = frozenset(
+            str(cause.get("reason", "")) for cause in causes if isinstance(cause, dict)
+        )
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
 
     @property
@@ -44,6 +54,11 @@ class KubeError(RuntimeError):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """The write was refused because its namespace is being deleted (not an RBAC denial)."""
+        return self.status == 403 and NAMESPACE_TERMINATING_CAUSE in self.causes
 
 
 def resource_path(

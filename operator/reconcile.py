@@ -198,7 +198,13 @@ class Reconciler:
         key = (meta["namespace"], meta["name"])
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            await self._reconcile_locked(body, kinds, dict(known or {}), repair)
+            try:
+                await self._reconcile_locked(body, kinds, dict(known or {}), repair)
+            except KubeError as error:
+                if not error.namespace_terminating:
+                    raise
+                # The namespace is being deleted and takes the service with it: nothing to restore.
+                logger.info("not reconciling %s/%s: its namespace is being deleted", *key)
 
     async def child_changed(self, event_type: str | None, child: Mapping[str, Any]) -> None:
         """A labelled child changed or vanished: restore it if needed and refresh the parent's status."""

@@ -20,9 +20,11 @@ and the operator rolls the stable track to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from chunkpilot.operator.kube import KubeError
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner.act import Actor, Kube, Mirror, PostEvent
 from chunkpilot.tuner.decide import TuningReason, decide, round_token_mix, with_token_mix
@@ -31,6 +33,7 @@ from chunkpilot.tuner.phases import TunerSettings, crash_message
 from chunkpilot.tuner.snapshot import Observer
 
 Clock = Callable[[], datetime]
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Clock",
@@ -92,4 +95,10 @@ class TuningController:
             plan = decide(snap, self.settings)
         else:
             plan = await asyncio.to_thread(decide, snap, self.settings)
-        await self.actor.act(plan)
+        try:
+            await self.actor.act(plan)
+        except KubeError as error:
+            if not error.namespace_terminating:
+                raise
+            # The namespace is being deleted and takes the service and its trials with it.
+            logger.info("not tuning %s/%s: its namespace is being deleted", namespace, name)

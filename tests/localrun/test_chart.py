@@ -91,7 +91,11 @@ def test_leaving_the_stack_fails_on_refused_calls_in_the_operator_log(tmp_path: 
         "GET /api/v1/namespaces/ns/pods: HTTP 403: pods is forbidden",
         "undeclared Kubernetes API call DELETE /api/v1/namespaces/ns/services/s (delete core/services ...)",
     ]
-    log.write_text("\n".join(["reconciled ns/chat", *refused]) + "\n")
+    terminating = (
+        "Failed to post an event. Code: 403. Message: events is forbidden: unable to create new content "
+        "in namespace ns because it is being terminated"
+    )
+    log.write_text("\n".join(["reconciled ns/chat", *refused, terminating]) + "\n")
     assert stack.denied_calls() == refused
     with pytest.raises(DeniedApiCallsError, match="3 operator log line"):
         stack.__exit__(None, None, None)

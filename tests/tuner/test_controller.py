@@ -679,6 +679,34 @@ def test_a_crash_between_creating_a_trial_and_recording_it_creates_no_duplicate(
     assert h.canary() is not None
 
 
+def refused_with(status_body: str) -> Callable[..., Any]:
+    async def create(path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        raise KubeError(403, "POST", path, status_body)
+
+    return create
+
+
+NAMESPACE_TERMINATING = json.dumps(
+    {
+        "kind": "Status",
+        "message": f"unable to create new content in namespace {NS} because it is being terminated",
+        "reason": "Forbidden",
+        "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]},
+        "code": 403,
+    }
+)
+
+
+def test_a_namespace_being_deleted_ends_the_step_quietly_but_an_rbac_denial_does_not() -> None:
+    h = Harness()
+    h.kube.create = refused_with(NAMESPACE_TERMINATING)  # type: ignore[method-assign]
+    h.tick()
+    assert h.trials() == []
+    h.kube.create = refused_with('{"message": "tuningtrials is forbidden: User cannot create", "code": 403}')  # type: ignore[method-assign]
+    with pytest.raises(KubeError, match="forbidden"):
+        h.tick()
+
+
 def test_an_orphaned_canary_is_removed() -> None:
     h = Harness()
     from chunkpilot.operator.builders import build_deployment

@@ -91,6 +91,8 @@ def chart_env(charted: bool, chart_values: Sequence[str]) -> dict[str, str]:
 
 #: How a refused API call shows in the operator's log: Kopf's, the client's, the inventory's.
 DENIAL_MARKERS: tuple[str, ...] = ("Forbidden", "forbidden", "HTTP 403", "undeclared Kubernetes API call")
+#: A 403 that is no RBAC denial: the API server refuses new objects in a namespace being deleted.
+NOT_DENIAL_MARKERS: tuple[str, ...] = ("because it is being terminated",)
 
 
 class DeniedApiCallsError(RuntimeError):
@@ -311,7 +313,12 @@ class LocalStack:
         if self.operator is None or not self.operator.log_path.exists():
             return []
         text = self.operator.log_path.read_text(errors="replace")
-        return [line for line in text.splitlines() if any(marker in line for marker in DENIAL_MARKERS)]
+        return [
+            line
+            for line in text.splitlines()
+            if any(marker in line for marker in DENIAL_MARKERS)
+            and not any(marker in line for marker in NOT_DENIAL_MARKERS)
+        ]
 
     # ------------------------------------------------------------------ use
 
