@@ -45,7 +45,9 @@ from chunkpilot.tuner.actions import (
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings, metrics_down, metrics_ok
 from chunkpilot.tuner.policy import (
+    TWIN_INFEASIBLE_MIN_TRIALS,
     StopReason,
+    TwinBound,
     assess_infeasibility,
     check_slo,
     should_stop,
@@ -62,6 +64,7 @@ from chunkpilot.tuner.space import (
     build_space,
 )
 from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
+from chunkpilot.tuner.twin.online import TOLERANCE as TWIN_TOLERANCE
 from chunkpilot.tuner.warmstart import warm_start
 
 from chunkpilot.api import (
@@ -250,7 +253,7 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
         return  # Prometheus unreachable: wait (MetricsUnavailable set)
     round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
     in_round = [t for t in snap.trials if rec.trial_round(t) == round_]
-    if stop_reason(plan, records(plan, space, in_round), len(in_round)) is not None:
+    if stop_reason(plan, records(plan, space, in_round), in_round) is not None:
         if not should_retune(plan, settings):
             return
         round_ += 1
@@ -390,16 +393,54 @@ def trial_manifest(
 # --------------------------------------------------------------------------- stopping
 
 
-def stop_reason(plan: Plan, round_records: Sequence[TrialRecord], round_trials: int) -> StopReason | None:
+def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | None:
+    """What the twin's current ranking says about the colocated space at the live load; None: no ranking.
+
+    The best predicted capacity is the stable config's or a ranked candidate's (the ranking leaves
+    out the configurations tried on canaries: those were measured); the twin's error on each
+    canary of the round is the one recorded at its verdict.
+    """
+    found = twinplan.ranking(plan)
+    if found is None:
+        return None
+    candidates, twin = found
+    live_rate = plan.snap.twin.live_rate_req_s or twin.live_request_rate
+    if live_rate is None:
+        return None
+    capacities = [c.capacity_req_s for c in candidates]
+    if twin.capacity_req_s is not None:
+        capacities.append(twin.capacity_req_s)
+    errors = {
+        t.spec.number: t.status.twin.error
+        for t in round_trials
+        if t.status is not None and t.status.twin is not None
+    }
+    return TwinBound(
+        best_capacity_req_s=max(capacities, default=0.0),
+        live_rate_req_s=live_rate,
+        fit_error=twin.error,
+        canary_errors=errors,
+        tolerance=twin.tolerance if twin.tolerance is not None else TWIN_TOLERANCE,
+        evaluations=twin.evaluations,
+    )
+
+
+def stop_reason(
+    plan: Plan, round_records: Sequence[TrialRecord], round_trials: Sequence[TuningTrial]
+) -> StopReason | None:
     """Why tuning stops (infeasible SLOs, max trials, converged), with its conditions set; None: go on."""
     autotune = plan.snap.isvc.spec.autotune
-    infeasible = assess_infeasibility(round_records, plan.snap.slo, incumbent_met(plan))
+    bound = twin_bound(plan, round_trials)
+    infeasible = assess_infeasibility(round_records, plan.snap.slo, incumbent_met(plan), twin=bound)
+    before = plan.current_condition(ConditionType.SLO_INFEASIBLE)
+    declared = before is not None and before.status == ConditionStatus.TRUE
+    if infeasible is None and bound is None and declared and holds_without_twin(plan, round_records):
+        return StopReason.INFEASIBLE  # the twin cannot tell this step: the declaration stands
     if infeasible is not None:
         remedies = ", ".join(r.value for r in infeasible.remedies)
         note = disaggplan.infeasible_note(plan)
         message = f"{infeasible.message} Remedies: {remedies}." + (f" {note}" if note else "")
-        before = plan.current_condition(ConditionType.SLO_INFEASIBLE)
-        if before is None or before.status != ConditionStatus.TRUE:
+        if not declared:
             plan.emit(EventType.WARNING, "SLOInfeasible", message)
         plan.condition(ConditionType.SLO_INFEASIBLE, ConditionStatus.TRUE, "SLOInfeasible", message)
         stopped(plan, StopReason.INFEASIBLE, infeasible.message)
@@ -411,17 +452,24 @@ def stop_reason(plan: Plan, round_records: Sequence[TrialRecord], round_trials: 
         "no evidence that the SLOs are out of reach",
     )
     reason: StopReason | None
-    if round_trials >= autotune.max_trials:
+    if len(round_trials) >= autotune.max_trials:
         reason = StopReason.MAX_TRIALS
     else:
         reason = should_stop(round_records, autotune.max_trials)
     if reason is not None:
         detail = {
-            StopReason.MAX_TRIALS: f"{round_trials} of {autotune.max_trials} trials run",
+            StopReason.MAX_TRIALS: f"{len(round_trials)} of {autotune.max_trials} trials run",
             StopReason.CONVERGED: "the best objective stopped improving",
         }.get(reason, reason.value)
         stopped(plan, reason, detail)
     return reason
+
+
+def holds_without_twin(plan: Plan, round_records: Sequence[TrialRecord]) -> bool:
+    """An infeasibility declared on the twin's evidence stands while the twin has no ranking (a
+    telemetry gap): the measurements still miss; only a ranking that no longer predicts it lifts it."""
+    slo, met = plan.snap.slo, incumbent_met(plan)
+    return assess_infeasibility(round_records, slo, met, min_trials=TWIN_INFEASIBLE_MIN_TRIALS) is not None
 
 
 def stopped(plan: Plan, reason: StopReason, detail: str) -> None:

@@ -25,7 +25,7 @@ margin.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -41,6 +41,10 @@ HEADROOM_WEIGHT = 0.5
 PROMOTE_MARGIN = 0.05
 #: Measured trials (without a feasible one) before the SLOs are declared infeasible.
 INFEASIBLE_MIN_TRIALS = 6
+#: With a calibrated twin whose search over the colocated space predicts that no configuration
+#: meets both SLOs at the live load: measured canaries that missed and confirmed the twin (its
+#: error on them within tolerance) before the SLOs are declared infeasible on its evidence.
+TWIN_INFEASIBLE_MIN_TRIALS = 2
 #: Trials without a gain of at least CONVERGENCE_GAIN in the best objective before the tuner stops.
 CONVERGENCE_PATIENCE = 8
 CONVERGENCE_GAIN = 0.01
@@ -343,18 +347,57 @@ class Infeasibility:
     best_ttft_ms: float | None
     remedies: tuple[Remedy, ...]
     message: str
+    #: Declared on the twin's evidence (:class:`TwinBound`) after fewer than ``INFEASIBLE_MIN_TRIALS``.
+    twin: bool = False
 
 
-def assess_infeasibility(
-    records: Sequence[TrialRecord],
-    slo: SLOTargets,
-    incumbent_met: bool | None,
-    min_trials: int = INFEASIBLE_MIN_TRIALS,
-) -> Infeasibility | None:
-    """An :class:`Infeasibility` when enough trials ran and none, nor the incumbent, met the SLOs."""
-    measured = [r for r in records if r.state is RecordState.COMPLETE and r.constraints]
-    if incumbent_met or len(measured) < min_trials or any(r.feasible for r in measured):
-        return None
+@dataclass(frozen=True)
+class TwinBound:
+    """What a fitted twin says about the colocated space at the live load.
+
+    ``best_capacity_req_s``: the best predicted capacity at SLO (requests/s per replica) its search
+    found over the colocated space, the stable config included (0: no rate meets both SLOs);
+    ``live_rate_req_s``: the live requests/s per stable replica; ``fit_error``: its error on the
+    stable track; ``canary_errors``: its error on each canary it checked, by trial number (None or
+    NaN: not checked); ``tolerance``: the largest error at which a prediction counts as confirmed.
+    """
+
+    best_capacity_req_s: float
+    live_rate_req_s: float
+    fit_error: float | None
+    canary_errors: Mapping[int, float | None]
+    tolerance: float
+    evaluations: int | None = None
+
+    @property
+    def predicts_infeasible(self) -> bool:
+        """No colocated configuration the twin found serves the live load within both SLOs."""
+        return self.live_rate_req_s > 0 and self.best_capacity_req_s < self.live_rate_req_s
+
+    def _within(self, error: float | None) -> bool:
+        return error is not None and math.isfinite(error) and error <= self.tolerance
+
+    def confirmed_by(self, numbers: Sequence[int]) -> int | None:
+        """How many of these measured canaries confirm the twin; None: the twin is not calibrated
+        (its error on the stable track, or on any canary of ``numbers`` it checked, is beyond tolerance)."""
+        if not self._within(self.fit_error):
+            return None
+        checked = [e for n in numbers if (e := self.canary_errors.get(n)) is not None and math.isfinite(e)]
+        if not all(self._within(e) for e in checked):
+            return None
+        return len(checked)
+
+    def sentence(self, confirmed: int) -> str:
+        searched = f" ({self.evaluations} evaluated)" if self.evaluations else ""
+        return (
+            f"the twin predicts at most {self.best_capacity_req_s:.3g} req/s per replica within the SLOs "
+            f"for any colocated configuration{searched}, the live load is {self.live_rate_req_s:.3g} req/s "
+            f"per replica; {confirmed} canaries confirmed it (twin error within {self.tolerance:.0%})"
+        )
+
+
+def _diagnosis(measured: Sequence[TrialRecord], slo: SLOTargets, evidence: str = "") -> Infeasibility:
+    """Why the measured trials missed, the best quantiles they reached (and ``evidence``), the remedies."""
     itl = [r.constraints["itl"] for r in measured if "itl" in r.constraints]
     ttft = [r.constraints["ttft"] for r in measured if "ttft" in r.constraints]
     best_itl = (1.0 + min(itl)) * slo.itl_ms if itl else None
@@ -382,8 +425,37 @@ def assess_infeasibility(
         if best_itl is not None and best_ttft is not None
         else "no complete measurement"
     )
+    best += f"; {evidence}" if evidence else ""
     message = f"no configuration of {len(measured)} measured meets both SLOs: {why}; {best}. Remedy: {fix}."
-    return Infeasibility(best_itl, best_ttft, remedies, message)
+    return Infeasibility(best_itl, best_ttft, remedies, message, twin=bool(evidence))
+
+
+def assess_infeasibility(
+    records: Sequence[TrialRecord],
+    slo: SLOTargets,
+    incumbent_met: bool | None,
+    min_trials: int = INFEASIBLE_MIN_TRIALS,
+    twin: TwinBound | None = None,
+    twin_min_trials: int = TWIN_INFEASIBLE_MIN_TRIALS,
+) -> Infeasibility | None:
+    """An :class:`Infeasibility` when enough trials ran and none, nor the incumbent, met the SLOs.
+
+    Enough is ``min_trials`` measured trials; with a ``twin`` that is calibrated (its error on the
+    stable track and on every canary it checked within tolerance) and predicts that no colocated
+    configuration serves the live load within both SLOs, ``twin_min_trials`` measured canaries it
+    checked suffice, and the message carries its evidence.
+    """
+    measured = [r for r in records if r.state is RecordState.COMPLETE and r.constraints]
+    if incumbent_met or not measured or any(r.feasible for r in measured):
+        return None
+    if len(measured) >= min_trials:
+        return _diagnosis(measured, slo)
+    if twin is None or not twin.predicts_infeasible:
+        return None
+    confirmed = twin.confirmed_by([r.number for r in measured])
+    if confirmed is None or confirmed < twin_min_trials:
+        return None
+    return _diagnosis(measured, slo, twin.sentence(confirmed))
 
 
 class StopReason(StrEnum):

@@ -9,11 +9,13 @@ from typing import Any
 
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.policy import (
+    TWIN_INFEASIBLE_MIN_TRIALS,
     AbortRules,
     Decision,
     Remedy,
     SLOTargets,
     StopReason,
+    TwinBound,
     assess_infeasibility,
     judge_early,
     judge_final,
@@ -133,6 +135,67 @@ def test_infeasible_names_best_quantiles_and_remedy() -> None:
     assert assess_infeasibility(itl_bound[:5], SLO, incumbent_met=False) is None
     assert assess_infeasibility(itl_bound, SLO, incumbent_met=True) is None
     assert assess_infeasibility([*itl_bound, _rec(9, -0.1, -0.1)], SLO, incumbent_met=False) is None
+
+
+def bound(best: float = 0.3, live: float = 0.75, **fields: Any) -> TwinBound:
+    values: dict[str, Any] = {
+        "best_capacity_req_s": best,
+        "live_rate_req_s": live,
+        "fit_error": 0.05,
+        "canary_errors": {1: 0.04, 2: 0.1},
+        "tolerance": 0.15,
+        "evaluations": 12,
+        **fields,
+    }
+    return TwinBound(**values)
+
+
+def test_a_calibrated_twin_that_predicts_infeasibility_declares_it_after_two_confirming_canaries() -> None:
+    missed = [_rec(1, -0.1, 1.2), _rec(2, 5.0, -0.2)]
+    assert TWIN_INFEASIBLE_MIN_TRIALS == 2
+    assert assess_infeasibility(missed, SLO, incumbent_met=False) is None  # measurements alone: 6 needed
+    verdict = assess_infeasibility(missed, SLO, incumbent_met=False, twin=bound())
+    assert verdict is not None and verdict.twin
+    assert "no configuration of 2 measured meets both SLOs" in verdict.message
+    assert (
+        "the twin predicts at most 0.3 req/s per replica within the SLOs for any colocated configuration "
+        "(12 evaluated), the live load is 0.75 req/s per replica; 2 canaries confirmed it "
+        "(twin error within 15%)" in verdict.message
+    )
+    assert verdict.message.endswith("Remedy: raise spec.replicas or use prefill/decode disaggregation.")
+    assert Remedy.DISAGGREGATION in verdict.remedies
+    # One canary is not enough, nor is a feasible one, nor an incumbent that meets the SLOs.
+    assert assess_infeasibility(missed[:1], SLO, incumbent_met=False, twin=bound()) is None
+    feasible = [*missed, _rec(3, -0.1, -0.1)]
+    assert assess_infeasibility(feasible, SLO, incumbent_met=False, twin=bound()) is None
+    assert assess_infeasibility(missed, SLO, incumbent_met=True, twin=bound()) is None
+
+
+def test_the_twin_declares_nothing_when_it_predicts_a_feasible_config_or_is_not_calibrated() -> None:
+    missed = [_rec(1, -0.1, 1.2), _rec(2, 5.0, -0.2)]
+
+    def judged(twin: TwinBound) -> bool:
+        return assess_infeasibility(missed, SLO, incumbent_met=False, twin=twin) is not None
+
+    assert judged(bound())
+    assert not judged(bound(best=0.75))  # a config serves the live load: keep tuning
+    assert not judged(bound(live=0.0))  # no live load to compare with
+    assert not judged(bound(fit_error=0.2))  # the twin misses the stable track
+    assert not judged(bound(fit_error=None)) and not judged(bound(fit_error=math.nan))
+    assert not judged(bound(canary_errors={1: 0.04, 2: 0.3}))  # a canary contradicted it
+    assert not judged(bound(canary_errors={1: 0.04}))  # only one canary checked
+    assert not judged(bound(canary_errors={1: 0.04, 2: math.nan}))
+    # A canary it did not check neither confirms nor contradicts.
+    assert judged(bound(canary_errors={1: 0.04, 2: 0.1, 3: None}))
+    three = [*missed, _rec(3, 0.5, 0.5)]
+    found = assess_infeasibility(three, SLO, incumbent_met=False, twin=bound(canary_errors={1: 0.0, 2: 0.1}))
+    assert found is not None and "2 canaries confirmed it" in found.message
+    # With six measured trials the twin is not needed (and does not change the message).
+    six = [_rec(n, 0.2 + n / 10, -0.5) for n in range(6)]
+    plain = assess_infeasibility(six, SLO, incumbent_met=False)
+    assert plain is not None and not plain.twin
+    with_twin = assess_infeasibility(six, SLO, incumbent_met=False, twin=bound(best=9.0))
+    assert with_twin == plain
 
 
 def test_stop_after_max_trials_or_convergence() -> None:

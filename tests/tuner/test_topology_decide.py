@@ -27,6 +27,7 @@ from chunkpilot.tuner.calibration import TwinObserver, TwinReading
 from chunkpilot.tuner.decide import decide
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.policy import TWIN_INFEASIBLE_MIN_TRIALS
 from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology import Layout, LayoutCapacity, Pool, Recommendation, TopologySearch
@@ -40,6 +41,7 @@ from chunkpilot.api import (
     Measurement,
     ObjectMeta,
     TrialPhase,
+    TrialTwin,
     TrialVerdict,
     TuningTrial,
     TuningTrialSpec,
@@ -346,3 +348,92 @@ def test_the_observer_computes_it_in_the_twins_worker_process(
     assert plan.status["recommendation"]["key"] == "k"
     infeasible = condition(plan, "SLOInfeasible")
     assert infeasible is not None and "1 prefill + 1 decode replicas" in infeasible[2]
+
+
+def checked(trial: TuningTrial, error: float | None) -> TuningTrial:
+    """``trial`` with the twin's error on its canary recorded at its verdict."""
+    assert trial.status is not None
+    twin = TrialTwin(capacity_req_s=0.1, error=error, tolerance=0.15)
+    return trial.model_copy(update={"status": trial.status.model_copy(update={"twin": twin})})
+
+
+#: Two canaries that missed (one the TTFT target, one the ITL target), both as the twin predicted.
+CONFIRMED = (checked(INFEASIBLE[0], 0.05), checked(INFEASIBLE[3], 0.1))
+
+
+def created(plan: Plan) -> list[CreateTrial]:
+    return [a for a in plan.actions if isinstance(a, CreateTrial)]
+
+
+def test_a_calibrated_twin_that_predicts_no_colocated_config_meets_the_slos_ends_tuning_after_two_canaries(
+    calibration: Calibration,
+) -> None:
+    # The twin's best colocated capacity (the stable config's 0.4 req/s per replica; nothing ranked
+    # higher) is below the live 3 req/s per replica, its error on stable is 5 %.
+    assert len(CONFIRMED) == TWIN_INFEASIBLE_MIN_TRIALS
+    body = service_body()
+    plan = decide(snapshot(body, CONFIRMED, fitted(calibration, ranked=True)), SETTINGS)
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and found[:2] == ("True", "SLOInfeasible")
+    evidence = (
+        "the twin predicts at most 0.4 req/s per replica within the SLOs for any colocated configuration, "
+        "the live load is 3 req/s per replica; 2 canaries confirmed it (twin error within 15%)"
+    )
+    assert "no configuration of 2 measured meets both SLOs" in found[2] and evidence in found[2]
+    assert found[2].endswith("Evaluating prefill/decode disaggregation on the twin.")
+    assert [m for r, m in events(plan) if r == "SLOInfeasible"] == [found[2]]
+    tuning = condition(plan, "Tuning")
+    assert tuning is not None and tuning[:2] == ("False", "SLOInfeasible") and evidence in tuning[2]
+    assert not created(plan)
+    # The next step (the ranking recorded on the service): the recommendation is due (SLOInfeasible
+    # is True), and arrives as today.
+    body["status"] = {"conditions": [_condition(found)], "twin": plan.status["twin"]}
+    later_snap = snapshot(body, CONFIRMED, fitted(calibration, recommendation=paying()))
+    assert disaggplan.recommend_due(later_snap, "k")
+    later = decide(later_snap, SETTINGS)
+    again = condition(later, "SLOInfeasible")
+    assert again is not None and again[0] == "True" and evidence in again[2]
+    assert "1 prefill + 3 decode replicas" in again[2] and later.status["recommendation"]["meetsSlo"]
+    assert [r for r, _ in events(later) if r == "SLOInfeasible"] == []  # already said
+    assert any(r == "TopologyRecommendation" for r, _ in events(later)) and not created(later)
+
+
+def test_without_a_calibrated_twin_two_missed_canaries_are_not_enough(calibration: Calibration) -> None:
+    def stops(trials: tuple[TuningTrial, ...], twin: TwinReading) -> bool:
+        plan = decide(snapshot(service_body(), trials, twin), SETTINGS)
+        found = condition(plan, "SLOInfeasible")
+        assert found is not None
+        assert (found[0] == "True") == (not created(plan))
+        return found[0] == "True"
+
+    assert stops(CONFIRMED, fitted(calibration, ranked=True))
+    unavailable = TwinReading(TwinState.UNAVAILABLE, "no step telemetry")
+    assert not stops(CONFIRMED, unavailable)  # today's rule: six measured trials
+    assert stops(INFEASIBLE, unavailable)
+    contradicted = (CONFIRMED[0], checked(INFEASIBLE[3], 0.4))  # a canary the twin mispredicted
+    assert not stops(contradicted, fitted(calibration, ranked=True))
+    unchecked = (CONFIRMED[0], checked(INFEASIBLE[3], None))  # one canary confirmed, one not checked
+    assert not stops(unchecked, fitted(calibration, ranked=True))
+    off = Calibration("k", calibration.fit, calibration.twin, (40.0, 600.0), 0.3, (), calibration.incumbent)
+    assert not stops(CONFIRMED, fitted(off, ranked=True))  # the twin misses the stable track
+    assert not stops(CONFIRMED, fitted(calibration, ranked=True, live_rate_req_s=0.3))  # 0.4 serves it
+    assert not stops(CONFIRMED[:1], fitted(calibration, ranked=True))
+
+
+def test_an_infeasibility_declared_on_the_twin_stands_through_a_step_without_its_ranking(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    first = decide(snapshot(body, CONFIRMED, fitted(calibration, ranked=True)), SETTINGS)
+    found = condition(first, "SLOInfeasible")
+    assert found is not None and found[0] == "True"
+    body["status"] = {"conditions": [_condition(found)]}
+    gap = decide(snapshot(body, CONFIRMED, TwinReading()), SETTINGS)  # the twin was not read this step
+    assert condition(gap, "SLOInfeasible") is None and not created(gap)  # unchanged, nothing started
+    assert not [r for r, _ in events(gap) if r == "SLOInfeasible"]
+    # A ranking that no longer predicts it (the live load fell below the twin's 0.4 req/s) lifts it.
+    lifted = decide(
+        snapshot(body, CONFIRMED, fitted(calibration, ranked=True, live_rate_req_s=0.3)), SETTINGS
+    )
+    again = condition(lifted, "SLOInfeasible")
+    assert again is not None and again[:2] == ("False", "Feasible") and created(lifted)
