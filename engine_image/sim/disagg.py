@@ -31,14 +31,13 @@ from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.kvtransfer import DEFAULT_ABORT_TIMEOUT_S, KVTransfer
 from chunkpilot.engine.sim.offline import (
     SLO,
-    FloatArray,
     Percentiles,
     RequestRecord,
     Summary,
     _fast_forward,
     _Recorder,
     _request,
-    quantile,
+    latency_fields,
 )
 from chunkpilot.engine.sim.scheduler import (
     Engine,
@@ -376,8 +375,7 @@ def simulate_colocated(
         pairs.append(_Pair(spec.arrival_s, request, request, engines[0], engines[0]))
     recorder = _Recorder()
     _run(pairs, _Router(engines, router), None, recorder, {}, {}, fast_forward)
-    records, ttft, itl_q, ttft_q, good, duration, start, end = _latencies(pairs, recorder, slo)
-    stats = _pool_stats("colocated", engines, [p.decode for p in pairs], start, end)
+    stats = _pool_stats("colocated", engines, [p.decode for p in pairs], *_span(pairs))
     kv = [e.sched.kv for e in engines]
     queries = sum(k.queries for k in kv)
     description = {
@@ -385,10 +383,8 @@ def simulate_colocated(
         "gpus": pool.num_gpus,
         "colocated": _describe_pool(pool),
     }
-    summary = _build(
-        pairs, records, ttft, itl_q, ttft_q, good, duration, recorder, slo, keep_records, (stats,),
-        sum(k.hits for k in kv) / queries if queries else 0.0, description,
-    )  # fmt: skip
+    hit_rate = sum(k.hits for k in kv) / queries if queries else 0.0
+    summary = _build(pairs, recorder, slo, keep_records, (stats,), hit_rate, description)
     return replace(summary, wall_s=time.perf_counter() - wall_start)
 
 
@@ -511,77 +507,43 @@ def _decode_fast_forward(
         sched.waiting = waiting
 
 
-def _latencies(
-    pairs: list[_Pair], recorder: _Recorder, slo: SLO
-) -> tuple[tuple[RequestRecord, ...], FloatArray, float, float, int, float, float, float]:
-    records = tuple(_record(p) for p in pairs)
-    ttft = np.array([r.ttft_s for r in records], dtype=np.float64)
-    itl_values, itl_weights = recorder.itl_arrays()
+def _span(pairs: list[_Pair]) -> tuple[float, float]:
+    """From the first arrival to the last finish."""
     start = min((p.arrival_s for p in pairs), default=0.0)
-    end = max((p.decode.finish_s or 0.0 for p in pairs), default=start)
-    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
-    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
-    ttft_q = quantile(ttft, slo.ttft_quantile) * 1e3
-    return records, ttft, itl_q, ttft_q, good, max(end - start, 1e-9), start, end
+    return start, max((p.decode.finish_s or 0.0 for p in pairs), default=start)
 
 
 def _build(
     pairs: list[_Pair],
-    records: tuple[RequestRecord, ...],
-    ttft: FloatArray,
-    itl_q: float,
-    ttft_q: float,
-    good: int,
-    duration: float,
     recorder: _Recorder,
     slo: SLO,
     keep_records: bool,
     pools: tuple[PoolStats, ...],
     hit_rate: float,
     description: dict[str, Any],
+    kv_bytes_per_token: int = 0,
 ) -> DisaggregatedSummary:
-    arrays = {
-        name: np.array([getattr(rec, name) for rec in records], dtype=np.float64)
-        for name in ("e2e_s", "tpot_s", "queue_s")
-    }
-    itl_values, itl_weights = recorder.itl_arrays()
+    start, end = _span(pairs)
     transfer = np.array(
         [p.received_s - (p.prefill.first_token_s or 0.0) for p in pairs if p.received_s is not None],
         dtype=np.float64,
     )
     prefill_ttft = np.array([(p.prefill.first_token_s or 0.0) - p.arrival_s for p in pairs], dtype=np.float64)
-    output_tokens = sum(p.decode.num_output_tokens for p in pairs)
     prompt_tokens = sum(p.decode.prompt_tokens for p in pairs)
     return DisaggregatedSummary(
-        requests=len(pairs),
-        completed=len(records),
-        duration_s=duration,
-        ttft_ms=Percentiles.of(ttft),
-        itl_ms=Percentiles.of(itl_values, itl_weights),
-        e2e_ms=Percentiles.of(arrays["e2e_s"]),
-        tpot_ms=Percentiles.of(arrays["tpot_s"]),
-        queue_ms=Percentiles.of(arrays["queue_s"]),
-        throughput_tok_s=output_tokens / duration,
-        prompt_throughput_tok_s=prompt_tokens / duration,
-        request_throughput_req_s=len(records) / duration,
-        goodput_req_s=good / duration,
-        slo_attainment=good / len(pairs) if pairs else math.nan,
-        slo_met=bool(itl_q <= slo.itl_ms and ttft_q <= slo.ttft_ms) if records else False,
-        itl_at_slo_quantile_ms=itl_q,
-        ttft_at_slo_quantile_ms=ttft_q,
+        **latency_fields(
+            tuple(_record(p) for p in pairs), len(pairs), recorder, slo, max(end - start, 1e-9), keep_records
+        ),
         preemptions=sum(p.preemptions for p in pools),
         steps=sum(p.steps for p in pools),
         prefix_cache_hit_rate=hit_rate,
         kv_cache_tokens=sum(p.kv_cache_tokens * p.replicas for p in pools),
-        wall_s=0.0,
-        slo=slo,
         config=description,
-        records=records if keep_records else (),
         topology=description,
         pools=pools,
         transfer_ms=Percentiles.of(transfer),
         prefill_ttft_ms=Percentiles.of(prefill_ttft),
-        kv_bytes_per_request=0.0,
+        kv_bytes_per_request=kv_bytes_per_token * prompt_tokens / len(pairs) if pairs else 0.0,
     )
 
 
@@ -595,21 +557,15 @@ def _summarise(
     keep_records: bool,
     kv_bytes_per_token: int,
 ) -> DisaggregatedSummary:
-    records, ttft, itl_q, ttft_q, good, duration, start, end = _latencies(pairs, recorder, slo)
+    start, end = _span(pairs)
     pools = (
         _pool_stats("prefill", prefills, [p.prefill for p in pairs], start, end),
         _pool_stats("decode", decodes, [p.decode for p in pairs], start, end),
     )
     queries = sum(r.sched.kv.queries for r in prefills)
     hits = sum(r.sched.kv.hits for r in prefills)
-    summary = _build(
-        pairs, records, ttft, itl_q, ttft_q, good, duration, recorder, slo, keep_records, pools,
-        hits / queries if queries else 0.0, topology.to_dict(),
-    )  # fmt: skip
-    prompt_tokens = sum(p.decode.prompt_tokens for p in pairs)
-    return replace(
-        summary, kv_bytes_per_request=kv_bytes_per_token * prompt_tokens / len(pairs) if pairs else 0.0
-    )
+    hit_rate = hits / queries if queries else 0.0
+    return _build(pairs, recorder, slo, keep_records, pools, hit_rate, topology.to_dict(), kv_bytes_per_token)
 
 
 def _record(pair: _Pair) -> RequestRecord:

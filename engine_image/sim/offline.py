@@ -297,6 +297,48 @@ def _fast_forward(
     return t, n
 
 
+def latency_fields(
+    records: tuple[RequestRecord, ...],
+    requested: int,
+    recorder: _Recorder,
+    slo: SLO,
+    duration: float,
+    keep_records: bool,
+) -> dict[str, Any]:
+    """The :class:`Summary` fields every simulation derives alike from its finished requests."""
+    arrays = {
+        name: np.array([getattr(rec, name) for rec in records], dtype=np.float64)
+        for name in ("ttft_s", "e2e_s", "tpot_s", "queue_s")
+    }
+    itl_values, itl_weights = recorder.itl_arrays()
+    output_tokens = sum(rec.output_tokens for rec in records)
+    prompt_tokens = sum(rec.prompt_tokens for rec in records)
+    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
+    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
+    ttft_q = quantile(arrays["ttft_s"], slo.ttft_quantile) * 1e3
+    return {
+        "requests": requested,
+        "completed": len(records),
+        "duration_s": duration,
+        "ttft_ms": Percentiles.of(arrays["ttft_s"]),
+        "itl_ms": Percentiles.of(itl_values, itl_weights),
+        "e2e_ms": Percentiles.of(arrays["e2e_s"]),
+        "tpot_ms": Percentiles.of(arrays["tpot_s"]),
+        "queue_ms": Percentiles.of(arrays["queue_s"]),
+        "throughput_tok_s": output_tokens / duration,
+        "prompt_throughput_tok_s": prompt_tokens / duration,
+        "request_throughput_req_s": len(records) / duration,
+        "goodput_req_s": good / duration,
+        "slo_attainment": good / requested if requested else math.nan,
+        "slo_met": bool(itl_q <= slo.itl_ms and ttft_q <= slo.ttft_ms) if records else False,
+        "itl_at_slo_quantile_ms": itl_q,
+        "ttft_at_slo_quantile_ms": ttft_q,
+        "slo": slo,
+        "records": records if keep_records else (),
+        "wall_s": 0.0,
+    }
+
+
 def _summarise(
     core: EngineCore,
     config: SimConfig,
@@ -307,46 +349,17 @@ def _summarise(
     keep_records: bool,
 ) -> Summary:
     done = [r for r in requests if r.finish_s is not None and r.first_token_s is not None]
-    records = tuple(_record(r) for r in done)
-    arrays = {
-        name: np.array([getattr(rec, name) for rec in records], dtype=np.float64)
-        for name in ("ttft_s", "e2e_s", "tpot_s", "queue_s")
-    }
-    itl_values, itl_weights = recorder.itl_arrays()
     start = min((r.arrival_s for r in requests), default=0.0)
     end = max((r.finish_s or 0.0 for r in done), default=start)
-    duration = max(end - start, 1e-9)
-    output_tokens = sum(r.num_output_tokens for r in done)
-    prompt_tokens = sum(r.prompt_tokens for r in done)
-    good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
-    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
-    ttft_q = quantile(arrays["ttft_s"], slo.ttft_quantile) * 1e3
     kv = core.scheduler.kv
+    records = tuple(_record(r) for r in done)
     return Summary(
-        requests=len(requests),
-        completed=len(done),
-        duration_s=duration,
-        ttft_ms=Percentiles.of(arrays["ttft_s"]),
-        itl_ms=Percentiles.of(itl_values, itl_weights),
-        e2e_ms=Percentiles.of(arrays["e2e_s"]),
-        tpot_ms=Percentiles.of(arrays["tpot_s"]),
-        queue_ms=Percentiles.of(arrays["queue_s"]),
-        throughput_tok_s=output_tokens / duration,
-        prompt_throughput_tok_s=prompt_tokens / duration,
-        request_throughput_req_s=len(done) / duration,
-        goodput_req_s=good / duration,
-        slo_attainment=good / len(requests) if requests else math.nan,
-        slo_met=bool(itl_q <= slo.itl_ms and ttft_q <= slo.ttft_ms) if done else False,
-        itl_at_slo_quantile_ms=itl_q,
-        ttft_at_slo_quantile_ms=ttft_q,
+        **latency_fields(records, len(requests), recorder, slo, max(end - start, 1e-9), keep_records),
         preemptions=core.scheduler.num_preemptions,
         steps=steps,
         prefix_cache_hit_rate=kv.hits / kv.queries if kv.queries else 0.0,
         kv_cache_tokens=kv.num_blocks * kv.block_size,
-        wall_s=0.0,
-        slo=slo,
         config=_describe(core, config),
-        records=records if keep_records else (),
         decode_stall_steps=recorder.stalled_steps,
     )
 
