@@ -398,7 +398,7 @@ def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | N
 
     The best predicted capacity is the stable config's or a ranked candidate's (the ranking leaves
     out the configurations tried on canaries: those were measured); the twin's error on each
-    canary of the round is the one recorded at its verdict.
+    canary of the round is the one recorded at its verdict, over its whole window (not a pruned one's).
     """
     found = twinplan.ranking(plan)
     if found is None:
@@ -413,7 +413,7 @@ def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | N
     errors = {
         t.spec.number: t.status.twin.error
         for t in round_trials
-        if t.status is not None and t.status.twin is not None
+        if t.status is not None and t.status.twin is not None and t.status.verdict is not TrialVerdict.PRUNED
     }
     return TwinBound(
         best_capacity_req_s=max(capacities, default=0.0),

@@ -41,9 +41,9 @@ HEADROOM_WEIGHT = 0.5
 PROMOTE_MARGIN = 0.05
 #: Measured trials (without a feasible one) before the SLOs are declared infeasible.
 INFEASIBLE_MIN_TRIALS = 6
-#: With a calibrated twin whose search over the colocated space predicts that no configuration
-#: meets both SLOs at the live load: measured canaries that missed and confirmed the twin (its
-#: error on them within tolerance) before the SLOs are declared infeasible on its evidence.
+#: Measured trials (none feasible) before the SLOs are declared infeasible on the evidence of a
+#: calibrated twin whose search predicts that no colocated configuration serves the live load within
+#: both SLOs (:class:`TwinBound`).
 TWIN_INFEASIBLE_MIN_TRIALS = 2
 #: Trials without a gain of at least CONVERGENCE_GAIN in the best objective before the tuner stops.
 CONVERGENCE_PATIENCE = 8
@@ -358,8 +358,10 @@ class TwinBound:
     ``best_capacity_req_s``: the best predicted capacity at SLO (requests/s per replica) its search
     found over the colocated space, the stable config included (0: no rate meets both SLOs);
     ``live_rate_req_s``: the live requests/s per stable replica; ``fit_error``: its error on the
-    stable track; ``canary_errors``: its error on each canary it checked, by trial number (None or
-    NaN: not checked); ``tolerance``: the largest error at which a prediction counts as confirmed.
+    stable track; ``canary_errors``: its error on each canary it checked over a whole window, by
+    trial number (None or NaN: not checked; a pruned canary's window is cut short at its first
+    samples, before its queue settles, and is no check of the twin); ``tolerance``: the largest
+    error at which a prediction counts as confirmed.
     """
 
     best_capacity_req_s: float
@@ -377,22 +379,30 @@ class TwinBound:
     def _within(self, error: float | None) -> bool:
         return error is not None and math.isfinite(error) and error <= self.tolerance
 
-    def confirmed_by(self, numbers: Sequence[int]) -> int | None:
-        """How many of these measured canaries confirm the twin; None: the twin is not calibrated
-        (its error on the stable track, or on any canary of ``numbers`` it checked, is beyond tolerance)."""
-        if not self._within(self.fit_error):
-            return None
-        checked = [e for n in numbers if (e := self.canary_errors.get(n)) is not None and math.isfinite(e)]
-        if not all(self._within(e) for e in checked):
-            return None
-        return len(checked)
+    def newest_check(self, numbers: Sequence[int]) -> tuple[int, float] | None:
+        """The newest of these canaries the twin checked, with its error (None: none checked)."""
+        for number in sorted(numbers, reverse=True):
+            error = self.canary_errors.get(number)
+            if error is not None and math.isfinite(error):
+                return number, error
+        return None
 
-    def sentence(self, confirmed: int) -> str:
+    def calibrated(self, numbers: Sequence[int]) -> bool:
+        """Its error on the stable track and on the newest of these canaries it checked is within
+        tolerance (each canary's steps refit it: an older canary's error was an older fit's)."""
+        newest = self.newest_check(numbers)
+        return self._within(self.fit_error) and newest is not None and self._within(newest[1])
+
+    def sentence(self, numbers: Sequence[int]) -> str:
         searched = f" ({self.evaluations} evaluated)" if self.evaluations else ""
+        newest = self.newest_check(numbers)
+        checked = f"{_percent(newest[1])} on trial {newest[0]}'s canary, " if newest is not None else ""
+        stable = _percent(self.fit_error if self.fit_error is not None else math.nan)
         return (
             f"the twin predicts at most {self.best_capacity_req_s:.3g} req/s per replica within the SLOs "
             f"for any colocated configuration{searched}, the live load is {self.live_rate_req_s:.3g} req/s "
-            f"per replica; {confirmed} canaries confirmed it (twin error within {self.tolerance:.0%})"
+            f"per replica; {len(numbers)} canaries confirmed it (the twin's error {checked}{stable} on the "
+            f"stable track; tolerance {self.tolerance:.0%})"
         )
 
 
@@ -440,22 +450,21 @@ def assess_infeasibility(
 ) -> Infeasibility | None:
     """An :class:`Infeasibility` when enough trials ran and none, nor the incumbent, met the SLOs.
 
-    Enough is ``min_trials`` measured trials; with a ``twin`` that is calibrated (its error on the
-    stable track and on every canary it checked within tolerance) and predicts that no colocated
-    configuration serves the live load within both SLOs, ``twin_min_trials`` measured canaries it
-    checked suffice, and the message carries its evidence.
+    Enough is ``min_trials`` measured trials; with a ``twin`` that predicts that no colocated
+    configuration serves the live load within both SLOs and is calibrated
+    (:meth:`TwinBound.calibrated`), ``twin_min_trials`` suffice, and the message carries its evidence.
     """
     measured = [r for r in records if r.state is RecordState.COMPLETE and r.constraints]
     if incumbent_met or not measured or any(r.feasible for r in measured):
         return None
     if len(measured) >= min_trials:
         return _diagnosis(measured, slo)
-    if twin is None or not twin.predicts_infeasible:
+    numbers = [r.number for r in measured]
+    if len(measured) < twin_min_trials or twin is None:
         return None
-    confirmed = twin.confirmed_by([r.number for r in measured])
-    if confirmed is None or confirmed < twin_min_trials:
+    if not twin.predicts_infeasible or not twin.calibrated(numbers):
         return None
-    return _diagnosis(measured, slo, twin.sentence(confirmed))
+    return _diagnosis(measured, slo, twin.sentence(numbers))
 
 
 class StopReason(StrEnum):

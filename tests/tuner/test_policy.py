@@ -150,7 +150,7 @@ def bound(best: float = 0.3, live: float = 0.75, **fields: Any) -> TwinBound:
     return TwinBound(**values)
 
 
-def test_a_calibrated_twin_that_predicts_infeasibility_declares_it_after_two_confirming_canaries() -> None:
+def test_a_calibrated_twin_that_predicts_infeasibility_declares_it_after_two_missed_canaries() -> None:
     missed = [_rec(1, -0.1, 1.2), _rec(2, 5.0, -0.2)]
     assert TWIN_INFEASIBLE_MIN_TRIALS == 2
     assert assess_infeasibility(missed, SLO, incumbent_met=False) is None  # measurements alone: 6 needed
@@ -159,8 +159,8 @@ def test_a_calibrated_twin_that_predicts_infeasibility_declares_it_after_two_con
     assert "no configuration of 2 measured meets both SLOs" in verdict.message
     assert (
         "the twin predicts at most 0.3 req/s per replica within the SLOs for any colocated configuration "
-        "(12 evaluated), the live load is 0.75 req/s per replica; 2 canaries confirmed it "
-        "(twin error within 15%)" in verdict.message
+        "(12 evaluated), the live load is 0.75 req/s per replica; 2 canaries confirmed it (the twin's "
+        "error 10% on trial 2's canary, 5% on the stable track; tolerance 15%)" in verdict.message
     )
     assert verdict.message.endswith("Remedy: raise spec.replicas or use prefill/decode disaggregation.")
     assert Remedy.DISAGGREGATION in verdict.remedies
@@ -182,14 +182,21 @@ def test_the_twin_declares_nothing_when_it_predicts_a_feasible_config_or_is_not_
     assert not judged(bound(live=0.0))  # no live load to compare with
     assert not judged(bound(fit_error=0.2))  # the twin misses the stable track
     assert not judged(bound(fit_error=None)) and not judged(bound(fit_error=math.nan))
-    assert not judged(bound(canary_errors={1: 0.04, 2: 0.3}))  # a canary contradicted it
-    assert not judged(bound(canary_errors={1: 0.04}))  # only one canary checked
-    assert not judged(bound(canary_errors={1: 0.04, 2: math.nan}))
-    # A canary it did not check neither confirms nor contradicts.
-    assert judged(bound(canary_errors={1: 0.04, 2: 0.1, 3: None}))
+    assert not judged(bound(canary_errors={1: 0.04, 2: 0.3}))  # the newest canary contradicted it
+    assert not judged(bound(canary_errors={}))  # no canary checked
+    # The newest canary it checked decides (each canary's steps refit the twin): one it did not
+    # check (pruned, or no reading) neither confirms nor contradicts, an older miss was an older fit's.
+    assert judged(bound(canary_errors={1: 0.04, 2: None}))
+    assert judged(bound(canary_errors={1: 0.04, 2: math.nan}))
+    assert judged(bound(canary_errors={1: 0.3, 2: 0.1}))
+    assert not judged(bound(canary_errors={1: 0.3, 2: None}))
+    assert judged(bound(canary_errors={1: 0.04, 2: 0.1, 7: 0.5}))  # trial 7 is not among those measured
     three = [*missed, _rec(3, 0.5, 0.5)]
-    found = assess_infeasibility(three, SLO, incumbent_met=False, twin=bound(canary_errors={1: 0.0, 2: 0.1}))
-    assert found is not None and "2 canaries confirmed it" in found.message
+    found = assess_infeasibility(three, SLO, incumbent_met=False, twin=bound(canary_errors={1: 0.0, 3: 0.02}))
+    assert (
+        found is not None
+        and "3 canaries confirmed it (the twin's error 2% on trial 3's canary" in found.message
+    )
     # With six measured trials the twin is not needed (and does not change the message).
     six = [_rec(n, 0.2 + n / 10, -0.5) for n in range(6)]
     plain = assess_infeasibility(six, SLO, incumbent_met=False)

@@ -357,6 +357,12 @@ def checked(trial: TuningTrial, error: float | None) -> TuningTrial:
     return trial.model_copy(update={"status": trial.status.model_copy(update={"twin": twin})})
 
 
+def pruned_trial(trial: TuningTrial) -> TuningTrial:
+    assert trial.status is not None
+    status = trial.status.model_copy(update={"phase": TrialPhase.PRUNED, "verdict": TrialVerdict.PRUNED})
+    return trial.model_copy(update={"status": status})
+
+
 #: Two canaries that missed (one the TTFT target, one the ITL target), both as the twin predicted.
 CONFIRMED = (checked(INFEASIBLE[0], 0.05), checked(INFEASIBLE[3], 0.1))
 
@@ -377,7 +383,8 @@ def test_a_calibrated_twin_that_predicts_no_colocated_config_meets_the_slos_ends
     assert found is not None and found[:2] == ("True", "SLOInfeasible")
     evidence = (
         "the twin predicts at most 0.4 req/s per replica within the SLOs for any colocated configuration, "
-        "the live load is 3 req/s per replica; 2 canaries confirmed it (twin error within 15%)"
+        "the live load is 3 req/s per replica; 2 canaries confirmed it (the twin's error 10% on trial 4's "
+        "canary, 5% on the stable track; tolerance 15%)"
     )
     assert "no configuration of 2 measured meets both SLOs" in found[2] and evidence in found[2]
     assert found[2].endswith("Evaluating prefill/decode disaggregation on the twin.")
@@ -412,8 +419,14 @@ def test_without_a_calibrated_twin_two_missed_canaries_are_not_enough(calibratio
     assert stops(INFEASIBLE, unavailable)
     contradicted = (CONFIRMED[0], checked(INFEASIBLE[3], 0.4))  # a canary the twin mispredicted
     assert not stops(contradicted, fitted(calibration, ranked=True))
-    unchecked = (CONFIRMED[0], checked(INFEASIBLE[3], None))  # one canary confirmed, one not checked
-    assert not stops(unchecked, fitted(calibration, ranked=True))
+    unchecked = (CONFIRMED[0], checked(INFEASIBLE[3], None))  # the newest it checked is trial 1's
+    assert stops(unchecked, fitted(calibration, ranked=True))
+    neither = (checked(INFEASIBLE[0], None), checked(INFEASIBLE[3], None))  # no canary checked
+    assert not stops(neither, fitted(calibration, ranked=True))
+    # A pruned canary's short window is no check of the twin: its error neither confirms nor contradicts.
+    pruned = pruned_trial(checked(INFEASIBLE[3], 0.4))
+    assert stops((CONFIRMED[0], pruned), fitted(calibration, ranked=True))
+    assert not stops((checked(INFEASIBLE[0], 0.3), pruned), fitted(calibration, ranked=True))
     off = Calibration("k", calibration.fit, calibration.twin, (40.0, 600.0), 0.3, (), calibration.incumbent)
     assert not stops(CONFIRMED, fitted(off, ranked=True))  # the twin misses the stable track
     assert not stops(CONFIRMED, fitted(calibration, ranked=True, live_rate_req_s=0.3))  # 0.4 serves it
