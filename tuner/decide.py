@@ -48,6 +48,7 @@ from chunkpilot.tuner.policy import (
     TWIN_INFEASIBLE_MIN_TRIALS,
     StopReason,
     TwinBound,
+    TwinCheck,
     assess_infeasibility,
     check_slo,
     should_stop,
@@ -410,8 +411,8 @@ def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | N
     capacities = [c.capacity_req_s for c in candidates]
     if twin.capacity_req_s is not None:
         capacities.append(twin.capacity_req_s)
-    errors = {
-        t.spec.number: t.status.twin.error
+    checks = {
+        t.spec.number: twin_check(t.status.twin)
         for t in round_trials
         if t.status is not None and t.status.twin is not None and t.status.verdict is not TrialVerdict.PRUNED
     }
@@ -419,10 +420,17 @@ def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | N
         best_capacity_req_s=max(capacities, default=0.0),
         live_rate_req_s=live_rate,
         fit_error=twin.error,
-        canary_errors=errors,
+        canary_checks=checks,
         tolerance=twin.tolerance if twin.tolerance is not None else TWIN_TOLERANCE,
         evaluations=twin.evaluations,
     )
+
+
+def twin_check(twin: TrialTwin) -> TwinCheck:
+    """The twin's error on a canary, and whether it predicted a higher ITL or TTFT than measured."""
+    pairs = ((twin.predicted_itl_ms, twin.measured_itl_ms), (twin.predicted_ttft_ms, twin.measured_ttft_ms))
+    pessimistic = any(p is not None and m is not None and p > m for p, m in pairs)
+    return TwinCheck(twin.error, pessimistic)
 
 
 def stop_reason(

@@ -352,22 +352,31 @@ class Infeasibility:
 
 
 @dataclass(frozen=True)
+class TwinCheck:
+    """The twin against one canary: its error, and whether it predicted a higher latency than the
+    canary measured (for ITL or TTFT)."""
+
+    error: float | None
+    pessimistic: bool = True
+
+
+@dataclass(frozen=True)
 class TwinBound:
     """What a fitted twin says about the colocated space at the live load.
 
     ``best_capacity_req_s``: the best predicted capacity at SLO (requests/s per replica) its search
     found over the colocated space, the stable config included (0: no rate meets both SLOs);
     ``live_rate_req_s``: the live requests/s per stable replica; ``fit_error``: its error on the
-    stable track; ``canary_errors``: its error on each canary it checked over a whole window, by
-    trial number (None or NaN: not checked; a pruned canary's window is cut short at its first
-    samples, before its queue settles, and is no check of the twin); ``tolerance``: the largest
-    error at which a prediction counts as confirmed.
+    stable track; ``canary_checks``: the twin against each canary it checked over a whole window,
+    by trial number (a pruned canary's window is cut short at its first samples, before its queue
+    settles, and is no check of the twin); ``tolerance``: the largest error at which a prediction
+    counts as confirmed.
     """
 
     best_capacity_req_s: float
     live_rate_req_s: float
     fit_error: float | None
-    canary_errors: Mapping[int, float | None]
+    canary_checks: Mapping[int, TwinCheck]
     tolerance: float
     evaluations: int | None = None
 
@@ -379,24 +388,33 @@ class TwinBound:
     def _within(self, error: float | None) -> bool:
         return error is not None and math.isfinite(error) and error <= self.tolerance
 
-    def newest_check(self, numbers: Sequence[int]) -> tuple[int, float] | None:
-        """The newest of these canaries the twin checked, with its error (None: none checked)."""
+    def newest_check(self, numbers: Sequence[int]) -> tuple[int, TwinCheck] | None:
+        """The newest of these canaries the twin checked (None: none)."""
         for number in sorted(numbers, reverse=True):
-            error = self.canary_errors.get(number)
-            if error is not None and math.isfinite(error):
-                return number, error
+            check = self.canary_checks.get(number)
+            if check is not None and check.error is not None and math.isfinite(check.error):
+                return number, check
         return None
 
     def calibrated(self, numbers: Sequence[int]) -> bool:
-        """Its error on the stable track and on the newest of these canaries it checked is within
-        tolerance (each canary's steps refit it: an older canary's error was an older fit's)."""
+        """Its error on the stable track is within tolerance, and so is its error on the newest of
+        these canaries it checked (each canary's steps refit it: an older canary's error was an older
+        fit's) unless that canary measured worse than predicted on both quantiles: a twin too
+        optimistic about a configuration does not contradict its prediction that none meets the SLOs."""
         newest = self.newest_check(numbers)
-        return self._within(self.fit_error) and newest is not None and self._within(newest[1])
+        if not self._within(self.fit_error) or newest is None:
+            return False
+        return self._within(newest[1].error) or not newest[1].pessimistic
 
     def sentence(self, numbers: Sequence[int]) -> str:
         searched = f" ({self.evaluations} evaluated)" if self.evaluations else ""
         newest = self.newest_check(numbers)
-        checked = f"{_percent(newest[1])} on trial {newest[0]}'s canary, " if newest is not None else ""
+        checked = ""
+        if newest is not None:
+            number, check = newest
+            worse = "" if self._within(check.error) else ", which measured worse than predicted"
+            error = check.error if check.error is not None else math.nan
+            checked = f"{_percent(error)} on trial {number}'s canary{worse}, "
         stable = _percent(self.fit_error if self.fit_error is not None else math.nan)
         return (
             f"the twin predicts at most {self.best_capacity_req_s:.3g} req/s per replica within the SLOs "

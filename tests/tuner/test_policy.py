@@ -16,6 +16,7 @@ from chunkpilot.tuner.policy import (
     SLOTargets,
     StopReason,
     TwinBound,
+    TwinCheck,
     assess_infeasibility,
     judge_early,
     judge_final,
@@ -137,12 +138,16 @@ def test_infeasible_names_best_quantiles_and_remedy() -> None:
     assert assess_infeasibility([*itl_bound, _rec(9, -0.1, -0.1)], SLO, incumbent_met=False) is None
 
 
+def checks(errors: Mapping[int, float | None], pessimistic: bool = True) -> dict[int, TwinCheck]:
+    return {n: TwinCheck(e, pessimistic) for n, e in errors.items()}
+
+
 def bound(best: float = 0.3, live: float = 0.75, **fields: Any) -> TwinBound:
     values: dict[str, Any] = {
         "best_capacity_req_s": best,
         "live_rate_req_s": live,
         "fit_error": 0.05,
-        "canary_errors": {1: 0.04, 2: 0.1},
+        "canary_checks": checks({1: 0.04, 2: 0.1}),
         "tolerance": 0.15,
         "evaluations": 12,
         **fields,
@@ -182,17 +187,30 @@ def test_the_twin_declares_nothing_when_it_predicts_a_feasible_config_or_is_not_
     assert not judged(bound(live=0.0))  # no live load to compare with
     assert not judged(bound(fit_error=0.2))  # the twin misses the stable track
     assert not judged(bound(fit_error=None)) and not judged(bound(fit_error=math.nan))
-    assert not judged(bound(canary_errors={1: 0.04, 2: 0.3}))  # the newest canary contradicted it
-    assert not judged(bound(canary_errors={}))  # no canary checked
+    assert not judged(bound(canary_checks=checks({1: 0.04, 2: 0.3})))  # the newest canary contradicted it
+    assert not judged(bound(canary_checks=checks({})))  # no canary checked
     # The newest canary it checked decides (each canary's steps refit the twin): one it did not
     # check (pruned, or no reading) neither confirms nor contradicts, an older miss was an older fit's.
-    assert judged(bound(canary_errors={1: 0.04, 2: None}))
-    assert judged(bound(canary_errors={1: 0.04, 2: math.nan}))
-    assert judged(bound(canary_errors={1: 0.3, 2: 0.1}))
-    assert not judged(bound(canary_errors={1: 0.3, 2: None}))
-    assert judged(bound(canary_errors={1: 0.04, 2: 0.1, 7: 0.5}))  # trial 7 is not among those measured
+    assert judged(bound(canary_checks=checks({1: 0.04, 2: None})))
+    assert judged(bound(canary_checks=checks({1: 0.04, 2: math.nan})))
+    assert judged(bound(canary_checks=checks({1: 0.3, 2: 0.1})))
+    assert not judged(bound(canary_checks=checks({1: 0.3, 2: None})))
+    # A canary that measured worse than the twin predicted does not contradict "nothing meets them".
+    assert judged(bound(canary_checks=checks({1: 0.04, 2: 0.3}, pessimistic=False)))
+    optimistic = assess_infeasibility(
+        missed, SLO, incumbent_met=False, twin=bound(canary_checks=checks({2: 0.24}, pessimistic=False))
+    )
+    assert optimistic is not None
+    assert "(the twin's error 24% on trial 2's canary, which measured worse than predicted, 5% on" in (
+        optimistic.message
+    )
+    assert judged(
+        bound(canary_checks=checks({1: 0.04, 2: 0.1, 7: 0.5}))
+    )  # trial 7 is not among those measured
     three = [*missed, _rec(3, 0.5, 0.5)]
-    found = assess_infeasibility(three, SLO, incumbent_met=False, twin=bound(canary_errors={1: 0.0, 3: 0.02}))
+    found = assess_infeasibility(
+        three, SLO, incumbent_met=False, twin=bound(canary_checks=checks({1: 0.0, 3: 0.02}))
+    )
     assert (
         found is not None
         and "3 canaries confirmed it (the twin's error 2% on trial 3's canary" in found.message

@@ -350,10 +350,18 @@ def test_the_observer_computes_it_in_the_twins_worker_process(
     assert infeasible is not None and "1 prefill + 1 decode replicas" in infeasible[2]
 
 
-def checked(trial: TuningTrial, error: float | None) -> TuningTrial:
-    """``trial`` with the twin's error on its canary recorded at its verdict."""
+def checked(trial: TuningTrial, error: float | None, predicted_ttft_ms: float = 700.0) -> TuningTrial:
+    """``trial`` with the twin's check of its canary recorded at its verdict (measured TTFT 600 ms)."""
     assert trial.status is not None
-    twin = TrialTwin(capacity_req_s=0.1, error=error, tolerance=0.15)
+    twin = TrialTwin(
+        capacity_req_s=0.1,
+        error=error,
+        tolerance=0.15,
+        predicted_itl_ms=40.0,
+        measured_itl_ms=40.0,
+        predicted_ttft_ms=predicted_ttft_ms,
+        measured_ttft_ms=600.0,
+    )
     return trial.model_copy(update={"status": trial.status.model_copy(update={"twin": twin})})
 
 
@@ -417,8 +425,10 @@ def test_without_a_calibrated_twin_two_missed_canaries_are_not_enough(calibratio
     unavailable = TwinReading(TwinState.UNAVAILABLE, "no step telemetry")
     assert not stops(CONFIRMED, unavailable)  # today's rule: six measured trials
     assert stops(INFEASIBLE, unavailable)
-    contradicted = (CONFIRMED[0], checked(INFEASIBLE[3], 0.4))  # a canary the twin mispredicted
+    contradicted = (CONFIRMED[0], checked(INFEASIBLE[3], 0.4))  # the twin predicted 700 ms, 600 measured
     assert not stops(contradicted, fitted(calibration, ranked=True))
+    worse = (CONFIRMED[0], checked(INFEASIBLE[3], 0.4, predicted_ttft_ms=500.0))  # measured worse
+    assert stops(worse, fitted(calibration, ranked=True))
     unchecked = (CONFIRMED[0], checked(INFEASIBLE[3], None))  # the newest it checked is trial 1's
     assert stops(unchecked, fitted(calibration, ranked=True))
     neither = (checked(INFEASIBLE[0], None), checked(INFEASIBLE[3], None))  # no canary checked
