@@ -1,0 +1,207 @@
+"""End to end: an infeasible colocated service gets the twin's disaggregation recommendation.
+
+The local stack (real control plane, the operator with the tuner, simulator engines run by the pod
+runner, a real Prometheus, trace replay in real time). One simulated L40S serves Llama-3.1-8B with
+long summarisation prompts (capped at 4,000 tokens) under a tight ITL target and a tight TTFT
+target. Measured offline on the simulator with this trace, no colocated configuration of the
+service's search space meets both at the live load: a step that carries a prompt chunk large
+enough for TTFT (a few hundred tokens or more) takes longer than the ITL target, and chunks
+small enough for ITL take the long prompts past the TTFT target (the best capacity at SLO of the
+space is about 0.3 req/s, the live load is 0.75-1.5 req/s per engine). One prefill plus one
+decode replica meets both up to about 1.6 req/s: decode steps never carry a prompt, and the
+prefill replica computes a prompt in one large step.
+
+The tuner's twin predicts the infeasibility; two canaries confirm it and the tuner declares
+``SLOInfeasible`` (six canaries without a twin), then evaluates the prefill/decode split on the twin
+and writes it into the condition, an Event and ``status.recommendation``, all of which
+``kubectl describe`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.localrun.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
+from chunkpilot.localrun.endpoints import Endpoint, EndpointSource, RoundRobinBalancer
+from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
+from chunkpilot.localrun.stack import LocalStack, StackOptions
+from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
+
+TUNER_ENV = {
+    "CHUNKPILOT_TUNER_INTERVAL": "2",
+    "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90",
+    # A short ranking: the space is small, and every configuration in it misses by a wide margin.
+    "CHUNKPILOT_TWIN_CPU_SECONDS": "8",
+}
+ITL_MS, TTFT_MS = 35, 600
+MAX_PROMPT, MAX_OUTPUT = 4000, 64
+#: Requests/s over the whole service (stable and canary share it while a trial runs).
+RATE = 1.5
+
+
+class RandomBalancer(RoundRobinBalancer):
+    """Each request to a random Ready endpoint, as kube-proxy's iptables mode spreads connections.
+
+    A random split of Poisson arrivals leaves every engine Poisson arrivals, which the twin's captured
+    workload assumes; a strict rotation makes each engine's arrivals more regular (queueing less than
+    Poisson at the same rate), and the twin's latency predictions for a canary sharing the load would
+    run high by more than its tolerance in this scenario.
+    """
+
+    def __init__(self, source: EndpointSource, seed: int = 0) -> None:
+        super().__init__(source)
+        self._random = random.Random(seed)
+
+    def pick(self) -> Endpoint | None:
+        endpoints = sorted(self._source())
+        return self._random.choice(endpoints) if endpoints else None
+
+
+def start_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
+    """Poisson arrivals of the trace's lengths at :data:`RATE`, split at random over the Ready engines."""
+    assert stack.runner is not None
+    requests = cap_lengths(
+        read_trace(TRACE, rate=RATE), max_prompt_tokens=MAX_PROMPT, max_output_tokens=MAX_OUTPUT
+    )
+    schedule = iter_wall_schedule(requests, duration_s=duration_s, repeat=True)
+    balancer = RandomBalancer(stack.runner.endpoint_source(name, namespace))
+    return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
+
+
+@pytest.fixture
+def stack(
+    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    options = StackOptions(
+        state_dir=tmp_path_factory.mktemp("infeasible"),
+        time_scale=1.0,
+        restart_backoff_s=3.0,
+        operator_env=dict(TUNER_ENV),
+    )
+    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
+        yield running
+
+
+def manifest(name: str, namespace: str) -> dict[str, Any]:
+    """The shared scenario's service on an L40S with tight targets; at most 4 trials (6 would be needed
+    without the twin, so the test fails rather than passes slowly if the twin's evidence is not used)."""
+    # Canaries run their whole window (no early abort): the twin's calibration rests on whole windows.
+    abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
+    body = sim_service_manifest(name, namespace, max_trials=4, window="30s", warmup="5s", abort=abort)
+    spec = body["spec"]
+    spec["resources"]["accelerator"] = "l40s"
+    spec["slo"].update(itl={"quantile": 0.99, "maxMs": ITL_MS}, ttft={"quantile": 0.95, "maxMs": TTFT_MS})
+    spec["slo"]["window"] = "40s"
+    return body
+
+
+def describe_block(text: str, heading: str) -> str:
+    """The lines under ``heading:`` in ``kubectl describe`` output (those indented deeper)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == f"{heading}:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for line in lines[start + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line)
+    return "\n".join(block)
+
+
+def describe_field(block: str, field: str) -> str | None:
+    """The value of ``field`` (kubectl's title-cased name) in a block of ``kubectl describe`` output."""
+    found = re.search(rf"^\s*{re.escape(field)}:\s*(\S.*)$", block, re.MULTILINE)
+    return found.group(1).strip() if found else None
+
+
+def test_an_infeasible_colocated_service_gets_the_disaggregation_recommendation_in_kubectl_describe(
+    stack: LocalStack,
+) -> None:
+    started = time.monotonic()
+    plane, runner = stack.control_plane, stack.runner
+    assert plane is not None and runner is not None
+    namespace, name = f"infeasible-{uuid.uuid4().hex[:6]}", f"tight-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", namespace)
+    path = stack.options.state_dir / f"{name}.json"
+    path.write_text(json.dumps(manifest(name, namespace)))
+    plane.kubectl("apply", "-f", str(path))
+    cluster = ServiceObjects(plane, namespace, name)
+    load: BackgroundLoad | None = None
+    try:
+        wait_until(
+            "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
+        )
+        load = start_load(stack, name, namespace, duration_s=480)
+
+        def infeasible() -> dict[str, Any] | None:
+            found = cluster.condition("SLOInfeasible")
+            if found is not None and found["status"] == "True":
+                return found
+            tuning = cluster.condition("Tuning") or {}
+            if tuning.get("status") == "False" and tuning.get("reason") not in (None, "SLOInfeasible"):
+                pytest.fail(f"tuning stopped without SLOInfeasible: {tuning}; trials: {cluster.verdicts()}")
+            return None
+
+        declared = wait_until("SLOInfeasible", infeasible, 360, cluster)
+        declared_s = time.monotonic() - started
+        recommendation = wait_until(
+            "the recommendation", lambda: cluster.status().get("recommendation"), 180, cluster
+        )
+        recommended_s = time.monotonic() - started
+        trials = cluster.verdicts()
+        load.stop(timeout_s=60)
+        load = None
+
+        # Declared on the twin's evidence after two canaries, not after six.
+        assert "no configuration of 2 measured meets both SLOs" in declared["message"], declared
+        assert "the twin predicts at most" in declared["message"], declared
+        assert len(trials) == 2 and all(v in ("Pruned", "Discarded") for _, v, _ in trials), trials
+        assert (recommendation["prefillReplicas"], recommendation["decodeReplicas"]) == (1, 1)
+        assert recommendation["meetsSlo"] is True, recommendation
+        capacity, colocated = recommendation["capacityReqS"], recommendation["colocatedCapacityReqS"]
+        assert capacity > colocated >= 0, recommendation
+
+        described = plane.kubectl("describe", "inferenceservice", name, "-n", namespace).stdout
+        # The status block: the split and both predicted capacities.
+        block = describe_block(described, "Recommendation")
+        assert describe_field(block, "Prefill Replicas") == "1", described
+        assert describe_field(block, "Decode Replicas") == "1", described
+        assert float(describe_field(block, "Capacity Req S") or "nan") == capacity, described
+        assert float(describe_field(block, "Colocated Capacity Req S") or "nan") == colocated, described
+        flat = " ".join(block.split())  # kubectl wraps long messages
+        assert "1 prefill + 1 decode replicas" in flat and "meet ITL p99 ≤ 35 ms" in flat, described
+        # The condition says it too, with the twin's evidence.
+        conditions = " ".join(describe_block(described, "Conditions").split())
+        assert "the twin predicts at most" in conditions and "1 prefill + 1 decode replicas" in conditions
+        # The Events: the infeasibility and the recommendation.
+        events = described[described.index("Events:") :]
+        assert "SLOInfeasible" in events and "TopologyRecommendation" in events, events
+        print(
+            json.dumps(
+                {
+                    "seconds_to_infeasible": round(declared_s, 1),
+                    "seconds_to_recommendation": round(recommended_s, 1),
+                    "trials": trials,
+                    "recommendation": {k: v for k, v in recommendation.items() if k != "message"},
+                    "infeasible": declared["message"],
+                    "message": recommendation["message"],
+                }
+            )
+        )
+    finally:
+        if load is not None:
+            load.stop(timeout_s=60)
+        cluster.close()
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
