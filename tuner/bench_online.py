@@ -269,7 +269,6 @@ class _TwinState:
                 max_model_len=self.context.space.max_model_len,
                 requests=self.settings.requests,
                 tolerance=self.settings.tolerance,
-                interpolate=True,
             )
         return self.predicted[config].capacity_req_s
 

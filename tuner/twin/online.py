@@ -415,9 +415,7 @@ def calibrate(request: Request) -> Calibration:
     )
     incumbent = next((c for c in result.ranked if c.config == request.incumbent), None)
     if incumbent is None:  # outside the space (or not reached): evaluated on its own
-        incumbent = evaluate_on_twin(
-            twin, request.incumbent, slo, max_model_len=request.max_model_len, interpolate=True
-        )
+        incumbent = evaluate_on_twin(twin, request.incumbent, slo, max_model_len=request.max_model_len)
     ranked = tuple(c for c in result.ranked if c.config != request.incumbent)
     return replace(
         calibration,

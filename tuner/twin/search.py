@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import optuna
-from chunkpilot.engine.sim.capacity import CapacityResult, Probe
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
@@ -68,32 +67,6 @@ def scheduler_of(config: TunedConfig, max_model_len: int = 8192) -> SchedulerCon
     return SchedulerConfig(**config.as_dict(), max_model_len=max_model_len)  # type: ignore[arg-type]
 
 
-def _binding(probe: Probe, slo: SLO) -> float:
-    """The probe's tighter SLO quantile as a share of its target (above 1: missed)."""
-    return max(probe.itl_ms / slo.itl_ms, probe.ttft_ms / slo.ttft_ms)
-
-
-def within_bracket(result: CapacityResult, slo: SLO) -> float:
-    """The capacity inside the search's final bracket, where the binding quantile meets its target.
-
-    Every configuration's search starts from the same rate, so bisection puts their capacities on
-    the same grid of rates: configurations up to one bracket (``tolerance``) apart come out equal
-    and their order falls to chance. Between the bracket's ends (the last rate that met the SLO, the
-    first that missed it) the tighter quantile's share of its target is interpolated linearly to 1;
-    latency is convex in the rate, so the chord crosses 1 no later than the curve (conservative).
-    The lower end when either end lacks a finite quantile or the miss was not by a quantile.
-    """
-    lower, upper = result.lower_req_s, result.upper_req_s
-    below = next((p for p in result.probes if p.rate_req_s == lower), None)
-    above = next((p for p in result.probes if p.rate_req_s == upper), None)
-    if below is None or above is None or not upper > lower:
-        return lower
-    low, high = _binding(below, slo), _binding(above, slo)
-    if not (math.isfinite(low) and math.isfinite(high) and low <= 1.0 < high):
-        return lower
-    return lower + (upper - lower) * (1.0 - low) / (high - low)
-
-
 def evaluate_on_twin(
     twin: Twin,
     config: TunedConfig,
@@ -102,20 +75,15 @@ def evaluate_on_twin(
     max_model_len: int = 8192,
     requests: int = CAPACITY_REQUESTS,
     tolerance: float = CAPACITY_TOLERANCE,
-    interpolate: bool = False,
 ) -> Candidate:
-    """One evaluation: the twin's capacity at SLO of ``config``.
-
-    ``interpolate``: the capacity within the search's last bracket (:func:`within_bracket`), as the
-    twin's rankings use it; otherwise the bracket's lower end (the last rate that met the SLO).
-    """
+    """One evaluation: the twin's capacity at SLO of ``config``."""
     result = twin.capacity(scheduler_of(config, max_model_len), slo, requests=requests, tolerance=tolerance)
     at = result.at_capacity
     if not result.feasible or at is None:
         return Candidate(config, 0.0)
     return Candidate(
         config,
-        within_bracket(result, slo) if interpolate else result.capacity_req_s,
+        result.capacity_req_s,
         tokens_s=at.throughput_tok_s,
         itl_ms=at.itl_at_slo_quantile_ms,
         ttft_ms=at.ttft_at_slo_quantile_ms,
@@ -167,13 +135,7 @@ def search_on_twin(
             continue
         repeats = 0
         candidate = evaluate_on_twin(
-            twin,
-            config,
-            slo,
-            max_model_len=space.max_model_len,
-            requests=requests,
-            tolerance=tolerance,
-            interpolate=True,
+            twin, config, slo, max_model_len=space.max_model_len, requests=requests, tolerance=tolerance
         )
         known[config] = candidate
         study.tell(trial, candidate.capacity_req_s, state=TrialState.COMPLETE)

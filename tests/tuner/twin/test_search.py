@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from chunkpilot.engine.sim.capacity import CapacityResult, Probe, retime
+from chunkpilot.engine.sim.capacity import retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, simulate
@@ -19,7 +19,6 @@ from chunkpilot.tuner.twin.search import (
     scheduler_of,
     search_on_twin,
     twin_objective,
-    within_bracket,
 )
 from chunkpilot.tuner.twin.validate import observe_window
 
@@ -89,29 +88,3 @@ def test_scheduler_of_carries_every_knob() -> None:
     scheduler = scheduler_of(config, 4096)
     assert scheduler.max_num_batched_tokens == 2048 and scheduler.max_num_seqs == 128
     assert scheduler.long_prefill_token_threshold == 512 and scheduler.max_model_len == 4096
-
-
-def _searched(lower: Probe, upper: Probe) -> CapacityResult:
-    probes = (Probe(1.0, True, 10.0, 100.0), lower, upper)
-    return CapacityResult(
-        lower.rate_req_s, lower.rate_req_s, upper.rate_req_s, 0.05, 100, True, probes, None, 0.0
-    )
-
-
-def test_capacity_within_the_last_bracket_is_where_the_binding_quantile_meets_its_target() -> None:
-    # ITL binds: 40 ms at 8 req/s, 60 ms at 8.4 req/s against 50 ms -> halfway, 8.2 req/s.
-    result = _searched(Probe(8.0, True, 40.0, 1000.0), Probe(8.4, False, 60.0, 1200.0))
-    assert within_bracket(result, SLO_) == pytest.approx(8.2)
-    # Two configurations on the same bracket are told apart by how close each came to the SLO.
-    closer = _searched(Probe(8.0, True, 48.0, 1000.0), Probe(8.4, False, 60.0, 1200.0))
-    assert within_bracket(closer, SLO_) < within_bracket(result, SLO_)
-    # TTFT binds when it is the larger share of its target.
-    ttft = _searched(Probe(8.0, True, 10.0, 1000.0), Probe(8.4, False, 20.0, 3000.0))
-    assert within_bracket(ttft, SLO_) == pytest.approx(8.0 + 0.4 * 1000.0 / 2000.0)
-
-
-def test_capacity_within_the_bracket_falls_back_to_its_lower_end() -> None:
-    # No finite quantile above, or a miss that was not a quantile's (an unfinished run).
-    saturated = _searched(Probe(8.0, True, 40.0, 1000.0), Probe(8.4, False, math.inf, math.nan))
-    unfinished = _searched(Probe(8.0, True, 40.0, 1000.0), Probe(8.4, False, 45.0, 1500.0))
-    assert within_bracket(saturated, SLO_) == within_bracket(unfinished, SLO_) == 8.0
