@@ -249,10 +249,11 @@ def _rate(value: float) -> str:
 
 def recommendation_message(rec: Recommendation, slo: SLOText) -> str:
     """One paragraph for the ``SLOInfeasible`` condition and its Event."""
+    on = f"{rec.replicas} replica" + ("s" if rec.replicas != 1 else "")
     colocated = (
-        f"colocated reaches {_rate(rec.colocated_req_s)} on {rec.replicas} replicas"
+        f"colocated reaches {_rate(rec.colocated_req_s)} on {on}"
         if rec.colocated_req_s > 0
-        else f"colocated meets them at no rate on {rec.replicas} replicas"
+        else f"colocated meets them at no rate on {on}"
     )
     kv = (
         f"KV transfer {rec.kv_mb_per_request:.0f} MB per request at {rec.kv_bandwidth_gbps:g} GB/s "

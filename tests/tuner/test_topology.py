@@ -155,6 +155,7 @@ def test_a_single_replica_service_is_told_the_split_needs_two() -> None:
     layout = Layout(Pool(1, 8192, 256), Pool(1, 2048, 256))
     message = recommendation_message(recommendation(0.0, LayoutCapacity(layout, 3.0), replicas=1), SLO)
     assert "(one replica per pool at least: 2 GPUs where the service has 1)" in message
+    assert "colocated meets them at no rate on 1 replica " in message
 
 
 def test_nothing_evaluated_is_said_so() -> None:
