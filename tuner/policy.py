@@ -367,7 +367,7 @@ class TwinBound:
     ``best_capacity_req_s``: the best predicted capacity at SLO (requests/s per replica) its search
     found over the colocated space, the stable config included (0: no rate meets both SLOs);
     ``live_rate_req_s``: the live requests/s per stable replica; ``fit_error``: its error on the
-    stable track; ``canary_checks``: the twin against each canary it checked over a whole window,
+    stable track (reported); ``canary_checks``: the twin against each canary it checked over a whole window,
     by trial number (a pruned canary's window is cut short at its first samples, before its queue
     settles, and is no check of the twin); ``tolerance``: the largest error at which a prediction
     counts as confirmed.
@@ -397,12 +397,16 @@ class TwinBound:
         return None
 
     def calibrated(self, numbers: Sequence[int]) -> bool:
-        """Its error on the stable track is within tolerance, and so is its error on the newest of
-        these canaries it checked (each canary's steps refit it: an older canary's error was an older
-        fit's) unless that canary measured worse than predicted on both quantiles: a twin too
-        optimistic about a configuration does not contradict its prediction that none meets the SLOs."""
+        """Its error on the newest of these canaries it checked is within tolerance (each canary's
+        steps refit it: an older canary's error was an older fit's), or that canary measured worse
+        than predicted on both quantiles: a twin too optimistic about a configuration does not
+        contradict its prediction that none meets the SLOs.
+
+        The canaries are the configurations it ranked best, checked at the live load; its error on
+        the stable track is reported, not required (the stable config may be far from the
+        configurations that decide, e.g. a budget whose steps carry whole prompts)."""
         newest = self.newest_check(numbers)
-        if not self._within(self.fit_error) or newest is None:
+        if newest is None:
             return False
         return self._within(newest[1].error) or not newest[1].pessimistic
 

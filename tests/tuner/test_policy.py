@@ -185,8 +185,10 @@ def test_the_twin_declares_nothing_when_it_predicts_a_feasible_config_or_is_not_
     assert judged(bound())
     assert not judged(bound(best=0.75))  # a config serves the live load: keep tuning
     assert not judged(bound(live=0.0))  # no live load to compare with
-    assert not judged(bound(fit_error=0.2))  # the twin misses the stable track
-    assert not judged(bound(fit_error=None)) and not judged(bound(fit_error=math.nan))
+    # The canaries calibrate it; its error on the stable track is reported, not required.
+    assert judged(bound(fit_error=0.3)) and judged(bound(fit_error=None))
+    off = assess_infeasibility(missed, SLO, incumbent_met=False, twin=bound(fit_error=math.nan))
+    assert off is not None and "10% on trial 2's canary, unknown on the stable track" in off.message
     assert not judged(bound(canary_checks=checks({1: 0.04, 2: 0.3})))  # the newest canary contradicted it
     assert not judged(bound(canary_checks=checks({})))  # no canary checked
     # The newest canary it checked decides (each canary's steps refit the twin): one it did not

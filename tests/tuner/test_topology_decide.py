@@ -438,7 +438,7 @@ def test_without_a_calibrated_twin_two_missed_canaries_are_not_enough(calibratio
     assert stops((CONFIRMED[0], pruned), fitted(calibration, ranked=True))
     assert not stops((checked(INFEASIBLE[0], 0.3), pruned), fitted(calibration, ranked=True))
     off = Calibration("k", calibration.fit, calibration.twin, (40.0, 600.0), 0.3, (), calibration.incumbent)
-    assert not stops(CONFIRMED, fitted(off, ranked=True))  # the twin misses the stable track
+    assert stops(CONFIRMED, fitted(off, ranked=True))  # the stable track's error: reported only
     assert not stops(CONFIRMED, fitted(calibration, ranked=True, live_rate_req_s=0.3))  # 0.4 serves it
     assert not stops(CONFIRMED[:1], fitted(calibration, ranked=True))
 
