@@ -20,7 +20,6 @@ writes it into the condition, an Event and ``status.recommendation``, all of whi
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 import uuid
@@ -32,7 +31,7 @@ import pytest
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
-from chunkpilot.localrun.endpoints import Endpoint, EndpointSource, RoundRobinBalancer
+from chunkpilot.localrun.endpoints import RandomBalancer
 from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
 from chunkpilot.localrun.stack import LocalStack, StackOptions
 from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
@@ -51,26 +50,13 @@ MAX_PROMPT, MAX_OUTPUT = 4000, 64
 RATE = 1.5
 
 
-class RandomBalancer(RoundRobinBalancer):
-    """Each request to a random Ready endpoint, as kube-proxy's iptables mode spreads connections.
-
-    A random split of Poisson arrivals leaves every engine Poisson arrivals, which the twin's captured
-    workload assumes; a strict rotation makes each engine's arrivals more regular (queueing less than
-    Poisson at the same rate), and the twin's latency predictions for a canary sharing the load would
-    run high by more than its tolerance in this scenario.
-    """
-
-    def __init__(self, source: EndpointSource, seed: int = 0) -> None:
-        super().__init__(source)
-        self._random = random.Random(seed)
-
-    def pick(self) -> Endpoint | None:
-        endpoints = sorted(self._source())
-        return self._random.choice(endpoints) if endpoints else None
-
-
 def start_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
-    """Poisson arrivals of the trace's lengths at :data:`RATE`, split at random over the Ready engines."""
+    """Poisson arrivals of the trace's lengths at :data:`RATE`, split at random over the Ready engines.
+
+    At random rather than in turn: a random split leaves each engine the Poisson arrivals the twin
+    assumes; a strict rotation makes them more regular, and the twin's predictions for a canary
+    sharing the load would run high by more than its tolerance in this scenario.
+    """
     assert stack.runner is not None
     requests = cap_lengths(
         read_trace(TRACE, rate=RATE), max_prompt_tokens=MAX_PROMPT, max_output_tokens=MAX_OUTPUT

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from chunkpilot.localrun.endpoints import Endpoint, RoundRobinBalancer, static_source
+from chunkpilot.localrun.endpoints import Endpoint, RandomBalancer, RoundRobinBalancer, static_source
 from chunkpilot.localrun.targets import (
     FileSDTargets,
     TargetsFileError,
@@ -44,6 +45,18 @@ def test_round_robin_follows_the_endpoint_set_as_it_changes() -> None:
     assert {balancer.pick(), balancer.pick()} == set(current)
     current.clear()
     assert balancer.pick() is None
+
+
+def test_random_split_gives_shares_per_pod_without_a_fixed_rotation() -> None:
+    pods = [endpoint(f"s-{port}", port=port) for port in (1, 2, 3)] + [endpoint("c-1", "canary", 4)]
+    balancer = RandomBalancer(static_source(pods), seed=7)
+    picks = [balancer.pick() for _ in range(4000)]
+    tracks = Counter(e.track for e in picks if e is not None)
+    assert 900 <= tracks["canary"] <= 1100  # a quarter, within ~5 standard deviations
+    # Not a rotation: some pod is picked twice in a row (a rotation never repeats one).
+    assert any(a == b for a, b in itertools.pairwise(picks))
+    assert RandomBalancer(static_source(pods), seed=7).pick() == picks[0]  # the seed reproduces the split
+    assert RandomBalancer(static_source([])).pick() is None
 
 
 def test_targets_file_lists_registered_endpoints_with_their_labels(tmp_path: Path) -> None:

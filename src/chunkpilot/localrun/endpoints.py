@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 SERVICE_LABEL = "chunkpilot.io/service"
 TRACK_LABEL = "chunkpilot.io/track"
@@ -62,6 +64,14 @@ EndpointSource = Callable[[], Sequence[Endpoint]]
 """Returns the endpoints that may receive traffic now (Ready pods of one service)."""
 
 
+class Balancer(Protocol):
+    """Picks the endpoint for the next request."""
+
+    def pick(self) -> Endpoint | None:
+        """An endpoint, or ``None`` when the service has no Ready endpoint."""
+        ...
+
+
 class RoundRobinBalancer:
     """Hands out endpoints in turn, one share per Ready pod, like kube-proxy's round-robin mode.
 
@@ -84,6 +94,28 @@ class RoundRobinBalancer:
             position = self._counter % len(endpoints)
             self._counter += 1
         return endpoints[position]
+
+
+class RandomBalancer:
+    """Sends each request to a Ready endpoint drawn at random, like kube-proxy's iptables mode.
+
+    A random split of Poisson arrivals leaves every endpoint Poisson arrivals (what the tuner's twin
+    assumes of a live engine); a strict rotation makes each endpoint's arrivals more regular than
+    that, so it queues less at the same rate. ``seed`` makes the split reproducible.
+    """
+
+    def __init__(self, source: EndpointSource, seed: int = 0) -> None:
+        self._source = source
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def pick(self) -> Endpoint | None:
+        """A random Ready endpoint, or ``None`` when the service has none."""
+        endpoints = sorted(self._source())
+        if not endpoints:
+            return None
+        with self._lock:
+            return self._random.choice(endpoints)
 
 
 def static_source(endpoints: Sequence[Endpoint]) -> EndpointSource:

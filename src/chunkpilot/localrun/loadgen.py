@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from chunkpilot.localrun.endpoints import Endpoint, RoundRobinBalancer
+from chunkpilot.localrun.endpoints import Balancer, Endpoint
 from chunkpilot.localrun.stats import LoadSummary, RequestRecord, summarise
 from chunkpilot.localrun.traces import TraceRequest
 
@@ -75,7 +75,7 @@ class ModelNames:
         return cached
 
 
-async def _pick(balancer: RoundRobinBalancer, wait_s: float, stop: asyncio.Event) -> Endpoint | None:
+async def _pick(balancer: Balancer, wait_s: float, stop: asyncio.Event) -> Endpoint | None:
     deadline = time.monotonic() + wait_s
     while True:
         endpoint = balancer.pick()
@@ -147,7 +147,7 @@ async def _one_request(
     index: int,
     request: TraceRequest,
     session: aiohttp.ClientSession,
-    balancer: RoundRobinBalancer,
+    balancer: Balancer,
     models: ModelNames,
     prompt_builder: PromptBuilder,
     rng: random.Random,
@@ -184,7 +184,7 @@ async def _one_request(
 
 async def replay(
     schedule: Iterable[TraceRequest],
-    balancer: RoundRobinBalancer,
+    balancer: Balancer,
     options: LoadOptions | None = None,
     *,
     prompt_builder: PromptBuilder = word_prompt,
@@ -245,7 +245,7 @@ async def replay(
 
 async def run_load(
     schedule: Iterable[TraceRequest],
-    balancer: RoundRobinBalancer,
+    balancer: Balancer,
     options: LoadOptions | None = None,
     *,
     prompt_builder: PromptBuilder = word_prompt,
@@ -263,7 +263,7 @@ class BackgroundLoad:
     def __init__(
         self,
         schedule: Iterable[TraceRequest],
-        balancer: RoundRobinBalancer,
+        balancer: Balancer,
         options: LoadOptions | None = None,
         *,
         prompt_builder: PromptBuilder = word_prompt,
