@@ -280,6 +280,8 @@ class Request:
     seed: int
     rank: bool
     cpu_budget_s: float = DEFAULT_CPU_SECONDS
+    #: At most this many evaluations as well (None: the CPU budget alone ends the search).
+    max_evaluations: int | None = None
     exclude: tuple[TunedConfig, ...] = ()
     warm: tuple[TunedConfig, ...] = ()
     directory: str | None = None
@@ -410,6 +412,7 @@ def calibrate(request: Request) -> Calibration:
         slo,
         seed=request.seed,
         cpu_budget_s=request.cpu_budget_s,
+        max_evaluations=request.max_evaluations,
         exclude=[c for c in request.exclude if c != request.incumbent],
         warm=[request.incumbent, *request.warm],
     )
