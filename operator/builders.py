@@ -36,6 +36,8 @@ from chunkpilot.api import (
     EngineConfig,
     InferenceService,
     PoolRole,
+    TopologyMode,
+    TopologySpec,
     Track,
 )
 
@@ -443,6 +445,75 @@ def incumbent(isvc: InferenceService) -> EngineConfig:
     every trial against.
     """
     return promoted_config(isvc) or EngineConfig.from_engine(isvc.spec.engine)
+
+
+def with_topology(isvc: InferenceService, topology: TopologySpec) -> InferenceService | None:
+    """``isvc`` running ``topology``'s pools (the spec's KV transfer and router kept); None: it cannot.
+
+    None when the spec cannot run a disaggregated topology (its CEL rules: the engine kind or
+    version, ``autotune.liveAdjust``, a ``--kv-transfer-config`` in ``extraArgs``).
+    """
+    current = isvc.spec.topology
+    merged = TopologySpec(
+        mode=TopologyMode.DISAGGREGATED,
+        prefill=topology.prefill,
+        decode=topology.decode,
+        kv_transfer=current.kv_transfer if current is not None else topology.kv_transfer,
+        router=current.router if current is not None else topology.router,
+    )
+    try:
+        spec = type(isvc.spec).model_validate({**isvc.spec.to_k8s(), "topology": merged.to_k8s()})
+    except ValueError:
+        return None
+    return isvc.model_copy(update={"spec": spec})
+
+
+def promoted_topology(isvc: InferenceService) -> TopologySpec | None:
+    """The topology a topology trial promoted (``status.bestTopology``), when the service runs it.
+
+    It runs while ``spec.autotune.enabled`` and ``allowTopologyChange`` are true and the spec
+    declares no disaggregated topology of its own (a declared one wins); one the spec cannot
+    run (see :func:`with_topology`) is ignored, as an unrunnable ``bestConfig`` is.
+    """
+    status, spec = isvc.status, isvc.spec
+    if status is None or status.best_topology is None or spec.disaggregated:
+        return None
+    if not (spec.autotune.enabled and spec.autotune.allow_topology_change):
+        return None
+    return status.best_topology if with_topology(isvc, status.best_topology) is not None else None
+
+
+def effective_topology(isvc: InferenceService) -> InferenceService:
+    """``isvc`` as the operator renders it and the tuner tunes it: with its promoted topology, if any.
+
+    The spec is never written: a promoted topology lives in the tuner-written status.
+    """
+    promoted = promoted_topology(isvc)
+    if promoted is None:
+        return isvc
+    effective = with_topology(isvc, promoted)
+    assert effective is not None
+    return effective
+
+
+def build_canary_topology(isvc: InferenceService, topology: TopologySpec) -> tuple[dict[str, Any], ...]:
+    """The canary topology of a topology trial: canary prefill and decode pools and a canary router.
+
+    The pools (``<service>-prefill-canary``, ``<service>-decode-canary``: track ``canary``, their
+    role, ``topology``'s replicas and knobs, the KV transfer) and the router in front of them only
+    (``<service>-router-canary`` with its ServiceAccount, Role and RoleBinding; its selectors name
+    the canary track). The router's pods carry the service label, so the service's Service sends
+    them a share of the live traffic, as it does a colocated canary's pods. Raises ``ValueError``
+    (:class:`RenderError` among them) when the spec cannot run ``topology``.
+    """
+    running = with_topology(isvc, topology)
+    if running is None:
+        raise ValueError("the spec cannot run a disaggregated topology (see spec.topology's rules)")
+    pools = tuple(
+        build_deployment(running, Track.CANARY, replicas=running.spec.pool(role).replicas, role=role)
+        for role in PoolRole
+    )
+    return (*pools, *build_router_objects(running, Track.CANARY))
 
 
 def build_stable_deployment(isvc: InferenceService) -> dict[str, Any]:

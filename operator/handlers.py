@@ -4,6 +4,8 @@
 * a new ``status.bestConfig`` (a promotion by the tuner): the same, so the stable
   Deployment follows the promoted knobs. The operator is the stable Deployment's only
   writer: the tuner waits for ``status.appliedConfigHash`` to show the promoted config;
+* a new ``status.bestTopology`` (a topology trial promoted): the same, so the pools and the
+  router replace the colocated Deployment;
 * any event of a labelled child (stable Deployment, a disaggregated service's pool and
   router Deployments, Service, PodMonitor): restore it when it was edited or deleted by
   hand, and refresh the parent's status from the Deployments. Drift is corrected by
@@ -98,6 +100,13 @@ async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.bestConfig")
 async def follow_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The tuner promoted a config: roll the stable Deployment to it (a no-op if already applied)."""
+    reconciler: Reconciler = memo["reconciler"]
+    await reconciler.reconcile(_raw(body))
+
+
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.bestTopology")
+async def follow_topology_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The tuner promoted a topology: roll out its pools and router (a no-op if already running)."""
     reconciler: Reconciler = memo["reconciler"]
     await reconciler.reconcile(_raw(body))
 

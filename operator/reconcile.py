@@ -29,6 +29,7 @@ from chunkpilot.operator.builders import (
     build_service,
     build_stable_deployment,
     deployment_name,
+    effective_topology,
     live_adjust_secret_name,
     new_live_adjust_token,
     pool_deployment_name,
@@ -69,6 +70,7 @@ from chunkpilot.api import (
     ManifestError,
     PoolRole,
     TopologyMode,
+    TopologySpec,
     Track,
 )
 
@@ -117,6 +119,23 @@ def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceServic
         logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
         return isvc
     return isvc.model_copy(update={"status": InferenceServiceStatus(best_config=config)})
+
+
+def with_best_topology(isvc: InferenceService, raw_status: Any) -> InferenceService:
+    """``isvc`` running the topology a topology trial promoted (``status.bestTopology``), if it runs one.
+
+    See :func:`~chunkpilot.operator.builders.promoted_topology`; an invalid one is ignored.
+    """
+    best = raw_status.get("bestTopology") if isinstance(raw_status, Mapping) else None
+    if not best:
+        return isvc
+    try:
+        topology = TopologySpec.model_validate(best)
+    except ValueError:
+        logger.warning("ignoring invalid status.bestTopology of %s: %r", isvc.metadata.name, best)
+        return isvc
+    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_topology": topology})
+    return effective_topology(isvc.model_copy(update={"status": status}))
 
 
 def foreign_selector_keys(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, None]:
@@ -255,7 +274,7 @@ class Reconciler:
             raise kopf.PermanentError(str(error)) from None
         isvc = with_best_config(isvc, body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
-        isvc = self.config.served(isvc)
+        isvc = with_best_topology(self.config.served(isvc), body.get("status"))
         if isvc.spec.disaggregated:
             await self._reconcile_disaggregated(body, isvc, kinds, known, repair, live_adjust_blocked)
             return

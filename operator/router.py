@@ -16,7 +16,15 @@ from chunkpilot.operator.engines import ENGINE_PORT, ENGINE_PORT_NAME
 from chunkpilot.operator.engines.sim import default_sim_image
 from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY, object_metadata, service_name
 
-from chunkpilot.api import LABEL_COMPONENT, LABEL_ROLE, LABEL_SERVICE, InferenceService, PoolRole
+from chunkpilot.api import (
+    LABEL_COMPONENT,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    LABEL_TRACK,
+    InferenceService,
+    PoolRole,
+    Track,
+)
 
 ROUTER_CONTAINER: Final = "router"
 ROUTER_COMMAND: Final = ("vllm-router",)
@@ -36,9 +44,12 @@ ROUTER_RESOURCES: Final = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limi
 ROUTER_RULES: Final = ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},)
 
 
-def router_name(service: str) -> str:
-    """``<service>-router``: the router's Deployment, ServiceAccount, Role and RoleBinding."""
-    return f"{service}-router"
+def router_name(service: str, track: Track | None = None) -> str:
+    """``<service>-router``: the router's Deployment, ServiceAccount, Role and RoleBinding.
+
+    ``<service>-router-canary`` for the canary router of a topology trial.
+    """
+    return f"{service}-router" if track in (None, Track.STABLE) else f"{service}-router-{Track(track).value}"
 
 
 def default_router_image() -> str:
@@ -46,12 +57,20 @@ def default_router_image() -> str:
     return default_sim_image()
 
 
-def router_selector(isvc: InferenceService) -> dict[str, str]:
-    """The labels selecting the router pods (the Deployment's selector and the Service's)."""
-    return {LABEL_SERVICE: service_name(isvc), LABEL_COMPONENT: COMPONENT_ROUTER}
+def _track_label(track: Track | None) -> dict[str, str]:
+    return {} if track in (None, Track.STABLE) else {LABEL_TRACK: Track(track).value}
 
 
-def router_labels(isvc: InferenceService) -> dict[str, str]:
+def router_selector(isvc: InferenceService, track: Track | None = None) -> dict[str, str]:
+    """The labels selecting the router pods (the Deployment's selector and the Service's).
+
+    A canary router's carry ``chunkpilot.io/track: canary`` too (the Service, selecting on the
+    service label alone, still sends it its share).
+    """
+    return {LABEL_SERVICE: service_name(isvc), LABEL_COMPONENT: COMPONENT_ROUTER, **_track_label(track)}
+
+
+def router_labels(isvc: InferenceService, track: Track | None = None) -> dict[str, str]:
     """Labels of the router's objects and pods."""
     name = service_name(isvc)
     return {
@@ -59,20 +78,20 @@ def router_labels(isvc: InferenceService) -> dict[str, str]:
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": COMPONENT_ROUTER,
         LABEL_MANAGED_BY: MANAGED_BY,
-        **router_selector(isvc),
+        **router_selector(isvc, track),
     }
 
 
-def pool_selector(isvc: InferenceService, role: PoolRole | str) -> dict[str, str]:
-    """The labels the router discovers the engine pods of ``role`` by."""
-    return {LABEL_SERVICE: service_name(isvc), LABEL_ROLE: PoolRole(role).value}
+def pool_selector(isvc: InferenceService, role: PoolRole | str, track: Track | None = None) -> dict[str, str]:
+    """The labels the router discovers the engine pods of ``role`` by (and of a canary topology's track)."""
+    return {LABEL_SERVICE: service_name(isvc), LABEL_ROLE: PoolRole(role).value, **_track_label(track)}
 
 
 def _selector_args(selector: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in selector.items()]
 
 
-def router_args(isvc: InferenceService) -> list[str]:
+def router_args(isvc: InferenceService, track: Track | None = None) -> list[str]:
     """The ``vllm-router`` argument vector: PD mode, pod discovery by role, the engines' port."""
     namespace = isvc.metadata.namespace or f"$({NAMESPACE_ENV})"
     router = isvc.spec.router
@@ -82,9 +101,9 @@ def router_args(isvc: InferenceService) -> list[str]:
         "--service-discovery-namespace",
         namespace,
         "--prefill-selector",
-        *_selector_args(pool_selector(isvc, PoolRole.PREFILL)),
+        *_selector_args(pool_selector(isvc, PoolRole.PREFILL, track)),
         "--decode-selector",
-        *_selector_args(pool_selector(isvc, PoolRole.DECODE)),
+        *_selector_args(pool_selector(isvc, PoolRole.DECODE, track)),
         "--service-discovery-port",
         str(ENGINE_PORT),
         "--host",
@@ -109,17 +128,17 @@ def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     }
 
 
-def build_router_deployment(isvc: InferenceService) -> dict[str, Any]:
-    """The router Deployment in front of the prefill and decode pools."""
-    name = router_name(service_name(isvc))
-    labels = router_labels(isvc)
+def build_router_deployment(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
+    """The router Deployment in front of the prefill and decode pools (of ``track``'s pools)."""
+    name = router_name(service_name(isvc), track)
+    labels = router_labels(isvc, track)
     router = isvc.spec.router
     container: dict[str, Any] = {
         "name": ROUTER_CONTAINER,
         "image": router.image or default_router_image(),
         "imagePullPolicy": "IfNotPresent",
         "command": list(ROUTER_COMMAND),
-        "args": router_args(isvc),
+        "args": router_args(isvc, track),
         "env": [{"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": ROUTER_PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"},
@@ -134,9 +153,9 @@ def build_router_deployment(isvc: InferenceService) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": object_metadata(isvc, name, labels),
         "spec": {
-            "replicas": router.replicas,
+            "replicas": router.replicas if track in (None, Track.STABLE) else 1,
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": router_selector(isvc)},
+            "selector": {"matchLabels": router_selector(isvc, track)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels},
@@ -151,49 +170,52 @@ def build_router_deployment(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def build_router_service_account(isvc: InferenceService) -> dict[str, Any]:
+def build_router_service_account(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
     """The router's ServiceAccount."""
-    name = router_name(service_name(isvc))
+    name = router_name(service_name(isvc), track)
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+        "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
     }
 
 
-def build_router_role(isvc: InferenceService) -> dict[str, Any]:
+def build_router_role(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
     """The router's Role: read the pods of the namespace (its service discovery)."""
-    name = router_name(service_name(isvc))
+    name = router_name(service_name(isvc), track)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+        "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
         "rules": [dict(rule) for rule in ROUTER_RULES],
     }
 
 
-def build_router_role_binding(isvc: InferenceService) -> dict[str, Any]:
+def build_router_role_binding(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
     """Binds the router's Role to its ServiceAccount."""
-    name = router_name(service_name(isvc))
+    name = router_name(service_name(isvc), track)
     subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
     if isvc.metadata.namespace:
         subject["namespace"] = isvc.metadata.namespace
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": object_metadata(isvc, name, router_labels(isvc)),
+        "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [subject],
     }
 
 
-def build_router_objects(isvc: InferenceService) -> tuple[dict[str, Any], ...]:
-    """ServiceAccount, Role, RoleBinding and Deployment of the router, in the order they are applied."""
+def build_router_objects(isvc: InferenceService, track: Track | None = None) -> tuple[dict[str, Any], ...]:
+    """ServiceAccount, Role, RoleBinding and Deployment of the router, in the order they are applied.
+
+    With ``track`` canary: the canary router of a topology trial, in front of the canary pools only.
+    """
     return (
-        build_router_service_account(isvc),
-        build_router_role(isvc),
-        build_router_role_binding(isvc),
-        build_router_deployment(isvc),
+        build_router_service_account(isvc, track),
+        build_router_role(isvc, track),
+        build_router_role_binding(isvc, track),
+        build_router_deployment(isvc, track),
     )
 
 

@@ -673,9 +673,13 @@ class AutotuneSpec(ApiModel):
     allow_topology_change: bool = Field(
         default=False,
         description=(
-            "Let the tuner roll out a prefill/decode topology it recommends as a canary topology (not"
-            " yet acted on: the tuner recommends one in the SLOInfeasible condition and"
-            " status.recommendation)."
+            "Let the tuner roll out the prefill/decode topology it recommends once colocated tuning is"
+            " SLOInfeasible (status.recommendation with meetsSlo) as a canary topology: canary prefill and"
+            " decode pools and a canary router taking a share of the traffic, measured and then promoted"
+            " (status.bestTopology: the operator runs the pools and the router and removes the colocated"
+            " Deployment) or rolled back, recorded in a TuningTrial. Only a layout of spec.replicas GPUs is"
+            " rolled out (a 1-replica service's 1 + 1 needs spec.replicas 2); spec.topology, when set,"
+            " wins."
         ),
     )
 
@@ -1307,6 +1311,14 @@ class InferenceServiceStatus(StatusModel):
     )
     recommendation: TopologyRecommendation | None = Field(
         default=None, description="Prefill/decode disaggregation on the twin, when the SLOs are infeasible."
+    )
+    best_topology: TopologySpec | None = Field(
+        default=None,
+        description=(
+            "A prefill/decode topology a topology trial promoted (autotune.allowTopologyChange; the tuner"
+            " writes it, bestTrial names the trial). The operator runs it while autotune.enabled and"
+            " allowTopologyChange are true and spec.topology is unset; set spec.topology to pin one."
+        ),
     )
 
 

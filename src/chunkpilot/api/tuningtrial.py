@@ -23,7 +23,7 @@ from chunkpilot.api.common import (
     Resource,
     StatusModel,
 )
-from chunkpilot.api.inferenceservice import EngineConfig
+from chunkpilot.api.inferenceservice import EngineConfig, TopologySpec
 
 
 class Track(StrEnum):
@@ -125,6 +125,19 @@ class TuningTrialSpec(ApiModel):
         default=None,
         description="The token mix the round's warm start was sized for (the round's first trial fixes it).",
     )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description=(
+            "Set on a topology trial (autotune.allowTopologyChange): the prefill and decode pools (replicas,"
+            " the prefill pool's maxNumBatchedTokens, the decode pool's maxNumSeqs) rolled out as a canary"
+            " topology behind a canary router; params is then the stable config the pools start from."
+        ),
+    )
+
+    @property
+    def is_topology(self) -> bool:
+        """Whether this trial tries a prefill/decode topology rather than a colocated config."""
+        return self.topology is not None
 
 
 class TrialProgress(StatusModel):
@@ -233,6 +246,12 @@ class TuningTrialStatus(StatusModel):
     )
     canary: Measurement | None = Field(default=None, description="Measurement of the trial config.")
     stable: Measurement | None = Field(default=None, description="Baseline measured in the same window.")
+    prefill: Measurement | None = Field(
+        default=None, description="A topology trial's prefill pool in the window (its TTFT: prompt + queue)."
+    )
+    decode: Measurement | None = Field(
+        default=None, description="A topology trial's decode pool in the window (its ITL is the topology's)."
+    )
     constraints: Constraints | None = Field(default=None, description="Measured minus target, per SLO.")
     objective: float | None = Field(default=None, description="Objective value (throughput or goodput).")
     verdict: TrialVerdict | None = Field(default=None, description="Promoted, Discarded, Pruned or Aborted.")

@@ -1,0 +1,143 @@
+"""A topology the tuner promoted (``status.bestTopology``) and the canary topology of a topology trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chunkpilot.operator.builders import (
+    build_canary_topology,
+    build_children,
+    effective_topology,
+    promoted_topology,
+)
+from chunkpilot.operator.reconcile import with_best_topology
+from chunkpilot.operator.router import router_args
+
+from chunkpilot.api import (
+    LABEL_ROLE,
+    LABEL_TRACK,
+    InferenceService,
+    InferenceServiceStatus,
+    PoolSpec,
+    TopologySpec,
+)
+
+TOPOLOGY = TopologySpec(
+    mode="disaggregated",
+    prefill=PoolSpec(replicas=1, max_num_batched_tokens=4096, max_num_seqs=64),
+    decode=PoolSpec(replicas=1, max_num_batched_tokens=512, max_num_seqs=128),
+)
+
+
+def isvc(
+    *, allow: bool = True, enabled: bool = True, best: TopologySpec | None = TOPOLOGY, **spec: Any
+) -> InferenceService:
+    body: dict[str, Any] = {
+        "metadata": {"name": "chat", "namespace": "llm", "uid": "u1"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "sim", "maxNumBatchedTokens": 256, "maxNumSeqs": 64},
+            "replicas": 2,
+            "slo": {"itl": {"quantile": 0.99, "maxMs": 35}, "ttft": {"quantile": 0.95, "maxMs": 600}},
+            "autotune": {"enabled": enabled, "allowTopologyChange": allow},
+            **spec,
+        },
+    }
+    service = InferenceService.from_manifest(body)
+    return service.model_copy(update={"status": InferenceServiceStatus(best_topology=best)})
+
+
+def names(manifests: Any) -> list[str]:
+    return [m["metadata"]["name"] for m in manifests]
+
+
+def test_a_promoted_topology_is_rendered_as_pools_and_router_instead_of_the_colocated_deployment() -> None:
+    service = effective_topology(isvc())
+    assert service.spec.disaggregated
+    children = build_children(service, pod_monitor=True)
+    assert children.deployment is None
+    assert names(children.pools) == ["chat-prefill", "chat-decode"]
+    assert names(children.router)[-1] == "chat-router"
+    prefill, decode = (service.spec.pool_config(role) for role in ("prefill", "decode"))
+    assert (prefill.max_num_batched_tokens, decode.max_num_seqs) == (4096, 128)
+    # The Service now selects the router.
+    assert children.service["spec"]["selector"]["chunkpilot.io/component"] == "router"
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"allow": False}, "allowTopologyChange is off"),
+        ({"enabled": False}, "autotuning is off"),
+        ({"best": None}, "nothing promoted"),
+        ({"autotune": {"enabled": True, "allowTopologyChange": True, "liveAdjust": True}}, "cannot run"),
+    ],
+)
+def test_a_promoted_topology_runs_only_while_the_flags_allow_it_and_the_spec_can_run_it(
+    changes: dict[str, Any], why: str
+) -> None:
+    service = isvc(**changes)
+    assert promoted_topology(service) is None, why
+    assert not effective_topology(service).spec.disaggregated
+    assert build_children(effective_topology(service), pod_monitor=False).deployment is not None
+
+
+def test_the_spec_topology_wins_over_a_promoted_one() -> None:
+    declared = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 2, "maxNumBatchedTokens": 8192},
+        "decode": {"replicas": 3},
+    }
+    service = isvc(topology=declared)
+    assert promoted_topology(service) is None
+    assert effective_topology(service).spec.pool("prefill").replicas == 2
+
+
+def test_the_spec_kv_transfer_and_router_apply_to_a_promoted_topology() -> None:
+    hints = {"kvTransfer": {"bandwidthGBps": 5, "latencyMs": 2}, "router": {"policy": "round_robin"}}
+    service = effective_topology(isvc(topology=hints))
+    assert service.spec.kv_transfer.bandwidth_gbps == 5
+    assert "round_robin" in router_args(service)
+
+
+def test_the_operator_reads_the_promoted_topology_from_the_raw_status() -> None:
+    raw = {"bestTopology": TOPOLOGY.to_k8s()}
+    assert with_best_topology(isvc(best=None), raw).spec.disaggregated
+    assert not with_best_topology(isvc(best=None), {"bestTopology": {"mode": "bogus"}}).spec.disaggregated
+    assert not with_best_topology(isvc(best=None), {}).spec.disaggregated
+
+
+def test_the_canary_topology_is_two_canary_pools_behind_a_canary_router() -> None:
+    manifests = build_canary_topology(isvc(best=None), TOPOLOGY)
+    assert names(manifests) == [
+        "chat-prefill-canary",
+        "chat-decode-canary",
+        "chat-router-canary",
+        "chat-router-canary",
+        "chat-router-canary",
+        "chat-router-canary",
+    ]
+    prefill, decode, *_, router = manifests
+    for pool, role in ((prefill, "prefill"), (decode, "decode")):
+        labels = pool["spec"]["template"]["metadata"]["labels"]
+        assert (labels[LABEL_TRACK], labels[LABEL_ROLE]) == ("canary", role)
+        assert pool["spec"]["replicas"] == 1
+        assert any(
+            a.startswith("--kv-transfer-config")
+            for a in pool["spec"]["template"]["spec"]["containers"][0]["args"]
+        )
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    selectors = " ".join(args)
+    assert "chunkpilot.io/role=prefill chunkpilot.io/track=canary" in selectors
+    assert "chunkpilot.io/role=decode chunkpilot.io/track=canary" in selectors
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    # The Service of the colocated service (service label only) sends the canary router its share.
+    assert labels["chunkpilot.io/service"] == "chat" and labels[LABEL_TRACK] == "canary"
+    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "chat-router-canary"
+
+
+def test_a_canary_topology_the_spec_cannot_run_is_refused() -> None:
+    service = isvc(best=None, autotune={"enabled": True, "allowTopologyChange": True, "liveAdjust": True})
+    with pytest.raises(ValueError, match="cannot run a disaggregated topology"):
+        build_canary_topology(service, TOPOLOGY)
