@@ -29,6 +29,7 @@ from chunkpilot.tuner.actions import (
     CreateTrial,
     CurrentTrialGauge,
     DeleteCanary,
+    DeleteCanaryTopology,
     Emit,
     ExportSLOTargets,
     Log,
@@ -37,7 +38,7 @@ from chunkpilot.tuner.actions import (
     Plan,
     TrackGauges,
 )
-from chunkpilot.tuner.snapshot import deployment_path, trial_path
+from chunkpilot.tuner.snapshot import canary_topology_paths, deployment_path, trial_path
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 
@@ -118,6 +119,9 @@ class Actor:
                 await self.kube.merge_patch(canary_path, {"metadata": {"annotations": dict(annotations)}})
             case DeleteCanary():
                 await self.kube.delete(canary_path)
+            case DeleteCanaryTopology():
+                for path in canary_topology_paths(ns, name):
+                    await self.kube.delete(path)
             case AdjustLive(pods, token, limits, on_success, on_failure):
                 try:
                     await self.live_adjuster.adjust(pods, token, limits)

@@ -68,6 +68,11 @@ class DeleteCanary:
 
 
 @dataclass(frozen=True)
+class DeleteCanaryTopology:
+    """Delete a topology trial's canary pools, canary router and the router's RBAC objects."""
+
+
+@dataclass(frozen=True)
 class AdjustLive:
     """Set ``limits`` on the canary ``pods`` through the engines' route, then run one branch.
 
@@ -132,6 +137,7 @@ Action = (
     | ApplyCanary
     | AnnotateCanary
     | DeleteCanary
+    | DeleteCanaryTopology
     | AdjustLive
     | Emit
     | TrackGauges

@@ -31,7 +31,7 @@ from typing import Any
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
-from chunkpilot.tuner import disaggplan, phases, twinplan
+from chunkpilot.tuner import disaggplan, phases, topotrial, twinplan
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import (
@@ -128,11 +128,12 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         disaggregated(plan, current)
         return plan
     live.remove_orphan(plan, current, keep_parked=True)
+    topotrial.remove_orphans(plan, current)
     record_stable(plan)
     twinplan.record_twin(plan)
     disaggplan.record(plan)
     if current is not None:
-        phases.advance(plan, current, settings)
+        (topotrial.advance if current.spec.is_topology else phases.advance)(plan, current, settings)
         return plan
     if pending is not None:
         plan.condition(
@@ -155,6 +156,7 @@ def disabled(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, "autotuning was disabled")
     live.remove_orphan(plan, None)
+    topotrial.remove_orphans(plan, None)
     if plan.current_condition(ConditionType.TUNING) is not None:
         plan.condition(
             ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISABLED, "autotune.enabled is false"
@@ -166,6 +168,7 @@ def paused(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, "autotuning was paused")
     live.remove_orphan(plan, None)
+    topotrial.remove_orphans(plan, None)
     plan.condition(
         ConditionType.TUNING,
         ConditionStatus.FALSE,
@@ -183,6 +186,7 @@ def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, note)
     live.remove_orphan(plan, None)
+    topotrial.remove_orphans(plan, None)
     plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISAGGREGATED, note)
     plan.status["currentTrial"] = None
     plan.do(CurrentTrialGauge(0))
@@ -200,6 +204,7 @@ def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, "no Prometheus to measure with")
     live.remove_orphan(plan, None)
+    topotrial.remove_orphans(plan, None)
 
 
 def record_stable(plan: Plan) -> None:
@@ -254,8 +259,11 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
         return  # Prometheus unreachable: wait (MetricsUnavailable set)
     round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
     in_round = [t for t in snap.trials if rec.trial_round(t) == round_]
-    if stop_reason(plan, records(plan, space, in_round), in_round) is not None:
+    reason = stop_reason(plan, records(plan, space, in_round), in_round)
+    if reason is not None:
         if not should_retune(plan, settings):
+            if reason is StopReason.INFEASIBLE:
+                topotrial.consider(plan, round_)  # with allowTopologyChange: the recommended topology
             return
         round_ += 1
         plan.emit(

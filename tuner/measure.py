@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -97,6 +97,8 @@ class Selector:
     track: Track | str | None
     labels: LabelScheme = field(default_factory=LabelScheme)
     config_hash: str | None = None
+    #: A disaggregated pool's ``role`` target label (``prefill``/``decode``).
+    role: str | None = None
 
     def render(self) -> str:
         """The PromQL label matcher, e.g. ``{service="chat",namespace="default",track="canary"}``."""
@@ -107,6 +109,8 @@ class Selector:
             pairs.append((self.labels.track, str(self.track)))
         if self.config_hash:
             pairs.append((self.labels.config_hash, self.config_hash))
+        if self.role:
+            pairs.append(("role", self.role))
         return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
 
 
@@ -449,3 +453,59 @@ class PrometheusClient:
         if not isinstance(result, list):
             raise MetricsUnavailableError(f"unexpected Prometheus answer {result!r}: expected a vector")
         return [item for item in result if isinstance(item, dict)]
+
+
+@dataclass(frozen=True)
+class TopologyWindow:
+    """A topology trial's canary pools and the stable track over the same window."""
+
+    prefill: TrackMeasurement
+    decode: TrackMeasurement
+    stable: TrackMeasurement
+
+    def combined(self) -> TrackMeasurement:
+        """The canary topology as its clients see it.
+
+        ITL: the decode pool's (every token after the first comes from a decode step). TTFT: the
+        prefill pool's TTFT quantile plus the decode pool's (the prompt's wait and prefill, then
+        the KV hop, the decode replica's admission and its first step); the sum of two quantiles
+        is at least the quantile of the sum when the two grow together, so it errs high.
+        Throughput and requests: the decode pool's; prompt tokens: the prefill pool's.
+        """
+        p, d = self.prefill, self.decode
+        ttft = p.ttft_ms + d.ttft_ms if p.ttft_ms is not None and d.ttft_ms is not None else None
+        return replace(
+            d,
+            track=Track.CANARY.value,
+            ttft_ms=ttft,
+            ttft_samples=min(p.ttft_samples, d.ttft_samples),
+            prompt_tok_s=p.prompt_tok_s,
+            replicas=p.replicas + d.replicas,
+        )
+
+    def window(self) -> WindowMeasurement:
+        """The combined canary topology against stable, as a colocated trial's window."""
+        return WindowMeasurement(self.combined(), self.stable)
+
+
+def measure_topology(
+    query: QueryFn,
+    service: str,
+    namespace: str | None,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+    stable_hash: str | None,
+    engine: str = "vllm",
+) -> TopologyWindow:
+    """Measure a topology trial: each canary pool (``track="canary"`` and its ``role``) and stable."""
+
+    def one(selector: Selector) -> TrackMeasurement:
+        return measure_track(query, selector, window, at, itl_quantile, ttft_quantile, engine)
+
+    return TopologyWindow(
+        prefill=one(Selector(service, namespace, Track.CANARY, role="prefill")),
+        decode=one(Selector(service, namespace, Track.CANARY, role="decode")),
+        stable=one(Selector(service, namespace, Track.STABLE, config_hash=stable_hash)),
+    )

@@ -35,6 +35,7 @@ from chunkpilot.tuner.actions import (
     ApplyCanary,
     CountFinished,
     CurrentTrialGauge,
+    DeleteCanaryTopology,
     Log,
     MirrorStudy,
     PatchTrial,
@@ -411,7 +412,7 @@ def finish(
     stable = window.stable.to_api() if window is not None else None
     status = TuningTrialStatus(
         phase=phase,
-        params_summary=trial.spec.params.summary(),
+        params_summary=rec.trial_label(trial),
         canary=canary,
         stable=stable,
         constraints=excess_constraints(canary, snap.slo),
@@ -425,7 +426,10 @@ def finish(
         ),
     )
     plan.do(PatchTrial(name, status_patch(status)))
-    live.park_or_delete(plan, trial, verdict)
+    if trial.spec.is_topology:
+        plan.do(DeleteCanaryTopology())  # every canary object of the topology, whatever the verdict
+    else:
+        live.park_or_delete(plan, trial, verdict)
     plan.status["trialsCompleted"] = sum(
         1 for t in plan.trials if not rec.is_active(t) or t.metadata.name == name
     )
@@ -436,7 +440,7 @@ def finish(
         plan.emit(
             EventType.WARNING if warning else EventType.NORMAL,
             f"Trial{verdict.value}",
-            f"trial {trial.spec.number} {verdict.value.lower()} ({trial.spec.params.summary()}): {reason}",
+            f"trial {trial.spec.number} {verdict.value.lower()} ({rec.trial_label(trial)}): {reason}",
         )
     plan.trials = [
         t if t.metadata.name != name else t.model_copy(update={"status": status}) for t in plan.trials
@@ -481,7 +485,14 @@ def pending_promotion(plan: Plan) -> TuningTrial | None:
     Returns the promoted trial while the operator has not rolled the stable track to it yet.
     """
     snap = plan.snap
-    promoted = next((t for t in reversed(snap.trials) if rec.trial_phase(t) is TrialPhase.PROMOTED), None)
+    promoted = next(
+        (
+            t
+            for t in reversed(snap.trials)
+            if rec.trial_phase(t) is TrialPhase.PROMOTED and not t.spec.is_topology
+        ),
+        None,
+    )
     if promoted is None:
         return None
     progress = rec.trial_progress(promoted)

@@ -26,6 +26,7 @@ from chunkpilot.api import (
     Objective,
     SLOState,
     TokenMix,
+    TopologySpec,
     TrialPhase,
     TrialProgress,
     TrialVerdict,
@@ -155,6 +156,23 @@ def is_active(trial: TuningTrial) -> bool:
     return trial_phase(trial) in ACTIVE_PHASES
 
 
+def describe_topology(topology: TopologySpec) -> str:
+    """``1 prefill + 1 decode (prefill maxNumBatchedTokens 4096, decode maxNumSeqs 128)``."""
+    prefill, decode = topology.prefill, topology.decode
+    if prefill is None or decode is None:
+        return "no pools"
+    return (
+        f"{prefill.replicas} prefill + {decode.replicas} decode (prefill maxNumBatchedTokens "
+        f"{prefill.max_num_batched_tokens}, decode maxNumSeqs {decode.max_num_seqs})"
+    )
+
+
+def trial_label(trial: TuningTrial) -> str:
+    """What a trial tries, in short: a colocated config's knobs, or a topology trial's pools."""
+    topology = trial.spec.topology
+    return trial.spec.params.summary() if topology is None else describe_topology(topology)
+
+
 def trial_round(trial: TuningTrial) -> int:
     try:
         return int(trial.metadata.labels.get(LABEL_ROUND, "0"))
@@ -177,8 +195,9 @@ def study_params(trial: TuningTrial, space: SearchSpace) -> dict[str, int] | Non
 
 
 def trial_record(trial: TuningTrial, space: SearchSpace, slo: SLOTargets) -> TrialRecord | None:
-    """The study's view of a finished trial; None for an unfinished one or one outside the space."""
-    if is_active(trial):
+    """The study's view of a finished trial; None for an unfinished one, a topology trial (not a
+    point of the colocated space) or one outside the space."""
+    if is_active(trial) or trial.spec.is_topology:
         return None
     params = study_params(trial, space)
     if params is None:

@@ -15,11 +15,18 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Final, Generic, ParamSpec, Protocol, TypeVar
 
-from chunkpilot.operator.builders import deployment_name, incumbent, live_adjust_secret_name
+from chunkpilot.operator.builders import (
+    deployment_name,
+    effective_topology,
+    incumbent,
+    live_adjust_secret_name,
+    pool_deployment_name,
+)
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import isvc_path, parse_status
+from chunkpilot.operator.router import router_name
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
@@ -28,9 +35,11 @@ from chunkpilot.tuner.measure import (
     MetricsUnavailableError,
     QueryFn,
     Selector,
+    TopologyWindow,
     TrackMeasurement,
     VectorFn,
     WindowMeasurement,
+    measure_topology,
     measure_track,
     measure_window,
 )
@@ -45,6 +54,7 @@ from chunkpilot.api import (
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
+    PoolRole,
     Track,
     TrialPhase,
     TuningTrial,
@@ -147,6 +157,12 @@ class Snapshot:
     live_token_error: str | None = None
     #: The service's digital twin (fit, ranking, the active canary's check); empty: not looked at.
     twin: TwinReading = field(default_factory=TwinReading)
+    #: A topology trial's canary Deployments by part (``prefill``, ``decode``, ``router``; None:
+    #: absent) and their pods; empty: not looked at (see :func:`watches_topology`).
+    topology_canary: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    topology_pods: tuple[Mapping[str, Any], ...] = ()
+    #: The active topology trial's window (its end, or widened past it; asked only when due).
+    topology_window: Reading[TopologyWindow] = Reading()
 
     @property
     def name(self) -> str:
@@ -163,6 +179,36 @@ class Snapshot:
     def active(self) -> list[TuningTrial]:
         """The active trials, oldest first (at most one, but a crash may have left more)."""
         return sorted((t for t in self.trials if rec.is_active(t)), key=lambda t: t.spec.number)
+
+
+#: The parts of a canary topology, as :attr:`Snapshot.topology_canary` keys them.
+TOPOLOGY_PARTS: Final = (PoolRole.PREFILL.value, PoolRole.DECODE.value, "router")
+
+
+def canary_topology_deployment_path(namespace: str, service: str, part: str) -> str:
+    """The canary Deployment of a topology trial's ``part`` (a pool's role, or ``router``)."""
+    name = (
+        router_name(service, Track.CANARY)
+        if part == "router"
+        else pool_deployment_name(service, part, Track.CANARY)
+    )
+    return resource_path("apps/v1", "deployments", namespace, name)
+
+
+def canary_topology_paths(namespace: str, service: str) -> list[str]:
+    """Every object of a canary topology: both pools, the router and its RBAC (deleted in this order)."""
+    router = router_name(service, Track.CANARY)
+    return [
+        *(canary_topology_deployment_path(namespace, service, part) for part in TOPOLOGY_PARTS),
+        resource_path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, router),
+        resource_path("rbac.authorization.k8s.io/v1", "roles", namespace, router),
+        resource_path("v1", "serviceaccounts", namespace, router),
+    ]
+
+
+def watches_topology(isvc: InferenceService, trials: tuple[TuningTrial, ...]) -> bool:
+    """Whether a step looks at canary topologies: the service allows them, or has had a topology trial."""
+    return isvc.spec.autotune.allow_topology_change or any(t.spec.is_topology for t in trials)
 
 
 def trial_path(namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -187,7 +233,8 @@ def parse_service(body: Mapping[str, Any]) -> InferenceService | None:
         )
         return None
     status = parse_status(body.get("status")) or InferenceServiceStatus()
-    return isvc.model_copy(update={"status": status})
+    # A topology a topology trial promoted is the service's, as the operator renders it.
+    return effective_topology(isvc.model_copy(update={"status": status}))
 
 
 class Observer:
@@ -233,6 +280,7 @@ class Observer:
             canary=canary,
             canary_pods=tuple(pods),
         )
+        snap = await self._topology(snap)
         snap = await self._token(snap)
         snap, final = await self._measure(snap)
         return _replace(snap, twin=await self.twins.observe(snap, final))
@@ -246,6 +294,22 @@ class Observer:
             except ManifestError as error:
                 logger.warning("%s/%s: skipping invalid TuningTrial: %s", namespace, service, error)
         return sorted(result, key=lambda t: t.spec.number)
+
+    async def _topology(self, snap: Snapshot) -> Snapshot:
+        """A topology trial's canary Deployments and pods (only for a service that may have them)."""
+        if not watches_topology(snap.isvc, snap.trials):
+            return snap
+        parts = {
+            part: await self.kube.get(canary_topology_deployment_path(snap.namespace, snap.name, part))
+            for part in TOPOLOGY_PARTS
+        }
+        pods: list[dict[str, Any]] = []
+        if any(parts.values()):
+            pods = await self.kube.list(
+                resource_path("v1", "pods", snap.namespace),
+                label_selector=f"{LABEL_SERVICE}={snap.name},{LABEL_TRACK}={Track.CANARY.value}",
+            )
+        return _replace(snap, topology_canary=parts, topology_pods=tuple(pods))
 
     async def _token(self, snap: Snapshot) -> Snapshot:
         """Read the live-adjustment token when a trial's rollout may end in an adjustment."""
@@ -287,6 +351,8 @@ class Observer:
         snap = _replace(snap, stable_reading=Reading(stable))
         active = snap.active()
         trial = active[0] if active else None
+        if trial is not None and trial.spec.is_topology:
+            return await self._topology_window(snap, trial), None
         if (
             autotune.paused
             or trial is None
@@ -306,6 +372,36 @@ class Observer:
         checked = twin_checks(plan, snap.window.value, snap.slo, rec.abort_rules(snap.isvc))
         final = CanaryWindow(trial, plan.span_s, plan.at) if checked else None
         return snap, final
+
+    async def _topology_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
+        """A measuring topology trial's pools and stable over its window (widened past its end)."""
+        autotune = snap.isvc.spec.autotune
+        if autotune.paused or rec.trial_phase(trial) is not TrialPhase.MEASURING:
+            return snap
+        due = window_plan(
+            rec.trial_progress(trial).measure_from, parse_duration(autotune.trial_window), snap.now
+        )
+        if due is None:
+            return snap
+        at = due.widened_at or due.at
+        assert self.query is not None
+        slo = snap.slo
+        try:
+            window = await self._blocking(
+                measure_topology,
+                self.query,
+                snap.name,
+                snap.namespace,
+                window_text((at - due.measure_from).total_seconds()),
+                at,
+                slo.itl_quantile,
+                slo.ttft_quantile,
+                snap.incumbent.config_hash(),
+                str(snap.isvc.spec.engine.kind),
+            )
+        except MetricsUnavailableError as error:
+            return _replace(snap, topology_window=Reading(error=str(error)))
+        return _replace(snap, topology_window=Reading(window))
 
     async def _window(
         self, snap: Snapshot, trial: TuningTrial, span_s: float, at: datetime

@@ -209,6 +209,7 @@ class ConditionType(StrEnum):
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     SLO_INFEASIBLE = "SLOInfeasible"
     TWIN_UNAVAILABLE = "TwinUnavailable"
+    TOPOLOGY_CHANGE = "TopologyChange"
 
 
 class Condition(StatusModel):

@@ -1286,7 +1286,7 @@ class InferenceServiceStatus(StatusModel):
         default_factory=list,
         max_length=32,
         description="Ready, Progressing, SLOMet, Tuning, Degraded, MetricsUnavailable, SLOInfeasible, "
-        "TwinUnavailable.",
+        "TwinUnavailable, TopologyChange.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     applied_config: EngineConfig | None = Field(default=None, description="Knobs the stable pods run with.")
@@ -1316,9 +1316,12 @@ class InferenceServiceStatus(StatusModel):
         default=None,
         description=(
             "A prefill/decode topology a topology trial promoted (autotune.allowTopologyChange; the tuner"
-            " writes it, bestTrial names the trial). The operator runs it while autotune.enabled and"
-            " allowTopologyChange are true and spec.topology is unset; set spec.topology to pin one."
+            " writes it). The operator runs it while autotune.enabled and allowTopologyChange are true"
+            " and spec.topology declares no disaggregated topology (a declared one wins)."
         ),
+    )
+    best_topology_trial: str | None = Field(
+        default=None, max_length=253, description="TuningTrial that promoted bestTopology."
     )
 
 

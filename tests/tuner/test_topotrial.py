@@ -1,0 +1,488 @@
+"""Topology trials (``autotune.allowTopologyChange``): the gate, the canary topology's phases, the verdicts.
+
+Pure like the other decide tests: snapshots are built from the API models, the canary topology's
+Deployments from the builders, the pools' measurements as observing delivers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from chunkpilot.operator.builders import build_canary_topology, incumbent
+from chunkpilot.operator.status import DeploymentState
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner import topotrial
+from chunkpilot.tuner.actions import (
+    ApplyCanary,
+    CreateTrial,
+    DeleteCanary,
+    DeleteCanaryTopology,
+    Emit,
+    PatchTrial,
+    Plan,
+)
+from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement
+from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.policy import Decision, SLOTargets
+from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, Reading, Snapshot, parse_service
+
+from chunkpilot.api import (
+    EngineConfig,
+    Measurement,
+    ObjectMeta,
+    TopologySpec,
+    TrialPhase,
+    TrialProgress,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialSpec,
+    TuningTrialStatus,
+    trial_labels,
+    trial_name,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+SETTINGS = TunerSettings(rollout_timeout_s=120)
+READY = DeploymentState(
+    desired=2, replicas=2, ready=2, updated=2, available=2, generation=1, observed_generation=1
+)
+RECOMMENDATION = {
+    "key": "k",
+    "message": "Disaggregation: 1 prefill + 1 decode replicas ...",
+    "meetsSlo": True,
+    "prefillReplicas": 1,
+    "decodeReplicas": 1,
+    "prefillMaxNumBatchedTokens": 4096,
+    "decodeMaxNumSeqs": 128,
+    "capacityReqS": 2.1,
+    "colocatedCapacityReqS": 0.6,
+}
+A = TypeVar("A")
+
+
+def infeasible_condition() -> dict[str, Any]:
+    return {
+        "type": "SLOInfeasible",
+        "status": "True",
+        "reason": "SLOInfeasible",
+        "message": "no configuration of 6 measured meets both SLOs",
+        "lastTransitionTime": (NOW - timedelta(minutes=1)).isoformat(),
+    }
+
+
+def service_body(replicas: int = 2, allow: bool = True, **status: Any) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
+    body["spec"]["replicas"] = replicas
+    body["spec"]["engine"]["maxNumBatchedTokens"] = 512
+    body["spec"]["slo"].update(itl={"quantile": 0.99, "maxMs": 35}, ttft={"quantile": 0.95, "maxMs": 600})
+    body["spec"]["autotune"].update(trialWindow="60s", warmup="10s", maxTrials=6, allowTopologyChange=allow)
+    body["status"] = {"conditions": [infeasible_condition()], "recommendation": RECOMMENDATION, **status}
+    return body
+
+
+def missed(number: int, budget: int, itl_ms: float, ttft_ms: float) -> TuningTrial:
+    """A finished colocated trial whose canary missed the SLOs."""
+    canary = Measurement(itl_ms=itl_ms, itl_quantile=0.99, ttft_ms=ttft_ms, ttft_quantile=0.95, samples=500)
+    return TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name("chat", number),
+            namespace="default",
+            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
+        ),
+        spec=TuningTrialSpec(
+            service_name="chat",
+            number=number,
+            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=128),
+            window="60s",
+        ),
+        status=TuningTrialStatus(
+            phase=TrialPhase.ROLLED_BACK,
+            verdict=TrialVerdict.DISCARDED,
+            canary=canary,
+            objective=100.0,
+            finished_at=NOW - timedelta(minutes=29 - number),
+        ),
+    )
+
+
+#: Six colocated trials: small budgets miss TTFT, large ones ITL.
+INFEASIBLE = tuple(
+    missed(n, budget, itl, ttft)
+    for n, (budget, itl, ttft) in enumerate(
+        [
+            (128, 30.0, 900.0),
+            (256, 33.0, 700.0),
+            (1024, 45.0, 560.0),
+            (2048, 60.0, 450.0),
+            (192, 31.0, 800.0),
+            (768, 40.0, 620.0),
+        ],
+        start=1,
+    )
+)
+
+
+def measurement(track: str, itl_ms: float, ttft_ms: float, samples: float = 200.0) -> TrackMeasurement:
+    return TrackMeasurement(
+        track=track,
+        window="60s",
+        time=NOW,
+        itl_quantile=0.99,
+        ttft_quantile=0.95,
+        itl_ms=itl_ms,
+        ttft_ms=ttft_ms,
+        itl_samples=samples * 50,
+        ttft_samples=samples,
+        generation_tok_s=200.0,
+        prompt_tok_s=2000.0,
+        request_rate=1.0,
+        replicas=1,
+    )
+
+
+STABLE = measurement("stable", 68.0, 512.0)
+
+
+def snapshot(body: dict[str, Any], trials: Sequence[TuningTrial] = (), **fields: Any) -> Snapshot:
+    isvc = parse_service(body)
+    assert isvc is not None and isvc.status is not None
+    values: dict[str, Any] = {
+        "stable": READY,
+        "prometheus": True,
+        "stable_reading": Reading(STABLE),
+        **fields,
+    }
+    return Snapshot(
+        body=body,
+        isvc=isvc,
+        status=isvc.status,
+        trials=tuple(trials),
+        now=NOW,
+        incumbent=incumbent(isvc),
+        **values,
+    )
+
+
+def the_topology(body: dict[str, Any]) -> TopologySpec:
+    snap = snapshot(body, INFEASIBLE)
+    assert snap.status.recommendation is not None
+    found = topotrial.layout(snap.status.recommendation, snap.incumbent)
+    assert found is not None
+    return found
+
+
+def topology_trial(
+    body: dict[str, Any], phase: TrialPhase, progress: TrialProgress | None = None, **status: Any
+) -> TuningTrial:
+    return TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name("chat", 7),
+            namespace="default",
+            labels={**trial_labels("chat", 7), rec.LABEL_ROUND: "0"},
+        ),
+        spec=TuningTrialSpec(
+            service_name="chat",
+            number=7,
+            params=EngineConfig(max_num_batched_tokens=512, max_num_seqs=128),
+            window="60s",
+            topology=the_topology(body),
+        ),
+        status=TuningTrialStatus(
+            phase=phase, started_at=NOW - timedelta(seconds=30), progress=progress, **status
+        ),
+    )
+
+
+def canary_parts(body: dict[str, Any], ready: bool = True) -> dict[str, dict[str, Any]]:
+    """The canary topology's Deployments as the API returns them."""
+    isvc = parse_service(body)
+    assert isvc is not None
+    deployments = [m for m in build_canary_topology(isvc, the_topology(body)) if m["kind"] == "Deployment"]
+    for manifest in deployments:
+        wanted = manifest["spec"]["replicas"]
+        manifest["metadata"]["generation"] = 1
+        manifest["status"] = {
+            "replicas": wanted,
+            "readyReplicas": wanted if ready else 0,
+            "updatedReplicas": wanted,
+            "availableReplicas": wanted if ready else 0,
+            "observedGeneration": 1,
+        }
+    return dict(zip(TOPOLOGY_PARTS, deployments, strict=True))
+
+
+def of_type(plan: Plan, kind: type[A]) -> list[A]:
+    return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def condition(plan: Plan, type_: str) -> tuple[str, str, str] | None:
+    found = next((c for c in plan.conditions if c.type == type_), None)
+    return (found.status.value, found.reason, found.message) if found else None
+
+
+def events(plan: Plan) -> list[tuple[str, str]]:
+    return [(a.event.reason, a.event.message) for a in of_type(plan, Emit)]
+
+
+def trial_status(plan: Plan) -> dict[str, Any]:
+    """Every status field the plan's trial patches wrote, merged."""
+    merged: dict[str, Any] = {}
+    for patch in of_type(plan, PatchTrial):
+        merged.update(patch.patch.get("status", {}))
+    return merged
+
+
+MEASURING = TrialProgress(ready_at=NOW - timedelta(seconds=80), measure_from=NOW - timedelta(seconds=70))
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def test_an_infeasible_service_that_allows_it_tries_the_recommended_topology_as_a_topology_trial() -> None:
+    plan = decide(snapshot(service_body(), INFEASIBLE), SETTINGS)
+    (created,) = of_type(plan, CreateTrial)
+    spec = created.manifest["spec"]
+    assert spec["number"] == 7 and spec["params"]["maxNumBatchedTokens"] == 512
+    prefill, decode = spec["topology"]["prefill"], spec["topology"]["decode"]
+    assert (prefill["replicas"], prefill["maxNumBatchedTokens"], prefill["maxNumSeqs"]) == (1, 4096, 128)
+    assert (decode["replicas"], decode["maxNumBatchedTokens"], decode["maxNumSeqs"]) == (1, 512, 128)
+    assert created.manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-chat"
+    assert plan.status["currentTrial"] == "chat-trial-7"
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("True", "TopologyTrialRunning")
+    assert "1 prefill + 1 decode (prefill maxNumBatchedTokens 4096, decode maxNumSeqs 128)" in found[2]
+    tuning = condition(plan, "Tuning")
+    assert tuning is not None and tuning[0] == "True"
+
+
+def test_without_allow_topology_change_nothing_changes() -> None:
+    plan = decide(snapshot(service_body(allow=False), INFEASIBLE), SETTINGS)
+    assert not of_type(plan, CreateTrial) and condition(plan, "TopologyChange") is None
+    assert not [a for a in plan.actions if isinstance(a, (ApplyCanary, DeleteCanaryTopology))]
+
+
+def test_a_layout_with_more_replicas_than_the_service_is_not_rolled_out_and_the_condition_says_why() -> None:
+    body = service_body(replicas=1)
+    plan = decide(snapshot(body, INFEASIBLE), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyNeedsReplicas")
+    assert "it needs 2 GPUs (2 replicas), the service has 1 (spec.replicas 1)" in found[2]
+    assert "raise spec.replicas to 2" in found[2]
+    assert [r for r, _ in events(plan)].count("TopologyNeedsReplicas") == 1
+    # Said once: the next step keeps the condition without a new Event.
+    body["status"]["conditions"].append(
+        {"type": "TopologyChange", "status": "False", "reason": "TopologyNeedsReplicas", "message": found[2]}
+    )
+    later = decide(snapshot(body, INFEASIBLE), SETTINGS)
+    assert "TopologyNeedsReplicas" not in [r for r, _ in events(later)]
+
+
+def test_a_spec_that_cannot_run_a_disaggregated_topology_is_not_tried() -> None:
+    body = service_body()
+    body["spec"]["autotune"]["liveAdjust"] = True  # the limits route adjusts one colocated track
+    plan = decide(snapshot(body, INFEASIBLE), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[1] == "TopologyUnsupported"
+
+
+def test_one_topology_trial_per_round() -> None:
+    body = service_body()
+    done = topology_trial(body, TrialPhase.ROLLED_BACK, verdict=TrialVerdict.DISCARDED, reason="missed ITL")
+    plan = decide(snapshot(body, (*INFEASIBLE, done)), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyRolledBack") and "missed ITL" in found[2]
+
+
+# --------------------------------------------------------------------------- the active topology trial
+
+
+def test_a_pending_topology_trial_rolls_out_canary_pools_and_a_canary_router() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.PENDING)
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary={}), SETTINGS)
+    applied = [a.manifest["metadata"]["name"] for a in of_type(plan, ApplyCanary)]
+    assert applied[:3] == ["chat-prefill-canary", "chat-decode-canary", "chat-router-canary"]
+    assert set(applied[3:]) == {"chat-router-canary"}  # its ServiceAccount, Role, RoleBinding
+    assert all(a.manifest["metadata"]["ownerReferences"] for a in of_type(plan, ApplyCanary))
+    assert trial_status(plan)["phase"] == "RollingOut"
+    assert any(r == "TopologyTrialStarted" for r, _ in events(plan))
+    assert not of_type(plan, DeleteCanary) and not of_type(plan, DeleteCanaryTopology)
+
+
+def test_once_both_pools_and_the_router_are_ready_the_warm_up_starts() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.ROLLING_OUT)
+    not_yet = decide(
+        snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body, ready=False)), SETTINGS
+    )
+    assert "phase" not in trial_status(not_yet)
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
+    status = trial_status(plan)
+    assert status["phase"] == "Measuring"
+    assert status["progress"]["measureFrom"] == (NOW + timedelta(seconds=10)).isoformat().replace(
+        "+00:00", "Z"
+    )
+
+
+def window(prefill_ttft: float, decode_itl: float, decode_ttft: float = 60.0) -> TopologyWindow:
+    return TopologyWindow(
+        prefill=measurement("canary", 5.0, prefill_ttft),
+        decode=measurement("canary", decode_itl, decode_ttft),
+        stable=STABLE,
+    )
+
+
+def measured(body: dict[str, Any], measured_window: TopologyWindow) -> Plan:
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    snap = snapshot(
+        body,
+        (*INFEASIBLE, trial),
+        topology_canary=canary_parts(body),
+        topology_window=Reading(measured_window),
+    )
+    return decide(snap, SETTINGS)
+
+
+def test_a_canary_topology_that_meets_both_slos_is_promoted_into_the_status_and_its_canaries_go() -> None:
+    body = service_body()
+    plan = measured(body, window(prefill_ttft=300.0, decode_itl=20.0))
+    status = trial_status(plan)
+    assert (status["phase"], status["verdict"]) == ("Promoted", "Promoted")
+    assert status["canary"]["itlMs"] == 20.0 and status["canary"]["ttftMs"] == 360.0  # 300 + 60
+    assert status["prefill"]["ttftMs"] == 300.0 and status["decode"]["itlMs"] == 20.0
+    assert status["stable"]["itlMs"] == 68.0
+    assert "meets both SLOs" in status["reason"]
+    assert status["paramsSummary"].startswith("1 prefill + 1 decode")
+    assert of_type(plan, DeleteCanaryTopology)
+    assert plan.status["bestTopology"]["prefill"]["maxNumBatchedTokens"] == 4096
+    assert plan.status["bestTopologyTrial"] == "chat-trial-7"
+    assert "bestConfig" not in plan.status  # the colocated promotion is untouched
+    assert any(r == "TopologyPromoted" for r, _ in events(plan))
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("True", "TopologyPromoted")
+
+
+def test_a_canary_topology_that_misses_an_slo_is_rolled_back_and_every_canary_object_removed() -> None:
+    body = service_body()
+    plan = measured(body, window(prefill_ttft=580.0, decode_itl=20.0))  # 580 + 60 > 600
+    status = trial_status(plan)
+    assert (status["phase"], status["verdict"]) == ("RolledBack", "Discarded")
+    assert "misses TTFT" in status["reason"] and "prefill 580 ms + decode 60 ms" in status["reason"]
+    assert of_type(plan, DeleteCanaryTopology) and "bestTopology" not in plan.status
+    assert any(r == "TrialDiscarded" and "1 prefill + 1 decode" in m for r, m in events(plan))
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyRolledBack")
+
+
+def test_too_few_samples_widen_the_window_and_at_the_deadline_the_trial_is_aborted() -> None:
+    body = service_body()
+    thin = replace(window(300.0, 20.0), decode=measurement("canary", 20.0, 60.0, samples=3))
+    waiting = measured(body, thin)
+    assert "verdict" not in trial_status(waiting) and not of_type(waiting, DeleteCanaryTopology)
+    late = TrialProgress(ready_at=NOW - timedelta(hours=1), measure_from=NOW - timedelta(minutes=50))
+    trial = topology_trial(body, TrialPhase.MEASURING, late)
+    snap = snapshot(
+        body, (*INFEASIBLE, trial), topology_canary=canary_parts(body), topology_window=Reading(thin)
+    )
+    plan = decide(snap, SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and "too few samples" in status["reason"]
+    assert of_type(plan, DeleteCanaryTopology)
+
+
+def test_a_crashed_canary_pool_aborts_the_trial_and_leaves_the_colocated_service_serving() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    pod = {
+        "metadata": {"name": "chat-decode-canary-abc", "labels": {}},
+        "status": {"containerStatuses": [{"restartCount": 1, "lastState": {"terminated": {"exitCode": 1}}}]},
+    }
+    snap = snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body), topology_pods=(pod,))
+    plan = decide(snap, SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and "chat-decode-canary-abc crashed" in status["reason"]
+    assert of_type(plan, DeleteCanaryTopology)
+    assert "bestTopology" not in plan.status and "bestConfig" not in plan.status
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyTrialAborted")
+
+
+def test_prometheus_down_mid_trial_records_a_gap_and_judges_nothing() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    snap = snapshot(
+        body,
+        (*INFEASIBLE, trial),
+        stable_reading=Reading(error="connection refused"),
+        topology_canary=canary_parts(body),
+    )
+    plan = decide(snap, SETTINGS)
+    status = trial_status(plan)
+    assert "verdict" not in status and status["progress"]["metricsGapSince"]
+    assert not of_type(plan, DeleteCanaryTopology)
+
+
+def test_a_lost_canary_topology_is_applied_again_and_an_orphaned_one_is_deleted() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    parts: dict[str, Any] = {**canary_parts(body), "router": None}  # deleted by hand, or an operator restart
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=parts), SETTINGS)
+    assert of_type(plan, ApplyCanary) and trial_status(plan)["phase"] == "RollingOut"
+    done = topology_trial(body, TrialPhase.ROLLED_BACK, verdict=TrialVerdict.DISCARDED, reason="missed")
+    orphaned = decide(snapshot(body, (*INFEASIBLE, done), topology_canary=canary_parts(body)), SETTINGS)
+    assert of_type(orphaned, DeleteCanaryTopology) and not of_type(orphaned, CreateTrial)
+
+
+def test_turning_the_flag_off_mid_trial_aborts_it() -> None:
+    body = service_body(allow=False)
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and "allowTopologyChange was turned off" in status["reason"]
+    assert of_type(plan, DeleteCanaryTopology)
+
+
+def test_a_promoted_topology_makes_the_service_disaggregated_and_an_interrupted_promotion_is_completed() -> (
+    None
+):
+    body = service_body()
+    done = topology_trial(body, TrialPhase.PROMOTED, verdict=TrialVerdict.PROMOTED, reason="meets both SLOs")
+    # The verdict was recorded but the step stopped before status.bestTopology was written.
+    plan = decide(snapshot(body, (*INFEASIBLE, done)), SETTINGS)
+    assert plan.status["bestTopology"] == done.spec.topology.to_k8s() if done.spec.topology else False
+    assert plan.status["bestTopologyTrial"] == "chat-trial-7"
+    # With it written, the service runs the topology: the tuner runs no colocated canary against it.
+    body["status"].update(bestTopology=plan.status["bestTopology"], bestTopologyTrial="chat-trial-7")
+    snap = snapshot(body, (*INFEASIBLE, done))
+    assert snap.isvc.spec.disaggregated and snap.isvc.spec.pool("prefill").max_num_batched_tokens == 4096
+    after = decide(snap, SETTINGS)
+    found = condition(after, "Tuning")
+    assert found is not None and found[:2] == ("False", "Disaggregated")
+    assert not of_type(after, CreateTrial)
+
+
+# --------------------------------------------------------------------------- the judgement
+
+
+def test_the_topology_is_judged_as_its_clients_see_it() -> None:
+    slo = SLOTargets(35.0, 600.0, 0.99, 0.95)
+    decision, reason = topotrial.judge(
+        window(prefill_ttft=400.0, decode_itl=30.0, decode_ttft=150.0), slo, 100
+    )
+    assert decision is Decision.PROMOTE, reason
+    assert "TTFT p95 550 ms = prefill 400 ms + decode 150 ms (target 600 ms)" in reason
+    decision, reason = topotrial.judge(window(prefill_ttft=100.0, decode_itl=36.0), slo, 100)
+    assert decision is Decision.DISCARD and "misses ITL" in reason
+    decision, _ = topotrial.judge(window(100.0, 20.0), slo, 1000)
+    assert decision is Decision.INCONCLUSIVE

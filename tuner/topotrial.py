@@ -1,0 +1,447 @@
+"""Topology trials: the recommended prefill/decode topology tried as a canary topology, then kept or not.
+
+With ``spec.autotune.allowTopologyChange``, once colocated tuning is ``SLOInfeasible`` and the
+twin's recommendation (``status.recommendation``) meets both SLOs, the tuner tries that topology
+at the live load, once per tuning round:
+
+.. code-block:: text
+
+    gate        -- the layout has spec.replicas replicas and the spec can run it --> a topology trial
+                -- otherwise: TopologyChange=False saying why (e.g. it needs 2 GPUs, the service has 1)
+    Pending     -- canary pools and canary router applied -->  RollingOut
+    RollingOut  -- all three Ready -->  Measuring (warm-up first); timeout or crash -->  Failed (Aborted)
+    Measuring   -- window over: meets both SLOs -->  Promoted (status.bestTopology)
+                -- misses one -->  RolledBack (Discarded)
+                -- too few samples -->  the window widens up to its deadline, then Failed (Aborted)
+                -- Prometheus silent -->  a metrics gap, as for a colocated trial
+
+The canary router's pods carry the service label, so the service's Service sends them a share of
+the live traffic beside the stable pods. The topology is judged as its clients see it
+(:meth:`~chunkpilot.tuner.measure.TopologyWindow.combined`): the decode pool's ITL, and the
+prefill pool's TTFT plus the decode pool's. Every verdict deletes every canary object (the
+colocated stable Deployment serves throughout); a promotion writes ``status.bestTopology``, which
+the operator renders as pools and router in place of the colocated Deployment. Pure: a snapshot
+in, a plan filled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Final
+
+from chunkpilot.operator.builders import build_canary_topology, with_topology
+from chunkpilot.operator.events import EventType
+from chunkpilot.operator.objects import adopt
+from chunkpilot.operator.status import DeploymentState, get_condition
+from chunkpilot.tuner import phases
+from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.actions import (
+    ApplyCanary,
+    CreateTrial,
+    CurrentTrialGauge,
+    DeleteCanaryTopology,
+    Log,
+    PatchTrial,
+    Plan,
+)
+from chunkpilot.tuner.measure import TopologyWindow
+from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.policy import Decision, SLOTargets, check_slo
+from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
+
+from chunkpilot.api import (
+    ConditionStatus,
+    ConditionType,
+    EngineConfig,
+    ObjectMeta,
+    PoolSpec,
+    TopologyMode,
+    TopologyRecommendation,
+    TopologySpec,
+    Track,
+    TrialPhase,
+    TrialVerdict,
+    TuningTrial,
+    TuningTrialSpec,
+    TuningTrialStatus,
+    parse_duration,
+    trial_labels,
+    trial_name,
+)
+
+if TYPE_CHECKING:
+    from chunkpilot.tuner.snapshot import Snapshot
+
+__all__ = [
+    "Gate",
+    "TopologyReason",
+    "advance",
+    "consider",
+    "gate",
+    "judge",
+    "layout",
+    "remove_orphans",
+]
+
+#: Knobs a pool takes over from the stable config (the rest of ``PoolSpec`` is its replicas).
+POOL_KNOBS: Final = tuple(name for name in PoolSpec.model_fields if name != "replicas")
+
+
+class TopologyReason(StrEnum):
+    """Reasons of the ``TopologyChange`` condition (and its Events)."""
+
+    RUNNING = "TopologyTrialRunning"
+    NEEDS_REPLICAS = "TopologyNeedsReplicas"
+    UNSUPPORTED = "TopologyUnsupported"
+    PROMOTED = "TopologyPromoted"
+    ROLLED_BACK = "TopologyRolledBack"
+    ABORTED = "TopologyTrialAborted"
+
+
+VERDICT_REASONS: Final = {
+    TrialVerdict.PROMOTED: (ConditionStatus.TRUE, TopologyReason.PROMOTED),
+    TrialVerdict.DISCARDED: (ConditionStatus.FALSE, TopologyReason.ROLLED_BACK),
+    TrialVerdict.ABORTED: (ConditionStatus.FALSE, TopologyReason.ABORTED),
+}
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+def _pool(stable: EngineConfig, replicas: int, budget: int, seqs: int) -> PoolSpec:
+    """A pool running the stable config's knobs with its own budget and ``maxNumSeqs``."""
+    knobs = {name: getattr(stable, name) for name in POOL_KNOBS if getattr(stable, name, None) is not None}
+    knobs.update(max_num_batched_tokens=budget, max_num_seqs=seqs)
+    if knobs.get("max_num_active_seqs") is not None:
+        knobs["max_num_active_seqs"] = min(knobs["max_num_active_seqs"], seqs)
+    return PoolSpec(replicas=replicas, **knobs)
+
+
+def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec | None:
+    """The recommended topology as pools (None: it meets no SLO, or names no layout).
+
+    As the twin evaluated it: the prefill pool runs the recommended budget and the stable
+    ``maxNumSeqs``; the decode pool the recommended ``maxNumSeqs`` and a budget no smaller.
+    """
+    p, d = found.prefill_replicas, found.decode_replicas
+    budget, seqs = found.prefill_max_num_batched_tokens, found.decode_max_num_seqs
+    if not found.meets_slo or not p or not d or not budget or not seqs:
+        return None
+    return TopologySpec(
+        mode=TopologyMode.DISAGGREGATED,
+        prefill=_pool(stable, p, max(budget, stable.max_num_seqs), stable.max_num_seqs),
+        decode=_pool(stable, d, max(stable.max_num_batched_tokens, seqs), seqs),
+    )
+
+
+def replicas_of(topology: TopologySpec) -> int:
+    return sum(pool.replicas for pool in (topology.prefill, topology.decode) if pool is not None)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Roll ``topology`` out, or (``topology`` None) why not: a ``TopologyChange`` reason and message."""
+
+    topology: TopologySpec | None
+    reason: TopologyReason | None = None
+    message: str = ""
+
+
+def gate(snap: Snapshot, round_: int) -> Gate | None:
+    """Whether the service's recommendation is tried as a canary topology now; None: nothing to say.
+
+    Nothing to say: the flag is off, the service is not ``SLOInfeasible``, no recommendation
+    meets the SLOs, or the round already had its topology trial. The replica rule: only a
+    layout of the service's own replicas is rolled out (a one-replica service's 1 + 1 needs two).
+    """
+    spec = snap.isvc.spec
+    if not spec.autotune.allow_topology_change or spec.disaggregated:
+        return None
+    infeasible = get_condition(snap.status.conditions, ConditionType.SLO_INFEASIBLE)
+    found = snap.status.recommendation
+    if infeasible is None or infeasible.status != ConditionStatus.TRUE or found is None:
+        return None
+    if any(t.spec.is_topology and rec.trial_round(t) == round_ for t in snap.trials):
+        return None
+    topology = layout(found, snap.incumbent)
+    if topology is None:
+        return None
+    described, need, tp = (
+        rec.describe_topology(topology),
+        replicas_of(topology),
+        spec.engine.tensor_parallel_size,
+    )
+    if need != spec.replicas:
+        return Gate(
+            None,
+            TopologyReason.NEEDS_REPLICAS,
+            f"not trying the recommended {described} as a canary topology: it needs {need * tp} GPUs "
+            f"({need} replicas), the service has {spec.replicas * tp} (spec.replicas {spec.replicas}); "
+            f"a topology is tried only on the service's own replicas: raise spec.replicas to {need}",
+        )
+    if with_topology(snap.isvc, topology) is None:
+        return Gate(
+            None,
+            TopologyReason.UNSUPPORTED,
+            f"not trying the recommended {described}: the spec cannot run a disaggregated topology "
+            "(it needs engine.kind vllm 0.9.0 or later, or sim; autotune.liveAdjust false; no "
+            "--kv-transfer-config in engine.extraArgs)",
+        )
+    return Gate(topology)
+
+
+def consider(plan: Plan, round_: int) -> None:
+    """Once tuning stopped ``SLOInfeasible``: start the round's topology trial, or say why not."""
+    report(plan, round_)
+    found = gate(plan.snap, round_)
+    if found is None:
+        return
+    if found.topology is None:
+        assert found.reason is not None
+        before = plan.current_condition(ConditionType.TOPOLOGY_CHANGE)
+        if before is None or before.reason != found.reason.value:
+            plan.emit(EventType.WARNING, found.reason.value, found.message)
+        plan.condition(
+            ConditionType.TOPOLOGY_CHANGE, ConditionStatus.FALSE, found.reason.value, found.message
+        )
+        return
+    create(plan, found.topology, round_)
+
+
+def report(plan: Plan, round_: int) -> None:
+    """``TopologyChange`` from the round's finished topology trial; completes an interrupted promotion."""
+    snap = plan.snap
+    done = [
+        t for t in snap.trials if t.spec.is_topology and rec.trial_round(t) == round_ and not rec.is_active(t)
+    ]
+    last = max(done, key=lambda t: t.spec.number, default=None)
+    if last is None or last.status is None or last.status.verdict not in VERDICT_REASONS:
+        return
+    status, reason = VERDICT_REASONS[last.status.verdict]
+    message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
+    plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
+    topology = last.spec.topology
+    recorded = snap.status.best_topology == topology and snap.status.best_topology_trial == last.metadata.name
+    if last.status.verdict is TrialVerdict.PROMOTED and topology is not None and not recorded:
+        promote(plan, last, "completing a promotion interrupted by a restart")
+
+
+def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
+    """The round's topology trial: the pools to try, over the stable config."""
+    snap = plan.snap
+    number = max((t.spec.number for t in snap.trials), default=0) + 1
+    trial = TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name(snap.name, number),
+            namespace=snap.namespace,
+            labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
+        ),
+        spec=TuningTrialSpec(
+            service_name=snap.name,
+            number=number,
+            params=plan.stable_config,
+            baseline_config_hash=plan.stable_config.config_hash(),
+            track=Track.CANARY,
+            window=snap.isvc.spec.autotune.trial_window,
+            topology=topology,
+        ),
+    )
+    described = rec.describe_topology(topology)
+    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=described)
+    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), phases.status_patch(status)))
+    plan.status["currentTrial"] = trial.metadata.name
+    plan.condition(
+        ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {described}"
+    )
+    plan.condition(
+        ConditionType.TOPOLOGY_CHANGE,
+        ConditionStatus.TRUE,
+        TopologyReason.RUNNING.value,
+        f"trying the recommended {described} as a canary topology (trial {number}); stable stays colocated",
+    )
+    plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {described}"))
+
+
+# --------------------------------------------------------------------------- the active topology trial
+
+
+def remove_orphans(plan: Plan, current: TuningTrial | None) -> None:
+    """Delete canary topology objects no active topology trial owns (left by a crash or a restart)."""
+    if current is not None and current.spec.is_topology:
+        return
+    if any(plan.snap.topology_canary.values()):
+        plan.do(DeleteCanaryTopology(), Log("deleted a canary topology no active topology trial owns"))
+
+
+def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """The active topology trial's step: roll out, wait for Ready, measure, judge."""
+    snap = plan.snap
+    phase = rec.trial_phase(trial)
+    number = trial.spec.number
+    plan.status["currentTrial"] = trial.metadata.name
+    label = rec.trial_label(trial)
+    plan.condition(
+        ConditionType.TUNING,
+        ConditionStatus.TRUE,
+        "TrialRunning",
+        f"topology trial {number} {phase.value}: {label}",
+    )
+    plan.do(CurrentTrialGauge(number))
+    if not snap.isvc.spec.autotune.allow_topology_change:
+        abort(plan, trial, "autotune.allowTopologyChange was turned off")
+        return
+    if phase is TrialPhase.PENDING or any(snap.topology_canary.get(part) is None for part in TOPOLOGY_PARTS):
+        roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
+        return
+    crashed = phases.crash_message(snap.topology_pods, settings.crash_restarts)
+    if crashed is not None:
+        abort(plan, trial, crashed)
+        return
+    if snap.stable_reading.down:
+        if phase is TrialPhase.MEASURING:
+            phases.metrics_gap(plan, trial, None, settings)
+        return
+    if phase is TrialPhase.ROLLING_OUT:
+        check_rollout(plan, trial, settings)
+    else:
+        measure(plan, trial, settings)
+
+
+def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    phases.abort(plan, trial, reason)
+    plan.condition(
+        ConditionType.TOPOLOGY_CHANGE,
+        ConditionStatus.FALSE,
+        TopologyReason.ABORTED.value,
+        f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"[:2048],
+    )
+
+
+def roll_out(plan: Plan, trial: TuningTrial) -> None:
+    """Apply the canary pools and the canary router (again, if one of them went missing)."""
+    snap = plan.snap
+    assert trial.spec.topology is not None
+    try:
+        manifests = build_canary_topology(snap.isvc, trial.spec.topology)
+    except ValueError as error:
+        abort(plan, trial, f"the engine refuses the topology: {error}")
+        return
+    plan.do(*(ApplyCanary(adopt(manifest, snap.body)) for manifest in manifests))
+    started_at = trial.status.started_at if trial.status is not None and trial.status.started_at else snap.now
+    status = TuningTrialStatus(
+        phase=TrialPhase.ROLLING_OUT, params_summary=rec.trial_label(trial), started_at=started_at
+    )
+    plan.do(PatchTrial(trial.metadata.name or "", phases.status_patch(status)))
+    if rec.trial_phase(trial) is TrialPhase.PENDING:
+        plan.emit(
+            EventType.NORMAL,
+            "TopologyTrialStarted",
+            f"trial {trial.spec.number}: canary topology {rec.trial_label(trial)} started behind a canary "
+            "router taking a share of the traffic; the stable track stays colocated",
+        )
+
+
+def _ready(state: DeploymentState) -> bool:
+    return state.rollout_complete and state.ready >= state.desired > 0
+
+
+def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """RollingOut: once both pools and the router are Ready, start the warm-up; else time out."""
+    snap = plan.snap
+    name = trial.metadata.name or ""
+    states = [DeploymentState.from_manifest(m) for m in snap.topology_canary.values() if m is not None]
+    if len(states) == len(TOPOLOGY_PARTS) and all(_ready(s) for s in states):
+        warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
+        progress = rec.trial_progress(trial)
+        ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
+        measuring = TuningTrialStatus(phase=TrialPhase.MEASURING)
+        plan.do(PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, phases.status_patch(measuring)))
+        return
+    since = trial.status.started_at if trial.status is not None else None
+    if any(s.progress_deadline_exceeded for s in states):
+        abort(plan, trial, "a canary topology Deployment exceeded its progress deadline")
+    elif since is not None and (snap.now - since).total_seconds() > settings.rollout_timeout_s:
+        abort(plan, trial, f"the canary topology did not become Ready within {settings.rollout_timeout_s:g}s")
+
+
+def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """Measuring: wait out the warm-up and the window, then judge (a thin window widens to its deadline)."""
+    snap = plan.snap
+    progress = rec.trial_progress(trial)
+    due = window_plan(progress.measure_from, parse_duration(snap.isvc.spec.autotune.trial_window), snap.now)
+    if due is None:
+        return
+    reading = snap.topology_window
+    if reading.down or reading.value is None:
+        phases.metrics_gap(
+            plan, trial, reading.error or "no measurement of the topology trial's window", settings
+        )
+        return
+    phases.metrics_ok(plan)
+    if progress.metrics_gap_since is not None:
+        phases.restart_window(plan, trial, progress)
+        return
+    if not due.final:
+        return
+    decision, reason = judge(reading.value, snap.slo, rec.abort_rules(snap.isvc).min_samples)
+    if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
+        return
+    conclude(plan, trial, decision, reason, reading.value)
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.0f} ms" if value is not None else "no data"
+
+
+def judge(window: TopologyWindow, slo: SLOTargets, min_samples: int) -> tuple[Decision, str]:
+    """Promote a canary topology that meets both SLOs as its clients see it; discard one that misses."""
+    p, d, both = window.prefill, window.decode, window.combined()
+    measured = (
+        f"decode ITL p{slo.itl_quantile * 100:g} {_ms(both.itl_ms)} (target {slo.itl_ms:g} ms), "
+        f"TTFT p{slo.ttft_quantile * 100:g} {_ms(both.ttft_ms)} = prefill {_ms(p.ttft_ms)} + decode "
+        f"{_ms(d.ttft_ms)} (target {slo.ttft_ms:g} ms)"
+    )
+    stable = window.stable
+    if stable.itl_ms is not None and stable.ttft_ms is not None:
+        measured += f"; colocated stable ITL {_ms(stable.itl_ms)}, TTFT {_ms(stable.ttft_ms)}"
+    if not both.enough_samples(min_samples):
+        return Decision.INCONCLUSIVE, (
+            f"too few samples: the pools served {p.ttft_samples:.0f} and {d.ttft_samples:.0f} requests in "
+            f"{both.window}, {min_samples} needed ({measured})"
+        )
+    check = check_slo(both, slo)
+    if check.met:
+        return Decision.PROMOTE, f"the canary topology meets both SLOs: {measured}"
+    missed = " and ".join(k.upper() for k, v in check.excess_ms.items() if v > 0)
+    return Decision.DISCARD, f"the canary topology misses {missed}: {measured}"
+
+
+def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
+    """Record the verdict with each pool's measurement; the canary objects go; a winner is promoted."""
+    phase, verdict = phases.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
+    if verdict is TrialVerdict.PRUNED:
+        phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
+    name = trial.metadata.name or ""
+    pools = {"prefill": window.prefill.to_api().to_k8s(), "decode": window.decode.to_api().to_k8s()}
+    plan.do(PatchTrial(name, {"status": pools}))
+    phases.finish(plan, trial, phase, verdict, reason, window.window())
+    status, why = VERDICT_REASONS[verdict]
+    message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
+    plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
+    if verdict is TrialVerdict.PROMOTED:
+        promote(plan, trial, reason)
+
+
+def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    """Make the trial's topology the service's; the operator runs it instead of the colocated Deployment."""
+    assert trial.spec.topology is not None
+    plan.status["bestTopology"] = trial.spec.topology.to_k8s()
+    plan.status["bestTopologyTrial"] = trial.metadata.name
+    plan.emit(
+        EventType.NORMAL,
+        "TopologyPromoted",
+        f"promoted topology trial {trial.spec.number}: {rec.trial_label(trial)} replaces the colocated "
+        f"Deployment; {reason}",
+    )
