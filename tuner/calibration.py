@@ -8,10 +8,10 @@ process shared by all services (``inline`` runs them on the loop, for tests):
   plus the steps of the newest :data:`REFIT_WINDOWS` measured canaries of the round (the model
   describes the hardware, so every canary's steps inform it); cached in memory per ``key`` (stable
   config hash and the latest trial whose steps it includes), so it is redone only when either changes;
-* a **ranking** (``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds at most, default 30, at a lowered CPU
-  priority): the search on the
-  twin, only while no trial is active and the service status holds no ranking of the same key that is
-  younger than :data:`RERANK_AFTER_S`; its result is written to ``status.twin`` (durable across
+* a **ranking** (``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds at most, default 30, and at most
+  ``CHUNKPILOT_TWIN_MAX_EVALUATIONS`` evaluations when set, at a lowered CPU priority): the search
+  on the twin, only while no trial is active and the service status holds no ranking of the same key
+  that is younger than :data:`RERANK_AFTER_S`; its result is written to ``status.twin`` (durable across
   restarts), so a restart does not search again;
 * a **check** (one simulation) at the end of a trial's window: the twin's quantiles for the canary's
   config at the canary's live load.
@@ -241,6 +241,7 @@ class TwinObserver:
             seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
             rank=rank,
             cpu_budget_s=online.cpu_budget_s(),
+            max_evaluations=online.max_evaluations(),
             exclude=tuple(dict.fromkeys(tried)),
             engine=online.engine_semantics(
                 spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len

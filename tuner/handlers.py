@@ -14,6 +14,8 @@ Environment:
 - ``CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT``: seconds a canary may take to become Ready (default 900).
 - ``CHUNKPILOT_TWIN_CPU_SECONDS``: CPU seconds one ranking on the digital twin may spend (default 30),
   in a worker process off the event loop.
+- ``CHUNKPILOT_TWIN_MAX_EVALUATIONS``: evaluations one ranking may make as well (unset: the CPU
+  seconds alone end it); a count ends it alike on a busy machine and a quiet one.
 - ``CHUNKPILOT_TWIN``: ``off`` tunes without the digital twin (on measurements alone); default ``on``.
 - ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
   mirrored into after each trial (:mod:`chunkpilot.tuner.mirror`).

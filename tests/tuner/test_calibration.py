@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.operator.builders import incumbent
@@ -22,6 +23,7 @@ from chunkpilot.tuner.calibration import (
 )
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
+from chunkpilot.tuner.twin import online
 
 from chunkpilot.api import (
     EngineConfig,
@@ -156,3 +158,14 @@ def test_a_ranking_is_redone_for_a_new_stable_config_a_new_refit_or_when_old() -
         update={"status": TuningTrialStatus(phase=TrialPhase.MEASURING)}
     )
     assert rec.is_active(active) and not rank_due(snapshot(twin=None, trials=(active,)), "k", 2)
+
+
+def test_the_rankings_evaluation_cap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(online.ENV_MAX_EVALUATIONS, raising=False)
+    assert online.max_evaluations() is None  # the CPU budget alone ends the search
+    monkeypatch.setenv(online.ENV_MAX_EVALUATIONS, "12")
+    assert online.max_evaluations() == 12
+    for bad in ("0", "-3", "2.5", "many"):
+        monkeypatch.setenv(online.ENV_MAX_EVALUATIONS, bad)
+        with pytest.raises(ValueError, match="CHUNKPILOT_TWIN_MAX_EVALUATIONS"):
+            online.max_evaluations()

@@ -69,6 +69,7 @@ __all__ = [
     "check_canary",
     "cpu_budget_s",
     "fine_quantiles_ms",
+    "max_evaluations",
     "merge_steps",
     "predict_ms",
     "quantile_error",
@@ -86,6 +87,9 @@ MAX_OFFSET_SHARE: Final = 0.25
 #: CPU seconds one ranking may spend (one tick of one service); ``CHUNKPILOT_TWIN_CPU_SECONDS``.
 ENV_CPU_SECONDS: Final = "CHUNKPILOT_TWIN_CPU_SECONDS"
 DEFAULT_CPU_SECONDS: Final = 30.0
+#: Evaluations one ranking may make as well; ``CHUNKPILOT_TWIN_MAX_EVALUATIONS`` (unset: the CPU
+#: budget alone ends it). A count ends the search alike on a busy and a quiet machine.
+ENV_MAX_EVALUATIONS: Final = "CHUNKPILOT_TWIN_MAX_EVALUATIONS"
 #: Requests of the synthetic workload (the capacity search simulates these per probed rate).
 WORKLOAD_REQUESTS: Final = 400
 #: Candidates kept on the service status.
@@ -100,6 +104,20 @@ def cpu_budget_s() -> float:
     except ValueError:
         raise ValueError(f"{ENV_CPU_SECONDS}={text!r} is not a number of seconds") from None
     return value if value > 0 else DEFAULT_CPU_SECONDS
+
+
+def max_evaluations() -> int | None:
+    """The evaluations one ranking may make (environment; None when unset: CPU time alone bounds it)."""
+    text = os.environ.get(ENV_MAX_EVALUATIONS, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_MAX_EVALUATIONS}={text!r} is not a whole number of evaluations") from None
+    if value < 1:
+        raise ValueError(f"{ENV_MAX_EVALUATIONS}={text!r} must be at least 1")
+    return value
 
 
 def capacity_unit(objective: Objective) -> str:
