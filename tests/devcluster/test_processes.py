@@ -24,6 +24,9 @@ def test_exit_before_ready_reports_the_log_tail(tmp_path: Path) -> None:
 def test_timeout_reports_what_was_awaited(tmp_path: Path) -> None:
     process = _python(tmp_path, "import time; print('warming up', flush=True); time.sleep(60)").start()
     try:
+        # The child has logged before the short wait starts: on a busy machine its interpreter can
+        # take longer than the wait to start, and the tail would still be empty.
+        process.wait_until(lambda: "warming up" in process.tail(), timeout=30, what="the first log line")
         with pytest.raises(StartupError, match=r"(?s)did not become ready \(GET /readyz\).*warming up"):
             process.wait_until(lambda: False, timeout=0.5, what="GET /readyz")
     finally:
