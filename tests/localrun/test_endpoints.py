@@ -117,3 +117,19 @@ def test_a_disaggregated_service_is_reached_through_its_routers_listed_beside_th
     assert targets_file_source(path, "chat") == [router]
     targets.deregister("default", "chat-router-z")
     assert read_targets(routers_path(path)) == [] and targets_file_source(path, "chat") == []
+
+
+def test_a_topology_trials_canary_router_shares_a_colocated_services_traffic_and_its_pools_take_none(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "targets.json"
+    targets = FileSDTargets(path)
+    stable = endpoint("chat-stable-y", port=9000)
+    targets.register(stable)
+    for role, port in (("prefill", 9001), ("decode", 9002)):
+        pool = f"chat-{role}-canary-x"
+        targets.register(Endpoint("default", pool, "chat", "canary", "def456", "127.0.0.1", port, role))
+    assert targets_file_source(path, "chat") == [stable]  # the canary pools are behind a router only
+    router = endpoint("chat-router-canary-z", "canary", port=9003)
+    targets.register(router, router=True)
+    assert targets_file_source(path, "chat") == sorted([stable, router])

@@ -146,9 +146,10 @@ def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: l
 
 DISAGGREGATION_RULES = {
     ("", "pods"): {"get", "list", "watch"},
-    ("", "serviceaccounts"): {"get", "create", "patch"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
+    # delete: a topology trial's canary router (autotune.allowTopologyChange) goes with its verdict.
+    ("", "serviceaccounts"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch", "delete"},
 }
 
 

@@ -101,16 +101,17 @@ fails on a call without a rule and on a rule without a call). */}}
 {{- if .Values.disaggregation.enabled }}
 # Disaggregated services (disaggregation.enabled): each one's router gets a ServiceAccount and a
 # Role that reads the namespace's pods; the operator can only grant that read access while holding
-# it. The PodMonitors a topology change leaves are deleted.
+# it. The PodMonitors a topology change leaves are deleted, and so is a topology trial's canary
+# router (autotune.allowTopologyChange) with its verdict.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["delete"]

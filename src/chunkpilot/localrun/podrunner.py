@@ -286,25 +286,21 @@ class PodRunner:
     def ready_endpoints(self, service: str, namespace: str | None = None) -> list[Endpoint]:
         """Endpoints of a service's pods that are Ready in the API and healthy here (kube-proxy's view).
 
-        A disaggregated service (one with a router pod or prefill/decode engines) is reached
-        through its routers only, as its Service selects the router pods.
+        Prefill and decode engines are reached through a router only: a disaggregated service's
+        Service selects its router pods; a colocated service's its engines and the canary router of
+        a topology trial, which takes its share of the traffic to the canary pools behind it.
         """
         with self._pods_lock:
             ready_pods = _ready_pod_keys(self._pods.values())
         with self._state_lock:
-            members = [
-                container
+            return sorted(
+                container.endpoint(self.settings.host)
                 for container in self._containers.values()
                 if container.pod.service == service
                 and (namespace is None or container.pod.namespace == namespace)
-            ]
-            routed = {c.pod.namespace for c in members if c.pod.router or c.pod.role}
-            return sorted(
-                container.endpoint(self.settings.host)
-                for container in members
-                if container.phase is ContainerPhase.RUNNING
+                and container.phase is ContainerPhase.RUNNING
                 and container.pod.key in ready_pods
-                and (container.pod.router or container.pod.namespace not in routed)
+                and (container.pod.router or not container.pod.role)
             )
 
     def endpoint_source(self, service: str, namespace: str | None = None) -> EndpointSource:

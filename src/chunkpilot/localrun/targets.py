@@ -136,8 +136,9 @@ def read_targets(path: Path | str) -> list[Endpoint]:
 def targets_file_source(path: Path | str, service: str, namespace: str | None = None) -> list[Endpoint]:
     """Where one service's traffic goes, from a file_sd file (all namespaces unless one is given).
 
-    Its engines, or for a disaggregated service (one with routers or prefill/decode engines) its
-    Ready routers from the companion file: the Service selects the router pods only.
+    Its colocated engines and its Ready routers from the companion file: prefill and decode
+    engines are reached through a router only (a disaggregated service's Service selects its
+    routers; a colocated one's its engines and a topology trial's canary router).
     """
 
     def of_service(endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -145,8 +146,5 @@ def targets_file_source(path: Path | str, service: str, namespace: str | None = 
             e for e in endpoints if e.service == service and (namespace is None or e.namespace == namespace)
         ]
 
-    engines = of_service(read_targets(path))
-    routers = of_service(read_targets(routers_path(path)))
-    if routers or any(engine.role for engine in engines):
-        return routers
-    return engines
+    engines = [e for e in of_service(read_targets(path)) if not e.role]
+    return sorted([*engines, *of_service(read_targets(routers_path(path)))])
