@@ -263,7 +263,7 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
     if reason is not None:
         if not should_retune(plan, settings):
             if reason is StopReason.INFEASIBLE:
-                topotrial.consider(plan, round_)  # with allowTopologyChange: the recommended topology
+                topotrial.consider(plan, round_, settings)  # allowTopologyChange: the recommended topology
             return
         round_ += 1
         plan.emit(

@@ -101,7 +101,9 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Create the tuning controller (its own API client and Prometheus client)."""
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     try:
-        settings = TunerSettings(rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0))
+        settings = TunerSettings(
+            rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0), disaggregation=config.disaggregation
+        )
         twin = twin_enabled()
     except ValueError as error:
         raise kopf.PermanentError(str(error)) from None

@@ -87,6 +87,9 @@ class TunerSettings:
     #: SLO violated for this long after tuning stopped starts a new tuning round
     #: (None: the SLO window).
     retune_after_s: float | None = None
+    #: The installation runs disaggregated topologies (the chart's ``disaggregation.enabled``): a
+    #: topology trial's router needs its RBAC.
+    disaggregation: bool = True
 
 
 VERDICTS = {

@@ -149,7 +149,7 @@ class Gate:
     message: str = ""
 
 
-def gate(snap: Snapshot, round_: int) -> Gate | None:
+def gate(snap: Snapshot, round_: int, settings: TunerSettings | None = None) -> Gate | None:
     """Whether the service's recommendation is tried as a canary topology now; None: nothing to say.
 
     Nothing to say: the flag is off, the service is not ``SLOInfeasible``, no recommendation
@@ -181,6 +181,13 @@ def gate(snap: Snapshot, round_: int) -> Gate | None:
             f"({need} replicas), the service has {spec.replicas * tp} (spec.replicas {spec.replicas}); "
             f"a topology is tried only on the service's own replicas: raise spec.replicas to {need}",
         )
+    if settings is not None and not settings.disaggregation:
+        return Gate(
+            None,
+            TopologyReason.UNSUPPORTED,
+            f"not trying the recommended {described}: this installation runs no disaggregated topologies "
+            "(set the chart value disaggregation.enabled=true)",
+        )
     if with_topology(snap.isvc, topology) is None:
         return Gate(
             None,
@@ -192,10 +199,10 @@ def gate(snap: Snapshot, round_: int) -> Gate | None:
     return Gate(topology)
 
 
-def consider(plan: Plan, round_: int) -> None:
+def consider(plan: Plan, round_: int, settings: TunerSettings) -> None:
     """Once tuning stopped ``SLOInfeasible``: start the round's topology trial, or say why not."""
     report(plan, round_)
-    found = gate(plan.snap, round_)
+    found = gate(plan.snap, round_, settings)
     if found is None:
         return
     if found.topology is None:

@@ -486,3 +486,10 @@ def test_the_topology_is_judged_as_its_clients_see_it() -> None:
     assert decision is Decision.DISCARD and "misses ITL" in reason
     decision, _ = topotrial.judge(window(100.0, 20.0), slo, 1000)
     assert decision is Decision.INCONCLUSIVE
+
+
+def test_an_installation_without_disaggregation_tries_no_topology() -> None:
+    plan = decide(snapshot(service_body(), INFEASIBLE), replace(SETTINGS, disaggregation=False))
+    assert not of_type(plan, CreateTrial)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[1] == "TopologyUnsupported" and "disaggregation.enabled" in found[2]
