@@ -32,6 +32,10 @@ from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_U
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
 TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
+#: The load runs as long as a test may (pytest's timeout, 900 s) and is stopped when the test is
+#: done: each test's waits add up to more than a shorter load (660 s, 540 s), so on a busy machine
+#: the load could end before the last trial's window or check had its traffic.
+LOAD_S = 900
 
 
 def flag(args: list[str], name: str) -> int:
@@ -82,9 +86,9 @@ def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> 
     namespace, name = "autotune-e2e", "chat"
     cluster = deploy(stack, namespace, name, max_trials=6)
     try:
-        load = start_scenario_load(stack, name, namespace, duration_s=660)
+        load = start_scenario_load(stack, name, namespace, duration_s=LOAD_S)
         # Usually trial 1 or 2 (a minute each); a busy machine can stretch a trial's rollout
-        # and window, so the wait allows most of the load's duration.
+        # and window, so the wait allows most of the test's time.
         promoted = wait_until(
             "a promoted trial",
             lambda: next(
@@ -148,7 +152,7 @@ def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary
     operator: ManagedProcess = stack.operator
     paused = False
     try:
-        load = start_scenario_load(stack, name, namespace, duration_s=540)
+        load = start_scenario_load(stack, name, namespace, duration_s=LOAD_S)
         # 1. The first canary crashes at every start: its trial is aborted and the canary removed.
         wait_until(
             "the crashing canary's trial to be aborted",
