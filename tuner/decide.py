@@ -7,7 +7,9 @@ trial's phases are in :mod:`chunkpilot.tuner.phases`:
 .. code-block:: text
 
     disabled | paused | no Prometheus   -> abort the running trial, remove the canary
-    a trial is active                   -> phases.advance (roll out, warm up, measure, judge)
+    a trial is active                   -> phases.advance (roll out, warm up, measure, judge);
+                                           a topology trial: topotrial.advance
+    stopped infeasible, allowTopologyChange -> topotrial.consider (the recommended topology)
     a promotion awaits the operator     -> wait (stable must run it before the next trial)
     stopped (max trials, converged, infeasible, exhausted) -> keep stopped; retune on a
                                            sustained SLO violation
