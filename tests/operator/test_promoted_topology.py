@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -11,7 +13,10 @@ from chunkpilot.operator.builders import (
     effective_topology,
     promoted_topology,
 )
-from chunkpilot.operator.reconcile import with_best_topology
+from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
+from chunkpilot.operator.kube import object_path
+from chunkpilot.operator.objects import adopt, isvc_path
+from chunkpilot.operator.reconcile import Reconciler, with_best_topology
 from chunkpilot.operator.router import router_args
 
 from chunkpilot.api import (
@@ -141,3 +146,55 @@ def test_a_canary_topology_the_spec_cannot_run_is_refused() -> None:
     service = isvc(best=None, autotune={"enabled": True, "allowTopologyChange": True, "liveAdjust": True})
     with pytest.raises(ValueError, match="cannot run a disaggregated topology"):
         build_canary_topology(service, TOPOLOGY)
+
+
+class FakeKube:
+    """Objects by path: what a reconcile of one service reads and writes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        found = self.objects.get(path)
+        return copy.deepcopy(found) if found is not None else None
+
+    async def apply(self, manifest: dict[str, Any], *, force: bool = True) -> dict[str, Any]:
+        body = copy.deepcopy(manifest)
+        body["metadata"].setdefault("resourceVersion", "1")
+        self.objects[object_path(manifest)] = body
+        return copy.deepcopy(body)
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        target = self.objects[path.removesuffix("/status")]
+        for key, value in patch.items():
+            if key == "metadata":
+                continue
+            target.setdefault(key, {}).update(value) if isinstance(value, dict) else target.update(
+                {key: value}
+            )
+        return copy.deepcopy(target)
+
+    async def delete(self, path: str) -> None:
+        self.deleted.append(path)
+        self.objects.pop(path, None)
+
+
+def test_the_operator_replaces_the_colocated_deployment_with_the_promoted_pools_and_router() -> None:
+    service = isvc(best=None)
+    body = service.to_manifest()
+    body["metadata"].update(resourceVersion="7", generation=1)
+    body["status"] = {"bestTopology": TOPOLOGY.to_k8s(), "bestTopologyTrial": "chat-trial-7"}
+    kube = FakeKube()
+    kube.objects[isvc_path("llm", "chat")] = body
+    stable = adopt(build_children(service, pod_monitor=False).manifests()[0], body)
+    kube.objects[object_path(stable)] = stable
+    reconciler = Reconciler(kube=kube, config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED))  # type: ignore[arg-type]
+    asyncio.run(reconciler.reconcile(body))
+    names = {path.rsplit("/", 1)[1] for path in kube.objects if "/deployments/" in path}
+    assert names == {"chat-prefill", "chat-decode", "chat-router"}
+    assert object_path(stable) in kube.deleted
+    selector = kube.objects[
+        object_path(build_children(effective_topology(service), pod_monitor=False).service)
+    ]
+    assert selector["spec"]["selector"]["chunkpilot.io/component"] == "router"
