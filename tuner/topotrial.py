@@ -62,6 +62,7 @@ from chunkpilot.api import (
     TopologySpec,
     Track,
     TrialPhase,
+    TrialTwin,
     TrialVerdict,
     TuningTrial,
     TuningTrialSpec,
@@ -432,13 +433,33 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
         phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
     name = trial.metadata.name or ""
     pools = {"prefill": window.prefill.to_api().to_k8s(), "decode": window.decode.to_api().to_k8s()}
-    plan.do(PatchTrial(name, {"status": pools}))
+    plan.do(PatchTrial(name, {"status": {**pools, "twin": twin_check(plan, window).to_k8s()}}))
     phases.finish(plan, trial, phase, verdict, reason, window.window())
     status, why = VERDICT_REASONS[verdict]
     message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
     if verdict is TrialVerdict.PROMOTED:
         promote(plan, trial, reason)
+
+
+def twin_check(plan: Plan, window: TopologyWindow) -> TrialTwin:
+    """What the twin predicted for the topology (the recommendation) beside what its canary measured."""
+    found = plan.snap.status.recommendation
+    both = window.combined()
+    rate = both.request_rate
+    predicted = (
+        f"the twin predicted it meets both SLOs up to {found.capacity_req_s:g} req/s (whole service)"
+        if found is not None and found.capacity_req_s is not None
+        else "no prediction recorded"
+    )
+    measured = f"{rate:.2f} req/s" if rate is not None else "an unknown rate"
+    return TrialTwin(
+        capacity_req_s=found.capacity_req_s if found is not None else None,
+        rate_req_s=round(rate, 3) if rate is not None else None,
+        measured_itl_ms=both.itl_ms,
+        measured_ttft_ms=both.ttft_ms,
+        message=f"{predicted}; its canary topology was measured at {measured}, its share of the traffic",
+    )
 
 
 def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:

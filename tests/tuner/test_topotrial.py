@@ -362,6 +362,9 @@ def test_a_canary_topology_that_meets_both_slos_is_promoted_into_the_status_and_
     assert status["canary"]["itlMs"] == 20.0 and status["canary"]["ttftMs"] == 360.0  # 300 + 60
     assert status["prefill"]["ttftMs"] == 300.0 and status["decode"]["itlMs"] == 20.0
     assert status["stable"]["itlMs"] == 68.0
+    twin = status["twin"]
+    assert twin["capacityReqS"] == 2.1 and twin["rateReqS"] == 1.0 and twin["measuredItlMs"] == 20.0
+    assert "predicted it meets both SLOs up to 2.1 req/s" in twin["message"]
     assert "meets both SLOs" in status["reason"]
     assert status["paramsSummary"].startswith("1 prefill + 1 decode")
     assert of_type(plan, DeleteCanaryTopology)
