@@ -6,6 +6,7 @@ import bisect
 import statistics
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,12 @@ from chunkpilot.devcluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.prometheus
 
-TIME_SCALE = 0.25  # slow motion: a 15 ms simulated step lasts 60 ms of wall time, far above client jitter
+#: Slow motion: a 15 ms simulated step lasts 120 ms of wall time, far above client and server
+#: jitter. At 0.25 (60 ms) a busy machine's delays, which the server counts as simulated time,
+#: moved its ITL p90 past the buckets around the client's (150.3 ms; 150 allowed).
+TIME_SCALE = 0.125
+#: Simulated seconds between arrivals (staggered: prefills of later requests land on running decodes).
+STAGGER_S = 0.0375
 MODEL = "sim-prom"
 REQUESTS = 16
 MAX_TOKENS = 24
@@ -39,7 +45,7 @@ def _stream_one(base_url: str, index: int, start_barrier: threading.Barrier) -> 
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
     client.models.list()  # open the connection before timing anything
     start_barrier.wait()
-    time.sleep(index * 0.15)  # staggered arrivals: prefills of later requests land on running decodes
+    time.sleep(index * STAGGER_S / TIME_SCALE)
     prompt = "Describe the scheduling of a batch of requests in detail. " * (60 + 20 * index)
     sent = time.monotonic()
     stream = client.completions.create(
@@ -102,7 +108,9 @@ def test_prometheus_quantiles_match_client_measurements(
 ) -> None:
     args = ("llama-3.1-8b", "--gpu", "a100-40gb", "--served-model-name", MODEL, "--max-model-len", "8192")
     with sim_server_runner(tmp_path, *args, time_scale=TIME_SCALE) as server:
-        prometheus.set_targets([server.address], labels={"service": "sim", "track": "stable"})
+        # A service label of its own: the session's Prometheus keeps what other tests scraped.
+        service = f"sim-{uuid.uuid4().hex[:8]}"
+        prometheus.set_targets([server.address], labels={"service": service, "track": "stable"})
         prometheus.wait_for_target_up(server.address, timeout=30)
 
         barrier = threading.Barrier(REQUESTS)
@@ -111,7 +119,7 @@ def test_prometheus_quantiles_match_client_measurements(
             timings = [f.result(timeout=120) for f in futures]
         assert all(t.tokens == MAX_TOKENS for t in timings)
 
-        selector = f'{{model_name="{MODEL}",service="sim"}}'
+        selector = f'{{model_name="{MODEL}",service="{service}"}}'
         itl_count = REQUESTS * (MAX_TOKENS - 1)
         deadline = time.monotonic() + 20
         while True:  # wait for a scrape taken after the load
@@ -124,7 +132,8 @@ def test_prometheus_quantiles_match_client_measurements(
         assert _value(prometheus, f"{names.TIME_TO_FIRST_TOKEN}_count{selector}") == REQUESTS
         assert _value(prometheus, f"{names.GENERATION_TOKENS}{selector}") == REQUESTS * MAX_TOKENS
         assert _value(prometheus, f"{names.PROMPT_TOKENS}{selector}") == sum(t.prompt_tokens for t in timings)
-        success = f'{names.REQUEST_SUCCESS}{{model_name="{MODEL}",finished_reason="length"}}'
+        length = f'model_name="{MODEL}",service="{service}",finished_reason="length"'
+        success = f"{names.REQUEST_SUCCESS}{{{length}}}"
         assert _value(prometheus, success) == REQUESTS
 
         client_itl = [x for t in timings for x in t.itl_s]
