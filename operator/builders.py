@@ -60,6 +60,11 @@ CONTROL_VOLUME: Final = "chunkpilot-run"
 CONFIG_VOLUME: Final = "chunkpilot-config"
 #: Volume holding the engine's prometheus_client multiprocess files (an emptyDir per pod).
 METRICS_VOLUME: Final = "chunkpilot-metrics"
+#: The engine port's name on a topology trial's canary pools. The service's Service targets the
+#: port named ``http``, so a colocated service's Service, selecting on the service label, finds no
+#: port on them: they are reached through their canary router only. The router discovers them by
+#: labels and the port number; the PodMonitor of a service allowed to change topology scrapes it.
+CANARY_POOL_PORT_NAME: Final = "pd-http"
 
 
 class RenderError(ValueError):
@@ -139,6 +144,7 @@ def build_deployment(
     config: EngineConfig | None = None,
     replicas: int | None = None,
     role: PoolRole | str | None = None,
+    port_name: str = ENGINE_PORT_NAME,
 ) -> dict[str, Any]:
     """The Deployment running ``isvc``'s engine on ``track`` with ``config`` (default: the spec's knobs).
 
@@ -181,7 +187,7 @@ def build_deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels, "annotations": {**annotations, **_metrics_path(render)}},
-                "spec": _pod_spec(isvc, render),
+                "spec": _pod_spec(isvc, render, port_name),
             },
         },
     }
@@ -192,9 +198,11 @@ def _metrics_path(render: EngineRender) -> dict[str, str]:
     return {} if render.metrics_path == METRICS_PATH else {ANNOTATION_METRICS_PATH: render.metrics_path}
 
 
-def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
+def _pod_spec(
+    isvc: InferenceService, render: EngineRender, port_name: str = ENGINE_PORT_NAME
+) -> dict[str, Any]:
     resources = isvc.spec.resources
-    probe = {"httpGet": {"path": HEALTH_PATH, "port": ENGINE_PORT_NAME}, "timeoutSeconds": 5}
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": port_name}, "timeoutSeconds": 5}
     timing = render.probes
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
@@ -203,7 +211,7 @@ def _pod_spec(isvc: InferenceService, render: EngineRender) -> dict[str, Any]:
         "command": list(render.command),
         "args": list(render.args),
         "ports": [
-            {"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"},
+            {"name": port_name, "containerPort": ENGINE_PORT, "protocol": "TCP"},
             *(dict(port) for port in render.extra_ports),
         ],
         "resources": {kind: dict(values) for kind, values in render.resources.items()},
@@ -339,9 +347,13 @@ def build_pod_monitor(
     name = _name(isvc)
     selector = {LABEL_SERVICE: name}
     relabelings = pod_monitor_relabelings()
+    # A service allowed to change topology may run a topology trial's canary pools: their targets
+    # need the role, and they serve on CANARY_POOL_PORT_NAME.
+    trials = role is None and isvc.spec.autotune.allow_topology_change and not isvc.spec.disaggregated
     if role is not None:
         role = PoolRole(role)
         selector[LABEL_ROLE] = role.value
+    if role is not None or trials:
         relabelings.insert(len(TARGET_LABELS), _relabel("role", ROLE_SOURCE_LABEL))
     endpoint = {
         "port": ENGINE_PORT_NAME,
@@ -349,6 +361,7 @@ def build_pod_monitor(
         "interval": "15s",
         "relabelings": relabelings,
     }
+    endpoints = [endpoint, {**endpoint, "port": CANARY_POOL_PORT_NAME}] if trials else [endpoint]
     monitor = name if role is None else pool_deployment_name(name, role)
     return {
         "apiVersion": POD_MONITOR_API_VERSION,
@@ -356,7 +369,7 @@ def build_pod_monitor(
         "metadata": _metadata(isvc, monitor, {**service_labels(isvc), **dict(labels or {})}),
         "spec": {
             "selector": {"matchLabels": selector},
-            "podMetricsEndpoints": [endpoint],
+            "podMetricsEndpoints": endpoints,
         },
     }
 
@@ -500,17 +513,25 @@ def build_canary_topology(isvc: InferenceService, topology: TopologySpec) -> tup
     """The canary topology of a topology trial: canary prefill and decode pools and a canary router.
 
     The pools (``<service>-prefill-canary``, ``<service>-decode-canary``: track ``canary``, their
-    role, ``topology``'s replicas and knobs, the KV transfer) and the router in front of them only
-    (``<service>-router-canary`` with its ServiceAccount, Role and RoleBinding; its selectors name
-    the canary track). The router's pods carry the service label, so the service's Service sends
-    them a share of the live traffic, as it does a colocated canary's pods. Raises ``ValueError``
+    role, ``topology``'s replicas and knobs, the KV transfer, their port named
+    :data:`CANARY_POOL_PORT_NAME` so the service's Service does not reach them) and the router in
+    front of them only (``<service>-router-canary`` with its ServiceAccount, Role and RoleBinding;
+    its selectors name the canary track). The router's pods carry the service label, so the
+    service's Service sends them a share of the live traffic, as it does a colocated canary's
+    pods. Raises ``ValueError``
     (:class:`RenderError` among them) when the spec cannot run ``topology``.
     """
     running = with_topology(isvc, topology)
     if running is None:
         raise ValueError("the spec cannot run a disaggregated topology (see spec.topology's rules)")
     pools = tuple(
-        build_deployment(running, Track.CANARY, replicas=running.spec.pool(role).replicas, role=role)
+        build_deployment(
+            running,
+            Track.CANARY,
+            replicas=running.spec.pool(role).replicas,
+            role=role,
+            port_name=CANARY_POOL_PORT_NAME,
+        )
         for role in PoolRole
     )
     return (*pools, *build_router_objects(running, Track.CANARY))

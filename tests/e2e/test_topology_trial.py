@@ -103,6 +103,26 @@ def query_value(prometheus: PrometheusServer, promql: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
+def service_endpoints(plane: ControlPlane, namespace: str, name: str) -> set[str]:
+    """The pods kube-controller-manager's EndpointSlices give the Service's ``http`` port.
+
+    A selected pod without a port of that name is listed in a slice without ports, which no
+    client uses for the Service's port (kube-proxy matches slices to a Service port by name).
+    """
+    listing = json.loads(
+        plane.kubectl(
+            "get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}", "-o", "json"
+        ).stdout
+    )
+    return {
+        endpoint["targetRef"]["name"]
+        for item in listing["items"]
+        if any(port.get("name") == "http" for port in item.get("ports") or [])
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("targetRef") or {}).get("name")
+    }
+
+
 def deployments(plane: ControlPlane, namespace: str) -> set[str]:
     listing = json.loads(plane.kubectl("get", "deployments", "-n", namespace, "-o", "json").stdout)
     return {d["metadata"]["name"] for d in listing["items"] if not d["metadata"].get("deletionTimestamp")}
@@ -158,6 +178,16 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
 
         router = wait_until("the canary topology to be measured", measuring_router, 180, cluster)
         assert router.workers is not None and len(router.workers.prefill) == len(router.workers.decode) == 1
+        # The real EndpointSlice controller: the Service reaches the stable engines and the canary
+        # router, never the canary pools (their port is not the one the Service names).
+        stable_pods = {r.pod for r in runner.pods() if r.namespace == namespace and r.track == "stable"}
+        seen: list[set[str]] = []
+
+        def reached() -> bool:
+            seen.append(service_endpoints(plane, namespace, name))
+            return seen[-1] == {*stable_pods, router.pod}
+
+        assert runner.wait_for(reached, 30, poll_s=1.0), (seen[-1], stable_pods, router.pod)
         model = body["spec"]["model"].get("servedName", body["spec"]["model"]["name"])
         answers = stream_completions(f"http://127.0.0.1:{router.port}", model, DIRECT, concurrency=3)
         assert [a.error for a in answers] == [""] * len(DIRECT)
@@ -204,8 +234,17 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
         assert verdict["decode"]["itlMs"] > ITL_MS and "misses ITL" in verdict["reason"], shown
         assert verdict["prefill"]["samples"] > 0 and verdict["decode"]["samples"] > 0, shown
         assert "bestTopology" not in cluster.status()
-        change = cluster.condition("TopologyChange") or {}
-        assert (change.get("status"), change.get("reason")) == ("False", "TopologyRolledBack"), change
+
+        def rolled_back() -> dict[str, Any] | None:  # the service's status is written after the trial's
+            change = cluster.condition("TopologyChange") or {}
+            return (
+                change
+                if (change.get("status"), change.get("reason")) == ("False", "TopologyRolledBack")
+                else None
+            )
+
+        change = wait_until("TopologyChange to say it was rolled back", rolled_back, 30, cluster)
+        assert "misses ITL" in change["message"], change
 
         # Every canary object is gone; the colocated service keeps serving on its two replicas.
         wanted = {f"{name}-stable"}

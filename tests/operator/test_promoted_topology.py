@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 from chunkpilot.operator.builders import (
+    CANARY_POOL_PORT_NAME,
     build_canary_topology,
     build_children,
+    build_pod_monitor,
+    build_service,
     effective_topology,
     promoted_topology,
 )
@@ -198,3 +201,22 @@ def test_the_operator_replaces_the_colocated_deployment_with_the_promoted_pools_
         object_path(build_children(effective_topology(service), pod_monitor=False).service)
     ]
     assert selector["spec"]["selector"]["chunkpilot.io/component"] == "router"
+
+
+def test_the_colocated_service_reaches_the_canary_router_but_not_the_canary_pools_and_scrapes_both() -> None:
+    service = isvc(best=None)
+    target = build_service(service)["spec"]["ports"][0]["targetPort"]
+    prefill, decode, *_, router = build_canary_topology(service, TOPOLOGY)
+    for pool in (prefill, decode):
+        engine = pool["spec"]["template"]["spec"]["containers"][0]
+        assert [p["name"] for p in engine["ports"]] == [CANARY_POOL_PORT_NAME] != [target]
+        assert engine["readinessProbe"]["httpGet"]["port"] == CANARY_POOL_PORT_NAME
+    router_ports = router["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert target in [p["name"] for p in router_ports]  # the Service's named port resolves on the router
+    # Allowed to change topology: the PodMonitor scrapes both port names and keeps the role label.
+    monitor = build_pod_monitor(service)["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in monitor] == [target, CANARY_POOL_PORT_NAME]
+    assert all(any(r.get("targetLabel") == "role" for r in e["relabelings"]) for e in monitor)
+    plain = build_pod_monitor(isvc(allow=False, best=None))["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in plain] == [target]
+    assert not any(r.get("targetLabel") == "role" for r in plain[0]["relabelings"])
