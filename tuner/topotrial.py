@@ -35,7 +35,7 @@ from chunkpilot.operator.builders import build_canary_topology, with_topology
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import DeploymentState, get_condition
-from chunkpilot.tuner import phases
+from chunkpilot.tuner import disaggplan, phases
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import (
     ApplyCanary,
@@ -48,7 +48,7 @@ from chunkpilot.tuner.actions import (
 )
 from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.phases import TunerSettings
-from chunkpilot.tuner.policy import Decision, SLOTargets, check_slo
+from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, SLOTargets, check_slo
 from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
 
 from chunkpilot.api import (
@@ -95,6 +95,10 @@ class TopologyReason(StrEnum):
 
     RUNNING = "TopologyTrialRunning"
     NEEDS_REPLICAS = "TopologyNeedsReplicas"
+    STALE = "TopologyRecommendationStale"
+    NO_LOAD = "TopologyNoLiveLoad"
+    SHORT = "TopologyCapacityShort"
+    DOES_NOT_PAY = "TopologyDoesNotPay"
     UNSUPPORTED = "TopologyUnsupported"
     PROMOTED = "TopologyPromoted"
     ROLLED_BACK = "TopologyRolledBack"
@@ -150,25 +154,39 @@ class Gate:
     message: str = ""
 
 
-def gate(snap: Snapshot, round_: int, settings: TunerSettings | None = None) -> Gate | None:
+def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate | None:
     """Whether the service's recommendation is tried as a canary topology now; None: nothing to say.
 
     Nothing to say: the flag is off, the service is not ``SLOInfeasible``, no recommendation
-    meets the SLOs, or the round already had its topology trial. The replica rule: only a
-    layout of the service's own replicas is rolled out (a one-replica service's 1 + 1 needs two).
+    meets the SLOs, or the round already had its topology trial. Tried only: a recommendation of
+    the twin's current fit (:func:`~chunkpilot.tuner.disaggplan.current`) whose predicted capacity
+    serves the live request rate with the promotion margin and beats colocated by it (else the
+    topology would not pay), and a layout of the service's own replicas (a one-replica service's
+    1 + 1 needs two).
     """
+    snap = plan.snap
     spec = snap.isvc.spec
     if not spec.autotune.allow_topology_change or spec.disaggregated:
         return None
     infeasible = get_condition(snap.status.conditions, ConditionType.SLO_INFEASIBLE)
-    found = snap.status.recommendation
-    if infeasible is None or infeasible.status != ConditionStatus.TRUE or found is None:
+    if infeasible is None or infeasible.status != ConditionStatus.TRUE or snap.status.recommendation is None:
         return None
     if any(t.spec.is_topology and rec.trial_round(t) == round_ for t in snap.trials):
         return None
+    found = disaggplan.current(plan)
+    if found is None:
+        return Gate(
+            None,
+            TopologyReason.STALE,
+            "not trying the recorded recommendation: it was computed for an older twin fit "
+            f"({snap.status.recommendation.key}, now {snap.twin.key}); waiting for the twin's new one",
+        )
     topology = layout(found, snap.incumbent)
     if topology is None:
         return None
+    short = pays(found, snap, rec.describe_topology(topology))
+    if short is not None:
+        return short
     described, need, tp = (
         rec.describe_topology(topology),
         replicas_of(topology),
@@ -200,10 +218,38 @@ def gate(snap: Snapshot, round_: int, settings: TunerSettings | None = None) -> 
     return Gate(topology)
 
 
+def pays(found: TopologyRecommendation, snap: Snapshot, described: str) -> Gate | None:
+    """None when the predicted capacity serves the live rate and beats colocated, by the margin."""
+    capacity, colocated = found.capacity_req_s, found.colocated_capacity_req_s
+    stable = snap.stable_reading.value
+    live = stable.request_rate if stable is not None else None
+    predicted = f"the twin predicts the recommended {described} meets both SLOs up to {capacity or 0:.3g}"
+    predicted += " req/s"
+    if live is None or not live > 0:
+        return Gate(
+            None, TopologyReason.NO_LOAD, f"not trying the recommended {described}: no live request rate yet"
+        )
+    if capacity is None or capacity < live * (1 + PROMOTE_MARGIN):
+        return Gate(
+            None,
+            TopologyReason.SHORT,
+            f"not trying it: {predicted}, short of the live {live:.3g} req/s with the "
+            f"{PROMOTE_MARGIN:.0%} margin",
+        )
+    if colocated is not None and capacity < colocated * (1 + PROMOTE_MARGIN):
+        return Gate(
+            None,
+            TopologyReason.DOES_NOT_PAY,
+            f"not trying it: {predicted}, not {PROMOTE_MARGIN:.0%} above colocated's {colocated:.3g} "
+            "req/s on the same GPUs: the topology does not pay",
+        )
+    return None
+
+
 def consider(plan: Plan, round_: int, settings: TunerSettings) -> None:
     """Once tuning stopped ``SLOInfeasible``: start the round's topology trial, or say why not."""
     report(plan, round_)
-    found = gate(plan.snap, round_, settings)
+    found = gate(plan, round_, settings)
     if found is None:
         return
     if found.topology is None:

@@ -26,6 +26,7 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
 )
+from chunkpilot.tuner.calibration import TwinReading
 from chunkpilot.tuner.decide import decide
 from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings
@@ -496,3 +497,43 @@ def test_an_installation_without_disaggregation_tries_no_topology() -> None:
     assert not of_type(plan, CreateTrial)
     found = condition(plan, "TopologyChange")
     assert found is not None and found[1] == "TopologyUnsupported" and "disaggregation.enabled" in found[2]
+
+
+# --------------------------------------------------------------------------- the gate's evidence
+
+
+def refused(body: dict[str, Any], **fields: Any) -> tuple[str, str, str]:
+    plan = decide(snapshot(body, INFEASIBLE, **fields), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[0] == "False"
+    return found
+
+
+def test_a_recommendation_of_an_older_twin_fit_is_not_tried() -> None:
+    found = refused(service_body(), twin=TwinReading(key="fresh"))
+    assert found[1] == "TopologyRecommendationStale" and "(k, now fresh)" in found[2]
+    same = decide(snapshot(service_body(), INFEASIBLE, twin=TwinReading(key="k")), SETTINGS)
+    assert of_type(same, CreateTrial)
+
+
+def test_a_recommendation_whose_capacity_is_below_the_live_rate_is_not_tried() -> None:
+    body = service_body()
+    body["status"]["recommendation"] = {
+        **RECOMMENDATION,
+        "capacityReqS": 0.01,
+        "colocatedCapacityReqS": 0.005,
+    }
+    found = refused(body)
+    assert found[1] == "TopologyCapacityShort"
+    assert "up to 0.01 req/s, short of the live 1 req/s with the 5% margin" in found[2]
+    # Just at the live rate is not enough either: the margin applies.
+    body["status"]["recommendation"] = {**RECOMMENDATION, "capacityReqS": 1.04, "colocatedCapacityReqS": 0.5}
+    assert refused(body)[1] == "TopologyCapacityShort"
+
+
+def test_a_recommendation_that_does_not_beat_colocated_is_not_tried() -> None:
+    body = service_body()
+    body["status"]["recommendation"] = {**RECOMMENDATION, "capacityReqS": 2.1, "colocatedCapacityReqS": 2.05}
+    found = refused(body)
+    assert found[1] == "TopologyDoesNotPay" and "colocated's 2.05 req/s" in found[2]
