@@ -175,6 +175,17 @@ def with_live_adjust_condition(
     return status
 
 
+def is_operator_owned(labels: Mapping[str, str]) -> bool:
+    """Whether a Deployment with ``labels`` is the operator's: the stable track's, or the stable router.
+
+    Canary Deployments, a topology trial's canary router among them, belong to the tuner.
+    """
+    track = labels.get(LABEL_TRACK)
+    if track == Track.STABLE.value:
+        return True
+    return track is None and labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER
+
+
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
     return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
 
@@ -234,10 +245,7 @@ class Reconciler:
         if not service or not namespace:
             return
         kind = ChildKind(child["kind"])
-        operator_owned = (
-            labels.get(LABEL_TRACK) == Track.STABLE.value or labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER
-        )
-        if kind == ChildKind.DEPLOYMENT and not operator_owned:
+        if kind == ChildKind.DEPLOYMENT and not is_operator_owned(labels):
             # Canary Deployments belong to the tuner; they only count towards the replicas.
             kinds: frozenset[ChildKind] = frozenset()
             known: dict[ChildKind, dict[str, Any] | None] = {}

@@ -119,6 +119,16 @@ def router_args(isvc: InferenceService, track: Track | None = None) -> list[str]
     ]
 
 
+def canary_router_replicas(isvc: InferenceService) -> int:
+    """A canary router's replicas: one per GPU replica of its pools (prefill plus decode).
+
+    The service's Service spreads its traffic evenly over its endpoints, the canary router's pods
+    among the stable replicas; with one pod per pool replica the canary topology gets the share of
+    the live traffic its replicas would carry as stable replicas, the load it would carry promoted.
+    """
+    return sum(isvc.spec.pool(role).replicas for role in PoolRole)
+
+
 def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": ROUTER_PORT_NAME},
@@ -153,7 +163,7 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
         "kind": "Deployment",
         "metadata": object_metadata(isvc, name, labels),
         "spec": {
-            "replicas": router.replicas if track in (None, Track.STABLE) else 1,
+            "replicas": router.replicas if track in (None, Track.STABLE) else canary_router_replicas(isvc),
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": router_selector(isvc, track)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -232,6 +242,7 @@ __all__ = [
     "build_router_role",
     "build_router_role_binding",
     "build_router_service_account",
+    "canary_router_replicas",
     "default_router_image",
     "pool_selector",
     "router_args",

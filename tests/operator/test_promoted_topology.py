@@ -220,3 +220,38 @@ def test_the_colocated_service_reaches_the_canary_router_but_not_the_canary_pool
     plain = build_pod_monitor(isvc(allow=False, best=None))["spec"]["podMetricsEndpoints"]
     assert [e["port"] for e in plain] == [target]
     assert not any(r.get("targetLabel") == "role" for r in plain[0]["relabelings"])
+
+
+def test_the_canary_router_runs_a_replica_per_gpu_of_its_pools() -> None:
+    layout = TOPOLOGY.model_copy(
+        update={
+            "prefill": TOPOLOGY.prefill.model_copy(update={"replicas": 1}) if TOPOLOGY.prefill else None,
+            "decode": TOPOLOGY.decode.model_copy(update={"replicas": 3}) if TOPOLOGY.decode else None,
+        }
+    )
+    *_, router = build_canary_topology(isvc(best=None, replicas=4), layout)
+    # Four canary GPUs get four endpoints of the Service, the share four stable replicas would get.
+    assert router["spec"]["replicas"] == 4
+    stable_router = build_children(effective_topology(isvc()), pod_monitor=False).router[-1]
+    assert stable_router["spec"]["replicas"] == 1  # spec.router.replicas, unchanged
+
+
+def test_a_deleted_canary_router_is_not_taken_for_the_stable_deployment() -> None:
+    service = isvc(best=None)
+    body = service.to_manifest()
+    body["metadata"].update(resourceVersion="7", generation=1)
+    kube = FakeKube()
+    kube.objects[isvc_path("llm", "chat")] = body
+    stable = adopt(build_children(service, pod_monitor=False).manifests()[0], body)
+    stable["metadata"]["resourceVersion"] = "3"
+    kube.objects[object_path(stable)] = stable
+    events: list[Any] = []
+    reconciler = Reconciler(
+        kube=kube,  # type: ignore[arg-type]
+        config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED),
+        post_event=lambda _body, spec: events.append(spec),
+    )
+    *_, router = build_canary_topology(service, TOPOLOGY)
+    asyncio.run(reconciler.child_changed("DELETED", adopt(router, body)))
+    assert kube.objects[object_path(stable)]["metadata"]["resourceVersion"] == "3"  # not re-applied
+    assert not [e for e in events if e.reason == "DriftCorrected"], events
