@@ -95,15 +95,15 @@ def sim_slo(snap: Snapshot) -> SLO:
 
 
 def refit_trials(trials: tuple[TuningTrial, ...], newest: int = REFIT_WINDOWS) -> list[TuningTrial]:
-    """The newest finished trials whose canary served a measured window, newest first, at most
-    ``newest``, all of the latest one's round (the same workload): their steps refit the twin."""
+    """The newest finished colocated trials whose canary served a measured window, newest first, at
+    most ``newest``, all of the latest one's round (the same workload): their steps refit the twin."""
     found: list[TuningTrial] = []
     for trial in sorted(trials, key=lambda t: t.spec.number, reverse=True):
         status = trial.status
         if rec.is_active(trial) or status is None or status.finished_at is None:
             continue
-        if status.verdict is TrialVerdict.ABORTED or status.canary is None:
-            continue
+        if status.verdict is TrialVerdict.ABORTED or status.canary is None or trial.spec.is_topology:
+            continue  # a topology trial's pools run other knobs and roles than the twin models
         if found and rec.trial_round(trial) != rec.trial_round(found[0]):
             break
         found.append(trial)

@@ -131,6 +131,8 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         return plan
     live.remove_orphan(plan, current, keep_parked=True)
     topotrial.remove_orphans(plan, current)
+    if current is None and topotrial.complete_promotion(plan):
+        return plan
     record_stable(plan)
     twinplan.record_twin(plan)
     disaggplan.record(plan)
@@ -424,7 +426,10 @@ def twin_bound(plan: Plan, round_trials: Sequence[TuningTrial]) -> TwinBound | N
     checks = {
         t.spec.number: twin_check(t.status.twin)
         for t in round_trials
-        if t.status is not None and t.status.twin is not None and t.status.verdict is not TrialVerdict.PRUNED
+        if t.status is not None
+        and t.status.twin is not None
+        and t.status.verdict is not TrialVerdict.PRUNED
+        and not t.spec.is_topology  # it checks the recommendation, not the colocated twin
     }
     return TwinBound(
         best_capacity_req_s=max(capacities, default=0.0),

@@ -394,8 +394,9 @@ def conclude(
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
-    twin = twinplan.aborted_twin(trial, reason)
-    plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": twin.to_k8s()}}))
+    if not trial.spec.is_topology:  # a topology trial's twin block is its recommendation's check
+        twin = twinplan.aborted_twin(trial, reason)
+        plan.do(PatchTrial(trial.metadata.name or "", {"status": {"twin": twin.to_k8s()}}))
     finish(plan, trial, TrialPhase.FAILED, TrialVerdict.ABORTED, reason)
 
 

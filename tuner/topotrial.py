@@ -79,6 +79,7 @@ __all__ = [
     "Gate",
     "TopologyReason",
     "advance",
+    "complete_promotion",
     "consider",
     "gate",
     "judge",
@@ -265,7 +266,7 @@ def consider(plan: Plan, round_: int, settings: TunerSettings) -> None:
 
 
 def report(plan: Plan, round_: int) -> None:
-    """``TopologyChange`` from the round's finished topology trial; completes an interrupted promotion."""
+    """``TopologyChange`` from the round's finished topology trial."""
     snap = plan.snap
     done = [
         t for t in snap.trials if t.spec.is_topology and rec.trial_round(t) == round_ and not rec.is_active(t)
@@ -276,10 +277,23 @@ def report(plan: Plan, round_: int) -> None:
     status, reason = VERDICT_REASONS[last.status.verdict]
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
+
+
+def complete_promotion(plan: Plan) -> bool:
+    """The newest finished topology trial was promoted but ``status.bestTopology`` misses it (a restart
+    between the verdict and the status write): write it, whatever stopped tuning (True: written; the
+    step ends there, the next one sees a disaggregated service)."""
+    snap = plan.snap
+    done = [t for t in snap.trials if t.spec.is_topology and not rec.is_active(t)]
+    last = max(done, key=lambda t: t.spec.number, default=None)
+    if last is None or last.status is None or last.status.verdict is not TrialVerdict.PROMOTED:
+        return False
     topology = last.spec.topology
     recorded = snap.status.best_topology == topology and snap.status.best_topology_trial == last.metadata.name
-    if last.status.verdict is TrialVerdict.PROMOTED and topology is not None and not recorded:
-        promote(plan, last, "completing a promotion interrupted by a restart")
+    if topology is None or recorded:
+        return False
+    promote(plan, last, "completing a promotion interrupted by a restart")
+    return True
 
 
 def create(plan: Plan, topology: TopologySpec, round_: int) -> None:

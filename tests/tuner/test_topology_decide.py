@@ -23,7 +23,7 @@ from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import disaggplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import CreateTrial, Emit, Plan
-from chunkpilot.tuner.calibration import TwinObserver, TwinReading
+from chunkpilot.tuner.calibration import TwinObserver, TwinReading, refit_trials
 from chunkpilot.tuner.decide import decide
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.phases import TunerSettings
@@ -40,6 +40,7 @@ from chunkpilot.api import (
     EngineConfig,
     Measurement,
     ObjectMeta,
+    TopologySpec,
     TrialPhase,
     TrialTwin,
     TrialVerdict,
@@ -460,3 +461,19 @@ def test_an_infeasibility_declared_on_the_twin_stands_through_a_step_without_its
     )
     again = condition(lifted, "SLOInfeasible")
     assert again is not None and again[:2] == ("False", "Feasible") and created(lifted)
+
+
+def test_a_topology_trial_is_no_check_of_the_colocated_twin(calibration: Calibration) -> None:
+    """Its twin block checks the recommendation: the colocated twin's bound ignores it, and so does
+    the refit (its pools run other knobs and roles than the twin models)."""
+    base = checked(INFEASIBLE[3], 0.5)  # would contradict the twin (predicted 700 ms, measured 600)
+    assert base.status is not None
+    pools = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    spec = base.spec.model_copy(update={"number": 9, "topology": TopologySpec.model_validate(pools)})
+    topology = base.model_copy(update={"spec": spec})
+    plan = decide(
+        snapshot(service_body(), (*CONFIRMED, topology), fitted(calibration, ranked=True)), SETTINGS
+    )
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and found[0] == "True", found
+    assert [t.spec.number for t in refit_trials((*CONFIRMED, topology))] == [4, 1]

@@ -537,3 +537,21 @@ def test_a_recommendation_that_does_not_beat_colocated_is_not_tried() -> None:
     body["status"]["recommendation"] = {**RECOMMENDATION, "capacityReqS": 2.1, "colocatedCapacityReqS": 2.05}
     found = refused(body)
     assert found[1] == "TopologyDoesNotPay" and "colocated's 2.05 req/s" in found[2]
+
+
+def test_an_interrupted_promotion_is_completed_whatever_stopped_tuning() -> None:
+    body = service_body()
+    body["status"]["conditions"] = []  # no longer SLOInfeasible (e.g. the twin's fit changed)
+    done = topology_trial(body, TrialPhase.PROMOTED, verdict=TrialVerdict.PROMOTED, reason="meets both SLOs")
+    plan = decide(snapshot(body, (done,)), SETTINGS)
+    assert done.spec.topology is not None
+    assert plan.status["bestTopology"] == done.spec.topology.to_k8s()
+    assert not of_type(plan, CreateTrial)  # the next step sees a disaggregated service
+
+
+def test_an_aborted_topology_trial_keeps_its_twin_block_unwritten() -> None:
+    body = service_body(allow=False)
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and "twin" not in status
