@@ -119,8 +119,8 @@ class Actor:
                 await self.kube.merge_patch(canary_path, {"metadata": {"annotations": dict(annotations)}})
             case DeleteCanary():
                 await self.kube.delete(canary_path)
-            case DeleteCanaryTopology():
-                for path in canary_topology_paths(ns, name):
+            case DeleteCanaryTopology(pools):
+                for path in canary_topology_paths(ns, name, pools=pools):
                     await self.kube.delete(path)
             case AdjustLive(pods, token, limits, on_success, on_failure):
                 try:

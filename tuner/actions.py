@@ -69,7 +69,13 @@ class DeleteCanary:
 
 @dataclass(frozen=True)
 class DeleteCanaryTopology:
-    """Delete a topology trial's canary pools, canary router and the router's RBAC objects."""
+    """Delete a topology trial's canary router and its RBAC objects, then (``pools``) its canary pools.
+
+    Without ``pools`` the pools stay: the router goes first so that the Service never sends its
+    share of the traffic to a router without backends; the pools go on a later step, once it is gone.
+    """
+
+    pools: bool = True
 
 
 @dataclass(frozen=True)

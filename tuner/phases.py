@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from chunkpilot.operator.builders import RenderError, promoted_config
@@ -200,16 +200,33 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
         measure(plan, trial, settings)
 
 
-def _ready(state: DeploymentState) -> bool:
+def ready(state: DeploymentState) -> bool:
+    """The Deployment rolled out and all its desired replicas are Ready."""
     return state.rollout_complete and state.ready >= state.desired > 0
+
+
+def rollout_failure(
+    states: Sequence[DeploymentState],
+    what: str,
+    since: datetime | None,
+    now: datetime,
+    settings: TunerSettings,
+) -> str | None:
+    """Why a rollout that is not Ready yet failed: a Deployment past its progress deadline, or
+    ``what`` not Ready within the rollout timeout since ``since``; None: keep waiting."""
+    if any(s.progress_deadline_exceeded for s in states):
+        return f"{what} Deployment exceeded its progress deadline"
+    if since is not None and (now - since).total_seconds() > settings.rollout_timeout_s:
+        return f"{what} did not become Ready within {settings.rollout_timeout_s:g}s"
+    return None
 
 
 def roll_out(plan: Plan, trial: TuningTrial) -> None:
     """Start the trial's canary: take over a parked one, else apply a new one."""
     snap = plan.snap
     canary = plan.canary
-    ready = canary is not None and _ready(DeploymentState.from_manifest(canary))
-    if not live.take_over_parked(plan, trial, ready):
+    is_ready = canary is not None and ready(DeploymentState.from_manifest(canary))
+    if not live.take_over_parked(plan, trial, is_ready):
         try:
             manifest = live.canary_manifest(snap.isvc, snap.body, trial)
         except RenderError as error:
@@ -251,7 +268,7 @@ def check_rollout(
     """RollingOut: once the canary is Ready, set live limits if so and start the warm-up; else time out."""
     snap = plan.snap
     name = trial.metadata.name or ""
-    if _ready(state):
+    if ready(state):
         warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
 
         def measuring(progress: TrialProgress) -> list[Action]:
@@ -269,10 +286,9 @@ def check_rollout(
             plan.do(*measuring(rec.trial_progress(trial)))
         return
     since = trial.status.started_at if trial.status is not None else None
-    if state.progress_deadline_exceeded:
-        abort(plan, trial, "the canary Deployment exceeded its progress deadline")
-    elif since is not None and (snap.now - since).total_seconds() > settings.rollout_timeout_s:
-        abort(plan, trial, f"the canary did not become Ready within {settings.rollout_timeout_s:g}s")
+    failed = rollout_failure([state], "the canary", since, snap.now, settings)
+    if failed is not None:
+        abort(plan, trial, failed)
 
 
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
@@ -431,7 +447,9 @@ def finish(
     )
     plan.do(PatchTrial(name, status_patch(status)))
     if trial.spec.is_topology:
-        plan.do(DeleteCanaryTopology())  # every canary object of the topology, whatever the verdict
+        # Every canary object of the topology, whatever the verdict: the router first, the pools
+        # once it is gone (on this step if it already is, else as orphans on a later one).
+        plan.do(DeleteCanaryTopology(pools=snap.topology_canary.get("router") is None))
     else:
         live.park_or_delete(plan, trial, verdict)
     plan.status["trialsCompleted"] = sum(

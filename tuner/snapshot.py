@@ -195,14 +195,20 @@ def canary_topology_deployment_path(namespace: str, service: str, part: str) -> 
     return resource_path("apps/v1", "deployments", namespace, name)
 
 
-def canary_topology_paths(namespace: str, service: str) -> list[str]:
-    """Every object of a canary topology: both pools, the router and its RBAC (deleted in this order)."""
+def canary_topology_paths(namespace: str, service: str, *, pools: bool = True) -> list[str]:
+    """The objects of a canary topology in the order they are deleted: the router and its RBAC, then
+    (``pools``) both pools: the router never outlives the backends it routes to."""
     router = router_name(service, Track.CANARY)
     return [
-        *(canary_topology_deployment_path(namespace, service, part) for part in TOPOLOGY_PARTS),
+        canary_topology_deployment_path(namespace, service, "router"),
         resource_path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, router),
         resource_path("rbac.authorization.k8s.io/v1", "roles", namespace, router),
         resource_path("v1", "serviceaccounts", namespace, router),
+        *(
+            canary_topology_deployment_path(namespace, service, part)
+            for part in TOPOLOGY_PARTS
+            if pools and part != "router"
+        ),
     ]
 
 

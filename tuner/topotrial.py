@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from chunkpilot.operator.builders import build_canary_topology, with_topology
 from chunkpilot.operator.events import EventType
@@ -52,6 +52,7 @@ from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, SLOTargets, check_
 from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
 
 from chunkpilot.api import (
+    LABEL_ROLE,
     ConditionStatus,
     ConditionType,
     EngineConfig,
@@ -87,6 +88,9 @@ __all__ = [
     "remove_orphans",
 ]
 
+#: The canary topology's parts: its pools (rolled out first) and its router.
+ROUTER: Final = "router"
+POOLS: Final = tuple(part for part in TOPOLOGY_PARTS if part != ROUTER)
 #: Knobs a pool takes over from the stable config (the rest of ``PoolSpec`` is its replicas).
 POOL_KNOBS: Final = tuple(name for name in PoolSpec.model_fields if name != "replicas")
 
@@ -336,15 +340,24 @@ def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
 
 
 def remove_orphans(plan: Plan, current: TuningTrial | None) -> None:
-    """Delete canary topology objects no active topology trial owns (left by a crash or a restart)."""
+    """Delete canary topology objects no active topology trial owns (left by a verdict, a crash or a
+    restart): the router first, the pools once it is gone."""
     if current is not None and current.spec.is_topology:
         return
-    if any(plan.snap.topology_canary.values()):
-        plan.do(DeleteCanaryTopology(), Log("deleted a canary topology no active topology trial owns"))
+    parts = plan.snap.topology_canary
+    if any(parts.values()):
+        router_gone = parts.get(ROUTER) is None
+        plan.do(
+            DeleteCanaryTopology(pools=router_gone),
+            Log(
+                "deleted a canary topology no active topology trial owns"
+                + ("" if router_gone else ": its router")
+            ),
+        )
 
 
 def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
-    """The active topology trial's step: roll out, wait for Ready, measure, judge."""
+    """The active topology trial's step: roll out (pools, then router), wait for Ready, measure, judge."""
     snap = plan.snap
     phase = rec.trial_phase(trial)
     number = trial.spec.number
@@ -360,19 +373,17 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if not snap.isvc.spec.autotune.allow_topology_change:
         abort(plan, trial, "autotune.allowTopologyChange was turned off")
         return
-    if phase is TrialPhase.PENDING or any(snap.topology_canary.get(part) is None for part in TOPOLOGY_PARTS):
+    if phase is TrialPhase.PENDING or any(snap.topology_canary.get(part) is None for part in POOLS):
         roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
         return
     crashed = phases.crash_message(snap.topology_pods, settings.crash_restarts)
     if crashed is not None:
         abort(plan, trial, crashed)
         return
-    if snap.stable_reading.down:
-        if phase is TrialPhase.MEASURING:
-            phases.metrics_gap(plan, trial, None, settings)
-        return
-    if phase is TrialPhase.ROLLING_OUT:
-        check_rollout(plan, trial, settings)
+    if phase is TrialPhase.ROLLING_OUT or snap.topology_canary.get(ROUTER) is None:
+        check_rollout(plan, trial, settings)  # Kubernetes' view: also while Prometheus is down
+    elif snap.stable_reading.down:
+        phases.metrics_gap(plan, trial, None, settings)
     else:
         measure(plan, trial, settings)
 
@@ -387,40 +398,60 @@ def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
     )
 
 
-def roll_out(plan: Plan, trial: TuningTrial) -> None:
-    """Apply the canary pools and the canary router (again, if one of them went missing)."""
-    snap = plan.snap
+def _manifests(plan: Plan, trial: TuningTrial) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The canary pools' manifests and the canary router's (with its RBAC); None: the trial aborted."""
     assert trial.spec.topology is not None
     try:
-        manifests = build_canary_topology(snap.isvc, trial.spec.topology)
+        manifests = build_canary_topology(plan.snap.isvc, trial.spec.topology)
     except ValueError as error:
         abort(plan, trial, f"the engine refuses the topology: {error}")
+        return None
+    owned = [adopt(manifest, plan.snap.body) for manifest in manifests]
+    pools = [m for m in owned if m["kind"] == "Deployment" and m["metadata"]["labels"].get(LABEL_ROLE)]
+    return pools, [m for m in owned if m not in pools]
+
+
+def roll_out(plan: Plan, trial: TuningTrial) -> None:
+    """Apply the canary pools (again, if one went missing); the router follows once both are Ready."""
+    found = _manifests(plan, trial)
+    if found is None:
         return
-    plan.do(*(ApplyCanary(adopt(manifest, snap.body)) for manifest in manifests))
-    started_at = trial.status.started_at if trial.status is not None and trial.status.started_at else snap.now
-    status = TuningTrialStatus(
-        phase=TrialPhase.ROLLING_OUT, params_summary=rec.trial_label(trial), started_at=started_at
-    )
-    plan.do(PatchTrial(trial.metadata.name or "", phases.status_patch(status)))
+    plan.do(*(ApplyCanary(manifest) for manifest in found[0]))
+    rolling_out(plan, trial)
     if rec.trial_phase(trial) is TrialPhase.PENDING:
         plan.emit(
             EventType.NORMAL,
             "TopologyTrialStarted",
-            f"trial {trial.spec.number}: canary topology {rec.trial_label(trial)} started behind a canary "
-            "router taking a share of the traffic; the stable track stays colocated",
+            f"trial {trial.spec.number}: canary topology {rec.trial_label(trial)} started; its canary router "
+            "follows once both pools are Ready and takes a share of the traffic; the stable track stays "
+            "colocated",
         )
 
 
-def _ready(state: DeploymentState) -> bool:
-    return state.rollout_complete and state.ready >= state.desired > 0
+def rolling_out(plan: Plan, trial: TuningTrial) -> None:
+    """Phase RollingOut (kept since its first rollout: the rollout timeout counts from there)."""
+    status = trial.status
+    started_at = status.started_at if status is not None and status.started_at else plan.snap.now
+    patch = TuningTrialStatus(
+        phase=TrialPhase.ROLLING_OUT, params_summary=rec.trial_label(trial), started_at=started_at
+    )
+    plan.do(PatchTrial(trial.metadata.name or "", phases.status_patch(patch)))
 
 
 def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
-    """RollingOut: once both pools and the router are Ready, start the warm-up; else time out."""
+    """Both pools Ready: apply the router; it Ready too: start the warm-up; else time out."""
     snap = plan.snap
     name = trial.metadata.name or ""
-    states = [DeploymentState.from_manifest(m) for m in snap.topology_canary.values() if m is not None]
-    if len(states) == len(TOPOLOGY_PARTS) and all(_ready(s) for s in states):
+    parts = snap.topology_canary
+    states = {part: DeploymentState.from_manifest(m) for part, m in parts.items() if m is not None}
+    pools_ready = all(part in states and phases.ready(states[part]) for part in POOLS)
+    if pools_ready and ROUTER not in states:
+        found = _manifests(plan, trial)
+        if found is not None:
+            plan.do(*(ApplyCanary(manifest) for manifest in found[1]))
+            rolling_out(plan, trial)
+        return
+    if pools_ready and phases.ready(states[ROUTER]):
         warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
         progress = rec.trial_progress(trial)
         ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
@@ -428,10 +459,9 @@ def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> No
         plan.do(PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, phases.status_patch(measuring)))
         return
     since = trial.status.started_at if trial.status is not None else None
-    if any(s.progress_deadline_exceeded for s in states):
-        abort(plan, trial, "a canary topology Deployment exceeded its progress deadline")
-    elif since is not None and (snap.now - since).total_seconds() > settings.rollout_timeout_s:
-        abort(plan, trial, f"the canary topology did not become Ready within {settings.rollout_timeout_s:g}s")
+    failed = phases.rollout_failure(list(states.values()), "the canary topology", since, snap.now, settings)
+    if failed is not None:
+        abort(plan, trial, failed)
 
 
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:

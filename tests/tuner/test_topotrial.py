@@ -308,17 +308,30 @@ def test_one_topology_trial_per_round() -> None:
 # --------------------------------------------------------------------------- the active topology trial
 
 
-def test_a_pending_topology_trial_rolls_out_canary_pools_and_a_canary_router() -> None:
+def test_a_pending_topology_trial_rolls_out_its_canary_pools_first_and_the_router_once_both_are_ready() -> (
+    None
+):
     body = service_body()
     trial = topology_trial(body, TrialPhase.PENDING)
     plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary={}), SETTINGS)
     applied = [a.manifest["metadata"]["name"] for a in of_type(plan, ApplyCanary)]
-    assert applied[:3] == ["chat-prefill-canary", "chat-decode-canary", "chat-router-canary"]
-    assert set(applied[3:]) == {"chat-router-canary"}  # its ServiceAccount, Role, RoleBinding
+    assert applied == ["chat-prefill-canary", "chat-decode-canary"]  # no router: it would have no backends
     assert all(a.manifest["metadata"]["ownerReferences"] for a in of_type(plan, ApplyCanary))
     assert trial_status(plan)["phase"] == "RollingOut"
     assert any(r == "TopologyTrialStarted" for r, _ in events(plan))
     assert not of_type(plan, DeleteCanary) and not of_type(plan, DeleteCanaryTopology)
+    rolling = topology_trial(body, TrialPhase.ROLLING_OUT)
+    # One pool not Ready yet: still no router.
+    loading = {**canary_parts(body), "decode": canary_parts(body, ready=False)["decode"], "router": None}
+    waiting = decide(snapshot(body, (*INFEASIBLE, rolling), topology_canary=loading), SETTINGS)
+    assert not of_type(waiting, ApplyCanary) and "phase" not in trial_status(waiting)
+    # Both pools Ready: the router and its RBAC.
+    pools = {**canary_parts(body), "router": None}
+    routed = decide(snapshot(body, (*INFEASIBLE, rolling), topology_canary=pools), SETTINGS)
+    kinds = [(a.manifest["kind"], a.manifest["metadata"]["name"]) for a in of_type(routed, ApplyCanary)]
+    assert sorted(k for k, _ in kinds) == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    assert {n for _, n in kinds} == {"chat-router-canary"}
+    assert trial_status(routed)["phase"] == "RollingOut"
 
 
 def test_once_both_pools_and_the_router_are_ready_the_warm_up_starts() -> None:
@@ -327,13 +340,48 @@ def test_once_both_pools_and_the_router_are_ready_the_warm_up_starts() -> None:
     not_yet = decide(
         snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body, ready=False)), SETTINGS
     )
-    assert "phase" not in trial_status(not_yet)
+    assert not of_type(not_yet, PatchTrial) and not of_type(not_yet, ApplyCanary)  # nothing to do but wait
+    assert not of_type(not_yet, DeleteCanaryTopology)
     plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
     status = trial_status(plan)
     assert status["phase"] == "Measuring"
     assert status["progress"]["measureFrom"] == (NOW + timedelta(seconds=10)).isoformat().replace(
         "+00:00", "Z"
     )
+
+
+def test_the_rollout_timeout_and_progress_deadline_apply_while_prometheus_is_down() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.ROLLING_OUT)  # started 30 s ago
+    down = Reading[TrackMeasurement](error="connection refused")
+    late = decide(
+        snapshot(
+            body, (*INFEASIBLE, trial), topology_canary=canary_parts(body, ready=False), stable_reading=down
+        ),
+        TunerSettings(rollout_timeout_s=10),
+    )
+    status = trial_status(late)
+    assert status["verdict"] == "Aborted" and "did not become Ready within 10s" in status["reason"]
+    parts = canary_parts(body, ready=False)
+    parts["decode"]["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+    ]
+    stuck = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=parts, stable_reading=down), SETTINGS)
+    assert "exceeded its progress deadline" in trial_status(stuck)["reason"]
+
+
+def test_every_verdict_deletes_the_router_first_and_the_pools_once_it_is_gone() -> None:
+    body = service_body()
+    plan = measured(body, window(prefill_ttft=580.0, decode_itl=20.0))
+    assert of_type(plan, DeleteCanaryTopology) == [DeleteCanaryTopology(pools=False)]
+    done = topology_trial(body, TrialPhase.ROLLED_BACK, verdict=TrialVerdict.DISCARDED, reason="missed")
+    pools = {**canary_parts(body), "router": None}
+    later = decide(snapshot(body, (*INFEASIBLE, done), topology_canary=pools), SETTINGS)
+    assert of_type(later, DeleteCanaryTopology) == [DeleteCanaryTopology(pools=True)]
+    with_router = decide(snapshot(body, (*INFEASIBLE, done), topology_canary=canary_parts(body)), SETTINGS)
+    assert of_type(with_router, DeleteCanaryTopology) == [DeleteCanaryTopology(pools=False)]
+    gone = decide(snapshot(body, (*INFEASIBLE, done), topology_canary={}), SETTINGS)
+    assert not of_type(gone, DeleteCanaryTopology)
 
 
 def window(prefill_ttft: float, decode_itl: float, decode_ttft: float = 60.0) -> TopologyWindow:
