@@ -214,9 +214,14 @@ class PrometheusServer:
             raise PrometheusError(f"GET {path} failed: {body}")
         return body["data"]
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """Run an instant query and return the result vector (``[{"metric": {...}, "value": [t, "v"]}]``)."""
-        data = self._get("/api/v1/query", {"query": promql})
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Run an instant query and return the result vector (``[{"metric": {...}, "value": [t, "v"]}]``).
+
+        ``at``: the evaluation time (Unix seconds; default now). Queries whose results are combined
+        take one ``at``: a range function such as ``increase()`` extrapolates differently at another.
+        """
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        data = self._get("/api/v1/query", params)
         result: list[dict[str, Any]] = data["result"]
         return result
 
