@@ -305,13 +305,17 @@ def build_live_adjust_secret(isvc: InferenceService, token: str) -> dict[str, An
     }
 
 
-def build_service(isvc: InferenceService) -> dict[str, Any]:
+def build_service(isvc: InferenceService, *, via_router: bool | None = None) -> dict[str, Any]:
     """The Service in front of every engine pod of ``isvc``: stable and canary both get traffic.
 
     A disaggregated service's Service selects its router pods instead (same name and port).
+    ``via_router`` overrides which of the two it selects (the side still serving while the
+    topology changes).
     """
     name = _name(isvc)
-    selector = router_selector(isvc) if isvc.spec.disaggregated else {LABEL_SERVICE: name}
+    if via_router is None:
+        via_router = isvc.spec.disaggregated
+    selector = router_selector(isvc) if via_router else {LABEL_SERVICE: name}
     return {
         "apiVersion": "v1",
         "kind": "Service",

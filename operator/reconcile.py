@@ -52,7 +52,9 @@ from chunkpilot.operator.status import (
     DeploymentState,
     InstallationProblem,
     Observation,
+    Reason,
     TopologyObservation,
+    TopologySwitch,
     compute_status,
     set_condition,
     status_patch,
@@ -186,6 +188,11 @@ def is_operator_owned(labels: Mapping[str, str]) -> bool:
     return track is None and labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER
 
 
+def restored_name(kind: ChildKind, service: str) -> str:
+    """The name of the colocated child of ``kind`` that a reconcile restores when it is deleted."""
+    return deployment_name(service, Track.STABLE) if kind == ChildKind.DEPLOYMENT else service
+
+
 def is_terminating(body: Mapping[str, Any] | None) -> bool:
     return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
 
@@ -253,7 +260,8 @@ class Reconciler:
             kinds = frozenset({kind})
             # The event's body may be older than what an earlier reconcile already saw (events
             # queue while the lock is held): read the child afresh rather than judge from it.
-            known = {kind: None} if event_type == "DELETED" else {}
+            gone = event_type == "DELETED" and meta.get("name") == restored_name(kind, service)
+            known = {kind: None} if gone else {}
         parent = await self.kube.get(isvc_path(namespace, service))
         if parent is None or is_terminating(parent):
             return
@@ -303,10 +311,21 @@ class Reconciler:
             )
         else:
             stable = await self.kube.get(_deployment_path(isvc, Track.STABLE))
+        leftovers = await self._disaggregated_leftovers(isvc, body) if _may_have_pools(body) else {}
+        switch = (
+            TopologySwitch("the stable Deployment", "the prefill/decode pools", (("stable", _state(stable)),))
+            if leftovers and problem is None
+            else None
+        )
+        switched = False
+        if switch is not None:
+            switched = await self._switch_service(
+                body, isvc, switch, to_router=False, kinds=kinds, known=known, repair=repair, created=created
+            )
 
         for kind, build in ((ChildKind.SERVICE, build_service), (ChildKind.POD_MONITOR, None)):
-            if kind not in kinds:
-                continue
+            if kind not in kinds or (kind == ChildKind.SERVICE and leftovers):
+                continue  # while pools are left, the Service is kept by _switch_service
             if kind == ChildKind.POD_MONITOR:
                 if not await self._pod_monitor_wanted():
                     continue
@@ -326,15 +345,21 @@ class Reconciler:
 
         if created and not repair:
             self._emit(body, ev.created(created))
-        if _was_disaggregated(body):
-            await self._remove_disaggregated_children(isvc, body, kinds)
+        self._note_switch_started(body, switch, created, repair)
+        if switched or (_was_disaggregated(body) and not leftovers):
+            await self._remove_disaggregated_children(isvc, body, ALL_KINDS if switched else kinds)
+            if switched:
+                self._emit(body, switched_event("the stable Deployment", "the prefill/decode pools"))
+        serving_old = switch is not None and not switched
 
         canary = await self.kube.get(_deployment_path(isvc, Track.CANARY))
         observation = Observation(
             generation=int(meta.get("generation") or 0),
-            stable=DeploymentState.from_manifest(stable) if stable is not None else None,
-            canary=DeploymentState.from_manifest(canary) if canary is not None else None,
+            stable=None if serving_old else _state(stable),
+            canary=_state(canary),
             problem=problem,
+            topology=_topology_observation(leftovers) if serving_old else None,
+            switch=switch if serving_old else None,
         )
         export_metrics(isvc, observation)
         await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
@@ -376,10 +401,26 @@ class Reconciler:
         else:
             states = {role.value: await self.kube.get(_pool_path(isvc, role)) for role in PoolRole}
             states["router"] = await self.kube.get(_router_path(isvc))
+        colocated = await self._owned(_deployment_path(isvc, Track.STABLE), body) if problem is None else None
+        topology = _topology_observation(states)
+        switch = (
+            TopologySwitch(
+                "the prefill/decode pools",
+                f"Deployment {colocated['metadata']['name']}",
+                tuple(topology.parts()),
+            )
+            if colocated is not None
+            else None
+        )
+        switched = False
 
         # Nothing is rolled out until the problem is fixed: a service switching topologies keeps its
         # Service on the pods that serve it now.
-        if ChildKind.SERVICE in kinds and problem is None:
+        if switch is not None:
+            switched = await self._switch_service(
+                body, isvc, switch, to_router=True, kinds=kinds, known=known, repair=repair, created=created
+            )
+        elif ChildKind.SERVICE in kinds and problem is None:
             ensured = await self._ensure(build_service(isvc), body, known.get(ChildKind.SERVICE, _UNKNOWN))
             self._note(body, "Service", _name(isvc), ensured, repair, created)
         if ChildKind.POD_MONITOR in kinds and problem is None and await self._pod_monitor_wanted():
@@ -387,24 +428,24 @@ class Reconciler:
                 monitor = build_pod_monitor(isvc, self.config.pod_monitor_labels, role)
                 ensured = await self._ensure(monitor, body, _UNKNOWN)
                 self._note(body, "PodMonitor", monitor["metadata"]["name"], ensured, repair, created)
-            if not _was_disaggregated(body):
+            if not _was_disaggregated(body) and switch is None:
                 await self._delete_owned(_pod_monitor_path(isvc, _name(isvc)), body)
         if created and not repair:
             self._emit(body, ev.created(created))
-
-        def state(key: str) -> DeploymentState | None:
-            manifest = states.get(key)
-            return DeploymentState.from_manifest(manifest) if manifest is not None else None
+        self._note_switch_started(body, switch, created, repair)
+        if switched:
+            await self._remove_colocated_children(isvc, body)
+            self._emit(body, switched_event("the prefill/decode pools", "the stable Deployment"))
+        serving_old = switch is not None and not switched
 
         canary = await self.kube.get(_deployment_path(isvc, Track.CANARY))
         observation = Observation(
             generation=int(meta.get("generation") or 0),
-            stable=None,
-            canary=DeploymentState.from_manifest(canary) if canary is not None else None,
+            stable=_state(colocated) if serving_old else None,
+            canary=_state(canary),
             problem=problem,
-            topology=TopologyObservation(
-                prefill=state("prefill"), decode=state("decode"), router=state("router")
-            ),
+            topology=None if serving_old else topology,
+            switch=switch if serving_old else None,
         )
         export_metrics(isvc, observation)
         await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
@@ -427,7 +468,8 @@ class Reconciler:
         """Apply the router's RBAC, both pools (rolled like the stable track) and the router.
 
         Returns the live Deployments by part (``prefill``, ``decode``, ``router``). A service that
-        was colocated until now loses its stable Deployment once its pools are in place.
+        was colocated until now keeps its stable Deployment until they are Ready (see
+        :meth:`_switch_service`).
         """
         *rbac, router = build_router_objects(isvc)
         for manifest in rbac:
@@ -439,9 +481,69 @@ class Reconciler:
         ensured = await self._ensure(router, body, _UNKNOWN)
         self._note(body, "Deployment", router["metadata"]["name"], ensured, repair, created)
         states["router"] = ensured.actual
-        if not _was_disaggregated(body):
-            await self._delete_owned(_deployment_path(isvc, Track.STABLE), body)
         return states
+
+    async def _switch_service(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        switch: TopologySwitch,
+        *,
+        to_router: bool,
+        kinds: frozenset[ChildKind],
+        known: dict[ChildKind, dict[str, Any] | None],
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> bool:
+        """The Service while the topology changes: on the old side until the new one is Ready, then on it.
+
+        True when the Service already selected the new side before this pass (its endpoints had a
+        reconcile's time to follow): the old side may be deleted now.
+        """
+        if not switch.ready:
+            if ChildKind.SERVICE in kinds:
+                old = build_service(isvc, via_router=not to_router)
+                ensured = await self._ensure(old, body, known.get(ChildKind.SERVICE, _UNKNOWN))
+                self._note(body, "Service", _name(isvc), ensured, repair, created)
+            return False
+        ensured = await self._ensure(build_service(isvc, via_router=to_router), body, _UNKNOWN)
+        return not ensured.written
+
+    def _note_switch_started(
+        self,
+        body: Mapping[str, Any],
+        switch: TopologySwitch | None,
+        created: list[tuple[str, str]],
+        repair: bool,
+    ) -> None:
+        """The ``TopologySwitching`` Event, on the pass that created the new side's Deployments."""
+        if switch is None or switch.ready or repair:
+            return
+        if any(kind == "Deployment" for kind, _ in created):
+            self._emit(body, ev.EventSpec(ev.EventType.NORMAL, "TopologySwitching", switch.message()))
+
+    async def _remove_colocated_children(self, isvc: InferenceService, body: Mapping[str, Any]) -> None:
+        """A service now served by its pools: delete its stable Deployment and colocated PodMonitor."""
+        await self._delete_owned(_deployment_path(isvc, Track.STABLE), body)
+        if await self._pod_monitor_wanted():
+            await self._delete_owned(_pod_monitor_path(isvc, _name(isvc)), body)
+
+    async def _disaggregated_leftovers(
+        self, isvc: InferenceService, body: Mapping[str, Any]
+    ) -> dict[str, dict[str, Any] | None]:
+        """The pools and router this service still owns, by part; empty when none is left."""
+        paths = {role.value: _pool_path(isvc, role) for role in PoolRole} | {"router": _router_path(isvc)}
+        found = {part: await self._owned(path, body) for part, path in paths.items()}
+        return found if any(found.values()) else {}
+
+    async def _owned(self, path: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The child at ``path`` when this InferenceService owns it and it is not being deleted."""
+        current = await self.kube.get(path)
+        if current is None or is_terminating(current):
+            return None
+        uid = owner["metadata"].get("uid")
+        owners = {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}
+        return current if uid in owners else None
 
     def _note(
         self,
@@ -476,11 +578,8 @@ class Reconciler:
 
     async def _delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
         """Delete the child at ``path`` when this InferenceService owns it (a topology change left it)."""
-        current = await self.kube.get(path)
-        if current is None or is_terminating(current):
-            return
-        uid = owner["metadata"].get("uid")
-        if uid not in {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}:
+        current = await self._owned(path, owner)
+        if current is None:
             return
         await self.kube.delete(path)
         logger.info("deleted %s %s, left from the service's previous topology", current["kind"], path)
@@ -645,6 +744,38 @@ def _router_path(isvc: InferenceService) -> str:
 
 def _pod_monitor_path(isvc: InferenceService, name: str) -> str:
     return resource_path(POD_MONITOR_API_VERSION, "podmonitors", isvc.metadata.namespace, name)
+
+
+def switched_event(target: str, old: str) -> ev.EventSpec:
+    """The ``TopologySwitched`` Event: the Service selects the new side, the old one is deleted."""
+    return ev.EventSpec(
+        ev.EventType.NORMAL,
+        "TopologySwitched",
+        f"switched to {target}: the Service selects them; deleting {old}",
+    )
+
+
+def _state(manifest: Mapping[str, Any] | None) -> DeploymentState | None:
+    return DeploymentState.from_manifest(manifest) if manifest is not None else None
+
+
+def _topology_observation(parts: Mapping[str, Mapping[str, Any] | None]) -> TopologyObservation:
+    """The pools' and the router's states from their live Deployments by part."""
+    return TopologyObservation(
+        prefill=_state(parts.get("prefill")),
+        decode=_state(parts.get("decode")),
+        router=_state(parts.get("router")),
+    )
+
+
+def _may_have_pools(body: Mapping[str, Any]) -> bool:
+    """Whether pools and a router may be left: the service ran them, or was switching to them."""
+    status = body.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    switching = any(
+        isinstance(c, Mapping) and c.get("reason") == Reason.TOPOLOGY_SWITCHING for c in conditions or []
+    )
+    return switching or _was_disaggregated(body)
 
 
 def _was_disaggregated(body: Mapping[str, Any]) -> bool:

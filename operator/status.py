@@ -59,6 +59,7 @@ class Reason(StrEnum):
     UNSUPPORTED_KNOB = "UnsupportedKnob"
     UNSUPPORTED_ENGINE_VERSION = "UnsupportedEngineVersion"
     DISAGGREGATION_DISABLED = "DisaggregationDisabled"
+    TOPOLOGY_SWITCHING = "TopologySwitching"
 
 
 #: Ready=False reasons that only a spec change (or, for the last, the installation's) can fix.
@@ -162,10 +163,43 @@ class TopologyObservation:
 
 
 @dataclass(frozen=True)
+class TopologySwitch:
+    """A change of topology under way: the new side's Deployments, while the old side serves.
+
+    ``target`` names the new side (``the prefill/decode pools``, ``the stable Deployment``),
+    ``serving`` the old one; ``parts`` are the new side's (name, state; None: not there yet).
+    """
+
+    target: str
+    serving: str
+    parts: tuple[tuple[str, DeploymentState | None], ...]
+
+    @property
+    def ready(self) -> bool:
+        """Every Deployment of the new side rolled out with all its replicas ready."""
+        return all(state is not None and state.rollout_complete for _, state in self.parts)
+
+    def message(self) -> str:
+        """e.g. ``switching to the prefill/decode pools: waiting for them to be Ready (0/3: ...)``."""
+        done = sum(1 for _, state in self.parts if state is not None and state.rollout_complete)
+        detail = ", ".join(
+            f"{name} {state.ready}/{state.desired}" if state is not None else f"{name} not created"
+            for name, state in self.parts
+        )
+        return (
+            f"switching to {self.target}: waiting for them to be Ready ({done}/{len(self.parts)}: "
+            f"{detail}); {self.serving} serves until then"
+            if not self.ready
+            else f"switching to {self.target}: Ready, the Service selects them; deleting {self.serving} next"
+        )
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything the status is computed from, gathered by the reconciler.
 
-    ``topology`` is set for a disaggregated service (whose ``stable`` is None).
+    ``topology`` is set for a disaggregated service (whose ``stable`` is None). During a change
+    of topology the observation is of the side still serving, and ``switch`` is the new side.
     """
 
     generation: int
@@ -173,6 +207,7 @@ class Observation:
     canary: DeploymentState | None = None
     problem: RenderProblem | InstallationProblem | None = None
     topology: TopologyObservation | None = None
+    switch: TopologySwitch | None = None
 
 
 def set_condition(
@@ -326,6 +361,8 @@ def _ready(obs: Observation) -> tuple[ConditionStatus, str, str]:
 def _progressing(obs: Observation) -> tuple[ConditionStatus, str, str]:
     if obs.problem is not None:
         return ConditionStatus.FALSE, obs.problem.reason, "nothing is rolled out until the spec is fixed"
+    if obs.switch is not None:
+        return ConditionStatus.TRUE, Reason.TOPOLOGY_SWITCHING, obs.switch.message()
     if obs.topology is not None:
         return _progressing_topology(obs.topology)
     stable = obs.stable

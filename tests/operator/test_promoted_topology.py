@@ -170,12 +170,7 @@ class FakeKube:
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         target = self.objects[path.removesuffix("/status")]
-        for key, value in patch.items():
-            if key == "metadata":
-                continue
-            target.setdefault(key, {}).update(value) if isinstance(value, dict) else target.update(
-                {key: value}
-            )
+        merge(target, {key: value for key, value in patch.items() if key != "metadata"})
         return copy.deepcopy(target)
 
     async def delete(self, path: str) -> None:
@@ -183,24 +178,140 @@ class FakeKube:
         self.objects.pop(path, None)
 
 
-def test_the_operator_replaces_the_colocated_deployment_with_the_promoted_pools_and_router() -> None:
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A JSON merge patch (RFC 7386): None removes a key, a mapping merges into a mapping."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def deployments(kube: FakeKube) -> set[str]:
+    return {path.rsplit("/", 1)[1] for path in kube.objects if "/deployments/" in path}
+
+
+def mark_ready(kube: FakeKube, *names: str) -> None:
+    """What the Deployment controller writes once every replica of ``names`` runs and is ready."""
+    for path, body in kube.objects.items():
+        if "/deployments/" in path and body["metadata"]["name"] in names:
+            replicas = body["spec"]["replicas"]
+            body["metadata"]["generation"] = 1
+            body["status"] = {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "readyReplicas": replicas,
+                "updatedReplicas": replicas,
+                "availableReplicas": replicas,
+            }
+
+
+class Cluster:
+    """One service in a FakeKube and the real Reconciler; each pass reads the service afresh."""
+
+    def __init__(self, service: InferenceService, status: dict[str, Any]) -> None:
+        body = service.to_manifest()
+        body["metadata"].update(resourceVersion="7", generation=1)
+        body["status"] = status
+        self.service = service
+        self.kube = FakeKube()
+        self.kube.objects[isvc_path("llm", "chat")] = body
+        self.events: list[Any] = []
+        self.reconciler = Reconciler(
+            kube=self.kube,  # type: ignore[arg-type]
+            config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED),
+            post_event=lambda _body, spec: self.events.append(spec),
+        )
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.kube.objects[isvc_path("llm", "chat")]
+
+    def reconcile(self, **kwargs: Any) -> None:
+        asyncio.run(self.reconciler.reconcile(copy.deepcopy(self.body), **kwargs))
+
+    def selector(self) -> dict[str, str]:
+        service: dict[str, Any] = self.kube.objects[object_path(build_service(self.service))]
+        return dict(service["spec"]["selector"])
+
+    def progressing(self) -> dict[str, Any]:
+        conditions = self.body["status"]["conditions"]
+        return next(c for c in conditions if c["type"] == "Progressing")
+
+    def reasons(self) -> list[str]:
+        return [event.reason for event in self.events]
+
+
+COLOCATED_SELECTOR = {"chunkpilot.io/service": "chat"}
+ROUTER_SELECTOR = {"chunkpilot.io/service": "chat", "chunkpilot.io/component": "router"}
+
+
+def promoted_cluster() -> Cluster:
+    """A colocated service serving on a Ready stable Deployment when a topology is promoted."""
     service = isvc(best=None)
-    body = service.to_manifest()
-    body["metadata"].update(resourceVersion="7", generation=1)
-    body["status"] = {"bestTopology": TOPOLOGY.to_k8s(), "bestTopologyTrial": "chat-trial-7"}
-    kube = FakeKube()
-    kube.objects[isvc_path("llm", "chat")] = body
-    stable = adopt(build_children(service, pod_monitor=False).manifests()[0], body)
-    kube.objects[object_path(stable)] = stable
-    reconciler = Reconciler(kube=kube, config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED))  # type: ignore[arg-type]
-    asyncio.run(reconciler.reconcile(body))
-    names = {path.rsplit("/", 1)[1] for path in kube.objects if "/deployments/" in path}
-    assert names == {"chat-prefill", "chat-decode", "chat-router"}
-    assert object_path(stable) in kube.deleted
-    selector = kube.objects[
-        object_path(build_children(effective_topology(service), pod_monitor=False).service)
-    ]
-    assert selector["spec"]["selector"]["chunkpilot.io/component"] == "router"
+    cluster = Cluster(service, {})
+    cluster.reconcile()
+    mark_ready(cluster.kube, "chat-stable")
+    cluster.body["status"].update(bestTopology=TOPOLOGY.to_k8s(), bestTopologyTrial="chat-trial-7")
+    return cluster
+
+
+def test_a_promoted_topology_takes_over_only_once_its_pools_and_router_are_ready() -> None:
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    # The new side is created; the colocated Deployment and the Service's selector stay as they are.
+    assert deployments(cluster.kube) == {"chat-stable", "chat-prefill", "chat-decode", "chat-router"}
+    assert cluster.selector() == COLOCATED_SELECTOR
+    assert cluster.progressing()["reason"] == "TopologySwitching"
+    assert "waiting for them to be Ready (0/3" in cluster.progressing()["message"]
+    assert "TopologySwitching" in cluster.reasons()
+    assert cluster.body["status"]["readyReplicas"] == 2  # the stable replicas still serve
+    mark_ready(cluster.kube, "chat-prefill", "chat-decode")
+    cluster.reconcile()  # the router is not Ready yet
+    assert "chat-stable" in deployments(cluster.kube)
+    assert cluster.selector() == COLOCATED_SELECTOR
+    assert "(2/3" in cluster.progressing()["message"]
+
+    mark_ready(cluster.kube, "chat-router")
+    cluster.reconcile(kinds=frozenset())  # a pool's or the router's event: a status-only pass
+    assert cluster.selector() == ROUTER_SELECTOR
+    assert "chat-stable" in deployments(cluster.kube)  # deleted once the Service has moved
+    cluster.reconcile(kinds=frozenset())  # the Service's own event
+    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    assert cluster.selector() == ROUTER_SELECTOR
+    assert cluster.progressing()["reason"] == "RolloutComplete"
+    assert cluster.body["status"]["topology"]["mode"] == "disaggregated"
+    assert "TopologySwitched" in cluster.reasons()
+
+
+def test_back_to_colocated_the_pools_serve_until_the_stable_deployment_is_ready() -> None:
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
+    cluster.reconcile()
+    cluster.reconcile()
+    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    # allowTopologyChange turned off: the service returns to colocated.
+    cluster.body["spec"]["autotune"]["allowTopologyChange"] = False
+    cluster.body["metadata"]["generation"] = 2
+    cluster.reconcile()
+    assert deployments(cluster.kube) == {"chat-stable", "chat-prefill", "chat-decode", "chat-router"}
+    assert cluster.selector() == ROUTER_SELECTOR
+    assert cluster.progressing()["reason"] == "TopologySwitching"
+    assert "switching to the stable Deployment" in cluster.progressing()["message"]
+    cluster.reconcile()
+    assert cluster.selector() == ROUTER_SELECTOR  # not Ready yet: still through the router
+
+    mark_ready(cluster.kube, "chat-stable")
+    cluster.reconcile(kinds=frozenset())
+    assert cluster.selector() == COLOCATED_SELECTOR
+    assert "chat-prefill" in deployments(cluster.kube)
+    cluster.reconcile(kinds=frozenset())
+    assert deployments(cluster.kube) == {"chat-stable"}
+    assert cluster.body["status"].get("topology") is None
+    assert cluster.progressing()["reason"] == "RolloutComplete"
 
 
 def test_the_colocated_service_reaches_the_canary_router_but_not_the_canary_pools_and_scrapes_both() -> None:
@@ -255,3 +366,33 @@ def test_a_deleted_canary_router_is_not_taken_for_the_stable_deployment() -> Non
     asyncio.run(reconciler.child_changed("DELETED", adopt(router, body)))
     assert kube.objects[object_path(stable)]["metadata"]["resourceVersion"] == "3"  # not re-applied
     assert not [e for e in events if e.reason == "DriftCorrected"], events
+
+
+def test_a_switch_called_off_before_the_pools_are_ready_removes_them_and_keeps_serving() -> None:
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    assert cluster.progressing()["reason"] == "TopologySwitching"
+    cluster.body["spec"]["autotune"]["allowTopologyChange"] = False
+    cluster.reconcile()  # the stable Deployment is Ready and the Service never left it
+    cluster.reconcile(kinds=frozenset())
+    assert deployments(cluster.kube) == {"chat-stable"}
+    assert cluster.selector() == COLOCATED_SELECTOR
+    assert cluster.progressing()["reason"] == "RolloutComplete"
+
+
+def test_a_deleted_pool_is_not_taken_for_the_stable_deployment() -> None:
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    pool = cluster.kube.objects[
+        object_path(build_children(effective_topology(isvc()), pod_monitor=False).pools[0])
+    ]
+    stable = cluster.kube.objects[
+        object_path(build_children(isvc(best=None), pod_monitor=False).manifests()[0])
+    ]
+    stable["metadata"]["resourceVersion"] = "3"
+    cluster.body["spec"]["autotune"]["allowTopologyChange"] = False
+    cluster.reconcile()
+    cluster.reconcile(kinds=frozenset())
+    asyncio.run(cluster.reconciler.child_changed("DELETED", pool))
+    assert "DriftCorrected" not in cluster.reasons(), cluster.events
+    assert stable["metadata"]["resourceVersion"] == "3"  # the stable Deployment was not re-applied
