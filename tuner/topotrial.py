@@ -6,20 +6,26 @@ at the live load, once per tuning round:
 
 .. code-block:: text
 
-    gate        -- the layout has spec.replicas replicas and the spec can run it --> a topology trial
-                -- otherwise: TopologyChange=False saying why (e.g. it needs 2 GPUs, the service has 1)
-    Pending     -- canary pools and canary router applied -->  RollingOut
-    RollingOut  -- all three Ready -->  Measuring (warm-up first); timeout or crash -->  Failed (Aborted)
-    Measuring   -- window over: meets both SLOs -->  Promoted (status.bestTopology)
-                -- misses one -->  RolledBack (Discarded)
+    gate        -- a recommendation of the current twin fit, predicted to serve the live rate and to
+                   beat colocated (both by the promotion margin), on spec.replicas replicas, and a
+                   spec that can run it --> a topology trial
+                -- otherwise: TopologyChange=False saying which failed (e.g. it needs 2 GPUs, has 1)
+    Pending     -- canary pools applied -->  RollingOut
+    RollingOut  -- both pools Ready --> the canary router applied; it Ready too -->  Measuring (warm-up
+                   first); timeout, progress deadline (also while Prometheus is down) or crash -->  Failed
+    Measuring   -- a breach by the abort factor before the window ends -->  RolledBack (Discarded)
+                -- window over: meets both SLOs at the stable's load per replica, as the twin
+                   predicted -->  Promoted (status.bestTopology)
+                -- misses one, a lighter load, or a twin the measurement contradicts -->  RolledBack
                 -- too few samples -->  the window widens up to its deadline, then Failed (Aborted)
                 -- Prometheus silent -->  a metrics gap, as for a colocated trial
 
 The canary router's pods carry the service label, so the service's Service sends them a share of
 the live traffic beside the stable pods. The topology is judged as its clients see it
 (:meth:`~chunkpilot.tuner.measure.TopologyWindow.combined`): the decode pool's ITL, and the
-prefill pool's TTFT plus the decode pool's. Every verdict deletes every canary object (the
-colocated stable Deployment serves throughout); a promotion writes ``status.bestTopology``, which
+prefill pool's TTFT plus the decode pool's (:mod:`~chunkpilot.tuner.topoverdict`). Every verdict
+deletes every canary object, the router first and the pools once it is gone (the colocated stable
+Deployment serves throughout); a promotion writes ``status.bestTopology``, which
 the operator renders as pools and router in place of the colocated Deployment. Pure: a snapshot
 in, a plan filled.
 """
@@ -48,8 +54,9 @@ from chunkpilot.tuner.actions import (
 )
 from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.phases import TunerSettings
-from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, SLOTargets, check_slo
+from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
+from chunkpilot.tuner.topoverdict import Load, Prediction, judge
 
 from chunkpilot.api import (
     LABEL_ROLE,
@@ -78,6 +85,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Gate",
+    "Load",
+    "Prediction",
     "TopologyReason",
     "advance",
     "complete_promotion",
@@ -481,39 +490,16 @@ def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if progress.metrics_gap_since is not None:
         phases.restart_window(plan, trial, progress)
         return
-    if not due.final:
+    rules = rec.abort_rules(snap.isvc)
+    if not due.final:  # pruned early on a breach by the abort factor, as a colocated canary is
+        early = judge_early(reading.value.combined(), snap.slo, rules)
+        if early.decision is Decision.PRUNE:
+            conclude(plan, trial, Decision.PRUNE, f"the canary topology: {early.reason}", reading.value)
         return
-    decision, reason = judge(reading.value, snap.slo, rec.abort_rules(snap.isvc).min_samples)
+    decision, reason = judge(reading.value, snap.slo, rules.min_samples, prediction(plan, trial))
     if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
         return
     conclude(plan, trial, decision, reason, reading.value)
-
-
-def _ms(value: float | None) -> str:
-    return f"{value:.0f} ms" if value is not None else "no data"
-
-
-def judge(window: TopologyWindow, slo: SLOTargets, min_samples: int) -> tuple[Decision, str]:
-    """Promote a canary topology that meets both SLOs as its clients see it; discard one that misses."""
-    p, d, both = window.prefill, window.decode, window.combined()
-    measured = (
-        f"decode ITL p{slo.itl_quantile * 100:g} {_ms(both.itl_ms)} (target {slo.itl_ms:g} ms), "
-        f"TTFT p{slo.ttft_quantile * 100:g} {_ms(both.ttft_ms)} = prefill {_ms(p.ttft_ms)} + decode "
-        f"{_ms(d.ttft_ms)} (target {slo.ttft_ms:g} ms)"
-    )
-    stable = window.stable
-    if stable.itl_ms is not None and stable.ttft_ms is not None:
-        measured += f"; colocated stable ITL {_ms(stable.itl_ms)}, TTFT {_ms(stable.ttft_ms)}"
-    if not both.enough_samples(min_samples):
-        return Decision.INCONCLUSIVE, (
-            f"too few samples: the pools served {p.ttft_samples:.0f} and {d.ttft_samples:.0f} requests in "
-            f"{both.window}, {min_samples} needed ({measured})"
-        )
-    check = check_slo(both, slo)
-    if check.met:
-        return Decision.PROMOTE, f"the canary topology meets both SLOs: {measured}"
-    missed = " and ".join(k.upper() for k, v in check.excess_ms.items() if v > 0)
-    return Decision.DISCARD, f"the canary topology misses {missed}: {measured}"
 
 
 def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
@@ -532,6 +518,13 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
         promote(plan, trial, reason)
 
 
+def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
+    """What the twin predicted for the trial's topology (its recommendation)."""
+    found = plan.snap.status.recommendation
+    replicas = replicas_of(trial.spec.topology) if trial.spec.topology is not None else 0
+    return Prediction(found.capacity_req_s if found is not None else None, replicas)
+
+
 def twin_check(plan: Plan, window: TopologyWindow) -> TrialTwin:
     """What the twin predicted for the topology (the recommendation) beside what its canary measured."""
     found = plan.snap.status.recommendation
@@ -543,6 +536,7 @@ def twin_check(plan: Plan, window: TopologyWindow) -> TrialTwin:
         else "no prediction recorded"
     )
     measured = f"{rate:.2f} req/s" if rate is not None else "an unknown rate"
+    measured += f" ({Load.of(window).text()})"
     return TrialTwin(
         capacity_req_s=found.capacity_req_s if found is not None else None,
         rate_req_s=round(rate, 3) if rate is not None else None,

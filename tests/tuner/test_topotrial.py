@@ -131,7 +131,9 @@ INFEASIBLE = tuple(
 )
 
 
-def measurement(track: str, itl_ms: float, ttft_ms: float, samples: float = 200.0) -> TrackMeasurement:
+def measurement(
+    track: str, itl_ms: float, ttft_ms: float, samples: float = 200.0, rate: float = 1.0, replicas: int = 1
+) -> TrackMeasurement:
     return TrackMeasurement(
         track=track,
         window="60s",
@@ -144,12 +146,13 @@ def measurement(track: str, itl_ms: float, ttft_ms: float, samples: float = 200.
         ttft_samples=samples,
         generation_tok_s=200.0,
         prompt_tok_s=2000.0,
-        request_rate=1.0,
-        replicas=1,
+        request_rate=rate,
+        replicas=replicas,
     )
 
 
-STABLE = measurement("stable", 68.0, 512.0)
+#: The service's two colocated replicas at 1 req/s: 0.5 per replica, as each canary pool's one replica.
+STABLE = measurement("stable", 68.0, 512.0, replicas=2)
 
 
 def snapshot(body: dict[str, Any], trials: Sequence[TuningTrial] = (), **fields: Any) -> Snapshot:
@@ -603,3 +606,78 @@ def test_an_aborted_topology_trial_keeps_its_twin_block_unwritten() -> None:
     plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
     status = trial_status(plan)
     assert status["verdict"] == "Aborted" and "twin" not in status
+
+
+# --------------------------------------------------------------------------- a load-aware verdict
+
+SLO = SLOTargets(35.0, 600.0, 0.99, 0.95)
+
+
+def test_a_canary_topology_judged_at_a_lighter_load_than_the_stables_is_not_promoted() -> None:
+    # One router endpoint among three: the two canary replicas carry 1/3 req/s, the stable 1/3 each.
+    light = TopologyWindow(
+        prefill=measurement("canary", 5.0, 300.0, rate=1 / 3),
+        decode=measurement("canary", 20.0, 60.0, rate=1 / 3),
+        stable=measurement("stable", 68.0, 512.0, rate=2 / 3, replicas=2),
+    )
+    decision, reason = topotrial.judge(light, SLO, 100, topotrial.Prediction(2.1, 2))
+    assert decision is Decision.DISCARD, reason
+    assert "lighter than it would carry promoted" in reason
+    assert "0.167 req/s per replica, the stable 0.333 per replica" in reason
+    fair = replace(light, stable=measurement("stable", 68.0, 512.0, rate=1 / 3, replicas=2))
+    decision, reason = topotrial.judge(fair, SLO, 100, topotrial.Prediction(2.1, 2))
+    assert decision is Decision.PROMOTE and "at the stable's load per replica" in reason
+
+
+def test_a_measurement_that_contradicts_the_twin_promotes_nothing_and_the_reason_says_so() -> None:
+    # At 0.5 req/s per replica the topology runs 1 req/s; the twin said it misses beyond 0.5 req/s.
+    decision, reason = topotrial.judge(window(300.0, 20.0), SLO, 100, topotrial.Prediction(0.5, 2))
+    assert decision is Decision.DISCARD, reason
+    assert "contradicts the twin" in reason and "up to 0.5 req/s, this load is 1 req/s" in reason
+    # A miss where the twin predicted both SLOs met: discarded, and the reason names the contradiction.
+    decision, reason = topotrial.judge(window(300.0, 50.0), SLO, 100, topotrial.Prediction(2.1, 2))
+    assert decision is Decision.DISCARD and "misses ITL" in reason
+    assert "contradicts the twin" in reason and "missed by 43%" in reason
+    decision, reason = topotrial.judge(window(300.0, 36.0), SLO, 100, topotrial.Prediction(2.1, 2))
+    assert decision is Decision.DISCARD and "contradicts" not in reason  # 3% over: within the tolerance
+
+
+def test_the_verdict_records_the_load_per_replica_beside_the_stables() -> None:
+    plan = measured(service_body(), window(prefill_ttft=300.0, decode_itl=20.0))
+    status = trial_status(plan)
+    assert "0.5 req/s per replica, the stable 0.5 per replica" in status["twin"]["message"]
+    assert "0.5 req/s per replica, the stable 0.5 per replica" in status["reason"]
+
+
+def test_a_canary_topology_breaching_an_slo_by_the_abort_factor_is_rolled_back_before_its_window_ends() -> (
+    None
+):
+    body = service_body()
+    early = TrialProgress(ready_at=NOW - timedelta(seconds=40), measure_from=NOW - timedelta(seconds=30))
+    trial = topology_trial(body, TrialPhase.MEASURING, early)
+
+    def step(measured_window: TopologyWindow) -> Plan:
+        snap = snapshot(
+            body,
+            (*INFEASIBLE, trial),
+            topology_canary=canary_parts(body),
+            topology_window=Reading(measured_window),
+        )
+        return decide(snap, SETTINGS)
+
+    breach = step(window(prefill_ttft=300.0, decode_itl=80.0))  # ITL over 2 x 35 ms
+    status = trial_status(breach)
+    assert (status["phase"], status["verdict"]) == ("RolledBack", "Discarded")
+    assert "the canary topology: canary ITL 80ms exceeds 2x the 35ms target" in status["reason"]
+    assert of_type(breach, DeleteCanaryTopology)
+    within = step(window(prefill_ttft=300.0, decode_itl=50.0))  # a miss, but not by the factor: wait
+    assert "verdict" not in trial_status(within) and not of_type(within, DeleteCanaryTopology)
+
+
+def test_a_thin_or_silent_prefill_pool_is_inconclusive() -> None:
+    thin = replace(window(300.0, 20.0), prefill=measurement("canary", 5.0, 300.0, samples=0))
+    decision, reason = topotrial.judge(thin, SLO, 100)
+    assert decision is Decision.INCONCLUSIVE and "served 0 and 200 requests" in reason
+    silent = replace(window(300.0, 20.0), prefill=replace(measurement("canary", 5.0, 300.0), ttft_ms=None))
+    decision, reason = topotrial.judge(silent, SLO, 100)
+    assert decision is Decision.INCONCLUSIVE, reason

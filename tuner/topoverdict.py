@@ -1,0 +1,118 @@
+"""A topology trial's verdict: as its clients see it, at the stable's load per replica, as the twin said.
+
+Pure: a :class:`~chunkpilot.tuner.measure.TopologyWindow` and the twin's :class:`Prediction` in, a
+decision and its reason out (:func:`judge`). A canary topology is promoted only when it met both
+SLOs (the decode pool's ITL; the prefill pool's TTFT plus the decode pool's), carried at least the
+stable's requests per replica (less the twin's tolerance: promoted, each of its replicas carries
+what a stable replica carries now), and the measurement does not contradict the twin's prediction
+beyond that tolerance (DESIGN: no promotion on a prediction the engine contradicts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chunkpilot.tuner.measure import TopologyWindow
+from chunkpilot.tuner.policy import Decision, SLOCheck, SLOTargets, check_slo
+from chunkpilot.tuner.twin.online import TOLERANCE
+
+__all__ = ["Load", "Prediction", "judge"]
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.0f} ms" if value is not None else "no data"
+
+
+@dataclass(frozen=True)
+class Load:
+    """The canary topology's requests/s per replica (a GPU at tensor parallel 1) beside the stable's:
+    promoted, each of its replicas carries what a stable replica carries now."""
+
+    canary: float | None
+    stable: float | None
+
+    @classmethod
+    def of(cls, window: TopologyWindow) -> Load:
+        both, stable = window.combined(), window.stable
+        return cls(both.per_replica(both.request_rate), stable.per_replica(stable.request_rate))
+
+    def comparable(self, tolerance: float) -> bool:
+        """It carried at least the stable's load per replica, less the tolerance."""
+        if self.canary is None or self.stable is None or not self.stable > 0:
+            return False
+        return self.canary >= self.stable * (1 - tolerance)
+
+    def text(self) -> str:
+        def rate(value: float | None) -> str:
+            return f"{value:.3g}" if value is not None else "unknown"
+
+        return f"{rate(self.canary)} req/s per replica, the stable {rate(self.stable)} per replica"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The twin's word on the topology: both SLOs met up to ``capacity_req_s`` on its ``replicas``."""
+
+    capacity_req_s: float | None = None
+    replicas: int = 0
+    tolerance: float = TOLERANCE
+
+    def rate(self, load: Load) -> float | None:
+        """The whole topology's rate at the canary's load per replica."""
+        return load.canary * self.replicas if load.canary is not None and self.replicas else None
+
+    def contradicted(self, load: Load, check: SLOCheck) -> str | None:
+        """How the measurement contradicts the twin beyond the tolerance (None: it does not)."""
+        rate, capacity = self.rate(load), self.capacity_req_s
+        if rate is None or capacity is None or check.met is None:
+            return None
+        said = f"the twin predicted both SLOs met up to {capacity:.3g} req/s, this load is {rate:.3g} req/s"
+        excess = max(check.relative.values())
+        if rate <= capacity and excess > self.tolerance:
+            return f"{said}, yet it missed by {excess:.0%} (tolerance {self.tolerance:.0%})"
+        if check.met and rate > capacity * (1 + self.tolerance):
+            return f"{said}, beyond which it predicted a miss (tolerance {self.tolerance:.0%})"
+        return None
+
+
+def judge(
+    window: TopologyWindow, slo: SLOTargets, min_samples: int, twin: Prediction | None = None
+) -> tuple[Decision, str]:
+    """Promote a canary topology that met both SLOs as its clients see it, at a load per replica
+    comparable to the stable's and as the twin predicted; discard one that misses (or any other)."""
+    twin = twin or Prediction()
+    p, d, both = window.prefill, window.decode, window.combined()
+    load = Load.of(window)
+    measured = (
+        f"decode ITL p{slo.itl_quantile * 100:g} {_ms(both.itl_ms)} (target {slo.itl_ms:g} ms), "
+        f"TTFT p{slo.ttft_quantile * 100:g} {_ms(both.ttft_ms)} = prefill {_ms(p.ttft_ms)} + decode "
+        f"{_ms(d.ttft_ms)} (target {slo.ttft_ms:g} ms), at {load.text()}"
+    )
+    stable = window.stable
+    if stable.itl_ms is not None and stable.ttft_ms is not None:
+        measured += f"; colocated stable ITL {_ms(stable.itl_ms)}, TTFT {_ms(stable.ttft_ms)}"
+    if not both.enough_samples(min_samples):
+        return Decision.INCONCLUSIVE, (
+            f"too few samples: the pools served {p.ttft_samples:.0f} and {d.ttft_samples:.0f} requests in "
+            f"{both.window}, {min_samples} needed ({measured})"
+        )
+    check = check_slo(both, slo)
+    contradiction = twin.contradicted(load, check)
+    if not check.met:
+        missed = " and ".join(k.upper() for k, v in check.excess_ms.items() if v > 0)
+        note = f"; it contradicts the twin: {contradiction}" if contradiction else ""
+        return Decision.DISCARD, f"the canary topology misses {missed}: {measured}{note}"
+    if not load.comparable(twin.tolerance):
+        return Decision.DISCARD, (
+            f"the canary topology meets both SLOs, but at a load per replica more than {twin.tolerance:.0%} "
+            f"below the stable's, lighter than it would carry promoted: {measured}"
+        )
+    if contradiction is not None:
+        return Decision.DISCARD, (
+            f"the canary topology meets both SLOs but contradicts the twin ({contradiction}): no promotion "
+            f"on a prediction the engine contradicts: {measured}"
+        )
+    return (
+        Decision.PROMOTE,
+        f"the canary topology meets both SLOs at the stable's load per replica: {measured}",
+    )
