@@ -19,13 +19,14 @@ from typing import Any, Final, Generic, ParamSpec, Protocol, TypeVar
 
 from chunkpilot.operator.builders import (
     deployment_name,
-    effective_topology,
     incumbent,
     live_adjust_secret_name,
     pool_deployment_name,
 )
+from chunkpilot.operator.config import OperatorConfig, live_adjust_allowed
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import isvc_path, parse_status
+from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.router import router_name
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import liveadjust as live
@@ -239,8 +240,12 @@ def parse_service(body: Mapping[str, Any]) -> InferenceService | None:
         )
         return None
     status = parse_status(body.get("status")) or InferenceServiceStatus()
-    # A topology a topology trial promoted is the service's, as the operator renders it.
-    return effective_topology(isvc.model_copy(update={"status": status}))
+    # The service as the operator runs it, through the operator's own functions: the installation's
+    # liveAdjust switch first, then a topology a topology trial promoted (status.bestTopology).
+    served = OperatorConfig(live_adjust=live_adjust_allowed()).served(
+        isvc.model_copy(update={"status": status})
+    )
+    return with_best_topology(served, body.get("status"))
 
 
 class Observer:

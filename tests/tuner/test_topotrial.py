@@ -12,8 +12,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 from chunkpilot.operator.builders import build_canary_topology, incumbent
+from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner import topotrial
@@ -681,3 +684,20 @@ def test_a_thin_or_silent_prefill_pool_is_inconclusive() -> None:
     silent = replace(window(300.0, 20.0), prefill=replace(measurement("canary", 5.0, 300.0), ttft_ms=None))
     decision, reason = topotrial.judge(silent, SLO, 100)
     assert decision is Decision.INCONCLUSIVE, reason
+
+
+def test_the_tuner_sees_the_topology_the_operator_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the installation's liveAdjust off, a service asking for it runs its promoted pools."""
+    body = service_body()
+    body["spec"]["autotune"]["liveAdjust"] = True
+    body["status"]["bestTopology"] = the_topology(service_body()).to_k8s()
+    body["status"]["bestTopologyTrial"] = "chat-trial-7"
+    monkeypatch.setenv("CHUNKPILOT_LIVE_ADJUST", "off")
+    isvc = parse_service(body)
+    assert isvc is not None
+    config = OperatorConfig(live_adjust=False)
+    assert isvc.spec == with_best_topology(config.served(isvc), body["status"]).spec
+    assert isvc.spec.disaggregated and isvc.spec.pool("prefill").max_num_batched_tokens == 4096
+    monkeypatch.setenv("CHUNKPILOT_LIVE_ADJUST", "on")  # then the spec cannot run it: colocated, for both
+    colocated = parse_service(body)
+    assert colocated is not None and not colocated.spec.disaggregated
