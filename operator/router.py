@@ -70,6 +70,18 @@ def router_selector(isvc: InferenceService, track: Track | None = None) -> dict[
     return {LABEL_SERVICE: service_name(isvc), LABEL_COMPONENT: COMPONENT_ROUTER, **_track_label(track)}
 
 
+def router_deployment_selector(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
+    """The router Deployment's selector: :func:`router_selector`, the stable one matching no tracked pod.
+
+    A topology trial's canary router's pods carry ``chunkpilot.io/track: canary``; the stable
+    router must not count them as its own.
+    """
+    selector: dict[str, Any] = {"matchLabels": router_selector(isvc, track)}
+    if track in (None, Track.STABLE):
+        selector["matchExpressions"] = [{"key": LABEL_TRACK, "operator": "DoesNotExist"}]
+    return selector
+
+
 def router_labels(isvc: InferenceService, track: Track | None = None) -> dict[str, str]:
     """Labels of the router's objects and pods."""
     name = service_name(isvc)
@@ -165,7 +177,7 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
         "spec": {
             "replicas": router.replicas if track in (None, Track.STABLE) else canary_router_replicas(isvc),
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": router_selector(isvc, track)},
+            "selector": router_deployment_selector(isvc, track),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels},
@@ -246,6 +258,7 @@ __all__ = [
     "default_router_image",
     "pool_selector",
     "router_args",
+    "router_deployment_selector",
     "router_labels",
     "router_name",
     "router_selector",

@@ -396,3 +396,27 @@ def test_a_deleted_pool_is_not_taken_for_the_stable_deployment() -> None:
     asyncio.run(cluster.reconciler.child_changed("DELETED", pool))
     assert "DriftCorrected" not in cluster.reasons(), cluster.events
     assert stable["metadata"]["resourceVersion"] == "3"  # the stable Deployment was not re-applied
+
+
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, Exists and DoesNotExist expressions) selects ``labels``."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present = expression["key"] in labels
+        if present != (expression["operator"] == "Exists"):
+            return False
+    return True
+
+
+def test_the_stable_routers_selector_matches_its_own_pods_and_never_a_canary_routers() -> None:
+    stable = build_children(effective_topology(isvc()), pod_monitor=False).router[-1]
+    *_, canary = build_canary_topology(isvc(best=None), TOPOLOGY)
+    pods = {
+        name: d["spec"]["template"]["metadata"]["labels"]
+        for name, d in (("stable", stable), ("canary", canary))
+    }
+    assert matches(stable["spec"]["selector"], pods["stable"])
+    assert not matches(stable["spec"]["selector"], pods["canary"])
+    assert matches(canary["spec"]["selector"], pods["canary"])
+    assert not matches(canary["spec"]["selector"], pods["stable"])
