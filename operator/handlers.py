@@ -5,7 +5,8 @@
   Deployment follows the promoted knobs. The operator is the stable Deployment's only
   writer: the tuner waits for ``status.appliedConfigHash`` to show the promoted config;
 * a new ``status.bestTopology`` (a topology trial promoted): the same, so the pools and the
-  router replace the colocated Deployment;
+  router replace the colocated Deployment once they are Ready (their own events, then the
+  Service's, carry the switch-over on);
 * any event of a labelled child (stable Deployment, a disaggregated service's pool and
   router Deployments, Service, PodMonitor): restore it when it was edited or deleted by
   hand, and refresh the parent's status from the Deployments. Drift is corrected by
