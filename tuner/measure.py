@@ -86,6 +86,8 @@ class LabelScheme:
     namespace: str = "namespace"
     track: str = "track"
     config_hash: str = "config_hash"
+    #: A disaggregated pool's role (``prefill``/``decode``), as its PodMonitor keeps it.
+    role: str = "role"
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Selector:
         if self.config_hash:
             pairs.append((self.labels.config_hash, self.config_hash))
         if self.role:
-            pairs.append(("role", self.role))
+            pairs.append((self.labels.role, self.role))
         return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
 
 

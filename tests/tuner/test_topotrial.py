@@ -6,7 +6,8 @@ Deployments from the builders, the pools' measurements as observing delivers the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from chunkpilot.operator.builders import build_canary_topology, incumbent
 from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.objects import isvc_path
 from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
@@ -31,10 +33,18 @@ from chunkpilot.tuner.actions import (
 )
 from chunkpilot.tuner.calibration import TwinReading
 from chunkpilot.tuner.decide import decide
-from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement
+from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement, measure_topology
 from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.policy import Decision, SLOTargets
-from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, Reading, Snapshot, parse_service
+from chunkpilot.tuner.snapshot import (
+    TOPOLOGY_PARTS,
+    Observer,
+    Reading,
+    Snapshot,
+    canary_topology_deployment_path,
+    parse_service,
+    trial_path,
+)
 
 from chunkpilot.api import (
     EngineConfig,
@@ -701,3 +711,100 @@ def test_the_tuner_sees_the_topology_the_operator_runs(monkeypatch: pytest.Monke
     monkeypatch.setenv("CHUNKPILOT_LIVE_ADJUST", "on")  # then the spec cannot run it: colocated, for both
     colocated = parse_service(body)
     assert colocated is not None and not colocated.spec.disaggregated
+
+
+# --------------------------------------------------------------------------- observing a topology trial
+
+
+class MemoryKube:
+    """Read verbs over a dict of objects by path; pods listed by their labels."""
+
+    def __init__(self, objects: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.objects, self.pods = dict(objects), pods
+        self.listed: list[tuple[str, str | None]] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.listed.append((path, label_selector))
+        if path.endswith("/pods"):
+            return self.pods
+        if path == trial_path("default"):
+            return [o for p, o in self.objects.items() if p.startswith(trial_path("default") + "/")]
+        return []
+
+
+class Recorder:
+    """A Prometheus that answers every query and remembers it: 2 for each pool, 5 for stable."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, query: str, at: datetime) -> float | None:
+        self.asked.append(query)
+        return 2.0 if 'track="canary"' in query else 5.0
+
+
+def observe(
+    objects: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]]
+) -> tuple[Snapshot | None, Recorder, MemoryKube]:
+    query, kube = Recorder(), MemoryKube(objects, pods)
+    snap = asyncio.run(Observer(kube, query, inline=True).observe("default", "chat", NOW))
+    return snap, query, kube
+
+
+def test_a_measuring_topology_trial_is_observed_with_its_parts_pods_and_each_pools_window() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    parts = canary_parts(body)
+    objects: dict[str, dict[str, Any]] = {
+        isvc_path("default", "chat"): body,
+        trial_path("default", trial.metadata.name): trial.to_manifest(),
+        **{canary_topology_deployment_path("default", "chat", p): parts[p] for p in TOPOLOGY_PARTS},
+    }
+    pod = {"metadata": {"name": "chat-decode-canary-abc", "labels": {}}}
+    snap, query, kube = observe(objects, [pod])
+    assert snap is not None
+    assert {p: m["metadata"]["name"] for p, m in snap.topology_canary.items()} == {
+        "prefill": "chat-prefill-canary",
+        "decode": "chat-decode-canary",
+        "router": "chat-router-canary",
+    }
+    assert snap.topology_pods == (pod,)
+    assert any(s and "track=canary" in s for _, s in kube.listed)
+    window = snap.topology_window.value
+    assert window is not None and window.prefill.request_rate == 2.0 and window.stable.request_rate == 5.0
+    prefill = [q for q in query.asked if 'role="prefill"' in q]
+    decode = [q for q in query.asked if 'role="decode"' in q]
+    assert prefill and decode and all('track="canary"' in q for q in prefill + decode)
+    stable = snap.incumbent.config_hash()
+    assert any(
+        'track="stable"' in q and f'config_hash="{stable}"' in q and "role" not in q for q in query.asked
+    )
+
+
+def test_a_topology_trial_not_measuring_yet_reads_its_parts_but_no_window() -> None:
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.ROLLING_OUT)
+    objects = {
+        isvc_path("default", "chat"): body,
+        trial_path("default", trial.metadata.name): trial.to_manifest(),
+    }
+    snap, query, _ = observe(objects, [])
+    assert snap is not None and snap.topology_canary == dict.fromkeys(TOPOLOGY_PARTS)
+    assert snap.topology_window.value is None and snap.topology_window.error is None
+    assert not [q for q in query.asked if "role=" in q]
+
+
+def test_measure_topology_selects_each_pool_by_track_and_role() -> None:
+    asked: list[str] = []
+
+    def query(text: str, at: datetime) -> float | None:
+        asked.append(text)
+        return 1.0
+
+    measure_topology(query, "chat", "default", "60s", NOW, 0.99, 0.95, "abc")
+    roles = {r for r in ("prefill", "decode") for q in asked if f'track="canary",role="{r}"' in q}
+    assert roles == {"prefill", "decode"}
+    assert any('{service="chat",namespace="default",track="stable",config_hash="abc"}' in q for q in asked)
