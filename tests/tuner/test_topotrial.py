@@ -13,15 +13,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import kubernetes
 import pytest
 import yaml
+from aiohttp import web
 from chunkpilot.operator.builders import build_canary_topology, incumbent
 from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.kube import KubeClient, _Credentials
 from chunkpilot.operator.objects import isvc_path
 from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner import topotrial
+from chunkpilot.tuner.act import Actor
 from chunkpilot.tuner.actions import (
     ApplyCanary,
     CreateTrial,
@@ -808,3 +812,49 @@ def test_measure_topology_selects_each_pool_by_track_and_role() -> None:
     roles = {r for r in ("prefill", "decode") for q in asked if f'track="canary",role="{r}"' in q}
     assert roles == {"prefill", "decode"}
     assert any('{service="chat",namespace="default",track="stable",config_hash="abc"}' in q for q in asked)
+
+
+# --------------------------------------------------------------------------- carrying out the teardown
+
+
+def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone() -> None:
+    """The real API client against a recording server: DELETE order, and objects already gone."""
+    deleted: list[str] = []
+    present = {canary_topology_deployment_path("default", "chat", p) for p in TOPOLOGY_PARTS}
+
+    async def delete(request: web.Request) -> web.Response:
+        deleted.append(request.path)
+        if request.path in present:
+            return web.json_response({"kind": "Status", "status": "Success"})
+        return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+
+    async def scenario(action: DeleteCanaryTopology) -> list[str]:
+        deleted.clear()
+        app = web.Application()
+        app.router.add_route("DELETE", "/{tail:.*}", delete)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        configuration = kubernetes.client.Configuration()
+        configuration.verify_ssl = False
+        kube = KubeClient(_Credentials(f"http://127.0.0.1:{port}", configuration), field_manager="test")
+        try:
+            plan = Plan(snapshot(service_body(), INFEASIBLE))
+            await Actor(kube).run(plan, [action])
+        finally:
+            await kube.close()
+            await runner.cleanup()
+        return list(deleted)
+
+    router_first = asyncio.run(scenario(DeleteCanaryTopology(pools=False)))
+    assert router_first[0].endswith("/deployments/chat-router-canary")
+    assert [p.rsplit("/", 2)[-2] for p in router_first[1:]] == ["rolebindings", "roles", "serviceaccounts"]
+    assert not [p for p in router_first if "prefill" in p or "decode" in p]  # the pools stay
+    everything = asyncio.run(scenario(DeleteCanaryTopology()))  # the RBAC objects answer 404: gone
+    assert everything[:4] == router_first
+    assert everything[4:] == [
+        canary_topology_deployment_path("default", "chat", "prefill"),
+        canary_topology_deployment_path("default", "chat", "decode"),
+    ]
