@@ -33,6 +33,7 @@ __all__ = [
     "Recommendation",
     "SLOText",
     "TopologySearch",
+    "decode_pool",
     "kv_bytes_per_request",
     "recommendation_message",
     "search_topologies",
@@ -129,6 +130,12 @@ def splits(replicas: int) -> list[tuple[int, int]]:
     return [(p, n - p) for p in range(1, n)]
 
 
+def decode_pool(replicas: int, seqs: int, budget: int) -> Pool:
+    """A decode pool of ``seqs`` sequences: its budget is ``budget`` (the stable config's), never below
+    its ``maxNumSeqs`` (a decode step schedules one token per running sequence)."""
+    return Pool(replicas, max(budget, seqs), seqs)
+
+
 def _key(result: LayoutCapacity, order: Sequence[Layout]) -> tuple[float, float, int]:
     # Most capacity; then the lower ITL quantile (more headroom); then the order evaluated.
     itl = result.itl_ms if math.isfinite(result.itl_ms) else math.inf
@@ -169,19 +176,16 @@ def search_topologies(
             order.append(layout)
             known[layout] = evaluate(layout)
 
-    def decode_pool(replicas_: int, seqs: int) -> Pool:
-        return Pool(replicas_, max(decode_budget, seqs), seqs)
-
     first_budget = prefill_budgets[0] if prefill_budgets else 8192
     run(
-        Layout(Pool(p, first_budget, decode_seqs), decode_pool(d, decode_seqs))
+        Layout(Pool(p, first_budget, decode_seqs), decode_pool(d, decode_seqs, decode_budget))
         for p, d in sorted(splits(replicas), key=lambda s: (s[0] > s[1], abs(s[0] * 3 - s[1])))
     )
     best = min(known.values(), key=lambda r: _key(r, order)).layout
     run(Layout(Pool(best.prefill.replicas, b, decode_seqs), best.decode) for b in prefill_budgets)
     best = min(known.values(), key=lambda r: _key(r, order)).layout
     run(
-        Layout(best.prefill, decode_pool(best.decode.replicas, s))
+        Layout(best.prefill, decode_pool(best.decode.replicas, s, decode_budget))
         for s in sorted(set(decode_seq_choices) | {decode_seqs})
     )
     ranked = tuple(sorted(known.values(), key=lambda r: _key(r, order)))

@@ -56,6 +56,7 @@ from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
+from chunkpilot.tuner.topology import decode_pool
 from chunkpilot.tuner.topoverdict import Load, Prediction, judge
 
 from chunkpilot.api import (
@@ -142,7 +143,8 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
     """The recommended topology as pools (None: it meets no SLO, or names no layout).
 
     As the twin evaluated it: the prefill pool runs the recommended budget and the stable
-    ``maxNumSeqs``; the decode pool the recommended ``maxNumSeqs`` and a budget no smaller.
+    ``maxNumSeqs``; the decode pool the recommended ``maxNumSeqs`` and the budget the twin's layout
+    search gives it (:func:`~chunkpilot.tuner.topology.decode_pool`).
     """
     p, d = found.prefill_replicas, found.decode_replicas
     budget, seqs = found.prefill_max_num_batched_tokens, found.decode_max_num_seqs
@@ -151,7 +153,9 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
     return TopologySpec(
         mode=TopologyMode.DISAGGREGATED,
         prefill=_pool(stable, p, max(budget, stable.max_num_seqs), stable.max_num_seqs),
-        decode=_pool(stable, d, max(stable.max_num_batched_tokens, seqs), seqs),
+        decode=_pool(
+            stable, d, decode_pool(d, seqs, stable.max_num_batched_tokens).max_num_batched_tokens, seqs
+        ),
     )
 
 
