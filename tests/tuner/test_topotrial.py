@@ -532,7 +532,8 @@ def test_a_promoted_topology_makes_the_service_disaggregated_and_an_interrupted_
     done = topology_trial(body, TrialPhase.PROMOTED, verdict=TrialVerdict.PROMOTED, reason="meets both SLOs")
     # The verdict was recorded but the step stopped before status.bestTopology was written.
     plan = decide(snapshot(body, (*INFEASIBLE, done)), SETTINGS)
-    assert plan.status["bestTopology"] == done.spec.topology.to_k8s() if done.spec.topology else False
+    assert done.spec.topology is not None
+    assert plan.status["bestTopology"] == done.spec.topology.to_k8s()
     assert plan.status["bestTopologyTrial"] == "chat-trial-7"
     # With it written, the service runs the topology: the tuner runs no colocated canary against it.
     body["status"].update(bestTopology=plan.status["bestTopology"], bestTopologyTrial="chat-trial-7")
