@@ -2,21 +2,23 @@
 
 The scenario of ``test_infeasible_recommendation.py`` (one simulated L40S per replica, Llama-3.1-8B,
 the arXiv summarisation lengths with prompts up to 4,000 tokens, ITL p99 <= 35 ms and TTFT p95 <=
-600 ms) on two replicas at twice its rate, so each engine sees the same load (about 0.75 req/s while
-a canary shares it): no colocated configuration meets both SLOs, two canaries confirm the twin's
-prediction, and the twin recommends 1 prefill + 1 decode replica, the service's own two GPUs. With
-``autotune.allowTopologyChange: true`` the tuner rolls that layout out as a canary topology: canary
-prefill and decode pools behind a canary ``vllm-router``, which takes a third of the live traffic
-beside the two stable engines. Streaming requests sent to the canary router itself come back with
-exactly the tokens asked for, and the real Prometheus shows both canary pools serving: the prefill
-pool computing the prompts and one token per request, the decode pool the rest.
+600 ms) on two replicas at 1.2 req/s: no colocated configuration meets both SLOs, two to four
+colocated canaries confirm the twin's prediction, and the twin recommends 1 prefill + 1 decode
+replica, the service's own two GPUs, predicted to meet both SLOs up to about 1.6-1.8 req/s (the gate
+wants the live rate, about 1.3 req/s, with a 5% margin). With ``autotune.allowTopologyChange: true``
+the tuner rolls that layout out as a canary topology: canary prefill and decode pools behind a
+canary ``vllm-router`` of two pods, which take half of the live traffic beside the two stable
+engines. Streaming requests sent to the canary router itself come back with exactly the tokens asked
+for, and the real Prometheus shows both canary pools serving: the prefill pool computing the prompts
+and one token per request, the decode pool the rest.
 
-The layout has little ITL headroom: its decode steps take 28-30 ms on the simulator (offline, at
-this load) against the 35 ms target, and the live decode engine delivers tokens later than its
-steps, so its measured ITL p99 is 40-50 ms on this stack. The canary topology misses ITL and is
-rolled back: every canary object goes and the colocated service serves on. (A promotion is tested
-on plain data in ``tests/tuner/test_topotrial.py`` and its rendering in
-``tests/operator/test_promoted_topology.py``.) About 4 minutes on a loaded 2-core machine.
+The layout has little ITL headroom: its decode steps take 28-30 ms on the simulator against the
+35 ms target, and the live decode engine delivers tokens later than its steps, so its measured ITL
+p99 reaches vLLM's 50 ms histogram boundary on this stack (measured: 49.8 ms at 0.37 req/s per
+replica, the stable's 0.3). The canary topology misses ITL and contradicts the twin, and is rolled
+back: every canary object goes and the colocated service serves on. (A promotion is tested on plain
+data in ``tests/tuner/test_topotrial.py`` and its rendering and switch-over in
+``tests/operator/test_promoted_topology.py``.) About 5 minutes on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ TUNER_ENV = {
 ITL_MS, TTFT_MS = 35, 600
 MAX_PROMPT, MAX_OUTPUT = 4000, 64
 REPLICAS = 2
-#: Requests/s over the whole service: 0.75 per engine with a canary beside the two stable ones.
-RATE = 2.25
+#: Requests/s over the whole service (the twin's 1 + 1 layout serves about 1.5 within the SLOs).
+RATE = 1.2
 #: (prompt words, output tokens) sent to the canary router itself: short, cheap to serve.
 DIRECT = [(40 + 23 * (i % 5), 3 + i % 6) for i in range(12)]
 
@@ -88,7 +90,7 @@ def manifest(name: str, namespace: str) -> dict[str, Any]:
     """The infeasible scenario's service on two L40S replicas, allowed to change its topology."""
     abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
     body = sim_service_manifest(
-        name, namespace, max_trials=4, window="30s", warmup="5s", abort=abort, allowTopologyChange=True
+        name, namespace, max_trials=5, window="30s", warmup="5s", abort=abort, allowTopologyChange=True
     )
     spec = body["spec"]
     spec["replicas"] = REPLICAS
@@ -163,7 +165,7 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
         topology = trial["spec"]["topology"]
         assert (topology["prefill"]["replicas"], topology["decode"]["replicas"]) == (1, 1), topology
         colocated = [(n, v) for n, v, _ in cluster.verdicts() if n != trial["spec"]["number"]]
-        assert len(colocated) == 2 and all(v in ("Pruned", "Discarded") for _, v in colocated), colocated
+        assert 2 <= len(colocated) <= 4 and all(v in ("Pruned", "Discarded") for _, v in colocated), colocated
 
         def measuring_router() -> Any:
             phase = ((cluster.trials()[-1].get("status") or {}).get("phase")) or ""
@@ -180,14 +182,19 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
         assert router.workers is not None and len(router.workers.prefill) == len(router.workers.decode) == 1
         # The real EndpointSlice controller: the Service reaches the stable engines and the canary
         # router, never the canary pools (their port is not the one the Service names).
+        # The canary router runs one pod per replica of its pools (two), so the canary topology gets
+        # the share of the traffic its two GPUs would carry as stable replicas: half.
         stable_pods = {r.pod for r in runner.pods() if r.namespace == namespace and r.track == "stable"}
         seen: list[set[str]] = []
 
         def reached() -> bool:
+            routers = {
+                r.pod for r in runner.pods() if r.namespace == namespace and r.router and r.track == "canary"
+            }
             seen.append(service_endpoints(plane, namespace, name))
-            return seen[-1] == {*stable_pods, router.pod}
+            return len(routers) == REPLICAS and seen[-1] == {*stable_pods, *routers}
 
-        assert runner.wait_for(reached, 30, poll_s=1.0), (seen[-1], stable_pods, router.pod)
+        assert runner.wait_for(reached, 60, poll_s=1.0), (seen[-1], stable_pods, router.pod)
         model = body["spec"]["model"].get("servedName", body["spec"]["model"]["name"])
         answers = stream_completions(f"http://127.0.0.1:{router.port}", model, DIRECT, concurrency=3)
         assert [a.error for a in answers] == [""] * len(DIRECT)
