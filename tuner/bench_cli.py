@@ -83,6 +83,13 @@ def register(subparsers: Any) -> None:
         "--requests", type=int, default=None, help="requests per trace slice (default 120 quick / 200 full)"
     )
     tuner.add_argument(
+        "--truth-arrivals",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Poisson arrival samples the ground truth averages each capacity over (default 1 quick / 3)",
+    )
+    tuner.add_argument(
         "--workload",
         action="append",
         default=None,
@@ -116,6 +123,7 @@ def settings_from(args: argparse.Namespace) -> TruthSettings:
             ("trials", args.trials),
             ("repeats", args.repeats),
             ("loads", tuple(args.load) if args.load else None),
+            ("truth_arrivals", args.truth_arrivals),
         )
         if value is not None
     }

@@ -121,6 +121,9 @@ class TruthSettings:
     loads: tuple[float, ...] = (0.3, 0.6, 0.9)
     trials: int = 12
     repeats: int = 2
+    #: Poisson arrival samples of the slice the ground truth averages a capacity over: on one sample
+    #: the capacity of one configuration moves by up to 30% with the seed (docs/benchmarks.md).
+    truth_arrivals: int = 3
     twin: TwinSettings = field(default_factory=TwinSettings)
 
     def __post_init__(self) -> None:
@@ -128,6 +131,8 @@ class TruthSettings:
             raise BenchError("--load: each offered load is a share of the optimum's capacity in (0, 1.5]")
         if self.trials < 1 or self.repeats < 1:
             raise BenchError("--trials and --repeats must be >= 1")
+        if self.truth_arrivals < 1:
+            raise BenchError("--truth-arrivals must be >= 1")
         for truth in self.truths:
             try:
                 read_perturbation(Path(truth.path))
@@ -162,6 +167,7 @@ TRUTH_QUICK = TruthSettings(
     ),
     trials=4,
     repeats=1,
+    truth_arrivals=1,
     twin=TwinSettings(evaluations=12, rerank=2, requests=120, tolerance=0.06),
 )
 
@@ -228,25 +234,36 @@ class TruthEngine:
 
 
 class GroundTruth:
-    """Capacity at SLO on the truth (the simulator's bisection), cached per configuration."""
+    """Capacity at SLO on the truth (the simulator's bisection), cached per configuration.
 
-    def __init__(self, sim: SimConfig, lengths: Workload, slo: SLO, settings: BenchSettings) -> None:
+    A configuration's capacity is the mean over ``arrivals`` Poisson arrival samples of the slice
+    (seeds ``settings.seed``, ``+1``, ...; the same seeds for every configuration), 0 where a sample
+    meets the SLOs at no rate: what the configuration serves on the next window, not on one draw.
+    """
+
+    def __init__(
+        self, sim: SimConfig, lengths: Workload, slo: SLO, settings: BenchSettings, arrivals: int = 1
+    ) -> None:
         self._sim, self._lengths, self._slo, self._settings = sim, lengths, slo, settings
+        self._seeds = tuple(settings.seed + k for k in range(arrivals))
         self._cache: dict[TunedConfig, float] = {}
 
     def capacity(self, config: TunedConfig) -> float:
         if config not in self._cache:
-            st = self._settings
-            result = find_capacity(
-                replace(self._sim, scheduler=tuned_scheduler(self._sim.scheduler, config, st.max_model_len)),
-                self._lengths,
-                self._slo,
-                tolerance=st.tolerance,
-                start_rate=st.start_rate,
-                seed=st.seed,
-            )
-            self._cache[config] = result.capacity_req_s if result.feasible else 0.0
+            self._cache[config] = statistics.fmean(self.samples(config))
         return self._cache[config]
+
+    def samples(self, config: TunedConfig) -> list[float]:
+        """The capacity on each arrival sample (requests/s, 0 where infeasible)."""
+        st = self._settings
+        sim = replace(self._sim, scheduler=tuned_scheduler(self._sim.scheduler, config, st.max_model_len))
+        results = [
+            find_capacity(
+                sim, self._lengths, self._slo, tolerance=st.tolerance, start_rate=st.start_rate, seed=seed
+            )
+            for seed in self._seeds
+        ]
+        return [r.capacity_req_s if r.feasible else 0.0 for r in results]
 
 
 # --------------------------------------------------------------------------- one truth x workload x SLO
@@ -319,7 +336,7 @@ def run_unit(task: UnitTask) -> list[dict[str, Any]]:
         sim = replace(
             sim, scheduler=engine_sim.scheduler, gpu_memory_utilization=engine_sim.gpu_memory_utilization
         )
-        truth = GroundTruth(sim, lengths, slo, grid_st)
+        truth = GroundTruth(sim, lengths, slo, grid_st, st.truth_arrivals)
         landscape = {c: truth.capacity(c) for c in (*grid.configs, default)}
         grid_best = max(grid.configs, key=lambda c: (landscape[c], -grid.configs.index(c)))
         runs = []
@@ -414,6 +431,7 @@ class TruthResult:
             "truths": [{"name": t.name, "profile": t.label()} for t in st.truths],
             "loads": list(st.loads),
             "requests_per_slice": grid.requests,
+            "truth_arrivals": st.truth_arrivals,
             "trials": st.trials,
             "repeats": st.repeats,
             "methods": list(METHODS),

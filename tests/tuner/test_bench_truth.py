@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.tuner import bench_online
-from chunkpilot.tuner.bench import FULL, SLO_PAIRS, BenchError, default_config, scenario_facts
+from chunkpilot.tuner.bench import (
+    FULL,
+    SLO_PAIRS,
+    BenchError,
+    default_config,
+    engine_defaults,
+    scenario_facts,
+)
 from chunkpilot.tuner.bench_grid import Grid
 from chunkpilot.tuner.bench_online import (
     OnlineContext,
@@ -29,9 +36,11 @@ from chunkpilot.tuner.bench_truth import (
     MARKS,
     METHODS,
     TRUTH_QUICK,
+    GroundTruth,
     Truth,
     TruthEngine,
     TruthSettings,
+    _sim_slo,
     family_truths,
     format_truth_markdown,
     format_truth_table,
@@ -95,8 +104,6 @@ def guarded(tmp_path: Path) -> Iterator[tuple[OnlineContext, GuardedEngine, Path
     source.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c060-m070-o3"])), encoding="utf-8")
     sim = truth_engine(source, truth_dir)
     slo_pair = SLO_PAIRS[0]
-    from chunkpilot.tuner.bench_truth import _sim_slo
-
     slo = _sim_slo(slo_pair)
     facts = scenario_facts(SMALL_GRID, slo_pair, "azure_code")
     space = build_space(facts)
@@ -192,6 +199,28 @@ def test_settings_and_cli_reject_bad_truths_and_loads(
     assert main(["bench", "tuner", "--quick", "--truth-gpu", str(bad), "--truth-family"]) == 2
     assert "choose one" in capsys.readouterr().err
     assert main(["bench", "tuner", "--quick", "--load", "2"]) == 2
+    with pytest.raises(BenchError, match="--truth-arrivals"):
+        replace(TRUTH_QUICK, truth_arrivals=0)
+    assert main(["bench", "tuner", "--quick", "--truth-arrivals", "0"]) == 2
+    assert "--truth-arrivals" in capsys.readouterr().err
+
+
+def test_ground_truth_averages_the_capacity_over_arrival_samples(tmp_path: Path) -> None:
+    source = tmp_path / "truth-source.json"
+    source.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m070-o1"])), encoding="utf-8")
+    sim = truth_engine(source, tmp_path / "truth")
+    engine = engine_defaults(SMALL_GRID)
+    sim = replace(sim, scheduler=engine.scheduler)
+    slo = _sim_slo(SLO_PAIRS[1])
+    lengths = load_trace("azure_code_2023", rate=1.0, limit=80)
+    config = default_config(SMALL_GRID)
+    one = GroundTruth(sim, lengths, slo, SMALL_GRID)
+    three = GroundTruth(sim, lengths, slo, SMALL_GRID, arrivals=3)
+    samples = three.samples(config)
+    assert len(samples) == 3
+    assert samples[0] == one.capacity(config)  # the first sample is the single-sample truth
+    assert len(set(samples)) > 1  # the arrival sample moves the capacity
+    assert three.capacity(config) == pytest.approx(sum(samples) / 3)
 
 
 def test_shipped_family_is_the_generator_output_and_spans_the_ranges() -> None:
