@@ -485,17 +485,26 @@ def with_topology(isvc: InferenceService, topology: TopologySpec) -> InferenceSe
     return isvc.model_copy(update={"spec": spec})
 
 
+def topology_replicas(topology: TopologySpec) -> int:
+    """The replicas of ``topology``'s pools together (each takes ``tensorParallelSize`` GPUs)."""
+    return sum(pool.replicas for pool in (topology.prefill, topology.decode) if pool is not None)
+
+
 def promoted_topology(isvc: InferenceService) -> TopologySpec | None:
     """The topology a topology trial promoted (``status.bestTopology``), when the service runs it.
 
-    It runs while ``spec.autotune.enabled`` and ``allowTopologyChange`` are true and the spec
-    declares no disaggregated topology of its own (a declared one wins); one the spec cannot
-    run (see :func:`with_topology`) is ignored, as an unrunnable ``bestConfig`` is.
+    It runs while ``spec.autotune.enabled`` and ``allowTopologyChange`` are true, the spec
+    declares no disaggregated topology of its own (a declared one wins) and ``spec.replicas`` is
+    the topology's replicas (it was measured on those: an edit of ``spec.replicas`` takes effect,
+    colocated, and the topology runs again once it is set back); one the spec cannot run (see
+    :func:`with_topology`) is ignored, as an unrunnable ``bestConfig`` is.
     """
     status, spec = isvc.status, isvc.spec
     if status is None or status.best_topology is None or spec.disaggregated:
         return None
     if not (spec.autotune.enabled and spec.autotune.allow_topology_change):
+        return None
+    if topology_replicas(status.best_topology) != spec.replicas:
         return None
     return status.best_topology if with_topology(isvc, status.best_topology) is not None else None
 

@@ -111,7 +111,10 @@ def is_subset(desired: Any, actual: Any) -> bool:
 
 
 def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceService:
-    """``isvc`` with ``status.bestConfig`` taken from the raw status; an invalid one is ignored."""
+    """``isvc`` with ``status.bestConfig`` taken from the raw status; an invalid one is ignored.
+
+    The rest of ``isvc.status`` is kept (e.g. a ``bestTopology`` read first).
+    """
     best = raw_status.get("bestConfig") if isinstance(raw_status, Mapping) else None
     if not best:
         return isvc
@@ -120,7 +123,8 @@ def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceServic
     except ValueError:
         logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
         return isvc
-    return isvc.model_copy(update={"status": InferenceServiceStatus(best_config=config)})
+    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_config": config})
+    return isvc.model_copy(update={"status": status})
 
 
 def with_best_topology(isvc: InferenceService, raw_status: Any) -> InferenceService:

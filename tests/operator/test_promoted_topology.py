@@ -19,7 +19,7 @@ from chunkpilot.operator.builders import (
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.kube import object_path
 from chunkpilot.operator.objects import adopt, isvc_path
-from chunkpilot.operator.reconcile import Reconciler, with_best_topology
+from chunkpilot.operator.reconcile import Reconciler, with_best_config, with_best_topology
 from chunkpilot.operator.router import router_args
 
 from chunkpilot.api import (
@@ -114,6 +114,51 @@ def test_the_operator_reads_the_promoted_topology_from_the_raw_status() -> None:
     assert with_best_topology(isvc(best=None), raw).spec.disaggregated
     assert not with_best_topology(isvc(best=None), {"bestTopology": {"mode": "bogus"}}).spec.disaggregated
     assert not with_best_topology(isvc(best=None), {}).spec.disaggregated
+
+
+def test_reading_the_best_config_and_the_best_topology_keeps_what_the_other_read() -> None:
+    raw = {"bestTopology": TOPOLOGY.to_k8s(), "bestConfig": {"maxNumBatchedTokens": 384, "maxNumSeqs": 64}}
+    for first, then in ((with_best_topology, with_best_config), (with_best_config, with_best_topology)):
+        service = then(first(isvc(best=None), raw), raw)
+        assert service.status is not None, first
+        assert service.status.best_topology == TOPOLOGY, first.__name__
+        assert (
+            service.status.best_config is not None
+            and service.status.best_config.max_num_batched_tokens == 384
+        )
+
+
+def test_a_promoted_topology_runs_only_on_the_replicas_it_was_measured_on() -> None:
+    assert promoted_topology(isvc(replicas=3)) is None  # 1 + 1 is two replicas
+    assert not effective_topology(isvc(replicas=3)).spec.disaggregated
+    assert promoted_topology(isvc(replicas=2)) == TOPOLOGY
+
+
+def test_a_spec_replicas_edit_returns_a_promoted_topology_to_colocated_on_the_new_replicas() -> None:
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
+    cluster.reconcile()
+    cluster.reconcile()
+    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    cluster.body["spec"]["replicas"] = 3
+    cluster.body["metadata"]["generation"] = 2
+    cluster.reconcile()
+    stable = cluster.kube.objects[
+        object_path(build_children(isvc(best=None), pod_monitor=False).manifests()[0])
+    ]
+    assert stable["spec"]["replicas"] == 3
+    assert cluster.selector() == ROUTER_SELECTOR  # the pools serve until the stable Deployment is Ready
+    mark_ready(cluster.kube, "chat-stable")
+    cluster.reconcile(kinds=frozenset())
+    cluster.reconcile(kinds=frozenset())
+    assert deployments(cluster.kube) == {"chat-stable"}
+    assert cluster.selector() == COLOCATED_SELECTOR
+    # Set back to the topology's two replicas, the promoted topology runs again.
+    cluster.body["spec"]["replicas"] = 2
+    cluster.body["metadata"]["generation"] = 3
+    cluster.reconcile()
+    assert {"chat-prefill", "chat-decode", "chat-router"} <= deployments(cluster.kube)
 
 
 def test_the_canary_topology_is_two_canary_pools_behind_a_canary_router() -> None:
