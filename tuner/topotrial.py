@@ -19,6 +19,7 @@ at the live load, once per tuning round:
                 -- misses one, a lighter load, or a twin the measurement contradicts -->  RolledBack
                 -- too few samples -->  the window widens up to its deadline, then Failed (Aborted)
                 -- Prometheus silent -->  a metrics gap, as for a colocated trial
+    any phase   -- allowTopologyChange off, or spec.replicas, engine or model changed -->  Failed
 
 The canary router's pods carry the service label, so the service's Service sends them a share of
 the live traffic beside the stable pods. The topology is judged as its clients see it
@@ -32,12 +33,14 @@ in, a plan filled.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkpilot.operator.builders import build_canary_topology, with_topology
+from chunkpilot.operator.builders import build_canary_topology, topology_replicas, with_topology
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import DeploymentState, get_condition
@@ -57,13 +60,14 @@ from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
 from chunkpilot.tuner.topology import decode_pool
-from chunkpilot.tuner.topoverdict import Load, Prediction, judge
+from chunkpilot.tuner.topoverdict import Load, Prediction, judge, twin_check
 
 from chunkpilot.api import (
     LABEL_ROLE,
     ConditionStatus,
     ConditionType,
     EngineConfig,
+    InferenceService,
     ObjectMeta,
     PoolSpec,
     TopologyMode,
@@ -71,7 +75,6 @@ from chunkpilot.api import (
     TopologySpec,
     Track,
     TrialPhase,
-    TrialTwin,
     TrialVerdict,
     TuningTrial,
     TuningTrialSpec,
@@ -101,6 +104,9 @@ __all__ = [
 #: The canary topology's parts: its pools (rolled out first) and its router.
 ROUTER: Final = "router"
 POOLS: Final = tuple(part for part in TOPOLOGY_PARTS if part != ROUTER)
+#: Digests of what a topology trial's pools are rendered from (:func:`basis`), on the trial.
+ANNOTATION_ENGINE: Final = f"{rec.GROUP_PREFIX}/topology-trial-engine"
+ANNOTATION_MODEL: Final = f"{rec.GROUP_PREFIX}/topology-trial-model"
 #: Knobs a pool takes over from the stable config (the rest of ``PoolSpec`` is its replicas).
 POOL_KNOBS: Final = tuple(name for name in PoolSpec.model_fields if name != "replicas")
 
@@ -116,6 +122,7 @@ class TopologyReason(StrEnum):
     DOES_NOT_PAY = "TopologyDoesNotPay"
     UNSUPPORTED = "TopologyUnsupported"
     PROMOTED = "TopologyPromoted"
+    NOT_RUNNING = "TopologyPromotedNotRunning"
     ROLLED_BACK = "TopologyRolledBack"
     ABORTED = "TopologyTrialAborted"
 
@@ -159,8 +166,7 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
     )
 
 
-def replicas_of(topology: TopologySpec) -> int:
-    return sum(pool.replicas for pool in (topology.prefill, topology.decode) if pool is not None)
+replicas_of: Final = topology_replicas
 
 
 @dataclass(frozen=True)
@@ -293,6 +299,15 @@ def report(plan: Plan, round_: int) -> None:
         return
     status, reason = VERDICT_REASONS[last.status.verdict]
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
+    promoted = last.spec.topology if reason is TopologyReason.PROMOTED else None
+    if promoted is not None and replicas_of(promoted) != snap.isvc.spec.replicas:
+        # Promoted on other replicas: the service runs colocated on spec.replicas.
+        need = replicas_of(promoted)
+        status, reason = ConditionStatus.FALSE, TopologyReason.NOT_RUNNING
+        message = (
+            f"the promoted topology has {need} replicas and spec.replicas is {snap.isvc.spec.replicas}: "
+            f"the service runs colocated on spec.replicas; it runs the topology again at {need}; {message}"
+        )
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
 
 
@@ -322,6 +337,7 @@ def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
             name=trial_name(snap.name, number),
             namespace=snap.namespace,
             labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
+            annotations=basis(snap.isvc),
         ),
         spec=TuningTrialSpec(
             service_name=snap.name,
@@ -386,6 +402,10 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if not snap.isvc.spec.autotune.allow_topology_change:
         abort(plan, trial, "autotune.allowTopologyChange was turned off")
         return
+    changed = spec_changed(trial, snap.isvc)
+    if changed is not None:
+        abort(plan, trial, changed)
+        return
     if phase is TrialPhase.PENDING or any(snap.topology_canary.get(part) is None for part in POOLS):
         roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
         return
@@ -399,6 +419,35 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
         phases.metrics_gap(plan, trial, None, settings)
     else:
         measure(plan, trial, settings)
+
+
+def basis(isvc: InferenceService) -> dict[str, str]:
+    """What a topology trial's canary pools are rendered from besides its topology, as annotations
+    of digests: ``spec.engine`` and ``spec.model`` (``spec.replicas`` is the topology's)."""
+    parts = {ANNOTATION_ENGINE: isvc.spec.engine.to_k8s(), ANNOTATION_MODEL: isvc.spec.model.to_k8s()}
+    return {
+        key: hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:12]
+        for key, part in parts.items()
+    }
+
+
+def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
+    """Why the spec the trial was started on changed under it (replicas, engine, model); None: it did not.
+
+    The topology was chosen for those replicas and the twin's fit of that engine and model: its
+    measurement would judge something the service no longer asks for.
+    """
+    spec, topology = isvc.spec, trial.spec.topology
+    if topology is not None and replicas_of(topology) != spec.replicas:
+        return (
+            f"spec.replicas changed to {spec.replicas} mid-trial: the topology was chosen for "
+            f"{replicas_of(topology)} replicas"
+        )
+    now, recorded = basis(isvc), trial.metadata.annotations
+    for key, field in ((ANNOTATION_ENGINE, "engine"), (ANNOTATION_MODEL, "model")):
+        if key in recorded and recorded[key] != now[key]:
+            return f"spec.{field} changed mid-trial: the canary topology runs the {field} it started with"
+    return None
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
@@ -513,7 +562,11 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
         phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
     name = trial.metadata.name or ""
     pools = {"prefill": window.prefill.to_api().to_k8s(), "decode": window.decode.to_api().to_k8s()}
-    plan.do(PatchTrial(name, {"status": {**pools, "twin": twin_check(plan, window).to_k8s()}}))
+    plan.do(
+        PatchTrial(
+            name, {"status": {**pools, "twin": twin_check(plan.snap.status.recommendation, window).to_k8s()}}
+        )
+    )
     phases.finish(plan, trial, phase, verdict, reason, window.window())
     status, why = VERDICT_REASONS[verdict]
     message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
@@ -527,27 +580,6 @@ def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
     found = plan.snap.status.recommendation
     replicas = replicas_of(trial.spec.topology) if trial.spec.topology is not None else 0
     return Prediction(found.capacity_req_s if found is not None else None, replicas)
-
-
-def twin_check(plan: Plan, window: TopologyWindow) -> TrialTwin:
-    """What the twin predicted for the topology (the recommendation) beside what its canary measured."""
-    found = plan.snap.status.recommendation
-    both = window.combined()
-    rate = both.request_rate
-    predicted = (
-        f"the twin predicted it meets both SLOs up to {found.capacity_req_s:g} req/s (whole service)"
-        if found is not None and found.capacity_req_s is not None
-        else "no prediction recorded"
-    )
-    measured = f"{rate:.2f} req/s" if rate is not None else "an unknown rate"
-    measured += f" ({Load.of(window).text()})"
-    return TrialTwin(
-        capacity_req_s=found.capacity_req_s if found is not None else None,
-        rate_req_s=round(rate, 3) if rate is not None else None,
-        measured_itl_ms=both.itl_ms,
-        measured_ttft_ms=both.ttft_ms,
-        message=f"{predicted}; its canary topology was measured at {measured}, its share of the traffic",
-    )
 
 
 def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:

@@ -16,7 +16,9 @@ from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.policy import Decision, SLOCheck, SLOTargets, check_slo
 from chunkpilot.tuner.twin.online import TOLERANCE
 
-__all__ = ["Load", "Prediction", "judge"]
+from chunkpilot.api import TopologyRecommendation, TrialTwin
+
+__all__ = ["Load", "Prediction", "judge", "twin_check"]
 
 
 def _ms(value: float | None) -> str:
@@ -115,4 +117,25 @@ def judge(
     return (
         Decision.PROMOTE,
         f"the canary topology meets both SLOs at the stable's load per replica: {measured}",
+    )
+
+
+def twin_check(found: TopologyRecommendation | None, window: TopologyWindow) -> TrialTwin:
+    """What the twin predicted for the topology (its recommendation ``found``) beside what its canary
+    measured."""
+    both = window.combined()
+    rate = both.request_rate
+    predicted = (
+        f"the twin predicted it meets both SLOs up to {found.capacity_req_s:g} req/s (whole service)"
+        if found is not None and found.capacity_req_s is not None
+        else "no prediction recorded"
+    )
+    measured = f"{rate:.2f} req/s" if rate is not None else "an unknown rate"
+    measured += f" ({Load.of(window).text()})"
+    return TrialTwin(
+        capacity_req_s=found.capacity_req_s if found is not None else None,
+        rate_req_s=round(rate, 3) if rate is not None else None,
+        measured_itl_ms=both.itl_ms,
+        measured_ttft_ms=both.ttft_ms,
+        message=f"{predicted}; its canary topology was measured at {measured}, its share of the traffic",
     )

@@ -345,6 +345,14 @@ def test_a_pending_topology_trial_rolls_out_its_canary_pools_first_and_the_route
     loading = {**canary_parts(body), "decode": canary_parts(body, ready=False)["decode"], "router": None}
     waiting = decide(snapshot(body, (*INFEASIBLE, rolling), topology_canary=loading), SETTINGS)
     assert not of_type(waiting, ApplyCanary) and "phase" not in trial_status(waiting)
+    # It waits in the rollout check (a step that did nothing would pass the line above): the same
+    # state past the rollout timeout aborts.
+    tuning = condition(waiting, "Tuning")
+    assert tuning is not None and "topology trial 7 RollingOut" in tuning[2]
+    late = decide(
+        snapshot(body, (*INFEASIBLE, rolling), topology_canary=loading), TunerSettings(rollout_timeout_s=10)
+    )
+    assert trial_status(late)["verdict"] == "Aborted" and not of_type(late, ApplyCanary)
     # Both pools Ready: the router and its RBAC.
     pools = {**canary_parts(body), "router": None}
     routed = decide(snapshot(body, (*INFEASIBLE, rolling), topology_canary=pools), SETTINGS)
@@ -362,6 +370,8 @@ def test_once_both_pools_and_the_router_are_ready_the_warm_up_starts() -> None:
     )
     assert not of_type(not_yet, PatchTrial) and not of_type(not_yet, ApplyCanary)  # nothing to do but wait
     assert not of_type(not_yet, DeleteCanaryTopology)
+    tuning = condition(not_yet, "Tuning")
+    assert tuning is not None and "topology trial 7 RollingOut" in tuning[2]
     plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
     status = trial_status(plan)
     assert status["phase"] == "Measuring"
@@ -859,3 +869,56 @@ def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone()
         canary_topology_deployment_path("default", "chat", "prefill"),
         canary_topology_deployment_path("default", "chat", "decode"),
     ]
+
+
+# --------------------------------------------------------------------------- the spec changing under it
+
+
+def started(body: dict[str, Any]) -> TuningTrial:
+    """The topology trial a step creates for ``body``, measuring since a while (its annotations kept)."""
+    (created,) = of_type(decide(snapshot(body, INFEASIBLE), SETTINGS), CreateTrial)
+    trial = TuningTrial.from_manifest(created.manifest)
+    return trial.model_copy(
+        update={"status": TuningTrialStatus(phase=TrialPhase.MEASURING, started_at=NOW, progress=MEASURING)}
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda spec: spec.update(replicas=3), "spec.replicas changed to 3 mid-trial"),
+        (lambda spec: spec["engine"].update(maxNumBatchedTokens=768), "spec.engine changed mid-trial"),
+        (lambda spec: spec["engine"].update(extraArgs=["--enforce-eager"]), "spec.engine changed mid-trial"),
+        (lambda spec: spec["model"].update(servedName="chat-v2"), "spec.model changed mid-trial"),
+    ],
+    ids=["replicas", "engine knob", "engine args", "model"],
+)
+def test_a_spec_change_under_a_running_topology_trial_aborts_it(edit: Any, why: str) -> None:
+    body = service_body()
+    trial = started(body)
+    steady = decide(
+        snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body), topology_window=Reading()),
+        SETTINGS,
+    )
+    assert "verdict" not in trial_status(steady)  # the same spec: it runs on
+    edit(body["spec"])
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and why in status["reason"], status
+    assert of_type(plan, DeleteCanaryTopology) and "bestTopology" not in plan.status
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyTrialAborted") and why in found[2]
+
+
+def test_a_promoted_topology_on_other_replicas_than_spec_replicas_is_said_not_to_run() -> None:
+    body = service_body(replicas=3)
+    done = topology_trial(body, TrialPhase.PROMOTED, verdict=TrialVerdict.PROMOTED, reason="meets both SLOs")
+    assert done.spec.topology is not None
+    body["status"].update(bestTopology=done.spec.topology.to_k8s(), bestTopologyTrial="chat-trial-7")
+    snap = snapshot(body, (*INFEASIBLE, done))
+    assert not snap.isvc.spec.disaggregated  # 1 + 1 is two replicas: colocated on three
+    plan = decide(snap, SETTINGS)
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("False", "TopologyPromotedNotRunning"), found
+    assert "has 2 replicas and spec.replicas is 3" in found[2] and "again at 2" in found[2]
+    assert not of_type(plan, CreateTrial)
