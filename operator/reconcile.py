@@ -327,26 +327,9 @@ class Reconciler:
                 body, isvc, switch, to_router=False, kinds=kinds, known=known, repair=repair, created=created
             )
 
-        for kind, build in ((ChildKind.SERVICE, build_service), (ChildKind.POD_MONITOR, None)):
-            if kind not in kinds or (kind == ChildKind.SERVICE and leftovers):
-                continue  # while pools are left, the Service is kept by _switch_service
-            if kind == ChildKind.POD_MONITOR:
-                if not await self._pod_monitor_wanted():
-                    continue
-                desired = build_pod_monitor(isvc, self.config.pod_monitor_labels)
-            else:
-                assert build is not None
-                desired = build(isvc)
-            ensured = await self._ensure(desired, body, known.get(kind, _UNKNOWN))
-            name = desired["metadata"]["name"]
-            if ensured.created and not repair:
-                created.append((kind.value, name))
-            elif ensured.written and repair:
-                self._emit(
-                    body,
-                    ev.restored(kind.value, name, "deleted by hand" if ensured.created else "edited by hand"),
-                )
-
+        # While pools are left, the Service is kept by _switch_service.
+        wanted = kinds - {ChildKind.SERVICE} if leftovers else kinds
+        await self._ensure_service_and_monitor(body, isvc, wanted, known, repair, created)
         if created and not repair:
             self._emit(body, ev.created(created))
         self._note_switch_started(body, switch, created, repair)
@@ -365,10 +348,45 @@ class Reconciler:
             topology=_topology_observation(leftovers) if serving_old else None,
             switch=switch if serving_old else None,
         )
+        await self._report(body, isvc, observation, live_adjust_blocked, kinds)
+
+    async def _ensure_service_and_monitor(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        kinds: frozenset[ChildKind],
+        known: dict[ChildKind, dict[str, Any] | None],
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> None:
+        """A colocated service's Service and PodMonitor, those of them in ``kinds``."""
+        for kind in (ChildKind.SERVICE, ChildKind.POD_MONITOR):
+            if kind not in kinds:
+                continue
+            if kind == ChildKind.POD_MONITOR:
+                if not await self._pod_monitor_wanted():
+                    continue
+                desired = build_pod_monitor(isvc, self.config.pod_monitor_labels)
+            else:
+                desired = build_service(isvc)
+            ensured = await self._ensure(desired, body, known.get(kind, _UNKNOWN))
+            self._note(body, kind.value, desired["metadata"]["name"], ensured, repair, created)
+
+    async def _report(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        observation: Observation,
+        live_adjust_blocked: bool,
+        kinds: frozenset[ChildKind],
+    ) -> None:
+        """Export the gauges and write the status computed from ``observation``."""
+        meta = body["metadata"]
         export_metrics(isvc, observation)
         await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
         logger.info(
-            "reconciled %s/%s (generation %s, %s)",
+            "reconciled %s%s/%s (generation %s, %s)",
+            "disaggregated " if isvc.spec.disaggregated else "",
             meta["namespace"],
             meta["name"],
             observation.generation,
@@ -451,15 +469,7 @@ class Reconciler:
             topology=None if serving_old else topology,
             switch=switch if serving_old else None,
         )
-        export_metrics(isvc, observation)
-        await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
-        logger.info(
-            "reconciled disaggregated %s/%s (generation %s, %s)",
-            meta["namespace"],
-            meta["name"],
-            observation.generation,
-            ", ".join(sorted(kinds)) if kinds else "status only",
-        )
+        await self._report(body, isvc, observation, live_adjust_blocked, kinds)
 
     async def _ensure_pools_and_router(
         self,
