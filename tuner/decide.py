@@ -66,7 +66,7 @@ from chunkpilot.tuner.space import (
     TunedConfig,
     build_space,
 )
-from chunkpilot.tuner.study import SamplerUnavailableError, TrialRecord, seed_for, suggest
+from chunkpilot.tuner.study import RecordState, SamplerUnavailableError, TrialRecord, seed_for, suggest
 from chunkpilot.tuner.twin.online import TOLERANCE as TWIN_TOLERANCE
 from chunkpilot.tuner.warmstart import warm_start
 
@@ -453,7 +453,9 @@ def stop_reason(
 ) -> StopReason | None:
     """Why tuning stops (infeasible SLOs, max trials, converged), with its conditions set; None: go on."""
     autotune = plan.snap.isvc.spec.autotune
-    bound = twin_bound(plan, round_trials)
+    # Below the twin's minimum of measured trials its bound decides nothing: not ranked for it.
+    measured = sum(1 for r in round_records if r.state is RecordState.COMPLETE and r.constraints)
+    bound = twin_bound(plan, round_trials) if measured >= TWIN_INFEASIBLE_MIN_TRIALS else None
     infeasible = assess_infeasibility(round_records, plan.snap.slo, incumbent_met(plan), twin=bound)
     before = plan.current_condition(ConditionType.SLO_INFEASIBLE)
     declared = before is not None and before.status == ConditionStatus.TRUE

@@ -48,10 +48,12 @@ from chunkpilot.tuner.twin.search import Candidate
 from chunkpilot.api import (
     EngineConfig,
     InferenceService,
+    Measurement,
     ObjectMeta,
     TrialPhase,
     TrialProgress,
     TrialTwin,
+    TrialVerdict,
     TuningTrial,
     TuningTrialSpec,
     TuningTrialStatus,
@@ -761,3 +763,37 @@ def test_an_aborted_trial_says_the_twin_was_not_checked() -> None:
     plan = decide(snapshot(body, [late], canary=canary_of(body, late, ready=False)), SETTINGS)
     block = trial_status(plan)["twin"]
     assert block["message"] == "not checked: aborted (the canary did not become Ready within 120s)"
+
+
+def test_the_twins_bound_is_ranked_for_the_infeasibility_only_from_its_minimum_of_measured_trials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below TWIN_INFEASIBLE_MIN_TRIALS measured trials the bound can decide nothing: not computed."""
+    from chunkpilot.tuner import decide as decide_module
+
+    calls: list[int] = []
+    real = decide_module.twin_bound
+
+    def spy(plan: Plan, round_trials: Sequence[TuningTrial]) -> Any:
+        calls.append(len(round_trials))
+        return real(plan, round_trials)
+
+    monkeypatch.setattr(decide_module, "twin_bound", spy)
+
+    def missed(number: int, budget: int) -> TuningTrial:
+        canary = Measurement(itl_ms=90.0, itl_quantile=0.99, ttft_ms=900.0, ttft_quantile=0.95, samples=500)
+        return trial(
+            number,
+            TrialPhase.ROLLED_BACK,
+            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=64),
+            verdict=TrialVerdict.DISCARDED,
+            canary=canary,
+            objective=10.0,
+            finished_at=NOW - timedelta(minutes=10 - number),
+        )
+
+    decide(snapshot(), SETTINGS)
+    decide(snapshot(trials=[missed(1, 512)]), SETTINGS)
+    assert calls == []
+    decide(snapshot(trials=[missed(1, 512), missed(2, 2048)]), SETTINGS)
+    assert calls == [2]
