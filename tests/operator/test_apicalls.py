@@ -17,7 +17,11 @@ from chunkpilot.operator.apicalls import (
     check_declared,
     requests_of,
 )
-from chunkpilot.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeClient, load_credentials
+from chunkpilot.operator.builders import build_canary_topology
+from chunkpilot.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeClient, load_credentials, object_path
+from chunkpilot.tuner.snapshot import canary_topology_paths
+
+from chunkpilot.api import InferenceService, PoolSpec, TopologySpec
 
 CLUSTER_PEERING = Request("get", "kopf.dev", "clusterkopfpeerings", False)
 WATCH_ALL = Request("watch", "chunkpilot.io", "inferenceservices", False)
@@ -122,3 +126,31 @@ def test_client_refuses_an_undeclared_call_before_sending_it(
             await client.close()
 
     asyncio.run(calls())
+
+
+def test_the_tuners_entries_declare_every_call_of_a_topology_trials_canary_objects() -> None:
+    """The tuner applies the canary pools and the canary router with its RBAC, and deletes them."""
+    service = InferenceService.from_manifest(
+        {
+            "metadata": {"name": "chat", "namespace": "ns"},
+            "spec": {
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                "engine": {"kind": "sim", "maxNumBatchedTokens": 256, "maxNumSeqs": 64},
+                "replicas": 2,
+                "slo": {"itl": {"quantile": 0.99, "maxMs": 35}, "ttft": {"quantile": 0.95, "maxMs": 600}},
+                "autotune": {"enabled": True, "allowTopologyChange": True},
+            },
+        }
+    )
+    topology = TopologySpec(
+        mode="disaggregated",
+        prefill=PoolSpec(replicas=1, max_num_batched_tokens=4096),
+        decode=PoolSpec(replicas=1),
+    )
+    tuner = tuple(call for call in API_CALLS if call.by == apicalls.TUNER)
+    manifests = build_canary_topology(service, topology)
+    assert {m["kind"] for m in manifests} == {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
+    for manifest in manifests:
+        check_declared("PATCH", object_path(manifest), APPLY_PATCH, calls=tuner)
+    for path in canary_topology_paths("ns", "chat", pools=True):
+        check_declared("DELETE", path, calls=tuner)
