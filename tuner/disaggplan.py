@@ -46,7 +46,7 @@ from chunkpilot.tuner.twin.online import Calibration
 from chunkpilot.tuner.twin.predict import Twin
 from chunkpilot.tuner.twin.search import evaluate_on_twin
 
-from chunkpilot.api import ConditionStatus, ConditionType, PoolRole, TopologyRecommendation
+from chunkpilot.api import ConditionStatus, ConditionType, PoolRole, TopologyMode, TopologyRecommendation
 
 if TYPE_CHECKING:
     from chunkpilot.tuner.snapshot import Snapshot
@@ -280,8 +280,14 @@ def disaggregated_note(plan: Plan) -> str:
     shape = " + ".join(
         f"{spec.pool(role).replicas} {role.value}" for role in (PoolRole.PREFILL, PoolRole.DECODE)
     )
+    declared = (plan.snap.body.get("spec") or {}).get("topology") or {}
+    promoted = plan.snap.status.best_topology_trial
+    if declared.get("mode") == TopologyMode.DISAGGREGATED.value or promoted is None:
+        kept = "their declared knobs"
+    else:
+        kept = f"the knobs topology trial {promoted} promoted"
     return (
         f"the service runs prefill/decode disaggregated ({shape} replicas): the tuner runs no colocated "
         "canaries against it, and tuning the pools' knobs or the split online is not implemented; "
-        "the pools keep their declared knobs"
+        f"the pools keep {kept}"
     )

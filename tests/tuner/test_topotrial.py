@@ -552,6 +552,7 @@ def test_a_promoted_topology_makes_the_service_disaggregated_and_an_interrupted_
     after = decide(snap, SETTINGS)
     found = condition(after, "Tuning")
     assert found is not None and found[:2] == ("False", "Disaggregated")
+    assert "the pools keep the knobs topology trial chat-trial-7 promoted" in found[2]
     assert not of_type(after, CreateTrial)
 
 
