@@ -54,6 +54,7 @@ from chunkpilot.operator.status import (
     Observation,
     Reason,
     TopologyObservation,
+    TopologyPart,
     TopologySwitch,
     compute_status,
     set_condition,
@@ -422,7 +423,7 @@ class Reconciler:
             states = await self._ensure_pools_and_router(body, isvc, desired_pools, repair, created)
         else:
             states = {role.value: await self.kube.get(_pool_path(isvc, role)) for role in PoolRole}
-            states["router"] = await self.kube.get(_router_path(isvc))
+            states[TopologyPart.ROUTER] = await self.kube.get(_router_path(isvc))
         colocated = await self._owned(_deployment_path(isvc, Track.STABLE), body) if problem is None else None
         topology = _topology_observation(states)
         switch = (
@@ -494,7 +495,7 @@ class Reconciler:
             states[role.value] = await self._ensure_stable(body, isvc, desired, _UNKNOWN, repair, created)
         ensured = await self._ensure(router, body, _UNKNOWN)
         self._note(body, "Deployment", router["metadata"]["name"], ensured, repair, created)
-        states["router"] = ensured.actual
+        states[TopologyPart.ROUTER] = ensured.actual
         return states
 
     async def _switch_service(
@@ -546,7 +547,9 @@ class Reconciler:
         self, isvc: InferenceService, body: Mapping[str, Any]
     ) -> dict[str, dict[str, Any] | None]:
         """The pools and router this service still owns, by part; empty when none is left."""
-        paths = {role.value: _pool_path(isvc, role) for role in PoolRole} | {"router": _router_path(isvc)}
+        paths = {role.value: _pool_path(isvc, role) for role in PoolRole} | {
+            TopologyPart.ROUTER.value: _router_path(isvc)
+        }
         found = {part: await self._owned(path, body) for part, path in paths.items()}
         return found if any(found.values()) else {}
 
@@ -776,9 +779,9 @@ def _state(manifest: Mapping[str, Any] | None) -> DeploymentState | None:
 def _topology_observation(parts: Mapping[str, Mapping[str, Any] | None]) -> TopologyObservation:
     """The pools' and the router's states from their live Deployments by part."""
     return TopologyObservation(
-        prefill=_state(parts.get("prefill")),
-        decode=_state(parts.get("decode")),
-        router=_state(parts.get("router")),
+        prefill=_state(parts.get(TopologyPart.PREFILL)),
+        decode=_state(parts.get(TopologyPart.DECODE)),
+        router=_state(parts.get(TopologyPart.ROUTER)),
     )
 
 
@@ -799,5 +802,5 @@ def _was_disaggregated(body: Mapping[str, Any]) -> bool:
     return (
         isinstance(topology, Mapping)
         and topology.get("mode") == TopologyMode.DISAGGREGATED.value
-        and any(topology.get(part) for part in ("prefill", "decode", "router"))
+        and any(topology.get(part) for part in TopologyPart)
     )

@@ -24,6 +24,7 @@ from chunkpilot.api import (
     ConditionType,
     EngineConfig,
     InferenceServiceStatus,
+    PoolRole,
     PoolStatus,
     RouterStatus,
     ServicePhase,
@@ -139,6 +140,19 @@ class DeploymentState:
         )
 
 
+class TopologyPart(StrEnum):
+    """A Deployment of a disaggregated topology (promoted, declared or a trial's canary): a pool, by
+    its :class:`~chunkpilot.api.PoolRole`, or the router; in this order (pools first)."""
+
+    PREFILL = PoolRole.PREFILL.value
+    DECODE = PoolRole.DECODE.value
+    ROUTER = "router"
+
+
+#: The pools among :class:`TopologyPart`.
+POOL_PARTS: Final = (TopologyPart.PREFILL, TopologyPart.DECODE)
+
+
 @dataclass(frozen=True)
 class TopologyObservation:
     """The Deployments of a disaggregated service: both pools and the router (None: not there yet)."""
@@ -147,14 +161,18 @@ class TopologyObservation:
     decode: DeploymentState | None
     router: DeploymentState | None
 
-    def parts(self) -> list[tuple[str, DeploymentState | None]]:
-        """(name, state) of the pools and the router, in that order."""
-        return [("prefill", self.prefill), ("decode", self.decode), ("router", self.router)]
+    def parts(self) -> list[tuple[TopologyPart, DeploymentState | None]]:
+        """(part, state) of the pools and the router, in that order."""
+        return [
+            (TopologyPart.PREFILL, self.prefill),
+            (TopologyPart.DECODE, self.decode),
+            (TopologyPart.ROUTER, self.router),
+        ]
 
-    def missing(self) -> list[str]:
+    def missing(self) -> list[TopologyPart]:
         return [name for name, state in self.parts() if state is None]
 
-    def states(self) -> list[tuple[str, DeploymentState]]:
+    def states(self) -> list[tuple[TopologyPart, DeploymentState]]:
         return [(name, state) for name, state in self.parts() if state is not None]
 
     def ready_summary(self) -> str:

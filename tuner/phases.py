@@ -26,7 +26,7 @@ from typing import Any
 
 from chunkpilot.operator.builders import RenderError, promoted_config
 from chunkpilot.operator.events import EventType
-from chunkpilot.operator.status import DeploymentState
+from chunkpilot.operator.status import DeploymentState, TopologyPart
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner import twinplan
@@ -449,7 +449,7 @@ def finish(
     if trial.spec.is_topology:
         # Every canary object of the topology, whatever the verdict: the router first, the pools
         # once it is gone (on this step if it already is, else as orphans on a later one).
-        plan.do(DeleteCanaryTopology(pools=snap.topology_canary.get("router") is None))
+        plan.do(DeleteCanaryTopology(pools=snap.topology_canary.get(TopologyPart.ROUTER) is None))
     else:
         live.park_or_delete(plan, trial, verdict)
     plan.status["trialsCompleted"] = sum(

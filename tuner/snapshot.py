@@ -28,7 +28,7 @@ from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import isvc_path, parse_status
 from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.router import router_name
-from chunkpilot.operator.status import DeploymentState
+from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.calibration import CanaryWindow, TwinObserver, TwinReading
@@ -55,7 +55,6 @@ from chunkpilot.api import (
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
-    PoolRole,
     Track,
     TrialPhase,
     TuningTrial,
@@ -183,14 +182,14 @@ class Snapshot:
 
 
 #: The parts of a canary topology, as :attr:`Snapshot.topology_canary` keys them.
-TOPOLOGY_PARTS: Final = (PoolRole.PREFILL.value, PoolRole.DECODE.value, "router")
+TOPOLOGY_PARTS: Final = tuple(TopologyPart)
 
 
 def canary_topology_deployment_path(namespace: str, service: str, part: str) -> str:
     """The canary Deployment of a topology trial's ``part`` (a pool's role, or ``router``)."""
     name = (
         router_name(service, Track.CANARY)
-        if part == "router"
+        if part == TopologyPart.ROUTER
         else pool_deployment_name(service, part, Track.CANARY)
     )
     return resource_path("apps/v1", "deployments", namespace, name)
@@ -201,15 +200,11 @@ def canary_topology_paths(namespace: str, service: str, *, pools: bool = True) -
     (``pools``) both pools: the router never outlives the backends it routes to."""
     router = router_name(service, Track.CANARY)
     return [
-        canary_topology_deployment_path(namespace, service, "router"),
+        canary_topology_deployment_path(namespace, service, TopologyPart.ROUTER),
         resource_path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, router),
         resource_path("rbac.authorization.k8s.io/v1", "roles", namespace, router),
         resource_path("v1", "serviceaccounts", namespace, router),
-        *(
-            canary_topology_deployment_path(namespace, service, part)
-            for part in TOPOLOGY_PARTS
-            if pools and part != "router"
-        ),
+        *(canary_topology_deployment_path(namespace, service, part) for part in POOL_PARTS if pools),
     ]
 
 

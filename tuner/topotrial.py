@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chunkpilot.operator.builders import build_canary_topology, topology_replicas, with_topology
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
-from chunkpilot.operator.status import DeploymentState, get_condition
+from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart, get_condition
 from chunkpilot.tuner import disaggplan, phases
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.actions import (
@@ -58,7 +58,7 @@ from chunkpilot.tuner.actions import (
 from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
-from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, window_plan
+from chunkpilot.tuner.snapshot import window_plan
 from chunkpilot.tuner.topology import decode_pool
 from chunkpilot.tuner.topoverdict import Load, Prediction, judge, twin_check
 
@@ -102,8 +102,8 @@ __all__ = [
 ]
 
 #: The canary topology's parts: its pools (rolled out first) and its router.
-ROUTER: Final = "router"
-POOLS: Final = tuple(part for part in TOPOLOGY_PARTS if part != ROUTER)
+ROUTER: Final = TopologyPart.ROUTER
+POOLS: Final = POOL_PARTS
 #: Digests of what a topology trial's pools are rendered from (:func:`basis`), on the trial.
 ANNOTATION_ENGINE: Final = f"{rec.GROUP_PREFIX}/topology-trial-engine"
 ANNOTATION_MODEL: Final = f"{rec.GROUP_PREFIX}/topology-trial-model"

@@ -176,3 +176,15 @@ def test_events_for_transitions() -> None:
         ("Warning", "UnsupportedKnob")
     ]
     assert status_transitions(failed, failed) == []
+
+
+def test_the_parts_of_a_topology_are_one_enum_for_the_operator_and_the_tuner() -> None:
+    from chunkpilot.operator.status import POOL_PARTS, TopologyObservation, TopologyPart
+    from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, canary_topology_paths
+
+    assert [part for part, _ in TopologyObservation(None, None, None).parts()] == list(TopologyPart)
+    assert tuple(TopologyPart) == TOPOLOGY_PARTS and POOL_PARTS == (TopologyPart.PREFILL, TopologyPart.DECODE)
+    assert [p.rsplit("/", 1)[1] for p in canary_topology_paths("ns", "chat")][-2:] == [
+        "chat-prefill-canary",
+        "chat-decode-canary",
+    ]
