@@ -267,14 +267,10 @@ def check_rollout(
 ) -> None:
     """RollingOut: once the canary is Ready, set live limits if so and start the warm-up; else time out."""
     snap = plan.snap
-    name = trial.metadata.name or ""
     if ready(state):
-        warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
 
         def measuring(progress: TrialProgress) -> list[Action]:
-            ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
-            phase = TuningTrialStatus(phase=TrialPhase.MEASURING)
-            return [PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, status_patch(phase))]
+            return start_warmup(plan, trial, progress)
 
         def aborting(reason: str) -> list[Action]:
             sub = Plan(snap)
@@ -289,6 +285,15 @@ def check_rollout(
     failed = rollout_failure([state], "the canary", since, snap.now, settings)
     if failed is not None:
         abort(plan, trial, failed)
+
+
+def start_warmup(plan: Plan, trial: TuningTrial, progress: TrialProgress) -> list[Action]:
+    """Ready now: phase Measuring, its window starting after the warm-up (``progress`` kept)."""
+    snap, name = plan.snap, trial.metadata.name or ""
+    warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
+    ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
+    phase = TuningTrialStatus(phase=TrialPhase.MEASURING)
+    return [PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, status_patch(phase))]
 
 
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:

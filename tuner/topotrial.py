@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
@@ -503,7 +502,6 @@ def rolling_out(plan: Plan, trial: TuningTrial) -> None:
 def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Both pools Ready: apply the router; it Ready too: start the warm-up; else time out."""
     snap = plan.snap
-    name = trial.metadata.name or ""
     parts = snap.topology_canary
     states = {part: DeploymentState.from_manifest(m) for part, m in parts.items() if m is not None}
     pools_ready = all(part in states and phases.ready(states[part]) for part in POOLS)
@@ -514,11 +512,7 @@ def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> No
             rolling_out(plan, trial)
         return
     if pools_ready and phases.ready(states[ROUTER]):
-        warmup = timedelta(seconds=parse_duration(snap.isvc.spec.autotune.warmup))
-        progress = rec.trial_progress(trial)
-        ready = progress.model_copy(update={"ready_at": snap.now, "measure_from": snap.now + warmup})
-        measuring = TuningTrialStatus(phase=TrialPhase.MEASURING)
-        plan.do(PatchTrial(name, rec.progress_patch(ready)), PatchTrial(name, phases.status_patch(measuring)))
+        plan.do(*phases.start_warmup(plan, trial, rec.trial_progress(trial)))
         return
     since = trial.status.started_at if trial.status is not None else None
     failed = phases.rollout_failure(list(states.values()), "the canary topology", since, snap.now, settings)
