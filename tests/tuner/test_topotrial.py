@@ -7,6 +7,7 @@ Deployments from the builders, the pools' measurements as observing delivers the
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,7 @@ from chunkpilot.tuner.snapshot import (
     Reading,
     Snapshot,
     canary_topology_deployment_path,
+    canary_topology_paths,
     parse_service,
     trial_path,
 )
@@ -870,6 +872,62 @@ def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone()
         canary_topology_deployment_path("default", "chat", "prefill"),
         canary_topology_deployment_path("default", "chat", "decode"),
     ]
+
+
+@pytest.mark.cluster
+def test_the_actors_teardown_removes_a_canary_topology_from_the_real_api_server(control_plane: Any) -> None:
+    """The real paths, and the real API server's 404 for what is already gone (a wrong path would
+    read as gone too: the objects are checked to exist before and to be gone after)."""
+    namespace = f"topology-teardown-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", namespace)
+    body = service_body()
+    body["metadata"]["namespace"] = namespace
+    isvc = parse_service(body)
+    assert isvc is not None
+    manifests = build_canary_topology(isvc, the_topology(body))
+    paths = canary_topology_paths(namespace, "chat")
+
+    async def scenario() -> list[dict[str, bool]]:
+        kube = KubeClient.from_environment(
+            field_manager="topology-test", kubeconfig=str(control_plane.kubeconfig)
+        )
+        seen: list[dict[str, bool]] = []
+
+        async def present() -> None:
+            seen.append(
+                {
+                    path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[1]: await kube.get(path) is not None
+                    for path in paths
+                }
+            )
+
+        try:
+            for manifest in manifests:
+                await kube.apply(manifest)
+            await present()
+            plan = Plan(snapshot(body, INFEASIBLE))
+            await Actor(kube).run(plan, [DeleteCanaryTopology(pools=False)])
+            await present()
+            await Actor(kube).run(plan, [DeleteCanaryTopology()])  # the router and its RBAC answer 404
+            await present()
+        finally:
+            await kube.close()
+        return seen
+
+    try:
+        before, router_gone, all_gone = asyncio.run(scenario())
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+    assert all(before.values()), before
+    assert router_gone == {
+        "deployments/chat-router-canary": False,
+        "rolebindings/chat-router-canary": False,
+        "roles/chat-router-canary": False,
+        "serviceaccounts/chat-router-canary": False,
+        "deployments/chat-prefill-canary": True,
+        "deployments/chat-decode-canary": True,
+    }
+    assert not any(all_gone.values()), all_gone
 
 
 # --------------------------------------------------------------------------- the spec changing under it
