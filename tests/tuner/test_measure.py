@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+import time
+import uuid
 from datetime import UTC, datetime
+from typing import Any, Final
 
 import pytest
+from chunkpilot.engine.metrics_names import tuner_metrics
+from chunkpilot.operator.testing import wait_for
 from chunkpilot.tuner.measure import (
     TPOT_ITL_FACTOR,
     ItlSource,
@@ -12,8 +19,10 @@ from chunkpilot.tuner.measure import (
     MetricsUnavailableError,
     QueryFn,
     Selector,
+    TopologyWindow,
     count_query,
     fine_latency_queries,
+    measure_topology,
     measure_track,
     measure_window,
     parse_instant_result,
@@ -23,6 +32,7 @@ from chunkpilot.tuner.measure import (
 )
 
 from chunkpilot.api import Track
+from chunkpilot.devcluster.prometheus import TargetGroup
 
 SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -205,3 +215,88 @@ def test_trtllm_without_a_per_token_histogram_judges_itl_conservatively_from_tpo
     assert "ITL judged from TPOT (TensorRT-LLM exports no ITL histogram)" in m.itl_note
     assert "p99" in m.itl_note and "37.5ms" in m.itl_note
     assert m.ttft_ms == pytest.approx(300.0) and m.enough_samples(100)
+
+
+# --------------------------------------------------------------------------- a topology on a real Prometheus
+
+
+class _PoolExporter:
+    """Three scrape paths (a prefill pool, a decode pool, the stable track): each a request counter
+    growing at its own rate and a TTFT histogram whose every observation is in its own bucket."""
+
+    PATHS: Final = {"/prefill": (2.0, "0.4"), "/decode": (6.0, "0.1"), "/stable": (1.0, "1.6")}
+    BUCKETS: Final = ("0.1", "0.4", "1.6", "+Inf")
+
+    def __init__(self) -> None:
+        start = time.monotonic()
+        paths = self.PATHS
+        buckets = self.BUCKETS
+        ttft = tuner_metrics("vllm").ttft_histogram
+        success = tuner_metrics("vllm").request_success
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path not in paths:
+                    self.send_error(404)
+                    return
+                rate, bucket = paths[self.path]
+                done = rate * (time.monotonic() - start)
+                lines = [f"# TYPE {success} counter", f"{success} {done}", f"# TYPE {ttft} histogram"]
+                for le in buckets:
+                    count = done if float(le) >= float(bucket) else 0.0
+                    lines.append(f'{ttft}_bucket{{le="{le}"}} {count}')
+                lines += [f"{ttft}_count {done}", f"{ttft}_sum {done * float(bucket)}"]
+                body = ("\n".join(lines) + "\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.prometheus
+def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(prometheus: Any) -> None:
+    """Each pool's window reads its own pods only (track canary and its role), stable by its hash."""
+    service = f"topo-{uuid.uuid4().hex[:8]}"  # the session's Prometheus is shared: a label of its own
+    exporter = _PoolExporter()
+    common = {"service": service, "namespace": "default"}
+    prometheus.set_target_groups(
+        [
+            TargetGroup([exporter.address], {**common, "track": "canary", "role": "prefill"}, "/prefill"),
+            TargetGroup([exporter.address], {**common, "track": "canary", "role": "decode"}, "/decode"),
+            TargetGroup([exporter.address], {**common, "track": "stable", "config_hash": "abc"}, "/stable"),
+        ]
+    )
+
+    def query(text: str, at: datetime) -> float | None:
+        return parse_instant_result(prometheus.query(text, at.timestamp()))
+
+    def measured() -> TopologyWindow | None:
+        found = measure_topology(query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, "abc")
+        # Nine tenths of the 10 s window covered at each part's rate (rate() of a younger series reads low).
+        parts = ((found.prefill, 2.0), (found.decode, 6.0), (found.stable, 1.0))
+        return found if all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts) else None
+
+    try:
+        window = wait_for(measured, timeout=60, interval=1.0, what="three scraped windows")
+    finally:
+        exporter.close()
+    assert window.prefill.request_rate == pytest.approx(2.0, rel=0.15)
+    assert window.decode.request_rate == pytest.approx(6.0, rel=0.15)
+    assert window.stable.request_rate == pytest.approx(1.0, rel=0.15)
+    assert window.prefill.replicas == window.decode.replicas == window.stable.replicas == 1
+    # TTFT p95 interpolated inside each part's own bucket: 0.1-0.4 s, 0-0.1 s, 0.4-1.6 s.
+    assert window.prefill.ttft_ms is not None and 100 < window.prefill.ttft_ms <= 400
+    assert window.decode.ttft_ms is not None and 0 < window.decode.ttft_ms <= 100
+    assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
