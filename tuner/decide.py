@@ -133,6 +133,8 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     topotrial.remove_orphans(plan, current)
     if current is None and topotrial.complete_promotion(plan):
         return plan
+    if current is None:
+        topotrial.note_not_running(plan)  # a topology trial, or its gate, may say more below
     record_stable(plan)
     twinplan.record_twin(plan)
     disaggplan.record(plan)

@@ -97,6 +97,7 @@ __all__ = [
     "gate",
     "judge",
     "layout",
+    "note_not_running",
     "remove_orphans",
 ]
 
@@ -300,14 +301,26 @@ def report(plan: Plan, round_: int) -> None:
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
     promoted = last.spec.topology if reason is TopologyReason.PROMOTED else None
     if promoted is not None and replicas_of(promoted) != snap.isvc.spec.replicas:
-        # Promoted on other replicas: the service runs colocated on spec.replicas.
-        need = replicas_of(promoted)
-        status, reason = ConditionStatus.FALSE, TopologyReason.NOT_RUNNING
-        message = (
-            f"the promoted topology has {need} replicas and spec.replicas is {snap.isvc.spec.replicas}: "
-            f"the service runs colocated on spec.replicas; it runs the topology again at {need}; {message}"
-        )
+        return  # not running: note_not_running says so
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
+
+
+def note_not_running(plan: Plan) -> None:
+    """``TopologyChange=False`` for a promoted topology the service does not run: it was measured on
+    other replicas than ``spec.replicas`` (the service runs colocated on those)."""
+    status, replicas = plan.snap.status, plan.snap.isvc.spec.replicas
+    promoted = status.best_topology
+    if promoted is None or replicas_of(promoted) == replicas:
+        return
+    need = replicas_of(promoted)
+    plan.condition(
+        ConditionType.TOPOLOGY_CHANGE,
+        ConditionStatus.FALSE,
+        TopologyReason.NOT_RUNNING.value,
+        f"the topology promoted by {status.best_topology_trial or 'a topology trial'} "
+        f"({rec.describe_topology(promoted)}) has {need} replicas and spec.replicas is {replicas}: the "
+        f"service runs colocated on spec.replicas; it runs the topology again at spec.replicas {need}",
+    )
 
 
 def complete_promotion(plan: Plan) -> bool:

@@ -979,5 +979,12 @@ def test_a_promoted_topology_on_other_replicas_than_spec_replicas_is_said_not_to
     plan = decide(snap, SETTINGS)
     found = condition(plan, "TopologyChange")
     assert found is not None and found[:2] == ("False", "TopologyPromotedNotRunning"), found
-    assert "has 2 replicas and spec.replicas is 3" in found[2] and "again at 2" in found[2]
+    assert "promoted by chat-trial-7 (1 prefill + 1 decode" in found[2]
+    assert "has 2 replicas and spec.replicas is 3" in found[2] and "again at spec.replicas 2" in found[2]
     assert not of_type(plan, CreateTrial)
+    # Said also while tuning goes on colocated (no infeasibility: the topology trial's gate is not asked).
+    body["status"]["conditions"] = []
+    tuning = decide(snapshot(body, (done,)), SETTINGS)
+    assert of_type(tuning, CreateTrial)  # a colocated trial on the three replicas
+    found = condition(tuning, "TopologyChange")
+    assert found is not None and found[1] == "TopologyPromotedNotRunning", found
