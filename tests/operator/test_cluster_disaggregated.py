@@ -1,18 +1,25 @@
 """A disaggregated InferenceService on the local control plane: the operator as a real process.
 
 The pools, the router with its RBAC and the Service in front of the router are created; the
-status shows both pools; switching back to colocated removes what the old topology left.
+status shows both pools; switching back to colocated removes what the old topology left. A
+promoted topology's switch-over runs through the real Reconciler against the same API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
+from chunkpilot.operator.kube import KubeClient, object_path, resource_path
+from chunkpilot.operator.objects import isvc_path
+from chunkpilot.operator.reconcile import Reconciler
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -185,3 +192,92 @@ def test_back_to_colocated_removes_the_pools_and_the_router(cluster: Any, operat
 
     isvc = wait_for(status_cleared, timeout=TIMEOUT, what="status without topology")
     assert isvc["status"]["appliedConfig"]["maxNumBatchedTokens"] == 2048
+
+
+def test_a_promoted_topology_switches_over_on_the_real_api_server_and_back_on_a_replicas_edit(
+    cluster: Any,
+) -> None:
+    """The real Reconciler and API server (server-side apply of the Service's selector both ways):
+    the colocated Deployment serves until the pools and router are Ready, and again after an edit of
+    spec.replicas away from the topology's until it is Ready."""
+    namespace = f"promoted-{uuid.uuid4().hex[:8]}"
+    kubectl(cluster, "create", "namespace", namespace)
+    document: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    document["metadata"]["namespace"] = namespace
+    document["spec"]["autotune"]["allowTopologyChange"] = True
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
+    topology = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 128},
+        "decode": {"replicas": 1, "maxNumBatchedTokens": 2048, "maxNumSeqs": 128},
+    }
+    service_path = object_path(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": namespace}}
+    )
+
+    def deployment_path(name: str) -> str:
+        return resource_path("apps/v1", "deployments", namespace, name)
+
+    async def scenario() -> None:
+        kube = KubeClient.from_environment(field_manager="promoted-test", kubeconfig=str(cluster.kubeconfig))
+        reconciler = Reconciler(kube=kube, config=OperatorConfig(pod_monitor=PodMonitorMode.DISABLED))
+
+        async def reconcile() -> None:
+            body = await kube.get(isvc_path(namespace, "chat"))
+            assert body is not None
+            await reconciler.reconcile(body)
+
+        async def ready(*names: str) -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT
+            while True:
+                found = [await kube.get(deployment_path(name)) for name in names]
+                if all(
+                    d and (d.get("status") or {}).get("readyReplicas") == d["spec"]["replicas"] for d in found
+                ):
+                    return
+                assert asyncio.get_running_loop().time() < deadline, f"{names} not Ready"
+                await asyncio.sleep(0.5)
+
+        async def selector() -> dict[str, str]:
+            service = await kube.get(service_path)
+            assert service is not None
+            return dict(service["spec"]["selector"])
+
+        async def exists(name: str) -> bool:
+            return await kube.get(deployment_path(name)) is not None
+
+        try:
+            await reconcile()
+            await ready("chat-stable")
+            await kube.merge_patch(
+                isvc_path(namespace, "chat") + "/status",
+                {"status": {"bestTopology": topology, "bestTopologyTrial": "chat-trial-7"}},
+            )
+            await reconcile()
+            assert (
+                await exists("chat-prefill") and await exists("chat-router") and await exists("chat-stable")
+            )
+            assert await selector() == {"chunkpilot.io/service": "chat"}  # the stable pods serve
+            await ready("chat-prefill", "chat-decode", "chat-router")
+            await reconcile()
+            assert await selector() == {"chunkpilot.io/service": "chat", "chunkpilot.io/component": "router"}
+            await reconcile()
+            assert not await exists("chat-stable")
+            # spec.replicas edited away from the topology's two: colocated on three, once Ready.
+            await kube.merge_patch(isvc_path(namespace, "chat"), {"spec": {"replicas": 3}})
+            await reconcile()
+            stable = await kube.get(deployment_path("chat-stable"))
+            assert stable is not None and stable["spec"]["replicas"] == 3
+            assert (await selector()).get("chunkpilot.io/component") == "router"
+            await ready("chat-stable")
+            await reconcile()
+            assert await selector() == {"chunkpilot.io/service": "chat"}  # the router key removed
+            await reconcile()
+            assert not any([await exists(f"chat-{part}") for part in ("prefill", "decode", "router")])
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        kubectl(cluster, "delete", "namespace", namespace, "--wait=false", check=False)
