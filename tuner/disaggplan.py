@@ -171,14 +171,18 @@ def kv_transfer(snap: Snapshot) -> tuple[float, float]:
 
 
 def recommend_due(snap: Snapshot, key: str) -> bool:
-    """``SLOInfeasible`` is True, no trial is active and no recommendation of fit ``key`` is recorded."""
+    """``SLOInfeasible`` is True, no trial is active and no recommendation of fit ``key`` for the
+    service's replicas is recorded (``spec.replicas`` was edited since: its layout has other replicas)."""
     if snap.active() or is_disaggregated(snap):
         return False
     infeasible = get_condition(snap.status.conditions, ConditionType.SLO_INFEASIBLE)
     if infeasible is None or infeasible.status != ConditionStatus.TRUE:
         return False
     before = snap.status.recommendation
-    return before is None or before.key != key
+    if before is None or before.key != key:
+        return True
+    evaluated = (before.prefill_replicas or 0) + (before.decode_replicas or 0)
+    return bool(evaluated) and evaluated != max(snap.isvc.spec.replicas, 2)  # one replica: 1 + 1
 
 
 def request(snap: Snapshot, key: str, calibration: Calibration, slo: SLO) -> RecommendRequest:

@@ -208,14 +208,18 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
     topology = layout(found, snap.incumbent)
     if topology is None:
         return None
-    short = pays(found, snap, rec.describe_topology(topology))
+    described, need = rec.describe_topology(topology), replicas_of(topology)
+    tp = spec.engine.tensor_parallel_size
+    short = pays(found, snap, described)
     if short is not None:
         return short
-    described, need, tp = (
-        rec.describe_topology(topology),
-        replicas_of(topology),
-        spec.engine.tensor_parallel_size,
-    )
+    if need < spec.replicas:  # spec.replicas raised since (the twin evaluates the service's replicas)
+        return Gate(
+            None,
+            TopologyReason.STALE,
+            f"not trying the recorded {described}: it was evaluated for {need} replicas, the service has "
+            f"{spec.replicas} (spec.replicas); waiting for the twin's recommendation for them",
+        )
     if need != spec.replicas:
         return Gate(
             None,
@@ -387,14 +391,9 @@ def remove_orphans(plan: Plan, current: TuningTrial | None) -> None:
         return
     parts = plan.snap.topology_canary
     if any(parts.values()):
-        router_gone = parts.get(ROUTER) is None
-        plan.do(
-            DeleteCanaryTopology(pools=router_gone),
-            Log(
-                "deleted a canary topology no active topology trial owns"
-                + ("" if router_gone else ": its router")
-            ),
-        )
+        gone = parts.get(ROUTER) is None  # the router first
+        what = "a canary topology" if gone else "the router of a canary topology"
+        plan.do(DeleteCanaryTopology(pools=gone), Log(f"deleted {what} no active topology trial owns"))
 
 
 def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
@@ -449,12 +448,9 @@ def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
     The topology was chosen for those replicas and the twin's fit of that engine and model: its
     measurement would judge something the service no longer asks for.
     """
-    spec, topology = isvc.spec, trial.spec.topology
-    if topology is not None and replicas_of(topology) != spec.replicas:
-        return (
-            f"spec.replicas changed to {spec.replicas} mid-trial: the topology was chosen for "
-            f"{replicas_of(topology)} replicas"
-        )
+    topology, replicas = trial.spec.topology, isvc.spec.replicas
+    if topology is not None and (had := replicas_of(topology)) != replicas:
+        return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"
     now, recorded = basis(isvc), trial.metadata.annotations
     for key, field in ((ANNOTATION_ENGINE, "engine"), (ANNOTATION_MODEL, "model")):
         if key in recorded and recorded[key] != now[key]:

@@ -230,6 +230,14 @@ def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_conditi
     assert not [r for r, _ in events(later) if r in ("TopologyRecommendation", "SLOInfeasible")]
     assert not disaggplan.recommend_due(later_snap, "k")
     assert disaggplan.recommend_due(later_snap, "k2")  # refitted: evaluated again
+    # spec.replicas edited since: the 1 + 3 layout is of four replicas, the service has six.
+    body["spec"]["replicas"] = 6
+    assert disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+    # A one-replica service's layout is 1 + 1: not evaluated again and again.
+    one = {**status, "prefillReplicas": 1, "decodeReplicas": 1}
+    body["spec"]["replicas"] = 1
+    body["status"] = {"recommendation": one, "conditions": [_condition(found)]}
+    assert not disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
 
 
 def _condition(found: tuple[str, str, str]) -> dict[str, Any]:

@@ -599,6 +599,12 @@ def test_a_recommendation_of_an_older_twin_fit_is_not_tried() -> None:
     assert of_type(same, CreateTrial)
 
 
+def test_a_recommendation_of_fewer_replicas_than_the_service_has_now_is_not_tried() -> None:
+    found = refused(service_body(replicas=3))  # 1 + 1 was evaluated before spec.replicas went to 3
+    assert found[1] == "TopologyRecommendationStale"
+    assert "it was evaluated for 2 replicas, the service has 3" in found[2] and "raise" not in found[2]
+
+
 def test_a_recommendation_whose_capacity_is_below_the_live_rate_is_not_tried() -> None:
     body = service_body()
     body["status"]["recommendation"] = {
