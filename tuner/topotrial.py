@@ -210,9 +210,6 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
         return None
     described, need = rec.describe_topology(topology), replicas_of(topology)
     tp = spec.engine.tensor_parallel_size
-    short = pays(found, snap, described)
-    if short is not None:
-        return short
     if need < spec.replicas:  # spec.replicas raised since (the twin evaluates the service's replicas)
         return Gate(
             None,
@@ -220,6 +217,9 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
             f"not trying the recorded {described}: it was evaluated for {need} replicas, the service has "
             f"{spec.replicas} (spec.replicas); waiting for the twin's recommendation for them",
         )
+    short = pays(found, snap, described)
+    if short is not None:
+        return short
     if need != spec.replicas:
         return Gate(
             None,

@@ -603,6 +603,10 @@ def test_a_recommendation_of_fewer_replicas_than_the_service_has_now_is_not_trie
     found = refused(service_body(replicas=3))  # 1 + 1 was evaluated before spec.replicas went to 3
     assert found[1] == "TopologyRecommendationStale"
     assert "it was evaluated for 2 replicas, the service has 3" in found[2] and "raise" not in found[2]
+    # Its capacity is the old count's: not compared with the live rate before it is evaluated again.
+    body = service_body(replicas=3)
+    body["status"]["recommendation"] = {**RECOMMENDATION, "capacityReqS": 0.5}
+    assert refused(body)[1] == "TopologyRecommendationStale"
 
 
 def test_a_recommendation_whose_capacity_is_below_the_live_rate_is_not_tried() -> None:
