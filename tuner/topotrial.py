@@ -104,9 +104,9 @@ __all__ = [
 #: The canary topology's parts: its pools (rolled out first) and its router.
 ROUTER: Final = TopologyPart.ROUTER
 POOLS: Final = POOL_PARTS
-#: Digests of what a topology trial's pools are rendered from (:func:`basis`), on the trial.
-ANNOTATION_ENGINE: Final = f"{rec.GROUP_PREFIX}/topology-trial-engine"
-ANNOTATION_MODEL: Final = f"{rec.GROUP_PREFIX}/topology-trial-model"
+#: Spec fields a topology trial's pools are rendered from, and their digests' annotation (:func:`basis`).
+BASIS_FIELDS: Final = ("engine", "model", "resources")
+ANNOTATION_BASIS: Final = f"{rec.GROUP_PREFIX}/topology-trial-"
 #: Knobs a pool takes over from the stable config (the rest of ``PoolSpec`` is its replicas).
 POOL_KNOBS: Final = tuple(name for name in PoolSpec.model_fields if name != "replicas")
 
@@ -434,27 +434,26 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
 
 def basis(isvc: InferenceService) -> dict[str, str]:
     """What a topology trial's canary pools are rendered from besides its topology, as annotations
-    of digests: ``spec.engine`` and ``spec.model`` (``spec.replicas`` is the topology's)."""
-    parts = {ANNOTATION_ENGINE: isvc.spec.engine.to_k8s(), ANNOTATION_MODEL: isvc.spec.model.to_k8s()}
-    return {
-        key: hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:12]
-        for key, part in parts.items()
-    }
+    of digests: ``spec.engine``, ``spec.model``, ``spec.resources`` (``spec.replicas``: the topology's)."""
+    spec = isvc.spec.to_k8s()
+    texts = {name: json.dumps(spec.get(name), sort_keys=True) for name in BASIS_FIELDS}
+    return {ANNOTATION_BASIS + name: hashlib.sha256(t.encode()).hexdigest()[:12] for name, t in texts.items()}
 
 
 def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
-    """Why the spec the trial was started on changed under it (replicas, engine, model); None: it did not.
+    """Why the spec the trial started on changed under it (replicas, engine, model, resources); None: not.
 
-    The topology was chosen for those replicas and the twin's fit of that engine and model: its
+    The topology was chosen for those replicas and the twin's fit of that engine, model and GPU: its
     measurement would judge something the service no longer asks for.
     """
     topology, replicas = trial.spec.topology, isvc.spec.replicas
     if topology is not None and (had := replicas_of(topology)) != replicas:
         return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"
     now, recorded = basis(isvc), trial.metadata.annotations
-    for key, field in ((ANNOTATION_ENGINE, "engine"), (ANNOTATION_MODEL, "model")):
+    for name in BASIS_FIELDS:
+        key = ANNOTATION_BASIS + name
         if key in recorded and recorded[key] != now[key]:
-            return f"spec.{field} changed mid-trial: the canary topology runs the {field} it started with"
+            return f"spec.{name} changed mid-trial: the canary topology runs the {name} it started with"
     return None
 
 

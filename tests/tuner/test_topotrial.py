@@ -959,8 +959,9 @@ def started(body: dict[str, Any]) -> TuningTrial:
         (lambda spec: spec["engine"].update(maxNumBatchedTokens=768), "spec.engine changed mid-trial"),
         (lambda spec: spec["engine"].update(extraArgs=["--enforce-eager"]), "spec.engine changed mid-trial"),
         (lambda spec: spec["model"].update(servedName="chat-v2"), "spec.model changed mid-trial"),
+        (lambda spec: spec["resources"].update(accelerator="h200"), "spec.resources changed mid-trial"),
     ],
-    ids=["replicas", "engine knob", "engine args", "model"],
+    ids=["replicas", "engine knob", "engine args", "model", "resources"],
 )
 def test_a_spec_change_under_a_running_topology_trial_aborts_it(edit: Any, why: str) -> None:
     body = service_body()
