@@ -210,7 +210,9 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
         return None
     described, need = rec.describe_topology(topology), replicas_of(topology)
     tp = spec.engine.tensor_parallel_size
-    if need < spec.replicas:  # spec.replicas raised since (the twin evaluates the service's replicas)
+    if need != max(
+        spec.replicas, 2
+    ):  # spec.replicas edited since (the twin evaluates its own, 1 + 1 for one)
         return Gate(
             None,
             TopologyReason.STALE,

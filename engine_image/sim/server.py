@@ -11,7 +11,7 @@ loop's own lag (HTTP handlers, streaming, scrapes, a busy CPU) delays the delive
 API server's would, but not the engine's steps, so it is in no latency the engine reports; a request
 that arrives while the simulated clock trails the wall clock waits for the step that starts after
 its arrival, as offline. Past :data:`MAX_CLOCK_LAG_S` of lag (an engine that cannot keep up with its
-time scale) the clock jumps to the wall clock.
+time scale) the clock jumps forward to trail it by that much.
 
 Request handling (validation, planned outputs, response bodies) lives in
 :mod:`~chunkpilot.engine.sim.openai_api`; this module owns the engine task and the routes.
@@ -56,8 +56,9 @@ __all__ = ["APIError", "ServerConfig", "SimEngineServer", "serve"]
 VERSION = "0.33.0+chunkpilot.sim"
 #: Largest request body accepted (413 past it).
 MAX_BODY_BYTES = 64 * 2**20
-#: Wall seconds the simulated clock may trail the wall clock before it jumps to it: the event loop's
-#: lag up to this is absorbed (steps stay back to back in simulated time, as offline).
+#: Wall seconds the simulated clock may trail the wall clock (past it, it jumps forward to trail by
+#: this much): the event loop's lag up to this is absorbed (steps stay back to back in simulated
+#: time, as offline).
 MAX_CLOCK_LAG_S = 0.25
 #: Longest wall wait of an engine with nothing it can run before it looks again.
 IDLE_POLL_S = 0.05

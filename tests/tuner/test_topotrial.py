@@ -609,6 +609,14 @@ def test_a_recommendation_of_fewer_replicas_than_the_service_has_now_is_not_trie
     assert refused(body)[1] == "TopologyRecommendationStale"
 
 
+def test_a_recommendation_of_more_replicas_than_the_service_has_now_is_not_tried() -> None:
+    body = service_body(replicas=3)  # 1 + 3 was evaluated before spec.replicas went from 4 to 3
+    body["status"]["recommendation"] = {**RECOMMENDATION, "decodeReplicas": 3, "capacityReqS": 9.0}
+    found = refused(body)
+    assert found[1] == "TopologyRecommendationStale", found
+    assert "it was evaluated for 4 replicas, the service has 3" in found[2] and "raise" not in found[2]
+
+
 def test_a_recommendation_whose_capacity_is_below_the_live_rate_is_not_tried() -> None:
     body = service_body()
     body["status"]["recommendation"] = {
