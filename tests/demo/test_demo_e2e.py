@@ -56,6 +56,12 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(
     assert not left, f"the demo left processes running: {left}"
 
 
+def _default_sigint() -> None:
+    """Ctrl-C's default in the demo's process: a test run in the background (``nohup … &``) ignores
+    SIGINT, the child inherits that, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_tears_everything_down(
     tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
 ) -> None:
@@ -76,6 +82,7 @@ def test_ctrl_c_mid_run_tears_everything_down(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=_default_sigint,
     )
     assert process.stdout is not None
     seen: list[str] = []
