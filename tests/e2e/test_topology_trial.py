@@ -3,7 +3,9 @@
 The scenario of ``test_infeasible_recommendation.py`` (one simulated L40S per replica, Llama-3.1-8B,
 the arXiv summarisation lengths with prompts up to 4,000 tokens, ITL p99 <= 35 ms and TTFT p95 <=
 600 ms) on two replicas at 1.2 req/s: no colocated configuration meets both SLOs, two to four
-colocated canaries confirm the twin's prediction, and the twin recommends 1 prefill + 1 decode
+colocated canaries confirm the twin's prediction (six declare it on measurements alone when the
+twin's evidence does not: its ranking and its error at these SLO edges vary with the machine's
+load), and the twin recommends 1 prefill + 1 decode
 replica, the service's own two GPUs, predicted to meet both SLOs up to about 1.6-1.8 req/s (the gate
 wants the live rate, about 1.3 req/s, with a 5% margin). With ``autotune.allowTopologyChange: true``
 the tuner rolls that layout out as a canary topology: canary prefill and decode pools behind a
@@ -18,7 +20,7 @@ p99 reaches vLLM's 50 ms histogram boundary on this stack (measured: 49.8 ms at 
 replica, the stable's 0.3). The canary topology misses ITL and contradicts the twin, and is rolled
 back: every canary object goes and the colocated service serves on. (A promotion is tested on plain
 data in ``tests/tuner/test_topotrial.py`` and its rendering and switch-over in
-``tests/operator/test_promoted_topology.py``.) About 5 minutes on a loaded 2-core machine.
+``tests/operator/test_promoted_topology.py``.) About 5-8 minutes on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
 from chunkpilot.localrun.stack import LocalStack, StackOptions
 from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(900)]
 
 TUNER_ENV = {
     "CHUNKPILOT_TUNER_INTERVAL": "2",
@@ -90,7 +92,7 @@ def manifest(name: str, namespace: str) -> dict[str, Any]:
     """The infeasible scenario's service on two L40S replicas, allowed to change its topology."""
     abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
     body = sim_service_manifest(
-        name, namespace, max_trials=5, window="30s", warmup="5s", abort=abort, allowTopologyChange=True
+        name, namespace, max_trials=6, window="30s", warmup="5s", abort=abort, allowTopologyChange=True
     )
     spec = body["spec"]
     spec["replicas"] = REPLICAS
@@ -151,7 +153,7 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
             120,
             cluster,
         )
-        load = start_load(stack, name, namespace, duration_s=480)
+        load = start_load(stack, name, namespace, duration_s=720)
 
         def topology_trial() -> dict[str, Any] | None:
             found = next((t for t in cluster.trials() if t["spec"].get("topology")), None)
@@ -160,12 +162,12 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
                 pytest.fail(f"tuning stopped without SLOInfeasible: {tuning}; trials: {cluster.verdicts()}")
             return found
 
-        trial = wait_until("the topology trial", topology_trial, 360, cluster)
+        trial = wait_until("the topology trial", topology_trial, 540, cluster)
         created_s = time.monotonic() - started
         topology = trial["spec"]["topology"]
         assert (topology["prefill"]["replicas"], topology["decode"]["replicas"]) == (1, 1), topology
         colocated = [(n, v) for n, v, _ in cluster.verdicts() if n != trial["spec"]["number"]]
-        assert 2 <= len(colocated) <= 4 and all(v in ("Pruned", "Discarded") for _, v in colocated), colocated
+        assert 2 <= len(colocated) <= 6 and all(v in ("Pruned", "Discarded") for _, v in colocated), colocated
 
         def measuring_router() -> Any:
             phase = ((cluster.trials()[-1].get("status") or {}).get("phase")) or ""
