@@ -166,9 +166,6 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
     )
 
 
-replicas_of: Final = topology_replicas
-
-
 @dataclass(frozen=True)
 class Gate:
     """Roll ``topology`` out, or (``topology`` None) why not: a ``TopologyChange`` reason and message."""
@@ -208,11 +205,10 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
     topology = layout(found, snap.incumbent)
     if topology is None:
         return None
-    described, need = rec.describe_topology(topology), replicas_of(topology)
+    described, need = rec.describe_topology(topology), topology_replicas(topology)
     tp = spec.engine.tensor_parallel_size
-    if need != max(
-        spec.replicas, 2
-    ):  # spec.replicas edited since (the twin evaluates its own, 1 + 1 for one)
+    # The twin evaluates the service's own replicas (1 + 1 for one): another count is an older spec's.
+    if need != max(spec.replicas, 2):
         return Gate(
             None,
             TopologyReason.STALE,
@@ -306,7 +302,7 @@ def report(plan: Plan, round_: int) -> None:
     status, reason = VERDICT_REASONS[last.status.verdict]
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
     promoted = last.spec.topology if reason is TopologyReason.PROMOTED else None
-    if promoted is not None and replicas_of(promoted) != snap.isvc.spec.replicas:
+    if promoted is not None and topology_replicas(promoted) != snap.isvc.spec.replicas:
         return  # not running: note_not_running says so
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
 
@@ -316,9 +312,9 @@ def note_not_running(plan: Plan) -> None:
     other replicas than ``spec.replicas`` (the service runs colocated on those)."""
     status, replicas = plan.snap.status, plan.snap.isvc.spec.replicas
     promoted = status.best_topology
-    if promoted is None or replicas_of(promoted) == replicas:
+    if promoted is None or topology_replicas(promoted) == replicas:
         return
-    need = replicas_of(promoted)
+    need = topology_replicas(promoted)
     plan.condition(
         ConditionType.TOPOLOGY_CHANGE,
         ConditionStatus.FALSE,
@@ -449,7 +445,7 @@ def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
     measurement would judge something the service no longer asks for.
     """
     topology, replicas = trial.spec.topology, isvc.spec.replicas
-    if topology is not None and (had := replicas_of(topology)) != replicas:
+    if topology is not None and (had := topology_replicas(topology)) != replicas:
         return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"
     now, recorded = basis(isvc), trial.metadata.annotations
     for name in BASIS_FIELDS:
@@ -582,7 +578,7 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
 def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
     """What the twin predicted for the trial's topology (its recommendation)."""
     found = plan.snap.status.recommendation
-    replicas = replicas_of(trial.spec.topology) if trial.spec.topology is not None else 0
+    replicas = topology_replicas(trial.spec.topology) if trial.spec.topology is not None else 0
     return Prediction(found.capacity_req_s if found is not None else None, replicas)
 
 
