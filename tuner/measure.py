@@ -10,14 +10,20 @@ Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
 - token mix:        prompt and generated token rates over the request rate (tokens per request)
 - replicas:         ``count(up{sel} == 1)``
 
-Where an engine's own latency histograms are coarse or missing (SGLang's ITL buckets jump
-40 -> 60 ms; TensorRT-LLM has no ITL histogram at all), Chunkpilot's fine per-token histograms
-(``chunkpilot:inter_token_latency_seconds``, ``chunkpilot:time_to_first_token_seconds``) are read
-first when the pods export them (the simulator does for every engine), the engine's own ones
-otherwise (``TunerMetrics.fine_latency_first``). On TensorRT-LLM without them the ITL objective
-can only be judged from the per-request time-per-output-token histogram, which averages each
-request's stalls over its tokens: :data:`TPOT_ITL_FACTOR` times its quantile is taken as the ITL
-quantile (:class:`ItlSource`), and every reason and condition built on it says so (``itl_note``).
+Every engine's own latency histograms are coarse or missing where SLOs are set (vLLM's ITL
+buckets jump 25 -> 50 ms, SGLang's 40 -> 60 ms; TensorRT-LLM has no ITL histogram at all), so
+Chunkpilot's fine per-token histograms (``chunkpilot:inter_token_latency_seconds``,
+``chunkpilot:time_to_first_token_seconds``) are read first when the pods export them (the
+simulator does for every engine, vLLM with the Chunkpilot scheduler plugin), the engine's own
+ones otherwise (``TunerMetrics.fine_latency_first``). Tracks measured to be compared (canary and
+stable; a topology trial's pools and stable) are all read from one family (:func:`window_source`):
+the fine histograms when every one of them has at least the judging threshold of fine samples in
+the window, the engine's own for all of them otherwise, since one histogram's bucket interpolation
+against another's is a difference in measurement, not in the engines. On TensorRT-LLM without
+them the ITL objective can only be judged from the per-request time-per-output-token histogram,
+which averages each request's stalls over its tokens: :data:`TPOT_ITL_FACTOR` times its quantile is
+taken as the ITL quantile (:class:`ItlSource`), and every reason and condition built on it says so
+(``itl_note``).
 
 Target labels: every engine target carries ``service``, ``namespace`` and
 ``track`` labels (the local runtime writes them into its file_sd targets; in a
@@ -32,7 +38,7 @@ fewer samples than required is not judged (see :class:`TrackMeasurement`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -64,14 +70,52 @@ TPOT_ITL_FACTOR: Final = 4.0
 
 
 class ItlSource(StrEnum):
-    """Where a track's ITL quantile comes from."""
+    """Where a track's ITL quantile comes from (its TTFT quantile comes from the same family)."""
 
-    #: The engine's own per-token inter-token-latency histogram.
+    #: The engine's own per-token inter-token-latency histogram (and its TTFT histogram).
     ENGINE = "engine"
-    #: Chunkpilot's fine per-token histogram (``chunkpilot:inter_token_latency_seconds``).
+    #: Chunkpilot's fine per-token histograms (``chunkpilot:inter_token_latency_seconds``, and
+    #: ``chunkpilot:time_to_first_token_seconds`` for TTFT).
     FINE = "fine"
-    #: :data:`TPOT_ITL_FACTOR` x the engine's per-request time-per-output-token quantile.
+    #: :data:`TPOT_ITL_FACTOR` x the engine's per-request time-per-output-token quantile (TTFT:
+    #: the engine's own histogram).
     TPOT = "tpot"
+
+
+def engine_source(engine: str) -> ItlSource:
+    """Where the ITL comes from when the engine's own histograms are read."""
+    return ItlSource.TPOT if tuner_metrics(engine).itl_per_request else ItlSource.ENGINE
+
+
+@dataclass(frozen=True)
+class FineSamples:
+    """Observations in a track's fine histograms over a window (0: none, or not exported)."""
+
+    itl: float
+    ttft: float
+    #: Whether the comparison reads this track's ITL (a prefill pool's is not read: its clients'
+    #: tokens after the first come from the decode pool).
+    judges_itl: bool = True
+
+    def enough(self, minimum: int) -> bool:
+        """At least ``minimum`` (and at least one) observations in every histogram compared."""
+        least = max(1, minimum)
+        return self.ttft >= least and (self.itl >= least or not self.judges_itl)
+
+
+def window_source(tracks: Sequence[FineSamples | None], minimum: int, engine: str) -> ItlSource:
+    """The one latency family every compared track is judged on in a window.
+
+    The fine histograms when every track has at least ``minimum`` fine samples (the threshold a
+    quantile is judged on, :meth:`TrackMeasurement.enough_samples`); otherwise the engine's own
+    for all of them (:func:`engine_source`). A track is None where the engine's fine histograms
+    are not read at all. Never one track's quantile from one family against another's from the
+    other: a vLLM canary whose tokens take 26-28 ms reads p99 49.75 ms by interpolation inside
+    vLLM's 25-50 ms bucket and 32 ms on the fine histogram, a difference of measurement only.
+    """
+    if tracks and all(t is not None and t.enough(minimum) for t in tracks):
+        return ItlSource.FINE
+    return engine_source(engine)
 
 
 class MetricsUnavailableError(RuntimeError):
@@ -319,6 +363,20 @@ VectorFn = Callable[[str, datetime], list[dict[str, Any]]]
 """Evaluate an instant PromQL query at a time; the instant vector as Prometheus answers it."""
 
 
+def fine_samples(
+    query: QueryFn, selector: Selector, window: str, at: datetime, engine: str = "vllm", *, itl: bool = True
+) -> FineSamples | None:
+    """The track's observations in its fine histograms; None where the engine's are not read.
+
+    ``itl=False``: the comparison does not read the track's ITL (a prefill pool's).
+    """
+    if not tuner_metrics(engine).fine_latency_first:
+        return None
+    itl_count = query(count_query(FINE_INTER_TOKEN_LATENCY, selector, window), at) if itl else None
+    ttft_count = query(count_query(FINE_TIME_TO_FIRST_TOKEN, selector, window), at)
+    return FineSamples(itl_count or 0.0, ttft_count or 0.0, itl)
+
+
 def measure_track(
     query: QueryFn,
     selector: Selector,
@@ -327,23 +385,31 @@ def measure_track(
     itl_quantile: float,
     ttft_quantile: float,
     engine: str = "vllm",
+    *,
+    fine: bool | None = None,
 ) -> TrackMeasurement:
-    """Run the queries of one track at instant ``at``."""
+    """Run the queries of one track at instant ``at``.
+
+    ``fine``: read the fine histograms (True) or the engine's own (False), as the window chose for
+    every track it compares (:func:`window_source`); None, for a track judged on its own: the fine
+    ones where the track exports both with observations in the window.
+    """
     queries = track_queries(selector, window, itl_quantile, ttft_quantile, engine)
-    fine = fine_latency_queries(selector, window, itl_quantile, ttft_quantile, engine)
-    itl = ttft = None
-    itl_samples = ttft_samples = 0.0
-    if fine is not None:
-        itl, itl_samples = _latency(query, at, fine.itl, fine.itl_samples)
-        ttft, ttft_samples = _latency(query, at, fine.ttft, fine.ttft_samples)
-    source, tpot_ms = ItlSource.FINE, None
-    if itl is None:
-        source = ItlSource.TPOT if tuner_metrics(engine).itl_per_request else ItlSource.ENGINE
+    fine_queries = fine_latency_queries(selector, window, itl_quantile, ttft_quantile, engine)
+    if fine is None:
+        samples = fine_samples(query, selector, window, at, engine)
+        fine = window_source([samples], 1, engine) is ItlSource.FINE
+    tpot_ms = None
+    if fine and fine_queries is not None:
+        source = ItlSource.FINE
+        itl, itl_samples = _latency(query, at, fine_queries.itl, fine_queries.itl_samples)
+        ttft, ttft_samples = _latency(query, at, fine_queries.ttft, fine_queries.ttft_samples)
+    else:
+        source = engine_source(engine)
         itl, itl_samples = _latency(query, at, queries.itl, queries.itl_samples)
+        ttft, ttft_samples = _latency(query, at, queries.ttft, queries.ttft_samples)
         if itl is not None and source is ItlSource.TPOT:
             tpot_ms, itl = itl * 1000.0, itl * TPOT_ITL_FACTOR
-    if ttft is None:
-        ttft, ttft_samples = _latency(query, at, queries.ttft, queries.ttft_samples)
     replicas = query(queries.replicas, at)
     return TrackMeasurement(
         track=str(selector.track),
@@ -381,25 +447,27 @@ def measure_window(
     labels: LabelScheme | None = None,
     config_hashes: Mapping[Track, str | None] | None = None,
     engine: str = "vllm",
+    *,
+    min_samples: int,
 ) -> WindowMeasurement:
-    """Canary and stable of ``service`` over the same ``window`` ending at ``at``.
+    """Canary and stable of ``service`` over the same ``window`` ending at ``at``, on one family.
 
     ``config_hashes`` narrows a track to the pods running one config (e.g. leaves out
-    stable pods still running the previous config during a rollout).
+    stable pods still running the previous config during a rollout). Both tracks are read from the
+    fine histograms when both have ``min_samples`` fine samples, from the engine's own otherwise
+    (:func:`window_source`).
     """
     scheme = labels or LabelScheme()
     hashes = config_hashes or {}
-    results = {
-        track: measure_track(
-            query,
-            Selector(service, namespace, track, scheme, hashes.get(track)),
-            window,
-            at,
-            itl_quantile,
-            ttft_quantile,
-            engine,
-        )
+    selectors = {
+        track: Selector(service, namespace, track, scheme, hashes.get(track))
         for track in (Track.CANARY, Track.STABLE)
+    }
+    counts = [fine_samples(query, sel, window, at, engine) for sel in selectors.values()]
+    fine = window_source(counts, min_samples, engine) is ItlSource.FINE
+    results = {
+        track: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+        for track, sel in selectors.items()
     }
     return WindowMeasurement(canary=results[Track.CANARY], stable=results[Track.STABLE])
 
@@ -500,14 +568,26 @@ def measure_topology(
     ttft_quantile: float,
     stable_hash: str | None,
     engine: str = "vllm",
+    *,
+    min_samples: int,
 ) -> TopologyWindow:
-    """Measure a topology trial: each canary pool (``track="canary"`` and its ``role``) and stable."""
+    """Measure a topology trial: each canary pool (``track="canary"`` and its ``role``) and stable.
 
-    def one(selector: Selector) -> TrackMeasurement:
-        return measure_track(query, selector, window, at, itl_quantile, ttft_quantile, engine)
-
-    return TopologyWindow(
-        prefill=one(Selector(service, namespace, Track.CANARY, role="prefill")),
-        decode=one(Selector(service, namespace, Track.CANARY, role="decode")),
-        stable=one(Selector(service, namespace, Track.STABLE, config_hash=stable_hash)),
-    )
+    All three on one family (:func:`window_source`): the fine histograms when the prefill pool's TTFT,
+    the decode pool's ITL and TTFT and the stable's ITL and TTFT each have ``min_samples`` fine
+    samples (the prefill pool's ITL is no part of what its clients see), the engine's own otherwise.
+    """
+    parts = {
+        "prefill": Selector(service, namespace, Track.CANARY, role="prefill"),
+        "decode": Selector(service, namespace, Track.CANARY, role="decode"),
+        "stable": Selector(service, namespace, Track.STABLE, config_hash=stable_hash),
+    }
+    counts = [
+        fine_samples(query, sel, window, at, engine, itl=part != "prefill") for part, sel in parts.items()
+    ]
+    fine = window_source(counts, min_samples, engine) is ItlSource.FINE
+    found = {
+        part: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+        for part, sel in parts.items()
+    }
+    return TopologyWindow(prefill=found["prefill"], decode=found["decode"], stable=found["stable"])

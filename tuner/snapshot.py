@@ -404,6 +404,7 @@ class Observer:
                 slo.ttft_quantile,
                 snap.incumbent.config_hash(),
                 str(snap.isvc.spec.engine.kind),
+                min_samples=rec.abort_rules(snap.isvc).min_samples,
             )
         except MetricsUnavailableError as error:
             return _replace(snap, topology_window=Reading(error=str(error)))
@@ -428,6 +429,7 @@ class Observer:
                 None,
                 hashes,
                 str(snap.isvc.spec.engine.kind),
+                min_samples=rec.abort_rules(snap.isvc).min_samples,
             )
         except MetricsUnavailableError as error:
             return Reading(error=str(error))

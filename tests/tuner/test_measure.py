@@ -10,16 +10,28 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import pytest
-from chunkpilot.engine.metrics_names import tuner_metrics
+from chunkpilot.engine.metrics_names import (
+    FINE_INTER_TOKEN_LATENCY,
+    FINE_ITL_BUCKETS,
+    FINE_TIME_TO_FIRST_TOKEN,
+    FINE_TTFT_BUCKETS,
+    INTER_TOKEN_LATENCY,
+    ITL_BUCKETS,
+    TIME_TO_FIRST_TOKEN,
+    TTFT_BUCKETS,
+    tuner_metrics,
+)
 from chunkpilot.operator.testing import wait_for
 from chunkpilot.tuner.measure import (
     TPOT_ITL_FACTOR,
+    FineSamples,
     ItlSource,
     LabelScheme,
     MetricsUnavailableError,
     QueryFn,
     Selector,
     TopologyWindow,
+    WindowMeasurement,
     count_query,
     fine_latency_queries,
     measure_topology,
@@ -29,6 +41,7 @@ from chunkpilot.tuner.measure import (
     quantile_query,
     rate_query,
     track_queries,
+    window_source,
 )
 
 from chunkpilot.api import Track
@@ -97,14 +110,17 @@ def test_both_tracks_are_measured_at_the_same_instant() -> None:
                 return value
         return None
 
-    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95)
+    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95, min_samples=100)
     assert {at for _, at in seen} == {T0}
     assert w.canary.itl_ms == pytest.approx(40.0)
     assert w.canary.ttft_ms == pytest.approx(800.0)
     assert w.canary.replicas == 2 and w.canary.ttft_samples == 500.0
     assert w.canary.prompt_tok_s is None and w.canary.throughput_tok_s == 100.0
     assert w.canary.enough_samples(100) and not w.canary.enough_samples(501)
-    assert len(seen) == 2 * len(track_queries(SEL, "2m", 0.99, 0.95).__dict__)
+    assert w.canary.itl_source is w.stable.itl_source is ItlSource.FINE
+    # Per track: its fine sample counts (to choose the family), then the fine family's four
+    # latency queries in place of the engine's.
+    assert len(seen) == 2 * (2 + len(track_queries(SEL, "2m", 0.99, 0.95).__dict__))
 
 
 @pytest.mark.parametrize(
@@ -162,14 +178,24 @@ def _answers(values: dict[str, float]) -> tuple[list[str], QueryFn]:
     return seen, query
 
 
-def test_vllm_reads_its_own_latency_histograms_only() -> None:
-    seen, query = _answers(
-        {"vllm:inter_token_latency_seconds": 0.040, "vllm:time_to_first_token_seconds": 0.5}
-    )
+def test_vllm_reads_the_fine_histograms_first_and_falls_back_to_its_own() -> None:
+    fine = {
+        "chunkpilot:inter_token_latency_seconds": 0.032,
+        "chunkpilot:time_to_first_token_seconds": 0.46,
+        "vllm:inter_token_latency_seconds": 0.04975,  # tokens of 26-28 ms in its 25 -> 50 ms bucket
+        "vllm:time_to_first_token_seconds": 0.5,
+    }
+    seen, query = _answers(fine)
     m = measure_track(query, SEL, "1m", T0, 0.99, 0.95)
-    assert m.itl_ms == pytest.approx(40.0) and m.itl_source is ItlSource.ENGINE and m.itl_note is None
-    assert fine_latency_queries(SEL, "1m", 0.99, 0.95) is None
-    assert not any("chunkpilot:" in q for q in seen)
+    assert (m.itl_ms, m.ttft_ms) == (pytest.approx(32.0), pytest.approx(460.0))
+    assert m.itl_source is ItlSource.FINE and m.itl_note is None
+    assert fine_latency_queries(SEL, "1m", 0.99, 0.95) is not None
+    assert not any("vllm:inter_token" in q or "vllm:time_to_first" in q for q in seen)
+    own = {k: v for k, v in fine.items() if k.startswith("vllm:")}  # stock vLLM, no plugin
+    _, query = _answers(own)
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95)
+    assert (m.itl_ms, m.ttft_ms) == (pytest.approx(49.75), pytest.approx(500.0))
+    assert m.itl_source is ItlSource.ENGINE and m.itl_note is None
 
 
 def test_sglang_reads_the_fine_histograms_first_and_falls_back_to_its_own() -> None:
@@ -194,12 +220,14 @@ def test_trtllm_judges_itl_per_token_where_the_fine_histogram_is_exported() -> N
     _, query = _answers(
         {
             "chunkpilot:inter_token_latency_seconds": 0.0737,
+            "chunkpilot:time_to_first_token_seconds": 0.28,
             "trtllm_time_per_output_token_seconds": 0.0375,
             "trtllm_time_to_first_token_seconds": 0.3,
         }
     )
     m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "trtllm")
     assert m.itl_ms == pytest.approx(73.7) and m.itl_source is ItlSource.FINE
+    assert m.ttft_ms == pytest.approx(280.0)  # TTFT from the same family as ITL
     assert m.tpot_ms is None and m.itl_note is None
 
 
@@ -215,6 +243,99 @@ def test_trtllm_without_a_per_token_histogram_judges_itl_conservatively_from_tpo
     assert "ITL judged from TPOT (TensorRT-LLM exports no ITL histogram)" in m.itl_note
     assert "p99" in m.itl_note and "37.5ms" in m.itl_note
     assert m.ttft_ms == pytest.approx(300.0) and m.enough_samples(100)
+
+
+# --------------------------------------------------------------------------- one latency family per window
+
+
+def test_window_source_is_fine_only_when_every_track_has_enough_fine_samples() -> None:
+    both = [FineSamples(5000.0, 120.0), FineSamples(4000.0, 100.0)]
+    assert window_source(both, 100, "vllm") is ItlSource.FINE
+    # A stable on stock vLLM (no plugin: no fine series) beside a plugin canary: engine for both.
+    assert window_source([FineSamples(5000.0, 120.0), FineSamples(0.0, 0.0)], 100, "vllm") is ItlSource.ENGINE
+    # An engine whose fine histograms are not read at all.
+    assert window_source([FineSamples(5000.0, 120.0), None], 100, "sglang") is ItlSource.ENGINE
+    # Below the judging threshold on one track (its TTFT, or its ITL): engine for both.
+    assert window_source([FineSamples(5000.0, 99.0), both[1]], 100, "vllm") is ItlSource.ENGINE
+    assert window_source([FineSamples(99.0, 120.0), both[1]], 100, "vllm") is ItlSource.ENGINE
+    # TensorRT-LLM's own family: ITL from its TPOT histogram.
+    assert window_source([FineSamples(0.0, 0.0), both[1]], 100, "trtllm") is ItlSource.TPOT
+    assert window_source(both, 100, "trtllm") is ItlSource.FINE
+    # A prefill pool's ITL is not compared; nothing to compare reads nothing fine.
+    prefill = FineSamples(0.0, 120.0, judges_itl=False)
+    assert window_source([prefill, *both], 100, "vllm") is ItlSource.FINE
+    assert window_source([], 100, "vllm") is ItlSource.ENGINE
+    assert window_source([FineSamples(0.0, 0.0)], 0, "vllm") is ItlSource.ENGINE
+
+
+def _tracks(values: dict[str, dict[str, tuple[float, float]]]) -> QueryFn:
+    """Answers per track (``track="..."`` in the query) and family: (quantile in s, observations)."""
+
+    def query(promql: str, at: datetime) -> float | None:
+        for track, families in values.items():
+            if f'track="{track}"' not in promql and f'role="{track}"' not in promql:
+                continue
+            for family, (quantile, count) in families.items():
+                if f"{family}_bucket" in promql:
+                    return quantile
+                if f"{family}_count" in promql:
+                    return count
+        return None
+
+    return query
+
+
+ENGINE_FAMILIES: Final = {
+    "vllm:inter_token_latency_seconds": (0.04975, 6000.0),
+    "vllm:time_to_first_token_seconds": (0.5, 200.0),
+}
+FINE_FAMILIES: Final = {
+    "chunkpilot:inter_token_latency_seconds": (0.032, 6000.0),
+    "chunkpilot:time_to_first_token_seconds": (0.46, 200.0),
+}
+
+
+@pytest.mark.parametrize(
+    ("stable_fine", "canary_requests", "expected", "itl_ms"),
+    [
+        (True, 200.0, ItlSource.FINE, 32.0),  # both tracks run the plugin
+        (False, 200.0, ItlSource.ENGINE, 49.75),  # stable on stock vLLM: engine histograms for both
+        (True, 99.0, ItlSource.ENGINE, 49.75),  # the canary's fine TTFT below the threshold of 100
+    ],
+)
+def test_a_window_judges_canary_and_stable_on_one_family(
+    stable_fine: bool, canary_requests: float, expected: ItlSource, itl_ms: float
+) -> None:
+    canary_fine = {**FINE_FAMILIES, "chunkpilot:time_to_first_token_seconds": (0.46, canary_requests)}
+    query = _tracks(
+        {
+            "canary": {**ENGINE_FAMILIES, **canary_fine},
+            "stable": {**ENGINE_FAMILIES, **(FINE_FAMILIES if stable_fine else {})},
+        }
+    )
+    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95, min_samples=100)
+    assert w.canary.itl_source is w.stable.itl_source is expected
+    assert w.canary.itl_ms == pytest.approx(itl_ms) and w.stable.itl_ms == pytest.approx(itl_ms)
+
+
+def test_a_topology_and_its_stable_are_judged_on_one_family() -> None:
+    """The prefill pool's ITL is not compared: its lack of fine ITL samples keeps the fine family."""
+    prefill = {
+        "chunkpilot:time_to_first_token_seconds": (0.4, 200.0),
+        "vllm:time_to_first_token_seconds": (0.45, 200.0),
+    }
+    pools = {"prefill": prefill, "decode": {**ENGINE_FAMILIES, **FINE_FAMILIES}}
+    query = _tracks({**pools, "stable": {**ENGINE_FAMILIES, **FINE_FAMILIES}})
+    window = measure_topology(query, "chat", "default", "2m", T0, 0.99, 0.95, "abc", min_samples=100)
+    parts = (window.prefill, window.decode, window.stable)
+    assert all(p.itl_source is ItlSource.FINE for p in parts)
+    assert window.combined().itl_ms == pytest.approx(32.0)
+    assert window.combined().ttft_ms == pytest.approx(400.0 + 460.0)
+    query = _tracks({**pools, "stable": ENGINE_FAMILIES})  # the colocated stable on stock vLLM
+    window = measure_topology(query, "chat", "default", "2m", T0, 0.99, 0.95, "abc", min_samples=100)
+    assert all(p.itl_source is ItlSource.ENGINE for p in (window.prefill, window.decode, window.stable))
+    assert window.combined().itl_ms == pytest.approx(49.75)
+    assert window.combined().ttft_ms == pytest.approx(450.0 + 500.0)
 
 
 # --------------------------------------------------------------------------- a topology on a real Prometheus
@@ -283,7 +404,9 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
         return parse_instant_result(prometheus.query(text, at.timestamp()))
 
     def measured() -> TopologyWindow | None:
-        found = measure_topology(query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, "abc")
+        found = measure_topology(
+            query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, "abc", min_samples=9
+        )
         # Nine tenths of the 10 s window covered at each part's rate (rate() of a younger series reads low).
         parts = ((found.prefill, 2.0), (found.decode, 6.0), (found.stable, 1.0))
         return found if all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts) else None
@@ -300,3 +423,103 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
     assert window.prefill.ttft_ms is not None and 100 < window.prefill.ttft_ms <= 400
     assert window.decode.ttft_ms is not None and 0 < window.decode.ttft_ms <= 100
     assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
+
+
+class _LatencyExporter:
+    """Two scrape paths of engines whose every token takes 27 ms and every first token 290 ms:
+    ``/plugin`` exports vLLM's histograms and Chunkpilot's fine ones, ``/stock`` vLLM's only."""
+
+    ITL_S: Final = 0.027
+    TTFT_S: Final = 0.29
+    TOKENS_PER_S: Final = 100.0
+    REQUESTS_PER_S: Final = 5.0
+
+    def __init__(self) -> None:
+        start = time.monotonic()
+        own = (
+            (INTER_TOKEN_LATENCY, ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
+            (TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
+        )
+        fine = (
+            (FINE_INTER_TOKEN_LATENCY, FINE_ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
+            (FINE_TIME_TO_FIRST_TOKEN, FINE_TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
+        )
+        paths = {"/plugin": own + fine, "/stock": own}
+        requests_per_s = self.REQUESTS_PER_S
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path not in paths:
+                    self.send_error(404)
+                    return
+                elapsed = time.monotonic() - start
+                success = tuner_metrics("vllm").request_success
+                lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
+                for family, buckets, value, rate in paths[self.path]:
+                    done = rate * elapsed
+                    lines.append(f"# TYPE {family} histogram")
+                    for le in (*(f"{b:g}" for b in buckets), "+Inf"):
+                        lines.append(f'{family}_bucket{{le="{le}"}} {done if float(le) >= value else 0.0}')
+                    lines += [f"{family}_count {done}", f"{family}_sum {done * value}"]
+                body = ("\n".join(lines) + "\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.prometheus
+def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometheus: Any) -> None:
+    """A plugin canary beside a stock-vLLM stable reads vLLM's histograms for both (tokens of 27 ms:
+    p99 49.75 ms inside the 25-50 ms bucket); with the plugin on both, the fine ones (27.98 ms)."""
+    suffix = uuid.uuid4().hex[:8]  # the session's Prometheus is shared: labels of its own
+    mixed, plugin = f"mixed-{suffix}", f"plugin-{suffix}"
+    exporter = _LatencyExporter()
+    groups = [
+        TargetGroup([exporter.address], {"service": service, "namespace": "default", "track": track}, path)
+        for service, track, path in (
+            (mixed, "canary", "/plugin"),
+            (mixed, "stable", "/stock"),
+            (plugin, "canary", "/plugin"),
+            (plugin, "stable", "/plugin"),
+        )
+    ]
+    prometheus.set_target_groups(groups)
+
+    def query(text: str, at: datetime) -> float | None:
+        return parse_instant_result(prometheus.query(text, at.timestamp()))
+
+    def measured() -> tuple[WindowMeasurement, WindowMeasurement] | None:
+        at = datetime.now(UTC)
+        found = tuple(
+            measure_window(query, service, "default", "10s", at, 0.99, 0.95, min_samples=20)
+            for service in (mixed, plugin)
+        )
+        tracks = [m for w in found for m in (w.canary, w.stable)]
+        # Nine tenths of the 10 s window covered (rate() of a younger series reads low).
+        return found if all(m.ttft_samples >= 0.9 * 10 * exporter.REQUESTS_PER_S for m in tracks) else None
+
+    try:
+        both_mixed, both_plugin = wait_for(measured, timeout=60, interval=1.0, what="two scraped windows")
+    finally:
+        exporter.close()
+    for m in (both_mixed.canary, both_mixed.stable):
+        assert m.itl_source is ItlSource.ENGINE, m.track
+        assert m.itl_ms == pytest.approx(25 + 0.99 * 25, abs=0.01)
+        assert m.ttft_ms == pytest.approx(250 + 0.95 * 250, abs=0.1)
+    for m in (both_plugin.canary, both_plugin.stable):
+        assert m.itl_source is ItlSource.FINE, m.track
+        assert m.itl_ms == pytest.approx(26 + 0.99 * 2, abs=0.01)
+        assert m.ttft_ms == pytest.approx(250 + 0.95 * 50, abs=0.1)

@@ -840,7 +840,7 @@ def test_measure_topology_selects_each_pool_by_track_and_role() -> None:
         asked.append(text)
         return 1.0
 
-    measure_topology(query, "chat", "default", "60s", NOW, 0.99, 0.95, "abc")
+    measure_topology(query, "chat", "default", "60s", NOW, 0.99, 0.95, "abc", min_samples=100)
     roles = {r for r in ("prefill", "decode") for q in asked if f'track="canary",role="{r}"' in q}
     assert roles == {"prefill", "decode"}
     assert any('{service="chat",namespace="default",track="stable",config_hash="abc"}' in q for q in asked)
