@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunkpilot.tuner.measure import TopologyWindow
+from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement
 from chunkpilot.tuner.policy import Decision, SLOCheck, SLOTargets, check_slo
 from chunkpilot.tuner.twin.online import TOLERANCE
 
@@ -23,6 +23,13 @@ __all__ = ["Load", "Prediction", "judge", "twin_check"]
 
 def _ms(value: float | None) -> str:
     return f"{value:.0f} ms" if value is not None else "no data"
+
+
+def _family(measured: TrackMeasurement) -> str:
+    """Which histograms every part was read from (one family per window: ``measure.window_source``)."""
+    if measured.itl_source is ItlSource.FINE:
+        return "all read from Chunkpilot's fine histograms"
+    return measured.itl_note or "all read from the engine's own histograms"
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ def judge(
     stable = window.stable
     if stable.itl_ms is not None and stable.ttft_ms is not None:
         measured += f"; colocated stable ITL {_ms(stable.itl_ms)}, TTFT {_ms(stable.ttft_ms)}"
+    measured += f"; {_family(both)}"
     if not both.enough_samples(min_samples):
         return Decision.INCONCLUSIVE, (
             f"too few samples: the pools served {p.ttft_samples:.0f} and {d.ttft_samples:.0f} requests in "

@@ -38,7 +38,7 @@ from chunkpilot.tuner.actions import (
 )
 from chunkpilot.tuner.calibration import TwinReading
 from chunkpilot.tuner.decide import decide
-from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement, measure_topology
+from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement, measure_topology
 from chunkpilot.tuner.phases import TunerSettings
 from chunkpilot.tuner.policy import Decision, SLOTargets
 from chunkpilot.tuner.snapshot import (
@@ -673,9 +673,14 @@ def test_a_canary_topology_judged_at_a_lighter_load_than_the_stables_is_not_prom
     assert decision is Decision.DISCARD, reason
     assert "lighter than it would carry promoted" in reason
     assert "0.167 req/s per replica, the stable 0.333 per replica" in reason
+    assert "all read from the engine's own histograms" in reason
     fair = replace(light, stable=measurement("stable", 68.0, 512.0, rate=1 / 3, replicas=2))
     decision, reason = topotrial.judge(fair, SLO, 100, topotrial.Prediction(2.1, 2))
     assert decision is Decision.PROMOTE and "at the stable's load per replica" in reason
+    parts = (fair.prefill, fair.decode, fair.stable)
+    fine = TopologyWindow(*(replace(m, itl_source=ItlSource.FINE) for m in parts))
+    decision, reason = topotrial.judge(fine, SLO, 100, topotrial.Prediction(2.1, 2))
+    assert decision is Decision.PROMOTE and "all read from Chunkpilot's fine histograms" in reason
 
 
 def test_a_measurement_that_contradicts_the_twin_promotes_nothing_and_the_reason_says_so() -> None:
