@@ -92,6 +92,7 @@ __all__ = [
     "Prediction",
     "TopologyReason",
     "advance",
+    "basis_documents",
     "complete_promotion",
     "consider",
     "gate",
@@ -432,18 +433,21 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
 
 def basis(isvc: InferenceService) -> dict[str, str]:
     """What a topology trial's canary pools are rendered from besides its topology, as annotations
-    of digests: ``spec.engine``, ``spec.model``, ``spec.resources`` (``spec.replicas``: the topology's)."""
-    spec = isvc.spec.to_k8s()
-    texts = {name: json.dumps(spec.get(name), sort_keys=True) for name in BASIS_FIELDS}
+    of digests of :func:`basis_documents` (``spec.replicas``: the topology's)."""
+    texts = {name: json.dumps(part, sort_keys=True) for name, part in basis_documents(isvc).items()}
     return {ANNOTATION_BASIS + name: hashlib.sha256(t.encode()).hexdigest()[:12] for name, t in texts.items()}
+
+
+def basis_documents(isvc: InferenceService) -> dict[str, Any]:
+    """``spec.engine``, ``spec.model`` and ``spec.resources`` without the fields at their defaults: an
+    upgrade whose CRD adds a defaulted field (the API server writes it in) is no edit mid-trial."""
+    spec = isvc.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+    return {name: spec.get(name) for name in BASIS_FIELDS}
 
 
 def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
     """Why the spec the trial started on changed under it (replicas, engine, model, resources); None: not.
-
-    The topology was chosen for those replicas and the twin's fit of that engine, model and GPU: its
-    measurement would judge something the service no longer asks for.
-    """
+    The topology was chosen for those replicas and the twin's fit of that engine, model and GPU."""
     topology, replicas = trial.spec.topology, isvc.spec.replicas
     if topology is not None and (had := topology_replicas(topology)) != replicas:
         return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"

@@ -54,6 +54,7 @@ from chunkpilot.tuner.snapshot import (
 
 from chunkpilot.api import (
     EngineConfig,
+    InferenceService,
     Measurement,
     ObjectMeta,
     TopologySpec,
@@ -991,6 +992,19 @@ def test_a_spec_change_under_a_running_topology_trial_aborts_it(edit: Any, why: 
     assert of_type(plan, DeleteCanaryTopology) and "bestTopology" not in plan.status
     found = condition(plan, "TopologyChange")
     assert found is not None and found[:2] == ("False", "TopologyTrialAborted") and why in found[2]
+
+
+def test_fields_at_their_defaults_stay_out_of_the_trials_basis() -> None:
+    # An operator upgrade whose CRD adds a defaulted field makes the API server write it into the
+    # stored spec; the pools render the same, so it must not read as an edit mid-trial.
+    body = service_body()
+    body["spec"]["engine"]["enableChunkedPrefill"] = True  # written out at its default
+    documents = topotrial.basis_documents(InferenceService.from_manifest(body))
+    assert "enableChunkedPrefill" not in documents["engine"], documents
+    assert documents["engine"]["maxNumBatchedTokens"] == body["spec"]["engine"]["maxNumBatchedTokens"]
+    trial = started(service_body())
+    plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
+    assert "verdict" not in trial_status(plan), trial_status(plan)
 
 
 def test_a_promoted_topology_on_other_replicas_than_spec_replicas_is_said_not_to_run() -> None:
