@@ -431,17 +431,17 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
         measure(plan, trial, settings)
 
 
-def basis(isvc: InferenceService) -> dict[str, str]:
-    """What a topology trial's canary pools are rendered from besides its topology, as annotations
-    of digests of :func:`basis_documents` (``spec.replicas``: the topology's)."""
-    texts = {name: json.dumps(part, sort_keys=True) for name, part in basis_documents(isvc).items()}
+def basis(isvc: InferenceService, *, defaults: bool = False) -> dict[str, str]:
+    """Annotations of digests of what a topology trial's pools are rendered from besides its topology:
+    :func:`basis_documents` (``defaults``: with the fields at their defaults, as releases before did)."""
+    texts = {k: json.dumps(v, sort_keys=True) for k, v in basis_documents(isvc, defaults=defaults).items()}
     return {ANNOTATION_BASIS + name: hashlib.sha256(t.encode()).hexdigest()[:12] for name, t in texts.items()}
 
 
-def basis_documents(isvc: InferenceService) -> dict[str, Any]:
+def basis_documents(isvc: InferenceService, *, defaults: bool = False) -> dict[str, Any]:
     """``spec.engine``, ``spec.model`` and ``spec.resources`` without the fields at their defaults: an
     upgrade whose CRD adds a defaulted field (the API server writes it in) is no edit mid-trial."""
-    spec = isvc.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+    spec = isvc.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=not defaults)
     return {name: spec.get(name) for name in BASIS_FIELDS}
 
 
@@ -451,10 +451,10 @@ def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
     topology, replicas = trial.spec.topology, isvc.spec.replicas
     if topology is not None and (had := topology_replicas(topology)) != replicas:
         return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"
-    now, recorded = basis(isvc), trial.metadata.annotations
+    now, before, recorded = basis(isvc), basis(isvc, defaults=True), trial.metadata.annotations
     for name in BASIS_FIELDS:
         key = ANNOTATION_BASIS + name
-        if key in recorded and recorded[key] != now[key]:
+        if key in recorded and recorded[key] not in (now[key], before[key]):
             return f"spec.{name} changed mid-trial: the canary topology runs the {name} it started with"
     return None
 

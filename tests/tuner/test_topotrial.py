@@ -1005,6 +1005,15 @@ def test_fields_at_their_defaults_stay_out_of_the_trials_basis() -> None:
     trial = started(service_body())
     plan = decide(snapshot(body, (*INFEASIBLE, trial), topology_canary=canary_parts(body)), SETTINGS)
     assert "verdict" not in trial_status(plan), trial_status(plan)
+    # A trial started by a release that digested the defaults too runs on as well.
+    isvc = InferenceService.from_manifest(body)
+    annotations = {**trial.metadata.annotations, **topotrial.basis(isvc, defaults=True)}
+    assert annotations != {**trial.metadata.annotations, **topotrial.basis(isvc)}
+    legacy = trial.model_copy(
+        update={"metadata": trial.metadata.model_copy(update={"annotations": annotations})}
+    )
+    plan = decide(snapshot(body, (*INFEASIBLE, legacy), topology_canary=canary_parts(body)), SETTINGS)
+    assert "verdict" not in trial_status(plan), trial_status(plan)
 
 
 def test_a_promoted_topology_on_other_replicas_than_spec_replicas_is_said_not_to_run() -> None:
