@@ -6,6 +6,7 @@ import http.server
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -341,33 +342,20 @@ def test_a_topology_and_its_stable_are_judged_on_one_family() -> None:
 # --------------------------------------------------------------------------- a topology on a real Prometheus
 
 
-class _PoolExporter:
-    """Three scrape paths (a prefill pool, a decode pool, the stable track): each a request counter
-    growing at its own rate and a TTFT histogram whose every observation is in its own bucket."""
+class _ExpositionServer:
+    """A real HTTP /metrics server for Prometheus to scrape: ``render(path, elapsed_s)`` is the text
+    of one scrape path (None: 404)."""
 
-    PATHS: Final = {"/prefill": (2.0, "0.4"), "/decode": (6.0, "0.1"), "/stable": (1.0, "1.6")}
-    BUCKETS: Final = ("0.1", "0.4", "1.6", "+Inf")
-
-    def __init__(self) -> None:
+    def __init__(self, render: Callable[[str, float], str | None]) -> None:
         start = time.monotonic()
-        paths = self.PATHS
-        buckets = self.BUCKETS
-        ttft = tuner_metrics("vllm").ttft_histogram
-        success = tuner_metrics("vllm").request_success
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path not in paths:
+                text = render(self.path, time.monotonic() - start)
+                if text is None:
                     self.send_error(404)
                     return
-                rate, bucket = paths[self.path]
-                done = rate * (time.monotonic() - start)
-                lines = [f"# TYPE {success} counter", f"{success} {done}", f"# TYPE {ttft} histogram"]
-                for le in buckets:
-                    count = done if float(le) >= float(bucket) else 0.0
-                    lines.append(f'{ttft}_bucket{{le="{le}"}} {count}')
-                lines += [f"{ttft}_count {done}", f"{ttft}_sum {done * float(bucket)}"]
-                body = ("\n".join(lines) + "\n").encode()
+                body = text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -384,6 +372,33 @@ class _PoolExporter:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class _PoolExporter(_ExpositionServer):
+    """Three scrape paths (a prefill pool, a decode pool, the stable track): each a request counter
+    growing at its own rate and a TTFT histogram whose every observation is in its own bucket."""
+
+    PATHS: Final = {"/prefill": (2.0, "0.4"), "/decode": (6.0, "0.1"), "/stable": (1.0, "1.6")}
+    BUCKETS: Final = ("0.1", "0.4", "1.6", "+Inf")
+
+    def __init__(self) -> None:
+        paths, buckets = self.PATHS, self.BUCKETS
+        ttft = tuner_metrics("vllm").ttft_histogram
+        success = tuner_metrics("vllm").request_success
+
+        def render(path: str, elapsed: float) -> str | None:
+            if path not in paths:
+                return None
+            rate, bucket = paths[path]
+            done = rate * elapsed
+            lines = [f"# TYPE {success} counter", f"{success} {done}", f"# TYPE {ttft} histogram"]
+            for le in buckets:
+                count = done if float(le) >= float(bucket) else 0.0
+                lines.append(f'{ttft}_bucket{{le="{le}"}} {count}')
+            lines += [f"{ttft}_count {done}", f"{ttft}_sum {done * float(bucket)}"]
+            return "\n".join(lines) + "\n"
+
+        super().__init__(render)
 
 
 @pytest.mark.prometheus
@@ -425,7 +440,7 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
     assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
 
 
-class _LatencyExporter:
+class _LatencyExporter(_ExpositionServer):
     """Two scrape paths of engines whose every token takes 27 ms and every first token 290 ms:
     ``/plugin`` exports vLLM's histograms and Chunkpilot's fine ones, ``/stock`` vLLM's only."""
 
@@ -435,7 +450,6 @@ class _LatencyExporter:
     REQUESTS_PER_S: Final = 5.0
 
     def __init__(self) -> None:
-        start = time.monotonic()
         own = (
             (INTER_TOKEN_LATENCY, ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
             (TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
@@ -447,37 +461,20 @@ class _LatencyExporter:
         paths = {"/plugin": own + fine, "/stock": own}
         requests_per_s = self.REQUESTS_PER_S
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path not in paths:
-                    self.send_error(404)
-                    return
-                elapsed = time.monotonic() - start
-                success = tuner_metrics("vllm").request_success
-                lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
-                for family, buckets, value, rate in paths[self.path]:
-                    done = rate * elapsed
-                    lines.append(f"# TYPE {family} histogram")
-                    for le in (*(f"{b:g}" for b in buckets), "+Inf"):
-                        lines.append(f'{family}_bucket{{le="{le}"}} {done if float(le) >= value else 0.0}')
-                    lines += [f"{family}_count {done}", f"{family}_sum {done * value}"]
-                body = ("\n".join(lines) + "\n").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def render(path: str, elapsed: float) -> str | None:
+            if path not in paths:
+                return None
+            success = tuner_metrics("vllm").request_success
+            lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
+            for family, buckets, value, rate in paths[path]:
+                done = rate * elapsed
+                lines.append(f"# TYPE {family} histogram")
+                for le in (*(f"{b:g}" for b in buckets), "+Inf"):
+                    lines.append(f'{family}_bucket{{le="{le}"}} {done if float(le) >= value else 0.0}')
+                lines += [f"{family}_count {done}", f"{family}_sum {done * value}"]
+            return "\n".join(lines) + "\n"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(render)
 
 
 @pytest.mark.prometheus
