@@ -573,21 +573,25 @@ def measure_topology(
 ) -> TopologyWindow:
     """Measure a topology trial: each canary pool (``track="canary"`` and its ``role``) and stable.
 
-    All three on one family (:func:`window_source`): the fine histograms when the prefill pool's TTFT,
-    the decode pool's ITL and TTFT and the stable's ITL and TTFT each have ``min_samples`` fine
-    samples (the prefill pool's ITL is no part of what its clients see), the engine's own otherwise.
+    The pools on one family (:func:`window_source`): the fine histograms when the prefill pool's TTFT
+    and the decode pool's ITL and TTFT have ``min_samples`` fine samples (the prefill pool's ITL is no
+    part of what its clients see), the engine's own otherwise. The stable, only reported beside them,
+    is read on the same family where it has as many fine samples itself, on the engine's otherwise.
     """
     parts = {
         "prefill": Selector(service, namespace, Track.CANARY, role="prefill"),
         "decode": Selector(service, namespace, Track.CANARY, role="decode"),
         "stable": Selector(service, namespace, Track.STABLE, config_hash=stable_hash),
     }
-    counts = [
-        fine_samples(query, sel, window, at, engine, itl=part != "prefill") for part, sel in parts.items()
-    ]
-    fine = window_source(counts, min_samples, engine) is ItlSource.FINE
+    counts = {
+        part: fine_samples(query, sel, window, at, engine, itl=part != "prefill")
+        for part, sel in parts.items()
+    }
+    fine = window_source([counts["prefill"], counts["decode"]], min_samples, engine) is ItlSource.FINE
+    families = {part: fine for part in parts}
+    families["stable"] = fine and window_source([counts["stable"]], min_samples, engine) is ItlSource.FINE
     found = {
-        part: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+        part: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=families[part])
         for part, sel in parts.items()
     }
     return TopologyWindow(prefill=found["prefill"], decode=found["decode"], stable=found["stable"])

@@ -25,11 +25,11 @@ def _ms(value: float | None) -> str:
     return f"{value:.0f} ms" if value is not None else "no data"
 
 
-def _family(measured: TrackMeasurement) -> str:
-    """Which histograms every part was read from (one family per window: ``measure.window_source``)."""
+def _family(measured: TrackMeasurement, parts: str = "all") -> str:
+    """Which histograms ``parts`` were read from (one family per window: ``measure.window_source``)."""
     if measured.itl_source is ItlSource.FINE:
-        return "all read from Chunkpilot's fine histograms"
-    return measured.itl_note or "all read from the engine's own histograms"
+        return f"{parts} read from Chunkpilot's fine histograms"
+    return measured.itl_note or f"{parts} read from the engine's own histograms"
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,11 @@ def judge(
         f"{_ms(d.ttft_ms)} (target {slo.ttft_ms:g} ms), at {load.text()}"
     )
     stable = window.stable
+    apart = stable.itl_source is not both.itl_source  # the stable had too few fine samples of its own
     if stable.itl_ms is not None and stable.ttft_ms is not None:
         measured += f"; colocated stable ITL {_ms(stable.itl_ms)}, TTFT {_ms(stable.ttft_ms)}"
-    measured += f"; {_family(both)}"
+        measured += f" ({_family(stable, 'the stable')})" if apart else ""
+    measured += f"; {_family(both, 'the pools' if apart else 'all')}"
     if not both.enough_samples(min_samples):
         return Decision.INCONCLUSIVE, (
             f"too few samples: the pools served {p.ttft_samples:.0f} and {d.ttft_samples:.0f} requests in "

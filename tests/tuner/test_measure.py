@@ -319,7 +319,7 @@ def test_a_window_judges_canary_and_stable_on_one_family(
     assert w.canary.itl_ms == pytest.approx(itl_ms) and w.stable.itl_ms == pytest.approx(itl_ms)
 
 
-def test_a_topology_and_its_stable_are_judged_on_one_family() -> None:
+def test_a_topologys_pools_are_judged_on_one_family() -> None:
     """The prefill pool's ITL is not compared: its lack of fine ITL samples keeps the fine family."""
     prefill = {
         "chunkpilot:time_to_first_token_seconds": (0.4, 200.0),
@@ -332,7 +332,17 @@ def test_a_topology_and_its_stable_are_judged_on_one_family() -> None:
     assert all(p.itl_source is ItlSource.FINE for p in parts)
     assert window.combined().itl_ms == pytest.approx(32.0)
     assert window.combined().ttft_ms == pytest.approx(400.0 + 460.0)
-    query = _tracks({**pools, "stable": ENGINE_FAMILIES})  # the colocated stable on stock vLLM
+    # The colocated stable on stock vLLM is only reported beside the pools: they stay on the fine
+    # family (their SLOs are judged against the targets, not against the stable), it on vLLM's.
+    query = _tracks({**pools, "stable": ENGINE_FAMILIES})
+    window = measure_topology(query, "chat", "default", "2m", T0, 0.99, 0.95, "abc", min_samples=100)
+    assert window.prefill.itl_source is window.decode.itl_source is ItlSource.FINE
+    assert window.stable.itl_source is ItlSource.ENGINE and window.stable.itl_ms == pytest.approx(49.75)
+    assert window.combined().itl_ms == pytest.approx(32.0)
+    # A pool without fine samples (the decode pool on stock vLLM) puts both pools on vLLM's.
+    query = _tracks(
+        {"prefill": prefill, "decode": ENGINE_FAMILIES, "stable": {**ENGINE_FAMILIES, **FINE_FAMILIES}}
+    )
     window = measure_topology(query, "chat", "default", "2m", T0, 0.99, 0.95, "abc", min_samples=100)
     assert all(p.itl_source is ItlSource.ENGINE for p in (window.prefill, window.decode, window.stable))
     assert window.combined().itl_ms == pytest.approx(49.75)

@@ -682,6 +682,10 @@ def test_a_canary_topology_judged_at_a_lighter_load_than_the_stables_is_not_prom
     fine = TopologyWindow(*(replace(m, itl_source=ItlSource.FINE) for m in parts))
     decision, reason = topotrial.judge(fine, SLO, 100, topotrial.Prediction(2.1, 2))
     assert decision is Decision.PROMOTE and "all read from Chunkpilot's fine histograms" in reason
+    stock = replace(fine, stable=fair.stable)  # the stable had too few fine samples of its own
+    decision, reason = topotrial.judge(stock, SLO, 100, topotrial.Prediction(2.1, 2))
+    assert "TTFT 512 ms (the stable read from the engine's own histograms)" in reason, reason
+    assert "the pools read from Chunkpilot's fine histograms" in reason and "all read" not in reason
 
 
 def test_a_measurement_that_contradicts_the_twin_promotes_nothing_and_the_reason_says_so() -> None:
