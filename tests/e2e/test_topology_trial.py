@@ -247,8 +247,9 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
         # and is rolled back.
         assert (verdict["phase"], verdict["verdict"]) == ("RolledBack", "Discarded"), shown
         assert verdict["decode"]["itlMs"] > ITL_MS and "misses ITL" in verdict["reason"], shown
-        # The pools and the stable all had the 15 fine samples minSamples asks for: one family, fine.
-        assert "all read from Chunkpilot's fine histograms" in verdict["reason"], shown
+        # The pools had the 15 fine samples minSamples asks for: judged on the fine family ("all
+        # read from ..." when the stable had as many, "the pools read from ..." when it had fewer).
+        assert "read from Chunkpilot's fine histograms" in verdict["reason"], shown
         assert verdict["prefill"]["samples"] > 0 and verdict["decode"]["samples"] > 0, shown
         assert "bestTopology" not in cluster.status()
 
