@@ -383,7 +383,7 @@ def test_vllm_router_drives_both_roles(pair: tuple[SimServer, SimServer], tmp_pa
 # ---- the served decode role against the offline simulation ------------------------------------------------
 def _histogram_sums(metrics: dict[str, float], before: dict[str, float], name: str) -> tuple[float, float]:
     """A histogram's sum and count since ``before``."""
-    total, count = (metrics[f"{name}_{part}"] - before.get(f"{name}_{part}", 0.0) for part in ("sum", "count"))
+    total, count = (metrics[f"{name}_{k}"] - before.get(f"{name}_{k}", 0.0) for k in ("sum", "count"))
     return total, count
 
 
