@@ -5,6 +5,14 @@ by the time scale, then delivers the step's tokens to the waiting streams and re
 metrics. Simulated time is ``time_scale x`` wall time since start; every latency the engine reports
 (``/metrics``) is in simulated seconds, i.e. what the modelled GPU would show.
 
+The engine keeps the offline simulator's clock: a step starts when the previous one ends (or, on an
+idle engine, when the request that wakes it arrived), not when the event loop next gets to it. The
+loop's own lag (HTTP handlers, streaming, scrapes, a busy CPU) delays the delivery of tokens, as an
+API server's would, but not the engine's steps, so it is in no latency the engine reports; a request
+that arrives while the simulated clock trails the wall clock waits for the step that starts after
+its arrival, as offline. Past :data:`MAX_CLOCK_LAG_S` of lag (an engine that cannot keep up with its
+time scale) the clock jumps to the wall clock.
+
 Request handling (validation, planned outputs, response bodies) lives in
 :mod:`~chunkpilot.engine.sim.openai_api`; this module owns the engine task and the routes.
 """
@@ -14,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections import deque
@@ -47,6 +56,11 @@ __all__ = ["APIError", "ServerConfig", "SimEngineServer", "serve"]
 VERSION = "0.33.0+chunkpilot.sim"
 #: Largest request body accepted (413 past it).
 MAX_BODY_BYTES = 64 * 2**20
+#: Wall seconds the simulated clock may trail the wall clock before it jumps to it: the event loop's
+#: lag up to this is absorbed (steps stay back to back in simulated time, as offline).
+MAX_CLOCK_LAG_S = 0.25
+#: Longest wall wait of an engine with nothing it can run before it looks again.
+IDLE_POLL_S = 0.05
 
 
 @dataclass(slots=True)
@@ -144,7 +158,7 @@ class SimEngineServer:
 
     # ---- clock ------------------------------------------------------------------------------
     def sim_now(self) -> float:
-        """Simulated time at which the next step may start (never before the step in flight ends)."""
+        """Simulated time now by the wall clock, never before the step in flight ends (aborts, expiries)."""
         return max(self._sim_clock, self.wall_now())
 
     def wall_now(self) -> float:
@@ -197,15 +211,13 @@ class SimEngineServer:
                 self._update_gauges()
                 await self._work.wait()
                 continue
-            start = self.sim_now()
-            result = self.core.step(start)
+            start = self._step_start()
+            result = self._step(start)
             if result is None:
                 self._work.clear()
                 if self.kv is not None:
                     self.kv.drain()
-                    await self._await_kv(start)
-                    continue
-                await asyncio.sleep(0.001)
+                await self._idle(start)
                 continue
             self._sim_clock = result.end_s
             delay = self._wall_at(result.end_s) - time.monotonic()
@@ -215,12 +227,44 @@ class SimEngineServer:
                 await asyncio.sleep(0)
             self._deliver(result)
 
-    async def _await_kv(self, now: float) -> None:
-        """Idle until a remote KV arrives, a request comes in or blocks are released."""
-        ready = self.core.scheduler.next_kv_ready_s()
-        timeout = (ready - now) / self.config.time_scale if now < ready < float("inf") else 0.05
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._work.wait(), max(0.001, min(timeout, 0.05)))
+    def _step_start(self) -> float:
+        """Simulated start of the next step: the end of the last one (or the event that made work),
+        unless the clock trails the wall clock by more than :data:`MAX_CLOCK_LAG_S`."""
+        return max(self._sim_clock, self.wall_now() - MAX_CLOCK_LAG_S * self.config.time_scale)
+
+    def _step(self, start: float) -> StepResult | None:
+        """One step at ``start`` over the requests that had arrived by then (later arrivals wait for
+        the next step, as a request arriving during a step does offline)."""
+        sched = self.core.scheduler
+        waiting = sched.waiting
+        if not any(r.arrival_s > start for r in waiting):
+            return self.core.step(start)
+        late = [r for r in waiting if r.arrival_s > start]
+        sched.waiting = deque(r for r in waiting if r.arrival_s <= start)
+        try:
+            return self.core.step(start)
+        finally:
+            sched.waiting.extend(late)
+
+    def _next_event(self, after: float) -> float:
+        """Earliest known simulated time after ``after`` at which a step may run: a queued request's
+        arrival or a remote KV's (inf when none is known)."""
+        sched = self.core.scheduler
+        arrivals = (r.arrival_s for r in sched.waiting if r.arrival_s > after)
+        ready = sched.next_kv_ready_s()
+        return min(min(arrivals, default=math.inf), ready if ready > after else math.inf)
+
+    async def _idle(self, start: float) -> None:
+        """Nothing could run at ``start``: move the clock to the next event, waiting (at most
+        :data:`IDLE_POLL_S`) for the wall clock to reach it, new work, or freed blocks."""
+        event = self._next_event(start)
+        if event > self.wall_now():
+            timeout = min(self._wall_at(event) - time.monotonic(), IDLE_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._work.wait(), max(0.001, timeout))
+            event = self._next_event(start)  # a request may have come in meanwhile
+        # An event of unknown time (blocks freed, a poll) happened by the wall clock.
+        self._sim_clock = max(self._sim_clock, min(event, self.wall_now()))
 
     def wake(self) -> None:
         """Let the engine task schedule again (new work or freed blocks)."""

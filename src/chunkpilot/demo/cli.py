@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "replayed real trace; watch the autotuner's canary trials; write a report; tear down."
         ),
     )
-    parser.add_argument("--fast", action="store_true", help="time-scaled run that completes in a few minutes")
+    parser.add_argument("--fast", action="store_true", help="40-second trials: completes in a few minutes")
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--trace", default=_DEFAULTS.trace, help=f"bundled trace or CSV (default {_DEFAULTS.trace})"
@@ -68,7 +68,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     timing.add_argument("--trial-window", help=f"wall-clock trial window (default {_DEFAULTS.trial_window})")
     timing.add_argument("--warmup", help=f"wall-clock warm-up per trial (default {_DEFAULTS.warmup})")
-    timing.add_argument("--time-scale", type=float, help="engines run this many times faster than real time")
+    timing.add_argument(
+        "--time-scale",
+        type=float,
+        help="engines run this many times faster than real time (default 1; the twin then sees the load "
+        "times this factor)",
+    )
     timing.add_argument(
         "--timeout", type=float, help="give up after this many seconds (default 1800, --fast 900)"
     )

@@ -117,9 +117,6 @@ def run_demo(
         nodes=scenario.nodes,
         accelerator=scenario.accelerator,
         time_scale=scenario.time_scale,
-        # The twin's error on the demo's 40-second windows is above its tolerance (33-232% measured),
-        # so it would promote nothing: the demo tunes on measurements alone (docs/tuning.md).
-        operator_env={"CHUNKPILOT_TWIN": "off"},  # chunkpilot.tuner.handlers.ENV_TWIN
     )
     outcome: Outcome | None = None
     report: Path | None = None

@@ -4,6 +4,7 @@ slow test, the router itself in front of them)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chunkpilot.engine.sim.disagg import Topology, simulate_disaggregated
+from chunkpilot.engine.sim.flags import add_flags_for, config_for, kv_transfer_from_args
+from chunkpilot.engine.sim.workload import RequestSpec, Workload
 
 from chunkpilot.cli import main
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
@@ -374,3 +378,54 @@ def test_vllm_router_drives_both_roles(pair: tuple[SimServer, SimServer], tmp_pa
     prompts = usage["prompt_tokens"] + body["usage"]["prompt_tokens"]
     assert p["vllm:prompt_tokens_total"] == d["vllm:prompt_tokens_total"] == prompts
     assert d["vllm:prompt_tokens_by_source_total:external_kv_transfer"] == prompts
+
+
+# ---- the served decode role against the offline simulation ------------------------------------------------
+def _histogram_sums(metrics: dict[str, float], before: dict[str, float], name: str) -> tuple[float, float]:
+    """A histogram's sum and count since ``before``."""
+    total, count = (metrics[f"{name}_{k}"] - before.get(f"{name}_{k}", 0.0) for k in ("sum", "count"))
+    return total, count
+
+
+def test_served_roles_keep_the_offline_simulations_clock(pair: tuple[SimServer, SimServer]) -> None:
+    """Requests served one at a time through both roles over HTTP see exactly the latencies the offline
+    disaggregated simulation gives the same requests: the event loop's lag between two steps (handlers,
+    streaming, a busy CPU; multiplied by the time scale) is in none of them."""
+    prefill, decode = pair
+    before_p, before_d = _metrics(prefill), _metrics(decode)
+    lengths = [(40, 24), (150, 16), (400, 20)]
+    prompts: list[int] = []
+    for i, (words, max_tokens) in enumerate(lengths):
+        prompt = " ".join(f"clock{i}x{w}" for w in range(words))  # no prefix shared with other prompts
+        status, first = _post(f"{prefill.url}/v1/completions", {**_prefill_body(), "prompt": prompt})
+        assert status == 200, first
+        body = {"model": "llama-8b", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True},
+                "kv_transfer_params": first["kv_transfer_params"]}  # fmt: skip
+        status, chunks = _post(f"{decode.url}/v1/completions", body)
+        assert status == 200 and chunks[-1]["usage"]["completion_tokens"] == max_tokens, chunks
+        prompts.append(first["usage"]["prompt_tokens"])
+    p, d = _metrics(prefill), _metrics(decode)
+
+    # The same requests offline, far apart (each alone in both pools, as served one at a time).
+    parser = argparse.ArgumentParser()
+    add_flags_for(parser, "vllm")
+    args = parser.parse_args([*ENGINE[1:], "--kv-bandwidth-gbps", "2", "--kv-latency-ms", "5"])
+    topology = Topology.of("1P1D", config_for(ENGINE[0], args), kv_transfer=kv_transfer_from_args(args))
+    arrivals = [
+        RequestSpec(1000.0 * i, n, m) for i, (n, (_, m)) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    workload = Workload("one at a time", tuple(arrivals))
+    offline = simulate_disaggregated(topology, workload, keep_records=True)
+    assert offline.prefill_ttft_ms is not None and offline.records
+    tokens = sum(m - 1 for _, m in lengths)
+    itl_sum, itl_count = _histogram_sums(d, before_d, "vllm:inter_token_latency_seconds")
+    assert itl_count == tokens
+    assert itl_sum == pytest.approx(offline.itl_ms.mean * tokens / 1e3, rel=1e-9)
+    # The prefill engine's TTFT is its step; the decode engine's E2E the transfer and every decode step.
+    prefill_ttft = offline.prefill_ttft_ms.mean * len(lengths) / 1e3
+    ttft_sum, _ = _histogram_sums(p, before_p, "vllm:time_to_first_token_seconds")
+    assert ttft_sum == pytest.approx(prefill_ttft, rel=1e-9)
+    e2e_sum, e2e_count = _histogram_sums(d, before_d, "vllm:e2e_request_latency_seconds")
+    assert e2e_count == len(lengths)
+    assert e2e_sum == pytest.approx(sum(r.e2e_s for r in offline.records) - prefill_ttft, rel=1e-9)
