@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "replayed real trace; watch the autotuner's canary trials; write a report; tear down."
         ),
     )
-    parser.add_argument("--fast", action="store_true", help="40-second trials: completes in a few minutes")
+    parser.add_argument("--fast", action="store_true", help="four 40-s trials: done in under ten minutes")
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--trace", default=_DEFAULTS.trace, help=f"bundled trace or CSV (default {_DEFAULTS.trace})"
@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "times this factor)",
     )
     timing.add_argument(
-        "--timeout", type=float, help="give up after this many seconds (default 1800, --fast 900)"
+        "--timeout", type=float, help="give up after this many seconds (default 1800, --fast 1200)"
     )
     parser.add_argument(
         "--state-dir",
