@@ -114,10 +114,11 @@ def judge(
         missed = " and ".join(k.upper() for k, v in check.excess_ms.items() if v > 0)
         note = f"; it contradicts the twin: {contradiction}" if contradiction else ""
         return Decision.DISCARD, f"the canary topology misses {missed}: {measured}{note}"
-    if not load.comparable(twin.tolerance):
-        return Decision.DISCARD, (
+    if not load.comparable(twin.tolerance):  # the router's share of a short window is a draw: widen it
+        return Decision.INCONCLUSIVE, (
             f"the canary topology meets both SLOs, but at a load per replica more than {twin.tolerance:.0%} "
-            f"below the stable's, lighter than it would carry promoted: {measured}"
+            f"below the stable's, lighter than it would carry promoted (the window widens until the loads "
+            f"compare, up to the trial's deadline): {measured}"
         )
     if contradiction is not None:
         return Decision.DISCARD, (

@@ -671,7 +671,7 @@ def test_a_canary_topology_judged_at_a_lighter_load_than_the_stables_is_not_prom
         stable=measurement("stable", 68.0, 512.0, rate=2 / 3, replicas=2),
     )
     decision, reason = topotrial.judge(light, SLO, 100, topotrial.Prediction(2.1, 2))
-    assert decision is Decision.DISCARD, reason
+    assert decision is Decision.INCONCLUSIVE, reason  # not judged on it: the window widens
     assert "lighter than it would carry promoted" in reason
     assert "0.167 req/s per replica, the stable 0.333 per replica" in reason
     assert "all read from the engine's own histograms" in reason
