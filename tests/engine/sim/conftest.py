@@ -44,6 +44,20 @@ class SimServer:
         except urllib.error.HTTPError as error:
             return error.code, error.read()
 
+    def totals(self) -> dict[str, float]:
+        """``/metrics`` as one value per series name, summed over labels (``name:source`` apart)."""
+        status, body = self.get("/metrics")
+        assert status == 200
+        values: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                series = name.split("{")[0]
+                if 'source="' in name:
+                    series += ":" + name.split('source="')[1].split('"')[0]
+                values[series] = values.get(series, 0.0) + float(value)
+        return values
+
 
 @contextlib.contextmanager
 def run_sim_server(

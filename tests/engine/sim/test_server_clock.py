@@ -20,17 +20,6 @@ from chunkpilot.engine.sim.workload import RequestSpec, Workload
 ENGINE = ("llama-3.1-8b", "--served-model-name", "llama-8b", "--max-model-len", "512")
 
 
-def _metrics(server: Any) -> dict[str, float]:
-    status, body = server.get("/metrics")
-    assert status == 200
-    values: dict[str, float] = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
-    return values
-
-
 def _since(after: dict[str, float], before: dict[str, float], name: str) -> float:
     return after[name] - before.get(name, 0.0)
 
@@ -52,13 +41,13 @@ def _stream(server: Any, prompt: str, max_tokens: int) -> int:
 
 
 def test_a_served_engine_keeps_the_offline_simulations_clock(fast_sim_server: Any) -> None:
-    before = _metrics(fast_sim_server)
+    before = fast_sim_server.totals()
     lengths = [(6, 40), (80, 12), (18, 25)]  # about 30, 400 and 90 prompt tokens
     prompts = [
         _stream(fast_sim_server, " ".join(f"tick{i}x{w}" for w in range(words)), max_tokens)
         for i, (words, max_tokens) in enumerate(lengths)
     ]
-    after = _metrics(fast_sim_server)
+    after = fast_sim_server.totals()
 
     parser = argparse.ArgumentParser()
     add_flags_for(parser, "vllm")

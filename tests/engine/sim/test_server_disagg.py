@@ -60,20 +60,6 @@ def _post(url: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int, A
     return status, json.loads(text)
 
 
-def _metrics(server: SimServer) -> dict[str, float]:
-    status, body = server.get("/metrics")
-    assert status == 200
-    values: dict[str, float] = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            series = name.split("{")[0]
-            if 'source="' in name:
-                series += ":" + name.split('source="')[1].split('"')[0]
-            values[series] = values.get(series, 0.0) + float(value)
-    return values
-
-
 def _until(check: Any, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -110,7 +96,7 @@ def test_two_step_protocol_moves_the_kv_and_counts_tokens_per_role(
     pair: tuple[SimServer, SimServer],
 ) -> None:
     prefill, decode = pair
-    before_p, before_d = _metrics(prefill), _metrics(decode)
+    before_p, before_d = prefill.totals(), decode.totals()
     status, first = _post(f"{prefill.url}/v1/completions", _prefill_body())
     assert status == 200
     assert first["usage"]["completion_tokens"] == 1 and first["choices"][0]["finish_reason"] == "length"
@@ -120,7 +106,7 @@ def test_two_step_protocol_moves_the_kv_and_counts_tokens_per_role(
     assert (params["remote_host"], params["remote_port"]) == (prefill.host, prefill.port)
     assert len(params["remote_block_ids"]) == -(-prompt_tokens // 16) and params["tp_size"] == 1
     assert isinstance(params["remote_engine_id"], str) and isinstance(params["remote_request_id"], str)
-    held = _metrics(prefill)
+    held = prefill.totals()
     assert held["vllm:kv_cache_usage_perc"] > 0  # finished, and still holding the prompt's blocks
     assert held["vllm:num_requests_running"] == 0
 
@@ -139,10 +125,10 @@ def test_two_step_protocol_moves_the_kv_and_counts_tokens_per_role(
     assert second["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12,
                                "total_tokens": prompt_tokens + 12}  # fmt: skip
     assert second["kv_transfer_params"] is None
-    _until(lambda: _metrics(prefill)["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
+    _until(lambda: prefill.totals()["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
 
-    p = {k: v - before_p.get(k, 0.0) for k, v in _metrics(prefill).items()}
-    d = {k: v - before_d.get(k, 0.0) for k, v in _metrics(decode).items()}
+    p = {k: v - before_p.get(k, 0.0) for k, v in prefill.totals().items()}
+    d = {k: v - before_d.get(k, 0.0) for k, v in decode.totals().items()}
     assert p["vllm:prompt_tokens_total"] == prompt_tokens and p["vllm:generation_tokens_total"] == 1
     assert p["vllm:prompt_tokens_by_source_total:local_compute"] == prompt_tokens
     assert d["vllm:prompt_tokens_total"] == prompt_tokens and d["vllm:generation_tokens_total"] == 12
@@ -199,7 +185,7 @@ def test_kv_is_read_once(pair: tuple[SimServer, SimServer]) -> None:
     params = _prefill(prefill)
     body = {"model": "llama-8b", "prompt": PROMPT, "max_tokens": 2, "kv_transfer_params": params}
     assert _post(f"{decode.url}/v1/completions", body)[0] == 200
-    _until(lambda: _metrics(prefill)["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
+    _until(lambda: prefill.totals()["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
     status, error = _post(f"{decode.url}/v1/completions", body)
     assert status == 400 and error["error"]["param"] == "kv_transfer_params"
     assert "holds no KV for remote_request_id" in error["error"]["message"]
@@ -267,7 +253,7 @@ def test_an_unreachable_prefill_engine_is_a_clear_502(pair: tuple[SimServer, Sim
     assert status == 502 and error["error"]["type"] == "BadGatewayError"
     assert "is unreachable for the remote prefill" in error["error"]["message"]
     assert time.monotonic() - started < 20  # nothing hangs
-    assert _metrics(decode)["vllm:nixl_num_failed_transfers"] >= 1
+    assert decode.totals()["vllm:nixl_num_failed_transfers"] >= 1
     assert decode.get("/health")[0] == 200
     assert _post(f"{decode.url}/v1/completions", {**body, "kv_transfer_params": held})[0] == 200
 
@@ -285,7 +271,7 @@ def test_unread_kv_is_freed_after_the_abort_timeout(tmp_path: Path, sim_server_r
     with sim_server_runner(tmp_path, *args, time_scale=100.0, env=env) as prefill:
         params = _prefill(prefill)
         assert params["remote_port"] == prefill.port
-        _until(lambda: _metrics(prefill)["vllm:kv_cache_usage_perc"] == 0, "the abort timeout freed the KV")
+        _until(lambda: prefill.totals()["vllm:kv_cache_usage_perc"] == 0, "the abort timeout freed the KV")
         status, _ = prefill.get(f"/chunkpilot/v1/kv_transfer/{params['remote_request_id']}")
         assert status == 404
 
@@ -344,7 +330,7 @@ def _router(log: Path, prefill: SimServer, decode: SimServer) -> Iterator[str]:
 @pytest.mark.slow
 def test_vllm_router_drives_both_roles(pair: tuple[SimServer, SimServer], tmp_path: Path) -> None:
     prefill, decode = pair
-    before_p, before_d = _metrics(prefill), _metrics(decode)
+    before_p, before_d = prefill.totals(), decode.totals()
     with _router(tmp_path / "router.log", prefill, decode) as router:
         status, chunks = _post(
             f"{router}/v1/completions",
@@ -370,9 +356,9 @@ def test_vllm_router_drives_both_roles(pair: tuple[SimServer, SimServer], tmp_pa
             },
         )
         assert status == 200 and body["usage"]["completion_tokens"] == 4
-    _until(lambda: _metrics(prefill)["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
-    p = {k: v - before_p.get(k, 0.0) for k, v in _metrics(prefill).items()}
-    d = {k: v - before_d.get(k, 0.0) for k, v in _metrics(decode).items()}
+    _until(lambda: prefill.totals()["vllm:kv_cache_usage_perc"] == 0, "the prefill engine freed the KV")
+    p = {k: v - before_p.get(k, 0.0) for k, v in prefill.totals().items()}
+    d = {k: v - before_d.get(k, 0.0) for k, v in decode.totals().items()}
     assert p["vllm:generation_tokens_total"] == 2 and d["vllm:generation_tokens_total"] == 10
     assert d["vllm:nixl_xfer_time_seconds_count"] == 2
     prompts = usage["prompt_tokens"] + body["usage"]["prompt_tokens"]
@@ -392,7 +378,7 @@ def test_served_roles_keep_the_offline_simulations_clock(pair: tuple[SimServer, 
     disaggregated simulation gives the same requests: the event loop's lag between two steps (handlers,
     streaming, a busy CPU; multiplied by the time scale) is in none of them."""
     prefill, decode = pair
-    before_p, before_d = _metrics(prefill), _metrics(decode)
+    before_p, before_d = prefill.totals(), decode.totals()
     lengths = [(40, 24), (150, 16), (400, 20)]
     prompts: list[int] = []
     for i, (words, max_tokens) in enumerate(lengths):
@@ -405,7 +391,7 @@ def test_served_roles_keep_the_offline_simulations_clock(pair: tuple[SimServer, 
         status, chunks = _post(f"{decode.url}/v1/completions", body)
         assert status == 200 and chunks[-1]["usage"]["completion_tokens"] == max_tokens, chunks
         prompts.append(first["usage"]["prompt_tokens"])
-    p, d = _metrics(prefill), _metrics(decode)
+    p, d = prefill.totals(), decode.totals()
 
     # The same requests offline, far apart (each alone in both pools, as served one at a time).
     parser = argparse.ArgumentParser()
