@@ -15,14 +15,16 @@ for, and the real Prometheus shows both canary pools serving: the prefill pool c
 and one token per request, the decode pool the rest.
 
 The layout has little ITL headroom: its decode steps take 28-30 ms on the simulator against the
-35 ms target, and the live decode engine delivers tokens later than its steps (the simulator
-server's event-loop lag, larger on a loaded machine). Every part of the window is read from
-Chunkpilot's fine histograms (one family per window; before, vLLM's own histogram read the pool at
-49.75 ms inside its 25-50 ms bucket): measured 42 ms at 0.24 req/s per replica, the stable's 0.34
-(the colocated stable 33 ms), and 36.5 ms in another run (the colocated stable 38 ms). The canary
-topology misses ITL and is rolled back: every canary object goes and the colocated service serves
-on. (With a 45 ms ITL target and 2 req/s, colocated tuning promotes a budget of 421 tokens, ITL
-43/45 ms, and no topology trial runs.)
+35 ms target. Every part of the window is read from Chunkpilot's fine histograms (one family per
+window; vLLM's own histogram would read the pool at 49.75 ms inside its 25-50 ms bucket). What the
+live pools measure depends on what else the machine runs, and the verdict must follow it: promoted
+when both SLOs were met at the stable's load per replica (decode ITL p99 28 ms, TTFT p95 436 ms, on a
+quiet machine); rolled back for an SLO missed (decode ITL p99 36.5-42 ms with another stack sharing
+the cores) or met beyond the twin's predicted capacity; aborted when the router's share of the
+traffic stayed lighter than the stable's up to the trial's deadline. A canary topology that is not
+promoted leaves nothing behind: every canary object goes and the colocated service serves on. (With
+a 45 ms ITL target and 2 req/s, colocated tuning promotes a budget of 421 tokens, ITL 43/45 ms, and
+no topology trial runs.)
 (A promotion is tested on plain data in ``tests/tuner/test_topotrial.py`` and its rendering and
 switch-over in ``tests/operator/test_promoted_topology.py``.) About 5-8 minutes on a loaded 2-core
 machine.
@@ -270,8 +272,16 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
             return
         if outcome == "Discarded":
             assert verdict["phase"] == "RolledBack", shown
-            assert verdict["decode"]["itlMs"] > ITL_MS and "misses ITL" in verdict["reason"], shown
-            said = ("TopologyRolledBack", "misses ITL")
+            # Rolled back for what it measured: an SLO it missed (named in the reason, over its target
+            # in the constraints), or SLOs met beyond the twin's predicted capacity (a contradiction).
+            excess = verdict.get("constraints") or {}
+            missed = [slo.upper() for slo in ("itl", "ttft") if (excess.get(slo) or 0) > 0]
+            if missed:
+                assert all(slo in verdict["reason"] for slo in missed), shown
+                assert "misses" in verdict["reason"] or "exceeds" in verdict["reason"], shown
+            else:
+                assert "contradicts the twin" in verdict["reason"], shown
+            said = ("TopologyRolledBack", verdict["reason"][:80])
         else:  # met both SLOs, but its share of the traffic stayed lighter than the stable's
             assert (verdict["phase"], outcome) == ("Failed", "Aborted"), shown
             assert "lighter than it would carry promoted" in verdict["reason"], shown
