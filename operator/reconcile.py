@@ -13,8 +13,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, Final
 
 import kopf
@@ -29,25 +27,31 @@ from chunkpilot.operator.builders import (
     build_service,
     build_stable_deployment,
     deployment_name,
-    effective_topology,
     live_adjust_secret_name,
     new_live_adjust_token,
     pool_deployment_name,
     wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import (
-    CONDITION_LIVE_ADJUST,
     DISAGGREGATION_DISABLED_MESSAGE,
-    LIVE_ADJUST_DISABLED_MESSAGE,
     REASON_DISAGGREGATION_DISABLED,
-    REASON_LIVE_ADJUST_DISABLED,
     OperatorConfig,
     PodMonitorMode,
+)
+from chunkpilot.operator.drift import (
+    ALL_KINDS,
+    ChildKind,
+    foreign_selector_keys,
+    is_operator_owned,
+    is_subset,
+    is_terminating,
+    restored_name,
 )
 from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
 from chunkpilot.operator.objects import adopt, isvc_path, parse_status, write_service_status
-from chunkpilot.operator.router import COMPONENT_ROUTER, build_router_objects, router_name
+from chunkpilot.operator.router import build_router_objects, router_name
+from chunkpilot.operator.served import with_best_config, with_best_topology, with_live_adjust_condition
 from chunkpilot.operator.status import (
     DeploymentState,
     InstallationProblem,
@@ -57,23 +61,17 @@ from chunkpilot.operator.status import (
     TopologyPart,
     TopologySwitch,
     compute_status,
-    set_condition,
     status_patch,
 )
 
 from chunkpilot import telemetry
 from chunkpilot.api import (
-    LABEL_COMPONENT,
     LABEL_SERVICE,
-    LABEL_TRACK,
-    ConditionStatus,
-    EngineConfig,
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
     PoolRole,
     TopologyMode,
-    TopologySpec,
     Track,
 )
 
@@ -81,125 +79,6 @@ logger = logging.getLogger(__name__)
 
 #: How long the answer to "is the PodMonitor API served?" is trusted.
 API_DISCOVERY_TTL_S: Final = 300.0
-
-
-class ChildKind(StrEnum):
-    DEPLOYMENT = "Deployment"
-    SERVICE = "Service"
-    POD_MONITOR = "PodMonitor"
-
-
-ALL_KINDS: Final = frozenset(ChildKind)
-
-
-def is_subset(desired: Any, actual: Any) -> bool:
-    """True when every field of ``desired`` has the same value in ``actual``.
-
-    Fields the API server adds (defaults, status, bookkeeping) are ignored, so an
-    untouched child compares equal and is not written again.
-    """
-    if isinstance(desired, Mapping):
-        return isinstance(actual, Mapping) and all(
-            key in actual and is_subset(value, actual[key]) for key, value in desired.items()
-        )
-    if isinstance(desired, list):
-        return (
-            isinstance(actual, list)
-            and len(desired) == len(actual)
-            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
-        )
-    return bool(desired == actual)
-
-
-def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceService:
-    """``isvc`` with ``status.bestConfig`` taken from the raw status; an invalid one is ignored.
-
-    The rest of ``isvc.status`` is kept (e.g. a ``bestTopology`` read first).
-    """
-    best = raw_status.get("bestConfig") if isinstance(raw_status, Mapping) else None
-    if not best:
-        return isvc
-    try:
-        config = EngineConfig.model_validate(best)
-    except ValueError:
-        logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
-        return isvc
-    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_config": config})
-    return isvc.model_copy(update={"status": status})
-
-
-def with_best_topology(isvc: InferenceService, raw_status: Any) -> InferenceService:
-    """``isvc`` running the topology a topology trial promoted (``status.bestTopology``), if it runs one.
-
-    See :func:`~chunkpilot.operator.builders.promoted_topology`; an invalid one is ignored.
-    """
-    best = raw_status.get("bestTopology") if isinstance(raw_status, Mapping) else None
-    if not best:
-        return isvc
-    try:
-        topology = TopologySpec.model_validate(best)
-    except ValueError:
-        logger.warning("ignoring invalid status.bestTopology of %s: %r", isvc.metadata.name, best)
-        return isvc
-    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_topology": topology})
-    return effective_topology(isvc.model_copy(update={"status": status}))
-
-
-def foreign_selector_keys(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> dict[str, None]:
-    """Selector keys of a live Service that ``desired`` lacks, as a merge patch removing them.
-
-    Elsewhere extra fields are server defaults and ignored; in a Service selector an extra
-    key silently routes traffic away from the engine pods.
-    """
-    if desired.get("kind") != "Service":
-        return {}
-    wanted = (desired.get("spec") or {}).get("selector") or {}
-    live = (actual.get("spec") or {}).get("selector") or {}
-    return {key: None for key in live if key not in wanted}
-
-
-def with_live_adjust_condition(
-    status: InferenceServiceStatus, blocked: bool, generation: int, now: datetime | None = None
-) -> InferenceServiceStatus:
-    """``status`` with the ``LiveAdjust`` condition: False (``LiveAdjustDisabled``) while blocked, else none.
-
-    Blocked: the service asks for ``autotune.liveAdjust`` and the installation disables it
-    (:attr:`OperatorConfig.live_adjust`); its engines then serve no live-adjustment route.
-    """
-    if blocked:
-        now = now or datetime.now(UTC).replace(microsecond=0)
-        status.conditions = set_condition(
-            status.conditions,
-            CONDITION_LIVE_ADJUST,
-            ConditionStatus.FALSE,
-            REASON_LIVE_ADJUST_DISABLED,
-            LIVE_ADJUST_DISABLED_MESSAGE,
-            generation,
-            now,
-        )
-    else:
-        status.conditions = [c for c in status.conditions if c.type != CONDITION_LIVE_ADJUST]
-    return status
-
-
-def is_operator_owned(labels: Mapping[str, str]) -> bool:
-    """Whether a Deployment with ``labels`` is the operator's: the stable track's, or the stable router.
-
-    Canary Deployments, a topology trial's canary router among them, belong to the tuner.
-    """
-    track = labels.get(LABEL_TRACK)
-    if track == Track.STABLE.value:
-        return True
-    return track is None and labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER
-
-
-def restored_name(kind: ChildKind, service: str) -> str:
-    """The name of the colocated child of ``kind`` that a reconcile restores when it is deleted."""
-    return deployment_name(service, Track.STABLE) if kind == ChildKind.DEPLOYMENT else service
-
-
-def is_terminating(body: Mapping[str, Any] | None) -> bool:
-    return body is not None and bool(body.get("metadata", {}).get("deletionTimestamp"))
 
 
 @dataclass

@@ -26,8 +26,8 @@ from chunkpilot.operator.builders import (
 from chunkpilot.operator.config import OperatorConfig, live_adjust_allowed
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import isvc_path, parse_status
-from chunkpilot.operator.reconcile import with_best_topology
 from chunkpilot.operator.router import router_name
+from chunkpilot.operator.served import with_best_topology
 from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart
 from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec

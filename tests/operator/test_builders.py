@@ -15,7 +15,7 @@ from chunkpilot.operator.builders import (
     incumbent,
     promoted_config,
 )
-from chunkpilot.operator.reconcile import with_best_config
+from chunkpilot.operator.served import with_best_config
 
 from chunkpilot.api import EngineConfig, InferenceService, InferenceServiceStatus, Track
 

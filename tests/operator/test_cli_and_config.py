@@ -11,7 +11,7 @@ import yaml
 from chunkpilot.operator import ha
 from chunkpilot.operator.cli import export_environment
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode, parse_labels
-from chunkpilot.operator.reconcile import export_metrics, foreign_selector_keys, is_subset
+from chunkpilot.operator.reconcile import export_metrics
 from chunkpilot.operator.status import DeploymentState, Observation
 
 from chunkpilot import telemetry
@@ -102,23 +102,6 @@ def test_config_from_env() -> None:
     assert config.expected_replicas == 3
 
 
-def test_subset_comparison_ignores_server_defaults_but_sees_edits() -> None:
-    desired = {"spec": {"replicas": 1, "template": {"containers": [{"name": "e", "args": ["a", "b"]}]}}}
-    live = {
-        "spec": {
-            "replicas": 1,
-            "progressDeadlineSeconds": 600,
-            "template": {
-                "containers": [{"name": "e", "args": ["a", "b"], "imagePullPolicy": "IfNotPresent"}]
-            },
-        },
-        "status": {},
-    }
-    assert is_subset(desired, live)
-    live["spec"]["template"]["containers"][0]["args"] = ["a", "c"]  # type: ignore[index]
-    assert not is_subset(desired, live)
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -184,11 +167,3 @@ def test_bench_validates_its_counts() -> None:
     result = chunkpilot("operator", "bench", "--count", "10", "--services", "5")
     assert result.returncode == 2
     assert "--services >= --count" in result.stderr
-
-
-def test_foreign_service_selector_keys_are_drift() -> None:
-    desired = {"kind": "Service", "spec": {"selector": {"chunkpilot.io/service": "chat"}}}
-    edited = {"kind": "Service", "spec": {"selector": {"chunkpilot.io/service": "chat", "x": "y"}}}
-    assert foreign_selector_keys(desired, edited) == {"x": None}
-    assert foreign_selector_keys(desired, desired) == {}
-    assert foreign_selector_keys({"kind": "Deployment"}, edited) == {}

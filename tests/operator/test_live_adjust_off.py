@@ -15,7 +15,7 @@ from chunkpilot.operator.config import (
     live_adjust_allowed,
 )
 from chunkpilot.operator.events import EventType, status_transitions
-from chunkpilot.operator.reconcile import with_live_adjust_condition
+from chunkpilot.operator.served import with_live_adjust_condition
 from chunkpilot.operator.status import get_condition
 
 from chunkpilot.api import ConditionStatus, InferenceService, InferenceServiceStatus, Track

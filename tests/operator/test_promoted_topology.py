@@ -19,8 +19,9 @@ from chunkpilot.operator.builders import (
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.kube import object_path
 from chunkpilot.operator.objects import adopt, isvc_path
-from chunkpilot.operator.reconcile import Reconciler, with_best_config, with_best_topology
+from chunkpilot.operator.reconcile import Reconciler
 from chunkpilot.operator.router import router_args
+from chunkpilot.operator.served import with_best_config, with_best_topology
 
 from chunkpilot.api import (
     LABEL_ROLE,

@@ -22,7 +22,7 @@ from chunkpilot.operator.builders import build_canary_topology, incumbent
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeClient, _Credentials
 from chunkpilot.operator.objects import isvc_path
-from chunkpilot.operator.reconcile import with_best_topology
+from chunkpilot.operator.served import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner import topotrial

@@ -1,0 +1,89 @@
+"""The InferenceService as the operator serves it, given what its status records.
+
+The promoted engine config and topology are read from the tuner-written status
+(``status.bestConfig``, ``status.bestTopology``); the ``LiveAdjust`` condition says when the
+installation withholds the live adjustment the service asks for. Pure functions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from chunkpilot.operator.builders import effective_topology
+from chunkpilot.operator.config import (
+    CONDITION_LIVE_ADJUST,
+    LIVE_ADJUST_DISABLED_MESSAGE,
+    REASON_LIVE_ADJUST_DISABLED,
+)
+from chunkpilot.operator.status import set_condition
+
+from chunkpilot.api import (
+    ConditionStatus,
+    EngineConfig,
+    InferenceService,
+    InferenceServiceStatus,
+    TopologySpec,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceService:
+    """``isvc`` with ``status.bestConfig`` taken from the raw status; an invalid one is ignored.
+
+    The rest of ``isvc.status`` is kept (e.g. a ``bestTopology`` read first).
+    """
+    best = raw_status.get("bestConfig") if isinstance(raw_status, Mapping) else None
+    if not best:
+        return isvc
+    try:
+        config = EngineConfig.model_validate(best)
+    except ValueError:
+        logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
+        return isvc
+    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_config": config})
+    return isvc.model_copy(update={"status": status})
+
+
+def with_best_topology(isvc: InferenceService, raw_status: Any) -> InferenceService:
+    """``isvc`` running the topology a topology trial promoted (``status.bestTopology``), if it runs one.
+
+    See :func:`~chunkpilot.operator.builders.promoted_topology`; an invalid one is ignored.
+    """
+    best = raw_status.get("bestTopology") if isinstance(raw_status, Mapping) else None
+    if not best:
+        return isvc
+    try:
+        topology = TopologySpec.model_validate(best)
+    except ValueError:
+        logger.warning("ignoring invalid status.bestTopology of %s: %r", isvc.metadata.name, best)
+        return isvc
+    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_topology": topology})
+    return effective_topology(isvc.model_copy(update={"status": status}))
+
+
+def with_live_adjust_condition(
+    status: InferenceServiceStatus, blocked: bool, generation: int, now: datetime | None = None
+) -> InferenceServiceStatus:
+    """``status`` with the ``LiveAdjust`` condition: False (``LiveAdjustDisabled``) while blocked, else none.
+
+    Blocked: the service asks for ``autotune.liveAdjust`` and the installation disables it
+    (:attr:`OperatorConfig.live_adjust`); its engines then serve no live-adjustment route.
+    """
+    if blocked:
+        now = now or datetime.now(UTC).replace(microsecond=0)
+        status.conditions = set_condition(
+            status.conditions,
+            CONDITION_LIVE_ADJUST,
+            ConditionStatus.FALSE,
+            REASON_LIVE_ADJUST_DISABLED,
+            LIVE_ADJUST_DISABLED_MESSAGE,
+            generation,
+            now,
+        )
+    else:
+        status.conditions = [c for c in status.conditions if c.type != CONDITION_LIVE_ADJUST]
+    return status
