@@ -10,6 +10,7 @@ from pathlib import Path
 from chunkpilot.demo.scenario import DEMO_ENGINES, DemoScenario
 
 _DEFAULTS = DemoScenario()
+_FAST = _DEFAULTS.fast()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     slo.add_argument("--ttft-quantile", type=float, default=_DEFAULTS.ttft_quantile, help="default 0.95")
     timing = parser.add_argument_group("duration")
     timing.add_argument(
-        "--max-trials", type=int, help=f"trials to run (default {_DEFAULTS.max_trials}, --fast 6)"
+        "--max-trials",
+        type=int,
+        help=f"trials to run (default {_DEFAULTS.max_trials}, --fast {_FAST.max_trials})",
     )
     timing.add_argument("--trial-window", help=f"wall-clock trial window (default {_DEFAULTS.trial_window})")
     timing.add_argument("--warmup", help=f"wall-clock warm-up per trial (default {_DEFAULTS.warmup})")
@@ -75,7 +78,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "times this factor)",
     )
     timing.add_argument(
-        "--timeout", type=float, help="give up after this many seconds (default 1800, --fast 1200)"
+        "--timeout",
+        type=float,
+        help=f"give up after this many seconds (default {_DEFAULTS.timeout_s:g}, --fast {_FAST.timeout_s:g})",
     )
     parser.add_argument(
         "--state-dir",
