@@ -1,0 +1,210 @@
+"""Writing one InferenceService's children: apply unless the live one already matches, delete owned leftovers.
+
+The part of :class:`~chunkpilot.operator.reconcile.Reconciler` that touches children one at a
+time: the stable track's roll and repair Events, the live-adjustment token Secret, the
+"is the PodMonitor API served?" check, and the paths of the Deployments and PodMonitors a
+reconcile reads. Which children to write, and when, is the reconciler's to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from chunkpilot.operator import events as ev
+from chunkpilot.operator.builders import (
+    LIVE_ADJUST_SECRET_KEY,
+    POD_MONITOR_API_VERSION,
+    build_live_adjust_secret,
+    deployment_name,
+    live_adjust_secret_name,
+    new_live_adjust_token,
+    pool_deployment_name,
+    wants_live_adjust_secret,
+)
+from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
+from chunkpilot.operator.drift import foreign_selector_keys, is_subset, is_terminating
+from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
+from chunkpilot.operator.objects import adopt
+from chunkpilot.operator.router import router_name
+from chunkpilot.operator.status import DeploymentState
+
+from chunkpilot.api import InferenceService, PoolRole, Track
+
+logger = logging.getLogger(__name__)
+
+#: How long the answer to "is the PodMonitor API served?" is trusted.
+API_DISCOVERY_TTL_S: Final = 300.0
+
+
+@dataclass
+class _Ensured:
+    actual: dict[str, Any] | None
+    previous: dict[str, Any] | None
+    created: bool = False
+    written: bool = False
+
+
+@dataclass
+class ChildWriter:
+    """Applies and deletes the children of InferenceServices through one API client."""
+
+    kube: KubeClient
+    config: OperatorConfig
+    post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
+    _pod_monitor_api: tuple[float, bool] | None = None
+
+    async def _ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> _Ensured:
+        """Apply ``desired`` unless the live object already matches it."""
+        adopt(desired, owner)
+        if current is UNKNOWN:
+            current = await self.kube.get(object_path(desired))
+        if current is not None and is_terminating(current):
+            return _Ensured(actual=current, previous=current)  # recreated once the deletion completes
+        extra = foreign_selector_keys(desired, current) if current is not None else {}
+        if current is not None and not extra and is_subset(desired, current):
+            return _Ensured(actual=current, previous=current)
+        actual = await self.kube.apply(desired)
+        if extra:
+            # Keys added by another field manager survive an apply: remove them explicitly.
+            actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
+        return _Ensured(actual=actual, previous=current, created=current is None, written=True)
+
+    async def _ensure_stable(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        desired: dict[str, Any],
+        current: Any,
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> dict[str, Any] | None:
+        """Apply the stable Deployment (and the live-adjust Secret); Events for a roll or a repair."""
+        if wants_live_adjust_secret(isvc) and await self._ensure_live_adjust_secret(isvc, body):
+            created.append(("Secret", live_adjust_secret_name(service_name(isvc))))
+        ensured = await self._ensure(desired, body, current)
+        name = desired["metadata"]["name"]
+        if ensured.created:
+            created.append(("Deployment", name))
+        if ensured.written and not ensured.created:
+            old_state = DeploymentState.from_manifest(ensured.previous) if ensured.previous else None
+            new_state = DeploymentState.from_manifest(desired)
+            if old_state is not None and old_state.config_hash != new_state.config_hash and new_state.config:
+                self._emit(
+                    body, ev.rolled(name, old_state.config, new_state.config, new_state.config_hash or "")
+                )
+            elif repair:
+                self._emit(body, ev.restored("Deployment", name, "edited by hand"))
+        elif ensured.created and repair:
+            self._emit(body, ev.restored("Deployment", name, "deleted by hand"))
+        return ensured.actual
+
+    async def _ensure_live_adjust_secret(self, isvc: InferenceService, owner: Mapping[str, Any]) -> bool:
+        """Create the live-adjustment token Secret once; True when it was created now.
+
+        An existing token is never replaced (engines read it at start-up): only a
+        Secret without one gets a token added.
+        """
+        secret = build_live_adjust_secret(isvc, new_live_adjust_token())
+        adopt(secret, owner)
+        path = object_path(secret)
+        current = await self.kube.get(path)
+        if current is None:
+            try:
+                await self.kube.create(resource_path("v1", "secrets", isvc.metadata.namespace), secret)
+            except KubeError as error:
+                if not error.conflict:
+                    raise
+                return False  # created meanwhile by another writer: keep its token
+            return True
+        if not (current.get("data") or {}).get(LIVE_ADJUST_SECRET_KEY):
+            await self.kube.merge_patch(path, {"stringData": secret["stringData"]})
+        return False
+
+    def _note(
+        self,
+        body: Mapping[str, Any],
+        kind: str,
+        name: str,
+        ensured: _Ensured,
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> None:
+        """Record a created child, or report a repaired one."""
+        if ensured.created and not repair:
+            created.append((kind, name))
+        elif ensured.written and repair:
+            self._emit(
+                body, ev.restored(kind, name, "deleted by hand" if ensured.created else "edited by hand")
+            )
+
+    async def _owned(self, path: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The child at ``path`` when this InferenceService owns it and it is not being deleted."""
+        current = await self.kube.get(path)
+        if current is None or is_terminating(current):
+            return None
+        uid = owner["metadata"].get("uid")
+        owners = {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}
+        return current if uid in owners else None
+
+    async def _delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
+        """Delete the child at ``path`` when this InferenceService owns it (a topology change left it)."""
+        current = await self._owned(path, owner)
+        if current is None:
+            return
+        await self.kube.delete(path)
+        logger.info("deleted %s %s, left from the service's previous topology", current["kind"], path)
+
+    async def _pod_monitor_wanted(self) -> bool:
+        mode = self.config.pod_monitor
+        if mode != PodMonitorMode.AUTO:
+            return mode == PodMonitorMode.ENABLED
+        now = time.monotonic()
+        if self._pod_monitor_api is None or now - self._pod_monitor_api[0] > API_DISCOVERY_TTL_S:
+            served = await self.kube.has_resource(POD_MONITOR_API_VERSION, "podmonitors")
+            self._pod_monitor_api = (now, served)
+        return self._pod_monitor_api[1]
+
+    def _emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
+        if self.post_event is not None:
+            self.post_event(body, spec)
+
+
+class _Unknown:
+    """Marker: the child's live state has not been fetched yet."""
+
+
+UNKNOWN: Final = _Unknown()
+
+
+def service_name(isvc: InferenceService) -> str:
+    assert isvc.metadata.name is not None
+    return isvc.metadata.name
+
+
+def deployment_path(isvc: InferenceService, track: Track) -> str:
+    assert isvc.metadata.name is not None
+    return resource_path(
+        "apps/v1", "deployments", isvc.metadata.namespace, deployment_name(isvc.metadata.name, track)
+    )
+
+
+def pool_path(isvc: InferenceService, role: PoolRole) -> str:
+    return resource_path(
+        "apps/v1", "deployments", isvc.metadata.namespace, pool_deployment_name(service_name(isvc), role)
+    )
+
+
+def router_path(isvc: InferenceService) -> str:
+    return resource_path("apps/v1", "deployments", isvc.metadata.namespace, router_name(service_name(isvc)))
+
+
+def pod_monitor_path(isvc: InferenceService, name: str) -> str:
+    return resource_path(POD_MONITOR_API_VERSION, "podmonitors", isvc.metadata.namespace, name)
+
+
+def deployment_state(manifest: Mapping[str, Any] | None) -> DeploymentState | None:
+    return DeploymentState.from_manifest(manifest) if manifest is not None else None
