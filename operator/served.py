@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from chunkpilot.operator.builders import effective_topology
 from chunkpilot.operator.config import (
@@ -19,6 +19,7 @@ from chunkpilot.operator.config import (
     REASON_LIVE_ADJUST_DISABLED,
 )
 from chunkpilot.operator.status import set_condition
+from pydantic import BaseModel
 
 from chunkpilot.api import (
     ConditionStatus,
@@ -29,6 +30,19 @@ from chunkpilot.api import (
 )
 
 logger = logging.getLogger(__name__)
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _recorded(isvc: InferenceService, raw_status: Any, field: str, model: type[_Model]) -> _Model | None:
+    """``status.<field>`` of the raw status as ``model``; None when absent, or invalid (logged)."""
+    recorded = raw_status.get(field) if isinstance(raw_status, Mapping) else None
+    if not recorded:
+        return None
+    try:
+        return model.model_validate(recorded)
+    except ValueError:
+        logger.warning("ignoring invalid status.%s of %s: %r", field, isvc.metadata.name, recorded)
+        return None
 
 
 def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceService:
@@ -36,13 +50,8 @@ def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceServic
 
     The rest of ``isvc.status`` is kept (e.g. a ``bestTopology`` read first).
     """
-    best = raw_status.get("bestConfig") if isinstance(raw_status, Mapping) else None
-    if not best:
-        return isvc
-    try:
-        config = EngineConfig.model_validate(best)
-    except ValueError:
-        logger.warning("ignoring invalid status.bestConfig of %s: %r", isvc.metadata.name, best)
+    config = _recorded(isvc, raw_status, "bestConfig", EngineConfig)
+    if config is None:
         return isvc
     status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_config": config})
     return isvc.model_copy(update={"status": status})
@@ -53,13 +62,8 @@ def with_best_topology(isvc: InferenceService, raw_status: Any) -> InferenceServ
 
     See :func:`~chunkpilot.operator.builders.promoted_topology`; an invalid one is ignored.
     """
-    best = raw_status.get("bestTopology") if isinstance(raw_status, Mapping) else None
-    if not best:
-        return isvc
-    try:
-        topology = TopologySpec.model_validate(best)
-    except ValueError:
-        logger.warning("ignoring invalid status.bestTopology of %s: %r", isvc.metadata.name, best)
+    topology = _recorded(isvc, raw_status, "bestTopology", TopologySpec)
+    if topology is None:
         return isvc
     status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_topology": topology})
     return effective_topology(isvc.model_copy(update={"status": status}))
