@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final
+from typing import Final, NamedTuple
 
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
 from chunkpilot.engine.sim.steptime import ForwardPass
@@ -282,12 +282,18 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """True when only the last sampled token is left to compute."""
-        return self.num_tokens - self.num_computed_tokens == 1 and self.num_output_tokens > 0
+        return (
+            self.prompt_tokens + self.num_output_tokens - self.num_computed_tokens == 1
+            and self.num_output_tokens > 0
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    """Tokens one request computes in this step."""
+class ScheduledRequest(NamedTuple):
+    """Tokens one request computes in this step.
+
+    A named tuple rather than a frozen dataclass: one is built per request per step, and a frozen
+    dataclass costs about three times as much to build (a capacity search builds millions).
+    """
 
     request: Request
     num_new_tokens: int
@@ -311,9 +317,8 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """What one request produced in one step."""
+class RequestOutput(NamedTuple):
+    """What one request produced in one step (a named tuple for the reason :class:`ScheduledRequest` is)."""
 
     request: Request
     new_tokens: int
@@ -445,9 +450,9 @@ class Scheduler:
                 break
             if needed > 0:
                 request.plain_blocks += needed
-            scheduled.append(
-                ScheduledRequest(request, num_new, computed, min(drafts, num_new - 1), not decoding)
-            )
+            if drafts >= num_new:
+                drafts = num_new - 1
+            scheduled.append(ScheduledRequest(request, num_new, computed, drafts, not decoding))
             token_budget -= num_new
             req_index += 1
 
@@ -517,34 +522,45 @@ class Scheduler:
     def update(self, output: SchedulerOutput, now: float) -> list[RequestOutput]:
         """Apply a finished step at time ``now``: advance computed tokens, sample, finish requests."""
         cfg = self.config
+        max_model_len = cfg.max_model_len
+        promote = self.kv.enable_prefix_caching
+        block_size = cfg.block_size
         results: list[RequestOutput] = []
         finished: list[Request] = []
-        for item in output.scheduled:
-            request = item.request
+        for request, num_new, _before, drafts, _prefill in output.scheduled:
             if request.status is not RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
-            if request.block_hashes and self.kv.enable_prefix_caching:
+            computed = request.num_computed_tokens + num_new - drafts
+            request.num_computed_tokens = computed
+            hashes = request.block_hashes
+            if (
+                promote
+                and hashes
+                and request.plain_blocks > 0
+                and len(request.cached_hashes) < len(hashes)
+                and (len(request.cached_hashes) + 1) * block_size <= computed
+            ):
                 self._promote_full_blocks(request)
-            if request.num_computed_tokens < request.num_tokens:
+            outputs = request.num_output_tokens
+            if computed < request.prompt_tokens + outputs:
                 continue  # partial prefill: nothing sampled yet
             accepted = 0
-            if item.num_draft_tokens:
+            if drafts:
                 accept = cfg.spec_acceptance_rate
-                while accepted < item.num_draft_tokens and self.rng.random() < accept:
+                while accepted < drafts and self.rng.random() < accept:
                     accepted += 1
-            new_tokens = min(1 + accepted, request.max_output_tokens - request.num_output_tokens)
-            request.num_output_tokens += new_tokens
-            request.num_computed_tokens += new_tokens - 1
+            new_tokens = 1 + accepted
+            if new_tokens > request.max_output_tokens - outputs:
+                new_tokens = request.max_output_tokens - outputs
+            outputs += new_tokens
+            request.num_output_tokens = outputs
+            request.num_computed_tokens = computed + new_tokens - 1
+            previous = request.last_token_s
             is_first = request.first_token_s is None
             if is_first:
                 request.first_token_s = now
-            previous = request.last_token_s
             request.last_token_s = now
-            done = (
-                request.num_output_tokens >= request.max_output_tokens
-                or request.num_tokens >= cfg.max_model_len
-            )
+            done = outputs >= request.max_output_tokens or request.prompt_tokens + outputs >= max_model_len
             results.append(RequestOutput(request, new_tokens, is_first, done, previous))
             if done:
                 finished.append(request)
@@ -707,15 +723,15 @@ class Scheduler:
     def _forward_pass(self, scheduled: list[ScheduledRequest], total: int) -> ForwardPass:
         pairs = 0.0
         prefill_ctx = decode_ctx = sampled = 0
-        for item in scheduled:
-            end = item.num_computed_before + item.num_new_tokens
-            if item.is_prefill:
-                pairs += ForwardPass.prefill_pairs(item.num_new_tokens, item.num_computed_before)
+        for request, num_new, before, drafts, is_prefill in scheduled:
+            end = before + num_new
+            if is_prefill:
+                pairs += ForwardPass.prefill_pairs(num_new, before)
                 prefill_ctx += end
             else:
                 decode_ctx += end
-            if end - item.num_draft_tokens >= item.request.num_tokens:
-                sampled += 1 + item.num_draft_tokens
+            if end - drafts >= request.prompt_tokens + request.num_output_tokens:
+                sampled += 1 + drafts
         return ForwardPass(total, len(scheduled), sampled, pairs, prefill_ctx, decode_ctx)
 
     def _check(self) -> None:
