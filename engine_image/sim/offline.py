@@ -250,15 +250,14 @@ def _fast_forward(
     batch = len(running)
     context = 0
     steps_left = 1 << 62
-    for request in running:
-        if request.last_token_s != now or not request.is_decoding:
+    max_model_len = cfg.max_model_len
+    for request in running:  # every one decoding, each sampled in the step that ended now
+        outputs = request.num_output_tokens
+        tokens = request.prompt_tokens + outputs
+        if request.last_token_s != now or outputs <= 0 or tokens - request.num_computed_tokens != 1:
             return None
-        context += request.num_tokens
-        steps_left = min(
-            steps_left,
-            request.max_output_tokens - request.num_output_tokens,
-            cfg.max_model_len - request.num_tokens,
-        )
+        context += tokens
+        steps_left = min(steps_left, request.max_output_tokens - outputs, max_model_len - tokens)
     kv = sched.kv
     spare = kv.num_free_blocks // batch - 1
     limit = min(steps_left, cfg.block_size * spare)
@@ -274,11 +273,13 @@ def _fast_forward(
     if n < 2:
         return None
     extra = 0
+    block_size = kv.block_size
     for request in running:
         request.num_output_tokens += n
-        request.num_computed_tokens += n
+        computed = request.num_computed_tokens + n
+        request.num_computed_tokens = computed
         request.last_token_s = t
-        grow = kv.blocks_for(request.num_computed_tokens) - request.held_blocks
+        grow = -(-computed // block_size) - request.plain_blocks - len(request.cached_hashes)
         if grow > 0:
             request.plain_blocks += grow
             extra += grow
