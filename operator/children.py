@@ -1,7 +1,8 @@
 """Writing one InferenceService's children: apply unless the live one already matches, delete owned leftovers.
 
-The part of :class:`~chunkpilot.operator.reconcile.Reconciler` that touches children one at a
-time: the stable track's roll and repair Events, the live-adjustment token Secret, the
+What :class:`~chunkpilot.operator.reconcile.Reconciler` and
+:class:`~chunkpilot.operator.disaggregated.DisaggregatedReconciler` write children through, one
+at a time: the stable track's roll and repair Events, the live-adjustment token Secret, the
 "is the PodMonitor API served?" check, and the paths of the Deployments and PodMonitors a
 reconcile reads. Which children to write, and when, is the reconciler's to decide.
 """
@@ -41,7 +42,9 @@ API_DISCOVERY_TTL_S: Final = 300.0
 
 
 @dataclass
-class _Ensured:
+class Ensured:
+    """What :meth:`ChildWriter.ensure` found and did: the live object, the one before, whether written."""
+
     actual: dict[str, Any] | None
     previous: dict[str, Any] | None
     created: bool = False
@@ -57,23 +60,23 @@ class ChildWriter:
     post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
     _pod_monitor_api: tuple[float, bool] | None = None
 
-    async def _ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> _Ensured:
+    async def ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> Ensured:
         """Apply ``desired`` unless the live object already matches it."""
         adopt(desired, owner)
         if current is UNKNOWN:
             current = await self.kube.get(object_path(desired))
         if current is not None and is_terminating(current):
-            return _Ensured(actual=current, previous=current)  # recreated once the deletion completes
+            return Ensured(actual=current, previous=current)  # recreated once the deletion completes
         extra = foreign_selector_keys(desired, current) if current is not None else {}
         if current is not None and not extra and is_subset(desired, current):
-            return _Ensured(actual=current, previous=current)
+            return Ensured(actual=current, previous=current)
         actual = await self.kube.apply(desired)
         if extra:
             # Keys added by another field manager survive an apply: remove them explicitly.
             actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
-        return _Ensured(actual=actual, previous=current, created=current is None, written=True)
+        return Ensured(actual=actual, previous=current, created=current is None, written=True)
 
-    async def _ensure_stable(
+    async def ensure_stable(
         self,
         body: Mapping[str, Any],
         isvc: InferenceService,
@@ -83,9 +86,9 @@ class ChildWriter:
         created: list[tuple[str, str]],
     ) -> dict[str, Any] | None:
         """Apply the stable Deployment (and the live-adjust Secret); Events for a roll or a repair."""
-        if wants_live_adjust_secret(isvc) and await self._ensure_live_adjust_secret(isvc, body):
+        if wants_live_adjust_secret(isvc) and await self.ensure_live_adjust_secret(isvc, body):
             created.append(("Secret", live_adjust_secret_name(service_name(isvc))))
-        ensured = await self._ensure(desired, body, current)
+        ensured = await self.ensure(desired, body, current)
         name = desired["metadata"]["name"]
         if ensured.created:
             created.append(("Deployment", name))
@@ -93,16 +96,16 @@ class ChildWriter:
             old_state = DeploymentState.from_manifest(ensured.previous) if ensured.previous else None
             new_state = DeploymentState.from_manifest(desired)
             if old_state is not None and old_state.config_hash != new_state.config_hash and new_state.config:
-                self._emit(
+                self.emit(
                     body, ev.rolled(name, old_state.config, new_state.config, new_state.config_hash or "")
                 )
             elif repair:
-                self._emit(body, ev.restored("Deployment", name, "edited by hand"))
+                self.emit(body, ev.restored("Deployment", name, "edited by hand"))
         elif ensured.created and repair:
-            self._emit(body, ev.restored("Deployment", name, "deleted by hand"))
+            self.emit(body, ev.restored("Deployment", name, "deleted by hand"))
         return ensured.actual
 
-    async def _ensure_live_adjust_secret(self, isvc: InferenceService, owner: Mapping[str, Any]) -> bool:
+    async def ensure_live_adjust_secret(self, isvc: InferenceService, owner: Mapping[str, Any]) -> bool:
         """Create the live-adjustment token Secret once; True when it was created now.
 
         An existing token is never replaced (engines read it at start-up): only a
@@ -124,12 +127,12 @@ class ChildWriter:
             await self.kube.merge_patch(path, {"stringData": secret["stringData"]})
         return False
 
-    def _note(
+    def note(
         self,
         body: Mapping[str, Any],
         kind: str,
         name: str,
-        ensured: _Ensured,
+        ensured: Ensured,
         repair: bool,
         created: list[tuple[str, str]],
     ) -> None:
@@ -137,11 +140,11 @@ class ChildWriter:
         if ensured.created and not repair:
             created.append((kind, name))
         elif ensured.written and repair:
-            self._emit(
+            self.emit(
                 body, ev.restored(kind, name, "deleted by hand" if ensured.created else "edited by hand")
             )
 
-    async def _owned(self, path: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def owned(self, path: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
         """The child at ``path`` when this InferenceService owns it and it is not being deleted."""
         current = await self.kube.get(path)
         if current is None or is_terminating(current):
@@ -150,15 +153,16 @@ class ChildWriter:
         owners = {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}
         return current if uid in owners else None
 
-    async def _delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
+    async def delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
         """Delete the child at ``path`` when this InferenceService owns it (a topology change left it)."""
-        current = await self._owned(path, owner)
+        current = await self.owned(path, owner)
         if current is None:
             return
         await self.kube.delete(path)
         logger.info("deleted %s %s, left from the service's previous topology", current["kind"], path)
 
-    async def _pod_monitor_wanted(self) -> bool:
+    async def pod_monitor_wanted(self) -> bool:
+        """Whether to write PodMonitors: the configured mode, or (auto) whether the API is served."""
         mode = self.config.pod_monitor
         if mode != PodMonitorMode.AUTO:
             return mode == PodMonitorMode.ENABLED
@@ -168,7 +172,8 @@ class ChildWriter:
             self._pod_monitor_api = (now, served)
         return self._pod_monitor_api[1]
 
-    def _emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
+    def emit(self, body: Mapping[str, Any], spec: ev.EventSpec) -> None:
+        """Post an Event about ``body`` (nothing without an Event sink)."""
         if self.post_event is not None:
             self.post_event(body, spec)
 

@@ -2,13 +2,14 @@
 
 A disaggregated service's children: both pools (rolled like the stable track), the router and
 its RBAC, the Service, a PodMonitor per pool. While a service changes topology the old side
-keeps serving until the new one is Ready (:meth:`DisaggregatedReconciler._switch_service`);
+keeps serving until the new one is Ready (:meth:`DisaggregatedReconciler.switch_service`);
 then the Service selects the new side and the old one is deleted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from chunkpilot.operator import events as ev
@@ -45,10 +46,17 @@ from chunkpilot.operator.status import (
 from chunkpilot.api import InferenceService, PoolRole, TopologyMode, Track
 
 
-class DisaggregatedReconciler(ChildWriter):
-    """Reconciles disaggregated services, and the pools a service switching topologies has or leaves."""
+@dataclass
+class DisaggregatedReconciler:
+    """Reconciles disaggregated services, and the pools a service switching topologies has or leaves.
 
-    async def _reconcile_disaggregated(
+    It writes through the reconciler's :class:`~chunkpilot.operator.children.ChildWriter`; the
+    colocated path calls its switch and clean-up steps for a service leaving its pools.
+    """
+
+    children: ChildWriter
+
+    async def reconcile(
         self,
         body: Mapping[str, Any],
         isvc: InferenceService,
@@ -66,7 +74,7 @@ class DisaggregatedReconciler(ChildWriter):
         problem: RenderProblem | InstallationProblem | None = None
         created: list[tuple[str, str]] = []
         desired_pools: dict[PoolRole, dict[str, Any]] = {}
-        if not self.config.disaggregation:
+        if not self.children.config.disaggregation:
             problem = InstallationProblem(REASON_DISAGGREGATION_DISABLED, DISAGGREGATION_DISABLED_MESSAGE)
         for role in PoolRole:
             try:
@@ -76,9 +84,11 @@ class DisaggregatedReconciler(ChildWriter):
         if ChildKind.DEPLOYMENT in kinds and problem is None:
             states = await self._ensure_pools_and_router(body, isvc, desired_pools, repair, created)
         else:
-            states = {role.value: await self.kube.get(pool_path(isvc, role)) for role in PoolRole}
-            states[TopologyPart.ROUTER] = await self.kube.get(router_path(isvc))
-        colocated = await self._owned(deployment_path(isvc, Track.STABLE), body) if problem is None else None
+            states = {role.value: await self.children.kube.get(pool_path(isvc, role)) for role in PoolRole}
+            states[TopologyPart.ROUTER] = await self.children.kube.get(router_path(isvc))
+        colocated = (
+            await self.children.owned(deployment_path(isvc, Track.STABLE), body) if problem is None else None
+        )
         topology = topology_observation(states)
         switch = (
             TopologySwitch(
@@ -94,28 +104,30 @@ class DisaggregatedReconciler(ChildWriter):
         # Nothing is rolled out until the problem is fixed: a service switching topologies keeps its
         # Service on the pods that serve it now.
         if switch is not None:
-            switched = await self._switch_service(
+            switched = await self.switch_service(
                 body, isvc, switch, to_router=True, kinds=kinds, known=known, repair=repair, created=created
             )
         elif ChildKind.SERVICE in kinds and problem is None:
-            ensured = await self._ensure(build_service(isvc), body, known.get(ChildKind.SERVICE, UNKNOWN))
-            self._note(body, "Service", service_name(isvc), ensured, repair, created)
-        if ChildKind.POD_MONITOR in kinds and problem is None and await self._pod_monitor_wanted():
+            ensured = await self.children.ensure(
+                build_service(isvc), body, known.get(ChildKind.SERVICE, UNKNOWN)
+            )
+            self.children.note(body, "Service", service_name(isvc), ensured, repair, created)
+        if ChildKind.POD_MONITOR in kinds and problem is None and await self.children.pod_monitor_wanted():
             for role in PoolRole:
-                monitor = build_pod_monitor(isvc, self.config.pod_monitor_labels, role)
-                ensured = await self._ensure(monitor, body, UNKNOWN)
-                self._note(body, "PodMonitor", monitor["metadata"]["name"], ensured, repair, created)
+                monitor = build_pod_monitor(isvc, self.children.config.pod_monitor_labels, role)
+                ensured = await self.children.ensure(monitor, body, UNKNOWN)
+                self.children.note(body, "PodMonitor", monitor["metadata"]["name"], ensured, repair, created)
             if not was_disaggregated(body) and switch is None:
-                await self._delete_owned(pod_monitor_path(isvc, service_name(isvc)), body)
+                await self.children.delete_owned(pod_monitor_path(isvc, service_name(isvc)), body)
         if created and not repair:
-            self._emit(body, ev.created(created))
-        self._note_switch_started(body, switch, created, repair)
+            self.children.emit(body, ev.created(created))
+        self.note_switch_started(body, switch, created, repair)
         if switched:
             await self._remove_colocated_children(isvc, body)
-            self._emit(body, switched_event("the prefill/decode pools", "the stable Deployment"))
+            self.children.emit(body, switched_event("the prefill/decode pools", "the stable Deployment"))
         serving_old = switch is not None and not switched
 
-        canary = await self.kube.get(deployment_path(isvc, Track.CANARY))
+        canary = await self.children.kube.get(deployment_path(isvc, Track.CANARY))
         return Observation(
             generation=int(meta.get("generation") or 0),
             stable=deployment_state(colocated) if serving_old else None,
@@ -137,21 +149,23 @@ class DisaggregatedReconciler(ChildWriter):
 
         Returns the live Deployments by part (``prefill``, ``decode``, ``router``). A service that
         was colocated until now keeps its stable Deployment until they are Ready (see
-        :meth:`_switch_service`).
+        :meth:`switch_service`).
         """
         *rbac, router = build_router_objects(isvc)
         for manifest in rbac:
-            ensured = await self._ensure(manifest, body, UNKNOWN)
-            self._note(body, manifest["kind"], manifest["metadata"]["name"], ensured, repair, created)
+            ensured = await self.children.ensure(manifest, body, UNKNOWN)
+            self.children.note(body, manifest["kind"], manifest["metadata"]["name"], ensured, repair, created)
         states: dict[str, dict[str, Any] | None] = {}
         for role, desired in desired_pools.items():
-            states[role.value] = await self._ensure_stable(body, isvc, desired, UNKNOWN, repair, created)
-        ensured = await self._ensure(router, body, UNKNOWN)
-        self._note(body, "Deployment", router["metadata"]["name"], ensured, repair, created)
+            states[role.value] = await self.children.ensure_stable(
+                body, isvc, desired, UNKNOWN, repair, created
+            )
+        ensured = await self.children.ensure(router, body, UNKNOWN)
+        self.children.note(body, "Deployment", router["metadata"]["name"], ensured, repair, created)
         states[TopologyPart.ROUTER] = ensured.actual
         return states
 
-    async def _switch_service(
+    async def switch_service(
         self,
         body: Mapping[str, Any],
         isvc: InferenceService,
@@ -171,13 +185,13 @@ class DisaggregatedReconciler(ChildWriter):
         if not switch.ready:
             if ChildKind.SERVICE in kinds:
                 old = build_service(isvc, via_router=not to_router)
-                ensured = await self._ensure(old, body, known.get(ChildKind.SERVICE, UNKNOWN))
-                self._note(body, "Service", service_name(isvc), ensured, repair, created)
+                ensured = await self.children.ensure(old, body, known.get(ChildKind.SERVICE, UNKNOWN))
+                self.children.note(body, "Service", service_name(isvc), ensured, repair, created)
             return False
-        ensured = await self._ensure(build_service(isvc, via_router=to_router), body, UNKNOWN)
+        ensured = await self.children.ensure(build_service(isvc, via_router=to_router), body, UNKNOWN)
         return not ensured.written
 
-    def _note_switch_started(
+    def note_switch_started(
         self,
         body: Mapping[str, Any],
         switch: TopologySwitch | None,
@@ -188,36 +202,40 @@ class DisaggregatedReconciler(ChildWriter):
         if switch is None or switch.ready or repair:
             return
         if any(kind == "Deployment" for kind, _ in created):
-            self._emit(body, ev.EventSpec(ev.EventType.NORMAL, "TopologySwitching", switch.message()))
+            self.children.emit(body, ev.EventSpec(ev.EventType.NORMAL, "TopologySwitching", switch.message()))
 
     async def _remove_colocated_children(self, isvc: InferenceService, body: Mapping[str, Any]) -> None:
         """A service now served by its pools: delete its stable Deployment and colocated PodMonitor."""
-        await self._delete_owned(deployment_path(isvc, Track.STABLE), body)
-        if await self._pod_monitor_wanted():
-            await self._delete_owned(pod_monitor_path(isvc, service_name(isvc)), body)
+        await self.children.delete_owned(deployment_path(isvc, Track.STABLE), body)
+        if await self.children.pod_monitor_wanted():
+            await self.children.delete_owned(pod_monitor_path(isvc, service_name(isvc)), body)
 
-    async def _remove_disaggregated_children(
+    async def remove_disaggregated_children(
         self, isvc: InferenceService, body: Mapping[str, Any], kinds: frozenset[ChildKind]
     ) -> None:
         """A service back to colocated: delete its pools, router and pool PodMonitors."""
         if ChildKind.DEPLOYMENT in kinds:
             for role in PoolRole:
-                await self._delete_owned(pool_path(isvc, role), body)
-            await self._delete_owned(router_path(isvc), body)
-        if ChildKind.POD_MONITOR in kinds and self.config.disaggregation and await self._pod_monitor_wanted():
+                await self.children.delete_owned(pool_path(isvc, role), body)
+            await self.children.delete_owned(router_path(isvc), body)
+        if (
+            ChildKind.POD_MONITOR in kinds
+            and self.children.config.disaggregation
+            and await self.children.pod_monitor_wanted()
+        ):
             for role in PoolRole:
-                await self._delete_owned(
+                await self.children.delete_owned(
                     pod_monitor_path(isvc, pool_deployment_name(service_name(isvc), role)), body
                 )
 
-    async def _disaggregated_leftovers(
+    async def leftovers(
         self, isvc: InferenceService, body: Mapping[str, Any]
     ) -> dict[str, dict[str, Any] | None]:
         """The pools and router this service still owns, by part; empty when none is left."""
         paths = {role.value: pool_path(isvc, role) for role in PoolRole} | {
             TopologyPart.ROUTER.value: router_path(isvc)
         }
-        found = {part: await self._owned(path, body) for part, path in paths.items()}
+        found = {part: await self.children.owned(path, body) for part, path in paths.items()}
         return found if any(found.values()) else {}
 
 

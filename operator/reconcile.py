@@ -2,9 +2,10 @@
 
 Handlers call into :class:`Reconciler`; it does the I/O (through
 :class:`~chunkpilot.operator.kube.KubeClient`) around the pure builders,
-status functions and event selection. The children are written through
-:class:`~chunkpilot.operator.children.ChildWriter`; a disaggregated service, and the switch
-between topologies, are :class:`~chunkpilot.operator.disaggregated.DisaggregatedReconciler`'s.
+status functions and event selection. It owns a
+:class:`~chunkpilot.operator.children.ChildWriter` (every child is written through it) and a
+:class:`~chunkpilot.operator.disaggregated.DisaggregatedReconciler` (a disaggregated service, and
+the switch between topologies) sharing that writer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,8 @@ from chunkpilot.operator.builders import (
     build_service,
     build_stable_deployment,
 )
-from chunkpilot.operator.children import UNKNOWN, deployment_path, deployment_state
+from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_path, deployment_state
+from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.disaggregated import (
     DisaggregatedReconciler,
     may_have_pools,
@@ -34,7 +36,7 @@ from chunkpilot.operator.disaggregated import (
 )
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
 from chunkpilot.operator.engines import RenderProblem
-from chunkpilot.operator.kube import KubeError
+from chunkpilot.operator.kube import KubeClient, KubeError
 from chunkpilot.operator.objects import isvc_path, parse_status, write_service_status
 from chunkpilot.operator.served import with_best_config, with_best_topology, with_live_adjust_condition
 from chunkpilot.operator.status import Observation, TopologySwitch, compute_status, status_patch
@@ -46,10 +48,19 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Reconciler(DisaggregatedReconciler):
+class Reconciler:
     """Reconciles InferenceServices through one API client; safe to share across handlers."""
 
+    kube: KubeClient
+    config: OperatorConfig
+    post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
+    children: ChildWriter = field(init=False)
+    pools: DisaggregatedReconciler = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.children = ChildWriter(self.kube, self.config, self.post_event)
+        self.pools = DisaggregatedReconciler(self.children)
 
     # ------------------------------------------------------------------ entry points
 
@@ -127,7 +138,7 @@ class Reconciler(DisaggregatedReconciler):
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
         if isvc.spec.disaggregated:
-            observation = await self._reconcile_disaggregated(body, isvc, kinds, known, repair)
+            observation = await self.pools.reconcile(body, isvc, kinds, known, repair)
         else:
             observation = await self._reconcile_colocated(body, isvc, kinds, known, repair)
         await self._report(body, isvc, observation, live_adjust_blocked, kinds)
@@ -143,7 +154,8 @@ class Reconciler(DisaggregatedReconciler):
         """A colocated service: the stable Deployment (and live-adjust Secret), the Service, a PodMonitor.
 
         Pools and a router left from a disaggregated topology keep serving until the stable
-        Deployment is Ready (see :meth:`_switch_service`). Returns what the status is computed from.
+        Deployment is Ready (see :meth:`DisaggregatedReconciler.switch_service`). Returns what the
+        status is computed from.
         """
         meta = body["metadata"]
         problem: RenderProblem | None = None
@@ -158,12 +170,12 @@ class Reconciler(DisaggregatedReconciler):
             desired_stable = None
         stable: dict[str, Any] | None
         if ChildKind.DEPLOYMENT in kinds and desired_stable is not None:
-            stable = await self._ensure_stable(
+            stable = await self.children.ensure_stable(
                 body, isvc, desired_stable, known.get(ChildKind.DEPLOYMENT, UNKNOWN), repair, created
             )
         else:
             stable = await self.kube.get(deployment_path(isvc, Track.STABLE))
-        leftovers = await self._disaggregated_leftovers(isvc, body) if may_have_pools(body) else {}
+        leftovers = await self.pools.leftovers(isvc, body) if may_have_pools(body) else {}
         switch = (
             TopologySwitch(
                 "the stable Deployment", "the prefill/decode pools", (("stable", deployment_state(stable)),)
@@ -173,20 +185,20 @@ class Reconciler(DisaggregatedReconciler):
         )
         switched = False
         if switch is not None:
-            switched = await self._switch_service(
+            switched = await self.pools.switch_service(
                 body, isvc, switch, to_router=False, kinds=kinds, known=known, repair=repair, created=created
             )
 
-        # While pools are left, the Service is kept by _switch_service.
+        # While pools are left, the Service is kept by DisaggregatedReconciler.switch_service.
         wanted = kinds - {ChildKind.SERVICE} if leftovers else kinds
         await self._ensure_service_and_monitor(body, isvc, wanted, known, repair, created)
         if created and not repair:
-            self._emit(body, ev.created(created))
-        self._note_switch_started(body, switch, created, repair)
+            self.children.emit(body, ev.created(created))
+        self.pools.note_switch_started(body, switch, created, repair)
         if switched or (was_disaggregated(body) and not leftovers):
-            await self._remove_disaggregated_children(isvc, body, ALL_KINDS if switched else kinds)
+            await self.pools.remove_disaggregated_children(isvc, body, ALL_KINDS if switched else kinds)
             if switched:
-                self._emit(body, switched_event("the stable Deployment", "the prefill/decode pools"))
+                self.children.emit(body, switched_event("the stable Deployment", "the prefill/decode pools"))
         serving_old = switch is not None and not switched
 
         canary = await self.kube.get(deployment_path(isvc, Track.CANARY))
@@ -213,13 +225,13 @@ class Reconciler(DisaggregatedReconciler):
             if kind not in kinds:
                 continue
             if kind == ChildKind.POD_MONITOR:
-                if not await self._pod_monitor_wanted():
+                if not await self.children.pod_monitor_wanted():
                     continue
                 desired = build_pod_monitor(isvc, self.config.pod_monitor_labels)
             else:
                 desired = build_service(isvc)
-            ensured = await self._ensure(desired, body, known.get(kind, UNKNOWN))
-            self._note(body, kind.value, desired["metadata"]["name"], ensured, repair, created)
+            ensured = await self.children.ensure(desired, body, known.get(kind, UNKNOWN))
+            self.children.note(body, kind.value, desired["metadata"]["name"], ensured, repair, created)
 
     async def _report(
         self,
@@ -261,7 +273,7 @@ class Reconciler(DisaggregatedReconciler):
             new = computed["new"]
             assert new is not None
             for spec in ev.status_transitions(computed["current"], new):
-                self._emit(fresh, spec)
+                self.children.emit(fresh, spec)
 
         if not await write_service_status(
             self.kube, namespace, name, patcher, skip_terminating=True, on_written=written

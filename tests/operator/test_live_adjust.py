@@ -157,7 +157,7 @@ class SecretKube:
 def ensure(kube: SecretKube) -> bool:
     reconciler = Reconciler(kube=kube, config=OperatorConfig())  # type: ignore[arg-type]
     owner = {**OWNER_BODY, "metadata": {**OWNER_BODY["metadata"], "labels": {}}}
-    created: bool = asyncio.run(reconciler._ensure_live_adjust_secret(isvc(), owner))
+    created: bool = asyncio.run(reconciler.children.ensure_live_adjust_secret(isvc(), owner))
     return created
 
 
