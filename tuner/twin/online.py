@@ -75,6 +75,7 @@ __all__ = [
     "quantile_error",
     "read_inputs",
     "read_steps",
+    "started_within",
     "waiting_reason",
 ]
 
@@ -175,6 +176,9 @@ class Inputs:
     bands: tuple[Band | None, Band | None] = (None, None)
     #: Prometheus has the engine's other series (without them, nothing is known yet: not scraped).
     seen: bool = True
+    #: Pods of the track up now that were not up when the window began (a roll-out, a restart).
+    newcomers: int = 0
+    window: str = ""
 
     @property
     def step_count(self) -> float:
@@ -245,7 +249,29 @@ def read_inputs(
     except CaptureError as exc:
         workload, error = None, str(exc)
     measured, bands = fine_quantiles_ms(vector, selector, window, at, quantiles, samples)
-    return Inputs(True, steps, workload, error, measured, bands)
+    return Inputs(
+        True,
+        steps,
+        workload,
+        error,
+        measured,
+        bands,
+        newcomers=started_within(vector, selector, window, at),
+        window=window,
+    )
+
+
+def started_within(vector: VectorFn, selector: Selector, window: str, at: datetime) -> int:
+    """Pods of ``selector`` up at ``at`` that were not up when the window began.
+
+    Such a window is not one steady state: right after a promotion the new stable pods start
+    inside it and take the whole load (the canary is gone), so their latencies are a transient and
+    the window's request rate, counted over a part of it, is too low for them.
+    """
+    sel = selector.render()
+    query = f"count((up{sel} == 1) unless (up{sel} offset {window} == 1))"
+    values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
+    return int(values[0]) if values else 0
 
 
 def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
@@ -262,6 +288,11 @@ def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
 
 def waiting_reason(inputs: Inputs) -> str | None:
     """Why the twin cannot be fitted yet from ``inputs`` (None: it can)."""
+    if inputs.newcomers:
+        return (
+            f"{inputs.newcomers} stable pod(s) of this config started within the last "
+            f"{inputs.window or 'window'}: waiting for a whole window of them"
+        )
     if inputs.step_count < MIN_STEPS:
         return (
             f"{inputs.step_count:g} engine steps in the window, {MIN_STEPS} needed to fit the step-time model"

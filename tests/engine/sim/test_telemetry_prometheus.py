@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 import urllib.request
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from chunkpilot.engine import metrics_names as names
+from chunkpilot.tuner.measure import Selector
 from chunkpilot.tuner.twin.capture import (
     parse_exposition,
     step_queries,
@@ -18,7 +20,9 @@ from chunkpilot.tuner.twin.capture import (
     workload_from_vectors,
     workload_queries,
 )
+from chunkpilot.tuner.twin.online import started_within
 
+from chunkpilot.api import Track
 from chunkpilot.devcluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.prometheus
@@ -78,3 +82,25 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
             totals.duration_s / totals.steps, rel=0.01
         ), label
         assert windowed[label].mean_tokens == pytest.approx(totals.mean_tokens, rel=0.01), label
+
+
+def test_a_pod_that_started_inside_the_window_is_counted_until_a_whole_window_has_passed(
+    prometheus: PrometheusServer, tmp_path: Path, sim_server_runner: Any
+) -> None:
+    # The twin waits for a whole window of the stable track's pods (a promotion rolls them inside
+    # one); the count comes from Prometheus's own record of when each target was up.
+    service = f"newcomer-{uuid.uuid4().hex[:8]}"
+    selector = Selector(service, None, Track.STABLE)
+
+    def vector(query: str, at: datetime) -> list[dict[str, Any]]:
+        return prometheus.query(query, at.timestamp())
+
+    args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", MODEL)
+    with sim_server_runner(tmp_path, *args, time_scale=0.5) as server:
+        prometheus.set_targets([server.address], labels={"service": service, "track": "stable"})
+        prometheus.wait_for_target_up(server.address, timeout=30)
+        assert started_within(vector, selector, "6s", datetime.now(UTC)) == 1
+        deadline = time.monotonic() + 30
+        while started_within(vector, selector, "6s", datetime.now(UTC)) != 0:
+            assert time.monotonic() < deadline, "the pod still counts as new a whole window after it came up"
+            time.sleep(0.5)
