@@ -71,11 +71,11 @@ __all__ = [
     "fine_quantiles_ms",
     "max_evaluations",
     "merge_steps",
+    "pods_changed",
     "predict_ms",
     "quantile_error",
     "read_inputs",
     "read_steps",
-    "started_within",
     "waiting_reason",
 ]
 
@@ -176,8 +176,8 @@ class Inputs:
     bands: tuple[Band | None, Band | None] = (None, None)
     #: Prometheus has the engine's other series (without them, nothing is known yet: not scraped).
     seen: bool = True
-    #: Pods of the track up now that were not up when the window began (a roll-out, a restart).
-    newcomers: int = 0
+    #: The service's pods that came up, and went away, inside the window (see :func:`pods_changed`).
+    pods_changed: tuple[int, int] = (0, 0)
     window: str = ""
 
     @property
@@ -256,22 +256,26 @@ def read_inputs(
         error,
         measured,
         bands,
-        newcomers=started_within(vector, selector, window, at),
+        pods_changed=pods_changed(vector, selector, window, at),
         window=window,
     )
 
 
-def started_within(vector: VectorFn, selector: Selector, window: str, at: datetime) -> int:
-    """Pods of ``selector`` up at ``at`` that were not up when the window began.
+def pods_changed(vector: VectorFn, selector: Selector, window: str, at: datetime) -> tuple[int, int]:
+    """Pods of ``selector``'s service (every track) that came up, and that went away, inside the window.
 
-    Such a window is not one steady state: right after a promotion the new stable pods start
-    inside it and take the whole load (the canary is gone), so their latencies are a transient and
-    the window's request rate, counted over a part of it, is too low for them.
+    Such a window is not one steady state: a promotion's new stable pods start inside it and take
+    the whole load, a canary's start or end moves half of it, so the stable track's latencies mix
+    two loads while its request rate averages them.
     """
-    sel = selector.render()
-    query = f"count((up{sel} == 1) unless (up{sel} offset {window} == 1))"
-    values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
-    return int(values[0]) if values else 0
+    sel = replace(selector, track=None, config_hash=None, role=None).render()
+
+    def count(query: str) -> int:
+        values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
+        return int(values[0]) if values else 0
+
+    now, before = f"(up{sel} == 1)", f"(up{sel} offset {window} == 1)"
+    return count(f"count({now} unless {before})"), count(f"count({before} unless {now})")
 
 
 def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
@@ -288,10 +292,11 @@ def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
 
 def waiting_reason(inputs: Inputs) -> str | None:
     """Why the twin cannot be fitted yet from ``inputs`` (None: it can)."""
-    if inputs.newcomers:
+    came, went = inputs.pods_changed
+    if came or went:
         return (
-            f"{inputs.newcomers} stable pod(s) of this config started within the last "
-            f"{inputs.window or 'window'}: waiting for a whole window of them"
+            f"the service's pods changed in the last {inputs.window or 'window'} ({came} came up, {went} "
+            "went away: a roll-out, a canary's start or end): waiting for a window of steady traffic"
         )
     if inputs.step_count < MIN_STEPS:
         return (

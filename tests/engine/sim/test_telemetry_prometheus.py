@@ -20,10 +20,10 @@ from chunkpilot.tuner.twin.capture import (
     workload_from_vectors,
     workload_queries,
 )
-from chunkpilot.tuner.twin.online import started_within
+from chunkpilot.tuner.twin.online import pods_changed
 
 from chunkpilot.api import Track
-from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
 
 pytestmark = pytest.mark.prometheus
 
@@ -84,23 +84,46 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
         assert windowed[label].mean_tokens == pytest.approx(totals.mean_tokens, rel=0.01), label
 
 
-def test_a_pod_that_started_inside_the_window_is_counted_until_a_whole_window_has_passed(
+def test_pods_that_came_or_went_inside_the_window_are_counted_until_a_whole_window_has_passed(
     prometheus: PrometheusServer, tmp_path: Path, sim_server_runner: Any
 ) -> None:
-    # The twin waits for a whole window of the stable track's pods (a promotion rolls them inside
-    # one); the count comes from Prometheus's own record of when each target was up.
-    service = f"newcomer-{uuid.uuid4().hex[:8]}"
-    selector = Selector(service, None, Track.STABLE)
+    # The twin waits for a window of steady traffic (a promotion rolls the stable pods, a canary's
+    # start or end moves half the load); the counts come from Prometheus's record of each target.
+    service = f"pods-{uuid.uuid4().hex[:8]}"
+    stable = Selector(service, None, Track.STABLE, config_hash="abc")
 
     def vector(query: str, at: datetime) -> list[dict[str, Any]]:
         return prometheus.query(query, at.timestamp())
 
-    args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", MODEL)
-    with sim_server_runner(tmp_path, *args, time_scale=0.5) as server:
-        prometheus.set_targets([server.address], labels={"service": service, "track": "stable"})
-        prometheus.wait_for_target_up(server.address, timeout=30)
-        assert started_within(vector, selector, "6s", datetime.now(UTC)) == 1
+    def changed() -> tuple[int, int]:
+        return pods_changed(vector, stable, "6s", datetime.now(UTC))
+
+    def settle(expected: tuple[int, int]) -> None:
         deadline = time.monotonic() + 30
-        while started_within(vector, selector, "6s", datetime.now(UTC)) != 0:
-            assert time.monotonic() < deadline, "the pod still counts as new a whole window after it came up"
+        while (seen := changed()) != expected:
+            assert time.monotonic() < deadline, f"pods changed {seen}, expected {expected}"
             time.sleep(0.5)
+
+    args = ("llama-3.1-8b", "--gpu", "h100", "--served-model-name", MODEL)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        sim_server_runner(tmp_path / "a", *args, time_scale=0.5) as first,
+        sim_server_runner(tmp_path / "b", *args, time_scale=0.5) as second,
+    ):
+        labels = {"service": service, "track": "stable", "config_hash": "abc"}
+        prometheus.set_targets([first.address], labels=labels)
+        prometheus.wait_for_target_up(first.address, timeout=30)
+        assert changed() == (1, 0)
+        settle((0, 0))
+        # A canary of another config and track still changes the service's traffic split.
+        canary = labels | {"track": "canary", "config_hash": "def"}
+        prometheus.set_target_groups(
+            [TargetGroup([first.address], labels), TargetGroup([second.address], canary)]
+        )
+        prometheus.wait_for_target_up(second.address, timeout=30)
+        assert changed() == (1, 0)
+        settle((0, 0))
+        prometheus.set_targets([first.address], labels=labels)  # the canary ends
+        settle((0, 1))
+        settle((0, 0))

@@ -184,9 +184,10 @@ def test_waiting_names_what_is_missing(truth: SimConfig, lengths: Workload) -> N
         online.waiting_reason(online.Inputs(True, telemetry.totals(), thin)) or ""
     )
     assert online.waiting_reason(online.Inputs(True, telemetry.totals(), window)) is None
-    rolled = online.Inputs(True, telemetry.totals(), window, newcomers=1, window="40s")
-    reason = online.waiting_reason(rolled) or ""
-    assert "1 stable pod(s) of this config started within the last 40s" in reason
+    for changed in ((1, 0), (0, 1)):
+        rolled = online.Inputs(True, telemetry.totals(), window, pods_changed=changed, window="40s")
+        reason = online.waiting_reason(rolled) or ""
+        assert f"changed in the last 40s ({changed[0]} came up, {changed[1]} went away" in reason
 
 
 @pytest.mark.parametrize(
