@@ -78,6 +78,9 @@ class TwinReading:
     stable_check: online.CanaryCheck | None = None
     #: Prefill/decode disaggregation evaluated on the twin this step (only once SLOInfeasible).
     recommendation: disaggplan.RecommendationResult | None = None
+    #: Why the twin waits for a window of steady traffic before it refits ("": it does not); the
+    #: last calibration stands meanwhile, and no next trial starts.
+    settling: str = ""
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,14 @@ class TwinObserver:
         waiting = online.waiting_reason(merged)
         if waiting is not None or merged.workload is None or rate is None:
             return replace(base, state=TwinState.WAITING, message=waiting or "no live request rate yet")
+        unsteady = online.unsteady_reason(merged) if final is None else None
+        previous = self._fits.get((snap.namespace, snap.name))
+        if unsteady is not None:
+            if previous is None:
+                return replace(
+                    base, state=TwinState.WAITING, message=f"waiting for steady traffic: {unsteady}"
+                )
+            return replace(base, state=TwinState.FITTED, calibration=previous, settling=unsteady)
         rank = rank_due(snap, key, refit)
         calibration = self._fits.get((snap.namespace, snap.name))
         if rank or calibration is None or calibration.key != key:

@@ -572,6 +572,20 @@ def test_without_step_telemetry_tuning_goes_on_as_before_and_says_why() -> None:
     assert plan.status["twin"]["state"] == "Unavailable"
 
 
+def test_a_twin_settling_after_the_pods_changed_keeps_its_status_and_starts_no_trial(
+    calibration: Calibration,
+) -> None:
+    body = service_body()
+    body["status"] = {"twin": decide(snapshot(twin=fitted(calibration)), SETTINGS).status["twin"]}
+    settling = fitted(calibration, ranked=False, settling="the service's pods changed in the last 40s")
+    plan = decide(snapshot(body, twin=settling), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    assert condition(plan, "Tuning") == ("True", "WaitingForTwin")
+    message = next(c.message for c in plan.conditions if c.type == "Tuning")
+    assert "steady traffic" in message and "pods changed" in message
+    assert "twin" not in plan.status and condition(plan, "TwinUnavailable") is None
+
+
 def test_too_little_telemetry_waits_and_says_so() -> None:
     reading = TwinReading(
         TwinState.WAITING, "12 engine steps in the window, 50 needed to fit the step-time model"

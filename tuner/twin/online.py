@@ -76,6 +76,7 @@ __all__ = [
     "quantile_error",
     "read_inputs",
     "read_steps",
+    "unsteady_reason",
     "waiting_reason",
 ]
 
@@ -292,12 +293,6 @@ def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
 
 def waiting_reason(inputs: Inputs) -> str | None:
     """Why the twin cannot be fitted yet from ``inputs`` (None: it can)."""
-    came, went = inputs.pods_changed
-    if came or went:
-        return (
-            f"the service's pods changed in the last {inputs.window or 'window'} ({came} came up, {went} "
-            "went away: a roll-out, a canary's start or end): waiting for a window of steady traffic"
-        )
     if inputs.step_count < MIN_STEPS:
         return (
             f"{inputs.step_count:g} engine steps in the window, {MIN_STEPS} needed to fit the step-time model"
@@ -308,6 +303,17 @@ def waiting_reason(inputs: Inputs) -> str | None:
         seen = inputs.workload.prompt_tokens.count
         return f"{seen:.0f} finished requests in the window, {MIN_REQUESTS} needed to capture the workload"
     return None
+
+
+def unsteady_reason(inputs: Inputs) -> str | None:
+    """Why the window is not one steady state (:func:`pods_changed`); None: it is."""
+    came, went = inputs.pods_changed
+    if not (came or went):
+        return None
+    return (
+        f"the service's pods changed in the last {inputs.window or 'window'} ({came} came up, {went} "
+        "went away: a roll-out, a canary's start or end)"
+    )
 
 
 # --------------------------------------------------------------------------- computing

@@ -186,8 +186,10 @@ def test_waiting_names_what_is_missing(truth: SimConfig, lengths: Workload) -> N
     assert online.waiting_reason(online.Inputs(True, telemetry.totals(), window)) is None
     for changed in ((1, 0), (0, 1)):
         rolled = online.Inputs(True, telemetry.totals(), window, pods_changed=changed, window="40s")
-        reason = online.waiting_reason(rolled) or ""
+        assert online.waiting_reason(rolled) is None
+        reason = online.unsteady_reason(rolled) or ""
         assert f"changed in the last 40s ({changed[0]} came up, {changed[1]} went away" in reason
+    assert online.unsteady_reason(online.Inputs(True, telemetry.totals(), window, window="40s")) is None
 
 
 @pytest.mark.parametrize(
