@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "replayed real trace; watch the autotuner's canary trials; write a report; tear down."
         ),
     )
-    parser.add_argument("--fast", action="store_true", help="four 40-s trials: done in under ten minutes")
+    parser.add_argument("--fast", action="store_true", help="four 40-s trials: done in about ten minutes")
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--trace", default=_DEFAULTS.trace, help=f"bundled trace or CSV (default {_DEFAULTS.trace})"

@@ -111,7 +111,7 @@ class DemoScenario:
         return parse_duration(self.warmup)
 
     def fast(self) -> DemoScenario:
-        """A variant with four shorter trials: under ten minutes on a laptop (trials run in real time)."""
+        """A variant with four shorter trials: about ten minutes on a laptop (trials run in real time)."""
         return replace(self, max_trials=4, trial_window="40s", warmup="10s", timeout_s=1200.0)
 
 
