@@ -189,16 +189,13 @@ class TwinObserver:
         waiting = online.waiting_reason(merged)
         if waiting is not None or merged.workload is None or rate is None:
             return replace(base, state=TwinState.WAITING, message=waiting or "no live request rate yet")
-        unsteady = online.unsteady_reason(merged) if final is None else None
-        previous = self._fits.get((snap.namespace, snap.name))
-        if unsteady is not None:
-            if previous is None:
-                return replace(
-                    base, state=TwinState.WAITING, message=f"waiting for steady traffic: {unsteady}"
-                )
-            return replace(base, state=TwinState.FITTED, calibration=previous, settling=unsteady)
-        rank = rank_due(snap, key, refit)
         calibration = self._fits.get((snap.namespace, snap.name))
+        unsteady = online.unsteady_reason(merged) if final is None else None
+        if unsteady is not None:
+            if calibration is None:
+                return replace(base, state=TwinState.WAITING, message=unsteady)
+            return replace(base, state=TwinState.FITTED, calibration=calibration, settling=unsteady)
+        rank = rank_due(snap, key, refit)
         if rank or calibration is None or calibration.key != key:
             try:
                 calibration = await self._compute(

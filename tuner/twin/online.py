@@ -201,9 +201,8 @@ def fine_quantiles_ms(
 
     def at_quantile(name: str, q: float) -> float | None:
         query = f"histogram_quantile({q:g}, sum by (le) (rate({name}_bucket{selector.render()}[{window}])))"
-        values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
-        finite = [v for v in values if math.isfinite(v)]
-        return finite[0] * 1000.0 if finite else None
+        value = _first_value(vector, query, at)
+        return value * 1000.0 if value is not None else None
 
     values: list[float | None] = []
     bands: list[Band | None] = []
@@ -270,13 +269,16 @@ def pods_changed(vector: VectorFn, selector: Selector, window: str, at: datetime
     two loads while its request rate averages them.
     """
     sel = replace(selector, track=None, config_hash=None, role=None).render()
-
-    def count(query: str) -> int:
-        values = [float(item["value"][1]) for item in vector(query, at) if "value" in item]
-        return int(values[0]) if values else 0
-
     now, before = f"(up{sel} == 1)", f"(up{sel} offset {window} == 1)"
-    return count(f"count({now} unless {before})"), count(f"count({before} unless {now})")
+    came = _first_value(vector, f"count({now} unless {before})", at)
+    went = _first_value(vector, f"count({before} unless {now})", at)
+    return int(came or 0), int(went or 0)
+
+
+def _first_value(vector: VectorFn, query: str, at: datetime) -> float | None:
+    """The first finite value of an instant query's result (None: no data)."""
+    values = (float(item["value"][1]) for item in vector(query, at) if "value" in item)
+    return next((v for v in values if math.isfinite(v)), None)
 
 
 def merge_steps(*telemetry: Mapping[str, StepTotals]) -> dict[str, StepTotals]:
