@@ -20,6 +20,7 @@ from chunkpilot.tuner.bench_truth import (
     format_truth_table,
     run_truth_benchmark,
 )
+from chunkpilot.tuner.twin.predict import arrival_seeds
 
 
 def register(subparsers: Any) -> None:
@@ -90,6 +91,14 @@ def register(subparsers: Any) -> None:
         help="Poisson arrival samples the ground truth averages each capacity over (default 1 quick / 3)",
     )
     tuner.add_argument(
+        "--twin-arrivals",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Poisson arrival samples the twin averages each predicted capacity over (default 1, as the "
+        "operator ranks; K > 1 uses seeds of its own, none of the ground truth's)",
+    )
+    tuner.add_argument(
         "--workload",
         action="append",
         default=None,
@@ -127,6 +136,10 @@ def settings_from(args: argparse.Namespace) -> TruthSettings:
         )
         if value is not None
     }
+    if args.twin_arrivals is not None:
+        if args.twin_arrivals < 1:
+            raise BenchError("--twin-arrivals must be >= 1")
+        top["twin"] = replace(settings.twin, arrival_seeds=arrival_seeds(args.twin_arrivals))
     if args.truth_gpu and args.truth_family:
         raise BenchError("--truth-gpu and --truth-family: choose one")
     if args.truth_gpu:

@@ -171,6 +171,8 @@ class TwinSettings:
     requests: int = 200
     tolerance: float = 0.03
     margin: float = PROMOTE_MARGIN
+    #: Seeds of the arrival samples each of the twin's capacities is averaged over (one: the operator's).
+    arrival_seeds: tuple[int, ...] = (0,)
 
 
 @dataclass
@@ -238,6 +240,7 @@ class _TwinState:
             self.root / f"fit-{self.refits}",
             gpu_memory_utilization=facts.gpu_memory_utilization,
             engine=self.context.engine,
+            arrival_seeds=self.settings.arrival_seeds,
         )
 
     def refit(self, canary: Observation) -> None:

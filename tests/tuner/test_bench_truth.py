@@ -23,6 +23,7 @@ from chunkpilot.tuner.bench import (
     engine_defaults,
     scenario_facts,
 )
+from chunkpilot.tuner.bench_cli import settings_from
 from chunkpilot.tuner.bench_grid import Grid
 from chunkpilot.tuner.bench_online import (
     OnlineContext,
@@ -49,7 +50,7 @@ from chunkpilot.tuner.bench_truth import (
 from chunkpilot.tuner.space import build_space
 from chunkpilot.tuner.twin.truth import FAMILY, perturbed_accelerator, truth_engine
 
-from chunkpilot.cli import main
+from chunkpilot.cli import build_parser, main
 
 SMALL_GRID = replace(
     FULL,
@@ -203,6 +204,18 @@ def test_settings_and_cli_reject_bad_truths_and_loads(
         replace(TRUTH_QUICK, truth_arrivals=0)
     assert main(["bench", "tuner", "--quick", "--truth-arrivals", "0"]) == 2
     assert "--truth-arrivals" in capsys.readouterr().err
+    assert main(["bench", "tuner", "--quick", "--twin-arrivals", "0"]) == 2
+    assert "--twin-arrivals" in capsys.readouterr().err
+
+
+def test_twin_arrivals_are_seed_0_alone_or_seeds_of_the_twins_own() -> None:
+    parser = build_parser()
+    one = settings_from(parser.parse_args(["bench", "tuner", "--quick"]))
+    three = settings_from(parser.parse_args(["bench", "tuner", "--quick", "--twin-arrivals", "3"]))
+    assert one.twin.arrival_seeds == (0,)  # what the operator ranks on
+    assert three.twin.arrival_seeds == (1000, 1001, 1002)
+    assert not set(three.twin.arrival_seeds) & {three.grid.seed + k for k in range(10)}  # the truth's
+    assert three.twin.evaluations == one.twin.evaluations  # only the samples change
 
 
 def test_ground_truth_averages_the_capacity_over_arrival_samples(tmp_path: Path) -> None:

@@ -22,12 +22,24 @@ from chunkpilot.tuner.twin.fit import TwinFit
 
 from chunkpilot.api.knobs import TUNABLE_NAMES
 
-__all__ = ["CAPACITY_REQUESTS", "CAPACITY_TOLERANCE", "LatencyQuantiles", "Twin", "relative_errors"]
+__all__ = [
+    "CAPACITY_REQUESTS",
+    "CAPACITY_TOLERANCE",
+    "SAMPLE_GROWTH",
+    "LatencyQuantiles",
+    "Twin",
+    "arrival_seeds",
+    "relative_errors",
+]
 
 #: Requests simulated per probed rate and the bisection's relative width in a capacity prediction:
 #: about 1 CPU second for an 8B model on H100 (the accuracy/cost trade-off is in docs/tuning.md).
 CAPACITY_REQUESTS: Final = 400
 CAPACITY_TOLERANCE: Final = 0.03
+#: The first seed of a twin's own arrival samples when it averages several (:func:`arrival_seeds`).
+OWN_SEEDS: Final = 1000
+#: The bracket's growth per probe on the samples after the first, which start at the first's capacity.
+SAMPLE_GROWTH: Final = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,9 @@ class Twin:
     #: The engine's own scheduler (its kind's semantics and the knobs the tuner does not move); a
     #: configuration's tuned knobs replace its values. None: vLLM's defaults.
     engine: SchedulerConfig | None = None
+    #: Seeds of the Poisson arrival samples a ranked capacity is averaged over
+    #: (:func:`~chunkpilot.tuner.twin.search.evaluate_on_twin`; see :func:`arrival_seeds`).
+    arrival_seeds: tuple[int, ...] = (0,)
 
     @classmethod
     def build(
@@ -76,10 +91,11 @@ class Twin:
         *,
         gpu_memory_utilization: float = 0.92,
         engine: SchedulerConfig | None = None,
+        arrival_seeds: tuple[int, ...] = (0,),
     ) -> Twin:
         """Write the fitted profile under ``directory`` and return the twin that loads it."""
         path = fit.write_profile(directory / "twin-step-profile.json")
-        return cls(fit, workload, path, gpu_memory_utilization, engine)
+        return cls(fit, workload, path, gpu_memory_utilization, engine, arrival_seeds)
 
     def config(self, scheduler: SchedulerConfig) -> SimConfig:
         """The simulated engine of configuration ``scheduler`` on the fitted hardware (on :attr:`engine`)."""
@@ -109,12 +125,20 @@ class Twin:
         tolerance: float = CAPACITY_TOLERANCE,
         start_rate: float | None = None,
         seed: int = 0,
+        growth: float = 2.0,
     ) -> CapacityResult:
-        """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``."""
+        """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``
+        on one arrival sample (``seed``); the search starts at the captured arrival rate."""
         workload = self._requests(requests)
         start = start_rate if start_rate is not None else _arrival_rate(self.workload)
         return find_capacity(
-            self.config(scheduler), workload, slo, tolerance=tolerance, start_rate=start, seed=seed
+            self.config(scheduler),
+            workload,
+            slo,
+            tolerance=tolerance,
+            start_rate=start,
+            seed=seed,
+            growth=growth,
         )
 
     def latency(
@@ -129,6 +153,14 @@ class Twin:
         """Predicted ITL and TTFT quantiles of ``scheduler`` at a Poisson load of ``rate`` requests/s."""
         summary = simulate(self.config(scheduler), retime(self._requests(requests), rate, seed), slo)
         return LatencyQuantiles.of(summary)
+
+
+def arrival_seeds(samples: int) -> tuple[int, ...]:
+    """The seeds of ``samples`` arrival samples: seed 0 alone (what the operator ranks on), or the
+    twin's own from :data:`OWN_SEEDS` on, none of which a benchmark's ground truth uses."""
+    if samples < 1:
+        raise ValueError("a capacity needs at least one arrival sample")
+    return (0,) if samples == 1 else tuple(OWN_SEEDS + k for k in range(samples))
 
 
 def _arrival_rate(workload: Workload) -> float:

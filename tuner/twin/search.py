@@ -10,6 +10,7 @@ evaluation count the ranking is the same (a CPU budget that binds can stop it at
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import optuna
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
-from chunkpilot.tuner.twin.predict import CAPACITY_REQUESTS, CAPACITY_TOLERANCE, Twin
+from chunkpilot.tuner.twin.predict import CAPACITY_REQUESTS, CAPACITY_TOLERANCE, SAMPLE_GROWTH, Twin
 from optuna.samplers import TPESampler
 from optuna.trial import TrialState
 
@@ -76,17 +77,36 @@ def evaluate_on_twin(
     requests: int = CAPACITY_REQUESTS,
     tolerance: float = CAPACITY_TOLERANCE,
 ) -> Candidate:
-    """One evaluation: the twin's capacity at SLO of ``config``."""
-    result = twin.capacity(scheduler_of(config, max_model_len), slo, requests=requests, tolerance=tolerance)
-    at = result.at_capacity
-    if not result.feasible or at is None:
+    """One evaluation: the twin's capacity at SLO of ``config``, the mean over its arrival samples.
+
+    A sample on which no rate meets the SLO counts 0; the throughput and quantiles are the means
+    over the samples that are feasible.
+    """
+    scheduler = scheduler_of(config, max_model_len)
+    first, *others = twin.arrival_seeds
+    samples = [twin.capacity(scheduler, slo, requests=requests, tolerance=tolerance, seed=first)]
+    near = samples[0].capacity_req_s if samples[0].feasible else None
+    samples += [
+        twin.capacity(
+            scheduler,
+            slo,
+            requests=requests,
+            tolerance=tolerance,
+            seed=seed,
+            start_rate=near,
+            growth=SAMPLE_GROWTH if near is not None else 2.0,
+        )
+        for seed in others
+    ]
+    at = [r.at_capacity for r in samples if r.feasible and r.at_capacity is not None]
+    if not at:
         return Candidate(config, 0.0)
     return Candidate(
         config,
-        result.capacity_req_s,
-        tokens_s=at.throughput_tok_s,
-        itl_ms=at.itl_at_slo_quantile_ms,
-        ttft_ms=at.ttft_at_slo_quantile_ms,
+        sum(r.capacity_req_s for r in samples if r.feasible and r.at_capacity is not None) / len(samples),
+        tokens_s=statistics.fmean(s.throughput_tok_s for s in at),
+        itl_ms=statistics.fmean(s.itl_at_slo_quantile_ms for s in at),
+        ttft_ms=statistics.fmean(s.ttft_at_slo_quantile_ms for s in at),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import Twin, fit_steps, synthesize
+from chunkpilot.tuner.twin.predict import arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
+    evaluate_on_twin,
     scheduler_of,
     search_on_twin,
     twin_objective,
@@ -74,6 +77,33 @@ def test_seeded_search_is_deterministic_and_honours_warm_and_exclude(twin: Twin)
 def test_cpu_budget_stops_the_search(twin: Twin) -> None:
     result = search_on_twin(twin, SPACE, SLO_, seed=1, cpu_budget_s=0.0, requests=120)
     assert result.evaluations == 0 and result.ranked == () and result.best is None
+
+
+def test_capacity_is_the_mean_over_the_twins_arrival_samples(twin: Twin) -> None:
+    config = TunedConfig(1024, 128)
+    each = [
+        evaluate_on_twin(replace(twin, arrival_seeds=(seed,)), config, SLO_, requests=120, tolerance=0.05)
+        for seed in (11, 12, 13)
+    ]
+    assert len({c.capacity_req_s for c in each}) > 1  # the samples differ, so the mean is not one of them
+    pooled = evaluate_on_twin(
+        replace(twin, arrival_seeds=(11, 12, 13)), config, SLO_, requests=120, tolerance=0.05
+    )
+    # Each sample's bisection lands within its 5% bracket, wherever it starts.
+    assert pooled.capacity_req_s == pytest.approx(sum(c.capacity_req_s for c in each) / 3, rel=0.05)
+    assert min(c.tokens_s for c in each) * 0.95 <= pooled.tokens_s <= max(c.tokens_s for c in each) * 1.05
+
+
+def test_an_infeasible_arrival_sample_counts_zero(twin: Twin) -> None:
+    impossible = SLO(itl_ms=0.01, ttft_ms=0.01)
+    none = evaluate_on_twin(replace(twin, arrival_seeds=(1, 2)), TunedConfig(1024, 128), impossible)
+    assert none.capacity_req_s == 0 and math.isnan(none.itl_ms)
+
+
+def test_arrival_seeds_are_seed_0_alone_or_the_twins_own() -> None:
+    assert arrival_seeds(1) == (0,) and arrival_seeds(2) == (1000, 1001)
+    with pytest.raises(ValueError, match="at least one"):
+        arrival_seeds(0)
 
 
 def test_objective_per_gpu() -> None:
