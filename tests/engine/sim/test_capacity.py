@@ -20,9 +20,7 @@ SLO_ = SLO(itl_ms=50.0, ttft_ms=2000.0)
 def test_a_start_near_the_answer_with_a_small_growth_needs_fewer_probes() -> None:
     lengths = load_trace("azure_conv_2023", rate=1.0, limit=100)
     wide = find_capacity(ENGINE, lengths, SLO_, tolerance=0.03, start_rate=1.0)
-    near = find_capacity(
-        ENGINE, lengths, SLO_, tolerance=0.03, start_rate=wide.capacity_req_s, growth=1.1
-    )
+    near = find_capacity(ENGINE, lengths, SLO_, tolerance=0.03, start_rate=wide.capacity_req_s, growth=1.1)
     assert wide.feasible and near.feasible
     assert near.capacity_req_s == pytest.approx(wide.capacity_req_s, rel=0.03)
     assert len(near.probes) < len(wide.probes)
