@@ -20,7 +20,7 @@ from chunkpilot.tuner.bench_truth import (
     format_truth_table,
     run_truth_benchmark,
 )
-from chunkpilot.tuner.twin.predict import arrival_seeds
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
 
 
 def register(subparsers: Any) -> None:
@@ -95,8 +95,8 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="K",
-        help="Poisson arrival samples the twin averages each predicted capacity over (default 1, as the "
-        "operator ranks; K > 1 uses seeds of its own, none of the ground truth's)",
+        help="Poisson arrival samples the twin averages each predicted capacity over (default "
+        f"{ARRIVAL_SAMPLES}, as the operator ranks; on seeds of its own, none of the ground truth's)",
     )
     tuner.add_argument(
         "--workload",

@@ -44,7 +44,7 @@ from chunkpilot.tuner.policy import PROMOTE_MARGIN, SLOTargets, check_slo, objec
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
-from chunkpilot.tuner.twin.predict import LatencyQuantiles, Twin
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, LatencyQuantiles, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
 from chunkpilot.tuner.warmstart import warm_start
 
@@ -171,8 +171,8 @@ class TwinSettings:
     requests: int = 200
     tolerance: float = 0.03
     margin: float = PROMOTE_MARGIN
-    #: Seeds of the arrival samples each of the twin's capacities is averaged over (one: the operator's).
-    arrival_seeds: tuple[int, ...] = (0,)
+    #: Seeds of the arrival samples each of the twin's capacities is averaged over (the operator's).
+    arrival_seeds: tuple[int, ...] = arrival_seeds(ARRIVAL_SAMPLES)
 
 
 @dataclass

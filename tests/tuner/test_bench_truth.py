@@ -48,6 +48,7 @@ from chunkpilot.tuner.bench_truth import (
     run_truth_benchmark,
 )
 from chunkpilot.tuner.space import build_space
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
 from chunkpilot.tuner.twin.truth import FAMILY, perturbed_accelerator, truth_engine
 
 from chunkpilot.cli import build_parser, main
@@ -208,11 +209,13 @@ def test_settings_and_cli_reject_bad_truths_and_loads(
     assert "--twin-arrivals" in capsys.readouterr().err
 
 
-def test_twin_arrivals_are_seed_0_alone_or_seeds_of_the_twins_own() -> None:
+def test_twin_arrivals_are_the_operators_by_default_and_never_the_truths() -> None:
     parser = build_parser()
-    one = settings_from(parser.parse_args(["bench", "tuner", "--quick"]))
+    default = settings_from(parser.parse_args(["bench", "tuner", "--quick"]))
+    one = settings_from(parser.parse_args(["bench", "tuner", "--quick", "--twin-arrivals", "1"]))
     three = settings_from(parser.parse_args(["bench", "tuner", "--quick", "--twin-arrivals", "3"]))
-    assert one.twin.arrival_seeds == (0,)  # what the operator ranks on
+    assert default.twin.arrival_seeds == arrival_seeds(ARRIVAL_SAMPLES) == (1000, 1001)
+    assert one.twin.arrival_seeds == (0,)
     assert three.twin.arrival_seeds == (1000, 1001, 1002)
     assert not set(three.twin.arrival_seeds) & {three.grid.seed + k for k in range(10)}  # the truth's
     assert three.twin.evaluations == one.twin.evaluations  # only the samples change

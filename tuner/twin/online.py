@@ -52,7 +52,7 @@ from chunkpilot.tuner.twin.capture import (
     workload_queries,
 )
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
-from chunkpilot.tuner.twin.predict import Twin
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
 
 from chunkpilot.api import EngineSpec, Objective
@@ -459,6 +459,7 @@ def calibrate(request: Request) -> Calibration:
         directory / request.key.replace("/", "-"),
         gpu_memory_utilization=request.gpu_memory_utilization,
         engine=request.engine,
+        arrival_seeds=arrival_seeds(ARRIVAL_SAMPLES),
     )
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)

@@ -26,6 +26,7 @@ from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import MIN_REQUESTS
 from chunkpilot.tuner.twin.fit import MIN_STEPS
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
 from chunkpilot.tuner.twin.truth import Perturbation, write_truth
 from chunkpilot.tuner.twin.validate import observe_window
 
@@ -120,6 +121,8 @@ def test_ranking_beats_the_incumbent_on_the_truth_too(
     best = calibration.ranked[0]
     assert best.capacity_req_s >= calibration.incumbent.capacity_req_s
     assert calibration.evaluations == 6 and calibration.cpu_seconds > 0
+    # Each ranked capacity is the mean over the twin's own arrival samples, not one draw.
+    assert calibration.twin.arrival_seeds == arrival_seeds(ARRIVAL_SAMPLES) and ARRIVAL_SAMPLES > 1
 
     def true_capacity(config: TunedConfig) -> float:
         engine = replace(truth, scheduler=SchedulerConfig(**config.as_dict(), max_model_len=8192))  # type: ignore[arg-type]
