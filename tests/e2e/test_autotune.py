@@ -91,9 +91,7 @@ def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> 
         # and window, so the wait allows most of the test's time.
         promoted = wait_until(
             "a promoted trial",
-            lambda: next(
-                (t for t in cluster.trials() if (t.get("status") or {}).get("verdict") == "Promoted"), None
-            ),
+            cluster.promoted_trial,
             520,
             cluster,
         )

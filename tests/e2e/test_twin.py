@@ -157,9 +157,7 @@ def test_the_twin_promotes_a_config_near_the_true_capacity_optimum(
         )
         promoted = wait_until(
             "a promoted trial",
-            lambda: next(
-                (t for t in cluster.trials() if (t.get("status") or {}).get("verdict") == "Promoted"), None
-            ),
+            cluster.promoted_trial,
             600,
             cluster,
         )

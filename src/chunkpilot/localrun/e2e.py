@@ -118,6 +118,22 @@ class ServiceObjects:
         items: list[dict[str, Any]] = listing["items"]
         return sorted(items, key=lambda t: t["spec"]["number"])
 
+    def promoted_trial(self) -> dict[str, Any] | None:
+        """The first promoted TuningTrial once the service's status records it, else None.
+
+        The tuner writes the trial's verdict before ``status.bestConfig`` (the history first), so a
+        trial may read Promoted a moment before the service names it as ``bestTrial``.
+        """
+        promoted = next(
+            (t for t in self.trials() if (t.get("status") or {}).get("verdict") == "Promoted"), None
+        )
+        if promoted is None:
+            return None
+        status = self.status()
+        if status.get("bestTrial") != promoted["metadata"]["name"] or "bestConfig" not in status:
+            return None
+        return promoted
+
     def verdicts(self) -> list[tuple[int, str | None, str | None]]:
         """``(number, verdict, reason)`` per trial."""
         return [
