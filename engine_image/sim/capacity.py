@@ -20,6 +20,8 @@ from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.workload import RequestSpec, Workload
 
 DEFAULT_TOLERANCE = 0.025
+#: The bracket's factor per probe while it grows (or shrinks) to hold the capacity.
+DEFAULT_GROWTH = 2.0
 MIN_RATE = 1e-3
 MAX_RATE = 1e6
 
@@ -88,7 +90,7 @@ def find_capacity(
     tolerance: float = DEFAULT_TOLERANCE,
     start_rate: float = 1.0,
     seed: int = 0,
-    growth: float = 2.0,
+    growth: float = DEFAULT_GROWTH,
 ) -> CapacityResult:
     """Bisect the Poisson rate until ``(upper - lower) / lower <= tolerance``."""
     return search_capacity(
@@ -108,7 +110,7 @@ def search_capacity(
     tolerance: float = DEFAULT_TOLERANCE,
     start_rate: float = 1.0,
     seed: int = 0,
-    growth: float = 2.0,
+    growth: float = DEFAULT_GROWTH,
 ) -> CapacityResult:
     """:func:`find_capacity` over any simulation: ``run`` summarises the workload retimed to a rate.
 

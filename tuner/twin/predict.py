@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Final
 
-from chunkpilot.engine.sim.capacity import CapacityResult, find_capacity, retime
+from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, CapacityResult, find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -130,7 +130,7 @@ class Twin:
         tolerance: float = CAPACITY_TOLERANCE,
         start_rate: float | None = None,
         seed: int = 0,
-        growth: float = 2.0,
+        growth: float = DEFAULT_GROWTH,
     ) -> CapacityResult:
         """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``
         on one arrival sample (``seed``); the search starts at the captured arrival rate."""

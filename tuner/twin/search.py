@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import optuna
-from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH
+from chunkpilot.engine.sim.offline import SLO, Summary
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.predict import CAPACITY_REQUESTS, CAPACITY_TOLERANCE, SAMPLE_GROWTH, Twin
@@ -94,16 +95,21 @@ def evaluate_on_twin(
             tolerance=tolerance,
             seed=seed,
             start_rate=near,
-            growth=SAMPLE_GROWTH if near is not None else 2.0,
+            growth=SAMPLE_GROWTH if near is not None else DEFAULT_GROWTH,
         )
         for seed in others
     ]
-    at = [r.at_capacity for r in samples if r.feasible and r.at_capacity is not None]
+    capacities: list[float] = []
+    at: list[Summary] = []
+    for sample in samples:
+        if sample.feasible and sample.at_capacity is not None:
+            capacities.append(sample.capacity_req_s)
+            at.append(sample.at_capacity)
     if not at:
         return Candidate(config, 0.0)
     return Candidate(
         config,
-        sum(r.capacity_req_s for r in samples if r.feasible and r.at_capacity is not None) / len(samples),
+        sum(capacities) / len(samples),
         tokens_s=statistics.fmean(s.throughput_tok_s for s in at),
         itl_ms=statistics.fmean(s.itl_at_slo_quantile_ms for s in at),
         ttft_ms=statistics.fmean(s.ttft_at_slo_quantile_ms for s in at),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.capacity import CapacityResult, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, simulate
@@ -98,6 +99,31 @@ def test_an_infeasible_arrival_sample_counts_zero(twin: Twin) -> None:
     impossible = SLO(itl_ms=0.01, ttft_ms=0.01)
     none = evaluate_on_twin(replace(twin, arrival_seeds=(1, 2)), TunedConfig(1024, 128), impossible)
     assert none.capacity_req_s == 0 and math.isnan(none.itl_ms)
+
+
+class _OneSampleFails(Twin):
+    """A twin on which no rate meets the SLO on arrival sample 2 (it is judged on an impossible one)."""
+
+    def capacity(self, scheduler: SchedulerConfig, slo: SLO, **options: Any) -> CapacityResult:
+        if options.get("seed") == 2:
+            slo = SLO(itl_ms=0.01, ttft_ms=0.01)
+        return super().capacity(scheduler, slo, **options)
+
+
+def test_a_mixed_evaluation_averages_the_infeasible_sample_as_zero(twin: Twin) -> None:
+    config = TunedConfig(1024, 128)
+    feasible = evaluate_on_twin(replace(twin, arrival_seeds=(1,)), config, SLO_, requests=120)
+    mixed = evaluate_on_twin(
+        _OneSampleFails(**{f.name: getattr(twin, f.name) for f in fields(twin)} | {"arrival_seeds": (1, 2)}),
+        config,
+        SLO_,
+        requests=120,
+    )
+    assert feasible.capacity_req_s > 0
+    assert mixed.capacity_req_s == pytest.approx(feasible.capacity_req_s / 2)
+    # The quantiles and throughput come from the feasible sample alone.
+    assert mixed.itl_ms == feasible.itl_ms and mixed.ttft_ms == feasible.ttft_ms
+    assert mixed.tokens_s == feasible.tokens_s
 
 
 def test_arrival_seeds_are_seed_0_alone_or_the_twins_own() -> None:
