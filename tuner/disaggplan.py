@@ -36,6 +36,7 @@ from chunkpilot.tuner.topology import (
 )
 from chunkpilot.tuner.topology_sim import (
     COLOCATED_REQUESTS,
+    LAYOUT_SEED,
     REQUESTS_PER_REPLICA,
     TOLERANCE,
     tiled,
@@ -123,9 +124,9 @@ def recommend(job: RecommendRequest, evaluator: EvaluatorFactory = _sim_evaluato
     """Colocated capacity and the best disaggregated layouts of ``job.replicas`` on the twin."""
     per_replica = job.colocated_req_s
     if per_replica is None:  # over a horizon long enough for a colocated queue to settle
-        # On the one arrival sample the layouts are searched on (seed 0), so the two compare alike.
+        # On the one arrival sample the layouts are searched on, so the two compare alike.
         colocated = tiled(job.twin.workload, job.colocated_requests)
-        twin = replace(job.twin, workload=colocated, arrival_seeds=(0,))
+        twin = replace(job.twin, workload=colocated, arrival_seeds=(LAYOUT_SEED,))
         found = [
             evaluate_on_twin(
                 twin,
