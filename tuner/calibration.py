@@ -171,6 +171,7 @@ class TwinObserver:
                 quantiles,
                 (stable.itl_samples, stable.ttft_samples),
                 engine=str(snap.isvc.spec.engine.kind),
+                steadiness=final is None,
             )
             if not inputs.exported and not inputs.seen:
                 return TwinReading(TwinState.WAITING, "Prometheus has no series of the stable engine yet")

@@ -231,10 +231,13 @@ def read_inputs(
     quantiles: tuple[float, float],
     samples: tuple[float, float] = (0.0, 0.0),
     engine: str = "vllm",
+    steadiness: bool = True,
 ) -> Inputs:
     """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails).
 
     ``engine``: the engine kind, whose prefix-cache series the workload is read from.
+    ``steadiness``: also ask whether the service's pods changed in the window (:func:`pods_changed`);
+    off where the answer is not used (a canary's verdict judges its own window).
     """
     exported = vector(f"count({names.STEP_DURATION}_count{selector.render()})", at)
     if not exported:
@@ -256,7 +259,7 @@ def read_inputs(
         error,
         measured,
         bands,
-        pods_changed=pods_changed(vector, selector, window, at),
+        pods_changed=pods_changed(vector, selector, window, at) if steadiness else (0, 0),
         window=window,
     )
 

@@ -223,6 +223,29 @@ def test_an_engine_without_step_telemetry_reads_as_not_exported(engine_series: b
     ]
 
 
+@pytest.mark.parametrize("steadiness", [True, False], ids=["between-trials", "at-a-verdict"])
+def test_the_pods_changed_queries_are_asked_only_when_steadiness_is(steadiness: bool) -> None:
+    asked: list[str] = []
+
+    def vector(query: str, at: datetime) -> list[dict[str, Any]]:
+        asked.append(query)
+        return [{"metric": {}, "value": [0, "1"]}] if query.startswith("count(") else []
+
+    inputs = online.read_inputs(
+        vector,
+        Selector("chat", "default", "stable"),
+        "60s",
+        60.0,
+        datetime(2026, 1, 1, tzinfo=UTC),
+        (0.99, 0.95),
+        steadiness=steadiness,
+    )
+    pods_queries = [q for q in asked if " unless " in q]
+    assert inputs.exported is True
+    assert len(pods_queries) == (2 if steadiness else 0), asked
+    assert inputs.pods_changed == ((1, 1) if steadiness else (0, 0))
+
+
 def test_latency_the_engine_adds_outside_its_steps_is_calibrated_on_stable_and_carried_to_the_canary(
     truth: SimConfig, lengths: Workload, tmp_path: Path
 ) -> None:
