@@ -21,7 +21,7 @@ from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.measure import Selector
+from chunkpilot.tuner.measure import Selector, VectorFn
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import MIN_REQUESTS
@@ -195,6 +195,19 @@ def test_waiting_names_what_is_missing(truth: SimConfig, lengths: Workload) -> N
     assert online.unsteady_reason(online.Inputs(True, telemetry.totals(), window, window="40s")) is None
 
 
+def _read_stable_inputs(vector: VectorFn, *, steadiness: bool = True) -> online.Inputs:
+    """The twin inputs of service default/chat's stable track over 60 s, read through ``vector``."""
+    return online.read_inputs(
+        vector,
+        Selector("chat", "default", "stable"),
+        "60s",
+        60.0,
+        datetime(2026, 1, 1, tzinfo=UTC),
+        (0.99, 0.95),
+        steadiness=steadiness,
+    )
+
+
 @pytest.mark.parametrize(
     "engine_series", [False, True], ids=["nothing-scraped-yet", "engine-without-telemetry"]
 )
@@ -208,14 +221,7 @@ def test_an_engine_without_step_telemetry_reads_as_not_exported(engine_series: b
             return [{"metric": {}, "value": [0, "1"]}]
         return []
 
-    inputs = online.read_inputs(
-        vector,
-        Selector("chat", "default", "stable"),
-        "60s",
-        60.0,
-        datetime(2026, 1, 1, tzinfo=UTC),
-        (0.99, 0.95),
-    )
+    inputs = _read_stable_inputs(vector)
     assert inputs.exported is False and inputs.seen is engine_series
     assert asked == [
         f"count({names.STEP_DURATION}_count{selector})",
@@ -231,15 +237,7 @@ def test_the_pods_changed_queries_are_asked_only_when_steadiness_is(steadiness: 
         asked.append(query)
         return [{"metric": {}, "value": [0, "1"]}] if query.startswith("count(") else []
 
-    inputs = online.read_inputs(
-        vector,
-        Selector("chat", "default", "stable"),
-        "60s",
-        60.0,
-        datetime(2026, 1, 1, tzinfo=UTC),
-        (0.99, 0.95),
-        steadiness=steadiness,
-    )
+    inputs = _read_stable_inputs(vector, steadiness=steadiness)
     pods_queries = [q for q in asked if " unless " in q]
     assert inputs.exported is True
     assert len(pods_queries) == (2 if steadiness else 0), asked
