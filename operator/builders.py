@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
     ENGINE_PORT_NAME,

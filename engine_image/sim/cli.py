@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.sim import bench
 from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, search_capacity
 from chunkpilot.engine.sim.disagg import (
@@ -30,7 +31,6 @@ from chunkpilot.engine.sim.flags import (
 )
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.workload import BUNDLED_TRACES, Workload, load_trace, parse_workload_spec
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
 
 __all__ = ["register"]
 

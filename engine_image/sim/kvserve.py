@@ -24,10 +24,11 @@ import contextlib
 import itertools
 import os
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.http_api import APIError
 from chunkpilot.engine.sim.kvtransfer import (
     KVConnectorConfig,
@@ -38,9 +39,6 @@ from chunkpilot.engine.sim.kvtransfer import (
 )
 from chunkpilot.engine.sim.metrics import Histogram, _fmt, _histogram_lines
 from chunkpilot.engine.sim.scheduler import Request
-
-if TYPE_CHECKING:
-    from chunkpilot.engine.sim.server import SimEngineServer
 
 __all__ = ["KV_TRANSFER_ROUTE", "KVSide"]
 
@@ -63,10 +61,37 @@ SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 _block_ids = itertools.count(1)
 
 
+class SideChannelConfig(Protocol):
+    """The server configuration the connector reads: where it listens and the simulated engine."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def sim(self) -> SimConfig: ...
+
+
+class KVSideServer(Protocol):
+    """What the connector uses of the server that runs the engine (``server.SimEngineServer``)."""
+
+    @property
+    def config(self) -> SideChannelConfig: ...
+
+    @property
+    def core(self) -> EngineCore: ...
+
+    def sim_now(self) -> float: ...
+
+    def wake(self) -> None: ...
+
+
 class KVSide:
     """Both connector roles of one serving engine."""
 
-    def __init__(self, server: SimEngineServer, connector: KVConnectorConfig, link: KVTransfer) -> None:
+    def __init__(self, server: KVSideServer, connector: KVConnectorConfig, link: KVTransfer) -> None:
         self.server = server
         self.connector = connector
         self.link = link

@@ -10,48 +10,75 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from chunkpilot.engine.sim import generation, tokenizer
+from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.http_api import APIError, check_text, json_body
-from chunkpilot.engine.sim.openapi import docs_html, openapi_document
+from chunkpilot.engine.sim.jobs import Choice, Job
+from chunkpilot.engine.sim.kvserve import KVSide
+from chunkpilot.engine.sim.kvtransfer import RemotePrefill
+from chunkpilot.engine.sim.openapi import VERSION, docs_html, openapi_document
 from chunkpilot.engine.sim.sampling import Prompt, Sampling, parse_messages, parse_prompts, parse_sampling
 from chunkpilot.engine.sim.streaming import complete, stream
-
-if TYPE_CHECKING:
-    from chunkpilot.engine.sim.server import Choice, SimEngineServer
 
 T = TypeVar("T")
 #: Prompts (or planned outputs) larger than this many characters (tokens) are handled in a thread.
 OFF_LOOP_SIZE = 50_000
 
 
-@dataclass(slots=True)
-class Job:
-    """One validated HTTP generation request: its prompts' ids, choices and how to answer."""
+class ServedModels(Protocol):
+    """The server configuration the routes read: the names it serves and the simulated engine."""
 
-    chat: bool
-    sampling: Sampling
-    prompt_ids: list[list[int]]
-    echo_texts: list[str]
-    #: Token texts of each echoed prompt (for echoed logprobs).
-    echo_tokens: list[list[str]]
-    choices: list[Choice]
-    created: int
-    request_id: str
-    #: The body's ``kv_transfer_params`` (read only with ``--kv-transfer-config``).
-    kv_params: Any = None
-    #: The response's ``kv_transfer_params`` once the request finished (KV-connector servers).
-    kv_response: Callable[[], dict[str, Any] | None] | None = None
+    @property
+    def served_model_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def sim(self) -> SimConfig: ...
+
+
+class RoutesServer(Protocol):
+    """What the routes use of the server that runs the engine (``server.SimEngineServer``)."""
+
+    @property
+    def config(self) -> ServedModels: ...
+
+    @property
+    def created(self) -> int: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def kv(self) -> KVSide | None: ...
+
+    async def health(self, request: web.Request, /) -> web.Response: ...
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        plan: generation.Plan,
+        index: int,
+        queue: asyncio.Queue[tuple[int, int, bool]],
+        kv_role: bool | RemotePrefill | None = None,
+    ) -> Choice: ...
+
+    def abort(self, choice: Choice) -> None: ...
 
 
 class OpenAIRoutes:
-    """Handlers of the OpenAI-compatible API of one :class:`SimEngineServer`."""
+    """Handlers of the OpenAI-compatible API of one server."""
 
-    def __init__(self, server: SimEngineServer) -> None:
+    def __init__(self, server: RoutesServer) -> None:
         self.server = server
 
     def add_to(self, router: web.UrlDispatcher) -> None:
@@ -87,8 +114,6 @@ class OpenAIRoutes:
 
     async def version(self, _: web.Request) -> web.Response:
         """Engine version (the vLLM version whose semantics are simulated)."""
-        from chunkpilot.engine.sim.server import VERSION
-
         return web.json_response({"version": VERSION})
 
     async def ping(self, _: web.Request) -> web.Response:
@@ -273,8 +298,6 @@ class OpenAIRoutes:
 
 def uuid_hex() -> str:
     """A fresh request id."""
-    import uuid
-
     return uuid.uuid4().hex
 
 

@@ -1,4 +1,5 @@
-"""The OpenAPI 3.1 document of the simulator's server (``/openapi.json``) and its ``/docs`` page.
+"""The OpenAPI 3.1 document of the simulator's server (``/openapi.json``), its ``/docs`` page and the
+API's :data:`VERSION`.
 
 Schemathesis or an SDK generator can be pointed at ``/openapi.json``; ``/docs`` renders the same
 document as plain HTML without fetching any asset.
@@ -9,6 +10,9 @@ from __future__ import annotations
 import functools
 import html
 from typing import Any
+
+#: The vLLM version whose semantics are simulated, as ``/version`` and the document report it.
+VERSION = "0.33.0+chunkpilot.sim"
 
 _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
@@ -161,8 +165,6 @@ def _plain(summary: str) -> dict[str, Any]:
 @functools.cache
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document."""
-    from chunkpilot.engine.sim.server import VERSION
-
     paths: dict[str, Any] = {
         "/v1/completions": {"post": _operation("Text completion", "CompletionRequest", stream=True)},
         "/v1/chat/completions": {"post": _operation("Chat completion", "ChatCompletionRequest", stream=True)},

@@ -14,7 +14,9 @@ its arrival, as offline. Past :data:`MAX_CLOCK_LAG_S` of lag (an engine that can
 time scale) the clock jumps to the wall clock.
 
 Request handling (validation, planned outputs, response bodies) lives in
-:mod:`~chunkpilot.engine.sim.openai_api`; this module owns the engine task and the routes.
+:mod:`~chunkpilot.engine.sim.openai_api`; this module owns the engine task and the routes. The route
+modules (``openai_api``, ``kvserve``) never import this one: each declares the protocol of the server
+it needs, which :class:`SimEngineServer` satisfies.
 """
 
 from __future__ import annotations
@@ -27,18 +29,11 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from chunkpilot.engine import metrics_names as names
-from chunkpilot.engine.sim import tokenizer
-from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
-from chunkpilot.engine.sim.generation import Plan
-from chunkpilot.engine.sim.http_api import APIError, errors_middleware
-from chunkpilot.engine.sim.kvtransfer import KVConnectorConfig, KVTransfer, RemotePrefill
-from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
-from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
-from chunkpilot.engine.vllm_plugin.config import (
+from chunkpilot.engine.live_adjust import (
     LIVE_ADJUST_ROUTE,
     LimitRaiseError,
     LiveLimits,
@@ -46,14 +41,19 @@ from chunkpilot.engine.vllm_plugin.config import (
     access_problem,
     lowered_limits,
 )
-
-if TYPE_CHECKING:
-    from chunkpilot.engine.sim.kvserve import KVSide
+from chunkpilot.engine.sim import tokenizer
+from chunkpilot.engine.sim.engine import EngineCore, SimConfig, StepResult
+from chunkpilot.engine.sim.generation import Plan
+from chunkpilot.engine.sim.http_api import APIError, errors_middleware
+from chunkpilot.engine.sim.jobs import Choice
+from chunkpilot.engine.sim.kvserve import KVSide
+from chunkpilot.engine.sim.kvtransfer import KVConnectorConfig, KVTransfer, RemotePrefill
+from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP, EngineMetrics
+from chunkpilot.engine.sim.openai_api import OpenAIRoutes
+from chunkpilot.engine.sim.scheduler import FinishReason, Request, RequestStatus
 
 __all__ = ["APIError", "ServerConfig", "SimEngineServer", "serve"]
 
-#: The vLLM version whose semantics are simulated, as ``/version`` reports it.
-VERSION = "0.33.0+chunkpilot.sim"
 #: Largest request body accepted (413 past it).
 MAX_BODY_BYTES = 64 * 2**20
 #: Wall seconds the simulated clock may trail the wall clock before it jumps to it: the event loop's
@@ -61,21 +61,6 @@ MAX_BODY_BYTES = 64 * 2**20
 MAX_CLOCK_LAG_S = 0.25
 #: Longest wall wait of an engine with nothing it can run before it looks again.
 IDLE_POLL_S = 0.05
-
-
-@dataclass(slots=True)
-class Choice:
-    """Bridge between the engine task and one choice (one engine request) of an HTTP request.
-
-    The choices of one HTTP request share ``queue``; the engine task puts
-    ``(index, new tokens, finished)`` into it after each step.
-    """
-
-    request: Request
-    index: int
-    plan: Plan
-    queue: asyncio.Queue[tuple[int, int, bool]]
-    delivered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +125,6 @@ class SimEngineServer:
         self._live_generation = 0
         self.kv: KVSide | None = None
         if config.kv_connector is not None:
-            from chunkpilot.engine.sim.kvserve import KVSide
-
             self.kv = KVSide(self, config.kv_connector, config.kv_transfer)
             self.metrics.extra = self.kv.metric_lines
         tokenizer.vocabulary(self.vocab_size)  # built once, before the first request
@@ -172,8 +155,6 @@ class SimEngineServer:
     # ---- application ------------------------------------------------------------------------
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
-        from chunkpilot.engine.sim.openai_api import OpenAIRoutes
-
         app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
         app.router.add_get(self.table.health_path, self.health)
         if self.config.metrics_enabled:

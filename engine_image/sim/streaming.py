@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from chunkpilot.engine.sim import generation
-
-if TYPE_CHECKING:
-    from chunkpilot.engine.sim.openai_api import Job
-    from chunkpilot.engine.sim.server import Choice
+from chunkpilot.engine.sim.jobs import Choice, Job
 
 #: ``system_fingerprint`` of every response.
 SYSTEM_FINGERPRINT = "fp_chunkpilot_sim"

@@ -15,7 +15,6 @@ the JSON does not set::
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import os
 import tempfile
@@ -23,18 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.engine.live_adjust import PluginConfigError, int_field
+
 ADDITIONAL_CONFIG_KEY = "chunkpilot"
 ENV_PREFIX = "CHUNKPILOT_"
-#: Path of the live-adjustment routes (GET and PUT) on the engine's API server.
-LIVE_ADJUST_ROUTE = "/chunkpilot/v1/scheduler/limits"
-# Bearer token that enables the live-adjustment routes (unset: routes refuse).
-LIVE_ADJUST_TOKEN_ENV = "CHUNKPILOT_LIVE_ADJUST_TOKEN"
 # Default "long prompt" threshold as a fraction of max-model-len (vLLM V0's default).
 DEFAULT_LONG_FRACTION = 0.04
-
-
-class PluginConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +72,6 @@ _INT_FIELDS = ("max_num_partial_prefills", "max_long_partial_prefills", "long_pr
 _STR_FIELDS = ("step_log", "control_file")
 
 
-def _int_field(name: str, value: Any, source: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value))
-        except ValueError:
-            raise PluginConfigError(f"{source}: {name} must be an integer, got {value!r}") from None
-    if value < minimum:
-        raise PluginConfigError(f"{source}: {name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def load_plugin_config(
     additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> PluginConfig:
@@ -121,7 +103,7 @@ def load_plugin_config(
             continue
         if name in _INT_FIELDS:
             minimum = 0 if name == "long_prefill_threshold" else 1
-            values[name] = _int_field(name, value, source, minimum)
+            values[name] = int_field(name, value, source, minimum)
         else:
             values[name] = str(value)
     config = PluginConfig(**values)
@@ -134,85 +116,6 @@ def load_plugin_config(
                 f"max_num_partial_prefills ({config.max_num_partial_prefills})"
             )
     return config
-
-
-@dataclasses.dataclass(frozen=True)
-class LiveLimits:
-    """Scheduler limits adjustable at run time (never above their start-up values)."""
-
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    max_num_active_seqs: int
-
-    def to_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LiveLimits:
-        return cls(**{f.name: int(data[f.name]) for f in dataclasses.fields(cls)})
-
-
-class LimitRaiseError(ValueError):
-    """A requested limit exceeds its start-up value (buffers are sized by it)."""
-
-
-def lowered_limits(startup: LiveLimits, current: LiveLimits, request: Mapping[str, Any]) -> LiveLimits:
-    """Apply a partial update to ``current``; refuse raises above ``startup``.
-
-    ``request`` holds any of the three field names with positive integers.
-    """
-    names = {f.name for f in dataclasses.fields(LiveLimits)}
-    unknown = sorted(set(request) - names)
-    if unknown:
-        raise PluginConfigError(f"unknown limit(s) {unknown}; adjustable limits are {sorted(names)}")
-    if not request:
-        raise PluginConfigError(f"no limit given; set one of {sorted(names)}")
-    values = current.to_json()
-    for name, value in request.items():
-        number = _int_field(name, value, "request", 1)
-        ceiling = getattr(startup, name)
-        if number > ceiling:
-            raise LimitRaiseError(
-                f"{name}={number} is above the start-up value {ceiling}; live adjustment can only "
-                "lower limits (raise them with a restart, i.e. a new rollout)"
-            )
-        values[name] = number
-    if values["max_num_batched_tokens"] < values["max_num_seqs"]:
-        # vLLM requires budget >= max-num-seqs; keep the same invariant live.
-        raise PluginConfigError(
-            f"max_num_batched_tokens ({values['max_num_batched_tokens']}) must be >= "
-            f"max_num_seqs ({values['max_num_seqs']}); lower max_num_seqs as well"
-        )
-    return LiveLimits(**values)
-
-
-@dataclasses.dataclass(frozen=True)
-class AccessProblem:
-    """Why a live-adjustment call is refused: an HTTP status and a message naming the fix."""
-
-    status: int
-    message: str
-
-
-def access_problem(token: str | None, authorization: str | None, *, configured: bool) -> AccessProblem | None:
-    """Check a live-adjustment call; None when it may proceed.
-
-    ``token`` is the expected bearer token (unset: the routes are off),
-    ``authorization`` the request's ``Authorization`` header and ``configured``
-    whether a control file and start-up limits are known.
-    """
-    if not token:
-        return AccessProblem(503, f"live adjustment is disabled: set {LIVE_ADJUST_TOKEN_ENV} to enable it")
-    scheme, _, presented = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
-        return AccessProblem(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'")
-    if not configured:
-        return AccessProblem(
-            503,
-            "live adjustment is not configured: set chunkpilot.control_file in "
-            "--additional-config (or CHUNKPILOT_CONTROL_FILE) and use the Chunkpilot scheduler",
-        )
-    return None
 
 
 def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:

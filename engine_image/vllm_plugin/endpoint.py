@@ -29,16 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.engine.vllm_plugin.config import (
+from chunkpilot.engine.live_adjust import (
     LIVE_ADJUST_ROUTE,
     LIVE_ADJUST_TOKEN_ENV,
     LimitRaiseError,
     LiveLimits,
     PluginConfigError,
     access_problem,
+    lowered_limits,
+)
+from chunkpilot.engine.vllm_plugin.config import (
     applied_file,
     load_plugin_config,
-    lowered_limits,
     write_json_atomic,
 )
 from fastapi import FastAPI, Request

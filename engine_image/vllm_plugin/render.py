@@ -17,7 +17,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
-from chunkpilot.engine.vllm_plugin.config import ADDITIONAL_CONFIG_KEY, LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.vllm_plugin.config import ADDITIONAL_CONFIG_KEY
 
 SCHEDULER_CLS: Final = "chunkpilot.engine.vllm_plugin.scheduler.ChunkpilotScheduler"
 GENERAL_PLUGIN: Final = "chunkpilot"

@@ -32,8 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from chunkpilot.engine.live_adjust import LiveLimits
 from chunkpilot.engine.vllm_plugin.config import (
-    LiveLimits,
     PluginConfig,
     applied_file,
     load_plugin_config,

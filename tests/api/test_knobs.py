@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from chunkpilot.engine.vllm_plugin.config import LiveLimits
+from chunkpilot.engine.live_adjust import LiveLimits
 from pydantic import ValidationError
 
 from chunkpilot.api import EngineConfig, EngineSpec, TuningBounds, knobs

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV, load_plugin_config
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.vllm_plugin.config import load_plugin_config
 from chunkpilot.engine.vllm_plugin.render import DEFAULT_CONTROL_FILE
 from chunkpilot.operator.builders import (
     build_deployment,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.operator.builders import build_deployment, wants_live_adjust_secret
 from chunkpilot.operator.config import (
     CONDITION_LIVE_ADJUST,

@@ -7,8 +7,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_ENV
 from prometheus_client.parser import text_string_to_metric_families
 
 TOKEN = "s3cret-token"  # the conftest's LIVE_TOKEN

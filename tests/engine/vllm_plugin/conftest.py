@@ -18,9 +18,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.vllm_plugin import env as engine_env
 from chunkpilot.engine.vllm_plugin.client import prompt_ids, stream_completion
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME, start_server, tiny_model
 from chunkpilot.engine.vllm_plugin.render import ENDPOINT_PLUGIN, GENERAL_PLUGIN, SCHEDULER_CLS
 from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV

@@ -6,16 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
-from chunkpilot.engine.vllm_plugin.config import (
+from chunkpilot.engine.live_adjust import (
     LIVE_ADJUST_TOKEN_ENV,
     LimitRaiseError,
     LiveLimits,
+    access_problem,
+    lowered_limits,
+)
+from chunkpilot.engine.vllm_plugin.config import (
     PartialPrefillLimits,
     PluginConfig,
     PluginConfigError,
-    access_problem,
     load_plugin_config,
-    lowered_limits,
     write_json_atomic,
 )
 

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE as ROUTE
 from chunkpilot.engine.sim.metrics import EngineMetrics
 from chunkpilot.engine.vllm_plugin.client import StreamResult, prompt_ids, stream_completion
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE as ROUTE
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME
 from chunkpilot.engine.vllm_plugin.testing import (
     LANES,

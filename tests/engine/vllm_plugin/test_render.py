@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_TOKEN_ENV, load_plugin_config
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.vllm_plugin.config import load_plugin_config
 from chunkpilot.engine.vllm_plugin.render import (
     DEFAULT_CONTROL_FILE,
     SCHEDULER_CLS,
