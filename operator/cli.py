@@ -81,9 +81,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("-v", "--verbose", action="store_true", help="log handler activity")
     run.add_argument("--debug", action="store_true", help="log everything, including API traffic")
     run.set_defaults(func=run_operator)
-    from chunkpilot.operator import bench
-
-    bench.register(run.add_subparsers(dest="operator_command", metavar="{bench}"))
+    # `chunkpilot operator bench` is added by chunkpilot.bench.operator_load: the product holds no benchmark.
+    run.add_subparsers(dest="operator_command", metavar="{bench}")
 
     render = subparsers.add_parser(
         "render",

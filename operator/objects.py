@@ -13,9 +13,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import kopf
+from chunkpilot.operator.builders import deployment_name, pool_deployment_name
 from chunkpilot.operator.kube import KubeError, resource_path
+from chunkpilot.operator.router import router_name
+from chunkpilot.operator.status import POOL_PARTS, TopologyPart
 
-from chunkpilot.api import API_VERSION, ISVC_KIND, ISVC_PLURAL, InferenceServiceStatus
+from chunkpilot.api import API_VERSION, ISVC_KIND, ISVC_PLURAL, TRIAL_PLURAL, InferenceServiceStatus, Track
 
 #: Attempts of a conditional status write before giving up.
 STATUS_WRITE_ATTEMPTS: Final = 5
@@ -99,3 +102,40 @@ async def write_service_status(
             on_written(fresh)
         return True
     return False
+
+
+def trial_path(namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    """A TuningTrial (or, without ``name``, the collection), with an optional subresource."""
+    return resource_path(API_VERSION, TRIAL_PLURAL, namespace, name, sub)
+
+
+def deployment_path(namespace: str, service: str, track: Track) -> str:
+    """The Deployment of a colocated service's ``track``."""
+    return resource_path("apps/v1", "deployments", namespace, deployment_name(service, track))
+
+
+#: The parts of a canary topology, as the tuner's snapshot keys them.
+TOPOLOGY_PARTS: Final = tuple(TopologyPart)
+
+
+def canary_topology_deployment_path(namespace: str, service: str, part: str) -> str:
+    """The canary Deployment of a topology trial's ``part`` (a pool's role, or ``router``)."""
+    name = (
+        router_name(service, Track.CANARY)
+        if part == TopologyPart.ROUTER
+        else pool_deployment_name(service, part, Track.CANARY)
+    )
+    return resource_path("apps/v1", "deployments", namespace, name)
+
+
+def canary_topology_paths(namespace: str, service: str, *, pools: bool = True) -> list[str]:
+    """The objects of a canary topology in the order they are deleted: the router and its RBAC, then
+    (``pools``) both pools: the router never outlives the backends it routes to."""
+    router = router_name(service, Track.CANARY)
+    return [
+        canary_topology_deployment_path(namespace, service, TopologyPart.ROUTER),
+        resource_path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, router),
+        resource_path("rbac.authorization.k8s.io/v1", "roles", namespace, router),
+        resource_path("v1", "serviceaccounts", namespace, router),
+        *(canary_topology_deployment_path(namespace, service, part) for part in POOL_PARTS if pools),
+    ]

@@ -4,13 +4,13 @@ Every tick (a Kopf timer, see :mod:`chunkpilot.tuner.handlers`) calls
 :meth:`TuningController.step` for one InferenceService. A step keeps no state of
 its own; all of it lives in the cluster:
 
-1. **observe** (:mod:`chunkpilot.tuner.snapshot`): one frozen snapshot of the service,
+1. **observe** (:mod:`chunkpilot.tuner.observe.snapshot`): one frozen snapshot of the service,
    its TuningTrials, the stable and canary Deployments, the canary's pods and the
    measurements from Prometheus;
-2. **decide** (:mod:`chunkpilot.tuner.decide`, :mod:`chunkpilot.tuner.phases`,
-   :mod:`chunkpilot.tuner.liveadjust`): a pure function of the snapshot, one function
+2. **decide** (:mod:`chunkpilot.tuner.decide.step`, :mod:`chunkpilot.tuner.decide.phases`,
+   :mod:`chunkpilot.tuner.decide.canary`): a pure function of the snapshot, one function
    per phase, returning a plan of typed actions;
-3. **act** (:mod:`chunkpilot.tuner.act`): the only code that writes (trials, the canary
+3. **act** (:mod:`chunkpilot.tuner.act.actor`): the only code that writes (trials, the canary
    Deployment, Events, the service's tuner status fields).
 
 The stable Deployment is not the tuner's: a promotion writes ``status.bestConfig``
@@ -25,12 +25,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from chunkpilot.operator.kube import KubeError
-from chunkpilot.tuner import liveadjust as live
-from chunkpilot.tuner.act import Actor, Kube, Mirror, PostEvent
-from chunkpilot.tuner.decide import TuningReason, decide, round_token_mix, with_token_mix
+from chunkpilot.tuner.act.actor import Actor, Kube, Mirror, PostEvent
+from chunkpilot.tuner.act.live_adjust import LiveAdjuster
+from chunkpilot.tuner.decide.phases import TunerSettings, crash_message
+from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
-from chunkpilot.tuner.phases import TunerSettings, crash_message
-from chunkpilot.tuner.snapshot import Observer
+from chunkpilot.tuner.observe.observer import Observer
 
 Clock = Callable[[], datetime]
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class TuningController:
         settings: TunerSettings | None = None,
         inline: bool = False,
         mirror: Mirror | None = None,
-        live_adjuster: live.LiveAdjuster | None = None,
+        live_adjuster: LiveAdjuster | None = None,
         vector: VectorFn | None = None,
     ) -> None:
         self.kube = kube
@@ -79,11 +79,11 @@ class TuningController:
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)
 
     @property
-    def live_adjuster(self) -> live.LiveAdjuster:
+    def live_adjuster(self) -> LiveAdjuster:
         return self.actor.live_adjuster
 
     @live_adjuster.setter
-    def live_adjuster(self, adjuster: live.LiveAdjuster) -> None:
+    def live_adjuster(self, adjuster: LiveAdjuster) -> None:
         self.actor.live_adjuster = adjuster
 
     async def step(self, namespace: str, name: str) -> None:

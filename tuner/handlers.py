@@ -18,7 +18,7 @@ Environment:
   seconds alone end it); a count ends it alike on a busy machine and a quiet one.
 - ``CHUNKPILOT_TWIN``: ``off`` tunes without the digital twin (on measurements alone); default ``on``.
 - ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
-  mirrored into after each trial (:mod:`chunkpilot.tuner.mirror`).
+  mirrored into after each trial (:mod:`chunkpilot.tuner.act.mirror`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import kopf
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient
-from chunkpilot.tuner import liveadjust, mirror
+from chunkpilot.tuner.act import mirror
+from chunkpilot.tuner.act.live_adjust import HttpLiveAdjuster, pod_ip_endpoint, targets_file_resolver
 from chunkpilot.tuner.controller import Mirror, TunerSettings, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.space import SearchSpace
@@ -111,7 +112,7 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
     url = mirror.storage_url()
     targets = os.environ.get(ENV_POD_TARGETS)
-    resolver = liveadjust.targets_file_resolver(targets) if targets else liveadjust.pod_ip_endpoint
+    resolver = targets_file_resolver(targets) if targets else pod_ip_endpoint
     memo[MEMO_KEY] = TuningController(
         kube,
         prometheus.query if prometheus else None,
@@ -119,7 +120,7 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         post_event=post_event,
         settings=settings,
         mirror=_mirror_to(url) if url else None,
-        live_adjuster=liveadjust.HttpLiveAdjuster(resolver),
+        live_adjuster=HttpLiveAdjuster(resolver),
     )
     logger.info(
         "autotuner ready: Prometheus %s, tick every %gs, digital twin %s",

@@ -30,9 +30,9 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.records import service_facts, tuned_config
 from chunkpilot.tuner.space import Knob, SearchSpace, TunedConfig, build_space
-from chunkpilot.tuner.twin.truth import Perturbation, write_truth
 
 from chunkpilot.api import EngineConfig, InferenceService
+from chunkpilot.bench.twin_truth import Perturbation, write_truth
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until

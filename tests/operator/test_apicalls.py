@@ -19,7 +19,7 @@ from chunkpilot.operator.apicalls import (
 )
 from chunkpilot.operator.builders import build_canary_topology
 from chunkpilot.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeClient, load_credentials, object_path
-from chunkpilot.tuner.snapshot import canary_topology_paths
+from chunkpilot.operator.objects import canary_topology_paths
 
 from chunkpilot.api import InferenceService, PoolSpec, TopologySpec
 

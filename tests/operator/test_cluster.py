@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chunkpilot.operator.bench import run_bench
 from chunkpilot.operator.builders import build_pod_monitor
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
+
+from chunkpilot.bench.operator_load import run_bench
 
 pytestmark = pytest.mark.cluster
 

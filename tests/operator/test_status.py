@@ -179,8 +179,8 @@ def test_events_for_transitions() -> None:
 
 
 def test_the_parts_of_a_topology_are_one_enum_for_the_operator_and_the_tuner() -> None:
+    from chunkpilot.operator.objects import TOPOLOGY_PARTS, canary_topology_paths
     from chunkpilot.operator.status import POOL_PARTS, TopologyObservation, TopologyPart
-    from chunkpilot.tuner.snapshot import TOPOLOGY_PARTS, canary_topology_paths
 
     assert [part for part, _ in TopologyObservation(None, None, None).parts()] == list(TopologyPart)
     assert tuple(TopologyPart) == TOPOLOGY_PARTS and POOL_PARTS == (TopologyPart.PREFILL, TopologyPart.DECODE)

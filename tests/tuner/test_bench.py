@@ -7,7 +7,9 @@ import math
 from dataclasses import replace
 
 import pytest
-from chunkpilot.tuner.bench import (
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, build_space
+
+from chunkpilot.bench.exhaustive import (
     FULL,
     METHODS,
     QUICK,
@@ -25,9 +27,7 @@ from chunkpilot.tuner.bench import (
     scenario_facts,
     sim_config,
 )
-from chunkpilot.tuner.bench_report import format_table
-from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig, build_space
-
+from chunkpilot.bench.report import format_table
 from chunkpilot.cli import main
 
 SPACE = SearchSpace(

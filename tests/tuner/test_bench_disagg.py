@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from chunkpilot.tuner.bench import BenchError
-from chunkpilot.tuner.bench_disagg import (
+
+from chunkpilot.bench.disagg import (
     DISAGG_QUICK,
     DisaggSettings,
     bimodal_workload,
     format_disagg_markdown,
     run_disagg_benchmark,
 )
-
+from chunkpilot.bench.exhaustive import BenchError
 from chunkpilot.cli import main
 
 

@@ -14,7 +14,12 @@ from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import CapacitySchedulerPolicy, Engine
 from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.tuner.bench import (
+from chunkpilot.tuner.space import TunedConfig
+from chunkpilot.tuner.twin.fit import fit_steps
+from chunkpilot.tuner.twin.predict import LatencyQuantiles, Twin
+from chunkpilot.tuner.twin.search import scheduler_of
+
+from chunkpilot.bench.exhaustive import (
     FULL,
     SLO_PAIRS,
     BenchError,
@@ -24,12 +29,7 @@ from chunkpilot.tuner.bench import (
     sim_config,
     tuned_scheduler,
 )
-from chunkpilot.tuner.bench_truth import METHODS, TRUTH_QUICK
-from chunkpilot.tuner.space import TunedConfig
-from chunkpilot.tuner.twin.fit import fit_steps
-from chunkpilot.tuner.twin.predict import LatencyQuantiles, Twin
-from chunkpilot.tuner.twin.search import scheduler_of
-
+from chunkpilot.bench.truth import METHODS, TRUTH_QUICK
 from chunkpilot.cli import main
 
 #: The knobs each engine's space searches (the knob table: vLLM alone has a long-prefill threshold).

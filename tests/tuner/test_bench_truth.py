@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.tuner import bench_online
-from chunkpilot.tuner.bench import (
+from chunkpilot.tuner.space import build_space
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
+
+from chunkpilot.bench import online as bench_online
+from chunkpilot.bench.cli import settings_from
+from chunkpilot.bench.exhaustive import (
     FULL,
     SLO_PAIRS,
     BenchError,
@@ -23,9 +27,8 @@ from chunkpilot.tuner.bench import (
     engine_defaults,
     scenario_facts,
 )
-from chunkpilot.tuner.bench_cli import settings_from
-from chunkpilot.tuner.bench_grid import Grid
-from chunkpilot.tuner.bench_online import (
+from chunkpilot.bench.grid import Grid
+from chunkpilot.bench.online import (
     OnlineContext,
     TwinSettings,
     run_grid_online,
@@ -33,7 +36,7 @@ from chunkpilot.tuner.bench_online import (
     run_slack,
     run_twin,
 )
-from chunkpilot.tuner.bench_truth import (
+from chunkpilot.bench.truth import (
     MARKS,
     METHODS,
     TRUTH_QUICK,
@@ -47,10 +50,7 @@ from chunkpilot.tuner.bench_truth import (
     format_truth_table,
     run_truth_benchmark,
 )
-from chunkpilot.tuner.space import build_space
-from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
-from chunkpilot.tuner.twin.truth import FAMILY, perturbed_accelerator, truth_engine
-
+from chunkpilot.bench.twin_truth import FAMILY, perturbed_accelerator, truth_engine
 from chunkpilot.cli import build_parser, main
 
 SMALL_GRID = replace(
@@ -240,7 +240,7 @@ def test_ground_truth_averages_the_capacity_over_arrival_samples(tmp_path: Path)
 
 
 def test_shipped_family_is_the_generator_output_and_spans_the_ranges() -> None:
-    root = resources.files("chunkpilot.tuner.twin.truths")
+    root = resources.files("chunkpilot.bench.truths")
     for name, perturbation in FAMILY.items():
         assert json.loads(root.joinpath(f"{name}.json").read_text(encoding="utf-8")) == json.loads(
             json.dumps(perturbed_accelerator(perturbation))

@@ -12,7 +12,10 @@ import yaml
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.calibration import (
+from chunkpilot.tuner.measure import TrackMeasurement
+from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
+from chunkpilot.tuner.observe.twin import (
     NO_TELEMETRY,
     REFIT_WINDOWS,
     RERANK_AFTER_S,
@@ -21,8 +24,6 @@ from chunkpilot.tuner.calibration import (
     refit_trial,
     refit_trials,
 )
-from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
 from chunkpilot.tuner.twin import online
 
 from chunkpilot.api import (

@@ -27,10 +27,12 @@ from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
 from chunkpilot.operator.reconcile import Reconciler
 from chunkpilot.operator.status import get_condition
-from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
+from chunkpilot.tuner.act.live_adjust import LiveAdjustError
 from chunkpilot.tuner.controller import TunerSettings, TuningController, crash_message
+from chunkpilot.tuner.decide.canary import live_adjust_refusal, target_limits
 from chunkpilot.tuner.measure import MetricsUnavailableError
+from chunkpilot.tuner.observe.canary import started_config
 from chunkpilot.tuner.space import build_space
 from chunkpilot.tuner.warmstart import model_guess
 
@@ -845,7 +847,7 @@ class FakeLiveAdjuster:
     async def adjust(self, pods: Any, token: str, limits: Any) -> None:
         self.calls.append(([p["metadata"]["name"] for p in pods], token, dict(limits)))
         if self.fail is not None:
-            raise live.LiveAdjustError(self.fail)
+            raise LiveAdjustError(self.fail)
         for pod in pods:
             started = self.harness.prom.configs[pod["metadata"]["labels"][LABEL_CONFIG_HASH]]
             self.harness.served[pod["metadata"]["labels"][LABEL_CONFIG_HASH]] = started.model_copy(
@@ -886,7 +888,7 @@ class LiveHarness(Harness):
         if canary is not None:
             labels = canary["spec"]["template"]["metadata"]["labels"]
             wanted = labels[LABEL_CONFIG_HASH]
-            started = live.started_config(canary)
+            started = started_config(canary)
             assert started is not None and started.config_hash() == wanted
             if wanted not in self.served:
                 self.prom.know(started)  # a fresh pod runs its start-up limits
@@ -922,12 +924,12 @@ def test_live_adjust_starts_one_canary_at_the_top_of_the_space_and_adjusts_it_fo
     trials = h.finished()
     assert len(trials) >= 3
     assert len(h.canary_applies) == 1  # one rollout for the whole study
-    started = live.started_config(h.canary_applies[0])
+    started = started_config(h.canary_applies[0])
     assert started is not None
-    assert all(live.live_adjust_refusal(started, t.spec.params) is None for t in trials)
+    assert all(live_adjust_refusal(started, t.spec.params) is None for t in trials)
     assert started.max_num_batched_tokens > trials[0].spec.params.max_num_batched_tokens
     assert h.live_marks() == [True] * len(trials)
-    assert [call[2] for call in h.adjuster.calls] == [live.target_limits(t.spec.params) for t in trials]
+    assert [call[2] for call in h.adjuster.calls] == [target_limits(t.spec.params) for t in trials]
     assert all(
         call[0] == [f"chat-canary-{started.config_hash()}"] and call[1] == "tok" for call in h.adjuster.calls
     )
@@ -950,7 +952,7 @@ def test_a_failing_route_falls_back_to_a_rollout_and_live_adjustment_is_not_trie
     assert "LiveAdjustFailed" in h.reasons()
     # The fallback and every later canary run the trial's own config; nothing is left broken.
     first = trials[0]
-    assert live.started_config(h.canary_applies[1]) == first.spec.params
+    assert started_config(h.canary_applies[1]) == first.spec.params
     assert all(t.status is not None and t.status.verdict != "Aborted" for t in trials)
     assert len(h.canary_applies) == len(trials) + 1
     assert h.canary() is None
@@ -971,7 +973,7 @@ def test_liveadjust_off_rolls_out_each_trial_with_its_own_config() -> None:
     trials = h.finished()
     assert h.adjuster.calls == []
     assert all(rec.trial_progress(t).live_adjusted is None for t in trials)
-    assert [live.started_config(m) for m in h.canary_applies] == [t.spec.params for t in trials]
+    assert [started_config(m) for m in h.canary_applies] == [t.spec.params for t in trials]
 
 
 def test_a_crashing_live_canary_is_found_by_its_start_up_hash_and_not_parked() -> None:
@@ -980,7 +982,7 @@ def test_a_crashing_live_canary_is_found_by_its_start_up_hash_and_not_parked() -
     h.tick(2)  # trial created, canary applied at the top of the space
     canary = h.canary()
     assert canary is not None
-    started = live.started_config(canary)
+    started = started_config(canary)
     assert started is not None and started != h.trials()[0].spec.params
     pod = {
         "metadata": {

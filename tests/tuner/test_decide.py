@@ -22,9 +22,10 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.status import DeploymentState
-from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.decide.canary import canary_manifest, target_limits
+from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.plan import (
     Action,
     AdjustLive,
     AnnotateCanary,
@@ -35,11 +36,12 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
 )
-from chunkpilot.tuner.calibration import NO_TELEMETRY, TwinReading
-from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
-from chunkpilot.tuner.phases import TunerSettings
-from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
+from chunkpilot.tuner.observe.canary import ANNOTATION_PARKED, started_config
+from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
+from chunkpilot.tuner.observe.twin import NO_TELEMETRY, TwinReading
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.twin import Twin, fit_steps
 from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
@@ -109,7 +111,7 @@ def trial(
 
 def canary_of(body: dict[str, Any], owner: TuningTrial, ready: bool = True, **start: Any) -> dict[str, Any]:
     start_config = owner.spec.params.model_copy(update=start) if start else None
-    manifest = live.canary_manifest(service(body), body, owner, start_config)
+    manifest = canary_manifest(service(body), body, owner, start_config)
     manifest["metadata"]["generation"] = 1
     replicas = manifest["spec"]["replicas"] if ready else 0
     manifest["status"] = {
@@ -229,7 +231,7 @@ def test_stopped_after_max_trials_creates_nothing_and_releases_a_parked_canary()
     body = service_body(maxTrials=2, liveAdjust=True)
     done = [trial(n, TrialPhase.ROLLED_BACK, verdict="Discarded") for n in (1, 2)]
     parked = canary_of(body, done[-1])
-    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"})
+    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"})
     plan = decide(snapshot(body, done, canary=parked), SETTINGS)
     assert of_type(plan, CreateTrial) == []
     assert condition(plan, "Tuning") == ("False", "MaxTrialsReached")
@@ -269,7 +271,7 @@ def test_pending_applies_the_canary_and_moves_to_rolling_out() -> None:
     plan = decide(snapshot(trials=[pending]), SETTINGS)
     (apply,) = of_type(plan, ApplyCanary)
     assert apply.manifest["metadata"]["annotations"][rec.ANNOTATION_TRIAL] == "chat-trial-1"
-    assert live.started_config(apply.manifest) == TRIAL_CONFIG
+    assert started_config(apply.manifest) == TRIAL_CONFIG
     assert trial_status(plan)["phase"] == "RollingOut"
     assert "TrialStarted" in events(plan.actions)
 
@@ -305,7 +307,7 @@ def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None
     }
     snap = snapshot(body, [rolling], canary=canary, canary_pods=(pod,), live_token="tok")
     (adjust,) = of_type(decide(snap, SETTINGS), AdjustLive)
-    assert adjust.limits == live.target_limits(TRIAL_CONFIG) and adjust.token == "tok"
+    assert adjust.limits == target_limits(TRIAL_CONFIG) and adjust.token == "tok"
     success = trial_status(adjust.on_success)
     assert success["progress"]["liveAdjusted"] is True and success["phase"] == "Measuring"
     failure = adjust.on_failure("answered 409")
@@ -313,7 +315,7 @@ def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None
     assert trial_status(failure)["progress"]["liveAdjustError"] == "answered 409"
     assert trial_status(failure)["phase"] == "RollingOut"
     (rollout,) = [a for a in failure if isinstance(a, ApplyCanary)]
-    assert live.started_config(rollout.manifest) == TRIAL_CONFIG  # rolled out with the trial's own config
+    assert started_config(rollout.manifest) == TRIAL_CONFIG  # rolled out with the trial's own config
     assert "LiveAdjustFailed" in events(failure)
     # Without the token the fallback is decided at once.
     plan = decide(snapshot(body, [rolling], canary=canary, live_token_error="no token"), SETTINGS)
@@ -394,7 +396,7 @@ def test_a_finished_live_trial_parks_its_canary() -> None:
     plan = decide(snapshot(body, [done], canary=canary_of(body, done), window=window(70.0)), SETTINGS)
     assert trial_status(plan)["verdict"] == "Discarded"
     (park,) = of_type(plan, AnnotateCanary)
-    assert park.annotations == {rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"}
+    assert park.annotations == {rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"}
     assert of_type(plan, DeleteCanary) == []
 
 
@@ -402,11 +404,11 @@ def test_a_parked_canary_is_taken_over_by_the_next_trial_without_a_rollout() -> 
     body = service_body(liveAdjust=True)
     previous = trial(1, TrialPhase.ROLLED_BACK, verdict="Discarded")
     parked = canary_of(body, previous, max_num_batched_tokens=8192, max_num_seqs=256)
-    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, live.ANNOTATION_PARKED: "true"})
+    parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"})
     plan = decide(snapshot(body, [previous, trial(2, TrialPhase.PENDING)], canary=parked), SETTINGS)
     assert of_type(plan, ApplyCanary) == [] and of_type(plan, DeleteCanary) == []
     (take,) = of_type(plan, AnnotateCanary)
-    assert take.annotations == {rec.ANNOTATION_TRIAL: "chat-trial-2", live.ANNOTATION_PARKED: None}
+    assert take.annotations == {rec.ANNOTATION_TRIAL: "chat-trial-2", ANNOTATION_PARKED: None}
 
 
 # --------------------------------------------------------------------------- pending promotion
@@ -783,7 +785,7 @@ def test_the_twins_bound_is_ranked_for_the_infeasibility_only_from_its_minimum_o
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Below TWIN_INFEASIBLE_MIN_TRIALS measured trials the bound can decide nothing: not computed."""
-    from chunkpilot.tuner import decide as decide_module
+    from chunkpilot.tuner.decide import step as decide_module
 
     calls: list[int] = []
     real = decide_module.twin_bound

@@ -11,16 +11,32 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.server import ServerConfig, SimEngineServer
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.operator.builders import ANNOTATION_CONFIG, incumbent
 from chunkpilot.operator.config import ENV_LIVE_ADJUST
-from chunkpilot.tuner import liveadjust as live
-from chunkpilot.tuner.actions import Plan
-from chunkpilot.tuner.snapshot import Snapshot, parse_service
-from chunkpilot.tuner.space import KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.act.live_adjust import (
+    HttpLiveAdjuster,
+    LiveAdjustError,
+    build_request,
+    pod_ip_endpoint,
+    targets_file_resolver,
+)
+from chunkpilot.tuner.decide.canary import (
+    canary_manifest,
+    ceiling_config,
+    live_adjust_refusal,
+    live_start,
+    live_usable,
+    target_limits,
+)
+from chunkpilot.tuner.decide.plan import Plan
+from chunkpilot.tuner.observe.canary import enabled, pod_ready, secret_token, started_config
+from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.observe.snapshot import Snapshot
+from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 
 from chunkpilot.api import EngineConfig, ObjectMeta, TuningTrial, TuningTrialSpec
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
@@ -51,7 +67,7 @@ def config(**knobs: Any) -> EngineConfig:
 def test_only_lowered_live_limits_with_every_other_knob_equal_can_be_adjusted(
     target: EngineConfig, refused: str | None
 ) -> None:
-    reason = live.live_adjust_refusal(START, target)
+    reason = live_adjust_refusal(START, target)
     if refused is None:
         assert reason is None
     else:
@@ -60,59 +76,57 @@ def test_only_lowered_live_limits_with_every_other_knob_equal_can_be_adjusted(
 
 def test_an_active_cap_is_compared_as_its_effective_value() -> None:
     capped = config(max_num_active_seqs=16)
-    assert live.live_adjust_refusal(capped, config(max_num_active_seqs=8)) is None
+    assert live_adjust_refusal(capped, config(max_num_active_seqs=8)) is None
     # Unset means max-num-seqs (256): above the start-up cap of 16.
-    assert "max_num_active_seqs 256" in (live.live_adjust_refusal(capped, config()) or "")
+    assert "max_num_active_seqs 256" in (live_adjust_refusal(capped, config()) or "")
 
 
 def test_ceiling_raises_only_the_live_limits_to_the_top_of_the_space() -> None:
     trial = config(max_num_batched_tokens=1024, max_num_seqs=32, max_num_active_seqs=8)
-    top = live.ceiling_config(trial, 16384, 512)
+    top = ceiling_config(trial, 16384, 512)
     assert (top.max_num_batched_tokens, top.max_num_seqs, top.max_num_active_seqs) == (16384, 512, None)
     assert top.long_prefill_token_threshold == 512
-    assert live.live_adjust_refusal(top, trial) is None
-    assert (
-        live.ceiling_config(config(max_num_batched_tokens=20000), 16384, None).max_num_batched_tokens == 20000
-    )
-    assert live.target_limits(trial) == {
+    assert live_adjust_refusal(top, trial) is None
+    assert ceiling_config(config(max_num_batched_tokens=20000), 16384, None).max_num_batched_tokens == 20000
+    assert target_limits(trial) == {
         "max_num_batched_tokens": 1024,
         "max_num_seqs": 32,
         "max_num_active_seqs": 8,
     }
-    assert live.target_limits(START)["max_num_active_seqs"] == 256
+    assert target_limits(START)["max_num_active_seqs"] == 256
 
 
 def test_started_config_is_the_config_the_deployment_was_built_with() -> None:
     trial = config(max_num_active_seqs=8)
     deployment = {"metadata": {"annotations": {ANNOTATION_CONFIG: json.dumps(trial.to_k8s())}}}
-    assert live.started_config(deployment) == trial
-    assert live.started_config({"metadata": {}}) is None
-    assert live.started_config({"metadata": {"annotations": {ANNOTATION_CONFIG: "{oops"}}}) is None
+    assert started_config(deployment) == trial
+    assert started_config({"metadata": {}}) is None
+    assert started_config({"metadata": {"annotations": {ANNOTATION_CONFIG: "{oops"}}}) is None
 
 
 def test_request_token_and_endpoints(tmp_path: Path) -> None:
-    request = live.build_request("10.1.2.3:8000", "tok", {"max_num_batched_tokens": 512})
+    request = build_request("10.1.2.3:8000", "tok", {"max_num_batched_tokens": 512})
     assert request.url == f"http://10.1.2.3:8000{LIVE_ADJUST_ROUTE}"
     assert request.headers["Authorization"] == "Bearer tok"
     assert request.body == {"max_num_batched_tokens": 512}
-    assert live.secret_token({"data": {"token": "dG9r"}}) == "tok"
-    assert live.secret_token({"stringData": {"token": "tok"}}) == "tok"
-    assert live.secret_token({"data": {}}) is None and live.secret_token(None) is None
+    assert secret_token({"data": {"token": "dG9r"}}) == "tok"
+    assert secret_token({"stringData": {"token": "tok"}}) == "tok"
+    assert secret_token({"data": {}}) is None and secret_token(None) is None
     pod = {"metadata": {"name": "p-1", "namespace": "llm"}, "status": {"podIP": "10.1.2.3"}}
-    assert live.pod_ip_endpoint(pod) == "10.1.2.3:8000"
-    assert live.pod_ip_endpoint({"status": {}}) is None
+    assert pod_ip_endpoint(pod) == "10.1.2.3:8000"
+    assert pod_ip_endpoint({"status": {}}) is None
     targets = tmp_path / "targets.json"
     targets.write_text(
         json.dumps([{"targets": ["127.0.0.1:41234"], "labels": {"namespace": "llm", "pod": "p-1"}}])
     )
-    resolve = live.targets_file_resolver(targets)
+    resolve = targets_file_resolver(targets)
     assert resolve(pod) == "127.0.0.1:41234"
     assert resolve({"metadata": {"name": "p-2", "namespace": "llm"}}) is None
-    assert live.targets_file_resolver(tmp_path / "missing.json")(pod) is None
+    assert targets_file_resolver(tmp_path / "missing.json")(pod) is None
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    assert live.pod_ready(ready)
-    assert not live.pod_ready({**ready, "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
-    assert not live.pod_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert pod_ready(ready)
+    assert not pod_ready({**ready, "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    assert not pod_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
 
 
 # --------------------------------------------------------------------------- against the simulator's route
@@ -141,21 +155,21 @@ def test_client_lowers_the_simulator_limits_and_reports_refusals_as_errors() -> 
     async def scenario() -> None:
         runner, server, address = await serve_sim(TOKEN)
         try:
-            adjuster = live.HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
+            adjuster = HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
             await adjuster.adjust(
                 [POD], TOKEN, {"max_num_batched_tokens": 1024, "max_num_seqs": 32, "max_num_active_seqs": 16}
             )
             cfg = server.core.scheduler.config
             assert (cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_running) == (1024, 32, 16)
-            with pytest.raises(live.LiveAdjustError, match="answered 409"):
+            with pytest.raises(LiveAdjustError, match="answered 409"):
                 await adjuster.adjust([POD], TOKEN, {"max_num_batched_tokens": 8192})
-            with pytest.raises(live.LiveAdjustError, match="answered 401"):
+            with pytest.raises(LiveAdjustError, match="answered 401"):
                 await adjuster.adjust([POD], "wrong", {"max_num_batched_tokens": 512})
             assert server.core.scheduler.config.max_num_batched_tokens == 1024  # refusals change nothing
-            with pytest.raises(live.LiveAdjustError, match="no Ready canary pod"):
+            with pytest.raises(LiveAdjustError, match="no Ready canary pod"):
                 await adjuster.adjust([], TOKEN, {"max_num_batched_tokens": 512})
-            unresolved = live.HttpLiveAdjuster(resolver=lambda _pod: None)
-            with pytest.raises(live.LiveAdjustError, match="no address for canary pod p-1"):
+            unresolved = HttpLiveAdjuster(resolver=lambda _pod: None)
+            with pytest.raises(LiveAdjustError, match="no address for canary pod p-1"):
                 await unresolved.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
         finally:
             await runner.cleanup()
@@ -167,13 +181,13 @@ def test_client_fails_cleanly_when_the_route_is_off_or_nothing_listens() -> None
     async def scenario() -> None:
         runner, _server, address = await serve_sim(None)
         try:
-            adjuster = live.HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
-            with pytest.raises(live.LiveAdjustError, match="answered 503"):
+            adjuster = HttpLiveAdjuster(resolver=lambda _pod: address, timeout_s=5)
+            with pytest.raises(LiveAdjustError, match="answered 503"):
                 await adjuster.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
         finally:
             await runner.cleanup()
-        closed = live.HttpLiveAdjuster(resolver=lambda _pod: f"{LOOPBACK}:{free_port()}", timeout_s=2)
-        with pytest.raises(live.LiveAdjustError, match="failed"):
+        closed = HttpLiveAdjuster(resolver=lambda _pod: f"{LOOPBACK}:{free_port()}", timeout_s=2)
+        with pytest.raises(LiveAdjustError, match="failed"):
             await closed.adjust([POD], TOKEN, {"max_num_batched_tokens": 512})
 
     run(scenario)
@@ -216,8 +230,8 @@ def test_with_live_adjustment_off_in_the_installation_trials_roll_out(
     )
     space = SearchSpace(
         ranges={
-            live.Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(512, 8192),
-            live.Knob.MAX_NUM_SEQS: KnobRange(16, 256),
+            Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(512, 8192),
+            Knob.MAX_NUM_SEQS: KnobRange(16, 256),
         },
         fixed=TunedConfig(8192, 256, long_prefill_token_threshold=512),
     )
@@ -225,12 +239,12 @@ def test_with_live_adjustment_off_in_the_installation_trials_roll_out(
     def env_names(manifest: dict[str, Any]) -> set[str]:
         return {item["name"] for item in manifest["spec"]["template"]["spec"]["containers"][0].get("env", [])}
 
-    assert live.enabled(snap.isvc) and live.live_usable(Plan(snap))
-    assert live.live_start(Plan(snap), trial, space) is not None  # started at the top to go down live
-    assert LIVE_ADJUST_TOKEN_ENV in env_names(live.canary_manifest(snap.isvc, snap.body, trial))
+    assert enabled(snap.isvc) and live_usable(Plan(snap))
+    assert live_start(Plan(snap), trial, space) is not None  # started at the top to go down live
+    assert LIVE_ADJUST_TOKEN_ENV in env_names(canary_manifest(snap.isvc, snap.body, trial))
 
     monkeypatch.setenv(ENV_LIVE_ADJUST, "off")
-    assert not live.enabled(snap.isvc) and not live.live_usable(Plan(snap))
-    assert live.live_start(Plan(snap), trial, space) is None  # the trial's own config: a rollout
-    assert LIVE_ADJUST_TOKEN_ENV not in env_names(live.canary_manifest(snap.isvc, snap.body, trial))
-    assert not live.enabled(_service(live_adjust=False).isvc)
+    assert not enabled(snap.isvc) and not live_usable(Plan(snap))
+    assert live_start(Plan(snap), trial, space) is None  # the trial's own config: a rollout
+    assert LIVE_ADJUST_TOKEN_ENV not in env_names(canary_manifest(snap.isvc, snap.body, trial))
+    assert not enabled(_service(live_adjust=False).isvc)

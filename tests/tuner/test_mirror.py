@@ -12,8 +12,8 @@ from typing import Any
 
 import optuna
 import pytest
-from chunkpilot.tuner import mirror
-from chunkpilot.tuner.mirror import (
+from chunkpilot.tuner.act import mirror
+from chunkpilot.tuner.act.mirror import (
     NUMBER_ATTR,
     amirror_trials,
     mirror_trials,
@@ -101,7 +101,7 @@ def test_one_study_per_service(tmp_path: Path) -> None:
 
 def test_failures_are_logged_never_raised(caplog: pytest.LogCaptureFixture) -> None:
     url = "postgresql+psycopg://tuner:s3cret@127.0.0.1:1/optuna"
-    with caplog.at_level(logging.WARNING, logger="chunkpilot.tuner.mirror"):
+    with caplog.at_level(logging.WARNING, logger="chunkpilot.tuner.act.mirror"):
         assert mirror_trials("default", "chat", SPACE, records(), url=url) is None
         assert mirror_trials("default", "chat", SPACE, records()[:1], url=url) is None
         assert mirror_trials("default", "chat", SPACE, records(), url="nosuchdialect://x") is None

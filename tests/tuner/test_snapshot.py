@@ -5,15 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
-from chunkpilot.tuner.policy import AbortRules, SLOTargets
-from chunkpilot.tuner.snapshot import (
+from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.observe.snapshot import (
     MIN_EARLY_WINDOW_S,
     Reading,
-    parse_service,
     twin_checks,
     window_plan,
     window_text,
 )
+from chunkpilot.tuner.policy import AbortRules, SLOTargets
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0

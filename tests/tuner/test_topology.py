@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 
 import pytest
-from chunkpilot.tuner.topology import (
+from chunkpilot.tuner.topology.layouts import (
     DECODE_SEQS,
     PREFILL_BUDGETS,
     Layout,

@@ -20,18 +20,20 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.status import DeploymentState
-from chunkpilot.tuner import disaggplan
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import CreateTrial, Emit, Plan
-from chunkpilot.tuner.calibration import TwinObserver, TwinReading, refit_trials
-from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.plan import CreateTrial, Emit, Plan
+from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.observe.recommendation import recommend_due, request
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
+from chunkpilot.tuner.observe.twin import TwinObserver, TwinReading, refit_trials
 from chunkpilot.tuner.policy import TWIN_INFEASIBLE_MIN_TRIALS
-from chunkpilot.tuner.snapshot import Reading, Snapshot, parse_service
 from chunkpilot.tuner.space import TunedConfig
-from chunkpilot.tuner.topology import Layout, LayoutCapacity, Pool, Recommendation, TopologySearch
-from chunkpilot.tuner.topology_sim import twin_evaluator
+from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, Pool, Recommendation, TopologySearch
+from chunkpilot.tuner.topology.recommend import RecommendationResult, RecommendRequest, recommend
+from chunkpilot.tuner.topology.simulate import twin_evaluator
 from chunkpilot.tuner.twin import Twin, fit_steps
 from chunkpilot.tuner.twin.online import Calibration
 from chunkpilot.tuner.twin.search import Candidate
@@ -179,7 +181,7 @@ def fitted(calibration: Calibration, **fields: Any) -> TwinReading:
     return TwinReading(**values)
 
 
-def paying() -> disaggplan.RecommendationResult:
+def paying() -> RecommendationResult:
     search = TopologySearch(
         (
             LayoutCapacity(BEST, 12.4, itl_ms=24.0, ttft_ms=350.0),
@@ -188,7 +190,7 @@ def paying() -> disaggplan.RecommendationResult:
         evaluations=2,
         cpu_seconds=11.0,
     )
-    return disaggplan.RecommendationResult("k", Recommendation(4, 1.6, search, 25.0, 1.0, 140.0))
+    return RecommendationResult("k", Recommendation(4, 1.6, search, 25.0, 1.0, 140.0))
 
 
 def condition(plan: Plan, type_: str) -> tuple[str, str, str] | None:
@@ -228,16 +230,16 @@ def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_conditi
     again = condition(later, "SLOInfeasible")
     assert again is not None and text in again[2]
     assert not [r for r, _ in events(later) if r in ("TopologyRecommendation", "SLOInfeasible")]
-    assert not disaggplan.recommend_due(later_snap, "k")
-    assert disaggplan.recommend_due(later_snap, "k2")  # refitted: evaluated again
+    assert not recommend_due(later_snap, "k")
+    assert recommend_due(later_snap, "k2")  # refitted: evaluated again
     # spec.replicas edited since: the 1 + 3 layout is of four replicas, the service has six.
     body["spec"]["replicas"] = 6
-    assert disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+    assert recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
     # A one-replica service's layout is 1 + 1: not evaluated again and again.
     one = {**status, "prefillReplicas": 1, "decodeReplicas": 1}
     body["spec"]["replicas"] = 1
     body["status"] = {"recommendation": one, "conditions": [_condition(found)]}
-    assert not disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+    assert not recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
 
 
 def _condition(found: tuple[str, str, str]) -> dict[str, Any]:
@@ -255,24 +257,24 @@ def test_before_the_recommendation_the_condition_says_it_is_being_evaluated(
 ) -> None:
     body = service_body()
     snap = snapshot(body, INFEASIBLE, fitted(calibration))
-    assert not disaggplan.recommend_due(snap, "k")  # SLOInfeasible not True yet
+    assert not recommend_due(snap, "k")  # SLOInfeasible not True yet
     plan = decide(snap, SETTINGS)
     found = condition(plan, "SLOInfeasible")
     assert found is not None and found[0] == "True"
     assert found[2].endswith("Evaluating prefill/decode disaggregation on the twin.")
     assert "recommendation" not in plan.status
     body["status"] = {"conditions": [_condition(found)]}
-    assert disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+    assert recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
 
 
 def test_no_layout_meeting_the_slos_and_a_failed_evaluation_are_both_said(calibration: Calibration) -> None:
     none = TopologySearch((LayoutCapacity(BEST, 0.0, 41.0, 700.0),), 1, 3.0)
-    result = disaggplan.RecommendationResult("k", Recommendation(4, 1.6, none, 25.0, 1.0, 140.0))
+    result = RecommendationResult("k", Recommendation(4, 1.6, none, 25.0, 1.0, 140.0))
     plan = decide(snapshot(service_body(), INFEASIBLE, fitted(calibration, recommendation=result)), SETTINGS)
     found = condition(plan, "SLOInfeasible")
     assert found is not None and "Disaggregation would not help" in found[2]
     assert plan.status["recommendation"]["meetsSlo"] is False
-    failed = disaggplan.RecommendationResult("k", error="the twin's worker process failed")
+    failed = RecommendationResult("k", error="the twin's worker process failed")
     plan = decide(snapshot(service_body(), INFEASIBLE, fitted(calibration, recommendation=failed)), SETTINGS)
     message = "no disaggregation recommendation: the twin's worker process failed"
     assert plan.status["recommendation"]["message"] == message
@@ -284,21 +286,19 @@ def test_recommend_evaluates_every_split_of_the_services_replicas_on_the_twin(
 ) -> None:
     body = service_body()
     snap = snapshot(body, INFEASIBLE, fitted(calibration))
-    job = disaggplan.request(snap, "k", calibration, SLO(30.0, 0.99, 400.0, 0.95))
+    job = request(snap, "k", calibration, SLO(30.0, 0.99, 400.0, 0.95))
     assert job.replicas == 4 and job.decode_seqs == 128 and job.decode_budget == 2048
     assert (job.kv_bandwidth_gbps, job.kv_latency_ms) == (25.0, 1.0)
     asked: list[Layout] = []
 
-    def factory(_job: disaggplan.RecommendRequest) -> Any:
+    def factory(_job: RecommendRequest) -> Any:
         def evaluate(layout: Layout) -> LayoutCapacity:
             asked.append(layout)
             return LayoutCapacity(layout, 3.0 * layout.decode.replicas)
 
         return evaluate
 
-    found = disaggplan.recommend(
-        disaggplan.RecommendRequest(**{**job.__dict__, "colocated_req_s": 0.5}), factory
-    )
+    found = recommend(RecommendRequest(**{**job.__dict__, "colocated_req_s": 0.5}), factory)
     assert found.colocated_req_s == 2.0  # 4 replicas x 0.5
     assert {(a.prefill.replicas, a.decode.replicas) for a in asked} == {(1, 3), (2, 2), (3, 1)}
     assert found.best is not None and found.best.layout.decode.replicas == 3 and found.pays
@@ -327,7 +327,7 @@ def test_a_disaggregated_service_runs_no_colocated_canary_and_says_why(calibrati
     assert found is not None and found[:2] == ("False", "Disaggregated")
     assert "(1 prefill + 3 decode replicas)" in found[2] and "no colocated canaries" in found[2]
     assert not [a for a in plan.actions if isinstance(a, CreateTrial)]
-    assert not disaggplan.recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
+    assert not recommend_due(snapshot(body, INFEASIBLE, fitted(calibration)), "k")
 
 
 @pytest.mark.slow
@@ -342,7 +342,7 @@ def test_the_observer_computes_it_in_the_twins_worker_process(
         ]
     }
     snap = snapshot(body, INFEASIBLE, fitted(calibration))
-    assert disaggplan.recommend_due(snap, "k")
+    assert recommend_due(snap, "k")
     observer = TwinObserver(None)  # the worker process, as in the operator (the job must pickle)
     try:
         result = asyncio.run(observer.recommend(snap, "k", calibration))
@@ -413,7 +413,7 @@ def test_a_calibrated_twin_that_predicts_no_colocated_config_meets_the_slos_ends
     # is True), and arrives as today.
     body["status"] = {"conditions": [_condition(found)], "twin": plan.status["twin"]}
     later_snap = snapshot(body, CONFIRMED, fitted(calibration, recommendation=paying()))
-    assert disaggplan.recommend_due(later_snap, "k")
+    assert recommend_due(later_snap, "k")
     later = decide(later_snap, SETTINGS)
     again = condition(later, "SLOInfeasible")
     assert again is not None and again[0] == "True" and evidence in again[2]

@@ -21,13 +21,20 @@ from aiohttp import web
 from chunkpilot.operator.builders import build_canary_topology, incumbent
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeClient, _Credentials
-from chunkpilot.operator.objects import isvc_path
+from chunkpilot.operator.objects import (
+    TOPOLOGY_PARTS,
+    canary_topology_deployment_path,
+    canary_topology_paths,
+    isvc_path,
+    trial_path,
+)
 from chunkpilot.operator.served import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner import topotrial
-from chunkpilot.tuner.act import Actor
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.act.actor import Actor
+from chunkpilot.tuner.decide import topology_trial as topotrial
+from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.plan import (
     ApplyCanary,
     CreateTrial,
     DeleteCanary,
@@ -36,21 +43,12 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
 )
-from chunkpilot.tuner.calibration import TwinReading
-from chunkpilot.tuner.decide import decide
+from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement, measure_topology
-from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.observe.observer import Observer, parse_service
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
+from chunkpilot.tuner.observe.twin import TwinReading
 from chunkpilot.tuner.policy import Decision, SLOTargets
-from chunkpilot.tuner.snapshot import (
-    TOPOLOGY_PARTS,
-    Observer,
-    Reading,
-    Snapshot,
-    canary_topology_deployment_path,
-    canary_topology_paths,
-    parse_service,
-    trial_path,
-)
 
 from chunkpilot.api import (
     EngineConfig,

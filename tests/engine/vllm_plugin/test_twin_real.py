@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
+from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME
 from chunkpilot.engine.vllm_plugin.testing import (
     LANES,
@@ -41,7 +41,7 @@ from chunkpilot.engine.vllm_plugin.testing import (
 )
 from chunkpilot.tuner.twin.fit import fit_steps
 from chunkpilot.tuner.twin.predict import LatencyQuantiles
-from chunkpilot.tuner.twin.realcheck import (
+from chunkpilot.bench.twin_real import (
     PointCheck,
     compare,
     lengths,

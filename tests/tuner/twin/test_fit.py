@@ -14,7 +14,8 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFitError, fit_steps
-from chunkpilot.tuner.twin.truth import Perturbation, write_truth
+
+from chunkpilot.bench.twin_truth import Perturbation, write_truth
 
 MODEL, GPU = "llama-3.1-8b", "h100"
 SCHED = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=256, max_model_len=8192)

@@ -27,10 +27,10 @@ from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import MIN_REQUESTS
 from chunkpilot.tuner.twin.fit import MIN_STEPS
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
-from chunkpilot.tuner.twin.truth import Perturbation, write_truth
-from chunkpilot.tuner.twin.validate import observe_window
 
 from chunkpilot.api import Objective
+from chunkpilot.bench.twin_truth import Perturbation, write_truth
+from chunkpilot.bench.twin_validate import observe_window
 
 SLO_ = SLO(itl_ms=50.0, ttft_ms=2000.0)
 TRUTH = Perturbation(0.75, 0.85, 2.0)

@@ -13,7 +13,8 @@ from chunkpilot.engine.sim.metrics import EngineMetrics
 from chunkpilot.engine.sim.profiles.loader import load_accelerator
 from chunkpilot.engine.sim.workload import Workload
 from chunkpilot.tuner.twin.capture import HistogramWindow, WorkloadWindow, histogram_of
-from chunkpilot.tuner.twin.realcheck import (
+
+from chunkpilot.bench.twin_real import (
     RealWindow,
     histogram_quantile,
     latency_histograms,

@@ -24,9 +24,9 @@ from chunkpilot.tuner.twin.search import (
     search_on_twin,
     twin_objective,
 )
-from chunkpilot.tuner.twin.validate import observe_window
 
 from chunkpilot.api import Objective
+from chunkpilot.bench.twin_validate import observe_window
 
 SLO_ = SLO(itl_ms=50.0, ttft_ms=2000.0)
 SPACE = SearchSpace(

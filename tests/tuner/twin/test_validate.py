@@ -6,8 +6,9 @@ import math
 
 import pytest
 from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.tuner.twin.truth import Perturbation
-from chunkpilot.tuner.twin.validate import ValidationReport, validate_twin
+
+from chunkpilot.bench.twin_truth import Perturbation
+from chunkpilot.bench.twin_validate import ValidationReport, validate_twin
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Observe the service's digital twin: read its inputs, fit and rank when due, check a finished canary.
 
-Part of observing (:mod:`chunkpilot.tuner.snapshot`): what it computes enters the snapshot as a
+Part of observing (:mod:`chunkpilot.tuner.observe.snapshot`): what it computes enters the snapshot as a
 :class:`TwinReading`, and deciding stays pure. The costly parts run off the event loop, in one worker
 process shared by all services (``inline`` runs them on the loop, for tests):
 
@@ -26,16 +26,18 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from chunkpilot.engine.sim.offline import SLO
-from chunkpilot.tuner import disaggplan
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMeasurement, VectorFn
+from chunkpilot.tuner.observe.recommendation import recommend_due, request
+from chunkpilot.tuner.observe.snapshot import CanaryWindow, Snapshot, TwinReading
 from chunkpilot.tuner.space import SpaceError, build_space
 from chunkpilot.tuner.study import seed_for
+from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError
 from chunkpilot.tuner.twin.fit import TwinFitError
@@ -44,52 +46,21 @@ from chunkpilot.api import EngineConfig, Track, TrialVerdict, TuningTrial, TwinS
 
 if TYPE_CHECKING:
     from chunkpilot.engine.sim.metrics import StepTotals
-    from chunkpilot.tuner.snapshot import Snapshot
 
 P = ParamSpec("P")
+
 T = TypeVar("T")
 
 #: A ranking older than this is redone even when nothing changed (the workload drifts).
 RERANK_AFTER_S: Final = 900.0
+
 #: Measured canary windows (newest first, of the latest trial's round) whose steps refit the twin.
 REFIT_WINDOWS: Final = 4
+
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
     "without the Chunkpilot scheduler plugin or an older simulator; tuning on measurements alone"
 )
-
-
-@dataclass(frozen=True)
-class TwinReading:
-    """What observing found out about the twin this step (``state`` None: not looked at)."""
-
-    state: TwinState | None = None
-    message: str = ""
-    calibration: online.Calibration | None = None
-    #: The calibration carries a ranking made this step (to be recorded on the service).
-    ranked: bool = False
-    key: str | None = None
-    refit_trial: int | None = None
-    live_rate_req_s: float | None = None
-    measured_ms: tuple[float | None, float | None] = (None, None)
-    #: The active trial's canary against the twin, at the end of its window, and the stable track
-    #: against it in the same window (the twin's error that the verdict uses).
-    check: online.CanaryCheck | None = None
-    stable_check: online.CanaryCheck | None = None
-    #: Prefill/decode disaggregation evaluated on the twin this step (only once SLOInfeasible).
-    recommendation: disaggplan.RecommendationResult | None = None
-    #: Why the twin waits for a window of steady traffic before it refits ("": it does not); the
-    #: last calibration stands meanwhile, and no next trial starts.
-    settling: str = ""
-
-
-@dataclass(frozen=True)
-class CanaryWindow:
-    """The final window of the active trial (what the canary check compares)."""
-
-    trial: TuningTrial
-    span_s: float
-    at: datetime
 
 
 def sim_slo(snap: Snapshot) -> SLO:
@@ -206,7 +177,7 @@ class TwinObserver:
                 return replace(base, state=TwinState.WAITING, message=str(error))
             self._fits[(snap.namespace, snap.name)] = calibration
         reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
-        if disaggplan.recommend_due(snap, key):
+        if recommend_due(snap, key):
             reading = replace(reading, recommendation=await self.recommend(snap, key, calibration))
         if final is not None:
             canary_check, stable_check = await self._check(snap, calibration, final)
@@ -215,13 +186,13 @@ class TwinObserver:
 
     async def recommend(
         self, snap: Snapshot, key: str, calibration: online.Calibration
-    ) -> disaggplan.RecommendationResult:
+    ) -> RecommendationResult:
         """Prefill/decode splits of the service's replicas on the twin (in the worker process)."""
-        job = disaggplan.request(snap, key, calibration, sim_slo(snap))
+        job = request(snap, key, calibration, sim_slo(snap))
         try:
-            return disaggplan.RecommendationResult(key, await self._compute(disaggplan.recommend, job))
+            return RecommendationResult(key, await self._compute(recommend, job))
         except (TwinFitError, ValueError) as error:
-            return disaggplan.RecommendationResult(key, error=str(error))
+            return RecommendationResult(key, error=str(error))
 
     def _request(
         self, snap: Snapshot, inputs: online.Inputs, key: str, rate: float, rank: bool

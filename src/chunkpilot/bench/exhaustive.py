@@ -33,13 +33,13 @@ from enum import Enum
 from functools import lru_cache
 from typing import Any
 
+from chunkpilot.bench.grid import Grid, autotune_order
 from chunkpilot.engine.sim.capacity import find_capacity
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.flags import engine_server_defaults
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import Engine, SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.bench_grid import Grid, autotune_order
 from chunkpilot.tuner.space import (
     ServiceFacts,
     TunedConfig,

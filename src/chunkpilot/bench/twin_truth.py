@@ -179,5 +179,5 @@ FAMILY: dict[str, Perturbation] = {
 
 def family() -> dict[str, Path]:
     """The shipped perturbed profiles by name (files inside the installed package)."""
-    root = resources.files("chunkpilot.tuner.twin.truths")
+    root = resources.files("chunkpilot.bench.truths")
     return {name: Path(str(root.joinpath(f"{name}.json"))) for name in FAMILY}

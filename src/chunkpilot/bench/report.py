@@ -1,11 +1,11 @@
-"""Text tables of the exhaustive tuner benchmark (:mod:`chunkpilot.tuner.bench`)."""
+"""Text tables of the exhaustive tuner benchmark (:mod:`chunkpilot.bench.exhaustive`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from chunkpilot.tuner.bench import DIAGNOSTICS, GOAL_SHARE, GOAL_TRIALS, METHODS, BenchResult
+from chunkpilot.bench.exhaustive import DIAGNOSTICS, GOAL_SHARE, GOAL_TRIALS, METHODS, BenchResult
 from chunkpilot.tuner.space import TunedConfig
 
 

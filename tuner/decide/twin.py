@@ -1,7 +1,7 @@
 """Decide, with the twin: record it on the service, choose the next trial, build a trial's evidence.
 
 Pure, like the rest of deciding: the twin's fit, ranking and canary check were computed while
-observing (:mod:`chunkpilot.tuner.calibration`) and arrive in :attr:`Snapshot.twin`.
+observing (:mod:`chunkpilot.tuner.observe.twin`) and arrive in :attr:`Snapshot.twin`.
 
 * :func:`record_twin` writes ``status.twin`` (the ranking, the fit and its error, the stable
   config's predicted capacity next to the live request rate) and the ``TwinUnavailable``
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import Plan
-from chunkpilot.tuner.calibration import TwinReading
+from chunkpilot.tuner.decide.plan import Plan
+from chunkpilot.tuner.observe.snapshot import TwinReading
 from chunkpilot.tuner.policy import TwinEvidence
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.online import TOLERANCE, Calibration, capacity_unit

@@ -18,7 +18,7 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload
-from chunkpilot.tuner.topology import Layout, LayoutCapacity, LayoutEvaluator, Pool
+from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, LayoutEvaluator, Pool
 from chunkpilot.tuner.twin.predict import Twin
 
 __all__ = [

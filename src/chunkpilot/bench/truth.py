@@ -4,7 +4,7 @@ The engine's hardware is a **truth profile** (an accelerator profile JSON, ``--t
 of the shipped perturbed H100 profiles, ``--truth-family``) that only two objects here ever load: the
 simulated engine (:class:`TruthEngine`, what the online methods call) and the ground truth
 (:class:`GroundTruth`, capacity at SLO of a configuration on the truth). The tuner side
-(:mod:`chunkpilot.tuner.bench_online`) is told the datasheet accelerator, as online, and sees only
+(:mod:`chunkpilot.bench.online`) is told the datasheet accelerator, as online, and sees only
 the engine's measurements at the offered load and its step telemetry.
 
 For each truth x workload x SLO pair the tuner's space is discretised into the benchmark grid; the
@@ -25,13 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.engine.sim.capacity import find_capacity, retime
-from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTelemetry
-from chunkpilot.engine.sim.offline import SLO, Summary, simulate
-from chunkpilot.engine.sim.scheduler import Engine
-from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.bench import (
+from chunkpilot.bench.exhaustive import (
     FULL,
     SLO_PAIRS,
     WORKLOADS,
@@ -45,8 +39,8 @@ from chunkpilot.tuner.bench import (
     scenario_facts,
     tuned_scheduler,
 )
-from chunkpilot.tuner.bench_grid import Grid
-from chunkpilot.tuner.bench_online import (
+from chunkpilot.bench.grid import Grid
+from chunkpilot.bench.online import (
     LiveEngine,
     Observation,
     OnlineContext,
@@ -56,12 +50,18 @@ from chunkpilot.tuner.bench_online import (
     run_slack,
     run_twin,
 )
+from chunkpilot.bench.twin_truth import family, read_perturbation, truth_engine
+from chunkpilot.bench.twin_validate import observe_window
+from chunkpilot.engine.sim.capacity import find_capacity, retime
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
+from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.scheduler import Engine
+from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.space import TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
 from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.predict import LatencyQuantiles
-from chunkpilot.tuner.twin.truth import family, read_perturbation, truth_engine
-from chunkpilot.tuner.twin.validate import observe_window
 
 __all__ = [
     "DEFAULT_TRUTH",
@@ -182,7 +182,7 @@ def _sim_slo(slo: SLOPair) -> SLO:
 
 
 class TruthEngine:
-    """The live engine on the truth's hardware (a :class:`~chunkpilot.tuner.bench_online.LiveEngine`).
+    """The live engine on the truth's hardware (a :class:`~chunkpilot.bench.online.LiveEngine`).
 
     It simulates a configuration at an offered load on the bundled trace's request lengths and returns
     only what the engine's metrics would show. Results are cached (the simulator is deterministic).

@@ -1,57 +1,62 @@
-"""Observe: one frozen snapshot of everything a tuning step decides from.
+"""Observe: gather one :class:`~chunkpilot.tuner.observe.snapshot.Snapshot` of a service.
 
-:func:`observe` reads the InferenceService, its TuningTrials, the stable and canary
-Deployments, the canary's pods, the live-adjustment token (only when a rollout may
-need it) and the measurements from Prometheus: the stable track over the SLO window
-and, for a trial past its warm-up, canary and stable over the trial's window. An
-unanswered Prometheus is an explicit :attr:`Reading.error`, never a value of the
-measurement. Nothing here writes.
-"""
+:class:`Observer` reads the InferenceService, its TuningTrials, the stable and canary Deployments,
+the canary's pods, the live-adjustment token (only when a rollout may need it) and the measurements
+from Prometheus: the stable track over the SLO window and, for a trial past its warm-up, canary and
+stable over the trial's window; the twin is read by :mod:`chunkpilot.tuner.observe.twin`. Nothing
+here writes."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import Any, Final, Generic, ParamSpec, Protocol, TypeVar
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from chunkpilot.operator.builders import (
-    deployment_name,
     incumbent,
     live_adjust_secret_name,
-    pool_deployment_name,
 )
 from chunkpilot.operator.config import OperatorConfig, live_adjust_allowed
 from chunkpilot.operator.kube import KubeError, resource_path
-from chunkpilot.operator.objects import isvc_path, parse_status
-from chunkpilot.operator.router import router_name
+from chunkpilot.operator.objects import (
+    TOPOLOGY_PARTS,
+    canary_topology_deployment_path,
+    deployment_path,
+    isvc_path,
+    parse_status,
+    trial_path,
+)
 from chunkpilot.operator.served import with_best_topology
-from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart
-from chunkpilot.tuner import liveadjust as live
+from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.calibration import CanaryWindow, TwinObserver, TwinReading
 from chunkpilot.tuner.measure import (
     MetricsUnavailableError,
     QueryFn,
     Selector,
-    TopologyWindow,
-    TrackMeasurement,
     VectorFn,
     WindowMeasurement,
     measure_topology,
     measure_track,
     measure_window,
 )
-from chunkpilot.tuner.policy import AbortRules, Decision, SLOTargets, judge_early, trial_deadline
+from chunkpilot.tuner.observe import canary as live
+from chunkpilot.tuner.observe.snapshot import (
+    CanaryWindow,
+    Reading,
+    Snapshot,
+    twin_checks,
+    watches_topology,
+    window_plan,
+    window_text,
+)
+from chunkpilot.tuner.observe.twin import TwinObserver
 
 from chunkpilot.api import (
-    API_VERSION,
     LABEL_SERVICE,
     LABEL_TRACK,
-    TRIAL_PLURAL,
-    EngineConfig,
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
@@ -62,12 +67,10 @@ from chunkpilot.api import (
 )
 
 logger = logging.getLogger(__name__)
-P = ParamSpec("P")
-T = TypeVar("T")
-M = TypeVar("M")
 
-#: The shortest window the early-abort check looks at (Prometheus needs a few scrapes for a rate).
-MIN_EARLY_WINDOW_S = 5
+P = ParamSpec("P")
+
+T = TypeVar("T")
 
 
 class ReadKube(Protocol):
@@ -75,150 +78,6 @@ class ReadKube(Protocol):
 
     async def get(self, path: str) -> dict[str, Any] | None: ...
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]: ...
-
-
-@dataclass(frozen=True)
-class Reading(Generic[M]):
-    """A measurement, or why Prometheus gave none (``error``); both None: not asked."""
-
-    value: M | None = None
-    error: str | None = None
-
-    @property
-    def down(self) -> bool:
-        return self.error is not None
-
-
-@dataclass(frozen=True)
-class WindowPlan:
-    """The trial window due now: from ``measure_from`` to ``at`` (``final`` once the window is over)."""
-
-    measure_from: datetime
-    end: datetime
-    deadline: datetime
-    final: bool
-    at: datetime
-    span_s: float
-    #: Past the end: the window widened up to now (capped at the deadline), for too few samples.
-    widened_at: datetime | None
-
-
-def twin_checks(
-    plan: WindowPlan, window: WindowMeasurement | None, slo: SLOTargets, abort: AbortRules
-) -> bool:
-    """Whether the twin checks the canary on this window: at its end, or when the canary is pruned on it."""
-    if window is None:
-        return False
-    return plan.final or judge_early(window.canary, slo, abort).decision is Decision.PRUNE
-
-
-def window_plan(measure_from: datetime | None, window_s: float, now: datetime) -> WindowPlan | None:
-    """What to measure for a trial whose window starts at ``measure_from``; None: nothing yet."""
-    start = measure_from or now
-    if now < start:
-        return None  # warming up
-    end = start + timedelta(seconds=window_s)
-    final = now >= end
-    at = end if final else now
-    span = (at - start).total_seconds()
-    if not final and span < MIN_EARLY_WINDOW_S:
-        return None
-    deadline = start + trial_deadline(timedelta(seconds=window_s))
-    return WindowPlan(start, end, deadline, final, at, span, min(now, deadline) if now > end else None)
-
-
-def window_text(total_s: float) -> str:
-    return f"{max(1, int(total_s))}s"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one step knows about a service; frozen, gathered before anything is decided."""
-
-    body: Mapping[str, Any]
-    isvc: InferenceService
-    status: InferenceServiceStatus
-    trials: tuple[TuningTrial, ...]
-    now: datetime
-    #: What the stable track runs (:func:`chunkpilot.operator.builders.incumbent`).
-    incumbent: EngineConfig
-    stable: DeploymentState | None = None
-    canary: Mapping[str, Any] | None = None
-    canary_pods: tuple[Mapping[str, Any], ...] = ()
-    #: A Prometheus is configured.
-    prometheus: bool = False
-    #: Stable over the SLO window (not asked without Prometheus, SLO or autotuning).
-    stable_reading: Reading[TrackMeasurement] = Reading()
-    #: The active trial's window, and the widened one past its end (asked only when due).
-    window: Reading[WindowMeasurement] = Reading()
-    widened: Reading[WindowMeasurement] = Reading()
-    #: The live-adjustment bearer token, or why there is none (read only for a rollout to finish).
-    live_token: str | None = None
-    live_token_error: str | None = None
-    #: The service's digital twin (fit, ranking, the active canary's check); empty: not looked at.
-    twin: TwinReading = field(default_factory=TwinReading)
-    #: A topology trial's canary Deployments by part (``prefill``, ``decode``, ``router``; None:
-    #: absent) and their pods; empty: not looked at (see :func:`watches_topology`).
-    topology_canary: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    topology_pods: tuple[Mapping[str, Any], ...] = ()
-    #: The active topology trial's window (its end, or widened past it; asked only when due).
-    topology_window: Reading[TopologyWindow] = Reading()
-
-    @property
-    def name(self) -> str:
-        return str(self.body["metadata"]["name"])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.body["metadata"]["namespace"])
-
-    @property
-    def slo(self) -> SLOTargets:
-        return rec.slo_targets(self.isvc) if self.isvc.spec.slo is not None else SLOTargets(1.0, 1.0)
-
-    def active(self) -> list[TuningTrial]:
-        """The active trials, oldest first (at most one, but a crash may have left more)."""
-        return sorted((t for t in self.trials if rec.is_active(t)), key=lambda t: t.spec.number)
-
-
-#: The parts of a canary topology, as :attr:`Snapshot.topology_canary` keys them.
-TOPOLOGY_PARTS: Final = tuple(TopologyPart)
-
-
-def canary_topology_deployment_path(namespace: str, service: str, part: str) -> str:
-    """The canary Deployment of a topology trial's ``part`` (a pool's role, or ``router``)."""
-    name = (
-        router_name(service, Track.CANARY)
-        if part == TopologyPart.ROUTER
-        else pool_deployment_name(service, part, Track.CANARY)
-    )
-    return resource_path("apps/v1", "deployments", namespace, name)
-
-
-def canary_topology_paths(namespace: str, service: str, *, pools: bool = True) -> list[str]:
-    """The objects of a canary topology in the order they are deleted: the router and its RBAC, then
-    (``pools``) both pools: the router never outlives the backends it routes to."""
-    router = router_name(service, Track.CANARY)
-    return [
-        canary_topology_deployment_path(namespace, service, TopologyPart.ROUTER),
-        resource_path("rbac.authorization.k8s.io/v1", "rolebindings", namespace, router),
-        resource_path("rbac.authorization.k8s.io/v1", "roles", namespace, router),
-        resource_path("v1", "serviceaccounts", namespace, router),
-        *(canary_topology_deployment_path(namespace, service, part) for part in POOL_PARTS if pools),
-    ]
-
-
-def watches_topology(isvc: InferenceService, trials: tuple[TuningTrial, ...]) -> bool:
-    """Whether a step looks at canary topologies: the service allows them, or has had a topology trial."""
-    return isvc.spec.autotune.allow_topology_change or any(t.spec.is_topology for t in trials)
-
-
-def trial_path(namespace: str, name: str | None = None, sub: str | None = None) -> str:
-    return resource_path(API_VERSION, TRIAL_PLURAL, namespace, name, sub)
-
-
-def deployment_path(namespace: str, service: str, track: Track) -> str:
-    return resource_path("apps/v1", "deployments", namespace, deployment_name(service, track))
 
 
 def parse_service(body: Mapping[str, Any]) -> InferenceService | None:

@@ -1,6 +1,6 @@
 """Act: the only code of the tuner that writes to the cluster.
 
-:class:`Actor` carries out a :class:`~chunkpilot.tuner.actions.Plan` in order (trial
+:class:`Actor` carries out a :class:`~chunkpilot.tuner.decide.plan.Plan` in order (trial
 writes, canary applies and deletions, live adjustment, Events, gauges, the study
 mirror) and then writes the plan's service status fields and conditions in one
 conditional patch, merged into the fresh object (the write also happens when an
@@ -17,10 +17,16 @@ from typing import Any, Protocol
 
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError
-from chunkpilot.operator.objects import parse_status, write_service_status
+from chunkpilot.operator.objects import (
+    canary_topology_paths,
+    deployment_path,
+    parse_status,
+    trial_path,
+    write_service_status,
+)
 from chunkpilot.operator.status import set_conditions
-from chunkpilot.tuner import liveadjust as live
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.act.live_adjust import HttpLiveAdjuster, LiveAdjuster, LiveAdjustError
+from chunkpilot.tuner.decide.plan import (
     Action,
     AdjustLive,
     AnnotateCanary,
@@ -38,7 +44,6 @@ from chunkpilot.tuner.actions import (
     Plan,
     TrackGauges,
 )
-from chunkpilot.tuner.snapshot import canary_topology_paths, deployment_path, trial_path
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 
@@ -79,12 +84,12 @@ class Actor:
         *,
         post_event: PostEvent | None = None,
         mirror: Mirror | None = None,
-        live_adjuster: live.LiveAdjuster | None = None,
+        live_adjuster: LiveAdjuster | None = None,
     ) -> None:
         self.kube = kube
         self.post_event = post_event
         self.mirror = mirror
-        self.live_adjuster = live_adjuster or live.HttpLiveAdjuster()
+        self.live_adjuster = live_adjuster or HttpLiveAdjuster()
 
     async def act(self, plan: Plan) -> None:
         """Run the plan's actions, then write its service status (also after a failed action)."""
@@ -125,7 +130,7 @@ class Actor:
             case AdjustLive(pods, token, limits, on_success, on_failure):
                 try:
                     await self.live_adjuster.adjust(pods, token, limits)
-                except (live.LiveAdjustError, KubeError, OSError) as error:
+                except (LiveAdjustError, KubeError, OSError) as error:
                     await self.run(plan, on_failure(str(error)))
                 else:
                     await self.run(plan, on_success)

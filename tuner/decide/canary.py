@@ -1,50 +1,35 @@
-"""The canary Deployment: its manifest, ownership, parking, reuse and live adjustment.
+"""Decide about the canary Deployment: its manifest, orphans, parking, reuse and live adjustment.
 
-A canary belongs to the trial named in its ``chunkpilot.io/trial`` annotation; any
-canary no active trial owns is an orphan and deleted, except a *parked* one
-(``chunkpilot.io/parked``) kept for the next trial to adjust. Both annotations, and
-the start-up config in ``chunkpilot.io/config``, describe the Deployment itself (who
-uses it, what its pods were started with), so they stay on it rather than on a trial.
+Any canary no active trial owns is an orphan and deleted, except a parked one kept for the next
+trial to adjust (see :mod:`chunkpilot.tuner.observe.canary` for what a canary says about itself).
 
 Live adjustment lowers a running canary's scheduler limits instead of rolling out a new one.
+With ``spec.autotune.liveAdjust`` the engine serves an authenticated route (the vLLM plugin's, see
+:mod:`chunkpilot.engine.vllm_plugin.endpoint`; the simulator serves the same one) that lowers
+``max_num_batched_tokens``, ``max_num_seqs`` and ``max_num_active_seqs`` at run time and refuses
+raises above the start-up values. The tuner starts a canary at the top of the search space for
+those three knobs and reaches each trial's values through the route, so a trial that only lowers
+them needs no restart.
 
-With ``spec.autotune.liveAdjust`` the engine serves an authenticated route (the vLLM
-plugin's, see :mod:`chunkpilot.engine.vllm_plugin.endpoint`; the simulator serves the
-same one) that lowers ``max_num_batched_tokens``, ``max_num_seqs`` and
-``max_num_active_seqs`` at run time and refuses raises above the start-up values.
-The tuner starts a canary at the top of the search space for those three knobs and
-reaches each trial's values through the route, so a trial that only lowers them
-needs no restart.
-
-This module holds the pure decisions (:func:`live_adjust_refusal`, :func:`ceiling_config`,
-and the plan steps :func:`remove_orphan`, :func:`take_over_parked`, :func:`park_or_delete`,
-:func:`release_parked`, :func:`adjust_or_fall_back`), the request (:func:`build_request`)
-and the HTTP client (:class:`HttpLiveAdjuster`).
+Pure decisions (:func:`live_adjust_refusal`, :func:`ceiling_config`) and plan steps
+(:func:`remove_orphan`, :func:`take_over_parked`, :func:`park_or_delete`, :func:`release_parked`,
+:func:`adjust_or_fall_back`); the HTTP call is :mod:`chunkpilot.tuner.act.live_adjust`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any
 
-import aiohttp
-from chunkpilot.engine.vllm_plugin.config import LIVE_ADJUST_ROUTE
 from chunkpilot.operator.builders import (
-    ANNOTATION_CONFIG,
-    LIVE_ADJUST_SECRET_KEY,
     RenderError,
     build_deployment,
 )
-from chunkpilot.operator.config import live_adjust_allowed, without_live_adjust
-from chunkpilot.operator.engines.common import ENGINE_PORT
+from chunkpilot.operator.config import without_live_adjust
 from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.decide.plan import (
     Action,
     AdjustLive,
     AnnotateCanary,
@@ -54,6 +39,16 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
     TrackGauges,
+)
+from chunkpilot.tuner.observe.canary import (
+    ANNOTATION_PARKED,
+    LIVE_KNOBS,
+    canary_owner,
+    enabled,
+    is_parked,
+    is_terminating,
+    pod_ready,
+    started_config,
 )
 from chunkpilot.tuner.space import Knob, SearchSpace
 
@@ -67,18 +62,7 @@ from chunkpilot.api import (
     TrialVerdict,
     TuningTrial,
     TuningTrialStatus,
-    knobs,
 )
-
-#: The knobs the route can change (the knob table's ``live`` column); every other knob needs a restart.
-LIVE_KNOBS: Final = knobs.LIVE_NAMES
-#: On the canary Deployment: kept between trials for the next one to adjust ("true").
-ANNOTATION_PARKED: Final = f"{rec.GROUP_PREFIX}/parked"
-DEFAULT_TIMEOUT_S: Final = 5.0
-
-
-class LiveAdjustError(RuntimeError):
-    """A live adjustment did not happen (HTTP status, refusal, timeout); the message says which."""
 
 
 def _active(config: EngineConfig) -> int:
@@ -129,59 +113,6 @@ def ceiling_config(target: EngineConfig, budget_high: int | None, seqs_high: int
     return EngineConfig.model_validate(values)
 
 
-def started_config(deployment: Mapping[str, Any] | None) -> EngineConfig | None:
-    """The config a canary Deployment's pods were started with (None: not recorded or unreadable)."""
-    raw = _annotations(deployment).get(ANNOTATION_CONFIG)
-    if not raw:
-        return None
-    try:
-        return EngineConfig.model_validate(json.loads(raw))
-    except ValueError:
-        return None
-
-
-def secret_token(secret: Mapping[str, Any] | None) -> str | None:
-    """The bearer token in the service's live-adjustment Secret (``data`` or ``stringData``)."""
-    if secret is None:
-        return None
-    encoded = (secret.get("data") or {}).get(LIVE_ADJUST_SECRET_KEY)
-    if encoded:
-        try:
-            return base64.b64decode(encoded).decode() or None
-        except (ValueError, UnicodeDecodeError):
-            return None
-    plain = (secret.get("stringData") or {}).get(LIVE_ADJUST_SECRET_KEY)
-    return str(plain) if plain else None
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    """Running, Ready and not being deleted."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-# --------------------------------------------------------------------------- the canary in a plan
-
-
-def _annotations(deployment: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return ((deployment or {}).get("metadata") or {}).get("annotations") or {}
-
-
-def canary_owner(canary: Mapping[str, Any] | None) -> str | None:
-    """The trial a canary Deployment belongs to (None: none, or no canary)."""
-    return _annotations(canary).get(rec.ANNOTATION_TRIAL) or None
-
-
-def is_parked(canary: Mapping[str, Any] | None) -> bool:
-    return bool(_annotations(canary).get(ANNOTATION_PARKED))
-
-
-def _terminating(canary: Mapping[str, Any] | None) -> bool:
-    return bool(((canary or {}).get("metadata") or {}).get("deletionTimestamp"))
-
-
 def canary_manifest(
     isvc: InferenceService, body: Mapping[str, Any], trial: TuningTrial, start: EngineConfig | None = None
 ) -> dict[str, Any]:
@@ -198,15 +129,6 @@ def canary_manifest(
     annotations[rec.ANNOTATION_TRIAL] = trial.metadata.name
     annotations[ANNOTATION_PARKED] = ""
     return adopt(manifest, body)
-
-
-def enabled(isvc: InferenceService) -> bool:
-    """``autotune.liveAdjust`` is on and the installation allows it (the chart's ``liveAdjust.enabled``).
-
-    Without the chart value the operator holds no Secrets: it renders no route and sets the
-    ``LiveAdjustDisabled`` condition, and the tuner rolls every trial out instead.
-    """
-    return isvc.spec.autotune.live_adjust and live_adjust_allowed()
 
 
 def live_usable(plan: Plan) -> bool:
@@ -239,7 +161,7 @@ def delete_canary(plan: Plan) -> None:
 def remove_orphan(plan: Plan, current: TuningTrial | None, *, keep_parked: bool = False) -> None:
     """Delete a canary no active trial owns (a parked one stays while it may be reused)."""
     canary = plan.canary
-    if canary is None or _terminating(canary):
+    if canary is None or is_terminating(canary):
         return
     owner = canary_owner(canary)
     if current is not None and owner == current.metadata.name:
@@ -258,7 +180,7 @@ def remove_orphan(plan: Plan, current: TuningTrial | None, *, keep_parked: bool 
 def take_over_parked(plan: Plan, trial: TuningTrial, ready: bool) -> bool:
     """Hand a parked, Ready canary whose start-up limits cover ``trial`` to it (no new rollout)."""
     canary = plan.canary
-    if not live_usable(plan) or canary is None or _terminating(canary) or not is_parked(canary):
+    if not live_usable(plan) or canary is None or is_terminating(canary) or not is_parked(canary):
         return False
     started = started_config(canary)
     if started is None or live_adjust_refusal(started, trial.spec.params) is not None:
@@ -355,102 +277,3 @@ def adjust_or_fall_back(
 
 def _event(type_: EventType, reason: str, message: str) -> Action:
     return Emit(EventSpec(type_, reason, message))
-
-
-# --------------------------------------------------------------------------- where pods listen
-
-PodEndpointResolver = Callable[[Mapping[str, Any]], str | None]
-"""``host:port`` of a pod's engine port, or None when it cannot be reached."""
-
-
-def pod_ip_endpoint(pod: Mapping[str, Any]) -> str | None:
-    """In a cluster: the pod IP and the engine port."""
-    ip = (pod.get("status") or {}).get("podIP")
-    return f"{ip}:{ENGINE_PORT}" if ip else None
-
-
-def targets_file_resolver(path: str | Path) -> PodEndpointResolver:
-    """Locally: the address the pod runner published for the pod in its Prometheus file_sd file."""
-
-    def resolve(pod: Mapping[str, Any]) -> str | None:
-        meta = pod.get("metadata") or {}
-        try:
-            groups = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            return None
-        for group in groups if isinstance(groups, list) else []:
-            labels = group.get("labels") or {}
-            if labels.get("pod") == meta.get("name") and labels.get("namespace") == meta.get("namespace"):
-                targets = group.get("targets") or []
-                return str(targets[0]) if targets else None
-        return None
-
-    return resolve
-
-
-# --------------------------------------------------------------------------- the request
-
-
-@dataclass(frozen=True)
-class LiveAdjustRequest:
-    """One PUT to one pod's live-adjustment route."""
-
-    url: str
-    headers: Mapping[str, str]
-    body: Mapping[str, int]
-
-
-def build_request(endpoint: str, token: str, limits: Mapping[str, int]) -> LiveAdjustRequest:
-    """The PUT that sets ``limits`` on the engine at ``endpoint`` (``host:port``)."""
-    return LiveAdjustRequest(
-        url=f"http://{endpoint}{LIVE_ADJUST_ROUTE}",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        body=dict(limits),
-    )
-
-
-class LiveAdjuster(Protocol):
-    """Sets limits on every given pod, or raises :class:`LiveAdjustError`."""
-
-    async def adjust(
-        self, pods: Sequence[Mapping[str, Any]], token: str, limits: Mapping[str, int]
-    ) -> None: ...
-
-
-class HttpLiveAdjuster:
-    """Calls each pod's route over HTTP (aiohttp); any answer but 200 is a failure.
-
-    202 (the vLLM engine has not stepped since the request) counts as a failure too: the
-    measurement must not start before the limits hold.
-    """
-
-    def __init__(self, resolver: PodEndpointResolver = pod_ip_endpoint, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.resolver = resolver
-        self.timeout_s = timeout_s
-
-    async def adjust(self, pods: Sequence[Mapping[str, Any]], token: str, limits: Mapping[str, int]) -> None:
-        if not pods:
-            raise LiveAdjustError("no Ready canary pod to adjust")
-        requests = []
-        for pod in pods:
-            endpoint = self.resolver(pod)
-            if endpoint is None:
-                name = (pod.get("metadata") or {}).get("name")
-                raise LiveAdjustError(f"no address for canary pod {name}")
-            requests.append(build_request(endpoint, token, limits))
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            for request in requests:
-                await _put(session, request)
-
-
-async def _put(session: aiohttp.ClientSession, request: LiveAdjustRequest) -> None:
-    try:
-        async with session.put(
-            request.url, json=dict(request.body), headers=dict(request.headers)
-        ) as response:
-            text = await response.text()
-            if response.status != 200:
-                raise LiveAdjustError(f"PUT {request.url} answered {response.status}: {text[:300]}")
-    except (TimeoutError, aiohttp.ClientError) as error:
-        raise LiveAdjustError(f"PUT {request.url} failed: {error or type(error).__name__}") from error

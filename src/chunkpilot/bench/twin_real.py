@@ -1,6 +1,6 @@
 """The twin against a real engine: fit at one operating point, predict others, compare.
 
-Unlike :mod:`chunkpilot.tuner.twin.validate`, the truth here is a running engine (vLLM with the
+Unlike :mod:`chunkpilot.bench.twin_validate`, the truth here is a running engine (vLLM with the
 Chunkpilot scheduler plugin), not the simulator on perturbed hardware. A window is one burst of
 Poisson traffic at one budget: the engine's ``/metrics`` is scraped before and after, and the
 window keeps the step telemetry, the request-length histograms and the engine's own fine ITL and
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Final
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.capacity import retime
 from chunkpilot.engine.sim.metrics import StepTotals
@@ -46,7 +48,6 @@ from chunkpilot.tuner.twin.capture import (
 )
 from chunkpilot.tuner.twin.fit import Scales, TwinFit, _points, predict_mean_step
 from chunkpilot.tuner.twin.predict import LatencyQuantiles, Twin, relative_errors
-from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "QUANTILES",

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 from chunkpilot.operator.builders import deployment_name
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
-
-from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
 BENCH_NAMESPACE = "chunkpilot-bench"
 
@@ -261,8 +260,13 @@ def _cleanup(core: Any, custom: Any, namespace: str, operator: OperatorProcess) 
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``bench`` under ``chunkpilot operator``."""
-    bench = subparsers.add_parser(
+    """Add ``bench`` under ``chunkpilot operator`` (which :mod:`chunkpilot.operator.cli` registered first)."""
+    operator_commands = next(
+        action
+        for action in subparsers.choices["operator"]._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    bench = operator_commands.add_parser(
         "bench",
         help="measure apply -> Deployment latency and the operator's memory (prints figures)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,

@@ -4,7 +4,7 @@ Every method here receives a :class:`LiveEngine`, which serves a configuration a
 and returns an :class:`Observation` (the measured SLO quantiles, throughput, step telemetry and the
 request-length window: what Prometheus shows online), and the datasheet facts the tuner is told.
 Nothing here can name, load or read the truth profile: it lives only inside the engine object and
-the ground-truth functions of :mod:`chunkpilot.tuner.bench_truth`.
+the ground-truth functions of :mod:`chunkpilot.bench.truth`.
 
 Methods (each returns the promoted incumbent after every canary trial):
 
@@ -34,11 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from chunkpilot.bench.exhaustive import BenchSettings, Capacity, run_random, run_tpe
+from chunkpilot.bench.grid import Grid, autotune_order
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.tuner.bench import BenchSettings, Capacity, run_random, run_tpe
-from chunkpilot.tuner.bench_grid import Grid, autotune_order
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, SLOTargets, check_slo, objective_value
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig

@@ -1,8 +1,8 @@
-"""Decide: from one snapshot, the plan of one step (:class:`~chunkpilot.tuner.actions.Plan`).
+"""Decide: from one snapshot, the plan of one step (:class:`~chunkpilot.tuner.decide.plan.Plan`).
 
 Pure: no I/O, the same snapshot and settings always give the same plan (the sampler
 is seeded by the trial number). One function per service-level phase; the active
-trial's phases are in :mod:`chunkpilot.tuner.phases`:
+trial's phases are in :mod:`chunkpilot.tuner.decide.phases`:
 
 .. code-block:: text
 
@@ -33,10 +33,13 @@ from typing import Any
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
-from chunkpilot.tuner import disaggplan, phases, topotrial, twinplan
-from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.decide import phases
+from chunkpilot.tuner.decide import topology_trial as topotrial
+from chunkpilot.tuner.decide import twin as twinplan
+from chunkpilot.tuner.decide.canary import release_parked, remove_orphan
+from chunkpilot.tuner.decide.phases import TunerSettings, metrics_down, metrics_ok
+from chunkpilot.tuner.decide.plan import (
     CreateTrial,
     CurrentTrialGauge,
     ExportSLOTargets,
@@ -44,8 +47,11 @@ from chunkpilot.tuner.actions import (
     Plan,
     TrackGauges,
 )
+from chunkpilot.tuner.decide.recommendation import disaggregated_note, infeasible_note
+from chunkpilot.tuner.decide.recommendation import record as record_recommendation
 from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.phases import TunerSettings, metrics_down, metrics_ok
+from chunkpilot.tuner.observe.recommendation import is_disaggregated
+from chunkpilot.tuner.observe.snapshot import Snapshot
 from chunkpilot.tuner.policy import (
     TWIN_INFEASIBLE_MIN_TRIALS,
     StopReason,
@@ -56,7 +62,6 @@ from chunkpilot.tuner.policy import (
     should_stop,
     sustained_violation,
 )
-from chunkpilot.tuner.snapshot import Snapshot
 from chunkpilot.tuner.space import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
@@ -126,10 +131,10 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     if not snap.prometheus:
         no_prometheus(plan, current)
         return plan
-    if disaggplan.is_disaggregated(snap):
+    if is_disaggregated(snap):
         disaggregated(plan, current)
         return plan
-    live.remove_orphan(plan, current, keep_parked=True)
+    remove_orphan(plan, current, keep_parked=True)
     topotrial.remove_orphans(plan, current)
     if current is None and topotrial.complete_promotion(plan):
         return plan
@@ -137,7 +142,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         topotrial.note_not_running(plan)  # a topology trial, or its gate, may say more below
     record_stable(plan)
     twinplan.record_twin(plan)
-    disaggplan.record(plan)
+    record_recommendation(plan)
     if current is not None:
         (topotrial.advance if current.spec.is_topology else phases.advance)(plan, current, settings)
         return plan
@@ -151,7 +156,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         return plan
     idle(plan, settings)
     if plan.status.get("currentTrial") is None and plan.set_condition_false(ConditionType.TUNING):
-        live.release_parked(plan)
+        release_parked(plan)
     return plan
 
 
@@ -161,7 +166,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
 def disabled(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, "autotuning was disabled")
-    live.remove_orphan(plan, None)
+    remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     if plan.current_condition(ConditionType.TUNING) is not None:
         plan.condition(
@@ -173,7 +178,7 @@ def disabled(plan: Plan, current: TuningTrial | None) -> None:
 def paused(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
         phases.abort(plan, current, "autotuning was paused")
-    live.remove_orphan(plan, None)
+    remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     plan.condition(
         ConditionType.TUNING,
@@ -188,10 +193,10 @@ def paused(plan: Plan, current: TuningTrial | None) -> None:
 
 def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
     """A disaggregated service: no colocated canary runs against it (and none is left running)."""
-    note = disaggplan.disaggregated_note(plan)
+    note = disaggregated_note(plan)
     if current is not None:
         phases.abort(plan, current, note)
-    live.remove_orphan(plan, None)
+    remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISAGGREGATED, note)
     plan.status["currentTrial"] = None
@@ -209,7 +214,7 @@ def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:
     )
     if current is not None:
         phases.abort(plan, current, "no Prometheus to measure with")
-    live.remove_orphan(plan, None)
+    remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
 
 
@@ -465,7 +470,7 @@ def stop_reason(
         return StopReason.INFEASIBLE  # the twin cannot tell this step: the declaration stands
     if infeasible is not None:
         remedies = ", ".join(r.value for r in infeasible.remedies)
-        note = disaggplan.infeasible_note(plan)
+        note = infeasible_note(plan)
         message = f"{infeasible.message} Remedies: {remedies}." + (f" {note}" if note else "")
         if not declared:
             plan.emit(EventType.WARNING, "SLOInfeasible", message)

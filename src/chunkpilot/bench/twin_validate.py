@@ -1,6 +1,6 @@
 """The twin against a hidden truth, offline: calibrate at one operating point, predict at others.
 
-The truth is the simulator on perturbed hardware (:mod:`chunkpilot.tuner.twin.truth`). It serves the
+The truth is the simulator on perturbed hardware (:mod:`chunkpilot.bench.twin_truth`). It serves the
 real request lengths at one load and budget while its step telemetry and request-length histograms
 are recorded exactly as ``/metrics`` exports them; the twin is fitted from that alone, starting from
 the datasheet, and then predicts (a) ITL and TTFT quantiles at other loads and budgets and (b)
@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.bench.twin_truth import Perturbation, write_truth
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
@@ -33,7 +34,6 @@ from chunkpilot.tuner.twin.predict import (
     Twin,
     relative_errors,
 )
-from chunkpilot.tuner.twin.truth import Perturbation, write_truth
 
 __all__ = ["CapacityCheck", "LatencyCheck", "ValidationReport", "observe_window", "validate_twin"]
 

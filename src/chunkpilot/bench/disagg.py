@@ -2,26 +2,26 @@
 
 The workload is bimodal: short chat requests (``azure_conv_2023``) mixed with long summarisation
 prompts (``arxiv_summarization_lengths``), Poisson arrivals. The engine's hardware is a hidden
-**truth profile** (one of the perturbed H100 profiles of :mod:`chunkpilot.tuner.twin.truth`); every
+**truth profile** (one of the perturbed H100 profiles of :mod:`chunkpilot.bench.twin_truth`); every
 capacity called *true* is the simulator's capacity search on that truth:
 
 * **colocated**: the best per-replica capacity at SLO over a grid of budgets, times the GPUs
   (requests spread evenly over the replicas);
 * **disaggregated**: the best layout of the same GPUs (every P:D split, then each pool's knobs:
-  :func:`chunkpilot.tuner.topology.search_topologies`), the KV cache shipped at the bandwidth given;
+  :func:`chunkpilot.tuner.topology.layouts.search_topologies`), the KV cache shipped at the bandwidth given;
 * the **target load** is 80 % of the best disaggregated capacity: the colocated optimum's
   quantiles there show what it misses.
 
 The **recommendation** is the tuner's: a twin fitted to the truth's step telemetry under one
 window of the stable config (the datasheet as its prior, never the truth), the captured workload,
-and :func:`chunkpilot.tuner.disaggplan.recommend`; its predicted capacity is compared with the true
+and :func:`chunkpilot.tuner.decide.recommendation.recommend`; its predicted capacity is compared with the true
 capacity of the layout it recommends. The **bandwidth sweep** re-evaluates every split with the best
 pool knobs on the truth at each KV bandwidth (where disaggregation stops paying), and the **low
 volume** rows repeat the comparison on fewer GPUs. Truth and twin use the same requests per replica,
 so the short horizon's optimism cancels.
 
-The capacity searches on the truth live in :mod:`chunkpilot.tuner.bench_disagg_truth`, the results
-and their tables in :mod:`chunkpilot.tuner.bench_disagg_report`.
+The capacity searches on the truth live in :mod:`chunkpilot.bench.disagg_truth`, the results
+and their tables in :mod:`chunkpilot.bench.disagg_report`.
 """
 
 from __future__ import annotations
@@ -31,18 +31,11 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.engine.sim.capacity import retime
-from chunkpilot.engine.sim.disagg import KVTransfer, simulate_disaggregated
-from chunkpilot.engine.sim.offline import SLO, simulate
-from chunkpilot.engine.sim.profiles.loader import load_model
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.bench import BenchError
-from chunkpilot.tuner.bench_disagg_report import (
+from chunkpilot.bench.disagg_report import (
     TARGET_SHARE,
     Comparison,
     DisaggResult,
@@ -50,7 +43,8 @@ from chunkpilot.tuner.bench_disagg_report import (
     format_disagg_markdown,
     format_disagg_table,
 )
-from chunkpilot.tuner.bench_disagg_truth import (
+from chunkpilot.bench.disagg_settings import DISAGG_FULL, DISAGG_QUICK, DisaggSettings
+from chunkpilot.bench.disagg_truth import (
     MAX_MODEL_LEN,
     MODEL,
     CapacityJob,
@@ -65,11 +59,25 @@ from chunkpilot.tuner.bench_disagg_truth import (
     split_layouts,
     truth_path,
 )
-from chunkpilot.tuner.disaggplan import RecommendRequest, recommend
+from chunkpilot.bench.exhaustive import BenchError
+from chunkpilot.bench.twin_truth import truth_engine
+from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.disagg import KVTransfer, simulate_disaggregated
+from chunkpilot.engine.sim.offline import simulate
+from chunkpilot.engine.sim.profiles.loader import load_model
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.space import TunedConfig
-from chunkpilot.tuner.topology import PREFILL_BUDGETS, Layout, LayoutCapacity, Pool, search_topologies, splits
-from chunkpilot.tuner.topology_sim import tiled, topology_of
-from chunkpilot.tuner.twin.truth import family, read_perturbation, truth_engine
+from chunkpilot.tuner.topology.layouts import (
+    PREFILL_BUDGETS,
+    Layout,
+    LayoutCapacity,
+    Pool,
+    search_topologies,
+    splits,
+)
+from chunkpilot.tuner.topology.recommend import RecommendRequest, recommend
+from chunkpilot.tuner.topology.simulate import tiled, topology_of
 
 __all__ = [
     "DISAGG_FULL",
@@ -81,70 +89,6 @@ __all__ = [
     "format_disagg_table",
     "run_disagg_benchmark",
 ]
-
-
-@dataclass(frozen=True)
-class DisaggSettings:
-    """Sizes of one run (``requests`` per replica of every capacity probe, truth and twin alike)."""
-
-    truth: str = "h100-c075-m085-o2"
-    gpus: int = 4
-    low_gpus: tuple[int, ...] = (2,)
-    long_share: float = 0.3
-    itl_ms: float = 20.0
-    ttft_ms: float = 400.0
-    itl_quantile: float = 0.99
-    ttft_quantile: float = 0.95
-    #: Requests per replica of a disaggregated probe, and of a colocated one (whose queue settles
-    #: more slowly: :data:`chunkpilot.tuner.topology_sim.COLOCATED_REQUESTS`).
-    requests: int = 300
-    colocated_requests: int = 1000
-    tolerance: float = 0.04
-    budgets: tuple[int, ...] = (192, 256, 320, 384, 448, 512, 768, 1024, 2048)
-    #: Search each pool's knobs on the truth after the splits (else the splits only).
-    truth_knobs: bool = True
-    max_num_seqs: int = 128
-    bandwidth_gbps: float = 25.0
-    latency_ms: float = 1.0
-    sweep_gbps: tuple[float, ...] = (100.0, 25.0, 10.0, 5.0, 2.0, 1.0, 0.5)
-    #: CPU seconds the twin's recommendation may spend (the tuner's default: 60).
-    twin_cpu_s: float = 60.0
-    stable_budget: int = 2048
-    jobs: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.gpus < 2:
-            raise BenchError("--gpus: disaggregation needs at least 2 GPUs (one per pool)")
-        if not 0 < self.long_share < 1:
-            raise BenchError("--long-share must be in (0, 1)")
-        if self.requests < 20:
-            raise BenchError("--requests: at least 20 requests per replica")
-        if not self.sweep_gbps or any(not b > 0 for b in self.sweep_gbps):
-            raise BenchError("--bandwidth: each KV bandwidth must be a positive number of GB/s")
-        if self.truth not in family():
-            try:
-                read_perturbation(Path(self.truth))
-            except ValueError as exc:
-                raise BenchError(f"--truth-gpu: {exc}") from exc
-
-    @property
-    def slo(self) -> SLO:
-        return SLO(self.itl_ms, self.itl_quantile, self.ttft_ms, self.ttft_quantile)
-
-
-DISAGG_FULL = DisaggSettings()
-DISAGG_QUICK = DisaggSettings(
-    low_gpus=(),
-    requests=60,
-    colocated_requests=400,
-    tolerance=0.1,
-    budgets=(256, 320, 384),
-    truth_knobs=False,
-    sweep_gbps=(25.0, 0.5),
-    # The tuner's CPU budget (60 s) for the twin: its 9 layouts take ~5 CPU s here, so a 5 s budget
-    # ended the search after as many layouts as the machine's load allowed.
-)
 
 
 def bimodal_workload(count: int, long_share: float, seed: int = 0) -> Workload:

@@ -1,4 +1,4 @@
-"""``chunkpilot bench tuner``: the tuner against a hidden truth (see :mod:`chunkpilot.tuner.bench_truth`)."""
+"""``chunkpilot bench tuner``: the tuner against a hidden truth (see :mod:`chunkpilot.bench.truth`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.tuner import bench_disagg
-from chunkpilot.tuner.bench import ENGINES, BenchError
-from chunkpilot.tuner.bench_truth import (
+from chunkpilot.bench import disagg as bench_disagg
+from chunkpilot.bench.exhaustive import ENGINES, BenchError
+from chunkpilot.bench.truth import (
     TRUTH_FULL,
     TRUTH_QUICK,
     Truth,

@@ -11,8 +11,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from chunkpilot.bench.disagg_report import Comparison
+from chunkpilot.bench.disagg_settings import DisaggSettings
+from chunkpilot.bench.twin_truth import family
+from chunkpilot.bench.twin_validate import observe_window
 from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.disagg import KVTransfer
 from chunkpilot.engine.sim.engine import SimConfig
@@ -20,18 +23,12 @@ from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload
-from chunkpilot.tuner.bench_disagg_report import Comparison
-from chunkpilot.tuner.topology import Layout, LayoutCapacity, splits
-from chunkpilot.tuner.topology_sim import sim_evaluator, tiled
+from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, splits
+from chunkpilot.tuner.topology.simulate import sim_evaluator, tiled
 from chunkpilot.tuner.twin.capture import synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
 from chunkpilot.tuner.twin.online import WORKLOAD_REQUESTS
 from chunkpilot.tuner.twin.predict import Twin
-from chunkpilot.tuner.twin.truth import family
-from chunkpilot.tuner.twin.validate import observe_window
-
-if TYPE_CHECKING:
-    from chunkpilot.tuner.bench_disagg import DisaggSettings
 
 MODEL = "llama-3.1-8b"
 DATASHEET = "h100"

@@ -24,7 +24,7 @@ at the live load, once per tuning round:
 The canary router's pods carry the service label, so the service's Service sends them a share of
 the live traffic beside the stable pods. The topology is judged as its clients see it
 (:meth:`~chunkpilot.tuner.measure.TopologyWindow.combined`): the decode pool's ITL, and the
-prefill pool's TTFT plus the decode pool's (:mod:`~chunkpilot.tuner.topoverdict`). Every verdict
+prefill pool's TTFT plus the decode pool's (:mod:`~chunkpilot.tuner.decide.topology_verdict`). Every verdict
 deletes every canary object, the router first and the pools once it is gone (the colocated stable
 Deployment serves throughout); a promotion writes ``status.bestTopology``, which
 the operator renders as pools and router in place of the colocated Deployment. Pure: a snapshot
@@ -43,9 +43,10 @@ from chunkpilot.operator.builders import build_canary_topology, topology_replica
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart, get_condition
-from chunkpilot.tuner import disaggplan, phases
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.decide import phases
+from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.plan import (
     ApplyCanary,
     CreateTrial,
     CurrentTrialGauge,
@@ -54,12 +55,12 @@ from chunkpilot.tuner.actions import (
     PatchTrial,
     Plan,
 )
+from chunkpilot.tuner.decide.recommendation import current as current_recommendation
+from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, twin_check
 from chunkpilot.tuner.measure import TopologyWindow
-from chunkpilot.tuner.phases import TunerSettings
+from chunkpilot.tuner.observe.snapshot import window_plan
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
-from chunkpilot.tuner.snapshot import window_plan
-from chunkpilot.tuner.topology import decode_pool
-from chunkpilot.tuner.topoverdict import Load, Prediction, judge, twin_check
+from chunkpilot.tuner.topology.layouts import decode_pool
 
 from chunkpilot.api import (
     LABEL_ROLE,
@@ -84,7 +85,7 @@ from chunkpilot.api import (
 )
 
 if TYPE_CHECKING:
-    from chunkpilot.tuner.snapshot import Snapshot
+    from chunkpilot.tuner.observe.snapshot import Snapshot
 
 __all__ = [
     "Gate",
@@ -152,7 +153,7 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
 
     As the twin evaluated it: the prefill pool runs the recommended budget and the stable
     ``maxNumSeqs``; the decode pool the recommended ``maxNumSeqs`` and the budget the twin's layout
-    search gives it (:func:`~chunkpilot.tuner.topology.decode_pool`).
+    search gives it (:func:`~chunkpilot.tuner.topology.layouts.decode_pool`).
     """
     p, d = found.prefill_replicas, found.decode_replicas
     budget, seqs = found.prefill_max_num_batched_tokens, found.decode_max_num_seqs
@@ -181,7 +182,7 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
 
     Nothing to say: the flag is off, the service is not ``SLOInfeasible``, no recommendation
     meets the SLOs, or the round already had its topology trial. Tried only: a recommendation of
-    the twin's current fit (:func:`~chunkpilot.tuner.disaggplan.current`) whose predicted capacity
+    the twin's current fit (:func:`~chunkpilot.tuner.decide.recommendation.current`) whose predicted capacity
     serves the live request rate with the promotion margin and beats colocated by it (else the
     topology would not pay), and a layout of the service's own replicas (a one-replica service's
     1 + 1 needs two).
@@ -195,7 +196,7 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
         return None
     if any(t.spec.is_topology and rec.trial_round(t) == round_ for t in snap.trials):
         return None
-    found = disaggplan.current(plan)
+    found = current_recommendation(plan)
     if found is None:
         return Gate(
             None,

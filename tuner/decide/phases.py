@@ -27,10 +27,16 @@ from typing import Any
 from chunkpilot.operator.builders import RenderError, promoted_config
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.status import DeploymentState, TopologyPart
-from chunkpilot.tuner import liveadjust as live
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner import twinplan
-from chunkpilot.tuner.actions import (
+from chunkpilot.tuner.decide import twin as twinplan
+from chunkpilot.tuner.decide.canary import (
+    adjust_or_fall_back,
+    canary_manifest,
+    live_start,
+    park_or_delete,
+    take_over_parked,
+)
+from chunkpilot.tuner.decide.plan import (
     Action,
     ApplyCanary,
     CountFinished,
@@ -43,6 +49,8 @@ from chunkpilot.tuner.actions import (
     TrackGauges,
 )
 from chunkpilot.tuner.measure import WindowMeasurement
+from chunkpilot.tuner.observe.canary import canary_owner, started_config
+from chunkpilot.tuner.observe.snapshot import WindowPlan, window_plan
 from chunkpilot.tuner.policy import (
     Decision,
     Judgement,
@@ -52,7 +60,6 @@ from chunkpilot.tuner.policy import (
     judge_final,
     objective_value,
 )
-from chunkpilot.tuner.snapshot import WindowPlan, window_plan
 from chunkpilot.tuner.space import SearchSpace, SpaceError, build_space
 
 from chunkpilot.api import (
@@ -180,10 +187,10 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
         f"trial {trial.spec.number} {phase.value}: {trial.spec.params.summary()}",
     )
     plan.do(CurrentTrialGauge(trial.spec.number))
-    if phase is TrialPhase.PENDING or live.canary_owner(plan.canary) != trial.metadata.name:
+    if phase is TrialPhase.PENDING or canary_owner(plan.canary) != trial.metadata.name:
         roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
         return
-    started = live.started_config(plan.canary)
+    started = started_config(plan.canary)
     config_hash = (started or trial.spec.params).config_hash()
     crashed = crash_message(snap.canary_pods, settings.crash_restarts, config_hash)
     if crashed is not None:
@@ -226,17 +233,17 @@ def roll_out(plan: Plan, trial: TuningTrial) -> None:
     snap = plan.snap
     canary = plan.canary
     is_ready = canary is not None and ready(DeploymentState.from_manifest(canary))
-    if not live.take_over_parked(plan, trial, is_ready):
+    if not take_over_parked(plan, trial, is_ready):
         try:
-            manifest = live.canary_manifest(snap.isvc, snap.body, trial)
+            manifest = canary_manifest(snap.isvc, snap.body, trial)
         except RenderError as error:
             abort(plan, trial, f"the engine refuses the config: {error}")
             return
-        start = live.live_start(plan, trial, space_of(plan))
+        start = live_start(plan, trial, space_of(plan))
         if start is not None:
             # The top of the space may not render: the trial's own config it is, then.
             with contextlib.suppress(RenderError):
-                manifest = live.canary_manifest(snap.isvc, snap.body, trial, start)
+                manifest = canary_manifest(snap.isvc, snap.body, trial, start)
         plan.do(ApplyCanary(manifest))
     started_at = trial.status.started_at if trial.status is not None and trial.status.started_at else snap.now
     # A trial the twin did not choose (the sampler did) says why it has no prediction.
@@ -278,7 +285,7 @@ def check_rollout(
             abort(sub, trial, reason)
             return sub.actions
 
-        if started is None or not live.adjust_or_fall_back(plan, trial, started, measuring, aborting):
+        if started is None or not adjust_or_fall_back(plan, trial, started, measuring, aborting):
             plan.do(*measuring(rec.trial_progress(trial)))
         return
     since = trial.status.started_at if trial.status is not None else None
@@ -456,7 +463,7 @@ def finish(
         # once it is gone (on this step if it already is, else as orphans on a later one).
         plan.do(DeleteCanaryTopology(pools=snap.topology_canary.get(TopologyPart.ROUTER) is None))
     else:
-        live.park_or_delete(plan, trial, verdict)
+        park_or_delete(plan, trial, verdict)
     plan.status["trialsCompleted"] = sum(
         1 for t in plan.trials if not rec.is_active(t) or t.metadata.name == name
     )

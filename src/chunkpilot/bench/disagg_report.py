@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from chunkpilot.tuner.bench_disagg import DisaggSettings
+from chunkpilot.bench.disagg_settings import DisaggSettings
 
 __all__ = ["TARGET_SHARE", "Comparison", "DisaggResult", "format_disagg_markdown", "format_disagg_table"]
 

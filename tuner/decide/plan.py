@@ -1,7 +1,7 @@
 """What a tuning step decided to do: typed actions and the :class:`Plan` that collects them.
 
-:func:`chunkpilot.tuner.decide.decide` fills a plan from a snapshot without any I/O;
-:class:`chunkpilot.tuner.act.Actor` carries it out, in order, and then writes the
+:func:`chunkpilot.tuner.decide.step.decide` fills a plan from a snapshot without any I/O;
+:class:`chunkpilot.tuner.act.actor.Actor` carries it out, in order, and then writes the
 plan's service status and conditions in one conditional patch. A plan also keeps
 what the step has already changed (the canary it deleted, the trials it finished,
 the incumbent it promoted), so later decisions of the same step see them.
@@ -29,7 +29,7 @@ from chunkpilot.api import (
 )
 
 if TYPE_CHECKING:  # the snapshot module uses the canary helpers, which build actions
-    from chunkpilot.tuner.snapshot import Snapshot
+    from chunkpilot.tuner.observe.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

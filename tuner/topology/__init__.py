@@ -1,0 +1,1 @@
+"""The topology domain: prefill/decode layouts, their simulation, and the recommendation's job."""
