@@ -2,6 +2,9 @@
 
 Installed as the ``kubectl-chunkpilot`` console script, so kubectl finds it on PATH
 as a plugin. It honours ``$KUBECONFIG`` like kubectl does.
+
+Only the standard library is imported at start-up: rich, the Kubernetes client and the API
+models are imported inside the commands, so ``--help`` and argument errors stay cheap.
 """
 
 from __future__ import annotations
@@ -9,14 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+from chunkpilot.pipes import quiet_broken_pipe
 
-from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, EngineConfig, InferenceService
-from chunkpilot.report.history import load_history, trial_rows
-from chunkpilot.report.render import render_table
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from chunkpilot.api import EngineConfig
 
 
 def _custom_api(args: argparse.Namespace) -> Any:
@@ -35,6 +38,9 @@ def cmd_trials(args: argparse.Namespace, console: Console) -> int:
     """List a service's trials."""
     from kubernetes import config
 
+    from chunkpilot.report.history import load_history, trial_rows
+    from chunkpilot.report.render import render_table
+
     api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     service, trials = load_history(api, args.namespace, args.name)
     if not trials:
@@ -46,6 +52,10 @@ def cmd_trials(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     """Conditions, applied vs best config, last measurement."""
+    from rich.table import Table
+
+    from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService
+
     raw = _custom_api(args).get_namespaced_custom_object(
         GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name
     )
@@ -99,6 +109,8 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
 
 def _set_paused(args: argparse.Namespace, console: Console, paused: bool) -> int:
+    from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
+
     body = {"spec": {"autotune": {"paused": paused}}}
     _custom_api(args).patch_namespaced_custom_object(
         GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name, body
@@ -124,10 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``kubectl-chunkpilot``."""
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    from rich.console import Console
+
+    class PluginConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's default exits 1; main ends every vanished reader the same way (141).
+            raise BrokenPipeError
+
+    console = PluginConsole()
     handlers = {
         "trials": lambda: cmd_trials(args, console),
         "status": lambda: cmd_status(args, console),
@@ -136,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command]()
+    except BrokenPipeError:  # stdout's reader went away: not an error to print (see main)
+        raise
     except Exception as error:  # kubectl plugins report errors as text
         status = getattr(error, "status", None)
         if status == 404:
@@ -143,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         console.print(f"[red]error: {getattr(error, 'reason', None) or error}[/]")
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``kubectl-chunkpilot``; ends quietly when stdout's reader goes away."""
+    return quiet_broken_pipe(lambda: _run(argv))
 
 
 if __name__ == "__main__":
