@@ -22,6 +22,7 @@ demo: dev
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: dev
 	$(VENV)/bin/mypy -p chunkpilot
@@ -38,7 +39,7 @@ test: dev lint typecheck
 	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
 	$(VENV)/bin/python -m chunkpilot.engine.sglang.env
 	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
-	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu"
+	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu" --durations=30
 
 crds: dev
 	$(VENV)/bin/chunkpilot crds generate
