@@ -30,8 +30,8 @@ FIELD_MANAGER: Final = "chunkpilot-operator"
 PERSISTENCE_PREFIX: Final = "chunkpilot.io"
 FINALIZER: Final = "chunkpilot.io/finalizer"
 
-#: Condition on a service that asks for ``autotune.liveAdjust`` while the installation disables it.
-CONDITION_LIVE_ADJUST: Final = "LiveAdjust"
+#: Reason of the ``LiveAdjust`` condition on a service that asks for ``autotune.liveAdjust`` while the
+#: installation disables it.
 REASON_LIVE_ADJUST_DISABLED: Final = "LiveAdjustDisabled"
 LIVE_ADJUST_DISABLED_MESSAGE: Final = (
     "autotune.liveAdjust needs the chart value liveAdjust.enabled=true "

@@ -13,7 +13,6 @@ from enum import StrEnum
 from typing import Any
 
 import kopf
-from chunkpilot.operator.config import CONDITION_LIVE_ADJUST
 from chunkpilot.operator.status import Reason, get_condition
 
 from chunkpilot.api import ConditionStatus, ConditionType, EngineConfig, InferenceServiceStatus, knobs
@@ -83,8 +82,8 @@ def status_transitions(
         and (degraded_old is None or degraded_old.status != ConditionStatus.TRUE)
     ):
         events.append(EventSpec(EventType.WARNING, degraded_new.reason, degraded_new.message))
-    live_old = get_condition(old, CONDITION_LIVE_ADJUST)
-    live_new = get_condition(after.conditions, CONDITION_LIVE_ADJUST)
+    live_old = get_condition(old, ConditionType.LIVE_ADJUST)
+    live_new = get_condition(after.conditions, ConditionType.LIVE_ADJUST)
     if live_new is not None and (live_old is None or live_old.reason != live_new.reason):
         events.append(EventSpec(EventType.WARNING, live_new.reason, live_new.message))
     return events

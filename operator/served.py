@@ -14,15 +14,16 @@ from typing import Any, TypeVar
 
 from chunkpilot.operator.builders import effective_topology
 from chunkpilot.operator.config import (
-    CONDITION_LIVE_ADJUST,
     LIVE_ADJUST_DISABLED_MESSAGE,
     REASON_LIVE_ADJUST_DISABLED,
 )
-from chunkpilot.operator.status import set_condition
+from chunkpilot.operator.status import check_owner, set_condition
 from pydantic import BaseModel
 
 from chunkpilot.api import (
+    ConditionOwner,
     ConditionStatus,
+    ConditionType,
     EngineConfig,
     InferenceService,
     InferenceServiceStatus,
@@ -77,11 +78,12 @@ def with_live_adjust_condition(
     Blocked: the service asks for ``autotune.liveAdjust`` and the installation disables it
     (:attr:`OperatorConfig.live_adjust`); its engines then serve no live-adjustment route.
     """
+    check_owner(ConditionType.LIVE_ADJUST, ConditionOwner.OPERATOR)
     if blocked:
         now = now or datetime.now(UTC).replace(microsecond=0)
         status.conditions = set_condition(
             status.conditions,
-            CONDITION_LIVE_ADJUST,
+            ConditionType.LIVE_ADJUST,
             ConditionStatus.FALSE,
             REASON_LIVE_ADJUST_DISABLED,
             LIVE_ADJUST_DISABLED_MESSAGE,
@@ -89,5 +91,5 @@ def with_live_adjust_condition(
             now,
         )
     else:
-        status.conditions = [c for c in status.conditions if c.type != CONDITION_LIVE_ADJUST]
+        status.conditions = [c for c in status.conditions if c.type != ConditionType.LIVE_ADJUST]
     return status

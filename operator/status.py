@@ -18,8 +18,10 @@ from chunkpilot.operator.builders import ANNOTATION_CONFIG
 from chunkpilot.operator.engines import RenderProblem
 
 from chunkpilot.api import (
+    CONDITION_OWNERS,
     LABEL_CONFIG_HASH,
     Condition,
+    ConditionOwner,
     ConditionStatus,
     ConditionType,
     EngineConfig,
@@ -282,12 +284,34 @@ class ConditionUpdate:
     message: str
 
 
+def check_owner(type_: ConditionType | str, owner: ConditionOwner) -> None:
+    """Raise ValueError unless ``owner`` is the one writer of ``type_`` (see ``CONDITION_OWNERS``)."""
+    try:
+        kind = ConditionType(str(type_))
+    except ValueError:
+        raise ValueError(
+            f"{type_!r} is not a condition type: add it to ConditionType and CONDITION_OWNERS"
+        ) from None
+    writer = CONDITION_OWNERS[kind]
+    if writer is not owner:
+        raise ValueError(f"condition {kind.value} is set by the {writer.value}, not by the {owner.value}")
+
+
 def set_conditions(
-    conditions: Sequence[Condition], updates: Iterable[ConditionUpdate], generation: int, now: datetime
+    conditions: Sequence[Condition],
+    updates: Iterable[ConditionUpdate],
+    generation: int,
+    now: datetime,
+    *,
+    owner: ConditionOwner,
 ) -> list[Condition]:
-    """``conditions`` with every update applied by :func:`set_condition`, in order."""
+    """``conditions`` with every update applied by :func:`set_condition`, in order.
+
+    ``owner`` is the component writing: an update of a condition it does not own raises ValueError.
+    """
     result = list(conditions)
     for update in updates:
+        check_owner(update.type, owner)
         result = set_condition(
             result, update.type, update.status, update.reason, update.message, generation, now
         )
@@ -451,6 +475,7 @@ def compute_status(
         (ConditionType.PROGRESSING, _progressing(obs)),
         (ConditionType.DEGRADED, _degraded(obs)),
     ):
+        check_owner(type_, ConditionOwner.OPERATOR)
         conditions = set_condition(conditions, type_, value, str(reason), message, obs.generation, now)
     status.conditions = conditions
     status.phase = compute_phase(conditions)

@@ -8,7 +8,6 @@ import pytest
 from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.operator.builders import build_deployment, wants_live_adjust_secret
 from chunkpilot.operator.config import (
-    CONDITION_LIVE_ADJUST,
     ENV_LIVE_ADJUST,
     REASON_LIVE_ADJUST_DISABLED,
     OperatorConfig,
@@ -18,7 +17,7 @@ from chunkpilot.operator.events import EventType, status_transitions
 from chunkpilot.operator.served import with_live_adjust_condition
 from chunkpilot.operator.status import get_condition
 
-from chunkpilot.api import ConditionStatus, InferenceService, InferenceServiceStatus, Track
+from chunkpilot.api import ConditionStatus, ConditionType, InferenceService, InferenceServiceStatus, Track
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 OFF = OperatorConfig(live_adjust=False)
@@ -74,7 +73,7 @@ def test_disabled_installation_renders_no_route_and_wants_no_secret() -> None:
 
 def test_blocked_service_gets_the_condition_and_one_warning_event() -> None:
     first = with_live_adjust_condition(InferenceServiceStatus(), True, 3, T0)
-    condition = get_condition(first.conditions, CONDITION_LIVE_ADJUST)
+    condition = get_condition(first.conditions, ConditionType.LIVE_ADJUST)
     assert condition is not None
     assert (condition.status, condition.reason) == (ConditionStatus.FALSE, REASON_LIVE_ADJUST_DISABLED)
     assert "liveAdjust.enabled=true" in condition.message and condition.observed_generation == 3
@@ -86,7 +85,7 @@ def test_blocked_service_gets_the_condition_and_one_warning_event() -> None:
     )
 
     again = with_live_adjust_condition(first.model_copy(deep=True), True, 3, T0 + timedelta(minutes=5))
-    repeated = get_condition(again.conditions, CONDITION_LIVE_ADJUST)
+    repeated = get_condition(again.conditions, ConditionType.LIVE_ADJUST)
     assert repeated is not None and repeated.last_transition_time == T0
     assert status_transitions(first, again) == []  # no repeat on later reconciles
 
@@ -94,5 +93,5 @@ def test_blocked_service_gets_the_condition_and_one_warning_event() -> None:
 def test_condition_goes_once_live_adjustment_is_allowed_or_not_asked_for() -> None:
     blocked = with_live_adjust_condition(InferenceServiceStatus(), True, 1, T0)
     cleared = with_live_adjust_condition(blocked.model_copy(deep=True), False, 2, T0)
-    assert get_condition(cleared.conditions, CONDITION_LIVE_ADJUST) is None
+    assert get_condition(cleared.conditions, ConditionType.LIVE_ADJUST) is None
     assert status_transitions(blocked, cleared) == []

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from chunkpilot.operator.engines import UnsupportedKnob
 from chunkpilot.operator.events import status_transitions
 from chunkpilot.operator.status import (
+    ConditionUpdate,
     DeploymentState,
     Observation,
+    check_owner,
     compute_status,
     get_condition,
     set_condition,
+    set_conditions,
     status_patch,
 )
 
 from chunkpilot.api import (
+    CONDITION_OWNERS,
+    ConditionOwner,
     ConditionStatus,
     ConditionType,
     EngineConfig,
@@ -188,3 +194,19 @@ def test_the_parts_of_a_topology_are_one_enum_for_the_operator_and_the_tuner() -
         "chat-prefill-canary",
         "chat-decode-canary",
     ]
+
+
+def test_every_condition_has_one_writer_and_the_writers_refuse_the_others() -> None:
+    assert set(CONDITION_OWNERS) == set(ConditionType)
+    tuner = ConditionUpdate(ConditionType.TUNING.value, ConditionStatus.TRUE, "TrialRunning", "")
+    ready = ConditionUpdate(ConditionType.READY.value, ConditionStatus.TRUE, "Available", "")
+    written = set_conditions([], [tuner], 1, T0, owner=ConditionOwner.TUNER)
+    assert [c.type for c in written] == ["Tuning"]
+    with pytest.raises(ValueError, match="Ready is set by the operator, not by the tuner"):
+        set_conditions(written, [ready], 1, T0, owner=ConditionOwner.TUNER)
+    unknown = ConditionUpdate("Typo", ConditionStatus.TRUE, "Reason", "")
+    with pytest.raises(ValueError, match="'Typo' is not a condition type"):
+        set_conditions([], [unknown], 1, T0, owner=ConditionOwner.TUNER)
+    check_owner(ConditionType.LIVE_ADJUST, ConditionOwner.OPERATOR)
+    with pytest.raises(ValueError, match="LiveAdjust is set by the operator"):
+        check_owner(ConditionType.LIVE_ADJUST, ConditionOwner.TUNER)

@@ -48,7 +48,7 @@ from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 
 from chunkpilot import telemetry
-from chunkpilot.api import InferenceServiceStatus, Track
+from chunkpilot.api import ConditionOwner, InferenceServiceStatus, Track
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,9 @@ class Actor:
             raw = dict(fresh.get("status") or {})
             current = parse_status(raw) or InferenceServiceStatus()
             generation = int(fresh["metadata"].get("generation") or 0)
-            conditions = set_conditions(current.conditions, plan.conditions, generation, now)
+            conditions = set_conditions(
+                current.conditions, plan.conditions, generation, now, owner=ConditionOwner.TUNER
+            )
             patch: dict[str, Any] = dict(plan.status)
             new_conditions = [c.to_k8s() for c in conditions]
             if new_conditions != [c.to_k8s() for c in current.conditions]:

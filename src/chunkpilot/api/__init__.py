@@ -6,6 +6,7 @@ The models are the single source of truth: the CustomResourceDefinitions in
 
 from chunkpilot.api.common import (
     API_VERSION,
+    CONDITION_OWNERS,
     GROUP,
     ISVC_KIND,
     ISVC_PLURAL,
@@ -20,6 +21,7 @@ from chunkpilot.api.common import (
     VERSION,
     CelRule,
     Condition,
+    ConditionOwner,
     ConditionStatus,
     ConditionType,
     ManifestError,
@@ -87,6 +89,7 @@ from chunkpilot.api.tuningtrial import (
 
 __all__ = [
     "API_VERSION",
+    "CONDITION_OWNERS",
     "GROUP",
     "ISVC_KIND",
     "ISVC_PLURAL",
@@ -104,6 +107,7 @@ __all__ = [
     "AutotuneSpec",
     "CelRule",
     "Condition",
+    "ConditionOwner",
     "ConditionStatus",
     "ConditionType",
     "Constraints",

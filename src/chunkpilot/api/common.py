@@ -210,6 +210,29 @@ class ConditionType(StrEnum):
     SLO_INFEASIBLE = "SLOInfeasible"
     TWIN_UNAVAILABLE = "TwinUnavailable"
     TOPOLOGY_CHANGE = "TopologyChange"
+    LIVE_ADJUST = "LiveAdjust"
+
+
+class ConditionOwner(StrEnum):
+    """The component that sets a condition: each condition type has exactly one writer."""
+
+    OPERATOR = "operator"
+    TUNER = "tuner"
+
+
+#: Who sets each condition. The operator's status write and the tuner's refuse any other.
+CONDITION_OWNERS: Mapping[ConditionType, ConditionOwner] = {
+    ConditionType.READY: ConditionOwner.OPERATOR,
+    ConditionType.PROGRESSING: ConditionOwner.OPERATOR,
+    ConditionType.DEGRADED: ConditionOwner.OPERATOR,
+    ConditionType.LIVE_ADJUST: ConditionOwner.OPERATOR,
+    ConditionType.SLO_MET: ConditionOwner.TUNER,
+    ConditionType.TUNING: ConditionOwner.TUNER,
+    ConditionType.METRICS_UNAVAILABLE: ConditionOwner.TUNER,
+    ConditionType.SLO_INFEASIBLE: ConditionOwner.TUNER,
+    ConditionType.TWIN_UNAVAILABLE: ConditionOwner.TUNER,
+    ConditionType.TOPOLOGY_CHANGE: ConditionOwner.TUNER,
+}
 
 
 class Condition(StatusModel):
