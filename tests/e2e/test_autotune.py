@@ -18,20 +18,18 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from chunkpilot.api import Track
-from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
-from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack, StackOptions
+from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack
+from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
+from chunkpilot.testing.stack import TUNER_ENV, StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
-TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 #: The load runs as long as a test may (pytest's timeout, 900 s) and is stopped when the test is
 #: done: each test's waits add up to more than a shorter load (660 s, 540 s), so on a busy machine
 #: the load could end before the last trial's window or check had its traffic.
@@ -48,17 +46,8 @@ def verdict_of(cluster: ServiceObjects, trial: str) -> str | None:
 
 
 @pytest.fixture
-def stack(
-    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    options = StackOptions(
-        state_dir=tmp_path_factory.mktemp("autotune"),
-        time_scale=1.0,
-        restart_backoff_s=3.0,
-        operator_env=dict(TUNER_ENV),
-    )
-    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
-        yield running
+def stack(start_stack: StartStack) -> LocalStack:
+    return start_stack("autotune")
 
 
 def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> ServiceObjects:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,8 +21,9 @@ import pytest
 from chunkpilot.api import GROUP, VERSION
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import ServiceObjects, stream_completions, wait_until
-from chunkpilot.localrun.stack import LocalStack, StackOptions
+from chunkpilot.localrun.stack import LocalStack
+from chunkpilot.testing.e2e import ServiceObjects, stream_completions, wait_until
+from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
@@ -59,12 +59,8 @@ def disaggregated_manifest(name: str, namespace: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def stack(
-    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    options = StackOptions(state_dir=tmp_path_factory.mktemp("disagg"), time_scale=1.0, restart_backoff_s=3.0)
-    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
-        yield running
+def stack(start_stack: StartStack) -> LocalStack:
+    return start_stack("disagg", tuner=False)
 
 
 def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:

@@ -23,27 +23,17 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
-from chunkpilot.localrun.endpoints import RandomBalancer
-from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
-from chunkpilot.localrun.stack import LocalStack, StackOptions
-from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
+from chunkpilot.localrun.loadgen import BackgroundLoad
+from chunkpilot.localrun.stack import LocalStack
+from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_poisson_load, wait_until
+from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
-TUNER_ENV = {
-    "CHUNKPILOT_TUNER_INTERVAL": "2",
-    "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90",
-    # A short ranking: the space is small, and every configuration in it misses by a wide margin.
-    "CHUNKPILOT_TWIN_CPU_SECONDS": "8",
-}
 ITL_MS, TTFT_MS = 35, 600
 MAX_PROMPT, MAX_OUTPUT = 4000, 64
 #: Requests/s over the whole service (stable and canary share it while a trial runs).
@@ -51,33 +41,22 @@ RATE = 1.5
 
 
 def start_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
-    """Poisson arrivals of the trace's lengths at :data:`RATE`, split at random over the Ready engines.
-
-    At random rather than in turn: a random split leaves each engine the Poisson arrivals the twin
-    assumes; a strict rotation makes them more regular, and the twin's predictions for a canary
-    sharing the load would run high by more than its tolerance in this scenario.
-    """
-    assert stack.runner is not None
-    requests = cap_lengths(
-        read_trace(TRACE, rate=RATE), max_prompt_tokens=MAX_PROMPT, max_output_tokens=MAX_OUTPUT
+    """The trace's lengths, capped, at :data:`RATE` (Poisson arrivals split at random over the engines)."""
+    return start_poisson_load(
+        stack,
+        name,
+        namespace,
+        rate=RATE,
+        max_prompt_tokens=MAX_PROMPT,
+        max_output_tokens=MAX_OUTPUT,
+        duration_s=duration_s,
     )
-    schedule = iter_wall_schedule(requests, duration_s=duration_s, repeat=True)
-    balancer = RandomBalancer(stack.runner.endpoint_source(name, namespace))
-    return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
 
 
 @pytest.fixture
-def stack(
-    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    options = StackOptions(
-        state_dir=tmp_path_factory.mktemp("infeasible"),
-        time_scale=1.0,
-        restart_backoff_s=3.0,
-        operator_env=dict(TUNER_ENV),
-    )
-    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
-        yield running
+def stack(start_stack: StartStack) -> LocalStack:
+    # A short ranking: the space is small, and every configuration in it misses by a wide margin.
+    return start_stack("infeasible", CHUNKPILOT_TWIN_CPU_SECONDS="8")
 
 
 def manifest(name: str, namespace: str) -> dict[str, Any]:

@@ -13,20 +13,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
-from chunkpilot.localrun.stack import LocalStack, StackOptions
+from chunkpilot.localrun.stack import LocalStack
+from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
+from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
-TUNER_ENV = {"CHUNKPILOT_TUNER_INTERVAL": "2", "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90"}
 TRIALS = 3
 LIMITS_PATH = "/chunkpilot/v1/scheduler/limits"
 
@@ -47,17 +44,8 @@ def live_manifest(name: str, namespace: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def stack(
-    control_plane: ControlPlane, prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalStack]:
-    options = StackOptions(
-        state_dir=tmp_path_factory.mktemp("live-adjust"),
-        time_scale=1.0,
-        restart_backoff_s=3.0,
-        operator_env=dict(TUNER_ENV),
-    )
-    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
-        yield running
+def stack(start_stack: StartStack) -> LocalStack:
+    return start_stack("live-adjust")
 
 
 def token(cluster: ServiceObjects, name: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,23 +32,13 @@ from chunkpilot.tuner.space import Knob, SearchSpace, TunedConfig, build_space
 
 from chunkpilot.api import EngineConfig, InferenceService
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
-from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
 from chunkpilot.localrun.podrunner import ENV_SIM_GPU, ENV_SIM_STEP_PROFILE
-from chunkpilot.localrun.stack import LocalStack, StackOptions
+from chunkpilot.localrun.stack import LocalStack
+from chunkpilot.testing.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
+from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
 
-#: Each ranking ends after 16 evaluations (what 15 CPU seconds buy on a quiet machine), not on CPU
-#: time: a busy machine bought fewer with the same seconds, and the promoted config hangs on the
-#: ranking. The CPU budget only guards against a runaway search.
-TUNER_ENV = {
-    "CHUNKPILOT_TUNER_INTERVAL": "2",
-    "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT": "90",
-    "CHUNKPILOT_TWIN_MAX_EVALUATIONS": "16",
-    "CHUNKPILOT_TWIN_CPU_SECONDS": "120",
-}
 TWIN_FIGURES = ("scales", "error", "stepFitError", "capacityReqS", "evaluations", "cpuSeconds")
 TRUTH = Perturbation(compute=0.75, memory=0.85, overhead=2.0)
 SLO_ = SLO(itl_ms=50.0, itl_quantile=0.99, ttft_ms=2000.0, ttft_quantile=0.95)
@@ -100,24 +89,14 @@ def truth(tmp_path_factory: pytest.TempPathFactory) -> SimConfig:
 
 
 @pytest.fixture
-def stack(
-    control_plane: ControlPlane,
-    prometheus: PrometheusServer,
-    truth: SimConfig,
-    tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[LocalStack]:
+def stack(start_stack: StartStack, truth: SimConfig, monkeypatch: pytest.MonkeyPatch) -> LocalStack:
     assert truth.step_profile is not None
     monkeypatch.setenv(ENV_SIM_GPU, truth.accelerator)
     monkeypatch.setenv(ENV_SIM_STEP_PROFILE, truth.step_profile)
-    options = StackOptions(
-        state_dir=tmp_path_factory.mktemp("twin"),
-        time_scale=1.0,
-        restart_backoff_s=3.0,
-        operator_env=dict(TUNER_ENV),
-    )
-    with LocalStack(options, control_plane=control_plane, prometheus=prometheus) as running:
-        yield running
+    # Each ranking ends after 16 evaluations (what 15 CPU seconds buy on a quiet machine), not on CPU
+    # time: a busy machine bought fewer with the same seconds, and the promoted config hangs on the
+    # ranking. The CPU budget only guards against a runaway search.
+    return start_stack("twin", CHUNKPILOT_TWIN_MAX_EVALUATIONS="16", CHUNKPILOT_TWIN_CPU_SECONDS="120")
 
 
 def manifest(name: str, namespace: str) -> dict[str, Any]:

@@ -17,12 +17,12 @@ import pytest
 
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
-from chunkpilot.localrun.e2e import stream_completions
 from chunkpilot.localrun.endpoints import COMPONENT_LABEL, CONFIG_HASH_LABEL, ROLE_LABEL, SERVICE_LABEL
 from chunkpilot.localrun.endpoints import TRACK_LABEL as TRACK
 from chunkpilot.localrun.podrunner import PodReport, PodRunner
 from chunkpilot.localrun.podspec import ContainerPhase
 from chunkpilot.localrun.targets import read_targets, targets_file_source
+from chunkpilot.testing.e2e import stream_completions
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -18,8 +18,10 @@ import aiohttp
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.localrun.loadgen import BackgroundLoad, word_prompt
+from chunkpilot.localrun.endpoints import RandomBalancer
+from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions, word_prompt
 from chunkpilot.localrun.stack import LocalStack
+from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
 
 #: Long prompts, outputs capped low to keep the CPU cost of replay small.
 TRACE = "arxiv_summarization_lengths"
@@ -75,6 +77,31 @@ def start_scenario_load(stack: LocalStack, name: str, namespace: str, duration_s
         max_prompt_tokens=7000,
         max_output_tokens=64,
     )
+
+
+def start_poisson_load(
+    stack: LocalStack,
+    name: str,
+    namespace: str,
+    *,
+    rate: float,
+    max_prompt_tokens: int,
+    max_output_tokens: int,
+    duration_s: float,
+) -> BackgroundLoad:
+    """Poisson arrivals of :data:`TRACE`'s lengths at ``rate``, split at random over the Ready engines.
+
+    At random rather than in turn: a random split leaves each engine the Poisson arrivals the twin
+    assumes; a strict rotation makes them more regular, and the twin's predictions for a canary
+    sharing the load would run high by more than its tolerance.
+    """
+    assert stack.runner is not None
+    requests = cap_lengths(
+        read_trace(TRACE, rate=rate), max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens
+    )
+    schedule = iter_wall_schedule(requests, duration_s=duration_s, repeat=True)
+    balancer = RandomBalancer(stack.runner.endpoint_source(name, namespace))
+    return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
 
 
 class ServiceObjects:

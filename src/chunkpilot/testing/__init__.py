@@ -1,0 +1,1 @@
+"""The test kit: builders and factories the tests (and benchmarks) share; the product never imports it."""
