@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from chunkpilot.operator.kube import KubeError
 from chunkpilot.tuner.act.actor import Actor, Kube, Mirror, PostEvent
 from chunkpilot.tuner.act.live_adjust import LiveAdjuster
-from chunkpilot.tuner.decide.phases import TunerSettings, crash_message
+from chunkpilot.tuner.decide.lifecycle import TunerSettings, crash_message
 from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.observe.observer import Observer

@@ -24,7 +24,7 @@ from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide.canary import canary_manifest, target_limits
-from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import (
     Action,
     AdjustLive,

@@ -21,7 +21,7 @@ from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import CreateTrial, Emit, Plan
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import TrackMeasurement

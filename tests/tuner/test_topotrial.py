@@ -33,7 +33,7 @@ from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.act.actor import Actor
 from chunkpilot.tuner.decide import topology_trial as topotrial
-from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import (
     ApplyCanary,
     CreateTrial,

@@ -34,11 +34,11 @@ from typing import Any
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.decide import phases
+from chunkpilot.tuner.decide import lifecycle, phases
 from chunkpilot.tuner.decide import topology_trial as topotrial
 from chunkpilot.tuner.decide import twin as twinplan
 from chunkpilot.tuner.decide.canary import release_parked, remove_orphan
-from chunkpilot.tuner.decide.phases import TunerSettings, metrics_down, metrics_ok
+from chunkpilot.tuner.decide.lifecycle import TunerSettings, metrics_down, metrics_ok
 from chunkpilot.tuner.decide.plan import (
     CreateTrial,
     CurrentTrialGauge,
@@ -113,7 +113,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     plan = Plan(snap)
     active = snap.active()
     for extra in active[1:]:  # never more than one: abort the newer ones
-        phases.finish(plan, extra, TrialPhase.FAILED, TrialVerdict.ABORTED, "another trial was active")
+        lifecycle.finish(plan, extra, TrialPhase.FAILED, TrialVerdict.ABORTED, "another trial was active")
     current = active[0] if active else None
     pending = phases.pending_promotion(plan)
     autotune = snap.isvc.spec.autotune
@@ -165,7 +165,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
 
 def disabled(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
-        phases.abort(plan, current, "autotuning was disabled")
+        lifecycle.abort(plan, current, "autotuning was disabled")
     remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     if plan.current_condition(ConditionType.TUNING) is not None:
@@ -177,7 +177,7 @@ def disabled(plan: Plan, current: TuningTrial | None) -> None:
 
 def paused(plan: Plan, current: TuningTrial | None) -> None:
     if current is not None:
-        phases.abort(plan, current, "autotuning was paused")
+        lifecycle.abort(plan, current, "autotuning was paused")
     remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     plan.condition(
@@ -195,7 +195,7 @@ def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
     """A disaggregated service: no colocated canary runs against it (and none is left running)."""
     note = disaggregated_note(plan)
     if current is not None:
-        phases.abort(plan, current, note)
+        lifecycle.abort(plan, current, note)
     remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
     plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISAGGREGATED, note)
@@ -213,7 +213,7 @@ def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:
         "(CHUNKPILOT_PROMETHEUS_URL, chart value prometheus.url)",
     )
     if current is not None:
-        phases.abort(plan, current, "no Prometheus to measure with")
+        lifecycle.abort(plan, current, "no Prometheus to measure with")
     remove_orphan(plan, None)
     topotrial.remove_orphans(plan, None)
 
@@ -352,7 +352,7 @@ def ask(plan: Plan, space: SearchSpace, round_: int) -> None:
     config = rec.engine_config(chosen.config)
     manifest = trial_manifest(plan, number, config, chosen.params, round_, mix)
     status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=config.summary(), twin=chosen.twin)
-    plan.do(CreateTrial(manifest, phases.status_patch(status)))
+    plan.do(CreateTrial(manifest, lifecycle.status_patch(status)))
     plan.status["currentTrial"] = manifest["metadata"]["name"]
     plan.condition(
         ConditionType.TUNING,

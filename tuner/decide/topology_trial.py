@@ -44,8 +44,8 @@ from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart, get_condition
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.decide import phases
-from chunkpilot.tuner.decide.phases import TunerSettings
+from chunkpilot.tuner.decide import lifecycle
+from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import (
     ApplyCanary,
     CreateTrial,
@@ -367,7 +367,7 @@ def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
     )
     described = rec.describe_topology(topology)
     status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=described)
-    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), phases.status_patch(status)))
+    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
     plan.status["currentTrial"] = trial.metadata.name
     plan.condition(
         ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {described}"
@@ -420,14 +420,14 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if phase is TrialPhase.PENDING or any(snap.topology_canary.get(part) is None for part in POOLS):
         roll_out(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
         return
-    crashed = phases.crash_message(snap.topology_pods, settings.crash_restarts)
+    crashed = lifecycle.crash_message(snap.topology_pods, settings.crash_restarts)
     if crashed is not None:
         abort(plan, trial, crashed)
         return
     if phase is TrialPhase.ROLLING_OUT or snap.topology_canary.get(ROUTER) is None:
         check_rollout(plan, trial, settings)  # Kubernetes' view: also while Prometheus is down
     elif snap.stable_reading.down:
-        phases.metrics_gap(plan, trial, None, settings)
+        lifecycle.metrics_gap(plan, trial, None, settings)
     else:
         measure(plan, trial, settings)
 
@@ -461,7 +461,7 @@ def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
-    phases.abort(plan, trial, reason)
+    lifecycle.abort(plan, trial, reason)
     plan.condition(
         ConditionType.TOPOLOGY_CHANGE,
         ConditionStatus.FALSE,
@@ -507,7 +507,7 @@ def rolling_out(plan: Plan, trial: TuningTrial) -> None:
     patch = TuningTrialStatus(
         phase=TrialPhase.ROLLING_OUT, params_summary=rec.trial_label(trial), started_at=started_at
     )
-    plan.do(PatchTrial(trial.metadata.name or "", phases.status_patch(patch)))
+    plan.do(PatchTrial(trial.metadata.name or "", lifecycle.status_patch(patch)))
 
 
 def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
@@ -515,18 +515,20 @@ def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> No
     snap = plan.snap
     parts = snap.topology_canary
     states = {part: DeploymentState.from_manifest(m) for part, m in parts.items() if m is not None}
-    pools_ready = all(part in states and phases.ready(states[part]) for part in POOLS)
+    pools_ready = all(part in states and lifecycle.ready(states[part]) for part in POOLS)
     if pools_ready and ROUTER not in states:
         found = _manifests(plan, trial)
         if found is not None:
             plan.do(*(ApplyCanary(manifest) for manifest in found[1]))
             rolling_out(plan, trial)
         return
-    if pools_ready and phases.ready(states[ROUTER]):
-        plan.do(*phases.start_warmup(plan, trial, rec.trial_progress(trial)))
+    if pools_ready and lifecycle.ready(states[ROUTER]):
+        plan.do(*lifecycle.start_warmup(plan, trial, rec.trial_progress(trial)))
         return
     since = trial.status.started_at if trial.status is not None else None
-    failed = phases.rollout_failure(list(states.values()), "the canary topology", since, snap.now, settings)
+    failed = lifecycle.rollout_failure(
+        list(states.values()), "the canary topology", since, snap.now, settings
+    )
     if failed is not None:
         abort(plan, trial, failed)
 
@@ -540,13 +542,13 @@ def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
         return
     reading = snap.topology_window
     if reading.down or reading.value is None:
-        phases.metrics_gap(
+        lifecycle.metrics_gap(
             plan, trial, reading.error or "no measurement of the topology trial's window", settings
         )
         return
-    phases.metrics_ok(plan)
+    lifecycle.metrics_ok(plan)
     if progress.metrics_gap_since is not None:
-        phases.restart_window(plan, trial, progress)
+        lifecycle.restart_window(plan, trial, progress)
         return
     rules = rec.abort_rules(snap.isvc)
     if not due.final:  # pruned early on a breach by the abort factor, as a colocated canary is
@@ -562,7 +564,7 @@ def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
 
 def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
     """Record the verdict with each pool's measurement; the canary objects go; a winner is promoted."""
-    phase, verdict = phases.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
+    phase, verdict = lifecycle.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
     if verdict is TrialVerdict.PRUNED:
         phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
     name = trial.metadata.name or ""
@@ -572,7 +574,7 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
             name, {"status": {**pools, "twin": twin_check(plan.snap.status.recommendation, window).to_k8s()}}
         )
     )
-    phases.finish(plan, trial, phase, verdict, reason, window.window())
+    lifecycle.finish(plan, trial, phase, verdict, reason, window.window())
     status, why = VERDICT_REASONS[verdict]
     message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
