@@ -1,10 +1,8 @@
 """Writing one InferenceService's children: apply unless the live one already matches, delete owned leftovers.
 
-What :class:`~chunkpilot.operator.reconcile.Reconciler` and
-:class:`~chunkpilot.operator.disaggregated.DisaggregatedReconciler` write children through, one
-at a time: the stable track's roll and repair Events, the live-adjustment token Secret, the
-"is the PodMonitor API served?" check, and the paths of the Deployments and PodMonitors a
-reconcile reads. Which children to write, and when, is the reconciler's to decide.
+What :class:`~chunkpilot.operator.reconcile.Reconciler` writes children through, one at a time:
+the stable track's roll and repair Events, the live-adjustment token Secret and the "is the
+PodMonitor API served?" check. Which children to write, and when, is the reconciler's to decide.
 """
 
 from __future__ import annotations
@@ -20,20 +18,17 @@ from chunkpilot.operator.builders import (
     LIVE_ADJUST_SECRET_KEY,
     POD_MONITOR_API_VERSION,
     build_live_adjust_secret,
-    deployment_name,
     live_adjust_secret_name,
     new_live_adjust_token,
-    pool_deployment_name,
     wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.drift import foreign_selector_keys, is_subset, is_terminating
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
 from chunkpilot.operator.objects import adopt
-from chunkpilot.operator.router import router_name
 from chunkpilot.operator.status import DeploymentState
 
-from chunkpilot.api import InferenceService, PoolRole, Track
+from chunkpilot.api import InferenceService
 
 logger = logging.getLogger(__name__)
 
@@ -188,27 +183,6 @@ UNKNOWN: Final = _Unknown()
 def service_name(isvc: InferenceService) -> str:
     assert isvc.metadata.name is not None
     return isvc.metadata.name
-
-
-def deployment_path(isvc: InferenceService, track: Track) -> str:
-    assert isvc.metadata.name is not None
-    return resource_path(
-        "apps/v1", "deployments", isvc.metadata.namespace, deployment_name(isvc.metadata.name, track)
-    )
-
-
-def pool_path(isvc: InferenceService, role: PoolRole) -> str:
-    return resource_path(
-        "apps/v1", "deployments", isvc.metadata.namespace, pool_deployment_name(service_name(isvc), role)
-    )
-
-
-def router_path(isvc: InferenceService) -> str:
-    return resource_path("apps/v1", "deployments", isvc.metadata.namespace, router_name(service_name(isvc)))
-
-
-def pod_monitor_path(isvc: InferenceService, name: str) -> str:
-    return resource_path(POD_MONITOR_API_VERSION, "podmonitors", isvc.metadata.namespace, name)
 
 
 def deployment_state(manifest: Mapping[str, Any] | None) -> DeploymentState | None:

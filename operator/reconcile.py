@@ -3,9 +3,10 @@
 Handlers call into :class:`Reconciler`; it does the I/O (through
 :class:`~chunkpilot.operator.kube.KubeClient`) around the pure builders,
 status functions and event selection. It owns a
-:class:`~chunkpilot.operator.children.ChildWriter` (every child is written through it) and a
-:class:`~chunkpilot.operator.disaggregated.DisaggregatedReconciler` (a disaggregated service, and
-the switch between topologies) sharing that writer.
+:class:`~chunkpilot.operator.children.ChildWriter` (every child is written through it). Both
+topologies, and the switch between them in either direction, go through one path
+(:meth:`Reconciler._reconcile_children`) over the strategies of
+:mod:`chunkpilot.operator.topologies`.
 """
 
 from __future__ import annotations
@@ -19,30 +20,33 @@ from typing import Any
 
 import kopf
 from chunkpilot.operator import events as ev
-from chunkpilot.operator.builders import (
-    RenderError,
-    build_pod_monitor,
-    build_service,
-    build_stable_deployment,
-)
-from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_path, deployment_state
+from chunkpilot.operator.builders import build_service
+from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
-from chunkpilot.operator.disaggregated import (
-    DisaggregatedReconciler,
-    may_have_pools,
-    switched_event,
-    topology_observation,
-    was_disaggregated,
-)
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
-from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import KubeClient, KubeError
-from chunkpilot.operator.objects import isvc_path, parse_status, write_service_status
+from chunkpilot.operator.objects import deployment_path, isvc_path, parse_status, write_service_status
 from chunkpilot.operator.served import with_best_config, with_best_topology, with_live_adjust_condition
 from chunkpilot.operator.status import Observation, TopologySwitch, compute_status, status_patch
+from chunkpilot.operator.topologies import (
+    DesiredSide,
+    Side,
+    desired_side,
+    may_be_left,
+    other_side,
+    pod_monitors,
+    switched_event,
+)
 
 from chunkpilot import telemetry
-from chunkpilot.api import LABEL_SERVICE, InferenceService, InferenceServiceStatus, ManifestError, Track
+from chunkpilot.api import (
+    LABEL_SERVICE,
+    InferenceService,
+    InferenceServiceStatus,
+    ManifestError,
+    TopologyMode,
+    Track,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +59,10 @@ class Reconciler:
     config: OperatorConfig
     post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
     children: ChildWriter = field(init=False)
-    pools: DisaggregatedReconciler = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.children = ChildWriter(self.kube, self.config, self.post_event)
-        self.pools = DisaggregatedReconciler(self.children)
 
     # ------------------------------------------------------------------ entry points
 
@@ -137,13 +139,10 @@ class Reconciler:
         isvc = with_best_config(isvc, body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
-        if isvc.spec.disaggregated:
-            observation = await self.pools.reconcile(body, isvc, kinds, known, repair)
-        else:
-            observation = await self._reconcile_colocated(body, isvc, kinds, known, repair)
+        observation = await self._reconcile_children(body, isvc, kinds, known, repair)
         await self._report(body, isvc, observation, live_adjust_blocked, kinds)
 
-    async def _reconcile_colocated(
+    async def _reconcile_children(
         self,
         body: Mapping[str, Any],
         isvc: InferenceService,
@@ -151,87 +150,166 @@ class Reconciler:
         known: dict[ChildKind, dict[str, Any] | None],
         repair: bool,
     ) -> Observation:
-        """A colocated service: the stable Deployment (and live-adjust Secret), the Service, a PodMonitor.
+        """The children of the topology the spec asks for, and the switch from the other one.
 
-        Pools and a router left from a disaggregated topology keep serving until the stable
-        Deployment is Ready (see :meth:`DisaggregatedReconciler.switch_service`). Returns what the
-        status is computed from.
+        The desired side's Deployments first (nothing of it while a ``problem`` stops it); while
+        the other side still has Deployments, the Service stays on them until the new side is
+        Ready, then selects the new side, and the old side is pruned on the next pass (its
+        endpoints had a reconcile's time to follow). Returns what the status is computed from:
+        the side that serves.
         """
         meta = body["metadata"]
-        problem: RenderProblem | None = None
         created: list[tuple[str, str]] = []
+        desired = desired_side(isvc, self.config)
+        new, old = desired.side, other_side(isvc)
 
-        # Rendered on every pass, even one about another child: the status must keep
-        # reporting a knob the engine version cannot honour.
-        try:
-            desired_stable: dict[str, Any] | None = build_stable_deployment(isvc)
-        except RenderError as error:
-            problem = error.problem
-            desired_stable = None
-        stable: dict[str, Any] | None
-        if ChildKind.DEPLOYMENT in kinds and desired_stable is not None:
-            stable = await self.children.ensure_stable(
-                body, isvc, desired_stable, known.get(ChildKind.DEPLOYMENT, UNKNOWN), repair, created
-            )
+        if ChildKind.DEPLOYMENT in kinds and desired.problem is None:
+            states = await self._ensure_side(body, isvc, desired, known, repair, created)
         else:
-            stable = await self.kube.get(deployment_path(isvc, Track.STABLE))
-        leftovers = await self.pools.leftovers(isvc, body) if may_have_pools(body) else {}
+            states = {part: await self.kube.get(path) for part, path in new.deployments.items()}
+        leftovers = await self._left(old, body) if may_be_left(old, body) else {}
         switch = (
             TopologySwitch(
-                "the stable Deployment", "the prefill/decode pools", (("stable", deployment_state(stable)),)
+                new.target,
+                old.serving,
+                tuple((part, deployment_state(states.get(part))) for part in new.deployments),
             )
-            if leftovers and problem is None
+            if leftovers and desired.problem is None
             else None
         )
+
         switched = False
         if switch is not None:
-            switched = await self.pools.switch_service(
-                body, isvc, switch, to_router=False, kinds=kinds, known=known, repair=repair, created=created
+            switched = await self._switch_service(body, isvc, new, old, switch, kinds, known, repair, created)
+        elif ChildKind.SERVICE in kinds and not leftovers:
+            # While the old side is left (and the new one cannot take over), its Service stays as it is.
+            service = build_service(isvc)
+            ensured = await self.children.ensure(
+                service, body, self._current(known, ChildKind.SERVICE, service)
             )
-
-        # While pools are left, the Service is kept by DisaggregatedReconciler.switch_service.
-        wanted = kinds - {ChildKind.SERVICE} if leftovers else kinds
-        await self._ensure_service_and_monitor(body, isvc, wanted, known, repair, created)
+            self.children.note(body, "Service", service["metadata"]["name"], ensured, repair, created)
+        if ChildKind.POD_MONITOR in kinds and await self.children.pod_monitor_wanted():
+            for monitor in pod_monitors(isvc, new, self.config.pod_monitor_labels):
+                current = self._current(known, ChildKind.POD_MONITOR, monitor)
+                ensured = await self.children.ensure(monitor, body, current)
+                self.children.note(body, "PodMonitor", monitor["metadata"]["name"], ensured, repair, created)
         if created and not repair:
             self.children.emit(body, ev.created(created))
-        self.pools.note_switch_started(body, switch, created, repair)
-        if switched or (was_disaggregated(body) and not leftovers):
-            await self.pools.remove_disaggregated_children(isvc, body, ALL_KINDS if switched else kinds)
-            if switched:
-                self.children.emit(body, switched_event("the stable Deployment", "the prefill/decode pools"))
-        serving_old = switch is not None and not switched
+        self._note_switch_started(body, switch, created, repair)
+        if switched:
+            await self._prune(old, body, ALL_KINDS)
+            self.children.emit(body, switched_event(new.target, old.target))
+        elif not leftovers and may_be_left(old, body):
+            await self._prune(old, body, kinds)  # what the old side left besides its Deployments
 
-        canary = await self.kube.get(deployment_path(isvc, Track.CANARY))
+        serving_old = switch is not None and not switched
+        stable, topology = old.observe(leftovers) if serving_old else new.observe(states)
+        canary = await self.kube.get(
+            deployment_path(isvc.metadata.namespace or "", meta["name"], Track.CANARY)
+        )
         return Observation(
             generation=int(meta.get("generation") or 0),
-            stable=None if serving_old else deployment_state(stable),
+            stable=stable,
             canary=deployment_state(canary),
-            problem=problem,
-            topology=topology_observation(leftovers) if serving_old else None,
+            problem=desired.problem,
+            topology=topology,
             switch=switch if serving_old else None,
         )
 
-    async def _ensure_service_and_monitor(
+    @staticmethod
+    def _current(
+        known: Mapping[ChildKind, dict[str, Any] | None], kind: ChildKind, desired: Mapping[str, Any]
+    ) -> Any:
+        """The live child the triggering event already told about (the colocated one of ``kind``)."""
+        name = desired["metadata"]["name"]
+        service = desired["metadata"]["labels"][LABEL_SERVICE]
+        return known.get(kind, UNKNOWN) if name == restored_name(kind, service) else UNKNOWN
+
+    async def _ensure_side(
         self,
         body: Mapping[str, Any],
         isvc: InferenceService,
-        kinds: frozenset[ChildKind],
-        known: dict[ChildKind, dict[str, Any] | None],
+        desired: DesiredSide,
+        known: Mapping[ChildKind, dict[str, Any] | None],
         repair: bool,
         created: list[tuple[str, str]],
+    ) -> dict[str, dict[str, Any] | None]:
+        """Apply the side's Deployments (and what they need first); the live ones by part.
+
+        The rolled Deployments are rolled like the stable track (and get the live-adjust Secret),
+        the rest are kept like any other child.
+        """
+        for manifest in desired.before:
+            ensured = await self.children.ensure(manifest, body, UNKNOWN)
+            self.children.note(body, manifest["kind"], manifest["metadata"]["name"], ensured, repair, created)
+        states: dict[str, dict[str, Any] | None] = {}
+        for part, manifest in desired.rolled.items():
+            current = self._current(known, ChildKind.DEPLOYMENT, manifest)
+            states[part] = await self.children.ensure_stable(body, isvc, manifest, current, repair, created)
+        for part, manifest in desired.after.items():
+            ensured = await self.children.ensure(manifest, body, UNKNOWN)
+            self.children.note(body, "Deployment", manifest["metadata"]["name"], ensured, repair, created)
+            states[part] = ensured.actual
+        return states
+
+    async def _left(self, side: Side, body: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
+        """The Deployments of ``side`` this service still owns, by part; empty when none is left."""
+        found = {part: await self.children.owned(path, body) for part, path in side.deployments.items()}
+        return found if any(found.values()) else {}
+
+    async def _switch_service(
+        self,
+        body: Mapping[str, Any],
+        isvc: InferenceService,
+        new: Side,
+        old: Side,
+        switch: TopologySwitch,
+        kinds: frozenset[ChildKind],
+        known: Mapping[ChildKind, dict[str, Any] | None],
+        repair: bool,
+        created: list[tuple[str, str]],
+    ) -> bool:
+        """The Service while the topology changes: on the old side until the new one is Ready, then on it.
+
+        True when the Service already selected the new side before this pass (its endpoints had a
+        reconcile's time to follow): the old side may be deleted now.
+        """
+        if not switch.ready:
+            if ChildKind.SERVICE in kinds:
+                service = build_service(isvc, via_router=old.via_router)
+                current = self._current(known, ChildKind.SERVICE, service)
+                ensured = await self.children.ensure(service, body, current)
+                self.children.note(body, "Service", service["metadata"]["name"], ensured, repair, created)
+            return False
+        ensured = await self.children.ensure(build_service(isvc, via_router=new.via_router), body, UNKNOWN)
+        return not ensured.written
+
+    def _note_switch_started(
+        self,
+        body: Mapping[str, Any],
+        switch: TopologySwitch | None,
+        created: list[tuple[str, str]],
+        repair: bool,
     ) -> None:
-        """A colocated service's Service and PodMonitor, those of them in ``kinds``."""
-        for kind in (ChildKind.SERVICE, ChildKind.POD_MONITOR):
-            if kind not in kinds:
-                continue
-            if kind == ChildKind.POD_MONITOR:
-                if not await self.children.pod_monitor_wanted():
-                    continue
-                desired = build_pod_monitor(isvc, self.config.pod_monitor_labels)
-            else:
-                desired = build_service(isvc)
-            ensured = await self.children.ensure(desired, body, known.get(kind, UNKNOWN))
-            self.children.note(body, kind.value, desired["metadata"]["name"], ensured, repair, created)
+        """The ``TopologySwitching`` Event, on the pass that created the new side's Deployments."""
+        if switch is None or switch.ready or repair:
+            return
+        if any(kind == "Deployment" for kind, _ in created):
+            self.children.emit(body, ev.EventSpec(ev.EventType.NORMAL, "TopologySwitching", switch.message()))
+
+    async def _prune(self, side: Side, body: Mapping[str, Any], kinds: frozenset[ChildKind]) -> None:
+        """Delete what this service owns of ``side`` (its Deployments, its PodMonitors), of ``kinds``."""
+        if ChildKind.DEPLOYMENT in kinds:
+            for path in side.deployments.values():
+                await self.children.delete_owned(path, body)
+        pools_unmonitored = side.mode is TopologyMode.DISAGGREGATED and not self.config.disaggregation
+        if (
+            ChildKind.POD_MONITOR in kinds
+            and not pools_unmonitored
+            and await self.children.pod_monitor_wanted()
+        ):
+            for path in side.monitors:
+                await self.children.delete_owned(path, body)
 
     async def _report(
         self,
