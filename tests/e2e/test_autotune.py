@@ -25,7 +25,13 @@ from chunkpilot.api import Track
 from chunkpilot.devcluster.processes import ManagedProcess
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack
-from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
+from chunkpilot.testing.e2e import (
+    ServiceObjects,
+    apply_service,
+    sim_service_manifest,
+    start_scenario_load,
+    wait_until,
+)
 from chunkpilot.testing.stack import TUNER_ENV, StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -51,19 +57,12 @@ def stack(start_stack: StartStack) -> LocalStack:
 
 
 def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> ServiceObjects:
-    plane = stack.control_plane
-    assert plane is not None
-    plane.kubectl("create", "namespace", namespace, check=False)
-    path = stack.options.state_dir / f"{name}.json"
-    path.write_text(
-        json.dumps(
-            sim_service_manifest(
-                name, namespace, max_trials=max_trials, window="30s", warmup="10s", abort={"minSamples": 30}
-            )
-        )
+    cluster = apply_service(
+        stack,
+        sim_service_manifest(
+            name, namespace, max_trials=max_trials, window="30s", warmup="10s", abort={"minSamples": 30}
+        ),
     )
-    plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(plane, namespace, name)
     assert stack.runner is not None
     runner = stack.runner
     wait_until("the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster)

@@ -22,7 +22,7 @@ from chunkpilot.api import GROUP, VERSION
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import ServiceObjects, stream_completions, wait_until
+from chunkpilot.testing.e2e import apply_service, stream_completions, wait_until
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -80,11 +80,7 @@ def test_disaggregated_service_streams_through_the_router_with_both_pools_counti
     plane, runner = stack.control_plane, stack.runner
     assert plane is not None and runner is not None
     namespace, name = f"disagg-{uuid.uuid4().hex[:6]}", f"pd-{uuid.uuid4().hex[:6]}"
-    plane.kubectl("create", "namespace", namespace)
-    path = stack.options.state_dir / f"{name}.json"
-    path.write_text(json.dumps(disaggregated_manifest(name, namespace)))
-    plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(plane, namespace, name)
+    cluster = apply_service(stack, disaggregated_manifest(name, namespace))
     try:
         # The Service's traffic goes to the router, the only endpoint of a disaggregated service.
         if not runner.wait_for(lambda: bool(runner.ready_endpoints(name, namespace)), 180):

@@ -29,7 +29,12 @@ import pytest
 
 from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_poisson_load, wait_until
+from chunkpilot.testing.e2e import (
+    apply_service,
+    sim_service_manifest,
+    start_poisson_load,
+    wait_until,
+)
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -38,19 +43,6 @@ ITL_MS, TTFT_MS = 35, 600
 MAX_PROMPT, MAX_OUTPUT = 4000, 64
 #: Requests/s over the whole service (stable and canary share it while a trial runs).
 RATE = 1.5
-
-
-def start_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
-    """The trace's lengths, capped, at :data:`RATE` (Poisson arrivals split at random over the engines)."""
-    return start_poisson_load(
-        stack,
-        name,
-        namespace,
-        rate=RATE,
-        max_prompt_tokens=MAX_PROMPT,
-        max_output_tokens=MAX_OUTPUT,
-        duration_s=duration_s,
-    )
 
 
 @pytest.fixture
@@ -98,17 +90,21 @@ def test_an_infeasible_colocated_service_gets_the_disaggregation_recommendation_
     plane, runner = stack.control_plane, stack.runner
     assert plane is not None and runner is not None
     namespace, name = f"infeasible-{uuid.uuid4().hex[:6]}", f"tight-{uuid.uuid4().hex[:6]}"
-    plane.kubectl("create", "namespace", namespace)
-    path = stack.options.state_dir / f"{name}.json"
-    path.write_text(json.dumps(manifest(name, namespace)))
-    plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(plane, namespace, name)
+    cluster = apply_service(stack, manifest(name, namespace))
     load: BackgroundLoad | None = None
     try:
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
         )
-        load = start_load(stack, name, namespace, duration_s=480)
+        load = start_poisson_load(
+            stack,
+            name,
+            namespace,
+            rate=RATE,
+            max_prompt_tokens=MAX_PROMPT,
+            max_output_tokens=MAX_OUTPUT,
+            duration_s=480,
+        )
 
         def infeasible() -> dict[str, Any] | None:
             found = cluster.condition("SLOInfeasible")

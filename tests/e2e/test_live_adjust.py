@@ -19,7 +19,13 @@ import aiohttp
 import pytest
 
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import ServiceObjects, sim_service_manifest, start_scenario_load, wait_until
+from chunkpilot.testing.e2e import (
+    ServiceObjects,
+    apply_service,
+    sim_service_manifest,
+    start_scenario_load,
+    wait_until,
+)
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -74,11 +80,7 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
     namespace, name = "live-adjust-e2e", "live"
     assert stack.control_plane is not None and stack.runner is not None
     runner = stack.runner
-    path = stack.options.state_dir / "live.json"
-    path.write_text(json.dumps(live_manifest(name, namespace)))
-    stack.control_plane.kubectl("create", "namespace", namespace, check=False)
-    stack.control_plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(stack.control_plane, namespace, name)
+    cluster = apply_service(stack, live_manifest(name, namespace))
     try:
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster

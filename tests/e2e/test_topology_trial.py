@@ -44,7 +44,7 @@ from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
-    ServiceObjects,
+    apply_service,
     sim_service_manifest,
     start_poisson_load,
     stream_completions,
@@ -61,19 +61,6 @@ REPLICAS = 2
 RATE = 1.2
 #: (prompt words, output tokens) sent to the canary router itself: short, cheap to serve.
 DIRECT = [(40 + 23 * (i % 5), 3 + i % 6) for i in range(12)]
-
-
-def start_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
-    """The trace's lengths, capped, at :data:`RATE` (Poisson arrivals split at random over the engines)."""
-    return start_poisson_load(
-        stack,
-        name,
-        namespace,
-        rate=RATE,
-        max_prompt_tokens=MAX_PROMPT,
-        max_output_tokens=MAX_OUTPUT,
-        duration_s=duration_s,
-    )
 
 
 @pytest.fixture
@@ -132,12 +119,8 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
     plane, runner = stack.control_plane, stack.runner
     assert plane is not None and runner is not None
     namespace, name = f"topo-{uuid.uuid4().hex[:6]}", f"pd-{uuid.uuid4().hex[:6]}"
-    plane.kubectl("create", "namespace", namespace)
     body = manifest(name, namespace)
-    path = stack.options.state_dir / f"{name}.json"
-    path.write_text(json.dumps(body))
-    plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(plane, namespace, name)
+    cluster = apply_service(stack, body)
     load: BackgroundLoad | None = None
     try:
         wait_until(
@@ -146,7 +129,15 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
             120,
             cluster,
         )
-        load = start_load(stack, name, namespace, duration_s=720)
+        load = start_poisson_load(
+            stack,
+            name,
+            namespace,
+            rate=RATE,
+            max_prompt_tokens=MAX_PROMPT,
+            max_output_tokens=MAX_OUTPUT,
+            duration_s=720,
+        )
 
         def topology_trial() -> dict[str, Any] | None:
             found = next((t for t in cluster.trials() if t["spec"].get("topology")), None)

@@ -34,7 +34,7 @@ from chunkpilot.api import EngineConfig, InferenceService
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
 from chunkpilot.localrun.podrunner import ENV_SIM_GPU, ENV_SIM_STEP_PROFILE
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import TRACE, ServiceObjects, sim_service_manifest, wait_until
+from chunkpilot.testing.e2e import TRACE, apply_service, sim_service_manifest, wait_until
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -114,12 +114,8 @@ def test_the_twin_promotes_a_config_near_the_true_capacity_optimum(
     namespace, name = "twin-e2e", "twin"
     plane, runner = stack.control_plane, stack.runner
     assert plane is not None and runner is not None
-    plane.kubectl("create", "namespace", namespace, check=False)
-    path = stack.options.state_dir / "twin.json"
     body = manifest(name, namespace)
-    path.write_text(json.dumps(body))
-    plane.kubectl("apply", "-f", str(path))
-    cluster = ServiceObjects(plane, namespace, name)
+    cluster = apply_service(stack, body)
     try:
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster

@@ -10,7 +10,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,21 @@ def start_poisson_load(
     schedule = iter_wall_schedule(requests, duration_s=duration_s, repeat=True)
     balancer = RandomBalancer(stack.runner.endpoint_source(name, namespace))
     return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
+
+
+def apply_service(stack: LocalStack, manifest: Mapping[str, Any]) -> ServiceObjects:
+    """Create the manifest's namespace (if new), apply the InferenceService, and read it back.
+
+    The manifest is kept in the stack's state folder (``<name>.json``), beside the stack's logs.
+    """
+    plane = stack.control_plane
+    assert plane is not None
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    plane.kubectl("create", "namespace", namespace, check=False)
+    path = stack.options.state_dir / f"{name}.json"
+    path.write_text(json.dumps(manifest))
+    plane.kubectl("apply", "-f", str(path))
+    return ServiceObjects(plane, namespace, name)
 
 
 class ServiceObjects:
