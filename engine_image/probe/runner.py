@@ -32,6 +32,8 @@ from chunkpilot.engine.probe.roofline import (
 from chunkpilot.engine.sim.profiles.loader import ProfileError as SimProfileError
 from chunkpilot.engine.sim.profiles.loader import load_accelerator, load_model
 
+from chunkpilot.api.accelerators import matching_device
+
 if TYPE_CHECKING:
     import torch
     from chunkpilot.engine.probe.bench import Timer
@@ -136,23 +138,12 @@ def resolve_model_shape(model: str) -> ModelShape:
     return ModelShape.from_model_profile(load_model(model))
 
 
-_DEVICE_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"\bb200\b", "b200"),
-    (r"\bh200\b", "h200"),
-    (r"\bh100\b", "h100"),
-    (r"\bl40s\b", "l40s"),
-)
-
-
 def accelerator_for_device_name(name: str, memory_bytes: int) -> str | None:
-    """Map a CUDA device name (``NVIDIA H200``) onto a simulator accelerator profile name."""
-    lowered = name.lower()
-    for pattern, accelerator in _DEVICE_NAME_PATTERNS:
-        if re.search(pattern, lowered):
-            return accelerator
-    if re.search(r"\ba100\b", lowered):
-        return "a100-80gb" if memory_bytes > 50 * 2**30 else "a100-40gb"
-    return None
+    """The accelerator profile a CUDA device (``NVIDIA H200``) is: the profile whose ``device_patterns``
+    its name matches, of several (the A100's 40 and 80 GB) the one nearest its memory
+    (:func:`chunkpilot.api.accelerators.matching_device`)."""
+    profile = matching_device(name, memory_bytes)
+    return None if profile is None else profile.name
 
 
 def _linear_points(

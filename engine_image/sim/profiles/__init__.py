@@ -1,1 +1,2 @@
-"""Built-in model and accelerator profiles (JSON data files, one per profile)."""
+"""Built-in model profiles (JSON data files, one per profile) and the loader of model and accelerator
+profiles (the accelerator files are the API's, ``chunkpilot.api.accelerators``)."""

@@ -1,4 +1,9 @@
-"""Model and accelerator profiles: loaded from the bundled JSON files, by alias, or from a path."""
+"""Model and accelerator profiles: loaded from the bundled JSON files, by alias, or from a path.
+
+The model profiles are this package's ``models/*.json``; the accelerator profiles are the API's
+(``chunkpilot.api.accelerators``), the one table of accelerator names, product labels and device
+patterns, whose datasheet figures this module reads.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from chunkpilot.api.accelerators import profiles as accelerator_profiles
 
 _DTYPE_BYTES = {
     "bfloat16": 2,
@@ -148,7 +155,7 @@ def _models() -> dict[str, dict[str, Any]]:
 
 @cache
 def _accelerators() -> dict[str, dict[str, Any]]:
-    return _bundled("chunkpilot.engine.sim.profiles.accelerators")
+    return {name: dict(profile.document) for name, profile in accelerator_profiles().items()}
 
 
 def model_names() -> list[str]:

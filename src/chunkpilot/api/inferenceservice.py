@@ -71,7 +71,12 @@ class SchedulePolicy(StrEnum):
 
 
 class Accelerator(StrEnum):
-    """GPU type: a node-selection hint and the simulator's hardware profile."""
+    """GPU type: a node-selection hint and the simulator's hardware profile.
+
+    The members are the accelerator profiles that name a GPU product (``chunkpilot.api.accelerators``),
+    declared one by one so that ``Accelerator.H100`` type-checks; ``tests/api/test_accelerators.py``
+    proves the two agree.
+    """
 
     A100_40GB = "a100-40gb"
     A100_80GB = "a100-80gb"

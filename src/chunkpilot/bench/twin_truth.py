@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.api.accelerators import profiles as accelerator_profiles
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.profiles.loader import load_accelerator, load_model, normalise
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -48,20 +49,24 @@ class Perturbation:
         return f"compute x{self.compute:g}, HBM x{self.memory:g}, overhead x{self.overhead:g}"
 
 
+#: The fields of an accelerator profile that name real hardware (its node label, its device names):
+#: a truth is hardware no node and no probe names, so its profile has neither.
+_HARDWARE_IDENTITY = ("gpu_product", "device_patterns")
+
+
 def _accelerator_json(name: str) -> dict[str, object]:
     key = normalise(name)
-    for entry in resources.files("chunkpilot.engine.sim.profiles.accelerators").iterdir():
-        if entry.name.endswith(".json"):
-            data: dict[str, object] = json.loads(entry.read_text(encoding="utf-8"))
-            aliases = [normalise(str(a)) for a in data.get("aliases", ())]  # type: ignore[attr-defined]
-            if normalise(str(data["name"])) == key or key in aliases:
-                return data
+    for profile in accelerator_profiles().values():
+        if normalise(profile.name) == key or key in (normalise(a) for a in profile.aliases):
+            return dict(profile.document)
     raise ValueError(f"unknown accelerator {name!r}")
 
 
 def perturbed_accelerator(perturbation: Perturbation, accelerator: str = "h100") -> dict[str, Any]:
     """The accelerator profile JSON of ``accelerator`` with its peaks scaled and the overhead recorded."""
-    data: dict[str, Any] = dict(_accelerator_json(accelerator))
+    data: dict[str, Any] = {
+        k: v for k, v in _accelerator_json(accelerator).items() if k not in _HARDWARE_IDENTITY
+    }
     data["peak_tflops"] = round(float(data["peak_tflops"]) * perturbation.compute, 6)
     data["hbm_tb_s"] = round(float(data["hbm_tb_s"]) * perturbation.memory, 6)
     data["aliases"] = []

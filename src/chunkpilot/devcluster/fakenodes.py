@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from chunkpilot.api.accelerators import gpu_products
+
 # KWOK manages exactly the nodes carrying this annotation (``--manage-nodes-with-annotation-selector``).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
@@ -15,15 +17,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 ACCELERATOR_LABEL = "chunkpilot.io/accelerator"
 
-# Accelerator names of the InferenceService API and the product label NVIDIA's feature discovery sets.
-GPU_PRODUCTS: dict[str, str] = {
-    "a100-40gb": "NVIDIA-A100-SXM4-40GB",
-    "a100-80gb": "NVIDIA-A100-SXM4-80GB",
-    "h100": "NVIDIA-H100-80GB-HBM3",
-    "h200": "NVIDIA-H200",
-    "l40s": "NVIDIA-L40S",
-    "b200": "NVIDIA-B200",
-}
+# The accelerators of the InferenceService API and the product label NVIDIA's feature discovery sets
+# on their nodes: the accelerator profiles that name a GPU product (``chunkpilot.api.accelerators``).
+GPU_PRODUCTS: dict[str, str] = gpu_products()
 
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 

@@ -1,1 +1,0 @@
-"""Accelerator datasheet profiles: dense BF16 peak, HBM bandwidth, memory, interconnect."""
