@@ -20,6 +20,7 @@ from chunkpilot.operator.engines.common import (
     UnsupportedEngineVersion,
     check_engine_version,
 )
+from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import model_argument, served_model_name
@@ -36,6 +37,8 @@ SGLANG_IMAGE_REPOSITORY: Final = "lmsysorg/sglang"
 SGLANG_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
 METRICS_PATH: Final = "/metrics"
 COMMAND: Final = ("python3", "-m", "sglang.launch_server")
+#: The SGLang flag dialect: every managed flag is spelt by it.
+FLAGS: Final = Vocabulary(SGLANG)
 
 
 def default_sglang_image(version: str) -> str:
@@ -49,40 +52,33 @@ def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion
 
 
 def sglang_args(spec: InferenceServiceSpec) -> list[str]:
-    """The ``sglang.launch_server`` argument vector; knobs already checked."""
+    """The ``sglang.launch_server`` argument vector; knobs already checked.
+
+    Every flag is the knob table's SGLang dialect (:data:`FLAGS`).
+    """
     engine = spec.engine
     model, _ = model_argument(spec.model.name)
     args = [
-        "--model-path",
-        model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ENGINE_PORT),
-        "--served-model-name",
-        served_model_name(spec),
+        *FLAGS.server_option("model-path", model),
+        *FLAGS.server_option("host", "0.0.0.0"),
+        *FLAGS.server_option("port", ENGINE_PORT),
+        *FLAGS.server_option("served-model-name", served_model_name(spec)),
     ]
     if spec.model.revision:
-        args += ["--revision", spec.model.revision]
-    if spec.model.max_model_len is not None:
-        args += ["--context-length", str(spec.model.max_model_len)]
+        args += FLAGS.server_option("revision", spec.model.revision)
+    args += FLAGS.server_option("context-length", spec.model.max_model_len)
+    # One flag holds the budget and the switch: the budget, or -1 with chunked prefill off.
     chunk = engine.max_num_batched_tokens if engine.enable_chunked_prefill else -1
-    args += ["--chunked-prefill-size", str(chunk), "--max-running-requests", str(engine.max_num_seqs)]
-    if engine.max_prefill_tokens is not None:
-        args += ["--max-prefill-tokens", str(engine.max_prefill_tokens)]
-    if engine.schedule_policy is not None:
-        args += ["--schedule-policy", str(engine.schedule_policy)]
-    if engine.enable_mixed_chunk:
-        args.append("--enable-mixed-chunk")
-    if not engine.enable_prefix_caching:
-        args.append("--disable-radix-cache")
-    args += [
-        "--mem-fraction-static",
-        f"{engine.gpu_memory_utilization:g}",
-        "--tp-size",
-        str(engine.tensor_parallel_size),
-        "--enable-metrics",
-    ]
+    args += FLAGS.option("max_num_batched_tokens", chunk)
+    args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
+    args += FLAGS.option("max_prefill_tokens", engine.max_prefill_tokens)
+    args += FLAGS.option("schedule_policy", engine.schedule_policy)
+    args += FLAGS.present("enable_mixed_chunk", engine.enable_mixed_chunk)
+    # Prefix caching (the radix cache) is on unless disabled.
+    args += FLAGS.present("enable_prefix_caching", not engine.enable_prefix_caching)
+    args += FLAGS.option("gpu_memory_utilization", engine.gpu_memory_utilization)
+    args += FLAGS.option("tensor_parallel_size", engine.tensor_parallel_size)
+    args.append(FLAGS.server("enable-metrics"))
     return [*args, *engine.extra_args]
 
 

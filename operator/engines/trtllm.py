@@ -30,6 +30,7 @@ from chunkpilot.operator.engines.common import (
     UnsupportedKnob,
     check_engine_version,
 )
+from chunkpilot.operator.engines.flags import OptionsFile, Scalar, Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import model_argument, served_model_name
@@ -54,7 +55,12 @@ OPTIONS_ENV: Final = "CHUNKPILOT_LLM_API_OPTIONS"
 LAUNCH_SCRIPT: Final = f'printf \'%s\\n\' "${OPTIONS_ENV}" > {OPTIONS_FILE} && exec trtllm-serve "$@"'
 COMMAND: Final = ("/bin/sh", "-c", LAUNCH_SCRIPT, "trtllm-serve")
 
-Scalar = bool | int | float | str
+#: The LLM-API options that switch on the metrics (not knobs: always rendered).
+METRICS_OPTIONS: Final[dict[str, Scalar]] = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
+#: The PyTorch backend (``trtllm-serve``'s default since 1.0, rendered explicitly).
+BACKEND: Final = "pytorch"
+#: The TensorRT-LLM flag dialect: every managed flag and options-file key is spelt by it.
+FLAGS: Final = Vocabulary(TRTLLM)
 
 
 def default_trtllm_image(version: str) -> str:
@@ -67,26 +73,10 @@ def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion
     return check_engine_version(ENGINE_NAME, MIN_VERSION, version_text)
 
 
-def llm_api_options(spec: InferenceServiceSpec) -> dict[str, Scalar | dict[str, Scalar]]:
-    """The options file's content: the knobs ``trtllm-serve`` has no flag for, and the metrics switches."""
-    engine = spec.engine
-    scheduler: dict[str, Scalar] = {}
-    if engine.capacity_scheduler_policy is not None:
-        scheduler["capacity_scheduler_policy"] = str(engine.capacity_scheduler_policy)
-    if engine.context_chunking_policy is not None:
-        scheduler["context_chunking_policy"] = str(engine.context_chunking_policy)
-    options: dict[str, Scalar | dict[str, Scalar]] = {
-        "enable_chunked_prefill": engine.enable_chunked_prefill,
-        "enable_iter_perf_stats": True,
-        "return_perf_metrics": True,
-        "kv_cache_config": {
-            "enable_block_reuse": engine.enable_prefix_caching,
-            "free_gpu_memory_fraction": engine.gpu_memory_utilization,
-        },
-    }
-    if scheduler:
-        options["scheduler_config"] = scheduler
-    return options
+def llm_api_options(spec: InferenceServiceSpec) -> OptionsFile:
+    """The options file's content: the knobs ``trtllm-serve`` has no flag for (the knob table's
+    options-file keys), and the metrics switches."""
+    return FLAGS.options_file(spec.engine, plain=METRICS_OPTIONS)
 
 
 def _scalar(value: Scalar) -> str:
@@ -97,7 +87,7 @@ def _scalar(value: Scalar) -> str:
     return str(value)
 
 
-def options_yaml(options: dict[str, Scalar | dict[str, Scalar]]) -> str:
+def options_yaml(options: OptionsFile) -> str:
     """Block-style YAML of a two-level mapping of plain scalars (keys in order)."""
     lines: list[str] = []
     for key, value in options.items():
@@ -110,24 +100,26 @@ def options_yaml(options: dict[str, Scalar | dict[str, Scalar]]) -> str:
 
 
 def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
-    """The ``trtllm-serve`` argument vector (``serve <model> ...``); knobs already checked."""
+    """The ``trtllm-serve`` argument vector (``serve <model> ...``); knobs already checked.
+
+    Every flag is the knob table's TensorRT-LLM dialect (:data:`FLAGS`).
+    """
     engine = spec.engine
     model, _ = model_argument(spec.model.name)
-    args = ["serve", model, "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--backend", "pytorch"]
-    if spec.model.revision:
-        args += ["--revision", spec.model.revision]
-    if spec.model.max_model_len is not None:
-        args += ["--max_seq_len", str(spec.model.max_model_len)]
-    args += [
-        "--max_num_tokens",
-        str(engine.max_num_batched_tokens),
-        "--max_batch_size",
-        str(engine.max_num_seqs),
-        "--tp_size",
-        str(engine.tensor_parallel_size),
-        "--extra_llm_api_options",
-        OPTIONS_FILE,
+    args = [
+        "serve",
+        model,
+        *FLAGS.server_option("host", "0.0.0.0"),
+        *FLAGS.server_option("port", ENGINE_PORT),
+        *FLAGS.server_option("backend", BACKEND),
     ]
+    if spec.model.revision:
+        args += FLAGS.server_option("revision", spec.model.revision)
+    args += FLAGS.server_option("max_seq_len", spec.model.max_model_len)
+    args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
+    args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
+    args += FLAGS.option("tensor_parallel_size", engine.tensor_parallel_size)
+    args += FLAGS.server_option("extra_llm_api_options", OPTIONS_FILE)
     return [*args, *engine.extra_args]
 
 

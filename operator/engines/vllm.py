@@ -9,7 +9,6 @@ unknown flag or silently ignores it.
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from chunkpilot.operator.engines.common import (
     UnsupportedKnob,
     check_engine_version,
 )
+from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
 
@@ -53,6 +53,8 @@ V0_REMOVED: Final = VLLM_V0_REMOVED
 CHUNKED_PREFILL_NEGATION_SINCE: Final = EngineVersion(0, 10, 0)
 #: Newest knobs: the first release this renderer knows to accept them.
 V0_33: Final = VLLM_0_33
+#: The vLLM flag dialect (the simulator speaks it too): every managed flag is spelt by it.
+FLAGS: Final = Vocabulary(VLLM)
 
 VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
 VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
@@ -256,14 +258,8 @@ def served_model_name(spec: InferenceServiceSpec) -> str:
     return name
 
 
-def _bool_flag(flag: str, value: bool, negation: bool) -> str:
-    """``--flag`` when on; ``--no-flag`` when off, or ``--flag=false`` where no negation exists."""
-    if value:
-        return flag
-    return "--no-" + flag.removeprefix("--") if negation else f"{flag}=false"
-
-
-def _speculative_config(spec: InferenceServiceSpec) -> str | None:
+def _speculative_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    """The ``--speculative-config`` object (the vocabulary writes it as compact JSON, keys sorted)."""
     speculative = spec.engine.speculative
     if speculative is None:
         return None
@@ -273,44 +269,37 @@ def _speculative_config(spec: InferenceServiceSpec) -> str | None:
     }
     if speculative.draft_model:
         config["model"] = speculative.draft_model
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return config
 
 
 def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
-    """The ``vllm serve`` argument vector (model first) for ``version``; knobs already checked."""
+    """The ``vllm serve`` argument vector (model first) for ``version``; knobs already checked.
+
+    Every flag is the knob table's (:data:`FLAGS`); the order is the table's too.
+    """
     engine = spec.engine
     model, _ = model_argument(spec.model.name)
     args = [
         model,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ENGINE_PORT),
-        "--served-model-name",
-        served_model_name(spec),
+        *FLAGS.server_option("host", "0.0.0.0"),
+        *FLAGS.server_option("port", ENGINE_PORT),
+        *FLAGS.server_option("served-model-name", served_model_name(spec)),
     ]
     if spec.model.revision:
-        args += ["--revision", spec.model.revision]
-    if spec.model.max_model_len is not None:
-        args += ["--max-model-len", str(spec.model.max_model_len)]
-    args += [
-        "--max-num-batched-tokens",
-        str(engine.max_num_batched_tokens),
-        "--max-num-seqs",
-        str(engine.max_num_seqs),
-    ]
-    if engine.max_num_active_seqs is not None:
-        args += ["--max-num-active-seqs", str(engine.max_num_active_seqs)]
-    args.append(
-        _bool_flag(
-            "--enable-chunked-prefill",
-            engine.enable_chunked_prefill,
-            negation=version >= CHUNKED_PREFILL_NEGATION_SINCE,
-        )
+        args += FLAGS.server_option("revision", spec.model.revision)
+    args += FLAGS.server_option("max-model-len", spec.model.max_model_len)
+    args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
+    args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
+    args += FLAGS.option("max_num_active_seqs", engine.max_num_active_seqs)
+    args += FLAGS.switch(
+        "enable_chunked_prefill",
+        engine.enable_chunked_prefill,
+        negation=version >= CHUNKED_PREFILL_NEGATION_SINCE,
     )
-    args += ["--long-prefill-token-threshold", str(engine.long_prefill_token_threshold)]
-    if engine.long_prefill_token_threshold_adaptive:
-        args.append("--long-prefill-token-threshold-adaptive")
+    args += FLAGS.option("long_prefill_token_threshold", engine.long_prefill_token_threshold)
+    args += FLAGS.present(
+        "long_prefill_token_threshold_adaptive", engine.long_prefill_token_threshold_adaptive
+    )
     extra_args = list(engine.extra_args)
     if uses_plugin(spec, version):
         plugin = plugin_args(plugin_settings(spec, version), extra_args)
@@ -319,20 +308,12 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
             extra_args = _without_additional_config(extra_args)
             args += plugin
     else:
-        if engine.max_num_partial_prefills is not None:
-            args += ["--max-num-partial-prefills", str(engine.max_num_partial_prefills)]
-        if engine.max_long_partial_prefills is not None:
-            args += ["--max-long-partial-prefills", str(engine.max_long_partial_prefills)]
-    args.append(_bool_flag("--enable-prefix-caching", engine.enable_prefix_caching, negation=True))
-    speculative = _speculative_config(spec)
-    if speculative is not None:
-        args += ["--speculative-config", speculative]
-    args += [
-        "--gpu-memory-utilization",
-        f"{engine.gpu_memory_utilization:g}",
-        "--tensor-parallel-size",
-        str(engine.tensor_parallel_size),
-    ]
+        args += FLAGS.option("max_num_partial_prefills", engine.max_num_partial_prefills)
+        args += FLAGS.option("max_long_partial_prefills", engine.max_long_partial_prefills)
+    args += FLAGS.switch("enable_prefix_caching", engine.enable_prefix_caching)
+    args += FLAGS.option("speculative", _speculative_config(spec))
+    args += FLAGS.option("gpu_memory_utilization", engine.gpu_memory_utilization)
+    args += FLAGS.option("tensor_parallel_size", engine.tensor_parallel_size)
     if version >= V0_33:
         args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     args += extra_args
