@@ -17,11 +17,9 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
@@ -46,8 +44,8 @@ from chunkpilot.api import (
     InferenceServiceStatus,
     TuningTrial,
 )
+from chunkpilot.testing.services import example_body
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
 NS, NAME = "default", "chat"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = timedelta(seconds=5)
@@ -205,7 +203,7 @@ class Harness:
         ttft_ms: Callable[[int], float] = lambda b: 300_000 / b,
         **spec: Any,
     ) -> None:
-        manifest = yaml.safe_load(EXAMPLE.read_text())
+        manifest = example_body()
         manifest["metadata"]["namespace"] = NS
         manifest["spec"]["engine"]["maxNumBatchedTokens"] = 8192
         manifest["spec"]["autotune"].update(

@@ -7,21 +7,12 @@ typed actions, status fields and conditions.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
-import yaml
-from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTelemetry
-from chunkpilot.engine.sim.offline import simulate
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.operator.builders import incumbent
-from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide.canary import canary_manifest, target_limits
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
@@ -37,158 +28,51 @@ from chunkpilot.tuner.decide.plan import (
     Plan,
 )
 from chunkpilot.tuner.decide.step import decide
-from chunkpilot.tuner.measure import TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.measure import WindowMeasurement
 from chunkpilot.tuner.observe.canary import ANNOTATION_PARKED, started_config
-from chunkpilot.tuner.observe.observer import parse_service
-from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
-from chunkpilot.tuner.observe.twin import NO_TELEMETRY, TwinReading
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot, TwinReading
+from chunkpilot.tuner.observe.twin import NO_TELEMETRY
 from chunkpilot.tuner.space import TunedConfig
-from chunkpilot.tuner.twin import Twin, fit_steps
+from chunkpilot.tuner.twin import Twin, TwinFit
 from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
 from chunkpilot.tuner.twin.search import Candidate
 
-from chunkpilot.api import (
-    EngineConfig,
-    InferenceService,
-    Measurement,
-    ObjectMeta,
-    TrialPhase,
-    TrialProgress,
-    TrialTwin,
-    TrialVerdict,
-    TuningTrial,
-    TuningTrialSpec,
-    TuningTrialStatus,
-    TwinState,
-    trial_labels,
-    trial_name,
-)
+from chunkpilot.api import EngineConfig, TrialPhase, TrialProgress, TrialTwin, TuningTrial, TwinState
+from chunkpilot.testing.deployments import a_ready_state, after_rollout
+from chunkpilot.testing.services import NOW, a_service, a_service_body
+from chunkpilot.testing.trials import STARTED, TRIAL_CONFIG, a_missed_trial, a_trial, with_status
+from chunkpilot.testing.tuner import a_fitted_reading, a_measurement, a_snapshot, of_type, trial_status
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SETTINGS = TunerSettings(rollout_timeout_s=120)
-TRIAL_CONFIG = EngineConfig(max_num_batched_tokens=1024, max_num_seqs=64)
-READY = DeploymentState(
-    desired=1, replicas=1, ready=1, updated=1, available=1, generation=1, observed_generation=1
-)
+READY = a_ready_state()
+STABLE_VIOLATING = Reading(a_measurement("stable", 90.0))
 
 
 def service_body(**autotune: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
-    body["spec"]["engine"]["maxNumBatchedTokens"] = 8192
-    body["spec"]["autotune"].update({"trialWindow": "60s", "warmup": "10s", "maxTrials": 6, **autotune})
-    return body
-
-
-def service(body: dict[str, Any]) -> InferenceService:
-    isvc = parse_service(body)
-    assert isvc is not None
-    return isvc
-
-
-def trial(
-    number: int = 1,
-    phase: TrialPhase | None = TrialPhase.MEASURING,
-    progress: TrialProgress | None = None,
-    params: EngineConfig = TRIAL_CONFIG,
-    **status: Any,
-) -> TuningTrial:
-    return TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name("chat", number),
-            namespace="default",
-            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
-        ),
-        spec=TuningTrialSpec(service_name="chat", number=number, params=params, window="60s"),
-        status=TuningTrialStatus(
-            phase=phase, started_at=NOW - timedelta(seconds=30), progress=progress, **status
-        )
-        if phase is not None
-        else None,
-    )
+    """The chat service at an 8192-token budget, six trials at most, ``autotune`` fields on top."""
+    return a_service_body(engine={"maxNumBatchedTokens": 8192}, autotune={"maxTrials": 6, **autotune})
 
 
 def canary_of(body: dict[str, Any], owner: TuningTrial, ready: bool = True, **start: Any) -> dict[str, Any]:
     start_config = owner.spec.params.model_copy(update=start) if start else None
-    manifest = canary_manifest(service(body), body, owner, start_config)
-    manifest["metadata"]["generation"] = 1
-    replicas = manifest["spec"]["replicas"] if ready else 0
-    manifest["status"] = {
-        "replicas": manifest["spec"]["replicas"],
-        "readyReplicas": replicas,
-        "updatedReplicas": manifest["spec"]["replicas"],
-        "availableReplicas": replicas,
-        "observedGeneration": 1,
-    }
-    return manifest
-
-
-def measurement(
-    track: str, itl_ms: float, ttft_ms: float = 500.0, samples: float = 500.0
-) -> TrackMeasurement:
-    return TrackMeasurement(
-        track=track,
-        window="60s",
-        time=NOW,
-        itl_quantile=0.99,
-        ttft_quantile=0.95,
-        itl_ms=itl_ms,
-        ttft_ms=ttft_ms,
-        itl_samples=samples * 50,
-        ttft_samples=samples,
-        generation_tok_s=1000.0,
-        prompt_tok_s=2000.0,
-        request_rate=5.0,
-        replicas=1,
-    )
-
-
-STABLE_VIOLATING = Reading(measurement("stable", 90.0))
+    return after_rollout(canary_manifest(a_service(body), body, owner, start_config), ready)
 
 
 def snapshot(
     body: dict[str, Any] | None = None, trials: Sequence[TuningTrial] = (), **fields: Any
 ) -> Snapshot:
-    body = body or service_body()
-    isvc = service(body)
-    assert isvc.status is not None
+    """A step of ``body`` (default :func:`service_body`): stable ready, violating its ITL SLO."""
     values: dict[str, Any] = {
         "stable": READY,
         "prometheus": True,
         "stable_reading": STABLE_VIOLATING,
         **fields,
     }
-    return Snapshot(
-        body=body,
-        isvc=isvc,
-        status=isvc.status,
-        trials=tuple(trials),
-        now=NOW,
-        incumbent=incumbent(isvc),
-        **values,
-    )
-
-
-A = TypeVar("A")
-
-
-def of_type(plan: Plan, kind: type[A]) -> list[A]:
-    return [a for a in plan.actions if isinstance(a, kind)]
+    return a_snapshot(body or service_body(), trials, **values)
 
 
 def events(actions: Sequence[Action]) -> list[str]:
     return [a.event.reason for a in actions if isinstance(a, Emit)]
-
-
-def trial_status(plan: Plan | Sequence[Action]) -> dict[str, Any]:
-    """Every status field the plan writes to trials, merged in order."""
-    merged: dict[str, Any] = {}
-    actions = plan.actions if isinstance(plan, Plan) else plan
-    for action in actions:
-        if isinstance(action, PatchTrial):
-            merged.update(action.patch["status"])
-    return merged
 
 
 def condition(plan: Plan, type_: str) -> tuple[str, str] | None:
@@ -229,7 +113,7 @@ def test_prometheus_down_is_an_explicit_reading_and_starts_nothing() -> None:
 
 def test_stopped_after_max_trials_creates_nothing_and_releases_a_parked_canary() -> None:
     body = service_body(maxTrials=2, liveAdjust=True)
-    done = [trial(n, TrialPhase.ROLLED_BACK, verdict="Discarded") for n in (1, 2)]
+    done = [a_trial(n, TrialPhase.ROLLED_BACK, verdict="Discarded") for n in (1, 2)]
     parked = canary_of(body, done[-1])
     parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"})
     plan = decide(snapshot(body, done, canary=parked), SETTINGS)
@@ -245,7 +129,7 @@ def test_paused_or_disabled_aborts_the_running_trial_and_deletes_its_canary(
     change: dict[str, Any], reason: str
 ) -> None:
     body = service_body(**change)
-    running = trial()
+    running = a_trial()
     body["status"] = {
         "conditions": [{"type": "Tuning", "status": "True", "reason": "TrialRunning", "message": ""}]
     }
@@ -258,8 +142,8 @@ def test_paused_or_disabled_aborts_the_running_trial_and_deletes_its_canary(
 
 def test_an_orphaned_canary_is_deleted() -> None:
     body = service_body()
-    orphan = canary_of(body, trial(7))
-    plan = decide(snapshot(body, [trial(7, TrialPhase.ROLLED_BACK)], canary=orphan), SETTINGS)
+    orphan = canary_of(body, a_trial(7))
+    plan = decide(snapshot(body, [a_trial(7, TrialPhase.ROLLED_BACK)], canary=orphan), SETTINGS)
     assert of_type(plan, DeleteCanary) and "OrphanRemoved" in events(plan.actions)
 
 
@@ -267,7 +151,7 @@ def test_an_orphaned_canary_is_deleted() -> None:
 
 
 def test_pending_applies_the_canary_and_moves_to_rolling_out() -> None:
-    pending = trial(phase=TrialPhase.PENDING)
+    pending = a_trial(phase=TrialPhase.PENDING)
     plan = decide(snapshot(trials=[pending]), SETTINGS)
     (apply,) = of_type(plan, ApplyCanary)
     assert apply.manifest["metadata"]["annotations"][rec.ANNOTATION_TRIAL] == "chat-trial-1"
@@ -278,7 +162,7 @@ def test_pending_applies_the_canary_and_moves_to_rolling_out() -> None:
 
 def test_rolling_out_starts_the_warm_up_once_the_canary_is_ready() -> None:
     body = service_body()
-    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    rolling = a_trial(phase=TrialPhase.ROLLING_OUT)
     plan = decide(snapshot(body, [rolling], canary=canary_of(body, rolling)), SETTINGS)
     status = trial_status(plan)
     assert status["phase"] == "Measuring"
@@ -288,10 +172,7 @@ def test_rolling_out_starts_the_warm_up_once_the_canary_is_ready() -> None:
 
 def test_rolling_out_times_out() -> None:
     body = service_body()
-    rolling = trial(phase=TrialPhase.ROLLING_OUT)
-    late = rolling.model_copy(
-        update={"status": rolling.status.model_copy(update={"started_at": NOW - timedelta(seconds=121)})}  # type: ignore[union-attr]
-    )
+    late = a_trial(phase=TrialPhase.ROLLING_OUT, started_at=NOW - timedelta(seconds=121))
     plan = decide(snapshot(body, [late], canary=canary_of(body, late, ready=False)), SETTINGS)
     assert trial_status(plan)["verdict"] == "Aborted"
     assert "did not become Ready within 120s" in trial_status(plan)["reason"]
@@ -299,7 +180,7 @@ def test_rolling_out_times_out() -> None:
 
 def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None:
     body = service_body(liveAdjust=True)
-    rolling = trial(phase=TrialPhase.ROLLING_OUT)
+    rolling = a_trial(phase=TrialPhase.ROLLING_OUT)
     canary = canary_of(body, rolling, max_num_batched_tokens=8192, max_num_seqs=256)
     pod = {
         "metadata": {"name": "p", "labels": dict(canary["spec"]["template"]["metadata"]["labels"])},
@@ -323,7 +204,7 @@ def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None
 
 
 def measuring(measure_from: datetime, **progress: Any) -> TuningTrial:
-    return trial(
+    return a_trial(
         progress=TrialProgress(
             ready_at=measure_from - timedelta(seconds=10), measure_from=measure_from, **progress
         )
@@ -333,7 +214,8 @@ def measuring(measure_from: datetime, **progress: Any) -> TuningTrial:
 def window(canary_itl: float, samples: float = 500.0) -> Reading[WindowMeasurement]:
     return Reading(
         WindowMeasurement(
-            measurement("canary", canary_itl, samples=samples), measurement("stable", 90.0, samples=samples)
+            a_measurement("canary", canary_itl, samples=samples),
+            a_measurement("stable", 90.0, samples=samples),
         )
     )
 
@@ -402,10 +284,10 @@ def test_a_finished_live_trial_parks_its_canary() -> None:
 
 def test_a_parked_canary_is_taken_over_by_the_next_trial_without_a_rollout() -> None:
     body = service_body(liveAdjust=True)
-    previous = trial(1, TrialPhase.ROLLED_BACK, verdict="Discarded")
+    previous = a_trial(1, TrialPhase.ROLLED_BACK, verdict="Discarded")
     parked = canary_of(body, previous, max_num_batched_tokens=8192, max_num_seqs=256)
     parked["metadata"]["annotations"].update({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"})
-    plan = decide(snapshot(body, [previous, trial(2, TrialPhase.PENDING)], canary=parked), SETTINGS)
+    plan = decide(snapshot(body, [previous, a_trial(2, TrialPhase.PENDING)], canary=parked), SETTINGS)
     assert of_type(plan, ApplyCanary) == [] and of_type(plan, DeleteCanary) == []
     (take,) = of_type(plan, AnnotateCanary)
     assert take.annotations == {rec.ANNOTATION_TRIAL: "chat-trial-2", ANNOTATION_PARKED: None}
@@ -421,7 +303,7 @@ def promoted_body(applied: str | None) -> tuple[dict[str, Any], TuningTrial]:
         "bestTrial": "chat-trial-1",
         "appliedConfigHash": applied,
     }
-    return body, trial(1, TrialPhase.PROMOTED, verdict="Promoted")
+    return body, a_trial(1, TrialPhase.PROMOTED, verdict="Promoted")
 
 
 def test_a_promotion_waits_for_the_operator_and_is_marked_applied_when_stable_runs_it() -> None:
@@ -449,23 +331,23 @@ def test_a_promotion_the_spec_can_no_longer_run_does_not_block_tuning() -> None:
         "bestTrial": "chat-trial-1",
         "appliedConfigHash": "0",
     }
-    promoted = trial(1, TrialPhase.PROMOTED, params=unrunnable, verdict="Promoted")
+    promoted = a_trial(1, TrialPhase.PROMOTED, params=unrunnable, verdict="Promoted")
     plan = decide(snapshot(body, [promoted]), SETTINGS)
     assert condition(plan, "Tuning") == ("True", "TrialRunning")
     (create,) = of_type(plan, CreateTrial)
-    spec_config = EngineConfig.from_engine(service(body).spec.engine)
+    spec_config = EngineConfig.from_engine(a_service(body).spec.engine)
     assert create.manifest["spec"]["baselineConfigHash"] == spec_config.config_hash()  # what stable runs
 
 
 def test_an_interrupted_promotion_writes_best_config_again() -> None:
     body = service_body()
-    plan = decide(snapshot(body, [trial(1, TrialPhase.PROMOTED, verdict="Promoted")]), SETTINGS)
+    plan = decide(snapshot(body, [a_trial(1, TrialPhase.PROMOTED, verdict="Promoted")]), SETTINGS)
     assert plan.status["bestConfig"] == TRIAL_CONFIG.to_k8s()
     assert of_type(plan, PatchTrial) == []
 
 
 def test_a_trial_of_the_previous_release_is_read_from_its_annotations() -> None:
-    legacy = trial(progress=None)
+    legacy = a_trial(progress=None)
     legacy.metadata.annotations = {
         "chunkpilot.io/measure-from": "2026-01-01T11:59:40Z",
         "chunkpilot.io/metrics-gap-since": "2026-01-01T11:59:55Z",
@@ -490,18 +372,9 @@ def test_a_trial_of_the_previous_release_is_read_from_its_annotations() -> None:
 
 
 @pytest.fixture(scope="module")
-def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+def calibration(sim_twin: Callable[[int], tuple[TwinFit, Twin]]) -> Calibration:
     """A real fit (the simulator's steps on its datasheet H100) and a hand-made ranking."""
-    engine = SimConfig(
-        model="llama-3.1-8b",
-        accelerator="h100",
-        scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=256),
-    )
-    telemetry = StepTelemetry()
-    workload = load_trace("azure_conv_2023", rate=2.0, limit=80)
-    simulate(engine, workload, telemetry=telemetry)
-    fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
-    twin = Twin.build(fit, workload, tmp_path_factory.mktemp("twin"))
+    fit, twin = sim_twin(256)
     ranked = (
         Candidate(TunedConfig(2048, 128), 12.0, tokens_s=3000.0),
         Candidate(TunedConfig(1536, 128), 11.0, tokens_s=2800.0),
@@ -511,16 +384,9 @@ def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
 
 
 def fitted(calibration: Calibration, **fields: Any) -> TwinReading:
-    values: dict[str, Any] = {
-        "state": TwinState.FITTED,
-        "calibration": calibration,
-        "ranked": True,
-        "key": "k",
-        "live_rate_req_s": 5.0,
-        "measured_ms": (31.0, 420.0),
-        **fields,
-    }
-    return TwinReading(**values)
+    """Ranked this step, 5 req/s live, stable measured at 31 and 420 ms."""
+    values: dict[str, Any] = {"ranked": True, "live_rate_req_s": 5.0, "measured_ms": (31.0, 420.0), **fields}
+    return a_fitted_reading(calibration, **values)
 
 
 def test_a_fitted_twin_picks_its_best_candidate_and_records_itself_on_the_service(
@@ -543,7 +409,7 @@ def test_a_fitted_twin_picks_its_best_candidate_and_records_itself_on_the_servic
     assert condition(plan, "TwinUnavailable") == ("False", "TwinFitted")
     assert "TwinCandidate" in events(plan.actions)
     # Tried candidates are skipped; the ranking of an earlier step (same key) serves as well.
-    first = trial(
+    first = a_trial(
         1, TrialPhase.ROLLED_BACK, params=EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128)
     )
     body = service_body()
@@ -599,8 +465,6 @@ def test_too_little_telemetry_waits_and_says_so() -> None:
 
 
 def twin_trial(measure_from: datetime) -> TuningTrial:
-    done = measuring(measure_from)
-    assert done.status is not None
     block = TrialTwin(
         capacity_req_s=12.0,
         capacity=12.0,
@@ -610,27 +474,33 @@ def twin_trial(measure_from: datetime) -> TuningTrial:
         tolerance=0.25,
         rank=1,
     )
-    return done.model_copy(update={"status": done.status.model_copy(update={"twin": block})})
+    return with_status(measuring(measure_from), twin=block)
 
 
 def stable_meeting() -> Reading[WindowMeasurement]:
     return Reading(
-        WindowMeasurement(measurement("canary", 30.0), measurement("stable", 40.0)),
+        WindowMeasurement(a_measurement("canary", 30.0), a_measurement("stable", 40.0)),
+    )
+
+
+def at_window_end(calibration: Calibration, done: TuningTrial, **twin: Any) -> Snapshot:
+    """The step at the end of ``done``'s window: both tracks meet the SLOs (stable at 40 ms) and the
+    twin's fields (its ``check`` of the canary, …) are ``twin``."""
+    body = service_body()
+    return snapshot(
+        body,
+        [done],
+        canary=canary_of(body, done),
+        stable_reading=Reading(a_measurement("stable", 40.0)),
+        window=stable_meeting(),
+        twin=fitted(calibration, ranked=False, **twin),
     )
 
 
 def test_a_canary_that_confirms_the_twin_is_promoted_on_predicted_capacity(calibration: Calibration) -> None:
-    body = service_body()
     done = twin_trial(NOW - timedelta(seconds=61))
     check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
-    snap = snapshot(
-        body,
-        [done],
-        canary=canary_of(body, done),
-        stable_reading=Reading(measurement("stable", 40.0)),
-        window=stable_meeting(),
-        twin=fitted(calibration, ranked=False, check=check),
-    )
+    snap = at_window_end(calibration, done, check=check)
     plan = decide(snap, SETTINGS)
     status = trial_status(plan)
     assert status["verdict"] == "Promoted" and status["objective"] == 12.0
@@ -642,17 +512,9 @@ def test_a_canary_that_confirms_the_twin_is_promoted_on_predicted_capacity(calib
 def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
     calibration: Calibration,
 ) -> None:
-    body = service_body()
     done = twin_trial(NOW - timedelta(seconds=61))
     check = CanaryCheck(2.5, (15.0, 450.0), (30.0, 500.0))
-    snap = snapshot(
-        body,
-        [done],
-        canary=canary_of(body, done),
-        stable_reading=Reading(measurement("stable", 40.0)),
-        window=stable_meeting(),
-        twin=fitted(calibration, ranked=False, check=check),
-    )
+    snap = at_window_end(calibration, done, check=check)
     status = trial_status(decide(snap, SETTINGS))
     assert status["verdict"] == "Discarded" and status["twin"]["error"] == 0.5
     assert "disagree" in status["reason"] and "refitting the twin" in status["reason"]
@@ -661,18 +523,10 @@ def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
 def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing_on_its_word(
     calibration: Calibration,
 ) -> None:
-    body = service_body()
     done = twin_trial(NOW - timedelta(seconds=61))
     agreeing = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
     stable_off = CanaryCheck(2.5, (20.0, 300.0), (40.0, 500.0))
-    snap = snapshot(
-        body,
-        [done],
-        canary=canary_of(body, done),
-        stable_reading=Reading(measurement("stable", 40.0)),
-        window=stable_meeting(),
-        twin=fitted(calibration, ranked=False, check=agreeing, stable_check=stable_off),
-    )
+    snap = at_window_end(calibration, done, check=agreeing, stable_check=stable_off)
     status = trial_status(decide(snap, SETTINGS))
     assert status["verdict"] == "Discarded" and status["twin"]["fitError"] == 0.5
     assert (
@@ -685,7 +539,7 @@ def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing
 
 
 def test_a_trial_the_sampler_chose_says_why_the_twin_predicted_nothing(calibration: Calibration) -> None:
-    pending = trial(phase=TrialPhase.PENDING)  # created without a twin block: the sampler chose it
+    pending = a_trial(phase=TrialPhase.PENDING)  # created without a twin block: the sampler chose it
 
     def rolled_out(snap: Snapshot) -> dict[str, Any]:
         status = trial_status(decide(snap, SETTINGS))
@@ -706,39 +560,31 @@ def test_a_trial_the_sampler_chose_says_why_the_twin_predicted_nothing(calibrati
     )
     # Every candidate of the twin's ranking tried: the sampler's trial says so.
     tried = [
-        trial(n, TrialPhase.ROLLED_BACK, params=EngineConfig(max_num_batched_tokens=b, max_num_seqs=128))
+        a_trial(n, TrialPhase.ROLLED_BACK, params=EngineConfig(max_num_batched_tokens=b, max_num_seqs=128))
         for n, b in ((1, 2048), (2, 1536))
     ]
-    exhausted = rolled_out(snapshot(trials=[*tried, trial(3, TrialPhase.PENDING)], twin=fitted(calibration)))
+    exhausted = rolled_out(
+        snapshot(trials=[*tried, a_trial(3, TrialPhase.PENDING)], twin=fitted(calibration))
+    )
     assert exhausted["message"] == (
         "no prediction: chosen by the sampler: every configuration the twin ranked was tried"
     )
     # A trial the twin chose keeps its block as it is.
-    chosen = trial(phase=TrialPhase.PENDING, twin=TrialTwin(capacity_req_s=12.0, rank=1))
+    chosen = a_trial(phase=TrialPhase.PENDING, twin=TrialTwin(capacity_req_s=12.0, rank=1))
     assert "twin" not in trial_status(decide(snapshot(trials=[chosen], twin=fitted(calibration)), SETTINGS))
 
 
 def sampler_trial(measure_from: datetime) -> TuningTrial:
-    done = measuring(measure_from)
-    assert done.status is not None
     block = TrialTwin(tolerance=0.15, message="no prediction: chosen by the sampler: every configuration …")
-    return done.model_copy(update={"status": done.status.model_copy(update={"twin": block})})
+    return with_status(measuring(measure_from), twin=block)
 
 
 def test_a_trial_without_a_prediction_still_records_the_twins_error_on_its_canary(
     calibration: Calibration,
 ) -> None:
-    body = service_body()
     done = sampler_trial(NOW - timedelta(seconds=61))
     check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
-    snap = snapshot(
-        body,
-        [done],
-        canary=canary_of(body, done),
-        stable_reading=Reading(measurement("stable", 40.0)),
-        window=stable_meeting(),
-        twin=fitted(calibration, ranked=False, check=check),
-    )
+    snap = at_window_end(calibration, done, check=check)
     status = trial_status(decide(snap, SETTINGS))
     assert status["verdict"] == "Promoted"  # on the measured objective, as without a twin
     assert status["twin"]["error"] == 0.1 and status["twin"]["predictedItlMs"] == 28.0
@@ -772,10 +618,7 @@ def test_a_pruned_trial_keeps_its_capacity_and_the_twins_error_on_the_part_it_ra
 
 def test_an_aborted_trial_says_the_twin_was_not_checked() -> None:
     body = service_body()
-    rolling = trial(phase=TrialPhase.ROLLING_OUT)
-    late = rolling.model_copy(
-        update={"status": rolling.status.model_copy(update={"started_at": NOW - timedelta(seconds=121)})}  # type: ignore[union-attr]
-    )
+    late = a_trial(phase=TrialPhase.ROLLING_OUT, started_at=NOW - timedelta(seconds=121))
     plan = decide(snapshot(body, [late], canary=canary_of(body, late, ready=False)), SETTINGS)
     block = trial_status(plan)["twin"]
     assert block["message"] == "not checked: aborted (the canary did not become Ready within 120s)"
@@ -797,14 +640,14 @@ def test_the_twins_bound_is_ranked_for_the_infeasibility_only_from_its_minimum_o
     monkeypatch.setattr(decide_module, "twin_bound", spy)
 
     def missed(number: int, budget: int) -> TuningTrial:
-        canary = Measurement(itl_ms=90.0, itl_quantile=0.99, ttft_ms=900.0, ttft_quantile=0.95, samples=500)
-        return trial(
+        return a_missed_trial(
             number,
-            TrialPhase.ROLLED_BACK,
-            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=64),
-            verdict=TrialVerdict.DISCARDED,
-            canary=canary,
+            budget,
+            90.0,
+            900.0,
+            max_num_seqs=64,
             objective=10.0,
+            started_at=STARTED,
             finished_at=NOW - timedelta(minutes=10 - number),
         )
 

@@ -47,6 +47,7 @@ from chunkpilot.tuner.measure import (
 
 from chunkpilot.api import Track
 from chunkpilot.devcluster.prometheus import TargetGroup
+from chunkpilot.testing.metrics import histogram_lines
 
 SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -401,11 +402,8 @@ class _PoolExporter(_ExpositionServer):
                 return None
             rate, bucket = paths[path]
             done = rate * elapsed
-            lines = [f"# TYPE {success} counter", f"{success} {done}", f"# TYPE {ttft} histogram"]
-            for le in buckets:
-                count = done if float(le) >= float(bucket) else 0.0
-                lines.append(f'{ttft}_bucket{{le="{le}"}} {count}')
-            lines += [f"{ttft}_count {done}", f"{ttft}_sum {done * float(bucket)}"]
+            lines = [f"# TYPE {success} counter", f"{success} {done}"]
+            lines += histogram_lines(ttft, buckets, float(bucket), done)
             return "\n".join(lines) + "\n"
 
         super().__init__(render)
@@ -477,11 +475,9 @@ class _LatencyExporter(_ExpositionServer):
             success = tuner_metrics("vllm").request_success
             lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
             for family, buckets, value, rate in paths[path]:
-                done = rate * elapsed
-                lines.append(f"# TYPE {family} histogram")
-                for le in (*(f"{b:g}" for b in buckets), "+Inf"):
-                    lines.append(f'{family}_bucket{{le="{le}"}} {done if float(le) >= value else 0.0}')
-                lines += [f"{family}_count {done}", f"{family}_sum {done * value}"]
+                lines += histogram_lines(
+                    family, (*(f"{b:g}" for b in buckets), "+Inf"), value, rate * elapsed
+                )
             return "\n".join(lines) + "\n"
 
         super().__init__(render)

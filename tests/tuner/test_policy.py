@@ -24,25 +24,8 @@ from chunkpilot.tuner.policy import (
     should_stop,
     sustained_violation,
 )
-from chunkpilot.tuner.study import RecordState, TrialRecord
 
-
-def record_from_values(
-    number: int, params: Mapping[str, Any], objective: float | None, constraints: Mapping[str, float] | None
-) -> TrialRecord:
-    """A COMPLETE record when an objective and constraints exist, else FAILED."""
-    if objective is None or constraints is None or not math.isfinite(objective):
-        return TrialRecord(
-            number=number, params={k: int(v) for k, v in params.items()}, state=RecordState.FAILED
-        )
-    return TrialRecord(
-        number=number,
-        params={k: int(v) for k, v in params.items()},
-        state=RecordState.COMPLETE,
-        objective=float(objective),
-        constraints=dict(constraints),
-    )
-
+from chunkpilot.testing.tuner import a_measurement, a_record
 
 SLO = SLOTargets(itl_ms=50.0, ttft_ms=2000.0)
 ABORT = AbortRules(itl_factor=2.0, ttft_factor=2.0, min_samples=100)
@@ -57,16 +40,14 @@ def m(
     tok_s: float = 1000.0,
     replicas: int = 1,
 ) -> TrackMeasurement:
-    return TrackMeasurement(
-        track=track,
+    """A 5-minute window at ``samples`` / 300 req/s, no prompt tokens counted."""
+    return a_measurement(
+        track,
+        itl,
+        ttft,
+        samples=samples,
         window="5m",
         time=T0,
-        itl_quantile=0.99,
-        ttft_quantile=0.95,
-        itl_ms=itl,
-        ttft_ms=ttft,
-        itl_samples=samples * 50,
-        ttft_samples=samples,
         generation_tok_s=tok_s,
         prompt_tok_s=0.0,
         request_rate=samples / 300,
@@ -121,7 +102,7 @@ def test_stable_without_samples_falls_back_to_the_incumbent_objective() -> None:
 
 
 def _rec(n: int, itl: float, ttft: float, obj: float = 100.0):  # type: ignore[no-untyped-def]
-    return record_from_values(n, {"max_num_batched_tokens": 256 + n}, obj, {"itl": itl, "ttft": ttft})
+    return a_record(n, {"max_num_batched_tokens": 256 + n}, obj, {"itl": itl, "ttft": ttft})
 
 
 def test_infeasible_names_best_quantiles_and_remedy() -> None:

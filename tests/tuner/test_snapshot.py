@@ -15,6 +15,8 @@ from chunkpilot.tuner.observe.snapshot import (
 )
 from chunkpilot.tuner.policy import AbortRules, SLOTargets
 
+from chunkpilot.testing.tuner import a_measurement
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0
 
@@ -63,21 +65,7 @@ def test_an_invalid_status_reads_as_empty_and_an_invalid_spec_as_none() -> None:
 
 def _window(canary_itl_ms: float) -> WindowMeasurement:
     def track(name: str, itl_ms: float) -> TrackMeasurement:
-        return TrackMeasurement(
-            track=name,
-            window="20s",
-            time=T0,
-            itl_quantile=0.99,
-            ttft_quantile=0.95,
-            itl_ms=itl_ms,
-            ttft_ms=400.0,
-            itl_samples=10_000.0,
-            ttft_samples=200.0,
-            generation_tok_s=1000.0,
-            prompt_tok_s=2000.0,
-            request_rate=5.0,
-            replicas=1,
-        )
+        return a_measurement(name, itl_ms, 400.0, samples=200.0, window="20s", time=T0)
 
     return WindowMeasurement(track("canary", canary_itl_ms), track("stable", 40.0))
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
-
 import pytest
-from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.study import (
     RecordState,
     SamplerUnavailableError,
@@ -21,28 +17,9 @@ from chunkpilot.tuner.study import (
 )
 from chunkpilot.tuner.warmstart import WarmStart
 
+from chunkpilot.testing.tuner import a_record, a_space
 
-def record_from_values(
-    number: int, params: Mapping[str, Any], objective: float | None, constraints: Mapping[str, float] | None
-) -> TrialRecord:
-    """A COMPLETE record when an objective and constraints exist, else FAILED."""
-    if objective is None or constraints is None or not math.isfinite(objective):
-        return TrialRecord(
-            number=number, params={k: int(v) for k, v in params.items()}, state=RecordState.FAILED
-        )
-    return TrialRecord(
-        number=number,
-        params={k: int(v) for k, v in params.items()},
-        state=RecordState.COMPLETE,
-        objective=float(objective),
-        constraints=dict(constraints),
-    )
-
-
-SPACE = SearchSpace(
-    ranges={Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 8192), Knob.MAX_NUM_SEQS: KnobRange(16, 256)},
-    fixed=TunedConfig(2048, 128),
-)
+SPACE = a_space()
 
 
 def toy(config: TunedConfig) -> tuple[float, dict[str, float]]:
@@ -57,15 +34,15 @@ def run(n: int, seed: str = "svc") -> list[TrialRecord]:
         s = suggest(SPACE, records, seed=seed_for(seed, number))
         assert s is not None
         objective, constraints = toy(s.config)
-        records.append(record_from_values(number, s.params, objective, constraints))
+        records.append(a_record(number, s.params, objective, constraints))
     return records
 
 
 def test_rebuilt_study_holds_values_and_constraints() -> None:
     records = [
-        record_from_values(0, {"max_num_batched_tokens": 1000, "max_num_seqs": 64}, 1000.0, {"itl": -0.5}),
+        a_record(0, {"max_num_batched_tokens": 1000, "max_num_seqs": 64}, 1000.0, {"itl": -0.5}),
         TrialRecord(1, {"max_num_batched_tokens": 5000, "max_num_seqs": 64}, RecordState.FAILED),
-        record_from_values(2, {"max_num_batched_tokens": 99999, "max_num_seqs": 64}, 1.0, {"itl": 0.0}),
+        a_record(2, {"max_num_batched_tokens": 99999, "max_num_seqs": 64}, 1.0, {"itl": 0.0}),
     ]
     study = rebuild_study(SPACE, records, make_sampler("tpe", 0))
     assert len(study.trials) == 2  # the out-of-space record is skipped
@@ -109,8 +86,8 @@ def test_a_conditional_warm_start_waits_for_slack_on_its_slo() -> None:
     assert s is not None and s.source == "warm-start" and s.params == dict(guess)
 
     def after(constraints: dict[str, float]) -> str | None:
-        first = record_from_values(0, dict(guess), 10.0, constraints)
-        incumbent = record_from_values(-1, {"max_num_batched_tokens": 8192, "max_num_seqs": 256}, 1.0, {})
+        first = a_record(0, dict(guess), 10.0, constraints)
+        incumbent = a_record(-1, {"max_num_batched_tokens": 8192, "max_num_seqs": 256}, 1.0, {})
         s = suggest(SPACE, [incumbent, first], seed=1, warm_starts=[guess, upper])
         assert s is not None
         return s.source if s.params != dict(upper) else "upper"
@@ -127,16 +104,10 @@ def test_a_conditional_warm_start_waits_for_slack_on_its_slo() -> None:
 
 
 def test_best_record_is_the_best_feasible_one() -> None:
-    a = record_from_values(
-        0, {"max_num_batched_tokens": 1000, "max_num_seqs": 64}, 10.0, {"itl": 0.3, "ttft": 0.1}
-    )
-    b = record_from_values(
-        1, {"max_num_batched_tokens": 900, "max_num_seqs": 64}, 9.0, {"itl": 0.1, "ttft": -0.2}
-    )
+    a = a_record(0, {"max_num_batched_tokens": 1000, "max_num_seqs": 64}, 10.0, {"itl": 0.3, "ttft": 0.1})
+    b = a_record(1, {"max_num_batched_tokens": 900, "max_num_seqs": 64}, 9.0, {"itl": 0.1, "ttft": -0.2})
     assert best_record([a, b]) is None
-    c = record_from_values(
-        2, {"max_num_batched_tokens": 800, "max_num_seqs": 64}, 8.0, {"itl": -0.1, "ttft": -0.2}
-    )
+    c = a_record(2, {"max_num_batched_tokens": 800, "max_num_seqs": 64}, 8.0, {"itl": -0.1, "ttft": -0.2})
     assert best_record([a, b, c]) == c
 
 

@@ -1,0 +1,86 @@
+"""InferenceService bodies as the API server returns them, typed services, and status conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chunkpilot.api import InferenceService
+from chunkpilot.tuner.observe.observer import parse_service
+
+#: The examples of the checkout this package runs from (a strict editable install links its files).
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+#: The service the builders make unless told: a chat service on the CPU simulator.
+CHAT_EXAMPLE = "chat-llama-8b-sim.yaml"
+#: The builders' clock: the "now" of the step they feed.
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def example_body(name: str = CHAT_EXAMPLE) -> dict[str, Any]:
+    """``examples/<name>``, read afresh (callers may edit it)."""
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
+    return body
+
+
+def a_service_body(
+    *,
+    replicas: int | None = None,
+    spec: Mapping[str, Any] | None = None,
+    engine: Mapping[str, Any] | None = None,
+    itl_ms: float | None = None,
+    ttft_ms: float | None = None,
+    trial_window: str | None = "60s",
+    warmup: str | None = "10s",
+    autotune: Mapping[str, Any] | None = None,
+    status: Mapping[str, Any] | None = None,
+    resource_version: str | None = "1",
+) -> dict[str, Any]:
+    """The chat example as the API server returns it: namespace ``default``, uid ``uid-chat``, generation 1.
+
+    What is not None changes the example: ``spec.replicas``, further ``spec`` fields, ``engine`` fields,
+    the ITL p99 and TTFT p95 targets (ms), the trial window and warm-up (short unless told), further
+    ``autotune`` fields, the whole ``status``, and ``metadata.resourceVersion``.
+    """
+    body = example_body()
+    metadata: dict[str, Any] = {"namespace": "default", "uid": "uid-chat", "generation": 1}
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    body["metadata"].update(metadata)
+    if replicas is not None:
+        body["spec"]["replicas"] = replicas
+    body["spec"].update(spec or {})
+    body["spec"]["engine"].update(engine or {})
+    if itl_ms is not None:
+        body["spec"]["slo"]["itl"] = {"quantile": 0.99, "maxMs": itl_ms}
+    if ttft_ms is not None:
+        body["spec"]["slo"]["ttft"] = {"quantile": 0.95, "maxMs": ttft_ms}
+    windows = {"trialWindow": trial_window, "warmup": warmup}
+    body["spec"]["autotune"].update({k: v for k, v in windows.items() if v is not None}, **(autotune or {}))
+    if status is not None:
+        body["status"] = dict(status)
+    return body
+
+
+def a_service(body: Mapping[str, Any] | None = None) -> InferenceService:
+    """``body`` (default :func:`a_service_body`) as the tuner reads it; it must be valid."""
+    isvc = parse_service(a_service_body() if body is None else body)
+    if isvc is None:
+        raise ValueError("not a valid InferenceService body")
+    return isvc
+
+
+def a_condition(
+    type_: str, status: str, reason: str, message: str, since: datetime = NOW - timedelta(minutes=1)
+) -> dict[str, Any]:
+    """A condition of the service's status as the API server returns it, set ``since``."""
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since.isoformat(),
+    }
