@@ -12,7 +12,6 @@ declared too; they do not pass through the client.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -339,10 +338,9 @@ def check_declared(
             raise UndeclaredApiCallError(request, method, path)
 
 
-def enforcing(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``$CHUNKPILOT_KUBE_CALLS`` asks the client to refuse undeclared calls."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_KUBE_CALLS, "").strip().lower() == ENFORCE
+def enforcing(environ: Mapping[str, str]) -> bool:
+    """Whether ``CHUNKPILOT_KUBE_CALLS`` in ``environ`` asks the client to refuse undeclared calls."""
+    return environ.get(ENV_KUBE_CALLS, "").strip().lower() == ENFORCE
 
 
 __all__ = [

@@ -3,24 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 from urllib.parse import urlsplit
 
 import yaml
 from chunkpilot.operator.config import (
     DEFAULT_METRICS_PORT,
+    ENV_AUTOTUNER,
     ENV_EXPECTED_REPLICAS,
+    ENV_KUBECONFIG,
     ENV_METRICS_PORT,
     ENV_OPTUNA_STORAGE,
+    ENV_POD_MONITOR,
+    ENV_POD_MONITOR_LABELS,
+    ENV_PROMETHEUS_URL,
     OperatorConfig,
     PodMonitorMode,
     parse_labels,
     parse_port,
 )
+
+#: The variable of the environment each flag overrides (by the configuration field both set).
+FLAG_VARIABLES: Final = {
+    "pod_monitor": ENV_POD_MONITOR,
+    "pod_monitor_labels": ENV_POD_MONITOR_LABELS,
+    "prometheus_url": ENV_PROMETHEUS_URL,
+    "metrics_port": ENV_METRICS_PORT,
+    "optuna_storage": ENV_OPTUNA_STORAGE,
+    "autotuner": ENV_AUTOTUNER,
+    "kubeconfig": ENV_KUBECONFIG,
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,36 +61,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument(
         "--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )
+    # A flag not given (None) leaves its setting to the environment, read once by run_operator.
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument(
         "--pod-monitor",
         choices=[mode.value for mode in PodMonitorMode],
-        default=os.environ.get("CHUNKPILOT_POD_MONITOR", PodMonitorMode.AUTO.value),
         help="create PodMonitors: auto = when monitoring.coreos.com/v1 is served (default)",
     )
     run.add_argument(
         "--pod-monitor-labels",
-        default=os.environ.get("CHUNKPILOT_POD_MONITOR_LABELS", ""),
         metavar="K=V,...",
         help="labels on each PodMonitor so Prometheus selects it, e.g. release=kube-prometheus-stack",
     )
-    run.add_argument(
-        "--prometheus-url",
-        default=os.environ.get("CHUNKPILOT_PROMETHEUS_URL"),
-        help="Prometheus for the autotuner",
-    )
+    run.add_argument("--prometheus-url", help="Prometheus for the autotuner")
     run.add_argument(
         "--metrics-port",
-        default=os.environ.get(ENV_METRICS_PORT, str(DEFAULT_METRICS_PORT)),
         metavar="PORT",
         help=f"serve the operator's Prometheus metrics on PORT (default {DEFAULT_METRICS_PORT}; 0 = off)",
     )
     run.add_argument(
         "--optuna-storage",
-        default=os.environ.get(ENV_OPTUNA_STORAGE),
         metavar="URL",
         help="Optuna RDB storage the autotuner mirrors its studies into, e.g. postgresql://... or"
-        " sqlite:////data/optuna.db (exported to the tuner as CHUNKPILOT_OPTUNA_STORAGE)",
+        " sqlite:////data/optuna.db (default: $CHUNKPILOT_OPTUNA_STORAGE)",
     )
     run.add_argument(
         "--no-autotuner", action="store_true", help="serve InferenceServices without loading the autotuner"
@@ -103,10 +113,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     render.set_defaults(func=run_render)
 
 
+def operator_config(args: argparse.Namespace, environ: Mapping[str, str]) -> OperatorConfig:
+    """The operator's configuration: each flag given, else its variable in ``environ``, else the default.
+
+    ``environ`` is read here, once (a variable a flag overrides is not read). Raises
+    :class:`ValueError` naming the flag or the variable of a value it cannot use.
+    """
+    flags: dict[str, Any] = {}
+    if args.pod_monitor is not None:
+        flags["pod_monitor"] = PodMonitorMode(args.pod_monitor)
+    if args.pod_monitor_labels is not None:
+        flags["pod_monitor_labels"] = parse_labels(args.pod_monitor_labels)
+    if args.prometheus_url is not None:
+        flags["prometheus_url"] = args.prometheus_url or None
+    if args.metrics_port is not None:
+        flags["metrics_port"] = parse_port(args.metrics_port)
+    if args.optuna_storage is not None:
+        flags["optuna_storage"] = args.optuna_storage.strip() or None
+    if args.no_autotuner:
+        flags["autotuner"] = False
+    if args.kubeconfig:
+        flags["kubeconfig"] = str(Path(args.kubeconfig).resolve())
+    overridden = {FLAG_VARIABLES[name] for name in flags}
+    config = OperatorConfig.from_env({k: v for k, v in environ.items() if k not in overridden})
+    return dataclasses.replace(config, **flags)
+
+
 def run_operator(args: argparse.Namespace) -> int:
     """Start Kopf with the operator's handlers; returns when the operator stops."""
     import kopf
-    from chunkpilot.operator import ha
+    from chunkpilot.operator import ha, startup
 
     if not args.namespaces and not args.all_namespaces:
         print(
@@ -115,17 +151,9 @@ def run_operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    environ = os.environ  # read once, here: the settings below are handed down, never re-read
     try:
-        config = OperatorConfig(
-            pod_monitor=PodMonitorMode(args.pod_monitor),
-            pod_monitor_labels=parse_labels(args.pod_monitor_labels),
-            prometheus_url=args.prometheus_url or None,
-            expected_replicas=OperatorConfig.from_env().expected_replicas,
-            metrics_port=parse_port(args.metrics_port),
-            optuna_storage=args.optuna_storage or None,
-            live_adjust=OperatorConfig.from_env().live_adjust,
-            disaggregation=OperatorConfig.from_env().disaggregation,
-        )
+        config = operator_config(args, environ)
     except ValueError as error:
         print(f"chunkpilot operator: {error}", file=sys.stderr)
         return 2
@@ -144,14 +172,17 @@ def run_operator(args: argparse.Namespace) -> int:
     if problem:
         print(f"chunkpilot operator: {problem}", file=sys.stderr)
         return 2
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
     priority = args.priority
     if args.peering and priority is None:
         priority = ha.start_time_priority()
-    if args.no_autotuner:
-        os.environ["CHUNKPILOT_AUTOTUNER"] = "off"
-    export_environment(config, os.environ)
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    namespaces: list[str] = list(args.namespaces or [])
+    memo = kopf.Memo(namespaces=namespaces)
+    try:
+        startup.load(config, environ, memo)  # registers the handlers; the autotuner reads its settings
+    except ValueError as error:
+        print(f"chunkpilot operator: {error}", file=sys.stderr)
+        return 2
     if config.metrics_port:
         from chunkpilot import telemetry
 
@@ -164,12 +195,6 @@ def run_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    kopf.configure(verbose=args.verbose, debug=args.debug)
-
-    import chunkpilot.operator.main  # noqa: F401  # registers the handlers
-
-    namespaces: list[str] = list(args.namespaces or [])
-    memo = kopf.Memo(config=config, namespaces=namespaces)
     kopf.run(
         clusterwide=args.all_namespaces,
         namespaces=namespaces,
@@ -180,12 +205,6 @@ def run_operator(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
-
-
-def export_environment(config: OperatorConfig, environ: MutableMapping[str, str]) -> None:
-    """Settings the autotuner (loaded into this process) reads from the environment."""
-    if config.optuna_storage:
-        environ[ENV_OPTUNA_STORAGE] = config.optuna_storage
 
 
 def run_render(args: argparse.Namespace) -> int:
@@ -252,7 +271,8 @@ def _dump(manifests: list[dict[str, Any]], stream: TextIO) -> None:
 
 __all__ = [
     "ENV_EXPECTED_REPLICAS",
-    "export_environment",
+    "FLAG_VARIABLES",
+    "operator_config",
     "register",
     "render_text",
     "run_operator",

@@ -1,12 +1,19 @@
-"""Operator configuration: command-line flags and environment variables, one dataclass."""
+"""Operator configuration: command-line flags and environment variables, one dataclass.
+
+The environment is read once per process, at start-up, by :meth:`OperatorConfig.from_env` (``chunkpilot
+operator`` then lets its flags override what it read); the frozen :class:`OperatorConfig` is handed
+to the handlers through Kopf's memo (:mod:`chunkpilot.operator.startup`). Nothing reads the
+environment later, and nothing writes configuration back into it.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
+
+from chunkpilot.operator.apicalls import enforcing
 
 from chunkpilot.api import InferenceService
 
@@ -24,6 +31,12 @@ ENV_LIVE_ADJUST: Final = "CHUNKPILOT_LIVE_ADJUST"
 #: ``off`` when the installation grants no router RBAC (the chart's ``disaggregation.enabled=false``).
 ENV_DISAGGREGATION: Final = "CHUNKPILOT_DISAGGREGATION"
 DEFAULT_METRICS_PORT: Final = 8080
+#: ``off`` runs the operator without the autotuner (``chunkpilot operator --no-autotuner``).
+ENV_AUTOTUNER: Final = "CHUNKPILOT_AUTOTUNER"
+#: ``on`` registers the probe Job handlers (:mod:`chunkpilot.operator.probejob`; default off).
+ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
+#: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
+ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
 
 FIELD_MANAGER: Final = "chunkpilot-operator"
 #: Prefix of the annotations Kopf keeps its handler progress and diff base in.
@@ -85,6 +98,19 @@ class OperatorConfig:
     live_adjust: bool = True
     #: Whether disaggregated services are served (False: the installation grants no router RBAC).
     disaggregation: bool = True
+    #: Whether the autotuner's handlers are loaded (False: ``--no-autotuner``, ``CHUNKPILOT_AUTOTUNER=off``).
+    autotuner: bool = True
+    #: Whether the probe Job handlers are registered (``CHUNKPILOT_PROBE_JOBS``).
+    probe_jobs: bool = False
+    #: The probe image of services without the ``chunkpilot.io/probe-image`` annotation (None: the
+    #: image of this operator's version).
+    probe_image: str | None = None
+    #: The kubeconfig file of ``--kubeconfig`` (None: in-cluster, then the Kubernetes client's default,
+    #: ``$KUBECONFIG`` or ``~/.kube/config``).
+    kubeconfig: str | None = None
+    #: Refuse API calls missing from :data:`~chunkpilot.operator.apicalls.API_CALLS`
+    #: (``CHUNKPILOT_KUBE_CALLS=enforce``; the test suite sets it).
+    enforce_kube_calls: bool = False
 
     def live_adjust_blocked(self, isvc: InferenceService) -> bool:
         """True when ``isvc`` asks for live adjustment that this installation disables."""
@@ -95,29 +121,54 @@ class OperatorConfig:
         return without_live_adjust(isvc) if self.live_adjust_blocked(isvc) else isvc
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
-        env = os.environ if environ is None else environ
+    def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
+        """The configuration in ``environ`` (the process's environment, read once at start-up).
+
+        Raises :class:`ValueError` naming the variable for a value it cannot use.
+        """
+        env = environ
         replicas_text = env.get(ENV_EXPECTED_REPLICAS, "1") or "1"
         try:
             replicas = int(replicas_text)
         except ValueError:
             raise ValueError(f"{ENV_EXPECTED_REPLICAS}={replicas_text!r} is not a whole number") from None
+        try:
+            labels = parse_labels(env.get(ENV_POD_MONITOR_LABELS, ""))
+        except ValueError as error:
+            raise ValueError(f"{ENV_POD_MONITOR_LABELS}: {error}") from None
         return cls(
-            pod_monitor=PodMonitorMode(env.get(ENV_POD_MONITOR, PodMonitorMode.AUTO.value) or "auto"),
-            pod_monitor_labels=parse_labels(env.get(ENV_POD_MONITOR_LABELS, "")),
+            pod_monitor=parse_pod_monitor(env.get(ENV_POD_MONITOR, ""), ENV_POD_MONITOR),
+            pod_monitor_labels=labels,
             prometheus_url=env.get(ENV_PROMETHEUS_URL) or None,
             expected_replicas=replicas,
             metrics_port=parse_port(env.get(ENV_METRICS_PORT) or str(DEFAULT_METRICS_PORT), ENV_METRICS_PORT),
-            optuna_storage=env.get(ENV_OPTUNA_STORAGE) or None,
+            optuna_storage=env.get(ENV_OPTUNA_STORAGE, "").strip() or None,
             live_adjust=live_adjust_allowed(env),
             disaggregation=parse_switch(env.get(ENV_DISAGGREGATION, ""), ENV_DISAGGREGATION),
+            autotuner=env.get(ENV_AUTOTUNER, "").strip().lower() != "off",
+            probe_jobs=probe_jobs_enabled(env),
+            probe_image=env.get(ENV_PROBE_IMAGE) or None,
+            enforce_kube_calls=enforcing(env),
         )
 
 
-def live_adjust_allowed(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this installation allows ``autotune.liveAdjust`` (:data:`ENV_LIVE_ADJUST` not ``off``)."""
-    env = os.environ if environ is None else environ
-    return parse_switch(env.get(ENV_LIVE_ADJUST, ""), ENV_LIVE_ADJUST)
+def live_adjust_allowed(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` allows ``autotune.liveAdjust`` (:data:`ENV_LIVE_ADJUST` not ``off``)."""
+    return parse_switch(environ.get(ENV_LIVE_ADJUST, ""), ENV_LIVE_ADJUST)
+
+
+def probe_jobs_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether :data:`ENV_PROBE_JOBS` in ``environ`` turns the probe handlers on (default off)."""
+    return environ.get(ENV_PROBE_JOBS, "off").strip().lower() in {"on", "1", "true", "yes"}
+
+
+def parse_pod_monitor(text: str, where: str = "--pod-monitor") -> PodMonitorMode:
+    """``auto``, ``enabled`` or ``disabled`` (empty: auto); the error names ``where``."""
+    try:
+        return PodMonitorMode(text.strip().lower() or PodMonitorMode.AUTO.value)
+    except ValueError:
+        choices = ", ".join(mode.value for mode in PodMonitorMode)
+        raise ValueError(f"{where}={text!r}: use one of {choices}") from None
 
 
 def without_live_adjust(isvc: InferenceService) -> InferenceService:

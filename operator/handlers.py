@@ -24,7 +24,7 @@ from chunkpilot.operator import ha
 from chunkpilot.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
 from chunkpilot.operator.config import FIELD_MANAGER, FINALIZER, PERSISTENCE_PREFIX, OperatorConfig
 from chunkpilot.operator.events import post_event
-from chunkpilot.operator.kube import KubeClient
+from chunkpilot.operator.kube import KubeClient, load_credentials
 from chunkpilot.operator.reconcile import Reconciler
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, LABEL_SERVICE, VERSION
@@ -49,8 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     settings.watching.connect_timeout = 30
     settings.peering.stealth = True
 
-    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
-    memo["config"] = config
+    config: OperatorConfig = memo["config"]  # read at start-up (chunkpilot.operator.startup)
     problem = ha.check_peering_settings(
         expected_replicas=config.expected_replicas,
         standalone=settings.peering.standalone,
@@ -58,7 +57,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     )
     if problem:
         raise kopf.PermanentError(problem)
-    kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
+    kube = KubeClient.from_environment(
+        field_manager=FIELD_MANAGER,
+        kubeconfig=config.kubeconfig,
+        enforce_declared_calls=config.enforce_kube_calls,
+    )
     if settings.peering.mandatory:
         missing = await ha.missing_peering_objects(
             kube, settings.peering.name, settings.peering.clusterwide, memo.get("namespaces") or []
@@ -73,6 +76,38 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
         "off"
         if settings.peering.standalone
         else f"{settings.peering.name!r} priority {settings.peering.priority}",
+    )
+
+
+@kopf.on.login()
+def login(
+    memo: kopf.Memo, logger: kopf.Logger, settings: kopf.OperatorSettings, **kwargs: Any
+) -> kopf.ConnectionInfo | None:
+    """Kopf's own credentials: those of ``--kubeconfig`` when given, else Kopf's default (in-cluster,
+    then the kubeconfig of the Kubernetes client: ``$KUBECONFIG`` or ``~/.kube/config``)."""
+    config: OperatorConfig | None = memo.get("config")
+    if config is None or config.kubeconfig is None:
+        info: kopf.ConnectionInfo | None = kopf.login_via_client(logger=logger, settings=settings, **kwargs)
+        return info
+    credentials = load_credentials(config.kubeconfig)
+    scheme: str | None = None
+    token: str | None = None
+    header = credentials.authorization()
+    if header:  # "Bearer <token>", or a bare token (RFC 7235, Appendix C)
+        first, _, rest = header.partition(" ")
+        scheme, token = (first, rest) if rest else (None, first)
+    configuration = credentials.configuration
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        trust_env=settings.networking.trust_env,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,18 +151,36 @@ class KubeClient:
     Each request's RBAC needs are those :mod:`chunkpilot.operator.apicalls` lists for the chart.
     """
 
-    def __init__(self, credentials: _Credentials, *, field_manager: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        credentials: _Credentials,
+        *,
+        field_manager: str,
+        timeout_s: float = 30.0,
+        enforce_declared_calls: bool | None = None,
+    ) -> None:
         self._credentials = credentials
         self.field_manager = field_manager
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
         #: Refuse calls missing from :data:`~chunkpilot.operator.apicalls.API_CALLS` (tests turn it on).
-        self.enforce_declared_calls = enforcing()
+        #: The operator passes its configuration's value; None (clients of tools and tests): from
+        #: ``CHUNKPILOT_KUBE_CALLS`` in the environment, read here, once per client.
+        self.enforce_declared_calls = (
+            enforcing(os.environ) if enforce_declared_calls is None else enforce_declared_calls
+        )
 
     @classmethod
-    def from_environment(cls, *, field_manager: str, kubeconfig: str | None = None) -> KubeClient:
-        return cls(load_credentials(kubeconfig), field_manager=field_manager)
+    def from_environment(
+        cls, *, field_manager: str, kubeconfig: str | None = None, enforce_declared_calls: bool | None = None
+    ) -> KubeClient:
+        """A client with the credentials of ``kubeconfig`` (None: in-cluster, then the default kubeconfig)."""
+        return cls(
+            load_credentials(kubeconfig),
+            field_manager=field_manager,
+            enforce_declared_calls=enforce_declared_calls,
+        )
 
     async def _get_session(self) -> aiohttp.ClientSession:
         async with self._lock:

@@ -24,7 +24,6 @@ The tuner reads the profile with :func:`read_profile`. The builders here are pur
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,7 +41,12 @@ from chunkpilot.engine.probe.kube import (
     profile_from_configmap,
 )
 from chunkpilot.engine.probe.profile import ProfileError, StepProfile
-from chunkpilot.operator.config import FIELD_MANAGER
+from chunkpilot.operator.config import (
+    ENV_PROBE_IMAGE,
+    ENV_PROBE_JOBS,
+    FIELD_MANAGER,
+    probe_jobs_enabled,
+)
 from chunkpilot.operator.events import EventSpec, EventType, post_event
 from chunkpilot.operator.kube import APPLY_PATCH, KubeError, object_path, resource_path
 
@@ -79,8 +83,6 @@ ANNOTATION_PROBE: Final = "chunkpilot.io/probe"
 ANNOTATION_PROBE_MESSAGE: Final = "chunkpilot.io/probe-message"
 ANNOTATION_PROFILE_CONFIGMAP: Final = "chunkpilot.io/profile-configmap"
 ANNOTATION_PROBE_IMAGE: Final = "chunkpilot.io/probe-image"
-#: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
-ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
 DEFAULT_PROBE_IMAGE_REPOSITORY: Final = "ghcr.io/chunkpilot/chunkpilot-probe"
 ISVC_API_VERSION: Final = f"{GROUP}/{VERSION}"
 
@@ -125,10 +127,10 @@ def default_probe_image() -> str:
     return f"{DEFAULT_PROBE_IMAGE_REPOSITORY}:{__version__}"
 
 
-def probe_image(annotations: Mapping[str, str], environ: Mapping[str, str] | None = None) -> str:
-    """The service's ``chunkpilot.io/probe-image``, else ``$CHUNKPILOT_PROBE_IMAGE``, else the default."""
-    env = os.environ if environ is None else environ
-    return annotations.get(ANNOTATION_PROBE_IMAGE) or env.get(ENV_PROBE_IMAGE) or default_probe_image()
+def probe_image(annotations: Mapping[str, str], configured: str | None = None) -> str:
+    """The service's ``chunkpilot.io/probe-image``, else the operator's (``configured``, from
+    ``CHUNKPILOT_PROBE_IMAGE``: :attr:`OperatorConfig.probe_image`), else the default."""
+    return annotations.get(ANNOTATION_PROBE_IMAGE) or configured or default_probe_image()
 
 
 def probe_job_spec(isvc: InferenceService, image: str) -> ProbeJobSpec:
@@ -254,10 +256,19 @@ async def read_profile(kube: Kube, namespace: str, target: ProbeTarget) -> StepP
 class ProbeRunner:
     """Starts probe Jobs and reports their outcome on the services that asked for them."""
 
-    def __init__(self, kube: Kube, post_event: PostEvent, field_manager: str = FIELD_MANAGER) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        post_event: PostEvent,
+        field_manager: str = FIELD_MANAGER,
+        *,
+        image: str | None = None,
+    ) -> None:
         self.kube = kube
         self.post_event = post_event
         self.field_manager = field_manager
+        #: The operator's probe image (:attr:`OperatorConfig.probe_image`; None: the default).
+        self.image = image
 
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
         params = {"fieldManager": self.field_manager, "force": "true"}
@@ -279,7 +290,7 @@ class ProbeRunner:
         isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
         target = probe_target(isvc)
         namespace = body["metadata"]["namespace"]
-        job = build_probe_job_for(isvc, body, probe_image(_annotations(body)))
+        job = build_probe_job_for(isvc, body, probe_image(_annotations(body), self.image))
         for manifest in build_probe_rbac(namespace):
             await self._apply(manifest)
         jobs = resource_path("batch/v1", "jobs", namespace)
@@ -362,22 +373,17 @@ def _configmap_of_job(job: Mapping[str, Any]) -> str | None:
 
 # --------------------------------------------------------------------------- Kopf handlers
 
-#: ``on`` registers the handlers below (the operator's RBAC must then allow Jobs, ConfigMaps,
-#: ServiceAccounts, Roles and RoleBindings in the watched namespaces; see docs/probe.md).
-ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
+# ``CHUNKPILOT_PROBE_JOBS=on`` (:attr:`OperatorConfig.probe_jobs`) registers the handlers below at
+# start-up (the operator's RBAC must then allow Jobs, ConfigMaps, ServiceAccounts, Roles and
+# RoleBindings in the watched namespaces; see docs/probe.md).
 PROBE_LABELS: Final = {LABEL_COMPONENT: PROBE_COMPONENT}
-
-
-def probe_jobs_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``CHUNKPILOT_PROBE_JOBS`` turns the probe handlers on (default off)."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_PROBE_JOBS, "off").strip().lower() in {"on", "1", "true", "yes"}
 
 
 def _runner(memo: kopf.Memo) -> ProbeRunner | None:
     runner: ProbeRunner | None = memo.get("probe_runner")
     if runner is None and "reconciler" in memo:
-        runner = ProbeRunner(memo["reconciler"].kube, post_event)
+        reconciler = memo["reconciler"]
+        runner = ProbeRunner(reconciler.kube, post_event, image=reconciler.config.probe_image)
         memo["probe_runner"] = runner
     return runner
 
@@ -414,7 +420,7 @@ _registered = False
 
 
 def register_handlers() -> None:
-    """Register the probe handlers with Kopf (once)."""
+    """Register the probe handlers with Kopf (once; at start-up, when :attr:`OperatorConfig.probe_jobs`)."""
     global _registered
     if _registered:
         return
@@ -423,7 +429,3 @@ def register_handlers() -> None:
     kopf.on.event(GROUP, VERSION, ISVC_PLURAL, annotations=request)(probe_requested)
     kopf.on.event("", "v1", "configmaps", labels=PROBE_LABELS)(profile_configmap_event)
     kopf.on.event("batch", "v1", "jobs", labels=PROBE_LABELS)(probe_job_event)
-
-
-if probe_jobs_enabled():
-    register_handlers()

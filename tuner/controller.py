@@ -31,6 +31,7 @@ from chunkpilot.tuner.decide.lifecycle import TunerSettings, crash_message
 from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.observe.observer import Observer
+from chunkpilot.tuner.twin.online import TwinBudget
 
 Clock = Callable[[], datetime]
 logger = logging.getLogger(__name__)
@@ -69,12 +70,18 @@ class TuningController:
         mirror: Mirror | None = None,
         live_adjuster: LiveAdjuster | None = None,
         vector: VectorFn | None = None,
+        live_adjust: bool = True,
+        twin_budget: TwinBudget | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.settings = settings or TunerSettings()
-        #: ``vector``: instant-vector queries for the digital twin (None: no twin, tuning as before).
-        self.observer = Observer(kube, query, inline=inline, vector=vector)
+        #: ``vector``: instant-vector queries for the digital twin (None: no twin, tuning as before);
+        #: ``live_adjust``: the installation allows ``autotune.liveAdjust``; ``twin_budget``: what one
+        #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`).
+        self.observer = Observer(
+            kube, query, inline=inline, vector=vector, live_adjust=live_adjust, twin_budget=twin_budget
+        )
         self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)
 

@@ -1,12 +1,13 @@
 """Kopf handlers of the autotuner: one timer per InferenceService drives :class:`TuningController`.
 
-Loaded by the operator (``chunkpilot.operator.main``) when this module exists.  Kopf
-facts that shape it: a timer keeps no memory between runs and restarts with the
-operator, so each tick re-reads everything from the cluster; the tuner writes
-status itself (nothing goes through Kopf's ``patch``, which a long-running
-handler would only apply on return).
+Loaded by the operator at start-up (:func:`chunkpilot.operator.startup.load` calls :func:`load`)
+when this module exists. Kopf facts that shape it: a timer keeps no memory between runs and
+restarts with the operator, so each tick re-reads everything from the cluster; the tuner writes
+status itself (nothing goes through Kopf's ``patch``, which a long-running handler would only apply
+on return).
 
-Environment:
+Settings (:class:`~chunkpilot.tuner.config.TunerConfig`, read from the operator's environment once,
+by :func:`load`, and handed to :func:`start_tuner` through Kopf's memo):
 
 - ``CHUNKPILOT_PROMETHEUS_URL`` (``--prometheus-url``): where the engines' metrics are;
   without it the tuner only reports ``MetricsUnavailable``.
@@ -19,14 +20,15 @@ Environment:
 - ``CHUNKPILOT_TWIN``: ``off`` tunes without the digital twin (on measurements alone); default ``on``.
 - ``CHUNKPILOT_OPTUNA_STORAGE`` (``--optuna-storage``): an Optuna RDB the finished trials are
   mirrored into after each trial (:mod:`chunkpilot.tuner.act.mirror`).
+- ``CHUNKPILOT_POD_TARGETS_FILE``: a Prometheus file_sd file naming each engine pod's address
+  (the local pod runner writes one); unset: live adjustment calls pods at their pod IP.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import kopf
 from chunkpilot.operator.config import OperatorConfig
@@ -34,7 +36,8 @@ from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.tuner.act import mirror
 from chunkpilot.tuner.act.live_adjust import HttpLiveAdjuster, pod_ip_endpoint, targets_file_resolver
-from chunkpilot.tuner.controller import Mirror, TunerSettings, TuningController
+from chunkpilot.tuner.config import ENV_TWIN, TunerConfig
+from chunkpilot.tuner.controller import Mirror, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
@@ -43,39 +46,37 @@ from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 
-ENV_INTERVAL = "CHUNKPILOT_TUNER_INTERVAL"
-ENV_ROLLOUT_TIMEOUT = "CHUNKPILOT_TUNER_ROLLOUT_TIMEOUT"
-#: A Prometheus file_sd file naming each engine pod's address (the local pod runner writes one);
-#: unset: live adjustment calls pods at their pod IP.
-ENV_POD_TARGETS = "CHUNKPILOT_POD_TARGETS_FILE"
-#: ``off`` runs the tuner without the digital twin (tuning on measurements alone); default ``on``.
-ENV_TWIN = "CHUNKPILOT_TWIN"
-FIELD_MANAGER = "chunkpilot-tuner"
-MEMO_KEY = "tuner"
+FIELD_MANAGER: Final = "chunkpilot-tuner"
+#: Memo key of the :class:`TuningController`.
+MEMO_KEY: Final = "tuner"
+#: Memo key of the tuner's :class:`TunerConfig`.
+MEMO_CONFIG: Final = "tuner_config"
+
+_timer_registered = False
 
 
-def _float_env(name: str, default: float) -> float:
-    text = os.environ.get(name, "")
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{name}={text!r} must be greater than zero")
-    return value
+def load(operator: OperatorConfig, environ: Mapping[str, str], memo: kopf.Memo) -> TunerConfig:
+    """Read the tuner's settings from ``environ`` (once, at start-up), register the tick at their
+    interval and hand the settings to :func:`start_tuner` through ``memo``.
+
+    ``operator``: the operator's configuration of this process (the values the two share). Raises
+    :class:`ValueError` naming the variable of a value it cannot use.
+    """
+    config = TunerConfig.from_env(environ, operator)
+    register_timer(config.interval_s)
+    memo[MEMO_CONFIG] = config
+    return config
 
 
-INTERVAL_S = _float_env(ENV_INTERVAL, 10.0)
-
-
-def twin_enabled() -> bool:
-    """Whether ``CHUNKPILOT_TWIN`` (``on`` or ``off``, default ``on``) lets the tuner use the twin."""
-    text = os.environ.get(ENV_TWIN, "on").strip().lower()
-    if text not in ("on", "off"):
-        raise ValueError(f"{ENV_TWIN}={text!r}: use on or off")
-    return text == "on"
+def register_timer(interval_s: float) -> None:
+    """Register :func:`tune` as a Kopf timer ticking every ``interval_s`` seconds (once per process)."""
+    global _timer_registered
+    if _timer_registered:
+        return
+    _timer_registered = True
+    kopf.timer(
+        GROUP, VERSION, ISVC_PLURAL, id="tune", interval=interval_s, backoff=interval_s, when=_tuning_wanted
+    )(tune)
 
 
 def _mirror_to(url: str) -> Mirror:
@@ -97,36 +98,39 @@ def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
     return bool(autotune.get("enabled")) or bool(status.get("currentTrial"))
 
 
-@kopf.on.startup()
-async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Create the tuning controller (its own API client and Prometheus client)."""
-    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
-    try:
-        settings = TunerSettings(
-            rollout_timeout_s=_float_env(ENV_ROLLOUT_TIMEOUT, 900.0), disaggregation=config.disaggregation
-        )
-        twin = twin_enabled()
-    except ValueError as error:
-        raise kopf.PermanentError(str(error)) from None
+def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
+    """The tuning controller ``config`` describes, on ``kube`` (with its own Prometheus client)."""
     prometheus = PrometheusClient(config.prometheus_url, timeout_s=5.0) if config.prometheus_url else None
-    kube = KubeClient.from_environment(field_manager=FIELD_MANAGER)
-    url = mirror.storage_url()
-    targets = os.environ.get(ENV_POD_TARGETS)
-    resolver = targets_file_resolver(targets) if targets else pod_ip_endpoint
-    memo[MEMO_KEY] = TuningController(
+    targets = config.pod_targets_file
+    return TuningController(
         kube,
         prometheus.query if prometheus else None,
-        vector=prometheus.vector if prometheus and twin else None,
+        vector=prometheus.vector if prometheus and config.twin else None,
         post_event=post_event,
-        settings=settings,
-        mirror=_mirror_to(url) if url else None,
-        live_adjuster=HttpLiveAdjuster(resolver),
+        settings=config.settings,
+        mirror=_mirror_to(config.optuna_storage) if config.optuna_storage else None,
+        live_adjuster=HttpLiveAdjuster(targets_file_resolver(targets) if targets else pod_ip_endpoint),
+        live_adjust=config.live_adjust,
+        twin_budget=config.twin_budget,
     )
+
+
+@kopf.on.startup()
+async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Create the tuning controller (its own API client and Prometheus client) from the settings."""
+    config: TunerConfig = memo[MEMO_CONFIG]
+    operator: OperatorConfig = memo["config"]
+    kube = KubeClient.from_environment(
+        field_manager=FIELD_MANAGER,
+        kubeconfig=operator.kubeconfig,
+        enforce_declared_calls=operator.enforce_kube_calls,
+    )
+    memo[MEMO_KEY] = controller_for(config, kube)
     logger.info(
         "autotuner ready: Prometheus %s, tick every %gs, digital twin %s",
         config.prometheus_url or "not configured",
-        INTERVAL_S,
-        "on" if twin else f"off ({ENV_TWIN}=off)",
+        config.interval_s,
+        "on" if config.twin else f"off ({ENV_TWIN}=off)",
     )
 
 
@@ -139,9 +143,8 @@ async def stop_tuner(memo: kopf.Memo, **_: Any) -> None:
         await controller.kube.close()
 
 
-@kopf.timer(GROUP, VERSION, ISVC_PLURAL, interval=INTERVAL_S, backoff=INTERVAL_S, when=_tuning_wanted)
 async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """One step of the service's tuning loop."""
+    """One step of the service's tuning loop (a timer, :func:`register_timer`)."""
     controller: TuningController | None = memo.get(MEMO_KEY)
     if controller is None or name is None or namespace is None:
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 from chunkpilot.operator import ha
-from chunkpilot.operator.cli import export_environment
+from chunkpilot.operator.cli import operator_config, register
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode, parse_labels
 from chunkpilot.operator.reconcile import export_metrics
 from chunkpilot.operator.status import DeploymentState, Observation
+from chunkpilot.tuner.config import TunerConfig
 
 from chunkpilot import telemetry
 from chunkpilot.api import EngineConfig, InferenceService
@@ -116,6 +119,29 @@ def test_operator_rejects_bad_metrics_port(flags: list[str], message: str) -> No
     assert message in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CHUNKPILOT_POD_MONITOR": "sometimes"}, "CHUNKPILOT_POD_MONITOR='sometimes': use one of auto"),
+        (
+            {"CHUNKPILOT_TUNER_INTERVAL": "often"},
+            "CHUNKPILOT_TUNER_INTERVAL='often' is not a number of seconds",
+        ),
+    ],
+)
+def test_operator_rejects_bad_settings_at_start_up(env: dict[str, str], message: str) -> None:
+    """Read once at start-up, the operator's and the autotuner's variables stop it with exit 2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "chunkpilot.cli", "operator", "--all-namespaces", "--standalone"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CHUNKPILOT_AUTOTUNER": "on", "CHUNKPILOT_METRICS_PORT": "0", **env},
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"chunkpilot operator: {message}" in result.stderr
+
+
 def test_metrics_port_and_optuna_storage_from_env() -> None:
     config = OperatorConfig.from_env(
         {"CHUNKPILOT_METRICS_PORT": "0", "CHUNKPILOT_OPTUNA_STORAGE": "sqlite:////tmp/optuna.db"}
@@ -125,11 +151,83 @@ def test_metrics_port_and_optuna_storage_from_env() -> None:
     assert OperatorConfig.from_env({}).metrics_port == 8080
     with pytest.raises(ValueError, match="CHUNKPILOT_METRICS_PORT"):
         OperatorConfig.from_env({"CHUNKPILOT_METRICS_PORT": "-1"})
-    environ: dict[str, str] = {}
-    export_environment(config, environ)
-    assert environ == {"CHUNKPILOT_OPTUNA_STORAGE": "sqlite:////tmp/optuna.db"}
-    export_environment(OperatorConfig(), environ := {})
-    assert environ == {}
+    # Handed to the autotuner (in the same process) as its setting, not through the environment.
+    assert TunerConfig.from_env({}, config).optuna_storage == "sqlite:////tmp/optuna.db"
+    assert TunerConfig.from_env({}, OperatorConfig()).optuna_storage is None
+
+
+def test_config_is_read_from_the_mapping_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defaults for what the mapping lacks; the process's environment is not consulted."""
+    for name in ("CHUNKPILOT_METRICS_PORT", "CHUNKPILOT_OPERATOR_REPLICAS", "CHUNKPILOT_LIVE_ADJUST"):
+        monkeypatch.setenv(name, "not a value")
+    assert OperatorConfig.from_env({}) == OperatorConfig()
+    config = OperatorConfig.from_env(
+        {
+            "CHUNKPILOT_PROMETHEUS_URL": "http://prometheus:9090",
+            "CHUNKPILOT_OPTUNA_STORAGE": "  ",
+            "CHUNKPILOT_DISAGGREGATION": "off",
+            "CHUNKPILOT_AUTOTUNER": "OFF",
+            "CHUNKPILOT_PROBE_JOBS": "on",
+            "CHUNKPILOT_PROBE_IMAGE": "registry.example/probe:1",
+            "CHUNKPILOT_KUBE_CALLS": "enforce",
+            "KUBECONFIG": "/elsewhere",  # the Kubernetes client's default; only --kubeconfig sets it
+        }
+    )
+    assert config == OperatorConfig(
+        prometheus_url="http://prometheus:9090",
+        disaggregation=False,
+        autotuner=False,
+        probe_jobs=True,
+        probe_image="registry.example/probe:1",
+        enforce_kube_calls=True,
+    )
+    assert OperatorConfig.from_env({"CHUNKPILOT_AUTOTUNER": "on"}).autotuner
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"CHUNKPILOT_OPERATOR_REPLICAS": "two"}, "CHUNKPILOT_OPERATOR_REPLICAS='two' is not a whole number"),
+        ({"CHUNKPILOT_POD_MONITOR": "sometimes"}, "CHUNKPILOT_POD_MONITOR='sometimes': use one of auto"),
+        ({"CHUNKPILOT_POD_MONITOR_LABELS": "release"}, "CHUNKPILOT_POD_MONITOR_LABELS: invalid label"),
+        ({"CHUNKPILOT_METRICS_PORT": "eighty"}, "CHUNKPILOT_METRICS_PORT='eighty' is not a port number"),
+        ({"CHUNKPILOT_DISAGGREGATION": "maybe"}, "CHUNKPILOT_DISAGGREGATION='maybe': use on or off"),
+    ],
+)
+def test_config_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OperatorConfig.from_env(environ)
+
+
+def operator_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["operator", "--all-namespaces", *flags])
+
+
+def test_flags_override_their_variables_which_are_then_not_read(tmp_path: Path) -> None:
+    environ = {
+        "CHUNKPILOT_METRICS_PORT": "not a port",  # overridden by the flag: not read
+        "CHUNKPILOT_POD_MONITOR": "disabled",
+        "CHUNKPILOT_OPTUNA_STORAGE": "sqlite:////tmp/env.db",
+        "CHUNKPILOT_OPERATOR_REPLICAS": "2",
+    }
+    config = operator_config(
+        operator_args(
+            "--metrics-port", "0", "--optuna-storage", "sqlite:////tmp/flag.db", "--no-autotuner",
+            "--kubeconfig", str(tmp_path / "kubeconfig"),
+        ),
+        environ,
+    )  # fmt: skip
+    assert config.metrics_port == 0 and config.optuna_storage == "sqlite:////tmp/flag.db"
+    assert config.pod_monitor is PodMonitorMode.DISABLED and config.expected_replicas == 2  # no flag
+    assert not config.autotuner and config.kubeconfig == str((tmp_path / "kubeconfig").resolve())
+    defaults = operator_config(operator_args(), {})
+    assert defaults == OperatorConfig() and defaults.kubeconfig is None and defaults.autotuner
+    with pytest.raises(ValueError, match="CHUNKPILOT_METRICS_PORT='not a port'"):
+        operator_config(operator_args(), environ)
+    with pytest.raises(ValueError, match="--metrics-port='-2'"):
+        operator_config(operator_args("--metrics-port", "-2"), {})
 
 
 def test_operator_gauges_follow_the_tracks_and_slo() -> None:

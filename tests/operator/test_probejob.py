@@ -11,6 +11,7 @@ import pytest
 import yaml
 from chunkpilot.engine.probe.kube import build_profile_configmap
 from chunkpilot.engine.probe.synthetic import synthetic_profile
+from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.kube import KubeError
 from chunkpilot.operator.probejob import (
@@ -100,10 +101,13 @@ def test_job_without_an_slo_records_no_itl_target() -> None:
 
 
 def test_image_comes_from_the_annotation_then_the_environment_then_the_default() -> None:
-    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, {ENV_PROBE_IMAGE: "b:1"}) == "a:1"
-    assert probe_image({}, {ENV_PROBE_IMAGE: "b:1"}) == "b:1"
+    configured = OperatorConfig.from_env({ENV_PROBE_IMAGE: "b:1"}).probe_image
+    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, configured) == "a:1"
+    assert probe_image({}, configured) == "b:1"
     assert (
-        probe_image({}, {}) == default_probe_image() == f"ghcr.io/chunkpilot/chunkpilot-probe:{__version__}"
+        probe_image({}, OperatorConfig.from_env({}).probe_image)
+        == default_probe_image()
+        == f"ghcr.io/chunkpilot/chunkpilot-probe:{__version__}"
     )
 
 
@@ -243,6 +247,16 @@ def test_runner_starts_then_reports_success() -> None:
     assert f"knee {profile.knee_tokens} tokens" in annotations[ANNOTATION_PROBE_MESSAGE]
     assert [e.reason for e in events] == ["ProbeStarted", "ProbeSucceeded"]
     assert asyncio.run(runner.profile_published(configmap)) == 0  # nobody waits any more
+
+
+def test_runner_starts_the_job_with_the_operators_configured_image() -> None:
+    kube = FakeKube()
+    runner = ProbeRunner(kube, lambda _body, _spec: None, image="registry.example/probe:2")
+    body = service_body()
+    kube.objects["/apis/chunkpilot.io/v1alpha1/namespaces/serving/inferenceservices/chat"] = body
+    asyncio.run(runner.start(body))
+    pod = kube.objects[JOB_PATH]["spec"]["template"]["spec"]
+    assert {c["image"] for c in [*pod["initContainers"], *pod["containers"]]} == {"registry.example/probe:2"}
 
 
 def test_runner_joins_a_running_job_and_replaces_a_finished_one() -> None:

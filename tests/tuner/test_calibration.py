@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-import yaml
 from chunkpilot.engine import metrics_names as names
-from chunkpilot.operator.builders import incumbent
 from chunkpilot.tuner import records as rec
-from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.observe.observer import parse_service
+from chunkpilot.tuner.config import ENV_TWIN_MAX_EVALUATIONS, TunerConfig
 from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
 from chunkpilot.tuner.observe.twin import (
     NO_TELEMETRY,
@@ -24,67 +20,46 @@ from chunkpilot.tuner.observe.twin import (
     refit_trial,
     refit_trials,
 )
-from chunkpilot.tuner.twin import online
 
 from chunkpilot.api import (
-    EngineConfig,
     Measurement,
-    ObjectMeta,
     ServiceTwin,
     TrialPhase,
     TrialVerdict,
     TuningTrial,
-    TuningTrialSpec,
     TuningTrialStatus,
     TwinState,
-    trial_labels,
-    trial_name,
 )
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+from chunkpilot.testing.services import NOW, a_service_body
+from chunkpilot.testing.trials import a_trial
+from chunkpilot.testing.tuner import a_measurement, a_snapshot
 
 
 def snapshot(
     samples: float = 500.0, twin: ServiceTwin | None = None, trials: tuple[TuningTrial, ...] = ()
 ) -> Snapshot:
-    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"].update(namespace="default", uid="uid-chat", generation=1)
-    if twin is not None:
-        body["status"] = {"twin": twin.to_k8s()}
-    isvc = parse_service(body)
-    assert isvc is not None and isvc.status is not None
-    stable = TrackMeasurement(
-        "stable", "60s", NOW, 0.99, 0.95, 30.0, 400.0, samples * 50, samples, 1000.0, 2000.0, 5.0, 1
+    """The chat example as it is, ``twin`` in its status; stable measured over ``samples`` requests."""
+    body = a_service_body(
+        trial_window=None,
+        warmup=None,
+        resource_version=None,
+        status=None if twin is None else {"twin": twin.to_k8s()},
     )
-    return Snapshot(
-        body=body,
-        isvc=isvc,
-        status=isvc.status,
-        trials=trials,
-        now=NOW,
-        incumbent=incumbent(isvc),
-        prometheus=True,
-        stable_reading=Reading(stable),
-    )
+    stable = a_measurement("stable", 30.0, 400.0, samples=samples)
+    return a_snapshot(body, trials, prometheus=True, stable_reading=Reading(stable))
 
 
 def finished(number: int, verdict: TrialVerdict, measured: bool = True) -> TuningTrial:
-    return TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name("chat", number), namespace="default", labels=trial_labels("chat", number)
-        ),
-        spec=TuningTrialSpec(
-            service_name="chat",
-            number=number,
-            params=EngineConfig(max_num_batched_tokens=1024, max_num_seqs=64),
-        ),
-        status=TuningTrialStatus(
-            phase=TrialPhase.ROLLED_BACK,
-            verdict=verdict,
-            finished_at=NOW,
-            canary=Measurement(itl_ms=30.0, window="60s") if measured else None,
-        ),
+    """Trial ``number`` rolled back at :data:`NOW` (round unlabelled), its canary measured or not."""
+    return a_trial(
+        number,
+        TrialPhase.ROLLED_BACK,
+        round_=None,
+        window=None,
+        started_at=None,
+        verdict=verdict,
+        finished_at=NOW,
+        canary=Measurement(itl_ms=30.0, window="60s") if measured else None,
     )
 
 
@@ -161,12 +136,12 @@ def test_a_ranking_is_redone_for_a_new_stable_config_a_new_refit_or_when_old() -
     assert rec.is_active(active) and not rank_due(snapshot(twin=None, trials=(active,)), "k", 2)
 
 
-def test_the_rankings_evaluation_cap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(online.ENV_MAX_EVALUATIONS, raising=False)
-    assert online.max_evaluations() is None  # the CPU budget alone ends the search
-    monkeypatch.setenv(online.ENV_MAX_EVALUATIONS, "12")
-    assert online.max_evaluations() == 12
+def test_the_rankings_evaluation_cap_comes_from_the_environment() -> None:
+    def max_evaluations(environ: dict[str, str]) -> int | None:  # as the tuner's settings read it
+        return TunerConfig.from_env(environ).twin_max_evaluations
+
+    assert max_evaluations({}) is None  # the CPU budget alone ends the search
+    assert max_evaluations({ENV_TWIN_MAX_EVALUATIONS: "12"}) == 12
     for bad in ("0", "-3", "2.5", "many"):
-        monkeypatch.setenv(online.ENV_MAX_EVALUATIONS, bad)
         with pytest.raises(ValueError, match="CHUNKPILOT_TWIN_MAX_EVALUATIONS"):
-            online.max_evaluations()
+            max_evaluations({ENV_TWIN_MAX_EVALUATIONS: bad})

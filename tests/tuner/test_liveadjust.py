@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,8 @@ from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE, LIVE_ADJUST_TOKEN_E
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.server import ServerConfig, SimEngineServer
-from chunkpilot.operator.builders import ANNOTATION_CONFIG, incumbent
-from chunkpilot.operator.config import ENV_LIVE_ADJUST
+from chunkpilot.operator.builders import ANNOTATION_CONFIG
+from chunkpilot.operator.config import ENV_LIVE_ADJUST, OperatorConfig
 from chunkpilot.tuner.act.live_adjust import (
     HttpLiveAdjuster,
     LiveAdjustError,
@@ -40,6 +41,7 @@ from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 
 from chunkpilot.api import EngineConfig, ObjectMeta, TuningTrial, TuningTrialSpec
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
+from chunkpilot.testing.tuner import a_snapshot
 
 START = EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, long_prefill_token_threshold=512)
 
@@ -207,21 +209,10 @@ def _service(live_adjust: bool = True) -> Snapshot:
             "autotune": {"liveAdjust": live_adjust},
         },
     }
-    isvc = parse_service(body)
-    assert isvc is not None and isvc.status is not None
-    return Snapshot(
-        body=body,
-        isvc=isvc,
-        status=isvc.status,
-        trials=(),
-        now=datetime(2026, 1, 1, tzinfo=UTC),
-        incumbent=incumbent(isvc),
-    )
+    return a_snapshot(body, now=datetime(2026, 1, 1, tzinfo=UTC))
 
 
-def test_with_live_adjustment_off_in_the_installation_trials_roll_out(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_with_live_adjustment_off_in_the_installation_trials_roll_out() -> None:
     """CHUNKPILOT_LIVE_ADJUST=off (chart liveAdjust.enabled=false): no ceiling start, no Secret reference."""
     snap = _service()
     trial = TuningTrial(
@@ -243,7 +234,10 @@ def test_with_live_adjustment_off_in_the_installation_trials_roll_out(
     assert live_start(Plan(snap), trial, space) is not None  # started at the top to go down live
     assert LIVE_ADJUST_TOKEN_ENV in env_names(canary_manifest(snap.isvc, snap.body, trial))
 
-    monkeypatch.setenv(ENV_LIVE_ADJUST, "off")
+    # As the observer reads the service with CHUNKPILOT_LIVE_ADJUST=off in the tuner's settings.
+    off = parse_service(snap.body, live_adjust=OperatorConfig.from_env({ENV_LIVE_ADJUST: "off"}).live_adjust)
+    assert off is not None
+    snap = replace(snap, isvc=off)
     assert not enabled(snap.isvc) and not live_usable(Plan(snap))
     assert live_start(Plan(snap), trial, space) is None  # the trial's own config: a rollout
     assert LIVE_ADJUST_TOKEN_ENV not in env_names(canary_manifest(snap.isvc, snap.body, trial))

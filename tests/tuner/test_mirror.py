@@ -18,17 +18,15 @@ from chunkpilot.tuner.act.mirror import (
     amirror_trials,
     mirror_trials,
     redact,
-    storage_url,
     study_name,
 )
-from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
+from chunkpilot.tuner.config import TunerConfig
 from chunkpilot.tuner.study import RecordState, TrialRecord
 from optuna.trial import TrialState
 
-SPACE = SearchSpace(
-    ranges={Knob.MAX_NUM_BATCHED_TOKENS: KnobRange(256, 8192), Knob.MAX_NUM_SEQS: KnobRange(16, 256)},
-    fixed=TunedConfig(2048, 128),
-)
+from chunkpilot.testing.tuner import a_space
+
+SPACE = a_space()
 
 
 def records() -> list[TrialRecord]:
@@ -110,13 +108,15 @@ def test_failures_are_logged_never_raised(caplog: pytest.LogCaptureFixture) -> N
     assert "s3cret" not in text and "tuner:***@127.0.0.1:1" in text
 
 
-def test_environment_variable_enables_the_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CHUNKPILOT_OPTUNA_STORAGE", raising=False)
-    assert storage_url() is None
+def test_environment_variable_enables_the_mirror(tmp_path: Path) -> None:
+    def storage_url(environ: dict[str, str]) -> str | None:  # as the tuner's settings read it
+        return TunerConfig.from_env(environ).optuna_storage
+
+    assert storage_url({}) is None
     assert mirror_trials("default", "chat", SPACE, records()) == 0  # disabled: nothing to do
     assert storage_url({"CHUNKPILOT_OPTUNA_STORAGE": "  "}) is None
-    monkeypatch.setenv("CHUNKPILOT_OPTUNA_STORAGE", sqlite_url(tmp_path))
-    assert asyncio.run(amirror_trials("default", "chat", SPACE, records())) == 3
+    url = storage_url({"CHUNKPILOT_OPTUNA_STORAGE": sqlite_url(tmp_path)})
+    assert asyncio.run(amirror_trials("default", "chat", SPACE, records(), url=url)) == 3
     check_mirrored(sqlite_url(tmp_path))
 
 

@@ -7,178 +7,76 @@ Pure like the other decide tests: snapshots are built from the API models; the t
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
-import yaml
-from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTelemetry
-from chunkpilot.engine.sim.offline import SLO, simulate
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.operator.builders import incumbent
-from chunkpilot.operator.status import DeploymentState
-from chunkpilot.tuner import records as rec
+from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
-from chunkpilot.tuner.decide.plan import CreateTrial, Emit, Plan
+from chunkpilot.tuner.decide.plan import CreateTrial, Plan
 from chunkpilot.tuner.decide.step import decide
-from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.observe.observer import parse_service
 from chunkpilot.tuner.observe.recommendation import recommend_due, request
-from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
-from chunkpilot.tuner.observe.twin import TwinObserver, TwinReading, refit_trials
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot, TwinReading
+from chunkpilot.tuner.observe.twin import TwinObserver, refit_trials
 from chunkpilot.tuner.policy import TWIN_INFEASIBLE_MIN_TRIALS
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, Pool, Recommendation, TopologySearch
 from chunkpilot.tuner.topology.recommend import RecommendationResult, RecommendRequest, recommend
 from chunkpilot.tuner.topology.simulate import twin_evaluator
-from chunkpilot.tuner.twin import Twin, fit_steps
-from chunkpilot.tuner.twin.online import Calibration
+from chunkpilot.tuner.twin import Twin, TwinFit
+from chunkpilot.tuner.twin.online import Calibration, TwinBudget
 from chunkpilot.tuner.twin.search import Candidate
 
-from chunkpilot.api import (
-    EngineConfig,
-    Measurement,
-    ObjectMeta,
-    TopologySpec,
-    TrialPhase,
-    TrialTwin,
-    TrialVerdict,
-    TuningTrial,
-    TuningTrialSpec,
-    TuningTrialStatus,
-    TwinState,
-    trial_labels,
-    trial_name,
-)
+from chunkpilot.api import TopologySpec, TrialPhase, TrialTwin, TrialVerdict, TuningTrial, TwinState
+from chunkpilot.testing.deployments import a_ready_state
+from chunkpilot.testing.services import a_condition, a_service_body
+from chunkpilot.testing.trials import missed_trials, with_status
+from chunkpilot.testing.tuner import a_fitted_reading, a_measurement, a_snapshot, condition, events
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SETTINGS = TunerSettings(rollout_timeout_s=120)
-READY = DeploymentState(
-    desired=1, replicas=1, ready=1, updated=1, available=1, generation=1, observed_generation=1
-)
+READY = a_ready_state()
 BEST = Layout(Pool(1, 8192, 128), Pool(3, 2048, 128))
+#: The stable track on its four replicas: 12 req/s, ITL and TTFT over their 30 and 400 ms targets.
+STABLE_VIOLATING = Reading(a_measurement("stable", 40.0, 600.0, window="2m", request_rate=12.0, replicas=4))
 
 
-def service_body(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
-    body["spec"].update({"replicas": 4, **spec})
-    body["spec"]["slo"].update(itl={"quantile": 0.99, "maxMs": 30}, ttft={"quantile": 0.95, "maxMs": 400})
-    body["spec"]["autotune"].update(trialWindow="60s", warmup="10s", maxTrials=12)
-    return body
+def service_body(replicas: int = 4, **spec: Any) -> dict[str, Any]:
+    """The chat service on ``replicas`` with ITL p99 30 ms and TTFT p95 400 ms, twelve trials at most."""
+    return a_service_body(replicas=replicas, spec=spec, itl_ms=30, ttft_ms=400, autotune={"maxTrials": 12})
 
 
-def measured_trial(number: int, budget: int, itl_ms: float, ttft_ms: float) -> TuningTrial:
-    """A finished trial whose canary missed the SLOs."""
-    canary = Measurement(itl_ms=itl_ms, itl_quantile=0.99, ttft_ms=ttft_ms, ttft_quantile=0.95, samples=500)
-    return TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name("chat", number),
-            namespace="default",
-            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
-        ),
-        spec=TuningTrialSpec(
-            service_name="chat",
-            number=number,
-            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=128),
-            window="60s",
-        ),
-        status=TuningTrialStatus(
-            phase=TrialPhase.ROLLED_BACK,
-            verdict=TrialVerdict.DISCARDED,
-            canary=canary,
-            objective=100.0,
-            started_at=NOW - timedelta(minutes=30 - number),
-            finished_at=NOW - timedelta(minutes=29 - number),
-        ),
-    )
-
-
-#: Six trials: small budgets miss TTFT, large ones ITL.
-INFEASIBLE = tuple(
-    measured_trial(n, budget, itl, ttft)
-    for n, (budget, itl, ttft) in enumerate(
-        [
-            (320, 26.0, 900.0),
-            (512, 29.0, 610.0),
-            (1024, 38.0, 450.0),
-            (2048, 52.0, 380.0),
-            (384, 27.0, 720.0),
-            (768, 33.0, 520.0),
-        ],
-        start=1,
-    )
+#: Six trials of a minute each: small budgets miss TTFT, large ones ITL.
+INFEASIBLE = missed_trials(
+    [
+        (320, 26.0, 900.0),
+        (512, 29.0, 610.0),
+        (1024, 38.0, 450.0),
+        (2048, 52.0, 380.0),
+        (384, 27.0, 720.0),
+        (768, 33.0, 520.0),
+    ],
+    ran=timedelta(minutes=1),
 )
-
-
-def stable_violating() -> Reading[TrackMeasurement]:
-    return Reading(
-        TrackMeasurement(
-            track="stable",
-            window="2m",
-            time=NOW,
-            itl_quantile=0.99,
-            ttft_quantile=0.95,
-            itl_ms=40.0,
-            ttft_ms=600.0,
-            itl_samples=25000,
-            ttft_samples=500,
-            generation_tok_s=1000.0,
-            prompt_tok_s=2000.0,
-            request_rate=12.0,
-            replicas=4,
-        )
-    )
 
 
 @pytest.fixture(scope="module")
-def calibration(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+def calibration(sim_twin: Callable[[int], tuple[TwinFit, Twin]]) -> Calibration:
     """A real fit (the simulator's steps on its datasheet H100)."""
-    engine = SimConfig(
-        model="llama-3.1-8b",
-        accelerator="h100",
-        scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=128),
-    )
-    telemetry = StepTelemetry()
-    workload = load_trace("azure_conv_2023", rate=2.0, limit=80)
-    simulate(engine, workload, telemetry=telemetry)
-    fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
-    twin = Twin.build(fit, workload, tmp_path_factory.mktemp("twin"))
+    fit, twin = sim_twin(128)
     incumbent_ = Candidate(TunedConfig(2048, 128), 0.4, tokens_s=100.0)
     return Calibration("k", fit, twin, (40.0, 600.0), 0.05, (), incumbent_)
 
 
 def snapshot(body: dict[str, Any], trials: tuple[TuningTrial, ...], twin: TwinReading) -> Snapshot:
-    isvc = parse_service(body)
-    assert isvc is not None and isvc.status is not None
-    return Snapshot(
-        body=body,
-        isvc=isvc,
-        status=isvc.status,
-        trials=trials,
-        now=NOW,
-        incumbent=incumbent(isvc),
-        stable=READY,
-        prometheus=True,
-        stable_reading=stable_violating(),
-        twin=twin,
-    )
+    """A step of ``body``: stable ready and violating both SLOs, ``twin`` as observed."""
+    return a_snapshot(body, trials, stable=READY, prometheus=True, stable_reading=STABLE_VIOLATING, twin=twin)
 
 
 def fitted(calibration: Calibration, **fields: Any) -> TwinReading:
-    values: dict[str, Any] = {
-        "state": TwinState.FITTED,
-        "calibration": calibration,
-        "key": "k",
-        "live_rate_req_s": 3.0,
-        "measured_ms": (40.0, 600.0),
-        **fields,
-    }
-    return TwinReading(**values)
+    """3 req/s live, stable measured at 40 and 600 ms."""
+    values: dict[str, Any] = {"live_rate_req_s": 3.0, "measured_ms": (40.0, 600.0), **fields}
+    return a_fitted_reading(calibration, **values)
 
 
 def paying() -> RecommendationResult:
@@ -191,15 +89,6 @@ def paying() -> RecommendationResult:
         cpu_seconds=11.0,
     )
     return RecommendationResult("k", Recommendation(4, 1.6, search, 25.0, 1.0, 140.0))
-
-
-def condition(plan: Plan, type_: str) -> tuple[str, str, str] | None:
-    found = next((c for c in plan.conditions if c.type == type_), None)
-    return (found.status.value, found.reason, found.message) if found else None
-
-
-def events(plan: Plan) -> list[tuple[str, str]]:
-    return [(a.event.reason, a.event.message) for a in plan.actions if isinstance(a, Emit)]
 
 
 def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_condition_event_and_status(
@@ -243,13 +132,7 @@ def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_conditi
 
 
 def _condition(found: tuple[str, str, str]) -> dict[str, Any]:
-    return {
-        "type": "SLOInfeasible",
-        "status": found[0],
-        "reason": found[1],
-        "message": found[2],
-        "lastTransitionTime": (NOW - timedelta(minutes=1)).isoformat(),
-    }
+    return a_condition("SLOInfeasible", *found)
 
 
 def test_before_the_recommendation_the_condition_says_it_is_being_evaluated(
@@ -331,10 +214,8 @@ def test_a_disaggregated_service_runs_no_colocated_canary_and_says_why(calibrati
 
 
 @pytest.mark.slow
-def test_the_observer_computes_it_in_the_twins_worker_process(
-    calibration: Calibration, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CHUNKPILOT_TWIN_CPU_SECONDS", "0.5")  # one layout: the first is always evaluated
+def test_the_observer_computes_it_in_the_twins_worker_process(calibration: Calibration) -> None:
+    budget = TwinBudget(cpu_s=0.5)  # CHUNKPILOT_TWIN_CPU_SECONDS=0.5: one layout (the first always runs)
     body = service_body(replicas=2)
     body["status"] = {
         "conditions": [
@@ -343,7 +224,8 @@ def test_the_observer_computes_it_in_the_twins_worker_process(
     }
     snap = snapshot(body, INFEASIBLE, fitted(calibration))
     assert recommend_due(snap, "k")
-    observer = TwinObserver(None)  # the worker process, as in the operator (the job must pickle)
+    # The worker process, as in the operator (the job must pickle).
+    observer = TwinObserver(None, budget=budget)
     try:
         result = asyncio.run(observer.recommend(snap, "k", calibration))
     finally:
@@ -361,7 +243,6 @@ def test_the_observer_computes_it_in_the_twins_worker_process(
 
 def checked(trial: TuningTrial, error: float | None, predicted_ttft_ms: float = 700.0) -> TuningTrial:
     """``trial`` with the twin's check of its canary recorded at its verdict (measured TTFT 600 ms)."""
-    assert trial.status is not None
     twin = TrialTwin(
         capacity_req_s=0.1,
         error=error,
@@ -371,13 +252,11 @@ def checked(trial: TuningTrial, error: float | None, predicted_ttft_ms: float = 
         predicted_ttft_ms=predicted_ttft_ms,
         measured_ttft_ms=600.0,
     )
-    return trial.model_copy(update={"status": trial.status.model_copy(update={"twin": twin})})
+    return with_status(trial, twin=twin)
 
 
 def pruned_trial(trial: TuningTrial) -> TuningTrial:
-    assert trial.status is not None
-    status = trial.status.model_copy(update={"phase": TrialPhase.PRUNED, "verdict": TrialVerdict.PRUNED})
-    return trial.model_copy(update={"status": status})
+    return with_status(trial, phase=TrialPhase.PRUNED, verdict=TrialVerdict.PRUNED)
 
 
 #: Two canaries that missed (one the TTFT target, one the ITL target), both as the twin predicted.

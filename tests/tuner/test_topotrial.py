@@ -10,15 +10,13 @@ import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 import kubernetes
 import pytest
-import yaml
 from aiohttp import web
-from chunkpilot.operator.builders import build_canary_topology, incumbent
+from chunkpilot.operator.builders import build_canary_topology
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeClient, _Credentials
 from chunkpilot.operator.objects import (
@@ -29,8 +27,6 @@ from chunkpilot.operator.objects import (
     trial_path,
 )
 from chunkpilot.operator.served import with_best_topology
-from chunkpilot.operator.status import DeploymentState
-from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.act.actor import Actor
 from chunkpilot.tuner.decide import topology_trial as topotrial
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
@@ -39,39 +35,32 @@ from chunkpilot.tuner.decide.plan import (
     CreateTrial,
     DeleteCanary,
     DeleteCanaryTopology,
-    Emit,
     PatchTrial,
     Plan,
 )
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement, measure_topology
 from chunkpilot.tuner.observe.observer import Observer, parse_service
-from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
-from chunkpilot.tuner.observe.twin import TwinReading
+from chunkpilot.tuner.observe.snapshot import Reading, Snapshot, TwinReading
 from chunkpilot.tuner.policy import Decision, SLOTargets
 
 from chunkpilot.api import (
     EngineConfig,
     InferenceService,
-    Measurement,
-    ObjectMeta,
     TopologySpec,
     TrialPhase,
     TrialProgress,
     TrialVerdict,
     TuningTrial,
-    TuningTrialSpec,
     TuningTrialStatus,
-    trial_labels,
-    trial_name,
 )
+from chunkpilot.testing.deployments import a_ready_state, after_rollout
+from chunkpilot.testing.services import NOW, a_condition, a_service_body
+from chunkpilot.testing.trials import a_trial, missed_trials
+from chunkpilot.testing.tuner import a_measurement, a_snapshot, condition, events, of_type, trial_status
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SETTINGS = TunerSettings(rollout_timeout_s=120)
-READY = DeploymentState(
-    desired=2, replicas=2, ready=2, updated=2, available=2, generation=1, observed_generation=1
-)
+READY = a_ready_state(2)
 RECOMMENDATION = {
     "key": "k",
     "message": "Disaggregation: 1 prefill + 1 decode replicas ...",
@@ -83,87 +72,46 @@ RECOMMENDATION = {
     "capacityReqS": 2.1,
     "colocatedCapacityReqS": 0.6,
 }
-A = TypeVar("A")
-
-
-def infeasible_condition() -> dict[str, Any]:
-    return {
-        "type": "SLOInfeasible",
-        "status": "True",
-        "reason": "SLOInfeasible",
-        "message": "no configuration of 6 measured meets both SLOs",
-        "lastTransitionTime": (NOW - timedelta(minutes=1)).isoformat(),
-    }
 
 
 def service_body(replicas: int = 2, allow: bool = True, **status: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"].update(namespace="default", uid="uid-chat", generation=1, resourceVersion="1")
-    body["spec"]["replicas"] = replicas
-    body["spec"]["engine"]["maxNumBatchedTokens"] = 512
-    body["spec"]["slo"].update(itl={"quantile": 0.99, "maxMs": 35}, ttft={"quantile": 0.95, "maxMs": 600})
-    body["spec"]["autotune"].update(trialWindow="60s", warmup="10s", maxTrials=6, allowTopologyChange=allow)
-    body["status"] = {"conditions": [infeasible_condition()], "recommendation": RECOMMENDATION, **status}
-    return body
-
-
-def missed(number: int, budget: int, itl_ms: float, ttft_ms: float) -> TuningTrial:
-    """A finished colocated trial whose canary missed the SLOs."""
-    canary = Measurement(itl_ms=itl_ms, itl_quantile=0.99, ttft_ms=ttft_ms, ttft_quantile=0.95, samples=500)
-    return TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name("chat", number),
-            namespace="default",
-            labels={**trial_labels("chat", number), rec.LABEL_ROUND: "0"},
-        ),
-        spec=TuningTrialSpec(
-            service_name="chat",
-            number=number,
-            params=EngineConfig(max_num_batched_tokens=budget, max_num_seqs=128),
-            window="60s",
-        ),
-        status=TuningTrialStatus(
-            phase=TrialPhase.ROLLED_BACK,
-            verdict=TrialVerdict.DISCARDED,
-            canary=canary,
-            objective=100.0,
-            finished_at=NOW - timedelta(minutes=29 - number),
-        ),
+    """The chat service found SLOInfeasible with :data:`RECOMMENDATION`, ``allow``-ing a topology trial."""
+    infeasible = a_condition(
+        "SLOInfeasible", "True", "SLOInfeasible", "no configuration of 6 measured meets both SLOs"
+    )
+    return a_service_body(
+        replicas=replicas,
+        engine={"maxNumBatchedTokens": 512},
+        itl_ms=35,
+        ttft_ms=600,
+        autotune={"maxTrials": 6, "allowTopologyChange": allow},
+        status={"conditions": [infeasible], "recommendation": RECOMMENDATION, **status},
     )
 
 
 #: Six colocated trials: small budgets miss TTFT, large ones ITL.
-INFEASIBLE = tuple(
-    missed(n, budget, itl, ttft)
-    for n, (budget, itl, ttft) in enumerate(
-        [
-            (128, 30.0, 900.0),
-            (256, 33.0, 700.0),
-            (1024, 45.0, 560.0),
-            (2048, 60.0, 450.0),
-            (192, 31.0, 800.0),
-            (768, 40.0, 620.0),
-        ],
-        start=1,
-    )
+INFEASIBLE = missed_trials(
+    [
+        (128, 30.0, 900.0),
+        (256, 33.0, 700.0),
+        (1024, 45.0, 560.0),
+        (2048, 60.0, 450.0),
+        (192, 31.0, 800.0),
+        (768, 40.0, 620.0),
+    ]
 )
 
 
 def measurement(
     track: str, itl_ms: float, ttft_ms: float, samples: float = 200.0, rate: float = 1.0, replicas: int = 1
 ) -> TrackMeasurement:
-    return TrackMeasurement(
-        track=track,
-        window="60s",
-        time=NOW,
-        itl_quantile=0.99,
-        ttft_quantile=0.95,
-        itl_ms=itl_ms,
-        ttft_ms=ttft_ms,
-        itl_samples=samples * 50,
-        ttft_samples=samples,
+    """A track at the topology trials' light load: ``rate`` req/s, 200 output tokens/s."""
+    return a_measurement(
+        track,
+        itl_ms,
+        ttft_ms,
+        samples=samples,
         generation_tok_s=200.0,
-        prompt_tok_s=2000.0,
         request_rate=rate,
         replicas=replicas,
     )
@@ -174,23 +122,14 @@ STABLE = measurement("stable", 68.0, 512.0, replicas=2)
 
 
 def snapshot(body: dict[str, Any], trials: Sequence[TuningTrial] = (), **fields: Any) -> Snapshot:
-    isvc = parse_service(body)
-    assert isvc is not None and isvc.status is not None
+    """A step of ``body``: stable ready on both replicas and measured as :data:`STABLE`."""
     values: dict[str, Any] = {
         "stable": READY,
         "prometheus": True,
         "stable_reading": Reading(STABLE),
         **fields,
     }
-    return Snapshot(
-        body=body,
-        isvc=isvc,
-        status=isvc.status,
-        trials=tuple(trials),
-        now=NOW,
-        incumbent=incumbent(isvc),
-        **values,
-    )
+    return a_snapshot(body, trials, **values)
 
 
 def the_topology(body: dict[str, Any]) -> TopologySpec:
@@ -204,23 +143,9 @@ def the_topology(body: dict[str, Any]) -> TopologySpec:
 def topology_trial(
     body: dict[str, Any], phase: TrialPhase, progress: TrialProgress | None = None, **status: Any
 ) -> TuningTrial:
-    return TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name("chat", 7),
-            namespace="default",
-            labels={**trial_labels("chat", 7), rec.LABEL_ROUND: "0"},
-        ),
-        spec=TuningTrialSpec(
-            service_name="chat",
-            number=7,
-            params=EngineConfig(max_num_batched_tokens=512, max_num_seqs=128),
-            window="60s",
-            topology=the_topology(body),
-        ),
-        status=TuningTrialStatus(
-            phase=phase, started_at=NOW - timedelta(seconds=30), progress=progress, **status
-        ),
-    )
+    """Trial 7, trying :func:`the_topology` of ``body`` from the 512-token stable config."""
+    params = EngineConfig(max_num_batched_tokens=512, max_num_seqs=128)
+    return a_trial(7, phase, params=params, topology=the_topology(body), progress=progress, **status)
 
 
 def canary_parts(body: dict[str, Any], ready: bool = True) -> dict[str, dict[str, Any]]:
@@ -228,38 +153,7 @@ def canary_parts(body: dict[str, Any], ready: bool = True) -> dict[str, dict[str
     isvc = parse_service(body)
     assert isvc is not None
     deployments = [m for m in build_canary_topology(isvc, the_topology(body)) if m["kind"] == "Deployment"]
-    for manifest in deployments:
-        wanted = manifest["spec"]["replicas"]
-        manifest["metadata"]["generation"] = 1
-        manifest["status"] = {
-            "replicas": wanted,
-            "readyReplicas": wanted if ready else 0,
-            "updatedReplicas": wanted,
-            "availableReplicas": wanted if ready else 0,
-            "observedGeneration": 1,
-        }
-    return dict(zip(TOPOLOGY_PARTS, deployments, strict=True))
-
-
-def of_type(plan: Plan, kind: type[A]) -> list[A]:
-    return [a for a in plan.actions if isinstance(a, kind)]
-
-
-def condition(plan: Plan, type_: str) -> tuple[str, str, str] | None:
-    found = next((c for c in plan.conditions if c.type == type_), None)
-    return (found.status.value, found.reason, found.message) if found else None
-
-
-def events(plan: Plan) -> list[tuple[str, str]]:
-    return [(a.event.reason, a.event.message) for a in of_type(plan, Emit)]
-
-
-def trial_status(plan: Plan) -> dict[str, Any]:
-    """Every status field the plan's trial patches wrote, merged."""
-    merged: dict[str, Any] = {}
-    for patch in of_type(plan, PatchTrial):
-        merged.update(patch.patch.get("status", {}))
-    return merged
+    return dict(zip(TOPOLOGY_PARTS, (after_rollout(m, ready) for m in deployments), strict=True))
 
 
 MEASURING = TrialProgress(ready_at=NOW - timedelta(seconds=80), measure_from=NOW - timedelta(seconds=70))
@@ -423,8 +317,11 @@ def window(prefill_ttft: float, decode_itl: float, decode_ttft: float = 60.0) ->
     )
 
 
-def measured(body: dict[str, Any], measured_window: TopologyWindow) -> Plan:
-    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+def measured(
+    body: dict[str, Any], measured_window: TopologyWindow, progress: TrialProgress = MEASURING
+) -> Plan:
+    """The step of trial 7 measuring (since ``progress``) whose pools measured ``measured_window``."""
+    trial = topology_trial(body, TrialPhase.MEASURING, progress)
     snap = snapshot(
         body,
         (*INFEASIBLE, trial),
@@ -474,11 +371,7 @@ def test_too_few_samples_widen_the_window_and_at_the_deadline_the_trial_is_abort
     waiting = measured(body, thin)
     assert "verdict" not in trial_status(waiting) and not of_type(waiting, DeleteCanaryTopology)
     late = TrialProgress(ready_at=NOW - timedelta(hours=1), measure_from=NOW - timedelta(minutes=50))
-    trial = topology_trial(body, TrialPhase.MEASURING, late)
-    snap = snapshot(
-        body, (*INFEASIBLE, trial), topology_canary=canary_parts(body), topology_window=Reading(thin)
-    )
-    plan = decide(snap, SETTINGS)
+    plan = measured(body, thin, late)
     status = trial_status(plan)
     assert status["verdict"] == "Aborted" and "too few samples" in status["reason"]
     assert of_type(plan, DeleteCanaryTopology)
@@ -711,23 +604,13 @@ def test_a_canary_topology_breaching_an_slo_by_the_abort_factor_is_rolled_back_b
 ):
     body = service_body()
     early = TrialProgress(ready_at=NOW - timedelta(seconds=40), measure_from=NOW - timedelta(seconds=30))
-    trial = topology_trial(body, TrialPhase.MEASURING, early)
-
-    def step(measured_window: TopologyWindow) -> Plan:
-        snap = snapshot(
-            body,
-            (*INFEASIBLE, trial),
-            topology_canary=canary_parts(body),
-            topology_window=Reading(measured_window),
-        )
-        return decide(snap, SETTINGS)
-
-    breach = step(window(prefill_ttft=300.0, decode_itl=80.0))  # ITL over 2 x 35 ms
+    breach = measured(body, window(prefill_ttft=300.0, decode_itl=80.0), early)  # ITL over 2 x 35 ms
     status = trial_status(breach)
     assert (status["phase"], status["verdict"]) == ("RolledBack", "Discarded")
     assert "the canary topology: canary ITL 80ms exceeds 2x the 35ms target" in status["reason"]
     assert of_type(breach, DeleteCanaryTopology)
-    within = step(window(prefill_ttft=300.0, decode_itl=50.0))  # a miss, but not by the factor: wait
+    # A miss, but not by the factor: wait.
+    within = measured(body, window(prefill_ttft=300.0, decode_itl=50.0), early)
     assert "verdict" not in trial_status(within) and not of_type(within, DeleteCanaryTopology)
 
 
@@ -740,20 +623,20 @@ def test_a_thin_or_silent_prefill_pool_is_inconclusive() -> None:
     assert decision is Decision.INCONCLUSIVE, reason
 
 
-def test_the_tuner_sees_the_topology_the_operator_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tuner_sees_the_topology_the_operator_runs() -> None:
     """With the installation's liveAdjust off, a service asking for it runs its promoted pools."""
     body = service_body()
     body["spec"]["autotune"]["liveAdjust"] = True
     body["status"]["bestTopology"] = the_topology(service_body()).to_k8s()
     body["status"]["bestTopologyTrial"] = "chat-trial-7"
-    monkeypatch.setenv("CHUNKPILOT_LIVE_ADJUST", "off")
-    isvc = parse_service(body)
+    off = OperatorConfig.from_env({"CHUNKPILOT_LIVE_ADJUST": "off"})  # the tuner's settings share it
+    isvc = parse_service(body, live_adjust=off.live_adjust)
     assert isvc is not None
     config = OperatorConfig(live_adjust=False)
     assert isvc.spec == with_best_topology(config.served(isvc), body["status"]).spec
     assert isvc.spec.disaggregated and isvc.spec.pool("prefill").max_num_batched_tokens == 4096
-    monkeypatch.setenv("CHUNKPILOT_LIVE_ADJUST", "on")  # then the spec cannot run it: colocated, for both
-    colocated = parse_service(body)
+    on = OperatorConfig.from_env({"CHUNKPILOT_LIVE_ADJUST": "on"})  # then the spec cannot run it: colocated
+    colocated = parse_service(body, live_adjust=on.live_adjust)
     assert colocated is not None and not colocated.spec.disaggregated
 
 

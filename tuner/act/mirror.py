@@ -2,7 +2,8 @@
 
 The tuner's history lives in ``TuningTrial`` objects; this mirror is a read-only copy for
 humans. It is enabled by an SQLAlchemy URL in ``CHUNKPILOT_OPTUNA_STORAGE`` (operator flag
-``--optuna-storage``, chart value ``optuna.storage``), e.g.
+``--optuna-storage``, chart value ``optuna.storage``; read at start-up into the tuner's settings,
+:attr:`chunkpilot.tuner.config.TunerConfig.optuna_storage`, and passed to each call as ``url``), e.g.
 ``postgresql+psycopg://user:password@host:5432/optuna`` (install the ``dashboard`` extra for
 the driver).
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -37,7 +37,6 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 logger = logging.getLogger(__name__)
 
-STORAGE_ENV = "CHUNKPILOT_OPTUNA_STORAGE"
 #: User attribute holding the tuner's trial number (the key that makes mirroring idempotent).
 NUMBER_ATTR = "chunkpilot_trial"
 #: Order of the constraint values in each mirrored trial (the study records it as ``constraint_names``).
@@ -47,12 +46,6 @@ CONNECT_TIMEOUT_S = 5
 
 _storages: dict[str, optuna.storages.RDBStorage] = {}
 _lock = threading.Lock()
-
-
-def storage_url(environ: Mapping[str, str] | None = None) -> str | None:
-    """The mirror's SQLAlchemy URL from ``CHUNKPILOT_OPTUNA_STORAGE`` (None when unset or blank)."""
-    value = (environ if environ is not None else os.environ).get(STORAGE_ENV, "").strip()
-    return value or None
 
 
 def study_name(namespace: str, name: str) -> str:
@@ -148,12 +141,11 @@ def mirror_trials(
 ) -> int | None:
     """Copy the finished trials not yet in the storage; the number added, or None when it failed.
 
-    ``url`` defaults to ``CHUNKPILOT_OPTUNA_STORAGE`` (nothing happens without one); ``attrs``
+    ``url``: the storage (the tuner's settings; nothing happens without one); ``attrs``
     maps a trial number to extra user attributes (verdict, measured quantiles, ...);
     ``study_attrs`` are set on the study. Never raises: failures are logged.
     """
-    url = url or storage_url()
-    if url is None:
+    if not url:
         return 0
     try:
         return _mirror(namespace, name, space, list(records), url, attrs or {}, study_attrs or {})

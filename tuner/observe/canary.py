@@ -18,7 +18,6 @@ from chunkpilot.operator.builders import (
     ANNOTATION_CONFIG,
     LIVE_ADJUST_SECRET_KEY,
 )
-from chunkpilot.operator.config import live_adjust_allowed
 from chunkpilot.tuner import records as rec
 
 from chunkpilot.api import (
@@ -90,6 +89,8 @@ def enabled(isvc: InferenceService) -> bool:
     """``autotune.liveAdjust`` is on and the installation allows it (the chart's ``liveAdjust.enabled``).
 
     Without the chart value the operator holds no Secrets: it renders no route and sets the
-    ``LiveAdjustDisabled`` condition, and the tuner rolls every trial out instead.
+    ``LiveAdjustDisabled`` condition, and the tuner rolls every trial out instead. The service is
+    the one the observer read (:func:`~chunkpilot.tuner.observe.observer.parse_service`), with the
+    installation's switch (the tuner's settings) applied: live adjustment off when it is.
     """
-    return isvc.spec.autotune.live_adjust and live_adjust_allowed()
+    return isvc.spec.autotune.live_adjust

@@ -19,7 +19,7 @@ from chunkpilot.operator.builders import (
     incumbent,
     live_adjust_secret_name,
 )
-from chunkpilot.operator.config import OperatorConfig, live_adjust_allowed
+from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import (
     TOPOLOGY_PARTS,
@@ -53,6 +53,7 @@ from chunkpilot.tuner.observe.snapshot import (
     window_text,
 )
 from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.twin.online import TwinBudget
 
 from chunkpilot.api import (
     LABEL_SERVICE,
@@ -80,8 +81,13 @@ class ReadKube(Protocol):
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]: ...
 
 
-def parse_service(body: Mapping[str, Any]) -> InferenceService | None:
-    """The typed service with its status (an invalid status reads as empty); None: invalid spec."""
+def parse_service(body: Mapping[str, Any], *, live_adjust: bool = True) -> InferenceService | None:
+    """The typed service with its status (an invalid status reads as empty); None: invalid spec.
+
+    ``live_adjust``: whether the installation allows ``autotune.liveAdjust`` (the tuner's settings,
+    ``CHUNKPILOT_LIVE_ADJUST``); without it the service reads with live adjustment off, as the
+    operator runs it.
+    """
     meta = body.get("metadata", {})
     try:
         isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
@@ -96,9 +102,7 @@ def parse_service(body: Mapping[str, Any]) -> InferenceService | None:
     status = parse_status(body.get("status")) or InferenceServiceStatus()
     # The service as the operator runs it, through the operator's own functions: the installation's
     # liveAdjust switch first, then a topology a topology trial promoted (status.bestTopology).
-    served = OperatorConfig(live_adjust=live_adjust_allowed()).served(
-        isvc.model_copy(update={"status": status})
-    )
+    served = OperatorConfig(live_adjust=live_adjust).served(isvc.model_copy(update={"status": status}))
     return with_best_topology(served, body.get("status"))
 
 
@@ -106,19 +110,28 @@ class Observer:
     """Gathers a :class:`Snapshot` through the read verbs of the API and a Prometheus query function."""
 
     def __init__(
-        self, kube: ReadKube, query: QueryFn | None, *, inline: bool = False, vector: VectorFn | None = None
+        self,
+        kube: ReadKube,
+        query: QueryFn | None,
+        *,
+        inline: bool = False,
+        vector: VectorFn | None = None,
+        live_adjust: bool = True,
+        twin_budget: TwinBudget | None = None,
     ) -> None:
         self.kube = kube
         self.query = query
         self._inline = inline  # run blocking calls on the loop itself (tests)
-        self.twins = TwinObserver(vector if query is not None else None, inline=inline)
+        #: The installation allows ``autotune.liveAdjust`` (the tuner's settings).
+        self.live_adjust = live_adjust
+        self.twins = TwinObserver(vector if query is not None else None, inline=inline, budget=twin_budget)
 
     async def observe(self, namespace: str, name: str, now: datetime) -> Snapshot | None:
         """The snapshot of one service; None when it is gone, being deleted or invalid."""
         body = await self.kube.get(isvc_path(namespace, name))
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             return None
-        isvc = parse_service(body)
+        isvc = parse_service(body, live_adjust=self.live_adjust)
         if isvc is None:
             return None
         assert isvc.status is not None

@@ -53,8 +53,19 @@ def recommend_due(snap: Snapshot, key: str) -> bool:
     return bool(evaluated) and evaluated != max(snap.isvc.spec.replicas, 2)  # one replica: 1 + 1
 
 
-def request(snap: Snapshot, key: str, calibration: Calibration, slo: SLO) -> RecommendRequest:
-    """The job for the worker: the twin, the SLO with its offsets off, the replicas, the pools' defaults."""
+def request(
+    snap: Snapshot,
+    key: str,
+    calibration: Calibration,
+    slo: SLO,
+    *,
+    cpu_budget_s: float = online.DEFAULT_CPU_SECONDS,
+) -> RecommendRequest:
+    """The job for the worker: the twin, the SLO with its offsets off, the replicas, the pools' defaults.
+
+    ``cpu_budget_s``: what one ranking may spend (the tuner's settings); the layout search gets
+    :data:`CPU_BUDGET_FACTOR` times as much.
+    """
     stable = rec.tuned_config(snap.incumbent)
     candidates: Sequence[TunedConfig] = ()
     if snap.status.twin is not None:
@@ -72,6 +83,6 @@ def request(snap: Snapshot, key: str, calibration: Calibration, slo: SLO) -> Rec
         decode_budget=stable.max_num_batched_tokens,
         kv_bandwidth_gbps=bandwidth,
         kv_latency_ms=latency,
-        cpu_budget_s=CPU_BUDGET_FACTOR * online.cpu_budget_s(),
+        cpu_budget_s=CPU_BUDGET_FACTOR * cpu_budget_s,
         colocated=(stable, *candidates),
     )

@@ -8,8 +8,9 @@ process shared by all services (``inline`` runs them on the loop, for tests):
   plus the steps of the newest :data:`REFIT_WINDOWS` measured canaries of the round (the model
   describes the hardware, so every canary's steps inform it); cached in memory per ``key`` (stable
   config hash and the latest trial whose steps it includes), so it is redone only when either changes;
-* a **ranking** (``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds at most, default 30, and at most
-  ``CHUNKPILOT_TWIN_MAX_EVALUATIONS`` evaluations when set, at a lowered CPU priority): the search
+* a **ranking** (the :class:`~chunkpilot.tuner.twin.online.TwinBudget` it is given: at most
+  ``CHUNKPILOT_TWIN_CPU_SECONDS`` CPU seconds, default 30, and at most
+  ``CHUNKPILOT_TWIN_MAX_EVALUATIONS`` evaluations when set; at a lowered CPU priority): the search
   on the twin, only while no trial is active and the service status holds no ranking of the same key
   that is younger than :data:`RERANK_AFTER_S`; its result is written to ``status.twin`` (durable across
   restarts), so a restart does not search again;
@@ -106,9 +107,17 @@ def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
 class TwinObserver:
     """Reads, fits, ranks and checks the twins of all services; keeps the fits in memory."""
 
-    def __init__(self, vector: VectorFn | None, *, inline: bool = False) -> None:
+    def __init__(
+        self,
+        vector: VectorFn | None,
+        *,
+        inline: bool = False,
+        budget: online.TwinBudget | None = None,
+    ) -> None:
         self.vector = vector
         self._inline = inline
+        #: What one ranking may spend (the tuner's settings; None: the defaults).
+        self.budget = budget or online.TwinBudget()
         self._pool: Executor | None = None
         self._fits: dict[tuple[str, str], online.Calibration] = {}
         self._canary_steps: dict[str, dict[str, StepTotals]] = {}
@@ -188,7 +197,7 @@ class TwinObserver:
         self, snap: Snapshot, key: str, calibration: online.Calibration
     ) -> RecommendationResult:
         """Prefill/decode splits of the service's replicas on the twin (in the worker process)."""
-        job = request(snap, key, calibration, sim_slo(snap))
+        job = request(snap, key, calibration, sim_slo(snap), cpu_budget_s=self.budget.cpu_s)
         try:
             return RecommendationResult(key, await self._compute(recommend, job))
         except (TwinFitError, ValueError) as error:
@@ -220,8 +229,8 @@ class TwinObserver:
             objective=rec.objective_kind(snap.isvc),
             seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
             rank=rank,
-            cpu_budget_s=online.cpu_budget_s(),
-            max_evaluations=online.max_evaluations(),
+            cpu_budget_s=self.budget.cpu_s,
+            max_evaluations=self.budget.max_evaluations,
             exclude=tuple(dict.fromkeys(tried)),
             engine=online.engine_semantics(
                 spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len

@@ -18,7 +18,6 @@ same model: each finished trial's steps enter the next calibration (``refit_tria
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -63,13 +62,12 @@ __all__ = [
     "CanaryCheck",
     "Inputs",
     "Request",
+    "TwinBudget",
     "band_quantiles",
     "calibrate",
     "capacity_unit",
     "check_canary",
-    "cpu_budget_s",
     "fine_quantiles_ms",
-    "max_evaluations",
     "merge_steps",
     "pods_changed",
     "predict_ms",
@@ -86,40 +84,24 @@ __all__ = [
 TOLERANCE: Final = 0.15
 #: Largest share of an SLO target the engine's latency outside its steps may take (:func:`latency_offsets`).
 MAX_OFFSET_SHARE: Final = 0.25
-#: CPU seconds one ranking may spend (one tick of one service); ``CHUNKPILOT_TWIN_CPU_SECONDS``.
-ENV_CPU_SECONDS: Final = "CHUNKPILOT_TWIN_CPU_SECONDS"
+#: CPU seconds one ranking may spend (one tick of one service) unless the tuner's settings say
+#: otherwise (``CHUNKPILOT_TWIN_CPU_SECONDS``, :class:`chunkpilot.tuner.config.TunerConfig`).
 DEFAULT_CPU_SECONDS: Final = 30.0
-#: Evaluations one ranking may make as well; ``CHUNKPILOT_TWIN_MAX_EVALUATIONS`` (unset: the CPU
-#: budget alone ends it). A count ends the search alike on a busy and a quiet machine.
-ENV_MAX_EVALUATIONS: Final = "CHUNKPILOT_TWIN_MAX_EVALUATIONS"
 #: Requests of the synthetic workload (the capacity search simulates these per probed rate).
 WORKLOAD_REQUESTS: Final = 400
 #: Candidates kept on the service status.
 MAX_CANDIDATES: Final = 8
 
 
-def cpu_budget_s() -> float:
-    """The CPU seconds one ranking may spend (environment, else the default)."""
-    text = os.environ.get(ENV_CPU_SECONDS, "")
-    try:
-        value = float(text) if text else DEFAULT_CPU_SECONDS
-    except ValueError:
-        raise ValueError(f"{ENV_CPU_SECONDS}={text!r} is not a number of seconds") from None
-    return value if value > 0 else DEFAULT_CPU_SECONDS
+@dataclass(frozen=True)
+class TwinBudget:
+    """What one ranking on the twin may spend (the tuner's settings, passed down to each request)."""
 
-
-def max_evaluations() -> int | None:
-    """The evaluations one ranking may make (environment; None when unset: CPU time alone bounds it)."""
-    text = os.environ.get(ENV_MAX_EVALUATIONS, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{ENV_MAX_EVALUATIONS}={text!r} is not a whole number of evaluations") from None
-    if value < 1:
-        raise ValueError(f"{ENV_MAX_EVALUATIONS}={text!r} must be at least 1")
-    return value
+    #: CPU seconds (``CHUNKPILOT_TWIN_CPU_SECONDS``).
+    cpu_s: float = DEFAULT_CPU_SECONDS
+    #: Evaluations as well (``CHUNKPILOT_TWIN_MAX_EVALUATIONS``; None: the CPU seconds alone end it).
+    #: A count ends the search alike on a busy and a quiet machine.
+    max_evaluations: int | None = None
 
 
 def capacity_unit(objective: Objective) -> str:
