@@ -22,6 +22,7 @@ from chunkpilot.operator.builders import build_pod_monitor
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 from chunkpilot.bench.operator_load import run_bench
+from chunkpilot.testing.kube import condition_of, get_object
 
 pytestmark = pytest.mark.cluster
 
@@ -47,13 +48,7 @@ def apply(cluster: Any, manifest: dict[str, Any] | str, namespace: str = NS) -> 
 
 
 def get(cluster: Any, kind: str, name: str, namespace: str = NS) -> dict[str, Any] | None:
-    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-    if result.returncode != 0:
-        if "NotFound" in result.stderr:
-            return None
-        raise AssertionError(result.stderr)
-    document: dict[str, Any] = json.loads(result.stdout)
-    return document
+    return get_object(cluster, kind, name, namespace)
 
 
 def items(cluster: Any, kind: str, selector: str, namespace: str = NS) -> list[dict[str, Any]]:
@@ -62,12 +57,7 @@ def items(cluster: Any, kind: str, selector: str, namespace: str = NS) -> list[d
     return listed
 
 
-def condition(isvc: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    for item in ((isvc or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == type_:
-            found: dict[str, Any] = item
-            return found
-    return None
+condition = condition_of
 
 
 def engine_args(deployment: dict[str, Any]) -> list[str]:

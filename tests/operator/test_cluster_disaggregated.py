@@ -22,6 +22,8 @@ from chunkpilot.operator.objects import isvc_path
 from chunkpilot.operator.reconcile import Reconciler
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
+from chunkpilot.testing.kube import condition_of, get_object
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,21 +38,11 @@ def kubectl(cluster: Any, *args: str, stdin: str | None = None, check: bool = Tr
 
 
 def get(cluster: Any, kind: str, name: str) -> dict[str, Any] | None:
-    result = kubectl(cluster, "get", kind, name, "-n", NS, "-o", "json", check=False)
-    if result.returncode != 0:
-        if "NotFound" in result.stderr:
-            return None
-        raise AssertionError(result.stderr)
-    document: dict[str, Any] = json.loads(result.stdout)
-    return document
+    return get_object(cluster, kind, name, NS)
 
 
 def condition(isvc: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    for item in ((isvc or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == type_:
-            found: dict[str, Any] = item
-            return found
-    return {}
+    return condition_of(isvc, type_) or {}
 
 
 def manifest() -> dict[str, Any]:

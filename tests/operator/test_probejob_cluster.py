@@ -26,6 +26,8 @@ from chunkpilot.operator.probejob import ProbeTarget, read_profile
 from chunkpilot.operator.testing import OperatorProcess, operator_env, token_kubeconfig, wait_for
 from chunkpilot.tuner.space import ServiceFacts, TunedConfig, build_space
 
+from chunkpilot.testing.kube import get_object
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,13 +39,7 @@ CONFIGMAP = "chunkpilot-profile-h100-llama-3-1-8b-tp1"
 
 
 def get(cluster: Any, kind: str, name: str) -> dict[str, Any] | None:
-    result = cluster.kubectl("get", kind, name, "-n", NS, "-o", "json", check=False)
-    if result.returncode != 0:
-        if "NotFound" in result.stderr:
-            return None
-        raise AssertionError(result.stderr)
-    document: dict[str, Any] = json.loads(result.stdout)
-    return document
+    return get_object(cluster, kind, name, NS)
 
 
 def annotations(cluster: Any) -> dict[str, str]:
