@@ -109,9 +109,14 @@ def trial_path(namespace: str, name: str | None = None, sub: str | None = None) 
     return resource_path(API_VERSION, TRIAL_PLURAL, namespace, name, sub)
 
 
+def named_deployment_path(namespace: str | None, name: str) -> str:
+    """The Deployment ``name`` in ``namespace``."""
+    return resource_path("apps/v1", "deployments", namespace, name)
+
+
 def deployment_path(namespace: str, service: str, track: Track) -> str:
     """The Deployment of a colocated service's ``track``."""
-    return resource_path("apps/v1", "deployments", namespace, deployment_name(service, track))
+    return named_deployment_path(namespace, deployment_name(service, track))
 
 
 #: The parts of a canary topology, as the tuner's snapshot keys them.
@@ -125,7 +130,7 @@ def canary_topology_deployment_path(namespace: str, service: str, part: str) -> 
         if part == TopologyPart.ROUTER
         else pool_deployment_name(service, part, Track.CANARY)
     )
-    return resource_path("apps/v1", "deployments", namespace, name)
+    return named_deployment_path(namespace, name)
 
 
 def canary_topology_paths(namespace: str, service: str, *, pools: bool = True) -> list[str]:

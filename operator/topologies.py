@@ -31,6 +31,7 @@ from chunkpilot.operator.config import (
 )
 from chunkpilot.operator.engines import RenderProblem
 from chunkpilot.operator.kube import resource_path
+from chunkpilot.operator.objects import named_deployment_path
 from chunkpilot.operator.router import build_router_objects, router_name
 from chunkpilot.operator.status import (
     DeploymentState,
@@ -95,7 +96,7 @@ def colocated_side(isvc: InferenceService) -> Side:
         target="the stable Deployment",
         serving=f"Deployment {stable}",
         via_router=False,
-        deployments={STABLE_PART: resource_path("apps/v1", "deployments", namespace, stable)},
+        deployments={STABLE_PART: named_deployment_path(namespace, stable)},
         monitors=(_monitor_path(namespace, service),),
     )
 
@@ -111,12 +112,8 @@ def disaggregated_side(isvc: InferenceService) -> Side:
         serving="the prefill/decode pools",
         via_router=True,
         deployments={
-            **{
-                part: resource_path("apps/v1", "deployments", namespace, name) for part, name in pools.items()
-            },
-            TopologyPart.ROUTER.value: resource_path(
-                "apps/v1", "deployments", namespace, router_name(service)
-            ),
+            **{part: named_deployment_path(namespace, name) for part, name in pools.items()},
+            TopologyPart.ROUTER.value: named_deployment_path(namespace, router_name(service)),
         },
         monitors=tuple(_monitor_path(namespace, name) for name in pools.values()),
     )
