@@ -347,9 +347,9 @@ def engine_semantics(
     a policy the simulator does not reproduce keeps the engine's default. The tuned knobs are
     replaced per candidate (:meth:`Twin.config`).
     """
-    if spec.kind.value not in (Engine.SGLANG.value, Engine.TRTLLM.value):
+    if spec.kind not in (Engine.SGLANG.value, Engine.TRTLLM.value):
         return None
-    kind = Engine(spec.kind.value)
+    kind = Engine(spec.kind)
     base = engine_server_defaults(kind.value, model, accelerator, max_model_len).scheduler
     pinned: dict[str, object] = {"enable_prefix_caching": spec.enable_prefix_caching}
     if kind is Engine.SGLANG:

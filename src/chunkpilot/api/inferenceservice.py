@@ -30,18 +30,19 @@ from chunkpilot.api.common import (
     StatusModel,
     parse_duration,
 )
-from chunkpilot.api.knobs import MANAGED_FLAGS as MANAGED_FLAGS  # re-exported for the tests
-from chunkpilot.api.knobs import (
-    SGLANG,
-    SGLANG_PINNED,
-    TRTLLM,
-    TRTLLM_PINNED,
-    TUNABLE_NAMES,
-    VLLM,
-    doc,
-    knob,
-    managed_flags,
+from chunkpilot.api.engines import (
+    DEFAULT_KIND,
+    ENGINES,
+    cel_list,
+    dialect_owner,
+    either,
+    kind_field_doc,
+    kind_is_not,
+    kinds,
+    version_field_doc,
 )
+from chunkpilot.api.knobs import DIALECTS, TUNABLE_NAMES, EngineKindName, doc, knob, managed_flags
+from chunkpilot.api.knobs import MANAGED_FLAGS as MANAGED_FLAGS  # re-exported for the tests
 from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPolicy  # the table's enums
 from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
 from chunkpilot.api.knobs import EngineKind as EngineKind
@@ -50,14 +51,14 @@ from chunkpilot.api.knobs import summary as knob_summary
 # --------------------------------------------------------------------------- enums
 
 
-#: The engine version rendered when ``spec.engine.version`` is unset, per kind (the simulator
-#: speaks the vLLM release's command line).
-DEFAULT_ENGINE_VERSIONS: dict[str, str] = {
-    EngineKind.VLLM: "0.33.0",
-    EngineKind.SIM: "0.33.0",
-    EngineKind.SGLANG: str(SGLANG_PINNED),
-    EngineKind.TRTLLM: str(TRTLLM_PINNED),
-}
+#: The engine version rendered when ``spec.engine.version`` is unset, per kind (the registry's; the
+#: simulator speaks the vLLM release's command line).
+DEFAULT_ENGINE_VERSIONS: dict[str, str] = {e.kind: e.default_version for e in ENGINES.values()}
+
+
+def _default_version(kind: str) -> str:
+    """The default version of ``kind`` (the default kind's for an unknown one, which validation refuses)."""
+    return ENGINES.get(kind, ENGINES[DEFAULT_KIND]).default_version
 
 
 class SchedulePolicy(StrEnum):
@@ -192,12 +193,44 @@ def _managed_flag_pattern(dialect: str) -> str:
     return "^--(no-)?(" + "|".join(managed_flags(dialect)) + ")(=.*)?$"
 
 
-_MANAGED_FLAG_PATTERN = _managed_flag_pattern(VLLM)
-_MANAGED_FLAG_RE = re.compile(_MANAGED_FLAG_PATTERN)
-_SGLANG_FLAG_PATTERN = _managed_flag_pattern(SGLANG)
-_SGLANG_FLAG_RE = re.compile(_SGLANG_FLAG_PATTERN)
-_TRTLLM_FLAG_PATTERN = _managed_flag_pattern(TRTLLM)
-_TRTLLM_FLAG_RE = re.compile(_TRTLLM_FLAG_PATTERN)
+def _repeats_no_managed_flag(spec: EngineSpec, dialect: str, pattern: re.Pattern[str]) -> bool:
+    """Whether ``spec``, when its kind speaks ``dialect``, repeats none of that dialect's managed flags."""
+    speaks = spec.kind in ENGINES and ENGINES[spec.kind].dialect == dialect
+    return not speaks or not any(pattern.match(arg) for arg in spec.extra_args)
+
+
+def _managed_flag_rules() -> tuple[CelRule, ...]:
+    """Per dialect of the registry: ``extraArgs`` of a kind speaking it may not repeat its managed flags.
+
+    The default kind's dialect is guarded by the kinds that speak another one; each other dialect by
+    the kinds that speak it.
+    """
+    default = ENGINES[DEFAULT_KIND].dialect
+    rules = []
+    for dialect in DIALECTS:
+        pattern = _managed_flag_pattern(dialect)
+        speakers = tuple(e.kind for e in ENGINES.values() if e.dialect == dialect)
+        if dialect == default:
+            guard = f"self.kind in {cel_list(k for k in ENGINES if k not in speakers)}"
+            flags = "flags"
+        else:
+            guard = kind_is_not("self.kind", speakers)
+            flags = f"{dialect_owner(dialect).command_line} flags"
+        example = knob("max_num_batched_tokens").flag(dialect).flag
+        rules.append(
+            CelRule(
+                rule=f"{guard} || self.extraArgs.all(a, !a.matches('{pattern}'))",
+                message=(
+                    f"extraArgs must not repeat {flags} rendered from the spec (e.g. {example}):"
+                    " set the corresponding spec.engine field instead"
+                ),
+                field_path=".extraArgs",
+                check=functools.partial(
+                    _repeats_no_managed_flag, dialect=dialect, pattern=re.compile(pattern)
+                ),
+            )
+        )
+    return tuple(rules)
 
 
 # --------------------------------------------------------------------------- spec
@@ -321,43 +354,7 @@ class EngineSpec(ApiModel):
                 or o.enable_chunked_prefill
             ),
         ),
-        CelRule(
-            rule=(
-                "self.kind in ['sglang', 'trtllm']"
-                f" || self.extraArgs.all(a, !a.matches('{_MANAGED_FLAG_PATTERN}'))"
-            ),
-            message=(
-                "extraArgs must not repeat flags rendered from the spec (e.g. --max-num-batched-tokens):"
-                " set the corresponding spec.engine field instead"
-            ),
-            field_path=".extraArgs",
-            check=lambda o: (
-                o.kind in (EngineKind.SGLANG, EngineKind.TRTLLM)
-                or not any(_MANAGED_FLAG_RE.match(arg) for arg in o.extra_args)
-            ),
-        ),
-        CelRule(
-            rule=f"self.kind != 'sglang' || self.extraArgs.all(a, !a.matches('{_SGLANG_FLAG_PATTERN}'))",
-            message=(
-                "extraArgs must not repeat SGLang flags rendered from the spec (e.g. --chunked-prefill-size):"
-                " set the corresponding spec.engine field instead"
-            ),
-            field_path=".extraArgs",
-            check=lambda o: (
-                o.kind != EngineKind.SGLANG or not any(_SGLANG_FLAG_RE.match(arg) for arg in o.extra_args)
-            ),
-        ),
-        CelRule(
-            rule=f"self.kind != 'trtllm' || self.extraArgs.all(a, !a.matches('{_TRTLLM_FLAG_PATTERN}'))",
-            message=(
-                "extraArgs must not repeat trtllm-serve flags rendered from the spec (e.g. --max_num_tokens):"
-                " set the corresponding spec.engine field instead"
-            ),
-            field_path=".extraArgs",
-            check=lambda o: (
-                o.kind != EngineKind.TRTLLM or not any(_TRTLLM_FLAG_RE.match(arg) for arg in o.extra_args)
-            ),
-        ),
+        *_managed_flag_rules(),
         CelRule(
             rule="!self.enableMixedChunk || self.enableChunkedPrefill",
             message=(
@@ -386,26 +383,17 @@ class EngineSpec(ApiModel):
         ),
     )
 
-    kind: EngineKind = Field(
-        default=EngineKind.VLLM,
-        description=(
-            "Engine: vllm, sglang or trtllm (TensorRT-LLM's trtllm-serve) on GPUs, or sim (the CPU"
-            " simulator with vLLM's API)."
-        ),
-    )
+    kind: EngineKindName = Field(default=EngineKind(DEFAULT_KIND), description=kind_field_doc())
     image: str | None = Field(
         default=None,
         max_length=512,
         description="Container image; the operator's default for kind and version.",
     )
     version: str = Field(
-        default_factory=lambda data: DEFAULT_ENGINE_VERSIONS[str(data.get("kind", EngineKind.VLLM))],
+        default_factory=lambda data: _default_version(str(data.get("kind", DEFAULT_KIND))),
         max_length=64,
         pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-+.][0-9A-Za-z.-]+)?$",
-        description=(
-            "Engine version the flags are rendered for, e.g. 0.33.0; unset: vLLM 0.33.0 (also for sim),"
-            f" SGLang {SGLANG_PINNED}, TensorRT-LLM {TRTLLM_PINNED}."
-        ),
+        description=version_field_doc(),
     )
     max_num_batched_tokens: int = Field(
         default=8192,
@@ -485,11 +473,7 @@ class EngineSpec(ApiModel):
         """An unset version is the default of the engine kind (vLLM's for an unknown kind)."""
         defaulted = isinstance(data, dict) and data.get("version") is None
         if defaulted:
-            kind = str(data.get("kind", EngineKind.VLLM))
-            data = {
-                **data,
-                "version": DEFAULT_ENGINE_VERSIONS.get(kind, DEFAULT_ENGINE_VERSIONS[EngineKind.VLLM]),
-            }
+            data = {**data, "version": _default_version(str(data.get("kind", DEFAULT_KIND)))}
         spec = handler(data)
         spec._version_defaulted = defaulted
         return spec
@@ -909,24 +893,33 @@ def _pool_rules() -> tuple[CelRule, ...]:
 _KV_TRANSFER_FLAG_PATTERN = "^--kv-transfer-config(=.*)?$"
 _KV_TRANSFER_FLAG_RE = re.compile(_KV_TRANSFER_FLAG_PATTERN)
 
+#: The kinds Chunkpilot renders prefill/decode disaggregation for (the registry's capability).
+_DISAGGREGATING = kinds(where="disaggregation")
+
+
+def _disaggregates(kind: str) -> bool:
+    return kind in ENGINES and ENGINES[kind].disaggregation
+
+
 _TOPOLOGY_RULES: tuple[CelRule, ...] = (
     CelRule(
         rule=(
             "!has(self.topology) || self.topology.mode != 'disaggregated'"
-            " || self.engine.kind in ['vllm', 'sim']"
+            f" || self.engine.kind in {cel_list(_DISAGGREGATING)}"
         ),
         message=(
-            "topology.mode disaggregated needs engine.kind vllm (or sim): Chunkpilot renders prefill/decode"
+            f"topology.mode disaggregated needs engine.kind {_DISAGGREGATING[0]}"
+            f" (or {either(_DISAGGREGATING[1:])}): Chunkpilot renders prefill/decode"
             " disaggregation for vLLM only (its KV-transfer connectors); set engine.kind: vllm or"
             " topology.mode: colocated"
         ),
         field_path=".topology.mode",
-        check=lambda o: not _disaggregated(o) or o.engine.kind in (EngineKind.VLLM, EngineKind.SIM),
+        check=lambda o: not _disaggregated(o) or _disaggregates(o.engine.kind),
     ),
     CelRule(
         rule=(
             "!has(self.topology) || self.topology.mode != 'disaggregated' || !has(self.engine.version)"
-            " || !(self.engine.kind in ['vllm', 'sim'])"
+            f" || {kind_is_not('self.engine.kind', _DISAGGREGATING)}"
             f" || !self.engine.version.matches('{_BEFORE_KV_CONNECTOR}')"
         ),
         message=(
@@ -936,7 +929,7 @@ _TOPOLOGY_RULES: tuple[CelRule, ...] = (
         field_path=".engine.version",
         check=lambda o: (
             not _disaggregated(o)
-            or o.engine.kind not in (EngineKind.VLLM, EngineKind.SIM)
+            or not _disaggregates(o.engine.kind)
             or _BEFORE_KV_CONNECTOR_RE.match(o.engine.version) is None
         ),
     ),
@@ -967,26 +960,41 @@ _TOPOLOGY_RULES: tuple[CelRule, ...] = (
 )
 
 
-class InferenceServiceSpec(ApiModel):
-    """Desired state of an InferenceService."""
+def _reserves_colon(kind: str) -> bool:
+    return kind in ENGINES and ENGINES[kind].reserves_colon_in_served_name
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+
+def _served_name_rules() -> tuple[CelRule, ...]:
+    """``model.servedName`` without ``:`` on the kinds that reserve it (the registry's capability)."""
+    reserving = kinds(where="reserves_colon_in_served_name")
+    if not reserving:
+        return ()
+    names = either(ENGINES[kind].display_name for kind in reserving)
+    return (
         CelRule(
             rule=(
-                "self.engine.kind != 'sglang' || !has(self.model.servedName)"
+                f"{kind_is_not('self.engine.kind', reserving)} || !has(self.model.servedName)"
                 " || !self.model.servedName.contains(':')"
             ),
             message=(
-                "model.servedName must not contain ':' on SGLang (it reserves 'model:adapter' for LoRA):"
+                f"model.servedName must not contain ':' on {names} (it reserves 'model:adapter' for LoRA):"
                 " choose another servedName"
             ),
             field_path=".model.servedName",
             check=lambda o: (
-                o.engine.kind != EngineKind.SGLANG
+                not _reserves_colon(o.engine.kind)
                 or o.model.served_name is None
                 or ":" not in o.model.served_name
             ),
         ),
+    )
+
+
+class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *_served_name_rules(),
         CelRule(
             rule=(
                 "!has(self.model.maxModelLen) || self.engine.enableChunkedPrefill"

@@ -31,7 +31,21 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from chunkpilot.api.engines import (
+    ENGINES,
+    SGLANG_ENGINE,
+    SIM_ENGINE,
+    TRTLLM_ENGINE,
+    VLLM_ENGINE,
+    dialect_owner,
+    dialects,
+)
 
 # --------------------------------------------------------------------------- engine versions
 
@@ -71,36 +85,64 @@ VLLM_0_33: Final = EngineVersion(0, 33, 0)
 
 #: SGLang and TensorRT-LLM releases the rows and renderers are pinned to (validated against
 #: SGLang's own argument parser and TensorRT-LLM's option definitions at these versions).
-SGLANG_PINNED: Final = EngineVersion(0, 5, 23)
-TRTLLM_PINNED: Final = EngineVersion(1, 2, 1)
+SGLANG_PINNED: Final = EngineVersion.parse(SGLANG_ENGINE.default_version)
+TRTLLM_PINNED: Final = EngineVersion.parse(TRTLLM_ENGINE.default_version)
 
 
 class Dialect(StrEnum):
     """A flag dialect: the command-line vocabulary of an engine family, and the scheduling
-    semantics and metric names the simulator reproduces for it (``sim --engine``)."""
+    semantics and metric names the simulator reproduces for it (``sim --engine``).
 
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
+    The members name the registry's dialects (:func:`chunkpilot.api.engines.dialects`; the rows'
+    ``flags`` are keyed by them); ``tests/api/test_engines.py`` proves the two agree."""
+
+    VLLM = VLLM_ENGINE.dialect
+    SGLANG = SGLANG_ENGINE.dialect
+    TRTLLM = TRTLLM_ENGINE.dialect
 
 
 #: The dialects as plain strings (the keys of :attr:`KnobSpec.flags`).
 VLLM: Final[str] = Dialect.VLLM.value
 SGLANG: Final[str] = Dialect.SGLANG.value
 TRTLLM: Final[str] = Dialect.TRTLLM.value
-DIALECTS: Final = (VLLM, SGLANG, TRTLLM)
-#: Engine names in messages and documentation, per dialect.
-ENGINE_NAMES: Final[Mapping[str, str]] = {VLLM: "vLLM", SGLANG: "SGLang", TRTLLM: "TensorRT-LLM"}
+#: The registry's dialects, in the order their engines are registered.
+DIALECTS: Final = dialects()
+#: Engine names in messages and documentation, per dialect (the name of the engine that owns it).
+ENGINE_NAMES: Final[Mapping[str, str]] = {d: dialect_owner(d).display_name for d in DIALECTS}
 
 
 class EngineKind(StrEnum):
-    """Which engine serves the model (``spec.engine.kind``): one per dialect, or the simulator,
-    which speaks vLLM's (:func:`dialect_of`)."""
+    """The engine kinds Chunkpilot ships, by name, for code that singles one out.
 
-    VLLM = Dialect.VLLM.value
-    SGLANG = Dialect.SGLANG.value
-    TRTLLM = Dialect.TRTLLM.value
-    SIM = "sim"
+    The list of kinds is the registry's (:data:`chunkpilot.api.engines.ENGINES`, which the CRD enum
+    and ``spec.engine.kind``'s validation read); each member is a registered kind, and the simulator
+    speaks vLLM's dialect (:func:`dialect_of`)."""
+
+    VLLM = VLLM_ENGINE.kind
+    SGLANG = SGLANG_ENGINE.kind
+    TRTLLM = TRTLLM_ENGINE.kind
+    SIM = SIM_ENGINE.kind
+
+
+def _registered_kind(kind: str) -> str:
+    """``kind`` if registered (as its :class:`EngineKind` member when it has one); ValueError otherwise."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINES)}")
+    return EngineKind(kind) if kind in EngineKind._value2member_map_ else kind
+
+
+class _RegisteredKinds:
+    """The JSON schema of a kind field: a string, one of the registered kinds (the CRD's enum)."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema: dict[str, Any] = handler(core_schema)
+        return {**schema, "enum": list(ENGINES)}
+
+
+#: ``spec.engine.kind``: a registered engine kind (:data:`~chunkpilot.api.engines.ENGINES`).
+EngineKindName = Annotated[str, AfterValidator(_registered_kind), _RegisteredKinds()]
 
 
 class CapacitySchedulerPolicy(StrEnum):
@@ -435,36 +477,10 @@ TUNABLE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in TUNABLE)
 #: The knobs the live-adjustment route can lower without a restart.
 LIVE_NAMES: Final[tuple[str, ...]] = tuple(knob.name for knob in KNOBS if knob.live)
 
-#: Server flags rendered from other parts of the spec (model, port), per dialect.
-#: Aliases of managed flags are listed too, so ``extraArgs`` cannot repeat a setting under another name.
-SERVER_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
-    VLLM: ("host", "port", "served-model-name", "revision", "max-model-len"),
-    SGLANG: (
-        "model-path",
-        "model",
-        "host",
-        "port",
-        "served-model-name",
-        "revision",
-        "context-length",
-        "enable-metrics",
-        "tensor-parallel-size",
-    ),
-    TRTLLM: (
-        "host",
-        "port",
-        "backend",
-        "revision",
-        "max_seq_len",
-        "extra_llm_api_options",
-        "config",
-        "enable_chunked_prefill",
-        "tensor_parallel_size",
-        "tp_size",
-        "free_gpu_memory_fraction",
-        "kv_cache_free_gpu_memory_fraction",
-    ),
-}
+#: Server flags rendered from other parts of the spec (model, port), per dialect: the dialect owner's
+#: (:attr:`~chunkpilot.api.engines.EngineDescriptor.server_flags`). Aliases of managed flags are listed
+#: too, so ``extraArgs`` cannot repeat a setting under another name.
+SERVER_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {d: dialect_owner(d).server_flags for d in DIALECTS}
 
 
 def managed_flags(dialect: str = VLLM) -> tuple[str, ...]:
@@ -520,7 +536,8 @@ def honoured_natively(name: str, version: EngineVersion, dialect: str = VLLM) ->
 
 def dialect_of(engine_kind: str) -> Dialect:
     """The flag dialect of an engine kind: the simulator speaks vLLM's."""
-    return Dialect(engine_kind) if engine_kind in (SGLANG, TRTLLM) else Dialect.VLLM
+    descriptor = ENGINES.get(str(engine_kind))
+    return Dialect(descriptor.dialect) if descriptor is not None else Dialect.VLLM
 
 
 def engine_honours(engine_kind: str, name: str, version: EngineVersion) -> bool:
@@ -555,6 +572,7 @@ __all__ = [
     "Dialect",
     "EngineFlag",
     "EngineKind",
+    "EngineKindName",
     "EngineVersion",
     "KnobSpec",
     "change",
