@@ -12,6 +12,9 @@ import bisect
 from dataclasses import dataclass
 from typing import Final
 
+from chunkpilot.api.engines import ENGINES
+from chunkpilot.api.knobs import Dialect
+
 LABEL_MODEL_NAME: Final = "model_name"
 LABEL_ENGINE: Final = "engine"
 LABEL_FINISHED_REASON: Final = "finished_reason"
@@ -461,21 +464,23 @@ def _vllm_table() -> EngineMetricTable:
 
 VLLM_METRICS: Final = _vllm_table()
 
-#: Metric tables by engine kind (``spec.engine.kind``; the simulator speaks vLLM's by default).
+#: Metric tables by flag dialect: an engine exports the metric names of the dialect it speaks.
+DIALECT_METRICS: Final[dict[str, EngineMetricTable]] = {
+    Dialect.VLLM: VLLM_METRICS,
+    Dialect.SGLANG: SGLANG_METRICS,
+    Dialect.TRTLLM: TRTLLM_METRICS,
+}
+#: Metric tables by engine kind (``spec.engine.kind``), from the engine registry: its dialect's.
 ENGINE_METRICS: Final[dict[str, EngineMetricTable]] = {
-    "vllm": VLLM_METRICS,
-    "sim": VLLM_METRICS,
-    "sglang": SGLANG_METRICS,
-    "trtllm": TRTLLM_METRICS,
+    e.kind: DIALECT_METRICS[e.dialect] for e in ENGINES.values()
 }
 
 
 def engine_metrics(engine: str) -> EngineMetricTable:
-    """The metric table of an engine kind (ValueError naming the kinds for an unknown one)."""
-    try:
-        return ENGINE_METRICS[engine]
-    except KeyError:
-        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_METRICS)}") from None
+    """The metric table of a registered engine kind (ValueError naming the kinds for an unknown one)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    return DIALECT_METRICS[ENGINES[engine].dialect]
 
 
 def tuner_metrics(engine: str = "vllm") -> TunerMetrics:

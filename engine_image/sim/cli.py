@@ -32,6 +32,8 @@ from chunkpilot.engine.sim.flags import (
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.workload import BUNDLED_TRACES, Workload, load_trace, parse_workload_spec
 
+from chunkpilot.api.engines import ENGINES
+
 __all__ = ["register"]
 
 DEFAULT_CAPACITY_REQUESTS = 1000
@@ -67,10 +69,10 @@ class _CommandParser(argparse.ArgumentParser):
         return parsed, extras
 
 
-#: Flags only one engine spells this way: ``sim serve`` without ``--engine`` takes the dialect from
-#: them, so a pod's argument vector rendered for that engine runs on the simulator as it is.
-_SGLANG_MARKERS = ("--model-path", "--chunked-prefill-size", "--max-running-requests", "--context-length")
-_TRTLLM_MARKERS = ("--max_num_tokens", "--max_batch_size", "--extra_llm_api_options", "--max_seq_len")
+#: Flags only one engine spells this way (the registry's ``simulator_markers``): ``sim serve`` without
+#: ``--engine`` takes the dialect from them, so a pod's argument vector rendered for that engine runs on
+#: the simulator as it is.
+_MARKERS = tuple((e.dialect, frozenset(e.simulator_markers)) for e in ENGINES.values() if e.simulator_markers)
 
 
 def _peek_engine(argv: list[str]) -> str:
@@ -86,11 +88,7 @@ def _peek_engine(argv: list[str]) -> str:
             continue
         return value if value in ENGINE_NAMES else "vllm"
     flags = {arg.partition("=")[0] for arg in argv if arg.startswith("--")}
-    if flags.intersection(_SGLANG_MARKERS):
-        return "sglang"
-    if flags.intersection(_TRTLLM_MARKERS):
-        return "trtllm"
-    return "vllm"
+    return next((dialect for dialect, markers in _MARKERS if flags & markers), "vllm")
 
 
 def _add_engine_choice(parser: argparse.ArgumentParser) -> None:

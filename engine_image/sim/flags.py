@@ -45,6 +45,7 @@ from chunkpilot.engine.sim.scheduler import (
 )
 
 from chunkpilot.api import EngineSpec
+from chunkpilot.api.engines import dialects
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 
 DEFAULT_SPEC_ACCEPTANCE = 0.7
@@ -516,7 +517,8 @@ def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
     )
 
 
-ENGINE_NAMES = tuple(e.value for e in Engine)
+#: The engines ``sim --engine`` names: the registry's dialects (each with its flags and semantics).
+ENGINE_NAMES = dialects()
 
 
 def add_flags_for(parser: argparse.ArgumentParser, engine: str) -> None:

@@ -1,7 +1,7 @@
 """Engine renderers: turn an InferenceService spec into an engine container recipe.
 
-One renderer per engine kind. Each returns an :class:`EngineRender` or, when the
-spec asks for something the engine version cannot do, an
+One renderer per engine kind of the API's registry (:data:`RENDERERS`). Each returns an
+:class:`EngineRender` or, when the spec asks for something the engine version cannot do, an
 :class:`UnsupportedKnob` / :class:`UnsupportedEngineVersion` naming the knob,
 the version and the fix.
 """
@@ -9,6 +9,7 @@ the version and the fix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from chunkpilot.operator.engines.common import (
@@ -28,45 +29,60 @@ from chunkpilot.operator.engines.trtllm import default_trtllm_image, render_trtl
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import default_vllm_image, honours_partial_prefills, render_vllm
 
-from chunkpilot.api import EngineKind, InferenceServiceSpec
+from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import ENGINES, SGLANG_ENGINE, SIM_ENGINE, TRTLLM_ENGINE, VLLM_ENGINE, engine
 
 Renderer = Callable[[InferenceServiceSpec], RenderResult]
 
-RENDERERS: Final[dict[EngineKind, Renderer]] = {
-    EngineKind.VLLM: render_vllm,
-    EngineKind.SGLANG: render_sglang,
-    EngineKind.TRTLLM: render_trtllm,
-    EngineKind.SIM: render_sim,
+
+@dataclass(frozen=True)
+class EngineRenderer:
+    """One engine kind's renderer: its container recipe, and its default image for a version."""
+
+    render: Renderer
+    default_image: Callable[[str], str]
+
+
+#: Each registered kind's renderer (the API's registry, :data:`chunkpilot.api.engines.ENGINES`,
+#: names the kinds; :func:`check_covers` runs at import).
+RENDERERS: Final[dict[str, EngineRenderer]] = {
+    VLLM_ENGINE.kind: EngineRenderer(render_vllm, default_vllm_image),
+    SGLANG_ENGINE.kind: EngineRenderer(render_sglang, default_sglang_image),
+    TRTLLM_ENGINE.kind: EngineRenderer(render_trtllm, default_trtllm_image),
+    SIM_ENGINE.kind: EngineRenderer(render_sim, lambda _version: default_sim_image()),
 }
 
-#: Where each engine serves Prometheus metrics (the PodMonitor's path).
-METRICS_PATHS: Final[dict[EngineKind, str]] = {
-    EngineKind.VLLM: "/metrics",
-    EngineKind.SGLANG: "/metrics",
-    EngineKind.TRTLLM: "/prometheus/metrics",
-    EngineKind.SIM: "/metrics",
-}
+#: Where each engine serves Prometheus metrics (the PodMonitor's path): the registry's.
+METRICS_PATHS: Final[dict[str, str]] = {e.kind: e.metrics_path for e in ENGINES.values()}
+
+
+def check_covers() -> None:
+    """Raise unless every kind of the API's registry has a renderer here, and nothing else does."""
+    missing = [kind for kind in ENGINES if kind not in RENDERERS]
+    unknown = [kind for kind in RENDERERS if kind not in ENGINES]
+    if missing or unknown:
+        raise RuntimeError(
+            f"chunkpilot.operator.engines.RENDERERS does not match the API's engines:"
+            f" missing {missing}, unknown {unknown}"
+        )
+
+
+check_covers()
 
 
 def render_engine(spec: InferenceServiceSpec) -> RenderResult:
     """Render the engine container for ``spec`` with the renderer of its engine kind."""
-    return simulated(spec, RENDERERS[EngineKind(spec.engine.kind)](spec))
+    return simulated(spec, RENDERERS[str(spec.engine.kind)].render(spec))
 
 
-def default_image(kind: EngineKind, version: str) -> str:
+def default_image(kind: str, version: str) -> str:
     """The image used when ``spec.engine.image`` is empty."""
-    if kind == EngineKind.VLLM:
-        return default_vllm_image(version)
-    if kind == EngineKind.SGLANG:
-        return default_sglang_image(version)
-    if kind == EngineKind.TRTLLM:
-        return default_trtllm_image(version)
-    return default_sim_image()
+    return RENDERERS[str(kind)].default_image(version)
 
 
-def metrics_path(kind: EngineKind | str) -> str:
-    """The path the PodMonitor scrapes for an engine kind."""
-    return METRICS_PATHS[EngineKind(kind)]
+def metrics_path(kind: str) -> str:
+    """The path the PodMonitor scrapes for an engine kind (the registry's)."""
+    return engine(str(kind)).metrics_path
 
 
 __all__ = [
@@ -75,6 +91,7 @@ __all__ = [
     "METRICS_PATHS",
     "RENDERERS",
     "EngineRender",
+    "EngineRenderer",
     "EngineVersion",
     "ModelVolume",
     "ProbeTiming",
@@ -82,6 +99,7 @@ __all__ = [
     "RenderResult",
     "UnsupportedEngineVersion",
     "UnsupportedKnob",
+    "check_covers",
     "default_image",
     "honours_partial_prefills",
     "metrics_path",

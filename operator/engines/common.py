@@ -7,6 +7,8 @@ from typing import Any, Final
 
 from chunkpilot.operator.engines.versions import EngineVersion
 
+from chunkpilot.api.engines import ProbeTiming as ProbeTiming  # the registry's, re-exported
+
 #: The engine's HTTP port (OpenAI API, /health and /metrics) and its name.
 ENGINE_PORT: Final = 8000
 ENGINE_PORT_NAME: Final = "http"
@@ -18,20 +20,8 @@ TERMINATION_GRACE_MARGIN_S: Final = 15
 MODEL_MOUNT_PATH: Final = "/mnt/models"
 
 
-@dataclass(frozen=True)
-class ProbeTiming:
-    """Probe periods for one engine: a long startup allowance, then fast readiness checks."""
-
-    startup_period_s: int
-    startup_failure_threshold: int
-    readiness_period_s: int = 5
-    liveness_period_s: int = 10
-    liveness_failure_threshold: int = 6
-
-    @property
-    def startup_budget_s(self) -> int:
-        """How long the engine may take to load before the kubelet restarts it."""
-        return self.startup_period_s * self.startup_failure_threshold
+#: The probes of a GPU engine that names none: up to 30 minutes to load.
+DEFAULT_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class EngineRender:
     gpus: int = 0
     resources: dict[str, dict[str, str]] = field(default_factory=dict)
     shm_size: str = "1Gi"
-    probes: ProbeTiming = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+    probes: ProbeTiming = DEFAULT_PROBES
     shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S
     model_volume: ModelVolume | None = None
     #: The engine serves the plugin's live-adjustment route: the Deployment builder adds the

@@ -15,7 +15,6 @@ from typing import Any, Final
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     EngineRender,
-    ProbeTiming,
     RenderResult,
     UnsupportedEngineVersion,
     check_engine_version,
@@ -26,16 +25,16 @@ from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import model_argument, served_model_name
 
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import SGLANG_ENGINE
 from chunkpilot.api.knobs import SGLANG, SGLANG_PINNED
 
 ENGINE_NAME: Final = "SGLang"
 #: Oldest release whose command line this renderer knows (the pinned one is validated).
 MIN_VERSION: Final = EngineVersion(0, 4, 0)
 PINNED_VERSION: Final = SGLANG_PINNED
-SGLANG_IMAGE_REPOSITORY: Final = "lmsysorg/sglang"
-#: Weights load, then CUDA-graph capture: up to 30 minutes before the kubelet gives up.
-SGLANG_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
-METRICS_PATH: Final = "/metrics"
+SGLANG_IMAGE_REPOSITORY: Final = SGLANG_ENGINE.image_repository
+SGLANG_PROBES: Final = SGLANG_ENGINE.probes
+METRICS_PATH: Final = SGLANG_ENGINE.metrics_path
 COMMAND: Final = ("python3", "-m", "sglang.launch_server")
 #: The SGLang flag dialect: every managed flag is spelt by it.
 FLAGS: Final = Vocabulary(SGLANG)

@@ -17,7 +17,6 @@ from typing import Final
 
 from chunkpilot.operator.engines.common import (
     EngineRender,
-    ProbeTiming,
     RenderResult,
     UnsupportedEngineVersion,
 )
@@ -31,10 +30,11 @@ from chunkpilot.operator.engines.vllm import (
 
 from chunkpilot import __version__
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import SIM_ENGINE, TRTLLM_ENGINE, kinds
 
-ENGINE_NAME: Final = "simulator"
-SIM_IMAGE_REPOSITORY: Final = "ghcr.io/chunkpilot/chunkpilot"
-SIM_PROBES: Final = ProbeTiming(startup_period_s=2, startup_failure_threshold=60, liveness_period_s=10)
+ENGINE_NAME: Final = SIM_ENGINE.display_name
+SIM_IMAGE_REPOSITORY: Final = SIM_ENGINE.image_repository
+SIM_PROBES: Final = SIM_ENGINE.probes
 SIM_RESOURCES: Final = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
@@ -43,8 +43,8 @@ def default_sim_image() -> str:
     return f"{SIM_IMAGE_REPOSITORY}:{__version__}"
 
 
-#: Engine kinds the simulator image runs in their own dialect.
-SIMULATED_KINDS: Final = ("sglang", "trtllm")
+#: Engine kinds the simulator image runs in their own dialect (the registry's ``simulated``).
+SIMULATED_KINDS: Final = kinds(where="simulated")
 
 
 def is_sim_image(image: str) -> bool:
@@ -59,7 +59,9 @@ def simulated(spec: InferenceServiceSpec, render: RenderResult) -> RenderResult:
     if kind not in SIMULATED_KINDS or not isinstance(render, EngineRender) or not is_sim_image(render.image):
         return render
     serve = f"chunkpilot sim serve --engine {kind}"
-    if kind == "trtllm":  # the same launch script (it writes the options file), exec'ing the simulator
+    if (
+        kind == TRTLLM_ENGINE.kind
+    ):  # the same launch script (it writes the options file), exec'ing the simulator
         command = [
             *render.command[:2],
             render.command[2].replace("exec trtllm-serve", f"exec {serve}"),

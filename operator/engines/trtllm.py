@@ -24,7 +24,6 @@ from typing import Any, Final
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     EngineRender,
-    ProbeTiming,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
@@ -36,6 +35,7 @@ from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import model_argument, served_model_name
 
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import TRTLLM_ENGINE
 from chunkpilot.api.knobs import TRTLLM, TRTLLM_PINNED
 
 ENGINE_NAME: Final = "TensorRT-LLM"
@@ -43,10 +43,9 @@ ENGINE_NAME: Final = "TensorRT-LLM"
 #: ``/prometheus/metrics``); the pinned one is validated against its option definitions.
 MIN_VERSION: Final = EngineVersion(1, 0, 0)
 PINNED_VERSION: Final = TRTLLM_PINNED
-TRTLLM_IMAGE_REPOSITORY: Final = "nvcr.io/nvidia/tensorrt-llm/release"
-#: Weights load, kernel autotuning and CUDA-graph capture: up to 40 minutes.
-TRTLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=240)
-METRICS_PATH: Final = "/prometheus/metrics"
+TRTLLM_IMAGE_REPOSITORY: Final = TRTLLM_ENGINE.image_repository
+TRTLLM_PROBES: Final = TRTLLM_ENGINE.probes
+METRICS_PATH: Final = TRTLLM_ENGINE.metrics_path
 CONFIG_DIR: Final = "/etc/chunkpilot"
 OPTIONS_FILE: Final = f"{CONFIG_DIR}/llm-api.yaml"
 #: The environment variable the options file is written from.

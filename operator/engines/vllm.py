@@ -30,7 +30,6 @@ from chunkpilot.operator.engines.common import (
     SHUTDOWN_TIMEOUT_S,
     EngineRender,
     ModelVolume,
-    ProbeTiming,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
@@ -41,6 +40,7 @@ from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
+from chunkpilot.api.engines import VLLM_ENGINE
 from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
 ENGINE_NAME: Final = "vLLM"
@@ -56,8 +56,8 @@ V0_33: Final = VLLM_0_33
 #: The vLLM flag dialect (the simulator speaks it too): every managed flag is spelt by it.
 FLAGS: Final = Vocabulary(VLLM)
 
-VLLM_IMAGE_REPOSITORY: Final = "vllm/vllm-openai"
-VLLM_PROBES: Final = ProbeTiming(startup_period_s=10, startup_failure_threshold=180)
+VLLM_IMAGE_REPOSITORY: Final = VLLM_ENGINE.image_repository
+VLLM_PROBES: Final = VLLM_ENGINE.probes
 #: prometheus_client's multiprocess folder in the Chunkpilot engine image (an emptyDir per pod).
 METRICS_DIR: Final = "/run/chunkpilot-metrics"
 

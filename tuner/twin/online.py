@@ -26,17 +26,12 @@ from pathlib import Path
 from typing import Final
 
 from chunkpilot.engine import metrics_names as names
+from chunkpilot.engine.registry import behaviour
 from chunkpilot.engine.sim.capacity import retime
-from chunkpilot.engine.sim.flags import engine_server_defaults
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import (
-    SIMULATED_CAPACITY_POLICIES,
-    CapacitySchedulerPolicy,
-    ContextChunkingPolicy,
-    Engine,
     SchedulerConfig,
-    SchedulingPolicy,
 )
 from chunkpilot.tuner.measure import Selector, VectorFn
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
@@ -340,33 +335,10 @@ class Request:
 def engine_semantics(
     spec: EngineSpec, model: str, accelerator: str, max_model_len: int
 ) -> SchedulerConfig | None:
-    """The scheduler the twin simulates a SGLang or TensorRT-LLM service with (None for vLLM and sim).
-
-    The engine's server defaults on the accelerator, with the engine-only settings the spec pins
-    (SGLang's prefill cap, schedule policy and mixed chunks; TensorRT-LLM's scheduler policies);
-    a policy the simulator does not reproduce keeps the engine's default. The tuned knobs are
-    replaced per candidate (:meth:`Twin.config`).
-    """
-    if spec.kind not in (Engine.SGLANG.value, Engine.TRTLLM.value):
-        return None
-    kind = Engine(spec.kind)
-    base = engine_server_defaults(kind.value, model, accelerator, max_model_len).scheduler
-    pinned: dict[str, object] = {"enable_prefix_caching": spec.enable_prefix_caching}
-    if kind is Engine.SGLANG:
-        pinned["enable_mixed_chunk"] = spec.enable_mixed_chunk
-        if spec.max_prefill_tokens is not None:
-            pinned["max_prefill_tokens"] = spec.max_prefill_tokens
-        if spec.schedule_policy is not None and spec.schedule_policy.value in {
-            p.value for p in SchedulingPolicy
-        }:
-            pinned["policy"] = SchedulingPolicy(spec.schedule_policy.value)
-    else:
-        policy = spec.capacity_scheduler_policy
-        if policy is not None and CapacitySchedulerPolicy(policy.value) in SIMULATED_CAPACITY_POLICIES:
-            pinned["capacity_scheduler_policy"] = CapacitySchedulerPolicy(policy.value)
-        if spec.context_chunking_policy is not None:
-            pinned["context_chunking_policy"] = ContextChunkingPolicy(spec.context_chunking_policy.value)
-    return replace(base, **pinned)  # type: ignore[arg-type]
+    """The scheduler the twin simulates the service's engine with: its kind's hook in the engine
+    registry (:mod:`chunkpilot.engine.sim.semantics`; SGLang's, TensorRT-LLM's), None for vLLM's."""
+    hook = behaviour(spec.kind).twin_semantics
+    return None if hook is None else hook(spec, model, accelerator, max_model_len)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chunkpilot.api.common import parse_duration
+from chunkpilot.api.engines import ENGINES
 
 #: The namespace the demo's service lives in.
 DEMO_NAMESPACE = "default"
-#: Engine kinds the demo can ask for (all run on the simulator image locally).
-DEMO_ENGINES = ("sim", "sglang", "trtllm")
+#: Engine kinds the demo can ask for (the registry's ``demo``; all run on the simulator image locally):
+#: the CPU engines first (the simulator, the default), then the engines it simulates.
+DEMO_ENGINES = (
+    *(e.kind for e in ENGINES.values() if e.demo and not e.gpu),
+    *(e.kind for e in ENGINES.values() if e.demo and e.gpu),
+)
 
 
 @dataclass(frozen=True)
