@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
+# pytest-xdist workers for `make test`: the end-to-end tests mostly wait on trial windows, so four
+# share two cores well (tests/conftest.py says how the work is spread).
+PYTEST_WORKERS ?= 4
 
 .PHONY: dev demo test test-unit lint typecheck crds clean
 
@@ -39,7 +42,8 @@ test: dev lint typecheck
 	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
 	$(VENV)/bin/python -m chunkpilot.engine.sglang.env
 	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
-	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu" --durations=30
+	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu" --durations=30 \
+		-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 crds: dev
 	$(VENV)/bin/chunkpilot crds generate

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+#: Serialises this machine's installs: apt-get fails at once, not waits, while another holds dpkg's lock
+#: (parallel test workers each starting a Prometheus on a fresh machine).
+INSTALL_LOCK = Path(tempfile.gettempdir()) / "chunkpilot-apt-get.lock"
 
 
 class AptUnavailableError(RuntimeError):
@@ -24,6 +32,21 @@ def install_package(package: str, progress: Callable[[str], None]) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [apt, "install", "-y", "--no-install-recommends", package]
     progress(f"installing the {package} Debian package")
+    with _one_install_at_a_time():
+        _install(apt, install, env, package)
+
+
+@contextlib.contextmanager
+def _one_install_at_a_time() -> Iterator[None]:
+    with INSTALL_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _install(apt: str, install: list[str], env: dict[str, str], package: str) -> None:
     if subprocess.run(install, env=env, capture_output=True, check=False).returncode == 0:
         return
     subprocess.run([apt, "update"], env=env, capture_output=True, check=False)
