@@ -43,6 +43,10 @@ from chunkpilot.api import (
 
 ANNOTATION_ENGINE: Final = "chunkpilot.io/engine"
 ANNOTATION_CONFIG: Final = "chunkpilot.io/config"
+#: Limits set at run time on the pods of a Deployment (the tuner's live adjustment of a canary):
+#: JSON ``{"configHash": ..., "max_num_batched_tokens": ..., "max_num_seqs": ..., ...}``. It holds
+#: only while the Deployment's config hash label equals ``configHash`` (a new rollout starts afresh).
+ANNOTATION_LIVE_LIMITS: Final = "chunkpilot.io/live-limits"
 #: The de-facto annotation of the metrics path for scrapers without a PodMonitor (the local runtime's
 #: file_sd among them); set only on pods whose engine does not serve ``/metrics``, its default.
 ANNOTATION_METRICS_PATH: Final = "prometheus.io/path"

@@ -362,11 +362,15 @@ class Reconciler:
 
 
 def export_metrics(isvc: InferenceService, observation: Observation) -> None:
-    """Set the operator's gauges: budget and max-num-seqs per live track, the SLO targets."""
+    """Set the engine-config gauges and the SLO targets: the operator is their one writer.
+
+    Budget and max-num-seqs are what each track's pods run (a live-adjusted canary's limits
+    included), removed while the track runs nothing; the SLO targets are removed without an SLO.
+    """
     namespace, name = isvc.metadata.namespace or "", isvc.metadata.name or ""
     for track, state in ((Track.STABLE, observation.stable), (Track.CANARY, observation.canary)):
-        if state is not None and state.config is not None:
-            config = state.config
+        config = state.running_config if state is not None else None
+        if config is not None:
             telemetry.TOKEN_BUDGET.labels(namespace, name, track.value).set(config.max_num_batched_tokens)
             telemetry.MAX_NUM_SEQS.labels(namespace, name, track.value).set(config.max_num_seqs)
         else:
@@ -374,7 +378,8 @@ def export_metrics(isvc: InferenceService, observation: Observation) -> None:
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, name, track.value)
     slo = isvc.spec.slo
-    if slo is not None:
-        telemetry.record_slo_targets(
-            namespace, name, (slo.itl.quantile, slo.itl.max_ms), (slo.ttft.quantile, slo.ttft.max_ms)
-        )
+    telemetry.record_slo_targets(
+        namespace,
+        name,
+        None if slo is None else ((slo.itl.quantile, slo.itl.max_ms), (slo.ttft.quantile, slo.ttft.max_ms)),
+    )

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from chunkpilot.operator.builders import ANNOTATION_CONFIG
+from chunkpilot.operator.builders import ANNOTATION_CONFIG, ANNOTATION_LIVE_LIMITS
 from chunkpilot.operator.engines import RenderProblem
 
 from chunkpilot.api import (
@@ -79,6 +79,21 @@ class InstallationProblem:
     message: str
 
 
+#: The limits a live adjustment may set (the fields of the engines' live-adjust route).
+LIVE_LIMIT_FIELDS: Final = ("max_num_batched_tokens", "max_num_seqs", "max_num_active_seqs")
+
+
+def live_limits(raw: str | None, config_hash: str | None) -> tuple[tuple[str, int], ...]:
+    """The limits of an ``ANNOTATION_LIVE_LIMITS`` value, if set on pods of ``config_hash``."""
+    try:
+        limits = json.loads(raw) if raw else None
+    except ValueError:
+        return ()
+    if not isinstance(limits, dict) or config_hash is None or limits.get("configHash") != config_hash:
+        return ()
+    return tuple((key, limits[key]) for key in LIVE_LIMIT_FIELDS if isinstance(limits.get(key), int))
+
+
 @dataclass(frozen=True)
 class DeploymentState:
     """What the operator reads from a Deployment to judge the service."""
@@ -94,6 +109,15 @@ class DeploymentState:
     replica_failure: str | None = None
     config: EngineConfig | None = None
     config_hash: str | None = None
+    #: Limits set on the running pods since they started (``ANNOTATION_LIVE_LIMITS``).
+    live_limits: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def running_config(self) -> EngineConfig | None:
+        """What the pods run: the config they started with, and the limits set since."""
+        if self.config is None or not self.live_limits:
+            return self.config
+        return self.config.model_copy(update=dict(self.live_limits))
 
     @classmethod
     def from_manifest(cls, deployment: Mapping[str, Any]) -> DeploymentState:
@@ -110,13 +134,15 @@ class DeploymentState:
                 deadline = condition.get("status") == "False"
             if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
                 failure = condition.get("message") or condition.get("reason") or "ReplicaFailure"
+        annotations = meta.get("annotations") or {}
         config = None
-        raw = (meta.get("annotations") or {}).get(ANNOTATION_CONFIG)
+        raw = annotations.get(ANNOTATION_CONFIG)
         if raw:
             try:
                 config = EngineConfig.model_validate(json.loads(raw))
             except ValueError:
                 config = None
+        config_hash = (meta.get("labels") or {}).get(LABEL_CONFIG_HASH)
         return cls(
             desired=int(spec.get("replicas", 1)),
             replicas=int(status.get("replicas", 0) or 0),
@@ -128,7 +154,8 @@ class DeploymentState:
             progress_deadline_exceeded=deadline,
             replica_failure=failure,
             config=config,
-            config_hash=(meta.get("labels") or {}).get(LABEL_CONFIG_HASH),
+            config_hash=config_hash,
+            live_limits=live_limits(annotations.get(ANNOTATION_LIVE_LIMITS), config_hash),
         )
 
     @property

@@ -22,7 +22,7 @@ def test_metrics_are_served_and_forgotten() -> None:
     telemetry.start_metrics_server(port, address="127.0.0.1")
     telemetry.TOKEN_BUDGET.labels(ns, "chat", "stable").set(2048)
     telemetry.TOKEN_BUDGET.labels(ns, "other", "stable").set(512)
-    telemetry.record_slo_targets(ns, "chat", itl=(0.99, 50), ttft=(0.95, 2000))
+    telemetry.record_slo_targets(ns, "chat", ((0.99, 50), (0.95, 2000)))
     telemetry.TRIALS_FINISHED.labels(ns, "chat", "Promoted").inc()
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

@@ -4,10 +4,15 @@ Engine latency comes from the engines' own ``vllm:*`` metrics; these series add
 what only the control loop knows (the budget each track runs, the SLO targets,
 trial progress), so dashboards can draw SLO lines, budget over time and trials
 as annotations. Served by :func:`start_metrics_server` in the operator process.
+
+Each series has one writer: the reconciler sets the engine-config gauges and the SLO
+targets from what it observes (``chunkpilot.operator.reconcile.export_metrics``); the
+tuner sets the trial gauge and counts finished trials.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -47,19 +52,34 @@ TRIALS_FINISHED: Final = Counter(
 
 
 def record_slo_targets(
-    namespace: str, service: str, itl: tuple[float, float], ttft: tuple[float, float]
+    namespace: str, service: str, targets: tuple[tuple[float, float], tuple[float, float]] | None
 ) -> None:
-    """Export the ITL and TTFT targets as ``(quantile, max_ms)`` pairs."""
-    for metric, (quantile, max_ms) in (("itl", itl), ("ttft", ttft)):
-        SLO_TARGET_SECONDS.labels(namespace, service, metric, f"{quantile:g}").set(max_ms / 1000.0)
+    """Export the ITL and TTFT targets, each ``(quantile, max_ms)``; None: the service has no SLO.
+
+    A changed quantile replaces the series of the old one.
+    """
+    wanted = {}
+    if targets is not None:
+        for metric, (quantile, max_ms) in zip(("itl", "ttft"), targets, strict=True):
+            wanted[(namespace, service, metric, f"{quantile:g}")] = max_ms / 1000.0
+    _forget(SLO_TARGET_SECONDS, namespace, service, keep=wanted.keys())
+    for labels, seconds in wanted.items():
+        SLO_TARGET_SECONDS.labels(*labels).set(seconds)
+
+
+def _forget(
+    metric: Gauge | Counter, namespace: str, service: str, keep: Iterable[tuple[str, ...]] = ()
+) -> None:
+    kept = set(keep)
+    for labels in list(metric._metrics):  # prometheus_client keeps children keyed by label values
+        if labels[:2] == (namespace, service) and labels not in kept:
+            metric.remove(*labels)
 
 
 def forget_service(namespace: str, service: str) -> None:
     """Drop every series of a deleted service."""
-    for gauge in (TOKEN_BUDGET, MAX_NUM_SEQS, SLO_TARGET_SECONDS, CURRENT_TRIAL, TRIALS_FINISHED):
-        for labels in list(gauge._metrics):  # prometheus_client keeps children keyed by label values
-            if labels[:2] == (namespace, service):
-                gauge.remove(*labels)
+    for metric in (TOKEN_BUDGET, MAX_NUM_SEQS, SLO_TARGET_SECONDS, CURRENT_TRIAL, TRIALS_FINISHED):
+        _forget(metric, namespace, service)
 
 
 def start_metrics_server(port: int, address: str = "0.0.0.0") -> None:

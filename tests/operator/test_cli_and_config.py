@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from chunkpilot.operator import ha
 from chunkpilot.operator.cli import operator_config, register
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode, parse_labels
 from chunkpilot.operator.reconcile import export_metrics
-from chunkpilot.operator.status import DeploymentState, Observation
+from chunkpilot.operator.status import DeploymentState, Observation, live_limits
 from chunkpilot.tuner.config import TunerConfig
 
 from chunkpilot import telemetry
@@ -235,7 +236,12 @@ def test_operator_gauges_follow_the_tracks_and_slo() -> None:
         yaml.safe_load((CASES / "sim-promoted.yaml").read_text()) | {"status": None}
     )
     stable = DeploymentState(desired=2, config=EngineConfig(max_num_batched_tokens=3072, max_num_seqs=96))
-    canary = DeploymentState(desired=1, config=EngineConfig(max_num_batched_tokens=4096, max_num_seqs=96))
+    # A canary started with wide limits, then adjusted live to the trial's: the gauges show what runs.
+    canary = DeploymentState(
+        desired=1,
+        config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        live_limits=(("max_num_batched_tokens", 4096), ("max_num_seqs", 96)),
+    )
 
     def sample(name: str, **labels: str) -> float | None:
         value: float | None = telemetry.REGISTRY.get_sample_value(
@@ -247,12 +253,28 @@ def test_operator_gauges_follow_the_tracks_and_slo() -> None:
     assert sample("chunkpilot_token_budget_tokens", track="stable") == 3072
     assert sample("chunkpilot_token_budget_tokens", track="canary") == 4096
     assert sample("chunkpilot_max_num_seqs", track="stable") == 96
+    assert sample("chunkpilot_max_num_seqs", track="canary") == 96
     assert sample("chunkpilot_slo_target_seconds", metric="itl", quantile="0.99") == 0.05
     assert sample("chunkpilot_slo_target_seconds", metric="ttft", quantile="0.95") == 2.0
     export_metrics(service, Observation(generation=2, stable=stable, canary=None))
     assert sample("chunkpilot_token_budget_tokens", track="canary") is None
+    without_slo = service.model_copy(update={"spec": service.spec.model_copy(update={"slo": None})})
+    export_metrics(without_slo, Observation(generation=3, stable=stable))
+    assert sample("chunkpilot_slo_target_seconds", metric="itl", quantile="0.99") is None
     telemetry.forget_service("llm", "chat-promoted")
     assert sample("chunkpilot_token_budget_tokens", track="stable") is None
+
+
+def test_live_limits_hold_only_for_the_pods_they_were_set_on() -> None:
+    started = EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256)
+    lowered = {"max_num_batched_tokens": 2048, "max_num_seqs": 64}
+    raw = json.dumps({"configHash": started.config_hash(), **lowered})
+    assert live_limits(raw, started.config_hash()) == tuple(lowered.items())
+    assert live_limits(raw, "another-rollout") == ()  # a new rollout starts with its own config
+    assert live_limits("not json", started.config_hash()) == () and live_limits(None, None) == ()
+    state = DeploymentState(desired=1, config=started, live_limits=live_limits(raw, started.config_hash()))
+    assert state.running_config == started.model_copy(update=lowered)
+    assert state.config == started  # what the pods started with stays as rendered
 
 
 def test_operator_needs_a_watch_scope() -> None:

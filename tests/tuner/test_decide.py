@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide.canary import canary_manifest, target_limits
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
@@ -191,7 +192,14 @@ def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None
     assert adjust.limits == target_limits(TRIAL_CONFIG) and adjust.token == "tok"
     success = trial_status(adjust.on_success)
     assert success["progress"]["liveAdjusted"] is True and success["phase"] == "Measuring"
+    # On success the canary records the limits it now runs; the operator's gauges read them back.
+    (record,) = [a for a in adjust.on_success if isinstance(a, AnnotateCanary)]
+    canary["metadata"].setdefault("annotations", {}).update(record.annotations)
+    running = DeploymentState.from_manifest(canary).running_config
+    assert running is not None and running.max_num_batched_tokens == TRIAL_CONFIG.max_num_batched_tokens
+    assert running.max_num_seqs == TRIAL_CONFIG.max_num_seqs
     failure = adjust.on_failure("answered 409")
+    assert not [a for a in failure if isinstance(a, AnnotateCanary)]
     assert trial_status(failure)["progress"]["liveAdjusted"] is False
     assert trial_status(failure)["progress"]["liveAdjustError"] == "answered 409"
     assert trial_status(failure)["phase"] == "RollingOut"

@@ -37,12 +37,10 @@ from chunkpilot.tuner.decide.plan import (
     DeleteCanary,
     DeleteCanaryTopology,
     Emit,
-    ExportSLOTargets,
     Log,
     MirrorStudy,
     PatchTrial,
     Plan,
-    TrackGauges,
 )
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
@@ -137,17 +135,10 @@ class Actor:
             case Emit(event):
                 if self.post_event is not None:
                     self.post_event(snap.body, event)
-            case TrackGauges(track, config):
-                telemetry.TOKEN_BUDGET.labels(ns, name, track.value).set(
-                    config.max_num_batched_tokens if config else 0
-                )
-                telemetry.MAX_NUM_SEQS.labels(ns, name, track.value).set(config.max_num_seqs if config else 0)
             case CurrentTrialGauge(number):
                 telemetry.CURRENT_TRIAL.labels(ns, name).set(number)
             case CountFinished(verdict):
                 telemetry.TRIALS_FINISHED.labels(ns, name, verdict.value).inc()
-            case ExportSLOTargets(itl, ttft):
-                telemetry.record_slo_targets(ns, name, itl, ttft)
             case MirrorStudy(space, records, attrs):
                 if self.mirror is None:
                     return

@@ -18,10 +18,12 @@ Pure decisions (:func:`live_adjust_refusal`, :func:`ceiling_config`) and plan st
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chunkpilot.operator.builders import (
+    ANNOTATION_LIVE_LIMITS,
     RenderError,
     build_deployment,
 )
@@ -38,7 +40,6 @@ from chunkpilot.tuner.decide.plan import (
     Emit,
     PatchTrial,
     Plan,
-    TrackGauges,
 )
 from chunkpilot.tuner.observe.canary import (
     ANNOTATION_PARKED,
@@ -154,7 +155,7 @@ def live_start(plan: Plan, trial: TuningTrial, space: SearchSpace | None) -> Eng
 
 
 def delete_canary(plan: Plan) -> None:
-    plan.do(DeleteCanary(), TrackGauges(Track.CANARY, None))
+    plan.do(DeleteCanary())
     plan.canary = None
 
 
@@ -202,10 +203,7 @@ def park_or_delete(plan: Plan, trial: TuningTrial, verdict: TrialVerdict) -> Non
         and started_config(canary) is not None
         and canary_owner(canary) == trial.metadata.name
     ):
-        plan.do(
-            AnnotateCanary({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"}),
-            TrackGauges(Track.CANARY, None),
-        )
+        plan.do(AnnotateCanary({rec.ANNOTATION_TRIAL: None, ANNOTATION_PARKED: "true"}))
         return
     delete_canary(plan)
 
@@ -270,8 +268,12 @@ def adjust_or_fall_back(
         if pod_ready(pod)
         and ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CONFIG_HASH) == started.config_hash()
     )
-    success = tuple(measuring(adjusted))
-    plan.do(AdjustLive(pods, snap.live_token, target_limits(trial.spec.params), success, fall_back))
+    limits = target_limits(trial.spec.params)
+    # What the pods now run, for the operator's gauges (it holds while the pods run ``started``).
+    running = json.dumps({"configHash": started.config_hash(), **limits})
+    record = AnnotateCanary({ANNOTATION_LIVE_LIMITS: running})
+    success = (record, *measuring(adjusted))
+    plan.do(AdjustLive(pods, snap.live_token, limits, success, fall_back))
     return True
 
 

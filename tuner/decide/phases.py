@@ -52,7 +52,6 @@ from chunkpilot.tuner.decide.plan import (
     Log,
     PatchTrial,
     Plan,
-    TrackGauges,
 )
 from chunkpilot.tuner.measure import WindowMeasurement
 from chunkpilot.tuner.observe.canary import canary_owner, started_config
@@ -70,7 +69,6 @@ from chunkpilot.api import (
     ConditionStatus,
     ConditionType,
     EngineConfig,
-    Track,
     TrialPhase,
     TrialProgress,
     TrialVerdict,
@@ -146,7 +144,6 @@ def roll_out(plan: Plan, trial: TuningTrial) -> None:
             f"trial {trial.spec.number} canary started: "
             f"{rec.config_change(plan.stable_config, trial.spec.params)}",
         )
-    plan.do(TrackGauges(Track.CANARY, trial.spec.params))
 
 
 def check_rollout(
@@ -276,7 +273,6 @@ def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
         "Promoted",
         f"promoted trial {trial.spec.number}: {rec.config_change(old, best)}; {reason}",
     )
-    plan.do(TrackGauges(Track.STABLE, best))
 
 
 def pending_promotion(plan: Plan) -> TuningTrial | None:

@@ -23,7 +23,6 @@ from chunkpilot.api import (
     ConditionStatus,
     ConditionType,
     EngineConfig,
-    Track,
     TrialVerdict,
     TuningTrial,
 )
@@ -100,14 +99,6 @@ class Emit:
 
 
 @dataclass(frozen=True)
-class TrackGauges:
-    """Export the budget and max-num-seqs a track runs (None: the track runs nothing)."""
-
-    track: Track
-    config: EngineConfig | None
-
-
-@dataclass(frozen=True)
 class CurrentTrialGauge:
     number: int
 
@@ -115,12 +106,6 @@ class CurrentTrialGauge:
 @dataclass(frozen=True)
 class CountFinished:
     verdict: TrialVerdict
-
-
-@dataclass(frozen=True)
-class ExportSLOTargets:
-    itl: tuple[float, float]
-    ttft: tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -146,10 +131,8 @@ Action = (
     | DeleteCanaryTopology
     | AdjustLive
     | Emit
-    | TrackGauges
     | CurrentTrialGauge
     | CountFinished
-    | ExportSLOTargets
     | MirrorStudy
     | Log
 )

@@ -42,10 +42,8 @@ from chunkpilot.tuner.decide.lifecycle import TunerSettings, metrics_down, metri
 from chunkpilot.tuner.decide.plan import (
     CreateTrial,
     CurrentTrialGauge,
-    ExportSLOTargets,
     Log,
     Plan,
-    TrackGauges,
 )
 from chunkpilot.tuner.decide.recommendation import disaggregated_note, infeasible_note
 from chunkpilot.tuner.decide.recommendation import record as record_recommendation
@@ -120,11 +118,6 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     if not autotune.enabled or snap.isvc.spec.slo is None:
         disabled(plan, current)
         return plan
-    slo = snap.slo
-    plan.do(
-        ExportSLOTargets((slo.itl_quantile, slo.itl_ms), (slo.ttft_quantile, slo.ttft_ms)),
-        TrackGauges(Track.STABLE, plan.stable_config),
-    )
     if autotune.paused:
         paused(plan, current)
         return plan
