@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.versions import EngineVersion
 
+from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import ProbeTiming as ProbeTiming  # the registry's, re-exported
 
 #: The engine's HTTP port (OpenAI API, /health and /metrics) and its name.
@@ -122,3 +125,87 @@ def check_engine_version(
 
 RenderProblem = UnsupportedKnob | UnsupportedEngineVersion
 RenderResult = EngineRender | RenderProblem
+
+
+def vetted_version(
+    checked: EngineVersion | UnsupportedEngineVersion,
+    knob_problem: Callable[[EngineVersion], RenderProblem | None],
+) -> EngineVersion | RenderProblem:
+    """The checked version, unless it or a knob the spec sets for it is refused."""
+    if isinstance(checked, UnsupportedEngineVersion):
+        return checked
+    problem = knob_problem(checked)
+    return checked if problem is None else problem
+
+
+def model_argument(model_name: str) -> tuple[str, ModelVolume | None]:
+    """The positional model argument and, for ``pvc://claim/path``, the volume to mount."""
+    if model_name.startswith("hf://"):
+        return model_name.removeprefix("hf://"), None
+    if model_name.startswith("pvc://"):
+        claim, _, path = model_name.removeprefix("pvc://").partition("/")
+        mount = ModelVolume(claim_name=claim)
+        return f"{MODEL_MOUNT_PATH}/{path}".rstrip("/"), mount
+    return model_name, None
+
+
+def served_model_name(spec: InferenceServiceSpec) -> str:
+    """``spec.model.servedName`` or, by default, the model id without its URI scheme."""
+    if spec.model.served_name:
+        return spec.model.served_name
+    _, _, name = spec.model.name.rpartition("://")
+    return name
+
+
+def listen_args(flags: Vocabulary) -> list[str]:
+    """The server flags that bind the engine to every address on :data:`ENGINE_PORT`."""
+    return [*flags.server_option("host", "0.0.0.0"), *flags.server_option("port", ENGINE_PORT)]
+
+
+def model_limit_args(flags: Vocabulary, spec: InferenceServiceSpec, length_flag: str) -> list[str]:
+    """The model revision (when pinned) and the context length, under the dialect's ``length_flag``."""
+    args = flags.server_option("revision", spec.model.revision) if spec.model.revision else []
+    return [*args, *flags.server_option(length_flag, spec.model.max_model_len)]
+
+
+def model_token_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """``HF_TOKEN`` from the Secret the spec names, or nothing when it names none."""
+    ref = spec.model.token_secret_ref
+    if ref is None:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def gpu_engine_render(
+    spec: InferenceServiceSpec,
+    *,
+    engine: str,
+    version: EngineVersion,
+    image: str,
+    command: list[str],
+    args: list[str],
+    env: list[dict[str, Any]],
+    shm_size: str,
+    probes: ProbeTiming,
+    **details: Any,
+) -> EngineRender:
+    """The recipe of an engine on ``tensorParallelSize`` GPUs, its model volume mounted.
+
+    ``details`` are the further :class:`EngineRender` fields the engine sets.
+    """
+    gpus = spec.engine.tensor_parallel_size
+    _, volume = model_argument(spec.model.name)
+    return EngineRender(
+        engine=engine,
+        version=str(version),
+        image=image,
+        command=command,
+        args=args,
+        env=env,
+        gpus=gpus,
+        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        shm_size=shm_size,
+        probes=probes,
+        model_volume=volume,
+        **details,
+    )

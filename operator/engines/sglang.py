@@ -10,19 +10,23 @@ with ``UnsupportedKnob``. Metrics (``sglang:*``) are served on the API port with
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from chunkpilot.operator.engines.common import (
-    ENGINE_PORT,
-    EngineRender,
     RenderResult,
     UnsupportedEngineVersion,
     check_engine_version,
+    gpu_engine_render,
+    listen_args,
+    model_argument,
+    model_limit_args,
+    model_token_env,
+    served_model_name,
+    vetted_version,
 )
 from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
-from chunkpilot.operator.engines.vllm import model_argument, served_model_name
 
 from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import SGLANG_ENGINE
@@ -59,13 +63,10 @@ def sglang_args(spec: InferenceServiceSpec) -> list[str]:
     model, _ = model_argument(spec.model.name)
     args = [
         *FLAGS.server_option("model-path", model),
-        *FLAGS.server_option("host", "0.0.0.0"),
-        *FLAGS.server_option("port", ENGINE_PORT),
+        *listen_args(FLAGS),
         *FLAGS.server_option("served-model-name", served_model_name(spec)),
+        *model_limit_args(FLAGS, spec, "context-length"),
     ]
-    if spec.model.revision:
-        args += FLAGS.server_option("revision", spec.model.revision)
-    args += FLAGS.server_option("context-length", spec.model.max_model_len)
     # One flag holds the budget and the switch: the budget, or -1 with chunked prefill off.
     chunk = engine.max_num_batched_tokens if engine.enable_chunked_prefill else -1
     args += FLAGS.option("max_num_batched_tokens", chunk)
@@ -81,36 +82,23 @@ def sglang_args(spec: InferenceServiceSpec) -> list[str]:
     return [*args, *engine.extra_args]
 
 
-def sglang_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The model token, when the spec names its Secret."""
-    ref = spec.model.token_secret_ref
-    if ref is None:
-        return []
-    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
-
-
 def render_sglang(spec: InferenceServiceSpec) -> RenderResult:
     """Container recipe for an SGLang engine, or the problem that prevents one."""
-    version = check_version(spec.engine.version)
-    if isinstance(version, UnsupportedEngineVersion):
+    version = vetted_version(
+        check_version(spec.engine.version), lambda checked: first_unsupported(spec, SGLANG, checked)
+    )
+    if not isinstance(version, EngineVersion):
         return version
-    problem = first_unsupported(spec, SGLANG, version)
-    if problem is not None:
-        return problem
-    gpus = spec.engine.tensor_parallel_size
-    _, volume = model_argument(spec.model.name)
-    return EngineRender(
+    return gpu_engine_render(
+        spec,
         engine=ENGINE_NAME,
-        version=str(version),
+        version=version,
         image=spec.engine.image or default_sglang_image(spec.engine.version),
         command=list(COMMAND),
         args=sglang_args(spec),
-        env=sglang_env(spec),
-        gpus=gpus,
-        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
+        env=model_token_env(spec),
         # Tensor-parallel workers exchange through shared memory (NCCL); SGLang's docs run with 32g.
-        shm_size=f"{max(8, 8 * gpus)}Gi",
+        shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
         probes=SGLANG_PROBES,
-        model_volume=volume,
         metrics_path=METRICS_PATH,
     )

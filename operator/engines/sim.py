@@ -18,13 +18,14 @@ from typing import Final
 from chunkpilot.operator.engines.common import (
     EngineRender,
     RenderResult,
-    UnsupportedEngineVersion,
+    model_argument,
+    vetted_version,
 )
+from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import (
     check_version,
     engine_env,
     first_unsupported_knob,
-    model_argument,
     vllm_args,
 )
 
@@ -90,12 +91,12 @@ def sim_args(spec: InferenceServiceSpec, vllm_argv: list[str]) -> list[str]:
 
 def render_sim(spec: InferenceServiceSpec) -> RenderResult:
     """Container recipe for the CPU simulator, or the problem that prevents one."""
-    version = check_version(spec.engine.version)
-    if isinstance(version, UnsupportedEngineVersion):
+    # The simulator honours exactly what that vLLM version would.
+    version = vetted_version(
+        check_version(spec.engine.version), lambda checked: first_unsupported_knob(spec, checked)
+    )
+    if not isinstance(version, EngineVersion):
         return version
-    problem = first_unsupported_knob(spec, version)
-    if problem is not None:
-        return problem  # the simulator honours exactly what that vLLM version would
     _, volume = model_argument(spec.model.name)
     return EngineRender(
         engine=ENGINE_NAME,

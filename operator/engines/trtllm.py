@@ -22,17 +22,21 @@ from __future__ import annotations
 from typing import Any, Final
 
 from chunkpilot.operator.engines.common import (
-    ENGINE_PORT,
-    EngineRender,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
     check_engine_version,
+    gpu_engine_render,
+    listen_args,
+    model_argument,
+    model_limit_args,
+    model_token_env,
+    served_model_name,
+    vetted_version,
 )
 from chunkpilot.operator.engines.flags import OptionsFile, Scalar, Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
-from chunkpilot.operator.engines.vllm import model_argument, served_model_name
 
 from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import TRTLLM_ENGINE
@@ -108,13 +112,10 @@ def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
     args = [
         "serve",
         model,
-        *FLAGS.server_option("host", "0.0.0.0"),
-        *FLAGS.server_option("port", ENGINE_PORT),
+        *listen_args(FLAGS),
         *FLAGS.server_option("backend", BACKEND),
+        *model_limit_args(FLAGS, spec, "max_seq_len"),
     ]
-    if spec.model.revision:
-        args += FLAGS.server_option("revision", spec.model.revision)
-    args += FLAGS.server_option("max_seq_len", spec.model.max_model_len)
     args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
     args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
     args += FLAGS.option("tensor_parallel_size", engine.tensor_parallel_size)
@@ -124,11 +125,7 @@ def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
 
 def trtllm_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     """The options file's content and, when the spec names its Secret, the model token."""
-    env: list[dict[str, Any]] = [{"name": OPTIONS_ENV, "value": options_yaml(llm_api_options(spec))}]
-    ref = spec.model.token_secret_ref
-    if ref is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    return env
+    return [{"name": OPTIONS_ENV, "value": options_yaml(llm_api_options(spec))}, *model_token_env(spec)]
 
 
 def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
@@ -148,26 +145,22 @@ def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> 
 
 def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
     """Container recipe for a TensorRT-LLM engine, or the problem that prevents one."""
-    version = check_version(spec.engine.version)
-    if isinstance(version, UnsupportedEngineVersion):
+    version = vetted_version(
+        check_version(spec.engine.version),
+        lambda checked: first_unsupported(spec, TRTLLM, checked) or _served_name_problem(spec, checked),
+    )
+    if not isinstance(version, EngineVersion):
         return version
-    problem = first_unsupported(spec, TRTLLM, version) or _served_name_problem(spec, version)
-    if problem is not None:
-        return problem
-    gpus = spec.engine.tensor_parallel_size
-    _, volume = model_argument(spec.model.name)
-    return EngineRender(
+    return gpu_engine_render(
+        spec,
         engine=ENGINE_NAME,
-        version=str(version),
+        version=version,
         image=spec.engine.image or default_trtllm_image(spec.engine.version),
         command=list(COMMAND),
         args=trtllm_args(spec),
         env=trtllm_env(spec),
-        gpus=gpus,
-        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
-        shm_size=f"{max(8, 8 * gpus)}Gi",
+        shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
         probes=TRTLLM_PROBES,
-        model_volume=volume,
         config_dir=CONFIG_DIR,
         metrics_path=METRICS_PATH,
     )

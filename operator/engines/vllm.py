@@ -25,15 +25,18 @@ from chunkpilot.engine.vllm_plugin.render import (
 )
 from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV
 from chunkpilot.operator.engines.common import (
-    ENGINE_PORT,
-    MODEL_MOUNT_PATH,
     SHUTDOWN_TIMEOUT_S,
-    EngineRender,
-    ModelVolume,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
     check_engine_version,
+    gpu_engine_render,
+    listen_args,
+    model_argument,
+    model_limit_args,
+    model_token_env,
+    served_model_name,
+    vetted_version,
 )
 from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import foreign_knob
@@ -239,25 +242,6 @@ def honours_partial_prefills(spec: InferenceServiceSpec) -> bool:
     return version < V0_REMOVED or plugin_enforces(spec, version)
 
 
-def model_argument(model_name: str) -> tuple[str, ModelVolume | None]:
-    """The positional model argument and, for ``pvc://claim/path``, the volume to mount."""
-    if model_name.startswith("hf://"):
-        return model_name.removeprefix("hf://"), None
-    if model_name.startswith("pvc://"):
-        claim, _, path = model_name.removeprefix("pvc://").partition("/")
-        mount = ModelVolume(claim_name=claim)
-        return f"{MODEL_MOUNT_PATH}/{path}".rstrip("/"), mount
-    return model_name, None
-
-
-def served_model_name(spec: InferenceServiceSpec) -> str:
-    """``spec.model.servedName`` or, by default, the model id without its URI scheme."""
-    if spec.model.served_name:
-        return spec.model.served_name
-    _, _, name = spec.model.name.rpartition("://")
-    return name
-
-
 def _speculative_config(spec: InferenceServiceSpec) -> dict[str, Any] | None:
     """The ``--speculative-config`` object (the vocabulary writes it as compact JSON, keys sorted)."""
     speculative = spec.engine.speculative
@@ -281,13 +265,10 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
     model, _ = model_argument(spec.model.name)
     args = [
         model,
-        *FLAGS.server_option("host", "0.0.0.0"),
-        *FLAGS.server_option("port", ENGINE_PORT),
+        *listen_args(FLAGS),
         *FLAGS.server_option("served-model-name", served_model_name(spec)),
+        *model_limit_args(FLAGS, spec, "max-model-len"),
     ]
-    if spec.model.revision:
-        args += FLAGS.server_option("revision", spec.model.revision)
-    args += FLAGS.server_option("max-model-len", spec.model.max_model_len)
     args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
     args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
     args += FLAGS.option("max_num_active_seqs", engine.max_num_active_seqs)
@@ -335,10 +316,7 @@ def _without_additional_config(args: list[str]) -> list[str]:
 
 def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[str, Any]]:
     """Environment of a vLLM-compatible container: the model token, the engine selection."""
-    env: list[dict[str, Any]] = []
-    ref = spec.model.token_secret_ref
-    if ref is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env = model_token_env(spec)
     partial = (
         spec.engine.max_num_partial_prefills is not None or spec.engine.max_long_partial_prefills is not None
     )
@@ -355,28 +333,24 @@ def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[
 
 def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
     """Container recipe for a vLLM engine, or the problem that prevents one."""
-    version = check_version(spec.engine.version)
-    if isinstance(version, UnsupportedEngineVersion):
+    version = vetted_version(
+        check_version(spec.engine.version), lambda checked: first_unsupported_knob(spec, checked)
+    )
+    if not isinstance(version, EngineVersion):
         return version
-    problem = first_unsupported_knob(spec, version)
-    if problem is not None:
-        return problem
-    gpus = spec.engine.tensor_parallel_size
-    _, volume = model_argument(spec.model.name)
-    return EngineRender(
+    live_adjust = live_adjust_enabled(spec, version)
+    return gpu_engine_render(
+        spec,
         engine=ENGINE_NAME,
-        version=str(version),
+        version=version,
         image=spec.engine.image or default_vllm_image(spec.engine.version),
         command=["vllm", "serve"],
         args=vllm_args(spec, version),
         env=engine_env(spec, version),
-        gpus=gpus,
-        resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
-        shm_size=f"{max(2, 4 * gpus)}Gi",
+        shm_size=f"{max(2, 4 * spec.engine.tensor_parallel_size)}Gi",
         probes=VLLM_PROBES,
         shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
-        model_volume=volume,
-        live_adjust=live_adjust_enabled(spec, version),
-        control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust_enabled(spec, version) else None,
+        live_adjust=live_adjust,
+        control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust else None,
         metrics_dir=METRICS_DIR if uses_plugin(spec, version) else None,
     )
