@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -42,6 +44,22 @@ class IsolatedEnv:
 
     def manifest(self) -> dict[str, object]:
         return read_manifest(self.root)
+
+    def pip_install(self, *args: str, quiet: bool = False) -> list[str]:
+        """The command that runs ``pip install args`` with this environment's interpreter."""
+        return [
+            str(self.python),
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "install",
+            *(["--quiet"] if quiet else []),
+            *args,
+        ]
+
+    def report(self) -> str:
+        """Its folder and manifest as indented JSON (what ``python -m ...env`` prints)."""
+        return json.dumps({"path": str(self.root), **self.manifest()}, indent=2)
 
 
 def cache_root() -> Path:
@@ -112,3 +130,37 @@ def ensure_built(root: Path, recipe: int, build: Build, *, after: AfterReady | N
             write_manifest(root, manifest)
         if after is not None:
             after(root, manifest, log)
+
+
+def check_supported(name: str, version: str, supported: str, error: type[Exception]) -> None:
+    """Raise ``error`` unless ``version`` is the one ``supported`` release of ``name``."""
+    if version != supported:
+        raise error(f"only {name} {supported} is supported, not {version}")
+
+
+def build_beside_torch(
+    root: Path,
+    log: Path,
+    *,
+    torch: str,
+    engine: str,
+    requirements: Callable[[IsolatedEnv, Path], list[str]],
+    smoke_test: str,
+    quiet: bool = False,
+    error: type[Exception] = IsolatedEnvError,
+) -> tuple[list[str], float]:
+    """Build an engine's environment around PyPI's ``torch`` requirement.
+
+    A fresh virtual environment gets ``torch``, then ``engine`` without its dependencies, then
+    what ``requirements`` lists once the engine's metadata is installed; ``smoke_test`` (Python
+    code) must then run. Returns the requirements installed and the seconds the build took.
+    """
+    started = time.monotonic()
+    run([sys.executable, "-m", "venv", str(root)], log, error)
+    env = IsolatedEnv(root)
+    run(env.pip_install(torch, quiet=quiet), log, error)
+    run(env.pip_install("--no-deps", engine, quiet=quiet), log, error)
+    reqs = requirements(env, log)
+    run(env.pip_install(*reqs, quiet=quiet), log, error)
+    run([str(env.python), "-c", smoke_test], log, error)
+    return reqs, round(time.monotonic() - started, 1)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,32 +75,35 @@ def env_path(version: str = SGLANG_VERSION) -> Path:
 _run = functools.partial(isolated_env.run, error=SGLangEnvError)
 
 
-def _pip(env: SGLangEnv, *args: str) -> list[str]:
-    return [str(env.python), "-m", "pip", "--disable-pip-version-check", "install", "--quiet", *args]
+def _import_requirements(env: isolated_env.IsolatedEnv, log: Path) -> list[str]:
+    """The distributions ``sglang.srt.server_args`` imports, at the ranges SGLang's metadata asks."""
+    pins: list[str] = json.loads(_run([str(env.python), "-c", _PINS, json.dumps(IMPORT_REQUIREMENTS)], log))
+    return pins
 
 
 def _build(root: Path, log: Path) -> dict[str, object]:
-    started = time.monotonic()
-    _run([sys.executable, "-m", "venv", str(root)], log)
-    env = SGLangEnv(root)
-    _run(_pip(env, f"torch=={TORCH_VERSION}"), log)
-    _run(_pip(env, "--no-deps", f"sglang=={SGLANG_VERSION}"), log)
-    reqs: list[str] = json.loads(_run([str(env.python), "-c", _PINS, json.dumps(IMPORT_REQUIREMENTS)], log))
-    _run(_pip(env, *reqs), log)
-    _run([str(env.python), "-c", "import sglang.srt.server_args"], log)
+    reqs, seconds = isolated_env.build_beside_torch(
+        root,
+        log,
+        torch=f"torch=={TORCH_VERSION}",
+        engine=f"sglang=={SGLANG_VERSION}",
+        requirements=_import_requirements,
+        smoke_test="import sglang.srt.server_args",
+        quiet=True,
+        error=SGLangEnvError,
+    )
     return {
         "recipe": RECIPE_REVISION,
         "sglang": SGLANG_VERSION,
         "torch": TORCH_VERSION,
         "requirements": reqs,
-        "build_seconds": round(time.monotonic() - started, 1),
+        "build_seconds": seconds,
     }
 
 
 def ensure(version: str = SGLANG_VERSION) -> SGLangEnv:
     """Return the cached environment, building it (minutes, a few GB with torch) when missing."""
-    if version != SGLANG_VERSION:
-        raise SGLangEnvError(f"only sglang {SGLANG_VERSION} is supported, not {version}")
+    isolated_env.check_supported("sglang", version, SGLANG_VERSION, SGLangEnvError)
     root = env_path(version)
     isolated_env.ensure_built(root, RECIPE_REVISION, _build)
     return SGLangEnv(root)
@@ -111,8 +112,7 @@ def ensure(version: str = SGLANG_VERSION) -> SGLangEnv:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m chunkpilot.engine.sglang.env``: build or report the environment."""
     del argv
-    env = ensure()
-    print(json.dumps({"path": str(env.root), **env.manifest()}, indent=2))
+    print(ensure().report())
     return 0
 
 

@@ -50,10 +50,9 @@ def _build(root: Path, log: Path) -> dict[str, object]:
     started = time.monotonic()
     _run([sys.executable, "-m", "venv", str(root)], log)
     env = AiperfEnv(root)
-    pip = [str(env.python), "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "install", "--quiet", f"aiperf=={AIPERF_VERSION}"], log)
+    _run(env.pip_install(f"aiperf=={AIPERF_VERSION}", quiet=True), log)
     _run([str(env.aiperf), "--version"], log)
-    frozen = _run([*pip, "freeze"], log).split()
+    frozen = _run([str(env.python), "-m", "pip", "--disable-pip-version-check", "freeze"], log).split()
     return {
         "recipe": RECIPE_REVISION,
         "aiperf": AIPERF_VERSION,
@@ -64,8 +63,7 @@ def _build(root: Path, log: Path) -> dict[str, object]:
 
 def ensure(version: str = AIPERF_VERSION) -> AiperfEnv:
     """Return the cached environment, building it (a minute or two) when missing."""
-    if version != AIPERF_VERSION:
-        raise AiperfEnvError(f"only aiperf {AIPERF_VERSION} is supported, not {version}")
+    isolated_env.check_supported("aiperf", version, AIPERF_VERSION, AiperfEnvError)
     root = env_path(version)
     isolated_env.ensure_built(root, RECIPE_REVISION, _build)
     return AiperfEnv(root)

