@@ -81,20 +81,23 @@ def _load_key(pair: KeyPair) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def generate_ca(common_name: str = "chunkpilot-dev-ca") -> KeyPair:
-    """A self-signed certificate authority."""
-    key = _new_ec_key()
-    name = _name(common_name)
+def _certificate(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """A certificate valid from now (less the clock skew) with its basic constraints and key usage.
+
+    A CA may sign certificates and revocation lists; any certificate may sign digitally.
+    """
     now = _now()
-    cert = (
+    return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - _CLOCK_SKEW)
         .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -102,13 +105,22 @@ def generate_ca(common_name: str = "chunkpilot-dev-ca") -> KeyPair:
                 key_encipherment=False,
                 data_encipherment=False,
                 key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
             ),
             critical=True,
         )
+    )
+
+
+def generate_ca(common_name: str = "chunkpilot-dev-ca") -> KeyPair:
+    """A self-signed certificate authority."""
+    key = _new_ec_key()
+    name = _name(common_name)
+    cert = (
+        _certificate(name, name, key.public_key(), ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -134,30 +146,8 @@ def _issue(
     ca_key = _load_key(ca)
     ca_cert = ca.certificate
     key = _new_ec_key()
-    now = _now()
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _certificate(subject, ca_cert.subject, key.public_key(), ca=False)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False

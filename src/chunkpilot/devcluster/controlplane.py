@@ -33,7 +33,7 @@ from chunkpilot.devcluster.fakenodes import (
 )
 from chunkpilot.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
 from chunkpilot.devcluster.ports import LOOPBACK, free_ports
-from chunkpilot.devcluster.processes import ManagedProcess, StartupError
+from chunkpilot.devcluster.processes import ManagedProcess, StartupError, start_or_undo
 
 STATE_FILE = "state.json"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
@@ -160,35 +160,39 @@ def controller_manager_args(
     binary: Path, pki: certs.PkiFiles, kubeconfig: Path, cert_dir: Path, ports: Ports
 ) -> list[str]:
     """Command line of kube-controller-manager with every default controller (garbage collector included)."""
-    return [
-        str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        f"--bind-address={LOOPBACK}",
-        f"--secure-port={ports.controller_manager}",
-        f"--cert-dir={cert_dir}",
+    return _kube_component_args(
+        binary,
+        kubeconfig,
+        cert_dir,
+        ports.controller_manager,
         "--controllers=*",
         f"--service-account-private-key-file={pki.service_account_key}",
         f"--root-ca-file={pki.ca_cert}",
         f"--cluster-signing-cert-file={pki.ca_cert}",
         f"--cluster-signing-key-file={pki.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-        "--leader-elect=false",
-        "--profiling=false",
-    ]
+    )
 
 
 def scheduler_args(binary: Path, kubeconfig: Path, cert_dir: Path, ports: Ports) -> list[str]:
     """Command line of kube-scheduler."""
+    return _kube_component_args(binary, kubeconfig, cert_dir, ports.scheduler)
+
+
+def _kube_component_args(
+    binary: Path, kubeconfig: Path, cert_dir: Path, secure_port: int, *own_flags: str
+) -> list[str]:
+    """A controller's command line: the admin kubeconfig for everything, serving on loopback,
+    ``own_flags``, and no leader election or profiling."""
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         f"--bind-address={LOOPBACK}",
-        f"--secure-port={ports.scheduler}",
+        f"--secure-port={secure_port}",
         f"--cert-dir={cert_dir}",
+        *own_flags,
         "--leader-elect=false",
         "--profiling=false",
     ]
@@ -292,11 +296,7 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         """Start every server, create the fake GPU nodes and wait until they are Ready."""
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        start_or_undo(self._start, self.stop)
         return self
 
     def _start(self) -> None:

@@ -30,6 +30,15 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
 
+def start_or_undo(start: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Run ``start``; when it fails or is interrupted, ``stop`` what it started and re-raise."""
+    try:
+        start()
+    except BaseException:
+        stop()
+        raise
+
+
 @dataclass
 class ManagedProcess:
     """One server process, started in its own session so that its whole group can be stopped."""

@@ -167,13 +167,13 @@ class PrometheusServer:
             log_path=self.state_dir / "prometheus.log",
             cwd=self.state_dir,
         ).start()
-        try:
-            self._process.wait_until(
+        process = self._process
+        processes.start_or_undo(
+            lambda: process.wait_until(
                 lambda: processes.http_ok(f"{self.url}/-/ready"), self.startup_timeout, "GET /-/ready"
-            )
-        except BaseException:
-            self.stop()
-            raise
+            ),
+            self.stop,
+        )
         return self
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from chunkpilot.devcluster import binaries as devbinaries
 from chunkpilot.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from chunkpilot.devcluster.fakenodes import gpu_node_specs
 from chunkpilot.devcluster.ports import free_port
-from chunkpilot.devcluster.processes import ManagedProcess
+from chunkpilot.devcluster.processes import ManagedProcess, start_or_undo
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.chart import chart_dir, install_operator_identity, watch_values
 from chunkpilot.localrun.endpoints import RoundRobinBalancer
@@ -175,11 +175,7 @@ class LocalStack:
 
     def start(self) -> LocalStack:
         """Start every component; on failure, stop what was started and re-raise."""
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        start_or_undo(self._start, self.stop)
         return self
 
     def _start(self) -> None:
