@@ -414,17 +414,10 @@ def _ready(obs: Observation) -> tuple[ConditionStatus, str, str]:
         return ConditionStatus.FALSE, Reason.CREATING, "creating the stable Deployment"
     if stable.desired == 0:
         return ConditionStatus.FALSE, Reason.SCALED_TO_ZERO, "spec.replicas is 0: no engine pod is serving"
+    ready = f"{stable.ready}/{stable.desired} stable replicas ready"
     if stable.ready >= stable.desired:
-        return (
-            ConditionStatus.TRUE,
-            Reason.AVAILABLE,
-            f"{stable.ready}/{stable.desired} stable replicas ready",
-        )
-    return (
-        ConditionStatus.FALSE,
-        Reason.REPLICAS_NOT_READY,
-        f"{stable.ready}/{stable.desired} stable replicas ready",
-    )
+        return ConditionStatus.TRUE, Reason.AVAILABLE, ready
+    return ConditionStatus.FALSE, Reason.REPLICAS_NOT_READY, ready
 
 
 def _progressing(obs: Observation) -> tuple[ConditionStatus, str, str]:

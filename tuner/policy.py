@@ -25,7 +25,7 @@ margin.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -170,6 +170,25 @@ def judge_early(canary: TrackMeasurement, slo: SLOTargets, abort: AbortRules) ->
     return Judgement(Decision.CONTINUE, "within the abort limits", canary=check)
 
 
+def _premature(
+    canary: TrackMeasurement,
+    slo: SLOTargets,
+    abort: AbortRules,
+    verdict: Callable[[Decision, str], Judgement],
+) -> Judgement | None:
+    """The judgement before any comparison: too few canary samples, or a canary already pruned."""
+    if not canary.enough_samples(abort.min_samples):
+        return Judgement(
+            Decision.INCONCLUSIVE,
+            f"canary served {canary.ttft_samples:.0f} requests in {canary.window}; "
+            f"{abort.min_samples} needed to judge",
+        )
+    early = judge_early(canary, slo, abort)
+    if early.decision is Decision.PRUNE:
+        return verdict(Decision.PRUNE, early.reason)
+    return None
+
+
 def judge_final(
     window: WindowMeasurement,
     slo: SLOTargets,
@@ -192,15 +211,9 @@ def judge_final(
     def verdict(decision: Decision, reason: str) -> Judgement:
         return Judgement(decision, reason, c_check, s_check, c_obj, s_obj)
 
-    if not canary.enough_samples(abort.min_samples):
-        return Judgement(
-            Decision.INCONCLUSIVE,
-            f"canary served {canary.ttft_samples:.0f} requests in {canary.window}; "
-            f"{abort.min_samples} needed to judge",
-        )
-    early = judge_early(canary, slo, abort)
-    if early.decision is Decision.PRUNE:
-        return verdict(Decision.PRUNE, early.reason)
+    premature = _premature(canary, slo, abort, verdict)
+    if premature is not None:
+        return premature
     if not c_check.met:
         return verdict(Decision.DISCARD, f"canary violates the SLO ({_fmt(c_check, canary, slo)})")
     stable_judged = stable.enough_samples(abort.min_samples)
@@ -285,15 +298,9 @@ def judge_capacity(
     def verdict(decision: Decision, reason: str) -> Judgement:
         return Judgement(decision, reason, c_check, s_check, twin.capacity, twin.incumbent_capacity)
 
-    if not canary.enough_samples(abort.min_samples):
-        return Judgement(
-            Decision.INCONCLUSIVE,
-            f"canary served {canary.ttft_samples:.0f} requests in {canary.window}; "
-            f"{abort.min_samples} needed to judge",
-        )
-    early = judge_early(canary, slo, abort)
-    if early.decision is Decision.PRUNE:
-        return verdict(Decision.PRUNE, early.reason)
+    premature = _premature(canary, slo, abort, verdict)
+    if premature is not None:
+        return premature
     agreement = twin.agreement(slo)
     if not c_check.met:
         return verdict(

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.status import DeploymentState, TopologyPart
@@ -30,6 +30,7 @@ from chunkpilot.tuner.decide.plan import (
     Plan,
 )
 from chunkpilot.tuner.measure import WindowMeasurement
+from chunkpilot.tuner.observe.snapshot import Reading, WindowPlan, window_plan
 from chunkpilot.tuner.policy import (
     Decision,
     SLOTargets,
@@ -198,6 +199,33 @@ def metrics_gap(plan: Plan, trial: TuningTrial, error: str | None, settings: Tun
         limit = float(parse_duration(snap.isvc.spec.autotune.trial_window))
     if (snap.now - since).total_seconds() > limit:
         abort(plan, trial, f"Prometheus unreachable for more than {limit:g}s; not judging without data")
+
+
+M = TypeVar("M")
+
+
+def due_measurement(
+    plan: Plan, trial: TuningTrial, reading: Reading[M], missing: str, settings: TunerSettings
+) -> tuple[WindowPlan, M] | None:
+    """The trial's window to judge now and its measurement, or None when there is nothing to judge.
+
+    Nothing while warming up or while the window is too short yet; nothing during a metrics gap
+    (noted, the trial aborted after a long outage; ``missing`` says why when Prometheus gave no
+    error); nothing right after one either (the window restarts from now).
+    """
+    snap = plan.snap
+    progress = rec.trial_progress(trial)
+    due = window_plan(progress.measure_from, parse_duration(snap.isvc.spec.autotune.trial_window), snap.now)
+    if due is None:
+        return None
+    if reading.down or reading.value is None:
+        metrics_gap(plan, trial, reading.error or missing, settings)
+        return None
+    metrics_ok(plan)
+    if progress.metrics_gap_since is not None:
+        restart_window(plan, trial, progress)
+        return None
+    return due, reading.value
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:

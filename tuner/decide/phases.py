@@ -35,11 +35,10 @@ from chunkpilot.tuner.decide.lifecycle import (
     TunerSettings,
     abort,
     crash_message,
+    due_measurement,
     finish,
     metrics_gap,
-    metrics_ok,
     ready,
-    restart_window,
     rollout_failure,
     space_of,
     start_warmup,
@@ -55,7 +54,7 @@ from chunkpilot.tuner.decide.plan import (
 )
 from chunkpilot.tuner.measure import WindowMeasurement
 from chunkpilot.tuner.observe.canary import canary_owner, started_config
-from chunkpilot.tuner.observe.snapshot import WindowPlan, window_plan
+from chunkpilot.tuner.observe.snapshot import WindowPlan
 from chunkpilot.tuner.policy import (
     Decision,
     Judgement,
@@ -74,7 +73,6 @@ from chunkpilot.api import (
     TrialVerdict,
     TuningTrial,
     TuningTrialStatus,
-    parse_duration,
 )
 
 
@@ -178,22 +176,16 @@ def check_rollout(
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Measuring: wait out the warm-up, prune early on a breach, judge once the window is over."""
     snap = plan.snap
-    progress = rec.trial_progress(trial)
-    due = window_plan(progress.measure_from, parse_duration(snap.isvc.spec.autotune.trial_window), snap.now)
-    if due is None:
-        return  # warming up, or too short a window yet
-    if snap.window.down or snap.window.value is None:
-        metrics_gap(plan, trial, snap.window.error or "no measurement of the trial window", settings)
+    found = due_measurement(plan, trial, snap.window, "no measurement of the trial window", settings)
+    if found is None:
         return
-    metrics_ok(plan)
-    if progress.metrics_gap_since is not None:
-        restart_window(plan, trial, progress)
-    elif not due.final:
-        early = judge_early(snap.window.value.canary, snap.slo, rec.abort_rules(snap.isvc))
+    due, window = found
+    if not due.final:
+        early = judge_early(window.canary, snap.slo, rec.abort_rules(snap.isvc))
         if early.decision is Decision.PRUNE:
-            conclude(plan, trial, Decision.PRUNE, early.reason, snap.window.value)
+            conclude(plan, trial, Decision.PRUNE, early.reason, window)
     else:
-        window_over(plan, trial, due, snap.window.value, settings)
+        window_over(plan, trial, due, window, settings)
 
 
 def window_over(

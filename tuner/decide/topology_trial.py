@@ -58,7 +58,6 @@ from chunkpilot.tuner.decide.plan import (
 from chunkpilot.tuner.decide.recommendation import current as current_recommendation
 from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, twin_check
 from chunkpilot.tuner.measure import TopologyWindow
-from chunkpilot.tuner.observe.snapshot import window_plan
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.topology.layouts import decode_pool
 
@@ -79,7 +78,6 @@ from chunkpilot.api import (
     TuningTrial,
     TuningTrialSpec,
     TuningTrialStatus,
-    parse_duration,
     trial_labels,
     trial_name,
 )
@@ -536,30 +534,22 @@ def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> No
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Measuring: wait out the warm-up and the window, then judge (a thin window widens to its deadline)."""
     snap = plan.snap
-    progress = rec.trial_progress(trial)
-    due = window_plan(progress.measure_from, parse_duration(snap.isvc.spec.autotune.trial_window), snap.now)
-    if due is None:
+    found = lifecycle.due_measurement(
+        plan, trial, snap.topology_window, "no measurement of the topology trial's window", settings
+    )
+    if found is None:
         return
-    reading = snap.topology_window
-    if reading.down or reading.value is None:
-        lifecycle.metrics_gap(
-            plan, trial, reading.error or "no measurement of the topology trial's window", settings
-        )
-        return
-    lifecycle.metrics_ok(plan)
-    if progress.metrics_gap_since is not None:
-        lifecycle.restart_window(plan, trial, progress)
-        return
+    due, window = found
     rules = rec.abort_rules(snap.isvc)
     if not due.final:  # pruned early on a breach by the abort factor, as a colocated canary is
-        early = judge_early(reading.value.combined(), snap.slo, rules)
+        early = judge_early(window.combined(), snap.slo, rules)
         if early.decision is Decision.PRUNE:
-            conclude(plan, trial, Decision.PRUNE, f"the canary topology: {early.reason}", reading.value)
+            conclude(plan, trial, Decision.PRUNE, f"the canary topology: {early.reason}", window)
         return
-    decision, reason = judge(reading.value, snap.slo, rules.min_samples, prediction(plan, trial))
+    decision, reason = judge(window, snap.slo, rules.min_samples, prediction(plan, trial))
     if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
         return
-    conclude(plan, trial, decision, reason, reading.value)
+    conclude(plan, trial, decision, reason, window)
 
 
 def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
