@@ -569,19 +569,17 @@ def _summarise(
 
 
 def _record(pair: _Pair) -> RequestRecord:
+    """A pair's record: queued until the prefill pool scheduled it, first token and end from decode."""
     d, p = pair.decode, pair.prefill
     assert d.first_token_s is not None and d.finish_s is not None
-    first_scheduled = p.first_scheduled_s if p.first_scheduled_s is not None else pair.arrival_s
-    tpot = (d.finish_s - d.first_token_s) / (d.num_output_tokens - 1) if d.num_output_tokens > 1 else 0.0
-    return RequestRecord(
+    return RequestRecord.timed(
         arrival_s=pair.arrival_s,
+        first_scheduled_s=p.first_scheduled_s,
+        first_token_s=d.first_token_s,
+        finish_s=d.finish_s,
         prompt_tokens=d.prompt_tokens,
         output_tokens=d.num_output_tokens,
         cached_tokens=p.num_cached_tokens,
-        queue_s=first_scheduled - pair.arrival_s,
-        ttft_s=d.first_token_s - pair.arrival_s,
-        e2e_s=d.finish_s - pair.arrival_s,
-        tpot_s=tpot,
         preemptions=p.num_preemptions + d.num_preemptions,
     )
 

@@ -97,6 +97,38 @@ class RequestRecord:
     tpot_s: float
     preemptions: int
 
+    @classmethod
+    def timed(
+        cls,
+        *,
+        arrival_s: float,
+        first_scheduled_s: float | None,
+        first_token_s: float,
+        finish_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        cached_tokens: int,
+        preemptions: int,
+    ) -> RequestRecord:
+        """The record of a request finished at ``finish_s``, from the times it went through.
+
+        Without a first-scheduled time it counts as never queued; the time per output token
+        spreads the time after the first token over the tokens that followed it.
+        """
+        first_scheduled = first_scheduled_s if first_scheduled_s is not None else arrival_s
+        tpot = (finish_s - first_token_s) / (output_tokens - 1) if output_tokens > 1 else 0.0
+        return cls(
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
+            queue_s=first_scheduled - arrival_s,
+            ttft_s=first_token_s - arrival_s,
+            e2e_s=finish_s - arrival_s,
+            tpot_s=tpot,
+            preemptions=preemptions,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Summary:
@@ -367,17 +399,14 @@ def _summarise(
 
 def _record(r: Request) -> RequestRecord:
     assert r.first_token_s is not None and r.finish_s is not None
-    first_scheduled = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
-    tpot = (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0
-    return RequestRecord(
+    return RequestRecord.timed(
         arrival_s=r.arrival_s,
+        first_scheduled_s=r.first_scheduled_s,
+        first_token_s=r.first_token_s,
+        finish_s=r.finish_s,
         prompt_tokens=r.prompt_tokens,
         output_tokens=r.num_output_tokens,
         cached_tokens=r.num_cached_tokens,
-        queue_s=first_scheduled - r.arrival_s,
-        ttft_s=r.first_token_s - r.arrival_s,
-        e2e_s=r.finish_s - r.arrival_s,
-        tpot_s=tpot,
         preemptions=r.num_preemptions,
     )
 

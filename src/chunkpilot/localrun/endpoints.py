@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -72,31 +73,44 @@ class Balancer(Protocol):
         ...
 
 
-class RoundRobinBalancer:
-    """Hands out endpoints in turn, one share per Ready pod, like kube-proxy's round-robin mode.
-
-    The endpoint set is read from ``source`` on every pick, so pods that become Ready join the
-    rotation and pods that stop being Ready leave it immediately; a canary with one pod next to
-    three stable pods receives a quarter of the requests.
-    """
+class _ReadyEndpointBalancer(abc.ABC):
+    """Reads the Ready endpoints on every pick (pods that become Ready join at once, pods that stop
+    being Ready leave at once) and chooses one of them, in order, under a lock."""
 
     def __init__(self, source: EndpointSource) -> None:
         self._source = source
-        self._counter = 0
         self._lock = threading.Lock()
 
     def pick(self) -> Endpoint | None:
-        """The next endpoint, or ``None`` when the service has no Ready endpoint."""
+        """The chosen endpoint, or ``None`` when the service has no Ready endpoint."""
         endpoints = sorted(self._source())
         if not endpoints:
             return None
         with self._lock:
-            position = self._counter % len(endpoints)
-            self._counter += 1
+            return self._choose(endpoints)
+
+    @abc.abstractmethod
+    def _choose(self, endpoints: Sequence[Endpoint]) -> Endpoint:
+        """One of ``endpoints`` (sorted, never empty), called under the lock."""
+
+
+class RoundRobinBalancer(_ReadyEndpointBalancer):
+    """Hands out endpoints in turn, one share per Ready pod, like kube-proxy's round-robin mode.
+
+    A canary with one pod next to three stable pods receives a quarter of the requests.
+    """
+
+    def __init__(self, source: EndpointSource) -> None:
+        super().__init__(source)
+        self._counter = 0
+
+    def _choose(self, endpoints: Sequence[Endpoint]) -> Endpoint:
+        position = self._counter % len(endpoints)
+        self._counter += 1
         return endpoints[position]
 
 
-class RandomBalancer:
+class RandomBalancer(_ReadyEndpointBalancer):
     """Sends each request to a Ready endpoint drawn at random, like kube-proxy's iptables mode.
 
     A random split of Poisson arrivals leaves every endpoint Poisson arrivals (what the tuner's twin
@@ -105,17 +119,11 @@ class RandomBalancer:
     """
 
     def __init__(self, source: EndpointSource, seed: int = 0) -> None:
-        self._source = source
+        super().__init__(source)
         self._random = random.Random(seed)
-        self._lock = threading.Lock()
 
-    def pick(self) -> Endpoint | None:
-        """A random Ready endpoint, or ``None`` when the service has none."""
-        endpoints = sorted(self._source())
-        if not endpoints:
-            return None
-        with self._lock:
-            return self._random.choice(endpoints)
+    def _choose(self, endpoints: Sequence[Endpoint]) -> Endpoint:
+        return self._random.choice(endpoints)
 
 
 def static_source(endpoints: Sequence[Endpoint]) -> EndpointSource:
