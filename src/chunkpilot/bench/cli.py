@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkpilot.bench import disagg as bench_disagg
-from chunkpilot.bench.exhaustive import ENGINES, BenchError
+from chunkpilot.bench.exhaustive import ENGINES, BenchError, given_options
 from chunkpilot.bench.truth import (
     TRUTH_FULL,
     TRUTH_QUICK,
@@ -116,26 +116,18 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def settings_from(args: argparse.Namespace) -> TruthSettings:
     """The run's settings from the command line (raises :class:`BenchError` naming the option)."""
     settings = TRUTH_QUICK if args.quick else TRUTH_FULL
-    grid: dict[str, Any] = {
-        key: value
-        for key, value in (
-            ("jobs", args.jobs),
-            ("requests", args.requests),
-            ("engine", args.engine),
-            ("workloads", tuple(args.workload) if args.workload else None),
-        )
-        if value is not None
-    }
-    top: dict[str, Any] = {
-        key: value
-        for key, value in (
-            ("trials", args.trials),
-            ("repeats", args.repeats),
-            ("loads", tuple(args.load) if args.load else None),
-            ("truth_arrivals", args.truth_arrivals),
-        )
-        if value is not None
-    }
+    grid = given_options(
+        jobs=args.jobs,
+        requests=args.requests,
+        engine=args.engine,
+        workloads=tuple(args.workload) if args.workload else None,
+    )
+    top = given_options(
+        trials=args.trials,
+        repeats=args.repeats,
+        loads=tuple(args.load) if args.load else None,
+        truth_arrivals=args.truth_arrivals,
+    )
     if args.twin_arrivals is not None:
         if args.twin_arrivals < 1:
             raise BenchError("--twin-arrivals must be >= 1")

@@ -59,7 +59,7 @@ from chunkpilot.bench.disagg_truth import (
     split_layouts,
     truth_path,
 )
-from chunkpilot.bench.exhaustive import BenchError
+from chunkpilot.bench.exhaustive import BenchError, given_options
 from chunkpilot.bench.twin_truth import truth_engine
 from chunkpilot.engine.sim.capacity import retime
 from chunkpilot.engine.sim.disagg import KVTransfer, simulate_disaggregated
@@ -362,20 +362,16 @@ def register(benchmarks: Any) -> None:
 def settings_from(args: Any) -> DisaggSettings:
     """The run's settings from the command line (raises :class:`BenchError` naming the option)."""
     base = DISAGG_QUICK if args.quick else DISAGG_FULL
-    changes: dict[str, Any] = {
-        key: value
-        for key, value in (
-            ("truth", args.truth_gpu),
-            ("gpus", args.gpus),
-            ("sweep_gbps", tuple(args.bandwidth) if args.bandwidth else None),
-            ("itl_ms", args.itl_ms),
-            ("ttft_ms", args.ttft_ms),
-            ("long_share", args.long_share),
-            ("requests", args.requests),
-            ("jobs", args.jobs),
-        )
-        if value is not None
-    }
+    changes = given_options(
+        truth=args.truth_gpu,
+        gpus=args.gpus,
+        sweep_gbps=tuple(args.bandwidth) if args.bandwidth else None,
+        itl_ms=args.itl_ms,
+        ttft_ms=args.ttft_ms,
+        long_share=args.long_share,
+        requests=args.requests,
+        jobs=args.jobs,
+    )
     return replace(base, **changes)
 
 
