@@ -267,38 +267,23 @@ def set_condition(
     now: datetime,
 ) -> list[Condition]:
     """``conditions`` with ``type_`` set; its transition time moves only when ``status`` changes."""
-    result: list[Condition] = []
-    found = False
-    for condition in conditions:
-        if condition.type != str(type_):
-            result.append(condition)
-            continue
-        found = True
-        changed = condition.status != status
-        result.append(
-            Condition(
-                type=str(type_),
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=now
-                if changed or condition.last_transition_time is None
-                else condition.last_transition_time,
-                observed_generation=generation,
-            )
+
+    def updated(previous: Condition | None) -> Condition:
+        transition = now
+        if previous is not None and previous.status == status and previous.last_transition_time is not None:
+            transition = previous.last_transition_time
+        return Condition(
+            type=str(type_),
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=transition,
+            observed_generation=generation,
         )
-    if not found:
-        result.append(
-            Condition(
-                type=str(type_),
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=now,
-                observed_generation=generation,
-            )
-        )
-    return result
+
+    if get_condition(conditions, type_) is None:
+        return [*conditions, updated(None)]
+    return [updated(condition) if condition.type == str(type_) else condition for condition in conditions]
 
 
 @dataclass(frozen=True)
