@@ -10,6 +10,7 @@ from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import EngineDescriptor
 from chunkpilot.api.engines import ProbeTiming as ProbeTiming  # the registry's, re-exported
 
 #: The engine's HTTP port (OpenAI API, /health and /metrics) and its name.
@@ -178,34 +179,35 @@ def model_token_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 def gpu_engine_render(
     spec: InferenceServiceSpec,
+    descriptor: EngineDescriptor,
     *,
-    engine: str,
     version: EngineVersion,
-    image: str,
+    default_image: Callable[[str], str],
     command: list[str],
     args: list[str],
     env: list[dict[str, Any]],
     shm_size: str,
-    probes: ProbeTiming,
     **details: Any,
 ) -> EngineRender:
-    """The recipe of an engine on ``tensorParallelSize`` GPUs, its model volume mounted.
+    """The recipe of ``descriptor``'s engine on ``tensorParallelSize`` GPUs, its model volume mounted.
 
-    ``details`` are the further :class:`EngineRender` fields the engine sets.
+    The image is the spec's, else ``default_image`` of the spec's version; the name, probes and
+    metrics path are the registry's. ``details`` are the further :class:`EngineRender` fields.
     """
     gpus = spec.engine.tensor_parallel_size
     _, volume = model_argument(spec.model.name)
     return EngineRender(
-        engine=engine,
+        engine=descriptor.display_name,
         version=str(version),
-        image=image,
+        image=spec.engine.image or default_image(spec.engine.version),
         command=command,
         args=args,
         env=env,
         gpus=gpus,
         resources={"requests": {"nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}},
         shm_size=shm_size,
-        probes=probes,
+        probes=descriptor.probes,
         model_volume=volume,
+        metrics_path=descriptor.metrics_path,
         **details,
     )

@@ -32,7 +32,7 @@ from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import SGLANG_ENGINE
 from chunkpilot.api.knobs import SGLANG, SGLANG_PINNED
 
-ENGINE_NAME: Final = "SGLang"
+ENGINE_NAME: Final = SGLANG_ENGINE.display_name
 #: Oldest release whose command line this renderer knows (the pinned one is validated).
 MIN_VERSION: Final = EngineVersion(0, 4, 0)
 PINNED_VERSION: Final = SGLANG_PINNED
@@ -91,14 +91,12 @@ def render_sglang(spec: InferenceServiceSpec) -> RenderResult:
         return version
     return gpu_engine_render(
         spec,
-        engine=ENGINE_NAME,
+        SGLANG_ENGINE,
         version=version,
-        image=spec.engine.image or default_sglang_image(spec.engine.version),
+        default_image=default_sglang_image,
         command=list(COMMAND),
         args=sglang_args(spec),
         env=model_token_env(spec),
         # Tensor-parallel workers exchange through shared memory (NCCL); SGLang's docs run with 32g.
         shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
-        probes=SGLANG_PROBES,
-        metrics_path=METRICS_PATH,
     )

@@ -42,7 +42,7 @@ from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import TRTLLM_ENGINE
 from chunkpilot.api.knobs import TRTLLM, TRTLLM_PINNED
 
-ENGINE_NAME: Final = "TensorRT-LLM"
+ENGINE_NAME: Final = TRTLLM_ENGINE.display_name
 #: Oldest release whose command line this renderer knows (1.0: the PyTorch backend by default,
 #: ``/prometheus/metrics``); the pinned one is validated against its option definitions.
 MIN_VERSION: Final = EngineVersion(1, 0, 0)
@@ -153,14 +153,12 @@ def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
         return version
     return gpu_engine_render(
         spec,
-        engine=ENGINE_NAME,
+        TRTLLM_ENGINE,
         version=version,
-        image=spec.engine.image or default_trtllm_image(spec.engine.version),
+        default_image=default_trtllm_image,
         command=list(COMMAND),
         args=trtllm_args(spec),
         env=trtllm_env(spec),
         shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
-        probes=TRTLLM_PROBES,
         config_dir=CONFIG_DIR,
-        metrics_path=METRICS_PATH,
     )

@@ -46,7 +46,7 @@ from chunkpilot.api import EngineKind, InferenceServiceSpec
 from chunkpilot.api.engines import VLLM_ENGINE
 from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
-ENGINE_NAME: Final = "vLLM"
+ENGINE_NAME: Final = VLLM_ENGINE.display_name
 #: Oldest release whose command line this renderer knows.
 MIN_VERSION: Final = EngineVersion(0, 8, 0)
 #: Partial-prefill limits are honoured natively (by the V0 scheduler) only before this release.
@@ -341,14 +341,13 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
     live_adjust = live_adjust_enabled(spec, version)
     return gpu_engine_render(
         spec,
-        engine=ENGINE_NAME,
+        VLLM_ENGINE,
         version=version,
-        image=spec.engine.image or default_vllm_image(spec.engine.version),
+        default_image=default_vllm_image,
         command=["vllm", "serve"],
         args=vllm_args(spec, version),
         env=engine_env(spec, version),
         shm_size=f"{max(2, 4 * spec.engine.tensor_parallel_size)}Gi",
-        probes=VLLM_PROBES,
         shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
         live_adjust=live_adjust,
         control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust else None,
