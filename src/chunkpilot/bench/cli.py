@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from chunkpilot.bench import disagg as bench_disagg
-from chunkpilot.bench.exhaustive import ENGINES, BenchError, given_options
+from chunkpilot.bench.command import given_options, run_bench_command
+from chunkpilot.bench.exhaustive import ENGINES, BenchError
 from chunkpilot.bench.truth import (
     TRUTH_FULL,
     TRUTH_QUICK,
@@ -144,14 +144,4 @@ def settings_from(args: argparse.Namespace) -> TruthSettings:
 
 def run_tuner_bench(args: argparse.Namespace) -> int:
     """Run the benchmark and print the tables (or JSON)."""
-    try:
-        settings = settings_from(args)
-        result = run_truth_benchmark(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"chunkpilot bench tuner: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(format_truth_table(result))
-    return 0
+    return run_bench_command("tuner", args, settings_from, run_truth_benchmark, format_truth_table)

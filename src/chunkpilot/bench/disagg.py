@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.bench.command import given_options, run_bench_command
 from chunkpilot.bench.disagg_report import (
     TARGET_SHARE,
     Comparison,
@@ -59,7 +60,6 @@ from chunkpilot.bench.disagg_truth import (
     split_layouts,
     truth_path,
 )
-from chunkpilot.bench.exhaustive import BenchError, given_options
 from chunkpilot.bench.twin_truth import truth_engine
 from chunkpilot.engine.sim.capacity import retime
 from chunkpilot.engine.sim.disagg import KVTransfer, simulate_disaggregated
@@ -377,14 +377,4 @@ def settings_from(args: Any) -> DisaggSettings:
 
 def run_disagg_command(args: Any) -> int:
     """Run the benchmark and print its tables (or JSON)."""
-    import json
-    import sys
-
-    try:
-        settings = settings_from(args)
-        result = run_disagg_benchmark(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"chunkpilot bench disagg: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_disagg_table(result))
-    return 0
+    return run_bench_command("disagg", args, settings_from, run_disagg_benchmark, format_disagg_table)

@@ -66,11 +66,6 @@ class BenchError(ValueError):
     """Bad benchmark settings; the message names the option."""
 
 
-def given_options(**options: Any) -> dict[str, Any]:
-    """The settings a command line overrides: ``options`` less those left unset (None)."""
-    return {key: value for key, value in options.items() if value is not None}
-
-
 # --------------------------------------------------------------------------- settings
 
 
