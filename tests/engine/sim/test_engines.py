@@ -7,8 +7,6 @@ driven step by step, so the numbers come from the scheduler and step-time model 
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -25,93 +23,38 @@ from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
 from chunkpilot.engine.sim.trtllm_scheduler import TRTLLMScheduler
 from chunkpilot.engine.sim.workload import parse_workload_spec
 
-LONG_PROMPT = 32_768
-STREAMS = 64
-STREAM_CONTEXT = 4096
-MAX_LEN = 40_960
-
-
-@dataclass
-class Run:
-    """What the streams saw after the long prompt arrived."""
-
-    stream_itl_s: list[float] = field(default_factory=list)
-    long_ttft_s: float = 0.0
-    #: Steps with no decode in them while streams were waiting to decode.
-    stalled_steps: int = 0
-    #: Prefill tokens of each step that computed part of the long prompt.
-    long_chunks: list[int] = field(default_factory=list)
-
-    @property
-    def ratio(self) -> float:
-        return max(self.stream_itl_s) / statistics.median(self.stream_itl_s)
-
-
-def _run(engine: Engine, budget: int, chunked: bool, **knobs: Any) -> Run:
-    scheduler = SchedulerConfig(
-        engine=engine,
-        max_num_batched_tokens=budget,
-        max_num_seqs=128,
-        max_model_len=MAX_LEN,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=False,
-        **knobs,
-    )
-    core = SimConfig(
-        model="llama-3.1-70b", accelerator="h100", tensor_parallel_size=4, scheduler=scheduler
-    ).build()
-    sched = core.scheduler
-    sched.check_invariants = True
-    streams = [Request(f"s{i}", 0.0, STREAM_CONTEXT, 5000) for i in range(STREAMS)]
-    for request in streams:
-        sched.add_request(request)
-    run = Run()
-    long: Request | None = None
-    now = 0.0
-    while long is None or long.first_token_s is None or now < long.first_token_s + 3.0:
-        if long is None and all(r.first_token_s is not None for r in streams):
-            long = Request("long", now, LONG_PROMPT, 1)
-            sched.add_request(long)
-        step = core.step(now)
-        assert step is not None
-        if long is not None:
-            items = step.output.scheduled
-            if not any(not item.is_prefill for item in items):
-                run.stalled_steps += 1
-            run.long_chunks += [item.num_new_tokens for item in items if item.request is long]
-            for out in step.results:
-                if out.request is not long and out.previous_token_s is not None:
-                    run.stream_itl_s.append(step.end_s - out.previous_token_s)
-        now = step.end_s
-    assert long is not None and long.first_token_s is not None
-    run.long_ttft_s = long.first_token_s - long.arrival_s
-    return run
-
+from chunkpilot.testing.sim import LONG_PROMPT, MAX_LEN, STREAMS, LongPromptRun, long_prompt_among_streams
 
 BUDGETS = (8192, 2048, 512)
 
 
 @pytest.fixture(scope="module")
-def sglang_runs() -> dict[tuple[int | None, bool], Run]:
+def sglang_runs() -> dict[tuple[int | None, bool], LongPromptRun]:
     """(chunk size or None for -1, mixed chunk) -> run."""
-    runs = {(None, False): _run(Engine.SGLANG, 16384, False, max_prefill_tokens=16384)}
+    runs = {
+        (None, False): long_prompt_among_streams(16384, False, max_prefill_tokens=16384, engine=Engine.SGLANG)
+    }
     for chunk in BUDGETS:
         for mixed in (False, True):
-            runs[(chunk, mixed)] = _run(Engine.SGLANG, chunk, True, enable_mixed_chunk=mixed)
+            runs[(chunk, mixed)] = long_prompt_among_streams(
+                chunk, True, enable_mixed_chunk=mixed, engine=Engine.SGLANG
+            )
     return runs
 
 
 @pytest.fixture(scope="module")
-def trtllm_runs() -> dict[int | None, Run]:
+def trtllm_runs() -> dict[int | None, LongPromptRun]:
     """max_num_tokens with chunked prefill -> run; None: chunking off (max_num_tokens = max_seq_len)."""
-    runs: dict[int | None, Run] = {None: _run(Engine.TRTLLM, MAX_LEN, False)}
+    runs: dict[int | None, LongPromptRun] = {
+        None: long_prompt_among_streams(MAX_LEN, False, engine=Engine.TRTLLM)
+    }
     for budget in BUDGETS:
-        runs[budget] = _run(Engine.TRTLLM, budget, True)
+        runs[budget] = long_prompt_among_streams(budget, True, engine=Engine.TRTLLM)
     return runs
 
 
 # ---- SGLang ---------------------------------------------------------------------------------------
-def test_sglang_unchunked_long_prompt_stalls_every_stream(sglang_runs: dict[Any, Run]) -> None:
+def test_sglang_unchunked_long_prompt_stalls_every_stream(sglang_runs: dict[Any, LongPromptRun]) -> None:
     run = sglang_runs[(None, False)]
     assert run.ratio >= 10, f"unchunked max/p50 ITL = {run.ratio:.1f}"
     assert run.long_chunks == [LONG_PROMPT], "without chunking the prompt is one prefill pass"
@@ -120,7 +63,7 @@ def test_sglang_unchunked_long_prompt_stalls_every_stream(sglang_runs: dict[Any,
 
 @pytest.mark.parametrize("chunk", BUDGETS)
 def test_sglang_decodes_stall_for_one_chunk_only_pass_per_chunk(
-    sglang_runs: dict[Any, Run], chunk: int
+    sglang_runs: dict[Any, LongPromptRun], chunk: int
 ) -> None:
     separate, mixed = sglang_runs[(chunk, False)], sglang_runs[(chunk, True)]
     chunks = math.ceil(LONG_PROMPT / chunk)
@@ -131,7 +74,7 @@ def test_sglang_decodes_stall_for_one_chunk_only_pass_per_chunk(
     assert max(mixed.long_chunks) == chunk - STREAMS and sum(mixed.long_chunks) == LONG_PROMPT
 
 
-def test_sglang_separate_passes_do_not_bound_the_stall(sglang_runs: dict[Any, Run]) -> None:
+def test_sglang_separate_passes_do_not_bound_the_stall(sglang_runs: dict[Any, LongPromptRun]) -> None:
     """The chunks run back to back before any decode: the stall is the whole prompt, however cut."""
     unchunked = max(sglang_runs[(None, False)].stream_itl_s)
     stalls = [max(sglang_runs[(chunk, False)].stream_itl_s) for chunk in BUDGETS]
@@ -139,7 +82,9 @@ def test_sglang_separate_passes_do_not_bound_the_stall(sglang_runs: dict[Any, Ru
     assert stalls[0] < stalls[1] < stalls[2], "more passes, more per-pass overhead"
 
 
-def test_sglang_mixed_chunks_bound_the_stall_and_delay_the_long_prompt(sglang_runs: dict[Any, Run]) -> None:
+def test_sglang_mixed_chunks_bound_the_stall_and_delay_the_long_prompt(
+    sglang_runs: dict[Any, LongPromptRun],
+) -> None:
     ratios = [sglang_runs[(chunk, True)].ratio for chunk in BUDGETS]
     ttfts = [sglang_runs[(chunk, True)].long_ttft_s for chunk in BUDGETS]
     assert ratios[0] > ratios[1] > ratios[2], f"max/p50 ITL over chunk sizes {BUDGETS}: {ratios}"
@@ -180,7 +125,9 @@ def test_sglang_max_running_requests_caps_admission() -> None:
 
 
 # ---- TensorRT-LLM ---------------------------------------------------------------------------------
-def test_trtllm_unchunked_long_prompt_stalls_every_stream(trtllm_runs: dict[int | None, Run]) -> None:
+def test_trtllm_unchunked_long_prompt_stalls_every_stream(
+    trtllm_runs: dict[int | None, LongPromptRun],
+) -> None:
     run = trtllm_runs[None]
     assert run.ratio >= 10, f"unchunked max/p50 ITL = {run.ratio:.1f}"
     assert run.long_chunks == [LONG_PROMPT]
@@ -188,7 +135,7 @@ def test_trtllm_unchunked_long_prompt_stalls_every_stream(trtllm_runs: dict[int 
 
 
 def test_trtllm_chunking_bounds_the_stall_and_delays_the_long_prompt(
-    trtllm_runs: dict[int | None, Run],
+    trtllm_runs: dict[int | None, LongPromptRun],
 ) -> None:
     ratios = [trtllm_runs[b].ratio for b in BUDGETS]
     ttfts = [trtllm_runs[b].long_ttft_s for b in BUDGETS]
@@ -201,7 +148,7 @@ def test_trtllm_chunking_bounds_the_stall_and_delays_the_long_prompt(
 @pytest.mark.parametrize("policy", list(ContextChunkingPolicy))
 def test_trtllm_context_chunks_are_multiples_of_tokens_per_block(policy: ContextChunkingPolicy) -> None:
     """Budget 1000 less one token per admitted stream: a truncated chunk is the multiple of 32 below."""
-    run = _run(Engine.TRTLLM, 1000, True, context_chunking_policy=policy)
+    run = long_prompt_among_streams(1000, True, context_chunking_policy=policy, engine=Engine.TRTLLM)
     *middle, last = run.long_chunks
     assert middle and all(chunk % 32 == 0 for chunk in middle), middle[:5]
     assert 1000 - STREAMS - 32 < max(middle) < 1000

@@ -6,9 +6,6 @@ scheduler and step-time model that serve traffic.
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
-
 import pytest
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.offline import simulate
@@ -16,64 +13,7 @@ from chunkpilot.engine.sim.scheduler import Request, SchedulerConfig
 from chunkpilot.engine.sim.steptime import ForwardPass
 from chunkpilot.engine.sim.workload import parse_workload_spec
 
-LONG_PROMPT = 32_768
-STREAMS = 64
-
-
-@dataclass
-class LongPromptRun:
-    """ITLs the running streams saw after a long prompt arrived, and that prompt's TTFT."""
-
-    stream_itl_s: list[float] = field(default_factory=list)
-    long_ttft_s: float = 0.0
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(self.stream_itl_s)
-
-    @property
-    def ratio(self) -> float:
-        return max(self.stream_itl_s) / self.p50
-
-
-def _long_prompt_among_streams(budget: int, chunked: bool, stream_context: int) -> LongPromptRun:
-    """64 streams decode; once all of them have a first token a 32k-token prompt arrives.
-
-    ITLs of the streams are recorded from that arrival until 3 simulated seconds after the long
-    prompt's first token, so steady decode steps are the majority in every configuration.
-    """
-    scheduler = SchedulerConfig(
-        max_num_batched_tokens=budget,
-        max_num_seqs=128,
-        max_model_len=40_960,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=False,
-    )
-    core = SimConfig(
-        model="llama-3.1-70b", accelerator="h100", tensor_parallel_size=4, scheduler=scheduler
-    ).build()
-    sched = core.scheduler
-    sched.check_invariants = True
-    streams = [Request(f"s{i}", 0.0, stream_context, 5000) for i in range(STREAMS)]
-    for request in streams:
-        sched.add_request(request)
-    run = LongPromptRun()
-    long: Request | None = None
-    now = 0.0
-    while long is None or long.first_token_s is None or now < long.first_token_s + 3.0:
-        if long is None and all(r.first_token_s is not None for r in streams):
-            long = Request("long", now, LONG_PROMPT, 1)
-            sched.add_request(long)
-        step = core.step(now)
-        assert step is not None
-        for out in step.results:
-            if long is not None and out.request is not long and out.previous_token_s is not None:
-                run.stream_itl_s.append(step.end_s - out.previous_token_s)
-        now = step.end_s
-    assert long is not None and long.first_token_s is not None
-    run.long_ttft_s = long.first_token_s - long.arrival_s
-    return run
-
+from chunkpilot.testing.sim import STREAMS, LongPromptRun, long_prompt_among_streams
 
 # Streams with 4k-token contexts (multi-turn chats). With very short stream contexts the decode
 # steps are lighter and the ratio at budget 512 is higher (about 2.9 at 128 tokens): the last
@@ -84,9 +24,9 @@ STREAM_CONTEXT = 4096
 @pytest.fixture(scope="module")
 def long_prompt_runs() -> dict[int | None, LongPromptRun]:
     """Budget -> run; ``None`` is the unchunked engine."""
-    runs: dict[int | None, LongPromptRun] = {None: _long_prompt_among_streams(40_960, False, STREAM_CONTEXT)}
+    runs: dict[int | None, LongPromptRun] = {None: long_prompt_among_streams(40_960, False, STREAM_CONTEXT)}
     for budget in (8192, 2048, 512):
-        runs[budget] = _long_prompt_among_streams(budget, True, STREAM_CONTEXT)
+        runs[budget] = long_prompt_among_streams(budget, True, STREAM_CONTEXT)
     return runs
 
 
