@@ -296,23 +296,33 @@ def test_chart_crds_match_the_generated_crds() -> None:
         )
 
 
+def _release(
+    helm: Path, plane: Any, release: str, release_ns: str, watched: str, *sets: str
+) -> Iterator[Any]:
+    """``helm install`` in namespaced mode watching ``watched``, with ``sets``; uninstalled afterwards."""
+    for namespace in (release_ns, watched):
+        plane.kubectl("create", "namespace", namespace, check=False)
+    values = ["watch.mode=namespaced", f"watch.namespaces={{{watched}}}", *sets]
+    result = run_helm(
+        helm,
+        "install", release, str(CHART), "--namespace", release_ns,
+        *(arg for value in values for arg in ("--set", value)),
+        env=plane.env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    yield plane
+    plane.kubectl("delete", "cpis", "--all", "-n", watched, "--wait=false", check=False)
+    run_helm(helm, "uninstall", release, "--namespace", release_ns, env=plane.env)
+
+
 @pytest.fixture(scope="module")
 def installed(helm: Path, control_plane: Any) -> Iterator[Any]:
     """``helm install`` in namespaced mode watching WATCHED_NS; uninstalled afterwards."""
-    for namespace in (RELEASE_NS, WATCHED_NS):
-        control_plane.kubectl("create", "namespace", namespace, check=False)
-    result = run_helm(
-        helm,
-        "install", "cp", str(CHART), "--namespace", RELEASE_NS,
-        "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{WATCHED_NS}}}",
-        "--set", "grafanaDashboard.enabled=true", "--set", "probeJobs.enabled=true",
-        "--set", "liveAdjust.enabled=true", "--set", "disaggregation.enabled=true",
-        env=control_plane.env,
+    yield from _release(
+        helm, control_plane, "cp", RELEASE_NS, WATCHED_NS,
+        "grafanaDashboard.enabled=true", "probeJobs.enabled=true",
+        "liveAdjust.enabled=true", "disaggregation.enabled=true",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    yield control_plane
-    control_plane.kubectl("delete", "cpis", "--all", "-n", WATCHED_NS, "--wait=false", check=False)
-    run_helm(helm, "uninstall", "cp", "--namespace", RELEASE_NS, env=control_plane.env)
 
 
 def _charted_operator(
@@ -338,6 +348,30 @@ def _conditions(plane: Any, name: str, namespace: str) -> dict[str, dict[str, An
     return {c["type"]: c for c in json.loads(out).get("status", {}).get("conditions", [])}
 
 
+def _tuned(**annotations: str) -> dict[str, Any]:
+    """InferenceService ``tuned``: autotune.liveAdjust on the vLLM engine image, no replicas."""
+    metadata: dict[str, Any] = {"name": "tuned"}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": metadata,
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"kind": "vllm", "version": "0.33.0"},
+            "resources": {"accelerator": "h100"},
+            "replicas": 0,
+            "autotune": {"liveAdjust": True},
+        },
+    }
+
+
+def _assert_nothing_refused(operator: OperatorProcess) -> None:
+    log = operator.log()
+    assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+
+
 def test_disaggregated_service_under_the_charts_rbac(
     installed: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -359,8 +393,7 @@ def test_disaggregated_service_under_the_charts_rbac(
         assert role["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
         ]
-        log = operator.log()
-        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        _assert_nothing_refused(operator)
         installed.kubectl("delete", "cpis", "pd", "-n", WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()
@@ -386,51 +419,24 @@ def test_operator_runs_with_the_charts_service_account(
     installed: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """KWOK runs no containers, so the operator runs here as a process with the release's token."""
-    folder = tmp_path_factory.mktemp("chart-operator")
-    kubeconfig = chart.service_account_kubeconfig(
-        installed, "cp-chunkpilot", RELEASE_NS, folder / "kubeconfig"
-    )
-    env = operator_env(installed.env, KUBECONFIG=str(kubeconfig), CHUNKPILOT_PROBE_JOBS="on")
-    operator = OperatorProcess(
-        [
-            "-n",
-            WATCHED_NS,
-            "--standalone",
-            "--verbose",
-            "--metrics-port",
-            "0",
-            "--kubeconfig",
-            str(kubeconfig),
-        ],
-        env=env,
-        log_path=folder / "operator.log",
-    )
+    operator = _charted_operator(
+        installed, "cp-chunkpilot", RELEASE_NS, WATCHED_NS, tmp_path_factory.mktemp("chart-operator"),
+        CHUNKPILOT_PROBE_JOBS="on",
+    )  # fmt: skip
     service = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
     service["spec"]["replicas"] = 1
     try:
         operator.start()
         installed.kubectl("apply", "-n", WATCHED_NS, "-f", "-", input=json.dumps(service))
 
-        def ready() -> bool:
-            out = installed.kubectl("get", "cpis", "chat", "-n", WATCHED_NS, "-o", "json").stdout
-            conditions = json.loads(out).get("status", {}).get("conditions", [])
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-        wait_for(ready, timeout=90, what="chat Ready=True under the chart's RBAC")
+        wait_for(
+            lambda: _conditions(installed, "chat", WATCHED_NS).get("Ready", {}).get("status") == "True",
+            timeout=90,
+            what="chat Ready=True under the chart's RBAC",
+        )
 
         # autotune.liveAdjust on the vLLM engine image: the token Secret; a probe request: its Job.
-        tuned = {
-            "apiVersion": "chunkpilot.io/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": "tuned", "annotations": {"chunkpilot.io/probe": "request"}},
-            "spec": {
-                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-                "engine": {"kind": "vllm", "version": "0.33.0"},
-                "resources": {"accelerator": "h100"},
-                "replicas": 0,
-                "autotune": {"liveAdjust": True},
-            },
-        }
+        tuned = _tuned(**{"chunkpilot.io/probe": "request"})
         installed.kubectl("apply", "-n", WATCHED_NS, "-f", "-", input=json.dumps(tuned))
 
         def exists(kind: str, name: str) -> bool:
@@ -459,18 +465,7 @@ OFF_WATCHED_NS = "chunkpilot-chart-off"
 @pytest.fixture(scope="module")
 def installed_without_live_adjust(helm: Path, control_plane: Any) -> Iterator[Any]:
     """A release with the chart's default ``liveAdjust.enabled=false`` (no Secrets granted)."""
-    for namespace in (OFF_RELEASE_NS, OFF_WATCHED_NS):
-        control_plane.kubectl("create", "namespace", namespace, check=False)
-    result = run_helm(
-        helm,
-        "install", "cpoff", str(CHART), "--namespace", OFF_RELEASE_NS,
-        "--set", "watch.mode=namespaced", "--set", f"watch.namespaces={{{OFF_WATCHED_NS}}}",
-        env=control_plane.env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    yield control_plane
-    control_plane.kubectl("delete", "cpis", "--all", "-n", OFF_WATCHED_NS, "--wait=false", check=False)
-    run_helm(helm, "uninstall", "cpoff", "--namespace", OFF_RELEASE_NS, env=control_plane.env)
+    yield from _release(helm, control_plane, "cpoff", OFF_RELEASE_NS, OFF_WATCHED_NS)
 
 
 def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
@@ -478,10 +473,6 @@ def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
 ) -> None:
     """Under the chart's RBAC without Secrets: no Secret call, the LiveAdjustDisabled condition and Event."""
     plane = installed_without_live_adjust
-    folder = tmp_path_factory.mktemp("chart-operator-off")
-    kubeconfig = chart.service_account_kubeconfig(
-        plane, "cpoff-chunkpilot", OFF_RELEASE_NS, folder / "kubeconfig"
-    )
     deployment = json.loads(
         plane.kubectl("get", "deployment", "cpoff-chunkpilot", "-n", OFF_RELEASE_NS, "-o", "json").stdout
     )
@@ -489,40 +480,15 @@ def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
         e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert chart_env["CHUNKPILOT_LIVE_ADJUST"] == "off"
-    env = operator_env(
-        plane.env, KUBECONFIG=str(kubeconfig), CHUNKPILOT_LIVE_ADJUST=chart_env["CHUNKPILOT_LIVE_ADJUST"]
-    )
-    operator = OperatorProcess(
-        [
-            "-n",
-            OFF_WATCHED_NS,
-            "--standalone",
-            "--verbose",
-            "--metrics-port",
-            "0",
-            "--kubeconfig",
-            str(kubeconfig),
-        ],
-        env=env,
-        log_path=folder / "operator.log",
-    )
-    tuned = {
-        "apiVersion": "chunkpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "tuned"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"kind": "vllm", "version": "0.33.0"},
-            "resources": {"accelerator": "h100"},
-            "replicas": 0,
-            "autotune": {"liveAdjust": True},
-        },
-    }
+    operator = _charted_operator(
+        plane, "cpoff-chunkpilot", OFF_RELEASE_NS, OFF_WATCHED_NS,
+        tmp_path_factory.mktemp("chart-operator-off"),
+        CHUNKPILOT_LIVE_ADJUST=chart_env["CHUNKPILOT_LIVE_ADJUST"],
+    )  # fmt: skip
+    tuned = _tuned()
 
     def live_condition() -> dict[str, Any] | None:
-        out = plane.kubectl("get", "cpis", "tuned", "-n", OFF_WATCHED_NS, "-o", "json").stdout
-        conditions = json.loads(out).get("status", {}).get("conditions", [])
-        return next((c for c in conditions if c["type"] == "LiveAdjust"), None)
+        return _conditions(plane, "tuned", OFF_WATCHED_NS).get("LiveAdjust")
 
     def reasons() -> list[str]:
         out = plane.kubectl(
@@ -549,8 +515,7 @@ def test_live_adjust_asked_for_but_not_granted_is_a_condition_not_a_forbidden(
         )
         container = stable["spec"]["template"]["spec"]["containers"][0]
         assert not any("live-adjust" in str(e.get("valueFrom", "")) for e in container.get("env", []))
-        log = operator.log()
-        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        _assert_nothing_refused(operator)
         plane.kubectl("delete", "cpis", "tuned", "-n", OFF_WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()
@@ -578,8 +543,7 @@ def test_disaggregated_service_without_the_value_is_a_condition_not_a_forbidden(
         assert ready["status"] == "False" and "disaggregation.enabled=true" in ready["message"]
         listed = plane.kubectl("get", "deployments,roles", "-n", OFF_WATCHED_NS, "-o", "name").stdout
         assert "pd-off" not in listed
-        log = operator.log()
-        assert "Forbidden" not in log and "forbidden" not in log and "undeclared" not in log, log[-2000:]
+        _assert_nothing_refused(operator)
         plane.kubectl("delete", "cpis", "pd-off", "-n", OFF_WATCHED_NS, "--timeout=60s")
     finally:
         operator.stop()
