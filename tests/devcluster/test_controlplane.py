@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,16 +11,15 @@ import pytest
 import yaml
 
 from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.testing.kube import scratch_namespace
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with scratch_namespace(control_plane, "t", digits=8) as name:
+        yield name
 
 
 def _wait_for(predicate: object, timeout: float, what: str) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from chunkpilot.localrun.podspec import INJECT_CRASH_ANNOTATION, ContainerPhase
 from chunkpilot.localrun.process import probe_health
 from chunkpilot.localrun.targets import read_targets
 from chunkpilot.localrun.traces import TraceRequest, wall_schedule
+from chunkpilot.testing.kube import apply_manifest, get_json, pod_ready, scratch_namespace
+from chunkpilot.testing.metrics import query_value
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -60,20 +60,8 @@ def engine_deployment(
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"localrun-{uuid.uuid4().hex[:6]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-def apply(control_plane: ControlPlane, namespace: str, manifest: dict[str, Any]) -> None:
-    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-
-
-def get_json(control_plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
-    result = control_plane.kubectl("get", "-n", namespace, *what, "-o", "json")
-    document: dict[str, Any] = json.loads(result.stdout)
-    return document
+    with scratch_namespace(control_plane, "localrun") as name:
+        yield name
 
 
 def engine_pods(runner: PodRunner, namespace: str, service: str) -> list[str]:
@@ -82,25 +70,15 @@ def engine_pods(runner: PodRunner, namespace: str, service: str) -> list[str]:
     ]
 
 
-def pod_ready(control_plane: ControlPlane, namespace: str, pod: str) -> bool:
-    status = get_json(control_plane, namespace, "pod", pod).get("status", {})
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
-
-
 def available_replicas(control_plane: ControlPlane, namespace: str, deployment: str) -> int:
     status = get_json(control_plane, namespace, "deployment", deployment).get("status", {})
     return int(status.get("availableReplicas") or 0)
 
 
-def query_value(prometheus: PrometheusServer, promql: str) -> float | None:
-    result = prometheus.query(promql)
-    return float(result[0]["value"][1]) if result else None
-
-
 def test_engine_pod_runs_serves_is_scraped_and_stops_with_its_pod(
     control_plane: ControlPlane, prometheus: PrometheusServer, pod_runner: PodRunner, namespace: str
 ) -> None:
-    apply(control_plane, namespace, engine_deployment("chat-canary", "chat", "canary"))
+    apply_manifest(control_plane, namespace, engine_deployment("chat-canary", "chat", "canary"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints("chat", namespace)) == 1, WAIT_S), (
         f"no Ready engine; runner state: {pod_runner.pods()}"
     )
@@ -123,7 +101,7 @@ def test_engine_pod_runs_serves_is_scraped_and_stops_with_its_pod(
     assert summary.by_track == {"canary": 20}
     assert summary.ttft_ms.count == 20 and summary.itl_ms.count == 20 * 7
     promql = f'sum(vllm:request_success_total{{track="canary",namespace="{namespace}"}})'
-    assert pod_runner.wait_for(lambda: (query_value(prometheus, promql) or 0) >= 20, WAIT_S)
+    assert pod_runner.wait_for(lambda: query_value(prometheus, promql) >= 20, WAIT_S)
 
     # Deleting the pod's Deployment stops the engine and removes the scrape target.
     control_plane.kubectl("delete", "-n", namespace, "deployment", "chat-canary", "--wait=false")
@@ -136,7 +114,7 @@ def test_engine_pod_runs_serves_is_scraped_and_stops_with_its_pod(
 def test_crashed_engine_makes_the_pod_not_ready_and_is_restarted(
     control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
 ) -> None:
-    apply(control_plane, namespace, engine_deployment("chat-stable", "chat", "stable"))
+    apply_manifest(control_plane, namespace, engine_deployment("chat-stable", "chat", "stable"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints("chat", namespace)) == 1, WAIT_S)
     (pod,) = engine_pods(pod_runner, namespace, "chat")
     assert pod_runner.wait_for(lambda: pod_ready(control_plane, namespace, pod), WAIT_S)
@@ -157,7 +135,7 @@ def test_inject_crash_annotation_keeps_a_canary_in_crash_loop_back_off(
     control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
 ) -> None:
     deployment = engine_deployment("chat-canary", "chat", "canary", {INJECT_CRASH_ANNOTATION: "true"})
-    apply(control_plane, namespace, deployment)
+    apply_manifest(control_plane, namespace, deployment)
     assert pod_runner.wait_for(lambda: len(engine_pods(pod_runner, namespace, "chat")) == 1, WAIT_S)
     (pod,) = engine_pods(pod_runner, namespace, "chat")
 
@@ -182,7 +160,7 @@ def test_secret_env_waits_for_the_secret_then_reaches_the_engine(
         {"name": "PLAIN", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "chat-token", "key": "token"}}},
     ]
-    apply(control_plane, namespace, deployment)
+    apply_manifest(control_plane, namespace, deployment)
 
     def waiting_reason() -> str | None:
         for pod in get_json(control_plane, namespace, "pods").get("items", []):

@@ -8,7 +8,6 @@ static lists of the Ready engine processes instead, and the service's traffic go
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,8 @@ from chunkpilot.localrun.podrunner import PodReport, PodRunner
 from chunkpilot.localrun.podspec import ContainerPhase
 from chunkpilot.localrun.targets import read_targets, targets_file_source
 from chunkpilot.testing.e2e import stream_completions
+from chunkpilot.testing.kube import apply_manifest, get_json, pod_ready, scratch_namespace
+from chunkpilot.testing.metrics import query_value
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -135,42 +136,20 @@ def router_deployment(service: str, namespace: str) -> dict[str, Any]:
 
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    name = f"router-{uuid.uuid4().hex[:6]}"
-    control_plane.kubectl("create", "namespace", name)
-    yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-def apply(control_plane: ControlPlane, namespace: str, manifest: dict[str, Any]) -> None:
-    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-
-
-def pod_status(control_plane: ControlPlane, namespace: str, pod: str) -> dict[str, Any]:
-    result = control_plane.kubectl("get", "-n", namespace, "pod", pod, "-o", "json")
-    status: dict[str, Any] = json.loads(result.stdout).get("status", {})
-    return status
-
-
-def pod_ready(control_plane: ControlPlane, namespace: str, pod: str) -> bool:
-    conditions = pod_status(control_plane, namespace, pod).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    with scratch_namespace(control_plane, "router") as name:
+        yield name
 
 
 def router_report(runner: PodRunner, namespace: str) -> PodReport | None:
     return next((r for r in runner.pods() if r.namespace == namespace and r.router), None)
 
 
-def query_value(prometheus: PrometheusServer, promql: str) -> float:
-    result = prometheus.query(promql)
-    return float(result[0]["value"][1]) if result else 0.0
-
-
 def test_router_serves_a_disaggregated_service_through_both_pools(
     control_plane: ControlPlane, prometheus: PrometheusServer, pod_runner: PodRunner, namespace: str
 ) -> None:
     service = f"pd-{uuid.uuid4().hex[:6]}"
-    apply(control_plane, namespace, router_deployment(service, namespace))
-    apply(control_plane, namespace, pool_deployment(service, "prefill"))
+    apply_manifest(control_plane, namespace, router_deployment(service, namespace))
+    apply_manifest(control_plane, namespace, pool_deployment(service, "prefill"))
 
     # Without a Ready decode engine no router can run: the pod is not Ready, the service has no
     # endpoint, and the prefill engine alone is not reachable as the service.
@@ -190,7 +169,7 @@ def test_router_serves_a_disaggregated_service_through_both_pools(
     assert targets_file_source(prometheus.targets_file, service, namespace) == []
     assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, waiting.pod), WAIT_S)
 
-    apply(control_plane, namespace, pool_deployment(service, "decode"))
+    apply_manifest(control_plane, namespace, pool_deployment(service, "decode"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints(service, namespace)) == 1, WAIT_S), (
         pod_runner.pods()
     )
@@ -239,13 +218,13 @@ def test_router_follows_its_pools_restarts_after_a_crash_and_stops_without_a_dec
     control_plane: ControlPlane, pod_runner: PodRunner, namespace: str
 ) -> None:
     service = f"pd-{uuid.uuid4().hex[:6]}"
-    apply(control_plane, namespace, pool_deployment(service, "prefill"))
-    apply(control_plane, namespace, pool_deployment(service, "decode"))
-    apply(control_plane, namespace, router_deployment(service, "$(POD_NAMESPACE)"))
+    apply_manifest(control_plane, namespace, pool_deployment(service, "prefill"))
+    apply_manifest(control_plane, namespace, pool_deployment(service, "decode"))
+    apply_manifest(control_plane, namespace, router_deployment(service, "$(POD_NAMESPACE)"))
     assert pod_runner.wait_for(lambda: len(pod_runner.ready_endpoints(service, namespace)) == 1, WAIT_S)
 
     # A second prefill replica becomes Ready: the router is restarted with both.
-    apply(control_plane, namespace, pool_deployment(service, "prefill", replicas=2))
+    apply_manifest(control_plane, namespace, pool_deployment(service, "prefill", replicas=2))
 
     def prefill_workers() -> int:
         report = router_report(pod_runner, namespace)
@@ -263,7 +242,7 @@ def test_router_follows_its_pools_restarts_after_a_crash_and_stops_without_a_dec
     assert pod_runner.crash(report.pod, namespace)
     assert pod_runner.wait_for(lambda: not pod_ready(control_plane, namespace, report.pod), WAIT_S)
     assert pod_runner.wait_for(lambda: pod_ready(control_plane, namespace, report.pod), WAIT_S)
-    (container,) = pod_status(control_plane, namespace, report.pod)["containerStatuses"]
+    (container,) = get_json(control_plane, namespace, "pod", report.pod)["status"]["containerStatuses"]
     assert container["name"] == "router" and container["restartCount"] == 1
     assert container["lastState"]["terminated"]["exitCode"] == 137
 

@@ -1,10 +1,14 @@
-"""Reading objects back from a test's cluster through its ``kubectl``."""
+"""A test's cluster through its ``kubectl``: a namespace of its own, manifests applied, objects read back."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
+
+from chunkpilot.devcluster.controlplane import ControlPlane
 
 
 class Kubectl(Protocol):
@@ -31,3 +35,31 @@ def condition_of(body: Mapping[str, Any] | None, type_: str) -> dict[str, Any] |
             found: dict[str, Any] = item
             return found
     return None
+
+
+@contextmanager
+def scratch_namespace(plane: ControlPlane, prefix: str, digits: int = 6) -> Iterator[str]:
+    """A new namespace ``<prefix>-<random hex>``, deleted (without waiting) when the block ends."""
+    name = f"{prefix}-{uuid.uuid4().hex[:digits]}"
+    plane.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def apply_manifest(plane: ControlPlane, namespace: str, manifest: Mapping[str, Any]) -> None:
+    """``kubectl apply`` of one object into ``namespace``."""
+    plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+
+
+def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
+    """``kubectl get -n NAMESPACE WHAT... -o json``, parsed (a missing object fails the test)."""
+    document: dict[str, Any] = json.loads(plane.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
+    return document
+
+
+def pod_ready(plane: ControlPlane, namespace: str, pod: str) -> bool:
+    """Whether the pod's Ready condition is True."""
+    status = get_json(plane, namespace, "pod", pod).get("status", {})
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
