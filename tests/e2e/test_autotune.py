@@ -171,26 +171,20 @@ def test_autotune_survives_operator_kill_prometheus_outage_and_a_crashing_canary
         os.kill(prometheus_pid, signal.SIGSTOP)
         paused = True
         wait_until(
-            "MetricsUnavailable",
-            lambda: (c := cluster.condition("MetricsUnavailable")) is not None and c["status"] == "True",
-            60,
-            cluster,
+            "MetricsUnavailable", lambda: cluster.condition_is("MetricsUnavailable", "True"), 60, cluster
         )
         time.sleep(10)
         os.kill(prometheus_pid, signal.SIGCONT)
         paused = False
         wait_until(
             "MetricsUnavailable to clear",
-            lambda: (c := cluster.condition("MetricsUnavailable")) is not None and c["status"] == "False",
+            lambda: cluster.condition_is("MetricsUnavailable", "False"),
             60,
             cluster,
         )
         # 4. The run ends: every trial recorded with a verdict, no canary left, the service serving.
         wait_until(
-            "tuning to stop after maxTrials",
-            lambda: (c := cluster.condition("Tuning")) is not None and c["status"] == "False",
-            300,
-            cluster,
+            "tuning to stop after maxTrials", lambda: cluster.condition_is("Tuning", "False"), 300, cluster
         )
         trials = cluster.verdicts()
         assert [number for number, _, _ in trials] == [1, 2, 3]

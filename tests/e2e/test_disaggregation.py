@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from chunkpilot.api import GROUP, VERSION
-from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import apply_service, stream_completions, wait_until
+from chunkpilot.testing.kube import get_json
+from chunkpilot.testing.metrics import query_value
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -61,16 +62,6 @@ def disaggregated_manifest(name: str, namespace: str) -> dict[str, Any]:
 @pytest.fixture
 def stack(start_stack: StartStack) -> LocalStack:
     return start_stack("disagg", tuner=False)
-
-
-def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(plane.kubectl("get", "-n", namespace, *what, "-o", "json").stdout)
-    return document
-
-
-def query_value(prometheus: PrometheusServer, promql: str) -> float:
-    result = prometheus.query(promql)
-    return float(result[0]["value"][1]) if result else 0.0
 
 
 def test_disaggregated_service_streams_through_the_router_with_both_pools_counting(

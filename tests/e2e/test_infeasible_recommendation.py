@@ -31,16 +31,14 @@ from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
     apply_service,
-    sim_service_manifest,
-    start_poisson_load,
+    infeasible_service_manifest,
+    start_infeasible_load,
     wait_until,
 )
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
-ITL_MS, TTFT_MS = 35, 600
-MAX_PROMPT, MAX_OUTPUT = 4000, 64
 #: Requests/s over the whole service (stable and canary share it while a trial runs).
 RATE = 1.5
 
@@ -54,14 +52,7 @@ def stack(start_stack: StartStack) -> LocalStack:
 def manifest(name: str, namespace: str) -> dict[str, Any]:
     """The shared scenario's service on an L40S with tight targets; at most 4 trials (6 would be needed
     without the twin, so the test fails rather than passes slowly if the twin's evidence is not used)."""
-    # Canaries run their whole window (no early abort): the twin's calibration rests on whole windows.
-    abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
-    body = sim_service_manifest(name, namespace, max_trials=4, window="30s", warmup="5s", abort=abort)
-    spec = body["spec"]
-    spec["resources"]["accelerator"] = "l40s"
-    spec["slo"].update(itl={"quantile": 0.99, "maxMs": ITL_MS}, ttft={"quantile": 0.95, "maxMs": TTFT_MS})
-    spec["slo"]["window"] = "40s"
-    return body
+    return infeasible_service_manifest(name, namespace, max_trials=4)
 
 
 def describe_block(text: str, heading: str) -> str:
@@ -96,15 +87,7 @@ def test_an_infeasible_colocated_service_gets_the_disaggregation_recommendation_
         wait_until(
             "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
         )
-        load = start_poisson_load(
-            stack,
-            name,
-            namespace,
-            rate=RATE,
-            max_prompt_tokens=MAX_PROMPT,
-            max_output_tokens=MAX_OUTPUT,
-            duration_s=480,
-        )
+        load = start_infeasible_load(stack, name, namespace, rate=RATE, duration_s=480)
 
         def infeasible() -> dict[str, Any] | None:
             found = cluster.condition("SLOInfeasible")

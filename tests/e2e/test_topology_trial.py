@@ -44,18 +44,18 @@ from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
+    INFEASIBLE_ITL_MS,
     apply_service,
-    sim_service_manifest,
-    start_poisson_load,
+    infeasible_service_manifest,
+    start_infeasible_load,
     stream_completions,
     wait_until,
 )
+from chunkpilot.testing.metrics import query_value
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(900)]
 
-ITL_MS, TTFT_MS = 35, 600
-MAX_PROMPT, MAX_OUTPUT = 4000, 64
 REPLICAS = 2
 #: Requests/s over the whole service (the twin's 1 + 1 layout serves about 1.5 within the SLOs).
 RATE = 1.2
@@ -70,21 +70,9 @@ def stack(start_stack: StartStack) -> LocalStack:
 
 def manifest(name: str, namespace: str) -> dict[str, Any]:
     """The infeasible scenario's service on two L40S replicas, allowed to change its topology."""
-    abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
-    body = sim_service_manifest(
-        name, namespace, max_trials=6, window="30s", warmup="5s", abort=abort, allowTopologyChange=True
-    )
-    spec = body["spec"]
-    spec["replicas"] = REPLICAS
-    spec["resources"]["accelerator"] = "l40s"
-    spec["slo"].update(itl={"quantile": 0.99, "maxMs": ITL_MS}, ttft={"quantile": 0.95, "maxMs": TTFT_MS})
-    spec["slo"]["window"] = "40s"
+    body = infeasible_service_manifest(name, namespace, max_trials=6, allowTopologyChange=True)
+    body["spec"]["replicas"] = REPLICAS
     return body
-
-
-def query_value(prometheus: PrometheusServer, promql: str) -> float:
-    result = prometheus.query(promql)
-    return float(result[0]["value"][1]) if result else 0.0
 
 
 def service_endpoints(plane: ControlPlane, namespace: str, name: str) -> set[str]:
@@ -129,15 +117,7 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
             120,
             cluster,
         )
-        load = start_poisson_load(
-            stack,
-            name,
-            namespace,
-            rate=RATE,
-            max_prompt_tokens=MAX_PROMPT,
-            max_output_tokens=MAX_OUTPUT,
-            duration_s=720,
-        )
+        load = start_infeasible_load(stack, name, namespace, rate=RATE, duration_s=720)
 
         def topology_trial() -> dict[str, Any] | None:
             found = next((t for t in cluster.trials() if t["spec"].get("topology")), None)
@@ -229,7 +209,9 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
         # what else the machine runs: the verdict must follow the measurement either way.
         outcome = verdict["verdict"]
         if outcome == "Promoted":
-            assert verdict["decode"]["itlMs"] <= ITL_MS and "meets both SLOs" in verdict["reason"], shown
+            assert (
+                verdict["decode"]["itlMs"] <= INFEASIBLE_ITL_MS and "meets both SLOs" in verdict["reason"]
+            ), shown
 
             def said_promoted() -> dict[str, Any] | None:
                 change = cluster.condition("TopologyChange") or {}

@@ -104,6 +104,49 @@ def start_poisson_load(
     return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
 
 
+#: The infeasible scenario's targets on an L40S: ITL p99 and TTFT p95, in milliseconds.
+INFEASIBLE_ITL_MS, INFEASIBLE_TTFT_MS = 35, 600
+#: The infeasible scenario's caps on the trace's lengths: prompt tokens, output tokens.
+INFEASIBLE_MAX_PROMPT, INFEASIBLE_MAX_OUTPUT = 4000, 64
+
+
+def infeasible_service_manifest(
+    name: str, namespace: str, *, max_trials: int, **autotune: Any
+) -> dict[str, Any]:
+    """The scenario's service on an L40S with targets its configurations of one engine cannot meet.
+
+    30 s trials after a 5 s warm-up, 40 s SLO windows; canaries run their whole window (no early abort):
+    the twin's calibration rests on whole windows. ``autotune`` adds fields to ``spec.autotune``.
+    """
+    abort = {"minSamples": 15, "itlFactor": 10, "ttftFactor": 10}
+    body = sim_service_manifest(
+        name, namespace, max_trials=max_trials, window="30s", warmup="5s", abort=abort, **autotune
+    )
+    spec = body["spec"]
+    spec["resources"]["accelerator"] = "l40s"
+    spec["slo"].update(
+        itl={"quantile": 0.99, "maxMs": INFEASIBLE_ITL_MS},
+        ttft={"quantile": 0.95, "maxMs": INFEASIBLE_TTFT_MS},
+    )
+    spec["slo"]["window"] = "40s"
+    return body
+
+
+def start_infeasible_load(
+    stack: LocalStack, name: str, namespace: str, *, rate: float, duration_s: float
+) -> BackgroundLoad:
+    """:func:`start_poisson_load` with the infeasible scenario's caps on the lengths."""
+    return start_poisson_load(
+        stack,
+        name,
+        namespace,
+        rate=rate,
+        max_prompt_tokens=INFEASIBLE_MAX_PROMPT,
+        max_output_tokens=INFEASIBLE_MAX_OUTPUT,
+        duration_s=duration_s,
+    )
+
+
 def apply_service(stack: LocalStack, manifest: Mapping[str, Any]) -> ServiceObjects:
     """Create the manifest's namespace (if new), apply the InferenceService, and read it back.
 
@@ -151,6 +194,11 @@ class ServiceObjects:
     def condition(self, type_: str) -> dict[str, Any] | None:
         """Condition ``type_``, or None."""
         return next((c for c in self.status().get("conditions", []) if c["type"] == type_), None)
+
+    def condition_is(self, type_: str, status: str) -> bool:
+        """Whether condition ``type_`` is there with ``status`` (``"True"`` or ``"False"``)."""
+        found = self.condition(type_)
+        return found is not None and found["status"] == status
 
     def trials(self) -> list[dict[str, Any]]:
         """Its TuningTrials in trial-number order."""
