@@ -4,45 +4,24 @@ the report written, and no process left behind.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
+from chunkpilot.testing.demo import DemoRun
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
-
-
-MARKER = "CHUNKPILOT_DEMO_TEST_RUN"
 
 
 # The demo's own limit (below), not pytest's default: beside the other end-to-end tests on two
 # cores it has taken 790 s against 611 s alone.
 @pytest.mark.timeout(1500)
-def test_fast_demo_promotes_a_config_that_meets_both_slos(
-    tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
-) -> None:
-    state, reports = tmp_path / "state", tmp_path / "reports"
-    marker = f"{MARKER}={uuid.uuid4().hex}"
-    env = {**os.environ, MARKER: marker.split("=", 1)[1]}
+def test_fast_demo_promotes_a_config_that_meets_both_slos(demo: DemoRun) -> None:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "demo",
-            "--fast",
-            "--state-dir",
-            str(state),
-            "--report-dir",
-            str(reports),
-        ],
-        env=env,
+        demo.command(),
+        env=demo.env,
         capture_output=True,
         text=True,
         timeout=1500,
@@ -51,11 +30,11 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "Both SLOs met." in output
-    report = reports / "code-assist" / "report.md"
+    report = demo.reports / "code-assist" / "report.md"
     assert "Report:" in output
     assert "Promoted" in report.read_text()
     assert list(report.parent.glob("*.png"))
-    left = leftover_processes(marker)
+    left = demo.leftovers()
     assert not left, f"the demo left processes running: {left}"
 
 
@@ -65,23 +44,10 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_mid_run_tears_everything_down(
-    tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
-) -> None:
-    marker = uuid.uuid4().hex
+def test_ctrl_c_mid_run_tears_everything_down(demo: DemoRun) -> None:
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "demo",
-            "--fast",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--report-dir",
-            str(tmp_path / "reports"),
-        ],
-        env={**os.environ, MARKER: marker},
+        demo.command(),
+        env=demo.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -100,4 +66,4 @@ def test_ctrl_c_mid_run_tears_everything_down(
     output = "".join(seen) + rest
     assert process.returncode == 130, output[-4000:]
     assert "Interrupted; every process the demo started has been stopped." in output
-    assert not leftover_processes(f"{MARKER}={marker}"), "Ctrl-C left processes running"
+    assert not demo.leftovers(), "Ctrl-C left processes running"

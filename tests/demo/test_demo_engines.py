@@ -9,45 +9,23 @@ demo's test (``test_demo_e2e.py``), whose four trials cost about ten minutes.
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
-import sys
-import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
+from chunkpilot.testing.demo import DemoRun
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
-MARKER = "CHUNKPILOT_DEMO_TEST_RUN"
 #: Verdicts reached on measurements of both tracks (not an aborted or inconclusive trial).
 JUDGED = {"Promoted", "Discarded", "Pruned"}
 
 
 @pytest.mark.parametrize("engine", ["sglang", "trtllm"])
-def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(
-    engine: str, tmp_path: Path, leftover_processes: Callable[[str], dict[str, str]]
-) -> None:
-    reports = tmp_path / "reports"
-    marker = uuid.uuid4().hex
+def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(engine: str, demo: DemoRun) -> None:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "demo",
-            "--fast",
-            "--engine",
-            engine,
-            "--max-trials",
-            "1",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--report-dir",
-            str(reports),
-        ],
-        env={**os.environ, MARKER: marker},
+        demo.command("--engine", engine, "--max-trials", "1"),
+        env=demo.env,
         capture_output=True,
         text=True,
         timeout=900,
@@ -55,7 +33,7 @@ def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(
     )
     output = result.stdout + result.stderr
     assert result.returncode in (0, 1), output[-6000:]  # 1: the one trial promoted nothing
-    with (reports / "code-assist" / "trials.csv").open() as handle:
+    with (demo.reports / "code-assist" / "trials.csv").open() as handle:
         trials = list(csv.DictReader(handle))
     assert len(trials) == 1, output[-6000:]
     trial = trials[0]
@@ -64,4 +42,4 @@ def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(
         assert trial[measured] and float(trial[measured]) > 0, (measured, trial)
     assert float(trial["samples"]) >= 100
     assert "ITL judged from TPOT" not in trial["reason"]  # the simulator exports per-token ITL
-    assert not leftover_processes(f"{MARKER}={marker}"), "the demo left processes running"
+    assert not demo.leftovers(), "the demo left processes running"
