@@ -31,6 +31,7 @@ from chunkpilot.api import (
     TuningTrialStatus,
 )
 from chunkpilot.api.crdgen import DEFINITIONS
+from chunkpilot.testing.kube import ensure_namespace, patch_status
 
 pytestmark = pytest.mark.cluster
 
@@ -44,8 +45,7 @@ TRIAL_COLUMNS = ["NAME", "SERVICE", "PARAMS", "ITL", "TTFT", "VERDICT", "PHASE",
 def cluster(control_plane: Any) -> Any:
     """The session control plane with the CRDs installed and a namespace for these tests."""
     control_plane.apply_manifests([REPO / "crds"])
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    ensure_namespace(control_plane, NAMESPACE)
     return control_plane
 
 
@@ -62,21 +62,6 @@ def _get_json(cluster: Any, resource: str, name: str) -> dict[str, Any]:
 def _table(cluster: Any, *args: str) -> list[list[str]]:
     out = _kubectl(cluster, "get", *args, "-n", NAMESPACE).stdout
     return [line.split() for line in out.strip().splitlines()]
-
-
-def _patch_status(cluster: Any, resource: str, name: str, status: dict[str, Any]) -> None:
-    _kubectl(
-        cluster,
-        "patch",
-        resource,
-        name,
-        "-n",
-        NAMESPACE,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
 
 
 def test_crds_are_established(cluster: Any) -> None:
@@ -122,7 +107,7 @@ def test_example_applies_defaults_like_the_model_and_shows_columns(cluster: Any,
         last_measurement=Measurement(itl_ms=43.2, itl_quantile=0.99, ttft_ms=812.0, ttft_quantile=0.95),
         summary=ServiceSummary(itl="43/50ms", ttft="812/2000ms", slo=SLOState.MET),
     )
-    _patch_status(cluster, "inferenceservices", name, status.to_k8s())
+    patch_status(cluster, "inferenceservices", name, NAMESPACE, status.to_k8s())
     assert InferenceService.from_manifest(_get_json(cluster, "inferenceservices", name)).status == status
 
     header, *rows = _table(cluster, "inferenceservices", name)
@@ -160,7 +145,7 @@ def test_tuning_trial_applies_and_shows_columns(cluster: Any) -> None:
         summary=TrialSummary(itl="41/50ms", ttft="900/2000ms"),
         started_at=datetime.now(UTC).replace(microsecond=0),
     )
-    _patch_status(cluster, "tuningtrials", name, status.to_k8s())
+    patch_status(cluster, "tuningtrials", name, NAMESPACE, status.to_k8s())
     header, *rows = _table(cluster, "cptrial", name)
     assert header == TRIAL_COLUMNS
     # PARAMS holds a space ("budget=3072 seqs=256"), so it spans two whitespace-split cells.

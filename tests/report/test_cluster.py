@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from chunkpilot.testing.kube import ensure_namespace, patch_status
+
 pytestmark = pytest.mark.cluster
 
 NAMESPACE = "chunkpilot-report-tests"
@@ -66,25 +68,13 @@ def _trial(number: int, budget: int, verdict: str, itl: float) -> tuple[dict[str
 def _apply(cluster: Any, manifest: dict[str, Any], status: dict[str, Any] | None = None) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     if status is not None:
-        kind = manifest["kind"].lower()
-        cluster.kubectl(
-            "patch",
-            kind,
-            manifest["metadata"]["name"],
-            "-n",
-            NAMESPACE,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": status}),
-        )
+        patch_status(cluster, manifest["kind"].lower(), manifest["metadata"]["name"], NAMESPACE, status)
 
 
 @pytest.fixture(scope="module")
 def cluster(control_plane: Any) -> Any:
     control_plane.apply_manifests([REPO / "crds"])
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    ensure_namespace(control_plane, NAMESPACE)
     _apply(
         control_plane,
         SERVICE,

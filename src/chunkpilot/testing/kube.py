@@ -48,9 +48,25 @@ def scratch_namespace(plane: ControlPlane, prefix: str, digits: int = 6) -> Iter
         plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def ensure_namespace(plane: ControlPlane, name: str) -> None:
+    """Namespace ``name``, applied (a namespace that is already there stays as it is)."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+
+
 def apply_manifest(plane: ControlPlane, namespace: str, manifest: Mapping[str, Any]) -> None:
     """``kubectl apply`` of one object into ``namespace``."""
     plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+
+
+def patch_status(
+    plane: ControlPlane, kind: str, name: str, namespace: str, status: Mapping[str, Any]
+) -> None:
+    """Merge ``status`` into the object's status subresource, the way the operator writes it."""
+    plane.kubectl(
+        "patch", kind, name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
 
 
 def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
