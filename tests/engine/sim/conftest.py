@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
+from chunkpilot.devcluster.processes import terminate_group
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,7 @@ def run_sim_server(
             time.sleep(0.1)
         yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        terminate_group(process.pid, popen=process)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ from chunkpilot.engine.sim.workload import RequestSpec, Workload
 
 from chunkpilot.cli import main
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
+from chunkpilot.devcluster.processes import terminate_group
 
 from .conftest import run_sim_server
 
@@ -319,12 +318,7 @@ def _router(log: Path, prefill: SimServer, decode: SimServer) -> Iterator[str]:
         _until(up, "vllm-router healthy", timeout=60)
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        terminate_group(process.pid, popen=process)
 
 
 @pytest.mark.slow
