@@ -19,14 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pyte
 # cores it has taken 790 s against 611 s alone.
 @pytest.mark.timeout(1500)
 def test_fast_demo_promotes_a_config_that_meets_both_slos(demo: DemoRun) -> None:
-    result = subprocess.run(
-        demo.command(),
-        env=demo.env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
+    result = demo.run(timeout=1500)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "Both SLOs met." in output

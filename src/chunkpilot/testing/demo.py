@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,12 @@ class DemoRun:
             sys.executable, "-m", "chunkpilot.cli", "demo", "--fast", *options,
             "--state-dir", str(self.state), "--report-dir", str(self.reports),
         ]  # fmt: skip
+
+    def run(self, *options: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run the demo with ``options`` to its end (at most ``timeout`` seconds), its output captured."""
+        return subprocess.run(
+            self.command(*options), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     @property
     def env(self) -> dict[str, str]:
