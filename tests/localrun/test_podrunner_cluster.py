@@ -18,6 +18,7 @@ from chunkpilot.localrun.podspec import INJECT_CRASH_ANNOTATION, ContainerPhase
 from chunkpilot.localrun.process import probe_health
 from chunkpilot.localrun.targets import read_targets
 from chunkpilot.localrun.traces import TraceRequest, wall_schedule
+from chunkpilot.testing.deployments import sim_deployment
 from chunkpilot.testing.kube import apply_manifest, get_json, pod_ready, scratch_namespace
 from chunkpilot.testing.metrics import query_value
 
@@ -32,30 +33,14 @@ def engine_deployment(
 ) -> dict[str, Any]:
     """A Deployment shaped like the operator's engine Deployments (simulator engine)."""
     labels = {SERVICE_LABEL: service, TRACK_LABEL: track, CONFIG_HASH_LABEL: "0123abcd"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {SERVICE_LABEL: service, TRACK_LABEL: track}},
-            "template": {
-                "metadata": {"labels": labels, "annotations": annotations or {}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "engine",
-                            "image": "ghcr.io/chunkpilot/chunkpilot:test",
-                            "command": ["chunkpilot", "sim", "serve"],
-                            "args": [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000"],
-                            "ports": [{"name": "http", "containerPort": 8000}],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return sim_deployment(
+        name,
+        labels,
+        [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000"],
+        selector={SERVICE_LABEL: service, TRACK_LABEL: track},
+        annotations=annotations or {},
+        http_port=True,
+    )
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from chunkpilot.localrun.endpoints import TRACK_LABEL as TRACK
 from chunkpilot.localrun.podrunner import PodReport, PodRunner
 from chunkpilot.localrun.podspec import ContainerPhase
 from chunkpilot.localrun.targets import read_targets, targets_file_source
+from chunkpilot.testing.deployments import sim_deployment
 from chunkpilot.testing.e2e import stream_completions
 from chunkpilot.testing.kube import apply_manifest, get_json, pod_ready, scratch_namespace
 from chunkpilot.testing.metrics import query_value
@@ -44,30 +45,13 @@ WAIT_S = 90.0
 def pool_deployment(service: str, role: str, replicas: int = 1) -> dict[str, Any]:
     """One pool of a disaggregated service, labelled as the operator labels it."""
     labels = {SERVICE_LABEL: service, TRACK: "stable", CONFIG_HASH_LABEL: f"{role}0000", ROLE_LABEL: role}
-    selector = {SERVICE_LABEL: service, TRACK: "stable", ROLE_LABEL: role}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": f"{service}-{role}", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "engine",
-                            "image": "ghcr.io/chunkpilot/chunkpilot:test",
-                            "command": ["chunkpilot", "sim", "serve"],
-                            "args": [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000", *KV_ARGS],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return sim_deployment(
+        f"{service}-{role}",
+        labels,
+        [*ENGINE_ARGS, "--host", "0.0.0.0", "--port", "8000", *KV_ARGS],
+        selector={SERVICE_LABEL: service, TRACK: "stable", ROLE_LABEL: role},
+        replicas=replicas,
+    )
 
 
 def router_deployment(service: str, namespace: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Deployments as the operator reads them once rolled out: their state, and their manifests' status."""
+"""Deployments as the operator reads them once rolled out (their state, their manifests' status), and
+hand-made simulator Deployments for the local pod runner."""
 
 from __future__ import annotations
 
@@ -35,3 +36,45 @@ def after_rollout(manifest: dict[str, Any], ready: bool = True) -> dict[str, Any
         "observedGeneration": 1,
     }
     return manifest
+
+
+def sim_deployment(
+    name: str,
+    labels: dict[str, str],
+    args: list[str],
+    *,
+    selector: dict[str, str] | None = None,
+    replicas: int = 1,
+    annotations: dict[str, str] | None = None,
+    http_port: bool = False,
+) -> dict[str, Any]:
+    """A Deployment of ``chunkpilot sim serve ARGS`` shaped like the operator's engine Deployments.
+
+    ``labels`` are on it and its pods, ``selector`` (the labels unless told) matches them;
+    ``annotations`` go on the pods when given; ``http_port`` declares the container's port 8000 as
+    ``http`` (the port a Service's EndpointSlices list).
+    """
+    pod_metadata: dict[str, Any] = {"labels": labels}
+    if annotations is not None:
+        pod_metadata["annotations"] = annotations
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": "ghcr.io/chunkpilot/chunkpilot:test",
+        "command": ["chunkpilot", "sim", "serve"],
+        "args": args,
+    }
+    if http_port:
+        container["ports"] = [{"name": "http", "containerPort": 8000}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector if selector is not None else labels},
+            "template": {
+                "metadata": pod_metadata,
+                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
+            },
+        },
+    }
