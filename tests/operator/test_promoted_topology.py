@@ -136,12 +136,7 @@ def test_a_promoted_topology_runs_only_on_the_replicas_it_was_measured_on() -> N
 
 
 def test_a_spec_replicas_edit_returns_a_promoted_topology_to_colocated_on_the_new_replicas() -> None:
-    cluster = promoted_cluster()
-    cluster.reconcile()
-    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
-    cluster.reconcile()
-    cluster.reconcile()
-    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    cluster = switched_cluster()
     cluster.body["spec"]["replicas"] = 3
     cluster.body["metadata"]["generation"] = 2
     cluster.reconcile()
@@ -304,6 +299,17 @@ def promoted_cluster() -> Cluster:
     return cluster
 
 
+def switched_cluster() -> Cluster:
+    """:func:`promoted_cluster` once its pools and router are Ready and the colocated side is gone."""
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
+    cluster.reconcile()
+    cluster.reconcile()
+    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    return cluster
+
+
 def test_a_promoted_topology_takes_over_only_once_its_pools_and_router_are_ready() -> None:
     cluster = promoted_cluster()
     cluster.reconcile()
@@ -333,12 +339,7 @@ def test_a_promoted_topology_takes_over_only_once_its_pools_and_router_are_ready
 
 
 def test_back_to_colocated_the_pools_serve_until_the_stable_deployment_is_ready() -> None:
-    cluster = promoted_cluster()
-    cluster.reconcile()
-    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
-    cluster.reconcile()
-    cluster.reconcile()
-    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    cluster = switched_cluster()
     # allowTopologyChange turned off: the service returns to colocated.
     cluster.body["spec"]["autotune"]["allowTopologyChange"] = False
     cluster.body["metadata"]["generation"] = 2

@@ -18,26 +18,16 @@ from tokenizers import Tokenizer
 VOCAB = 128256  # llama-3.1-8b
 
 
+def _sim_tokenizer(*args: str) -> subprocess.CompletedProcess[str]:
+    """``chunkpilot sim tokenizer ARGS`` in a child process, its output captured."""
+    argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "tokenizer", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tokenizer")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "sim",
-            "tokenizer",
-            "--out",
-            str(out),
-            "--model",
-            "llama-3.1-8b",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _sim_tokenizer("--out", str(out), "--model", "llama-3.1-8b")
     assert result.returncode == 0, result.stderr
     names = ["tokenizer.json", "tokenizer_config.json", "config.json"]
     assert result.stdout.split() == [str(out / name) for name in names]
@@ -109,31 +99,14 @@ def test_small_vocabularies_leave_room_for_the_chat_tokens() -> None:
 
 
 def test_unknown_model_is_a_one_line_error(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "sim",
-            "tokenizer",
-            "--out",
-            str(tmp_path),
-            "--model",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _sim_tokenizer("--out", str(tmp_path), "--model", "nope")
     assert result.returncode == 2 and result.stderr.startswith(
         "chunkpilot sim tokenizer: error: unknown model"
     )
 
 
 def test_hub_cache_install_is_a_loadable_snapshot(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "chunkpilot.cli", "sim", "tokenizer", "--hub-cache", str(tmp_path)]
-    result = subprocess.run([*argv, "--name", "org/sim-model"], capture_output=True, text=True, timeout=120)
+    result = _sim_tokenizer("--hub-cache", str(tmp_path), "--name", "org/sim-model")
     assert result.returncode == 0, result.stderr
     snapshot = Path(result.stdout.strip())
     repo = tmp_path / "models--org--sim-model"
@@ -142,5 +115,5 @@ def test_hub_cache_install_is_a_loadable_snapshot(tmp_path: Path) -> None:
     assert len(hf.encode("Hello world", add_special_tokens=False).ids) == tokenizer.count_tokens(
         "Hello world"
     )
-    bad = subprocess.run([*argv, "--name", "a/b/c"], capture_output=True, text=True, timeout=120)
+    bad = _sim_tokenizer("--hub-cache", str(tmp_path), "--name", "a/b/c")
     assert bad.returncode == 2 and "--name must look like" in bad.stderr
