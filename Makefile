@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
-# pytest-xdist workers for `make test`: the end-to-end tests mostly wait on trial windows, so four
-# share two cores well (tests/conftest.py says how the work is spread).
-PYTEST_WORKERS ?= 4
+# `make test` runs pytest in two tiers on pytest-xdist workers (tests/conftest.py says how the work is
+# spread): everything but the end-to-end tests on one worker per core, then the end-to-end tests, which
+# mostly wait on trial windows, four side by side. Apart, no end-to-end tuning run shares the CPU with
+# the unit tests' bursts, which would skew the latencies its simulated engines serve.
+PYTEST := CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest --durations=30 --dist loadfile --no-loadscope-reorder
+TEST_WORKERS ?= 2
+E2E_WORKERS ?= 4
 
 .PHONY: dev demo test test-unit lint typecheck crds clean
 
@@ -42,8 +46,8 @@ test: dev lint typecheck
 	$(VENV)/bin/python -m chunkpilot.engine.vllm_plugin.env
 	$(VENV)/bin/python -m chunkpilot.engine.sglang.env
 	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
-	CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest -m "not gpu" --durations=30 \
-		-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PYTEST) -n $(TEST_WORKERS) -m "not gpu and not e2e"
+	$(PYTEST) -n $(E2E_WORKERS) -m "e2e and not gpu"
 
 crds: dev
 	$(VENV)/bin/chunkpilot crds generate
