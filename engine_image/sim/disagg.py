@@ -43,7 +43,6 @@ from chunkpilot.engine.sim.scheduler import (
     Engine,
     Request,
     RequestStatus,
-    SchedulerConfig,
     SchedulerOutput,
 )
 from chunkpilot.engine.sim.workload import Workload
@@ -140,8 +139,8 @@ class Topology:
     ) -> Topology:
         """``spec`` (``"1P3D"``) replicas of ``config``, each pool with its own overrides.
 
-        The overrides are :class:`SimConfig` or :class:`SchedulerConfig` field names, e.g.
-        ``decode={"max_num_batched_tokens": 512, "max_num_seqs": 256}``.
+        The overrides are :class:`SimConfig` field names or those of ``config``'s scheduler config
+        class, e.g. ``decode={"max_num_batched_tokens": 512, "max_num_seqs": 256}``.
         """
         p, d = parse_topology(spec)
         return cls(
@@ -173,9 +172,10 @@ def parse_topology(spec: str) -> tuple[int, int]:
 
 
 def with_overrides(config: SimConfig, overrides: Mapping[str, Any]) -> SimConfig:
-    """``config`` with SimConfig and SchedulerConfig fields replaced (unknown names are an error)."""
+    """``config`` with SimConfig fields and fields of its scheduler config's class (its engine's)
+    replaced (unknown names are an error)."""
     sim_names = {f.name for f in fields(SimConfig)} - {"scheduler"}
-    sched_names = {f.name for f in fields(SchedulerConfig)}
+    sched_names = {f.name for f in fields(config.scheduler)}
     unknown = sorted(set(overrides) - sim_names - sched_names)
     if unknown:
         raise ValueError(f"unknown pool setting(s): {', '.join(unknown)}")

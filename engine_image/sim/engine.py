@@ -12,6 +12,9 @@ from chunkpilot.engine.sim.scheduler import (
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
+    SGLangSchedulerConfig,
+    TrtllmSchedulerConfig,
+    scheduler_config_class,
 )
 from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
 from chunkpilot.engine.sim.steptime import StepProfile, StepTimeModel
@@ -28,10 +31,10 @@ def default_limits(accelerator: Accelerator) -> tuple[int, int]:
 
 
 def make_scheduler(config: SchedulerConfig, num_kv_blocks: int, seed: int = 0) -> Scheduler:
-    """The scheduler of ``config.engine``: vLLM V1, SGLang or TensorRT-LLM semantics."""
-    if config.engine is Engine.SGLANG:
+    """The scheduler of ``config``'s engine: vLLM V1, SGLang or TensorRT-LLM semantics."""
+    if isinstance(config, SGLangSchedulerConfig):
         return SGLangScheduler(config, num_kv_blocks, seed)
-    if config.engine is Engine.TRTLLM:
+    if isinstance(config, TrtllmSchedulerConfig):
         return TRTLLMScheduler(config, num_kv_blocks, seed)
     return Scheduler(config, num_kv_blocks, seed)
 
@@ -57,12 +60,12 @@ class SimConfig:
     @classmethod
     def for_engine(cls, engine: Engine | str, **fields: object) -> SimConfig:
         """A SimConfig with ``engine``'s semantics; ``fields`` are SimConfig fields and
-        SchedulerConfig fields (the latter go into ``scheduler``)."""
-        kind = Engine(engine)
-        names = set(SchedulerConfig.__dataclass_fields__)
+        fields of ``engine``'s scheduler config class (the latter go into ``scheduler``)."""
+        config_class = scheduler_config_class(engine)
+        names = set(config_class.__dataclass_fields__)
         sched = {k: v for k, v in fields.items() if k in names}
         rest = {k: v for k, v in fields.items() if k not in names}
-        return cls(scheduler=SchedulerConfig(engine=kind, **sched), **rest)  # type: ignore[arg-type]
+        return cls(scheduler=config_class(**sched), **rest)  # type: ignore[arg-type]
 
     def build(self) -> EngineCore:
         """Instantiate the engine this configuration describes."""

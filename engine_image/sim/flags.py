@@ -42,6 +42,8 @@ from chunkpilot.engine.sim.scheduler import (
     Engine,
     SchedulerConfig,
     SchedulingPolicy,
+    SGLangSchedulerConfig,
+    TrtllmSchedulerConfig,
 )
 
 from chunkpilot.api import EngineSpec
@@ -238,7 +240,8 @@ def profiles_help() -> str:
 # Other engines. Each speaks its own command line (SGLang ``python -m sglang.launch_server``,
 # TensorRT-LLM ``trtllm-serve``), checked against their sources (sglang 0.5.23
 # ``srt/arg_groups/fields``; TensorRT-LLM 1.x ``tensorrt_llm/commands/serve.py``); the scheduler knobs
-# land in the same SchedulerConfig fields as vLLM's (see :class:`SchedulerConfig`).
+# they share with vLLM land in the same fields, their own in their configs' (see
+# :class:`SGLangSchedulerConfig`, :class:`TrtllmSchedulerConfig`).
 
 #: SGLang's ``--schedule-policy`` values and the ones the simulator reproduces.
 SGLANG_POLICIES = (
@@ -436,8 +439,7 @@ def _sglang_config(model: str, args: argparse.Namespace) -> SimConfig:
         chunk = _sglang_chunk_default(accelerator.memory_bytes)
     chunked = chunk > 0
     max_model_len = _model_len(args.context_length, "--context-length", profile)
-    scheduler = SchedulerConfig(
-        engine=Engine.SGLANG,
+    scheduler = SGLangSchedulerConfig(
         max_num_batched_tokens=chunk if chunked else args.max_prefill_tokens,
         max_num_seqs=args.max_running_requests or SGLANG_DEFAULT_MAX_RUNNING,
         max_model_len=max_model_len,
@@ -491,8 +493,7 @@ def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
     # simulator's utilisation is a fraction of all of it.
     weights = profile.weight_bytes / (accelerator.memory_bytes * args.tensor_parallel_size)
     utilisation = min(1.0, float(fraction) * (1.0 - weights) + weights)
-    scheduler = SchedulerConfig(
-        engine=Engine.TRTLLM,
+    scheduler = TrtllmSchedulerConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=int(pick("max_batch_size", TRTLLM_DEFAULT_MAX_BATCH_SIZE)),
         max_model_len=max_model_len,

@@ -2,7 +2,9 @@
 
 The other engines' policies (:mod:`~chunkpilot.engine.sim.sglang_scheduler`,
 :mod:`~chunkpilot.engine.sim.trtllm_scheduler`) subclass :class:`Scheduler` and replace only
-:meth:`Scheduler.schedule`; :attr:`SchedulerConfig.engine` picks one (see ``make_scheduler`` in
+:meth:`Scheduler.schedule`; each engine's scheduler config is its own class
+(:class:`SGLangSchedulerConfig`, :class:`TrtllmSchedulerConfig` subclass :class:`SchedulerConfig`,
+which is vLLM's), and its class picks the policy (see ``make_scheduler`` in
 :mod:`~chunkpilot.engine.sim.engine`).
 
 Invariant at the top of every pass: each request is in exactly one of ``running`` (holding KV blocks
@@ -20,10 +22,11 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final, NamedTuple
+from types import MappingProxyType
+from typing import ClassVar, Final, NamedTuple
 
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE, KVCacheManager
 from chunkpilot.engine.sim.steptime import ForwardPass
@@ -78,14 +81,19 @@ class FinishReason(Enum):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """The scheduler knobs the simulator honours (names follow vLLM's CLI flags).
+    """The scheduler knobs every engine's simulation honours, with vLLM's semantics and validation.
 
-    For the other engines (``engine``) the common fields carry their knobs: SGLang's
+    The names follow vLLM's CLI flags: vLLM is the simulator's default engine. The other engines'
+    configs (:class:`SGLangSchedulerConfig`, :class:`TrtllmSchedulerConfig`) subclass this one, add
+    their own knobs and validate in their own wording; the common fields carry their knobs: SGLang's
     ``--chunked-prefill-size`` is ``max_num_batched_tokens`` (``enable_chunked_prefill`` false for
     -1) and ``--max-running-requests`` is ``max_num_seqs``; TensorRT-LLM's ``max_num_tokens`` is
-    ``max_num_batched_tokens`` and ``max_batch_size`` is ``max_num_seqs``. The fields after
-    ``engine`` belong to one engine each.
+    ``max_num_batched_tokens`` and ``max_batch_size`` is ``max_num_seqs``. The class says whose
+    semantics run (:attr:`engine`); :func:`scheduler_config_class` maps an engine to its class.
     """
+
+    #: Whose scheduling semantics, flags and metric names the simulator reproduces.
+    engine: ClassVar[Engine] = Engine.VLLM
 
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
@@ -102,17 +110,6 @@ class SchedulerConfig:
     block_size: int = BLOCK_SIZE
     policy: SchedulingPolicy = SchedulingPolicy.FCFS
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
-    engine: Engine = Engine.VLLM
-    #: SGLang ``--max-prefill-tokens``: the token cap of one prefill batch.
-    max_prefill_tokens: int = 16384
-    #: SGLang ``--enable-mixed-chunk``: run a prefill chunk together with the running decodes.
-    enable_mixed_chunk: bool = False
-    #: TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``.
-    capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
-    #: TensorRT-LLM ``scheduler_config.context_chunking_policy``.
-    context_chunking_policy: ContextChunkingPolicy = ContextChunkingPolicy.FIRST_COME_FIRST_SERVED
-    #: TensorRT-LLM ``kv_cache_config.tokens_per_block``: a truncated context chunk is a multiple of it.
-    chunk_unit_size: int = 32
 
     def __post_init__(self) -> None:
         errors = self.problems()
@@ -121,10 +118,6 @@ class SchedulerConfig:
 
     def problems(self) -> list[str]:
         """Configuration errors in the engine's wording, each naming the flag and the fix."""
-        if self.engine is Engine.SGLANG:
-            return self._sglang_problems()
-        if self.engine is Engine.TRTLLM:
-            return self._trtllm_problems()
         out: list[str] = []
         budget, seqs = self.max_num_batched_tokens, self.max_num_seqs
         if budget < 1 or seqs < 1 or self.max_model_len < 1:
@@ -170,46 +163,8 @@ class SchedulerConfig:
             out.append("--spec-acceptance-rate must be in [0, 1]")
         return out
 
-    def _sglang_problems(self) -> list[str]:
-        out: list[str] = []
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
-            out.append(
-                "--chunked-prefill-size (or -1 to disable), --max-running-requests and "
-                "--context-length must be positive"
-            )
-        if self.max_prefill_tokens < 1:
-            out.append(f"--max-prefill-tokens ({self.max_prefill_tokens}) must be positive")
-        if self.enable_mixed_chunk and not self.enable_chunked_prefill:
-            out.append("--enable-mixed-chunk needs chunked prefill (--chunked-prefill-size > 0)")
-        out += self._common_problems()
-        return out
-
-    def _trtllm_problems(self) -> list[str]:
-        out: list[str] = []
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
-            out.append("--max_num_tokens, --max_batch_size and --max_seq_len must be positive")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            out.append(
-                f"--max_num_tokens ({self.max_num_batched_tokens}) is smaller than --max_seq_len "
-                f"({self.max_model_len}) without chunked prefill: a long prompt could never be "
-                "scheduled; raise --max_num_tokens, lower --max_seq_len or enable_chunked_prefill"
-            )
-        if self.capacity_scheduler_policy not in SIMULATED_CAPACITY_POLICIES:
-            out.append(
-                f"scheduler_config.capacity_scheduler_policy {self.capacity_scheduler_policy.value} is "
-                f"not simulated; use one of {', '.join(sorted(SIMULATED_CAPACITY_POLICIES))}"
-            )
-        if self.chunk_unit_size < 1:
-            out.append("kv_cache_config.tokens_per_block must be positive")
-        elif self.enable_chunked_prefill and self.max_num_batched_tokens < self.chunk_unit_size:
-            out.append(
-                f"--max_num_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"kv_cache_config.tokens_per_block ({self.chunk_unit_size}) with chunked prefill"
-            )
-        out += self._common_problems()
-        return out
-
-    def _common_problems(self) -> list[str]:
+    def _vllm_only_problems(self) -> list[str]:
+        """For another engine's config: the vLLM-only knobs it was given, which it cannot honour."""
         out: list[str] = []
         if self.num_speculative_tokens:
             out.append(f"speculative decoding is simulated for vLLM only, not {self.engine.value}")
@@ -235,6 +190,88 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold > 0:
             return self.long_prefill_token_threshold
         return max(1, int(0.04 * self.max_model_len))
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangSchedulerConfig(SchedulerConfig):
+    """SGLang's scheduler: the common knobs plus its own, validated in its own flags' wording."""
+
+    engine: ClassVar[Engine] = Engine.SGLANG
+
+    #: SGLang ``--max-prefill-tokens``: the token cap of one prefill batch.
+    max_prefill_tokens: int = 16384
+    #: SGLang ``--enable-mixed-chunk``: run a prefill chunk together with the running decodes.
+    enable_mixed_chunk: bool = False
+
+    def problems(self) -> list[str]:
+        """Configuration errors in SGLang's wording, each naming the flag and the fix."""
+        out: list[str] = []
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            out.append(
+                "--chunked-prefill-size (or -1 to disable), --max-running-requests and "
+                "--context-length must be positive"
+            )
+        if self.max_prefill_tokens < 1:
+            out.append(f"--max-prefill-tokens ({self.max_prefill_tokens}) must be positive")
+        if self.enable_mixed_chunk and not self.enable_chunked_prefill:
+            out.append("--enable-mixed-chunk needs chunked prefill (--chunked-prefill-size > 0)")
+        out += self._vllm_only_problems()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class TrtllmSchedulerConfig(SchedulerConfig):
+    """TensorRT-LLM's scheduler: the common knobs plus its own, validated in its own options' wording."""
+
+    engine: ClassVar[Engine] = Engine.TRTLLM
+
+    #: TensorRT-LLM ``scheduler_config.capacity_scheduler_policy``.
+    capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    #: TensorRT-LLM ``scheduler_config.context_chunking_policy``.
+    context_chunking_policy: ContextChunkingPolicy = ContextChunkingPolicy.FIRST_COME_FIRST_SERVED
+    #: TensorRT-LLM ``kv_cache_config.tokens_per_block``: a truncated context chunk is a multiple of it.
+    chunk_unit_size: int = 32
+
+    def problems(self) -> list[str]:
+        """Configuration errors in TensorRT-LLM's wording, each naming the option and the fix."""
+        out: list[str] = []
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            out.append("--max_num_tokens, --max_batch_size and --max_seq_len must be positive")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            out.append(
+                f"--max_num_tokens ({self.max_num_batched_tokens}) is smaller than --max_seq_len "
+                f"({self.max_model_len}) without chunked prefill: a long prompt could never be "
+                "scheduled; raise --max_num_tokens, lower --max_seq_len or enable_chunked_prefill"
+            )
+        if self.capacity_scheduler_policy not in SIMULATED_CAPACITY_POLICIES:
+            out.append(
+                f"scheduler_config.capacity_scheduler_policy {self.capacity_scheduler_policy.value} is "
+                f"not simulated; use one of {', '.join(sorted(SIMULATED_CAPACITY_POLICIES))}"
+            )
+        if self.chunk_unit_size < 1:
+            out.append("kv_cache_config.tokens_per_block must be positive")
+        elif self.enable_chunked_prefill and self.max_num_batched_tokens < self.chunk_unit_size:
+            out.append(
+                f"--max_num_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"kv_cache_config.tokens_per_block ({self.chunk_unit_size}) with chunked prefill"
+            )
+        out += self._vllm_only_problems()
+        return out
+
+
+#: Each engine's scheduler config class: the one table that maps an engine to its knobs.
+SCHEDULER_CONFIGS: Final[Mapping[Engine, type[SchedulerConfig]]] = MappingProxyType(
+    {
+        Engine.VLLM: SchedulerConfig,
+        Engine.SGLANG: SGLangSchedulerConfig,
+        Engine.TRTLLM: TrtllmSchedulerConfig,
+    }
+)
+
+
+def scheduler_config_class(engine: Engine | str) -> type[SchedulerConfig]:
+    """The scheduler config class of ``engine`` (a :class:`Engine` or its name)."""
+    return SCHEDULER_CONFIGS[Engine(engine)]
 
 
 @dataclass(eq=False, slots=True)

@@ -27,9 +27,9 @@ from chunkpilot.engine.sim.scheduler import (
     RequestStatus,
     ScheduledRequest,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
     SchedulingPolicy,
+    SGLangSchedulerConfig,
 )
 
 #: ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most output tokens a KV estimate counts per request.
@@ -43,13 +43,21 @@ LPM_QUEUE_LIMIT = 128
 class SGLangScheduler(Scheduler):
     """Separate prefill and decode batches, one chunked request at a time (SGLang)."""
 
-    def __init__(self, config: SchedulerConfig, num_kv_blocks: int, seed: int = 0) -> None:
+    def __init__(self, config: SGLangSchedulerConfig, num_kv_blocks: int, seed: int = 0) -> None:
         super().__init__(config, num_kv_blocks, seed)
         self.chunked: Request | None = None
 
+    @property
+    def sglang_config(self) -> SGLangSchedulerConfig:
+        """:attr:`config` with SGLang's own knobs (live adjustment replaces it in its class)."""
+        cfg = self.config
+        if not isinstance(cfg, SGLangSchedulerConfig):
+            raise TypeError(f"an SGLang scheduler needs an SGLangSchedulerConfig, not {type(cfg).__name__}")
+        return cfg
+
     def schedule(self, now: float) -> SchedulerOutput:
         """A prefill batch when one can be formed (mixed with the decodes if enabled), else a decode batch."""
-        cfg = self.config
+        cfg = self.sglang_config
         preempted: list[Request] = []
         if self.chunked is not None and self.chunked.status is not RequestStatus.RUNNING:
             self.chunked = None
@@ -70,7 +78,7 @@ class SGLangScheduler(Scheduler):
 
     # ---- the prefill adder ---------------------------------------------------------------------
     def _prefill_batch(self, now: float, mixed_decodes: int) -> list[ScheduledRequest]:
-        cfg = self.config
+        cfg = self.sglang_config
         if not self.waiting and self.chunked is None:
             return []
         block = cfg.block_size

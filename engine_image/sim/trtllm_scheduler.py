@@ -33,11 +33,25 @@ from chunkpilot.engine.sim.scheduler import (
     ScheduledRequest,
     Scheduler,
     SchedulerOutput,
+    TrtllmSchedulerConfig,
 )
 
 
 class TRTLLMScheduler(Scheduler):
     """Capacity scheduler (admission by KV policy) plus micro-batch scheduler (token budget)."""
+
+    def __init__(self, config: TrtllmSchedulerConfig, num_kv_blocks: int, seed: int = 0) -> None:
+        super().__init__(config, num_kv_blocks, seed)
+
+    @property
+    def trtllm_config(self) -> TrtllmSchedulerConfig:
+        """:attr:`config` with TensorRT-LLM's own knobs (live adjustment replaces it in its class)."""
+        cfg = self.config
+        if not isinstance(cfg, TrtllmSchedulerConfig):
+            raise TypeError(
+                f"a TensorRT-LLM scheduler needs a TrtllmSchedulerConfig, not {type(cfg).__name__}"
+            )
+        return cfg
 
     def schedule(self, now: float) -> SchedulerOutput:
         """Admit by the capacity policy, then batch generation first and context chunks after."""
@@ -53,7 +67,7 @@ class TRTLLMScheduler(Scheduler):
         return max(0, total - request.held_blocks)
 
     def _capacity(self, now: float) -> None:
-        cfg = self.config
+        cfg = self.trtllm_config
         no_evict = cfg.capacity_scheduler_policy is CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
         if no_evict:
             available = self.kv.num_free_blocks - sum(self._to_completion(r) for r in self.running)
@@ -115,8 +129,9 @@ class TRTLLMScheduler(Scheduler):
         remaining = [r.num_tokens - r.num_computed_tokens for r in live]
         if sum(remaining) <= capacity:
             return list(zip(live, remaining, strict=True))
-        unit = self.config.chunk_unit_size
-        if self.config.context_chunking_policy is ContextChunkingPolicy.EQUAL_PROGRESS:
+        cfg = self.trtllm_config
+        unit = cfg.chunk_unit_size
+        if cfg.context_chunking_policy is ContextChunkingPolicy.EQUAL_PROGRESS:
             sizes = [0] * len(live)
             used, progressed = 0, True
             while used < capacity and progressed:
@@ -145,7 +160,7 @@ class TRTLLMScheduler(Scheduler):
     def _grow_or_pause(self, request: Request, preempted: list[Request]) -> bool:
         """KV for a generation token; under MAX_UTILIZATION pause the newest requests until it fits."""
         while not self._grow(request, 1):
-            if self.config.capacity_scheduler_policy is CapacitySchedulerPolicy.GUARANTEED_NO_EVICT:
+            if self.trtllm_config.capacity_scheduler_policy is CapacitySchedulerPolicy.GUARANTEED_NO_EVICT:
                 return False  # cannot happen while the reservation holds
             victim = self.running.pop()
             self._preempt(victim)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.scheduler import Request, SchedulerConfig
+from chunkpilot.engine.sim.scheduler import Engine, Request, scheduler_config_class
 
 #: The long prompt's length in tokens.
 LONG_PROMPT = 32_768
@@ -44,15 +44,19 @@ class LongPromptRun:
 
 
 def long_prompt_among_streams(
-    budget: int, chunked: bool, stream_context: int = STREAM_CONTEXT, **knobs: Any
+    budget: int,
+    chunked: bool,
+    stream_context: int = STREAM_CONTEXT,
+    engine: Engine = Engine.VLLM,
+    **knobs: Any,
 ) -> LongPromptRun:
     """64 streams decode; once all of them have a first token a 32k-token prompt arrives.
 
     ITLs of the streams are recorded from that arrival until 3 simulated seconds after the long
-    prompt's first token, so steady decode steps are the majority in every configuration. ``knobs`` are
-    further :class:`SchedulerConfig` fields (the engine, its own scheduling options).
+    prompt's first token, so steady decode steps are the majority in every configuration. ``engine``
+    picks the scheduler config class; ``knobs`` are further fields of it (its own scheduling options).
     """
-    scheduler = SchedulerConfig(
+    scheduler = scheduler_config_class(engine)(
         max_num_batched_tokens=budget,
         max_num_seqs=128,
         max_model_len=MAX_LEN,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from chunkpilot.engine.sim.flags import config_for, sim_config_from_args
+from chunkpilot.engine.sim.scheduler import TrtllmSchedulerConfig
 from chunkpilot.engine.sim.workload import resolve_trace
 
 from chunkpilot.cli import build_parser, main
@@ -285,7 +286,11 @@ def test_trtllm_options_file_sets_the_capacity_policy_and_chunking(tmp_path: Pat
         ["serve", "llama-3.1-8b", "--max_num_tokens", "4096", "--extra_llm_api_options", str(options)]
     )
     sched = config_for(args.model, args).scheduler
-    assert args.engine == "trtllm" and sched.engine.value == "trtllm"
+    assert (
+        args.engine == "trtllm"
+        and isinstance(sched, TrtllmSchedulerConfig)
+        and sched.engine.value == "trtllm"
+    )
     assert sched.max_num_batched_tokens == 1024  # the options file overrides the flag, as in trtllm-serve
     assert sched.enable_chunked_prefill and not sched.enable_prefix_caching
     assert sched.capacity_scheduler_policy.value == "MAX_UTILIZATION" and sched.chunk_unit_size == 64

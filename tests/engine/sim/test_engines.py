@@ -13,11 +13,15 @@ import pytest
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import (
+    SCHEDULER_CONFIGS,
     CapacitySchedulerPolicy,
     ContextChunkingPolicy,
     Engine,
     Request,
     SchedulerConfig,
+    SGLangSchedulerConfig,
+    TrtllmSchedulerConfig,
+    scheduler_config_class,
 )
 from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
 from chunkpilot.engine.sim.trtllm_scheduler import TRTLLMScheduler
@@ -94,8 +98,7 @@ def test_sglang_mixed_chunks_bound_the_stall_and_delay_the_long_prompt(
 
 
 def test_sglang_max_prefill_tokens_caps_a_prefill_batch() -> None:
-    config = SchedulerConfig(
-        engine=Engine.SGLANG,
+    config = SGLangSchedulerConfig(
         max_num_batched_tokens=4096,
         max_num_seqs=64,
         max_model_len=8192,
@@ -114,9 +117,7 @@ def test_sglang_max_prefill_tokens_caps_a_prefill_batch() -> None:
 
 
 def test_sglang_max_running_requests_caps_admission() -> None:
-    config = SchedulerConfig(
-        engine=Engine.SGLANG, max_num_batched_tokens=8192, max_num_seqs=3, max_model_len=8192
-    )
+    config = SGLangSchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=3, max_model_len=8192)
     sched = SGLangScheduler(config, num_kv_blocks=10_000)
     for i in range(6):
         sched.add_request(Request(str(i), 0.0, 100, 10))
@@ -188,9 +189,7 @@ def test_trtllm_guaranteed_no_evict_reserves_the_whole_output_max_utilization_pr
 
 
 def test_trtllm_max_batch_size_caps_the_active_requests() -> None:
-    config = SchedulerConfig(
-        engine=Engine.TRTLLM, max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=8192
-    )
+    config = TrtllmSchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=8192)
     sched = TRTLLMScheduler(config, num_kv_blocks=10_000)
     for i in range(10):
         sched.add_request(Request(str(i), 0.0, 100, 10))
@@ -226,10 +225,26 @@ def test_sim_config_for_engine_puts_scheduler_fields_into_the_scheduler() -> Non
 
 def test_a_capacity_policy_the_simulator_does_not_reproduce_is_refused() -> None:
     with pytest.raises(ValueError, match="STATIC_BATCH is not simulated"):
-        SchedulerConfig(
-            engine=Engine.TRTLLM,
+        TrtllmSchedulerConfig(
             max_num_batched_tokens=8192,
             max_num_seqs=4,
             max_model_len=8192,
             capacity_scheduler_policy=CapacitySchedulerPolicy.STATIC_BATCH,
         )
+
+
+def test_each_engine_has_its_own_scheduler_config_class() -> None:
+    assert set(SCHEDULER_CONFIGS) == set(Engine)
+    for engine, config_class in SCHEDULER_CONFIGS.items():
+        assert config_class.engine is engine and scheduler_config_class(engine.value) is config_class
+    assert "max_prefill_tokens" not in SchedulerConfig.__dataclass_fields__
+    assert "chunk_unit_size" not in SGLangSchedulerConfig.__dataclass_fields__
+    with pytest.raises(TypeError, match="max_prefill_tokens"):
+        SimConfig.for_engine("trtllm", max_prefill_tokens=4096)
+
+
+def test_live_adjustment_keeps_the_engines_config_class() -> None:
+    core = SimConfig.for_engine("trtllm", max_num_batched_tokens=4096, max_num_seqs=64).build()
+    core.scheduler.set_limits(2048, 32, None)
+    config = core.scheduler.config
+    assert isinstance(config, TrtllmSchedulerConfig) and config.max_num_seqs == 32

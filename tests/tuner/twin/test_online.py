@@ -19,7 +19,7 @@ from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.scheduler import SchedulerConfig, SGLangSchedulerConfig, TrtllmSchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.measure import Selector, VectorFn
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
@@ -304,7 +304,7 @@ def test_engine_semantics_is_the_services_engine_with_what_its_spec_pins() -> No
         "h100",
         8192,
     )
-    assert sglang is not None and sglang.engine is Engine.SGLANG
+    assert isinstance(sglang, SGLangSchedulerConfig) and sglang.engine is Engine.SGLANG
     assert sglang.enable_mixed_chunk and sglang.policy is SchedulingPolicy.LPM
     assert sglang.max_prefill_tokens == 4096 and sglang.max_model_len == 8192
     # A policy the simulator does not reproduce keeps the engine's default.
@@ -315,7 +315,7 @@ def test_engine_semantics_is_the_services_engine_with_what_its_spec_pins() -> No
     trtllm = online.engine_semantics(
         _engine_spec(kind="trtllm", capacitySchedulerPolicy="MAX_UTILIZATION"), "llama-3.1-8b", "h100", 8192
     )
-    assert trtllm is not None and trtllm.engine is Engine.TRTLLM
+    assert isinstance(trtllm, TrtllmSchedulerConfig) and trtllm.engine is Engine.TRTLLM
     assert trtllm.capacity_scheduler_policy is CapacitySchedulerPolicy.MAX_UTILIZATION
 
 
