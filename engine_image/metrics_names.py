@@ -470,10 +470,6 @@ DIALECT_METRICS: Final[dict[str, EngineMetricTable]] = {
     Dialect.SGLANG: SGLANG_METRICS,
     Dialect.TRTLLM: TRTLLM_METRICS,
 }
-#: Metric tables by engine kind (``spec.engine.kind``), from the engine registry: its dialect's.
-ENGINE_METRICS: Final[dict[str, EngineMetricTable]] = {
-    e.kind: DIALECT_METRICS[e.dialect] for e in ENGINES.values()
-}
 
 
 def engine_metrics(engine: str) -> EngineMetricTable:

@@ -1,9 +1,11 @@
-"""What each engine kind does: its metric names, the simulator's semantics for it, the twin's hook.
+"""What each engine kind does in the engine layer beyond its dialect: the twin's scheduling hook.
 
-The API's registry (:data:`chunkpilot.api.engines.ENGINES`) says what an engine *is*; this one maps
-each of its kinds to the engine layer's behaviour: :data:`BEHAVIOURS`, one line per kind, imported
-explicitly. :func:`check_covers` runs at import, so a kind registered in the API without a line here
-fails the first import of this module. The argv renderers live in the operator
+The API's registry (:data:`chunkpilot.api.engines.ENGINES`) says what an engine *is*; its flag
+dialect already names the metric names it exports (``metrics_names.engine_metrics``) and the
+simulator semantics it runs with (``sim --engine DIALECT``). This one maps each kind to what the
+dialect does not say: :data:`BEHAVIOURS`, one line per kind, imported explicitly.
+:func:`check_covers` runs at import, so a kind registered in the API without a line here fails the
+first import of this module. The argv renderers live in the operator
 (``chunkpilot.operator.engines.RENDERERS``, checked the same way).
 """
 
@@ -12,13 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from chunkpilot.engine.metrics_names import (
-    SGLANG_METRICS,
-    TRTLLM_METRICS,
-    VLLM_METRICS,
-    EngineMetricTable,
-)
-from chunkpilot.engine.sim.scheduler import Engine
 from chunkpilot.engine.sim.semantics import SemanticsHook, sglang_semantics, trtllm_semantics
 
 from chunkpilot.api.engines import ENGINES, SGLANG_ENGINE, SIM_ENGINE, TRTLLM_ENGINE, VLLM_ENGINE
@@ -28,20 +23,16 @@ from chunkpilot.api.engines import ENGINES, SGLANG_ENGINE, SIM_ENGINE, TRTLLM_EN
 class EngineBehaviour:
     """One engine kind's behaviour in the engine layer."""
 
-    #: The Prometheus vocabulary it exports (and the simulator reproduces).
-    metrics: EngineMetricTable
-    #: Whose scheduling semantics, flags and defaults the simulator runs it with (``sim --engine``).
-    simulator: Engine
     #: The scheduler the twin simulates a service of this kind with; None: vLLM's (the twin's default).
     twin_semantics: SemanticsHook | None = None
 
 
 #: Each registered kind's behaviour.
 BEHAVIOURS: Final[dict[str, EngineBehaviour]] = {
-    VLLM_ENGINE.kind: EngineBehaviour(VLLM_METRICS, Engine.VLLM),
-    SGLANG_ENGINE.kind: EngineBehaviour(SGLANG_METRICS, Engine.SGLANG, sglang_semantics),
-    TRTLLM_ENGINE.kind: EngineBehaviour(TRTLLM_METRICS, Engine.TRTLLM, trtllm_semantics),
-    SIM_ENGINE.kind: EngineBehaviour(VLLM_METRICS, Engine.VLLM),
+    VLLM_ENGINE.kind: EngineBehaviour(),
+    SGLANG_ENGINE.kind: EngineBehaviour(twin_semantics=sglang_semantics),
+    TRTLLM_ENGINE.kind: EngineBehaviour(twin_semantics=trtllm_semantics),
+    SIM_ENGINE.kind: EngineBehaviour(),
 }
 
 

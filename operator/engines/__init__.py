@@ -52,9 +52,6 @@ RENDERERS: Final[dict[str, EngineRenderer]] = {
     SIM_ENGINE.kind: EngineRenderer(render_sim, lambda _version: default_sim_image()),
 }
 
-#: Where each engine serves Prometheus metrics (the PodMonitor's path): the registry's.
-METRICS_PATHS: Final[dict[str, str]] = {e.kind: e.metrics_path for e in ENGINES.values()}
-
 
 def check_covers() -> None:
     """Raise unless every kind of the API's registry has a renderer here, and nothing else does."""
@@ -88,7 +85,6 @@ def metrics_path(kind: str) -> str:
 __all__ = [
     "ENGINE_PORT",
     "ENGINE_PORT_NAME",
-    "METRICS_PATHS",
     "RENDERERS",
     "EngineRender",
     "EngineRenderer",

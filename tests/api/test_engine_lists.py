@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chunkpilot.engine.metrics_names import ENGINE_METRICS
+from chunkpilot.engine.metrics_names import engine_metrics
 from chunkpilot.engine.sim.flags import ENGINE_NAMES as SIM_ENGINE_NAMES
-from chunkpilot.operator.engines import METRICS_PATHS, RENDERERS, default_image, metrics_path
+from chunkpilot.operator.engines import RENDERERS, default_image, metrics_path
 from chunkpilot.operator.engines.sim import SIMULATED_KINDS
 
 from chunkpilot.api import EngineKind, EngineSpec, InferenceServiceSpec
@@ -49,12 +49,6 @@ def test_default_versions_images_and_metrics_paths() -> None:
         "trtllm": "1.2.1",
     }
     assert [str(kind) for kind in RENDERERS] == KINDS
-    assert {str(k): v for k, v in METRICS_PATHS.items()} == {
-        "vllm": "/metrics",
-        "sglang": "/metrics",
-        "trtllm": "/prometheus/metrics",
-        "sim": "/metrics",
-    }
     assert [metrics_path(kind) for kind in KINDS] == [
         "/metrics",
         "/metrics",
@@ -71,7 +65,7 @@ def test_simulator_demo_and_metric_tables() -> None:
     assert tuple(SIMULATED_KINDS) == ("sglang", "trtllm")
     assert tuple(DEMO_ENGINES) == ("sim", "sglang", "trtllm")
     assert tuple(SIM_ENGINE_NAMES) == ("vllm", "sglang", "trtllm")
-    assert {kind: table.engine for kind, table in ENGINE_METRICS.items()} == {
+    assert {kind: engine_metrics(kind).engine for kind in KINDS} == {
         "vllm": "vllm",
         "sim": "vllm",
         "sglang": "sglang",

@@ -16,7 +16,6 @@ from chunkpilot.engine.metrics_names import VLLM_METRICS, engine_metrics
 from chunkpilot.engine.registry import BEHAVIOURS, EngineBehaviour, behaviour
 from chunkpilot.engine.sim.flags import add_flags_for, config_for
 from chunkpilot.engine.sim.offline import simulate
-from chunkpilot.engine.sim.scheduler import Engine
 from chunkpilot.engine.sim.workload import poisson
 from chunkpilot.operator import engines as operator_engines
 from chunkpilot.operator.builders import build_deployment
@@ -100,7 +99,7 @@ def registered(
 def toy_registered() -> AbstractContextManager[None]:
     return registered(
         TOY,
-        EngineBehaviour(metrics=VLLM_METRICS, simulator=Engine.VLLM),
+        EngineBehaviour(),
         EngineRenderer(render_toy, lambda version: f"{TOY.image_repository}:{version}"),
     )
 
@@ -115,7 +114,6 @@ def test_the_registries_cover_the_apis_kinds() -> None:
     registry.check_covers()
     operator_engines.check_covers()
     assert list(BEHAVIOURS) == list(ENGINES) == list(RENDERERS)
-    assert behaviour("sim").simulator is Engine.VLLM
     assert behaviour("sglang").twin_semantics is not None and behaviour("vllm").twin_semantics is None
 
 
@@ -150,8 +148,9 @@ def test_a_toy_engine_is_validated_rendered_and_simulated() -> None:
         assert container["image"] == "example.com/toy:1.0.0"
         assert container["args"] == render.args
 
-        # Simulated: the simulator parses the rendered argv with the toy's simulator engine and runs it.
-        dialect = behaviour(TOY.kind).simulator.value
+        # Simulated: the simulator parses the rendered argv in the toy's dialect and runs it.
+        dialect = TOY.dialect
+        assert behaviour(TOY.kind).twin_semantics is None  # the twin simulates it as vLLM
         parser = argparse.ArgumentParser()
         add_flags_for(parser, dialect)
         args, server_options = parser.parse_known_args([*render.args[1:], "--gpu", "h100"])
