@@ -33,6 +33,7 @@ from chunkpilot.api import (
     TopologyMode,
     TopologyStatus,
 )
+from chunkpilot.api.knobs import LIVE_NAMES
 
 #: Fields of ``.status`` this operator writes; everything else belongs to the tuner.
 OWNED_FIELDS: Final = (
@@ -79,10 +80,6 @@ class InstallationProblem:
     message: str
 
 
-#: The limits a live adjustment may set (the fields of the engines' live-adjust route).
-LIVE_LIMIT_FIELDS: Final = ("max_num_batched_tokens", "max_num_seqs", "max_num_active_seqs")
-
-
 def live_limits(raw: str | None, config_hash: str | None) -> tuple[tuple[str, int], ...]:
     """The limits of an ``ANNOTATION_LIVE_LIMITS`` value, if set on pods of ``config_hash``."""
     try:
@@ -91,7 +88,7 @@ def live_limits(raw: str | None, config_hash: str | None) -> tuple[tuple[str, in
         return ()
     if not isinstance(limits, dict) or config_hash is None or limits.get("configHash") != config_hash:
         return ()
-    return tuple((key, limits[key]) for key in LIVE_LIMIT_FIELDS if isinstance(limits.get(key), int))
+    return tuple((key, limits[key]) for key in LIVE_NAMES if isinstance(limits.get(key), int))
 
 
 @dataclass(frozen=True)
