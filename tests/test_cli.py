@@ -252,11 +252,11 @@ STATUS_WITH_FAKE_API = """
 import sys, yaml
 import chunkpilot.kubectl_plugin as plugin
 manifest = yaml.safe_load(open(sys.argv[1]))
-class Api:
-    def get_namespaced_custom_object(self, *args):
-        return manifest
-plugin._custom_api = lambda args: Api()
-sys.exit(plugin.main(["status", manifest["metadata"]["name"]]))
+plugin._get_service = lambda args: manifest
+code = plugin.main(["status", manifest["metadata"]["name"]])
+if sys.argv[2:] == ["--modules"]:  # report what the command imported
+    print(sorted(sys.modules), file=sys.stderr)
+sys.exit(code)
 """
 
 
@@ -274,3 +274,20 @@ def test_kubectl_status_into_a_closed_pipe_exits_141_quietly() -> None:
     result = into_closed_pipe([sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE)])
     assert result.stderr == ""
     assert result.returncode == EXIT_BROKEN_PIPE
+
+
+def test_kubectl_status_renders_without_the_client_or_the_models() -> None:
+    """``status`` pays for rich and the knob table, never for the Kubernetes client or pydantic models."""
+    shown = subprocess.run(
+        [sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE), "--modules"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": COLUMNS},
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "default/chat" in shown.stdout and "autotune on" in shown.stdout
+    modules = shown.stderr
+    assert "'kubernetes'" not in modules
+    assert "'chunkpilot.api.inferenceservice'" not in modules and "'chunkpilot.api.common'" not in modules

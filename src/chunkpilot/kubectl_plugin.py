@@ -19,19 +19,58 @@ from chunkpilot.pipes import quiet_broken_pipe
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from chunkpilot.api import EngineConfig
+
+class PluginError(Exception):
+    """A failure to report as one line of text, as kubectl does."""
 
 
-def _custom_api(args: argparse.Namespace) -> Any:
-    from kubernetes import client, config
-
-    return client.CustomObjectsApi(config.new_client_from_config(config_file=args.kubeconfig))  # type: ignore[no-untyped-call]
+class NotFoundError(PluginError):
+    """The API server has no such object."""
 
 
-def _config_text(config: EngineConfig | None) -> str:
-    if config is None:
+def _kubectl(args: argparse.Namespace, *argv: str) -> str:
+    """Run the kubectl this plugin runs under and return its output.
+
+    kubectl reads the kubeconfig (contexts, exec credential plugins, proxies) exactly as the
+    user's other commands do, and costs a fraction of the Kubernetes client's import.
+    """
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise PluginError("kubectl is not on PATH; kubectl chunkpilot runs as a kubectl plugin")
+    config = ["--kubeconfig", args.kubeconfig] if args.kubeconfig else []
+    done = subprocess.run([kubectl, *config, *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        message = done.stderr.strip() or f"kubectl exited with status {done.returncode}"
+        raise (NotFoundError if "(NotFound)" in message else PluginError)(message)
+    return done.stdout
+
+
+def _resource() -> str:
+    from chunkpilot.api.names import GROUP, ISVC_PLURAL
+
+    return f"{ISVC_PLURAL}.{GROUP}"
+
+
+def _get_service(args: argparse.Namespace) -> dict[str, Any]:
+    import json
+
+    from chunkpilot.api.names import GROUP, ISVC_PLURAL, VERSION
+
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{args.namespace}/{ISVC_PLURAL}/{args.name}"
+    service: dict[str, Any] = json.loads(_kubectl(args, "get", "--raw", path))
+    return service
+
+
+def _config_text(config: dict[str, Any] | None) -> str:
+    """A status config (camelCase keys) in the knob table's short form, e.g. ``budget=3072 seqs=256``."""
+    if not config:
         return "-"
-    return config.summary()
+    from chunkpilot.api.knobs import TUNABLE, summary
+
+    return summary({knob.name: config.get(knob.camel) for knob in TUNABLE})
 
 
 def cmd_trials(args: argparse.Namespace, console: Console) -> int:
@@ -50,71 +89,75 @@ def cmd_trials(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _objective_text(objective: dict[str, Any]) -> str:
+    return f"p{objective.get('quantile', 0) * 100:g} ≤ {objective.get('maxMs', '?')} ms"
+
+
+def _number(value: Any, unit: str, digits: int = 1) -> str:
+    return "no data" if value is None else f"{value:.{digits}f}{unit}"
+
+
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    """Conditions, applied vs best config, last measurement."""
+    """Conditions, applied vs best config, last measurement.
+
+    Rendered from the object's JSON with the knob table alone: no models, no Kubernetes client,
+    so the command costs little more than the kubectl call it makes.
+    """
     from rich.table import Table
 
-    from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService
-
-    raw = _custom_api(args).get_namespaced_custom_object(
-        GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name
-    )
-    service = InferenceService.from_manifest(raw)
-    status = service.status
-    slo = service.spec.slo
-    console.print(f"[bold]{args.namespace}/{args.name}[/]  phase: {status.phase if status else 'Pending'}")
+    service = _get_service(args)
+    spec: dict[str, Any] = service.get("spec", {})
+    status: dict[str, Any] = service.get("status") or {}
+    console.print(f"[bold]{args.namespace}/{args.name}[/]  phase: {status.get('phase') or 'Pending'}")
+    slo = spec.get("slo")
     slo_text = (
         "none declared"
-        if slo is None
-        else f"ITL p{slo.itl.quantile * 100:g} ≤ {slo.itl.max_ms:g} ms, "
-        f"TTFT p{slo.ttft.quantile * 100:g} ≤ {slo.ttft.max_ms:g} ms"
+        if not slo
+        else f"ITL {_objective_text(slo.get('itl', {}))}, TTFT {_objective_text(slo.get('ttft', {}))}"
     )
-    autotune = service.spec.autotune
-    state = "paused" if autotune.paused else "on" if autotune.enabled else "off"
+    autotune = spec.get("autotune", {})
+    state = "paused" if autotune.get("paused") else "on" if autotune.get("enabled") else "off"
     console.print(f"SLOs: {slo_text}; autotune {state}")
     table = Table("condition", "status", "reason", "message")
-    for cond in status.conditions if status else []:
-        table.add_row(str(cond.type), str(cond.status), cond.reason or "", cond.message or "")
+    for cond in status.get("conditions", []):
+        table.add_row(
+            cond.get("type", ""), cond.get("status", ""), cond.get("reason", ""), cond.get("message", "")
+        )
     console.print(table)
-    console.print(f"applied: {_config_text(status.applied_config if status else None)}")
+    console.print(f"applied: {_config_text(status.get('appliedConfig'))}")
+    best_trial = status.get("bestTrial")
     console.print(
-        f"best:    {_config_text(status.best_config if status else None)}"
-        + (f" ({status.best_trial})" if status and status.best_trial else "")
+        f"best:    {_config_text(status.get('bestConfig'))}" + (f" ({best_trial})" if best_trial else "")
     )
-    last = status.last_measurement if status else None
+    last = status.get("lastMeasurement")
     if last is None:
         console.print("last measurement: none yet")
     else:
-
-        def fmt(v: float | None, unit: str) -> str:
-            return "no data" if v is None else f"{v:.1f}{unit}"
-
         console.print(
-            f"last measurement ({last.window or '?'}): ITL {fmt(last.itl_ms, ' ms')}, "
-            f"TTFT {fmt(last.ttft_ms, ' ms')}, {fmt(last.throughput_tok_s, ' tok/s')}, "
-            f"{fmt(last.request_rate, ' req/s')}"
+            f"last measurement ({last.get('window') or '?'}): ITL {_number(last.get('itlMs'), ' ms')}, "
+            f"TTFT {_number(last.get('ttftMs'), ' ms')}, {_number(last.get('throughputTokS'), ' tok/s')}, "
+            f"{_number(last.get('requestRate'), ' req/s')}"
         )
-    twin = status.twin if status else None
+    twin = status.get("twin")
     if twin is not None:
-        console.print(f"twin: {twin.state.value}: {twin.message}")
-        if twin.capacity_req_s is not None:
-            live = "?" if twin.live_request_rate is None else f"{twin.live_request_rate:.2f}"
+        console.print(f"twin: {twin.get('state')}: {twin.get('message', '')}")
+        capacity = twin.get("capacityReqS")
+        if capacity is not None:
+            live = twin.get("liveRequestRate")
             console.print(
-                f"predicted capacity at SLO (stable config): {twin.capacity_req_s:.2f} req/s per replica; "
-                f"live load {live} req/s per replica"
+                f"predicted capacity at SLO (stable config): {capacity:.2f} req/s per replica; "
+                f"live load {'?' if live is None else f'{live:.2f}'} req/s per replica"
             )
-    if status and status.current_trial:
-        console.print(f"current trial: {status.current_trial}")
+    if status.get("currentTrial"):
+        console.print(f"current trial: {status['currentTrial']}")
     return 0
 
 
 def _set_paused(args: argparse.Namespace, console: Console, paused: bool) -> int:
-    from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
+    import json
 
-    body = {"spec": {"autotune": {"paused": paused}}}
-    _custom_api(args).patch_namespaced_custom_object(
-        GROUP, VERSION, args.namespace, ISVC_PLURAL, args.name, body
-    )
+    body = json.dumps({"spec": {"autotune": {"paused": paused}}})
+    _kubectl(args, "patch", _resource(), args.name, "-n", args.namespace, "--type", "merge", "-p", body)
     console.print(f"{args.namespace}/{args.name}: autotuning {'paused' if paused else 'resumed'}")
     return 0
 
@@ -156,9 +199,11 @@ def _run(argv: Sequence[str] | None) -> int:
         return handlers[args.command]()
     except BrokenPipeError:  # stdout's reader went away: not an error to print (see main)
         raise
+    except NotFoundError:
+        console.print(f"[red]InferenceService {args.namespace}/{args.name} not found[/]")
+        return 1
     except Exception as error:  # kubectl plugins report errors as text
-        status = getattr(error, "status", None)
-        if status == 404:
+        if getattr(error, "status", None) == 404:  # the Kubernetes client's (trials)
             console.print(f"[red]InferenceService {args.namespace}/{args.name} not found[/]")
             return 1
         console.print(f"[red]error: {getattr(error, 'reason', None) or error}[/]")

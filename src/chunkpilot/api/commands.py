@@ -11,10 +11,11 @@ from typing import Any
 
 import yaml
 
-from chunkpilot.api.common import ISVC_KIND, TRIAL_KIND, ManifestError
+from chunkpilot.api.common import ManifestError
 from chunkpilot.api.crdgen import rendered_files, write_crds
 from chunkpilot.api.docs import render_reference
 from chunkpilot.api.inferenceservice import InferenceService
+from chunkpilot.api.names import ISVC_KIND, TRIAL_KIND
 from chunkpilot.api.tuningtrial import TuningTrial
 
 CRDS_DIR = Path("crds")

@@ -20,8 +20,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema, to_jsonable_python
 
-from chunkpilot.api.common import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Resource
+from chunkpilot.api.common import Resource
 from chunkpilot.api.inferenceservice import InferenceService, InferenceServiceSpec, InferenceServiceStatus
+from chunkpilot.api.names import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION
 from chunkpilot.api.tuningtrial import TuningTrial, TuningTrialSpec, TuningTrialStatus
 
 HEADER = "# Generated from chunkpilot.api by `chunkpilot crds generate`; do not edit by hand.\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from chunkpilot.api.common import API_VERSION
 from chunkpilot.api.crdgen import DEFINITIONS, ResourceDefinition, build_crd
 from chunkpilot.api.knobs import DIALECTS, ENGINE_NAMES, KNOBS, EngineFlag
+from chunkpilot.api.names import API_VERSION
 
 HEADER = (
     "<!-- Generated from chunkpilot.api by `chunkpilot crds docs`; do not edit by hand. -->\n\n"

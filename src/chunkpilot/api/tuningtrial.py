@@ -14,8 +14,6 @@ from typing import Literal
 from pydantic import Field
 
 from chunkpilot.api.common import (
-    LABEL_SERVICE,
-    LABEL_TRIAL_NUMBER,
     ApiModel,
     Duration,
     Measurement,
@@ -24,6 +22,7 @@ from chunkpilot.api.common import (
     StatusModel,
 )
 from chunkpilot.api.inferenceservice import EngineConfig, TopologySpec
+from chunkpilot.api.names import LABEL_SERVICE, LABEL_TRIAL_NUMBER
 
 
 class Track(StrEnum):
