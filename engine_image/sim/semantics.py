@@ -1,9 +1,10 @@
 """The twin's view of an engine's scheduling: the simulator's scheduler for a service's engine spec.
 
-One hook per engine that schedules differently from vLLM (:data:`chunkpilot.engine.registry` names
-each kind's): the engine's server defaults on the accelerator, with the engine-only settings the spec
-pins; a policy the simulator does not reproduce keeps the engine's default. The tuned knobs are
-replaced per candidate by the twin. vLLM and the simulator have none: the twin's default is vLLM's.
+One hook per engine that schedules differently from vLLM (each kind's module in
+``chunkpilot.operator.engines`` names its own as ``SUPPORT.twin_semantics``): the engine's server
+defaults on the accelerator, with the engine-only settings the spec pins; a policy the simulator does
+not reproduce keeps the engine's default. The tuned knobs are replaced per candidate by the twin.
+vLLM and the simulator have none: the twin's default is vLLM's.
 """
 
 from __future__ import annotations

@@ -1,67 +1,64 @@
-"""Engine renderers: turn an InferenceService spec into an engine container recipe.
+"""Engine support: each registered engine kind's container recipe, default image and twin hook.
 
-One renderer per engine kind of the API's registry (:data:`RENDERERS`). Each returns an
-:class:`EngineRender` or, when the spec asks for something the engine version cannot do, an
-:class:`UnsupportedKnob` / :class:`UnsupportedEngineVersion` naming the knob,
-the version and the fix.
+The API's registry (:data:`chunkpilot.api.engines.ENGINES`) says what an engine *is*. What the
+product does for it lives in one module per kind, ``chunkpilot.operator.engines.<kind>``, which
+defines ``SUPPORT`` (an :class:`EngineSupport`); :func:`support` finds it by the kind's name, so a
+new engine is its descriptor plus its module. :func:`check_covers` runs at import. A renderer returns
+an :class:`EngineRender` or, when the spec asks for something the engine version cannot do, an
+:class:`UnsupportedKnob` / :class:`UnsupportedEngineVersion` naming the knob, the version and the fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+import importlib
 
 from chunkpilot.operator.engines.common import (
     ENGINE_PORT,
     ENGINE_PORT_NAME,
     EngineRender,
+    EngineSupport,
     ModelVolume,
     ProbeTiming,
+    Renderer,
     RenderProblem,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
 )
-from chunkpilot.operator.engines.sglang import default_sglang_image, render_sglang
-from chunkpilot.operator.engines.sim import default_sim_image, render_sim, simulated
-from chunkpilot.operator.engines.trtllm import default_trtllm_image, render_trtllm
+from chunkpilot.operator.engines.sim import simulated
 from chunkpilot.operator.engines.versions import EngineVersion
-from chunkpilot.operator.engines.vllm import default_vllm_image, honours_partial_prefills, render_vllm
+from chunkpilot.operator.engines.vllm import honours_partial_prefills
 
 from chunkpilot.api import InferenceServiceSpec
-from chunkpilot.api.engines import ENGINES, SGLANG_ENGINE, SIM_ENGINE, TRTLLM_ENGINE, VLLM_ENGINE, engine
-
-Renderer = Callable[[InferenceServiceSpec], RenderResult]
+from chunkpilot.api.engines import ENGINES, engine
 
 
-@dataclass(frozen=True)
-class EngineRenderer:
-    """One engine kind's renderer: its container recipe, and its default image for a version."""
-
-    render: Renderer
-    default_image: Callable[[str], str]
+class EngineModuleError(RuntimeError):
+    """A registered engine kind without its module, or a module without ``SUPPORT``."""
 
 
-#: Each registered kind's renderer (the API's registry, :data:`chunkpilot.api.engines.ENGINES`,
-#: names the kinds; :func:`check_covers` runs at import).
-RENDERERS: Final[dict[str, EngineRenderer]] = {
-    VLLM_ENGINE.kind: EngineRenderer(render_vllm, default_vllm_image),
-    SGLANG_ENGINE.kind: EngineRenderer(render_sglang, default_sglang_image),
-    TRTLLM_ENGINE.kind: EngineRenderer(render_trtllm, default_trtllm_image),
-    SIM_ENGINE.kind: EngineRenderer(render_sim, lambda _version: default_sim_image()),
-}
+def support(kind: str) -> EngineSupport:
+    """The support of a registered kind, from its module ``chunkpilot.operator.engines.<kind>``."""
+    engine(kind)  # KeyError naming the registered kinds
+    name = f"{__name__}.{kind}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise
+        raise EngineModuleError(
+            f"engine kind {kind!r} is in chunkpilot.api.engines.ENGINES but has no module {name}"
+        ) from None
+    found = getattr(module, "SUPPORT", None)
+    if not isinstance(found, EngineSupport):
+        raise EngineModuleError(f"{name} defines no SUPPORT (an EngineSupport) for engine kind {kind!r}")
+    return found
 
 
 def check_covers() -> None:
-    """Raise unless every kind of the API's registry has a renderer here, and nothing else does."""
-    missing = [kind for kind in ENGINES if kind not in RENDERERS]
-    unknown = [kind for kind in RENDERERS if kind not in ENGINES]
-    if missing or unknown:
-        raise RuntimeError(
-            f"chunkpilot.operator.engines.RENDERERS does not match the API's engines:"
-            f" missing {missing}, unknown {unknown}"
-        )
+    """Raise :class:`EngineModuleError` unless every kind of the API's registry has its module."""
+    for kind in ENGINES:
+        support(kind)
 
 
 check_covers()
@@ -69,12 +66,12 @@ check_covers()
 
 def render_engine(spec: InferenceServiceSpec) -> RenderResult:
     """Render the engine container for ``spec`` with the renderer of its engine kind."""
-    return simulated(spec, RENDERERS[str(spec.engine.kind)].render(spec))
+    return simulated(spec, support(str(spec.engine.kind)).render(spec))
 
 
 def default_image(kind: str, version: str) -> str:
     """The image used when ``spec.engine.image`` is empty."""
-    return RENDERERS[str(kind)].default_image(version)
+    return support(str(kind)).default_image(version)
 
 
 def metrics_path(kind: str) -> str:
@@ -85,14 +82,15 @@ def metrics_path(kind: str) -> str:
 __all__ = [
     "ENGINE_PORT",
     "ENGINE_PORT_NAME",
-    "RENDERERS",
+    "EngineModuleError",
     "EngineRender",
-    "EngineRenderer",
+    "EngineSupport",
     "EngineVersion",
     "ModelVolume",
     "ProbeTiming",
     "RenderProblem",
     "RenderResult",
+    "Renderer",
     "UnsupportedEngineVersion",
     "UnsupportedKnob",
     "check_covers",
@@ -100,4 +98,5 @@ __all__ = [
     "honours_partial_prefills",
     "metrics_path",
     "render_engine",
+    "support",
 ]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from chunkpilot.engine.sim.semantics import SemanticsHook
 from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.versions import EngineVersion
 
@@ -126,6 +127,23 @@ def check_engine_version(
 
 RenderProblem = UnsupportedKnob | UnsupportedEngineVersion
 RenderResult = EngineRender | RenderProblem
+#: A renderer: the container recipe for a spec, or the problem that prevents one.
+Renderer = Callable[[InferenceServiceSpec], RenderResult]
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """What the product does for one engine kind beyond its descriptor in the API's registry.
+
+    Each kind's module, ``chunkpilot.operator.engines.<kind>``, defines one as ``SUPPORT``.
+    """
+
+    #: Its container recipe for a spec (argv from the knob table, env, probes, image).
+    render: Renderer
+    #: Its image when ``spec.engine.image`` is empty, for an engine version.
+    default_image: Callable[[str], str]
+    #: The scheduler the twin simulates a service of this kind with; None: vLLM's (the default).
+    twin_semantics: SemanticsHook | None = None
 
 
 def vetted_version(

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from chunkpilot.engine.sim.semantics import sglang_semantics
 from chunkpilot.operator.engines.common import (
+    EngineSupport,
     RenderResult,
     UnsupportedEngineVersion,
     check_engine_version,
@@ -100,3 +102,9 @@ def render_sglang(spec: InferenceServiceSpec) -> RenderResult:
         # Tensor-parallel workers exchange through shared memory (NCCL); SGLang's docs run with 32g.
         shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
     )
+
+
+#: SGLang's support: its own scheduler in the twin.
+SUPPORT: Final = EngineSupport(
+    render=render_sglang, default_image=default_sglang_image, twin_semantics=sglang_semantics
+)

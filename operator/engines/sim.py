@@ -17,6 +17,7 @@ from typing import Final
 
 from chunkpilot.operator.engines.common import (
     EngineRender,
+    EngineSupport,
     RenderResult,
     model_argument,
     vetted_version,
@@ -114,3 +115,7 @@ def render_sim(spec: InferenceServiceSpec) -> RenderResult:
         # the Deployment builder only adds the bearer token from the service's Secret.
         live_adjust=spec.autotune.live_adjust,
     )
+
+
+#: The simulator's support: it schedules as the vLLM version it mimics.
+SUPPORT: Final = EngineSupport(render=render_sim, default_image=lambda _version: default_sim_image())

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from chunkpilot.engine.sim.semantics import trtllm_semantics
 from chunkpilot.operator.engines.common import (
+    EngineSupport,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
@@ -162,3 +164,9 @@ def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
         shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
         config_dir=CONFIG_DIR,
     )
+
+
+#: TensorRT-LLM's support: its own scheduler in the twin.
+SUPPORT: Final = EngineSupport(
+    render=render_trtllm, default_image=default_trtllm_image, twin_semantics=trtllm_semantics
+)

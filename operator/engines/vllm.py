@@ -26,6 +26,7 @@ from chunkpilot.engine.vllm_plugin.render import (
 from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV
 from chunkpilot.operator.engines.common import (
     SHUTDOWN_TIMEOUT_S,
+    EngineSupport,
     RenderResult,
     UnsupportedEngineVersion,
     UnsupportedKnob,
@@ -353,3 +354,7 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
         control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust else None,
         metrics_dir=METRICS_DIR if uses_plugin(spec, version) else None,
     )
+
+
+#: vLLM's support: the twin's scheduler is vLLM's own (the default).
+SUPPORT: Final = EngineSupport(render=render_vllm, default_image=default_vllm_image)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from chunkpilot.engine.metrics_names import engine_metrics
 from chunkpilot.engine.sim.flags import ENGINE_NAMES as SIM_ENGINE_NAMES
-from chunkpilot.operator.engines import RENDERERS, default_image, metrics_path
+from chunkpilot.operator.engines import default_image, metrics_path, support
 from chunkpilot.operator.engines.sim import SIMULATED_KINDS
 
 from chunkpilot.api import EngineKind, EngineSpec, InferenceServiceSpec
@@ -48,7 +48,9 @@ def test_default_versions_images_and_metrics_paths() -> None:
         "sglang": "0.5.23",
         "trtllm": "1.2.1",
     }
-    assert [str(kind) for kind in RENDERERS] == KINDS
+    assert [support(kind).render.__module__ for kind in KINDS] == [
+        f"chunkpilot.operator.engines.{kind}" for kind in KINDS
+    ]
     assert [metrics_path(kind) for kind in KINDS] == [
         "/metrics",
         "/metrics",

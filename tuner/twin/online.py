@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Final
 
 from chunkpilot.engine import metrics_names as names
-from chunkpilot.engine.registry import behaviour
 from chunkpilot.engine.sim.capacity import retime
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import (
     SchedulerConfig,
 )
+from chunkpilot.operator.engines import support
 from chunkpilot.tuner.measure import Selector, VectorFn
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.capture import (
@@ -335,9 +335,10 @@ class Request:
 def engine_semantics(
     spec: EngineSpec, model: str, accelerator: str, max_model_len: int
 ) -> SchedulerConfig | None:
-    """The scheduler the twin simulates the service's engine with: its kind's hook in the engine
-    registry (:mod:`chunkpilot.engine.sim.semantics`; SGLang's, TensorRT-LLM's), None for vLLM's."""
-    hook = behaviour(spec.kind).twin_semantics
+    """The scheduler the twin simulates the service's engine with: its kind's hook
+    (:attr:`EngineSupport.twin_semantics <chunkpilot.operator.engines.EngineSupport>`; SGLang's,
+    TensorRT-LLM's), None for vLLM's."""
+    hook = support(spec.kind).twin_semantics
     return None if hook is None else hook(spec, model, accelerator, max_model_len)
 
 

@@ -9,8 +9,10 @@ order the CRD lists the kinds. Every list of engines is derived from it: the CRD
 the dialects, their names and server flags (``chunkpilot.api.knobs``), the default versions, the
 metric paths, the kinds the simulator image runs and the demo's engines.
 
-What an engine *does* (its argv renderer, metric-name table, simulated scheduler) is behaviour, in the
-engine layer: ``chunkpilot.engine.registry`` maps each kind here to its package.
+What the product does for an engine (its container recipe and default image, the scheduler the twin
+simulates it with) lives in one module per kind, ``chunkpilot.operator.engines.<kind>``, found by the
+kind's name; its dialect names its metric-name table and the simulator semantics it runs with. A new
+engine is its descriptor here plus that module.
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
-"""The engine registries: they cover the API's kinds, and a new engine is a descriptor and its lines.
+"""The engine registry: each of the API's kinds has its module, and a new engine is a descriptor and a module.
 
-A throw-away "toy" engine (speaking vLLM's flag dialect) is registered for the length of a test and
-shown validated by the API, rendered into a Deployment, and run by the simulator.
+A throw-away "toy" engine (speaking vLLM's flag dialect) is registered for the length of a test (its
+descriptor in the API's registry, its module ``chunkpilot.operator.engines.toy``) and shown validated by
+the API, rendered into a Deployment, and run by the simulator.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import types
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import pytest
-from chunkpilot.engine import registry
 from chunkpilot.engine.metrics_names import VLLM_METRICS, engine_metrics
-from chunkpilot.engine.registry import BEHAVIOURS, EngineBehaviour, behaviour
 from chunkpilot.engine.sim.flags import add_flags_for, config_for
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.workload import poisson
@@ -21,11 +22,12 @@ from chunkpilot.operator import engines as operator_engines
 from chunkpilot.operator.builders import build_deployment
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
-    RENDERERS,
+    EngineModuleError,
     EngineRender,
-    EngineRenderer,
+    EngineSupport,
     RenderResult,
     render_engine,
+    support,
 )
 from chunkpilot.operator.engines.flags import Vocabulary
 
@@ -75,33 +77,22 @@ def render_toy(spec: InferenceServiceSpec) -> RenderResult:
 
 
 @contextmanager
-def registered(
-    descriptor: EngineDescriptor, behaviour_: EngineBehaviour, renderer: EngineRenderer
-) -> Iterator[None]:
-    """``descriptor`` in the API's registry, its behaviour and renderer in theirs; all restored after."""
-    engines, behaviours, renderers = dict(ENGINES), dict(BEHAVIOURS), dict(RENDERERS)
+def registered(descriptor: EngineDescriptor, support_: EngineSupport) -> Iterator[None]:
+    """``descriptor`` in the API's registry and its module with ``SUPPORT``; both removed after."""
+    module = types.ModuleType(f"{operator_engines.__name__}.{descriptor.kind}")
+    module.SUPPORT = support_  # type: ignore[attr-defined]
     ENGINES[descriptor.kind] = descriptor
-    BEHAVIOURS[descriptor.kind] = behaviour_
-    RENDERERS[descriptor.kind] = renderer
+    sys.modules[module.__name__] = module
     try:
-        registry.check_covers()
         operator_engines.check_covers()
         yield
     finally:
-        ENGINES.clear()
-        ENGINES.update(engines)
-        BEHAVIOURS.clear()
-        BEHAVIOURS.update(behaviours)
-        RENDERERS.clear()
-        RENDERERS.update(renderers)
+        del ENGINES[descriptor.kind]
+        del sys.modules[module.__name__]
 
 
 def toy_registered() -> AbstractContextManager[None]:
-    return registered(
-        TOY,
-        EngineBehaviour(),
-        EngineRenderer(render_toy, lambda version: f"{TOY.image_repository}:{version}"),
-    )
+    return registered(TOY, EngineSupport(render_toy, lambda version: f"{TOY.image_repository}:{version}"))
 
 
 def toy_service() -> InferenceService:
@@ -110,22 +101,25 @@ def toy_service() -> InferenceService:
     return InferenceService.from_manifest(body)
 
 
-def test_the_registries_cover_the_apis_kinds() -> None:
-    registry.check_covers()
+def test_every_kind_has_its_module() -> None:
     operator_engines.check_covers()
-    assert list(BEHAVIOURS) == list(ENGINES) == list(RENDERERS)
-    assert behaviour("sglang").twin_semantics is not None and behaviour("vllm").twin_semantics is None
+    assert [support(kind).render.__module__ for kind in ENGINES] == [
+        f"chunkpilot.operator.engines.{kind}" for kind in ENGINES
+    ]
+    assert support("sglang").twin_semantics is not None and support("vllm").twin_semantics is None
 
 
-def test_a_kind_without_its_lines_is_refused() -> None:
+def test_a_kind_without_its_module_is_refused() -> None:
     ENGINES[TOY.kind] = TOY
     try:
-        with pytest.raises(RuntimeError, match=r"missing \['toy'\]"):
-            registry.check_covers()
-        with pytest.raises(RuntimeError, match=r"missing \['toy'\]"):
+        with pytest.raises(EngineModuleError, match=r"has no module chunkpilot\.operator\.engines\.toy"):
             operator_engines.check_covers()
+        sys.modules["chunkpilot.operator.engines.toy"] = types.ModuleType("chunkpilot.operator.engines.toy")
+        with pytest.raises(EngineModuleError, match="defines no SUPPORT"):
+            support(TOY.kind)
     finally:
         del ENGINES[TOY.kind]
+        sys.modules.pop("chunkpilot.operator.engines.toy", None)
 
 
 def test_a_toy_engine_is_validated_rendered_and_simulated() -> None:
@@ -150,7 +144,7 @@ def test_a_toy_engine_is_validated_rendered_and_simulated() -> None:
 
         # Simulated: the simulator parses the rendered argv in the toy's dialect and runs it.
         dialect = TOY.dialect
-        assert behaviour(TOY.kind).twin_semantics is None  # the twin simulates it as vLLM
+        assert support(TOY.kind).twin_semantics is None  # the twin simulates it as vLLM
         parser = argparse.ArgumentParser()
         add_flags_for(parser, dialect)
         args, server_options = parser.parse_known_args([*render.args[1:], "--gpu", "h100"])
@@ -160,4 +154,6 @@ def test_a_toy_engine_is_validated_rendered_and_simulated() -> None:
         assert (config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs) == (1024, 32)
         summary = simulate(config, poisson([(512, 64)] * 20, rate=5.0))
         assert summary.completed == summary.requests == 20
-    assert TOY.kind not in ENGINES and TOY.kind not in BEHAVIOURS and TOY.kind not in RENDERERS
+    assert TOY.kind not in ENGINES
+    with pytest.raises(KeyError):
+        support(TOY.kind)
