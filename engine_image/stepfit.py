@@ -245,7 +245,12 @@ def solve(
     covariance = _covariance(problem.jacobian(x, r, jacobian_step), at_bound)
     if not absolute_weights:
         dof = final_data.size - int(np.count_nonzero(~at_bound))
-        covariance = covariance * (float(final_data @ final_data) / dof if dof > 0 else math.inf)
+        if dof > 0:
+            variance = float(final_data @ final_data) / dof
+            finite = np.isfinite(covariance)
+            covariance[finite] *= variance
+        else:  # no degree of freedom left to estimate the residual variance from
+            covariance = np.where(covariance == 0, 0.0, math.inf)
     return LeastSquaresFit(
         names=tuple(p.name for p in parameters),
         values=problem.natural(x),
