@@ -28,8 +28,10 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "FloatArray",
     "LeastSquaresFit",
     "Parameter",
+    "ResidualFunction",
     "StepFitError",
     "log_errors",
     "relative_errors",
@@ -67,7 +69,8 @@ def weighted_rms(errors: FloatArray, weights: FloatArray | None = None) -> float
 class Parameter:
     """One unknown of a model: where the fit starts, its bounds and its fitted scale.
 
-    ``log`` fits ``log(value)`` (the value stays positive and its uncertainty is relative);
+    ``log`` fits ``log(value)`` (the value stays positive, so an unbounded one is bounded by zero,
+    and its uncertainty is relative);
     ``prior_sigma`` adds a Gaussian prior centred on ``start`` with that width on the fitted scale
     (log-normal for a log parameter), so with little data the start wins and with much the data.
     """
@@ -85,16 +88,16 @@ class Parameter:
                 f"parameter {self.name}: start {self.start} must be finite "
                 f"and within [{self.lower}, {self.upper}]"
             )
-        if self.log and not (self.start > 0 and self.lower >= 0):
+        if self.log and not (self.start > 0 and (self.lower >= 0 or self.lower == -math.inf)):
             raise StepFitError(
-                f"parameter {self.name}: a log-scale parameter needs a positive start and bounds, "
-                f"got start {self.start} and lower bound {self.lower}"
+                f"parameter {self.name}: a log-scale parameter needs a positive start and no negative "
+                f"bound, got start {self.start} and lower bound {self.lower}"
             )
         if self.prior_sigma is not None and not self.prior_sigma > 0:
             raise StepFitError(f"parameter {self.name}: prior_sigma must be positive, got {self.prior_sigma}")
 
     def to_fitted(self, value: float) -> float:
-        """The value on the fitted scale (its log for a log parameter; a zero bound becomes -inf)."""
+        """The value on the fitted scale (its log for a log parameter; a bound at zero becomes -inf)."""
         if not self.log:
             return value
         return math.log(value) if value > 0 else -math.inf
