@@ -105,6 +105,18 @@ def test_covariance_shrinks_as_samples_accumulate() -> None:
     assert np.allclose(fit_few.covariance, fit_few.covariance.T)
 
 
+def test_covariance_scales_with_the_noise_when_weights_are_relative() -> None:
+    tokens, quiet = _samples(200, noise=0.01)
+    _, loud = _samples(200, noise=0.04)  # the same draws, four times as large
+    fit_quiet = solve(_residuals(tokens, quiet), _parameters(), max_iterations=200)
+    fit_loud = solve(_residuals(tokens, loud), _parameters(), max_iterations=200)
+    ratio = fit_loud.standard_errors / fit_quiet.standard_errors
+    assert np.all((ratio > 3.0) & (ratio < 5.0)), ratio
+    # With absolute weights the residuals are taken as already normalised: no rescaling by their size.
+    absolute = solve(_residuals(tokens, loud), _parameters(), max_iterations=200, absolute_weights=True)
+    assert np.all(absolute.standard_errors > 10 * fit_loud.standard_errors)
+
+
 def test_a_prior_holds_thin_data_near_the_start_and_yields_to_plenty() -> None:
     def parameters(sigma: float) -> tuple[Parameter, ...]:
         return (Parameter("factor", 1.0, lower=0.0, log=True, prior_sigma=sigma),)
