@@ -102,10 +102,6 @@ class Parameter:
             return value
         return math.log(value) if value > 0 else -math.inf
 
-    def from_fitted(self, fitted: float) -> float:
-        """The natural value of a point on the fitted scale."""
-        return math.exp(fitted) if self.log else fitted
-
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LeastSquaresFit:
@@ -113,7 +109,9 @@ class LeastSquaresFit:
 
     ``values`` are natural-scale; ``covariance`` is on the fitted scale (for a log parameter the
     variance of ``log(value)``, a relative uncertainty), zero in the rows of parameters held at a
-    bound and infinite where the data and prior leave a direction undetermined.
+    bound and infinite where the data and prior leave a direction undetermined. ``rms`` is that of
+    the data residuals (as ``residuals`` weights them, priors left out), ``cost`` the minimised sum of
+    squares (priors included).
     """
 
     names: tuple[str, ...]
@@ -144,7 +142,6 @@ class _Problem:
 
     def __init__(self, residuals: ResidualFunction, parameters: Sequence[Parameter]) -> None:
         self.function = residuals
-        self.parameters = tuple(parameters)
         self.log = np.array([p.log for p in parameters])
         self.lower = np.array([p.to_fitted(p.lower) for p in parameters], dtype=np.float64)
         self.upper = np.array([p.to_fitted(p.upper) for p in parameters], dtype=np.float64)
