@@ -5,13 +5,13 @@ traffic plus a fixed cost::
 
     ms = max(flops / (peak_flops · e_c), bytes / (peak_bandwidth · e_b)) · 1000 + c
 
-With ``a = 1000 / (peak_flops · e_c)`` and ``b = 1000 / (peak_bandwidth · e_b)``
-the model is linear in ``(a, b, c)`` once each point is assigned to a regime, and
-the regime is decided by the point's arithmetic intensity (flops / bytes) alone:
-a point is compute-bound exactly when its intensity is at least ``b / a``. So the
-global least-squares optimum is found by trying every split of the points sorted by
-intensity, solving a small weighted linear least-squares problem per split and
-keeping the parameters whose *max-form* residual is smallest.
+The three unknowns (``e_c`` and ``e_b`` on a log scale, ``c >= 0``) are fitted by the shared
+step-time fitting core (:mod:`chunkpilot.engine.stepfit`). The max makes the problem piecewise
+linear, so the fit starts from every regime split: a point is compute-bound exactly when its
+arithmetic intensity (flops / bytes) is at least ``e_b``'s rate over ``e_c``'s, so sorting the points
+by intensity and splitting them gives every assignment there is, and with the assignment fixed the
+model is linear (one small least-squares solve per split). The core's solver refines the max-form
+from each start; the best fit wins.
 
 Residuals are relative (weighted by 1 / measured ms): timings span four orders of
 magnitude between one token and sixteen thousand, and an absolute fit would ignore
@@ -24,6 +24,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+from chunkpilot.engine.stepfit import (
+    FloatArray,
+    LeastSquaresFit,
+    Parameter,
+    StepFitError,
+    relative_errors,
+    solve,
+)
+
 __all__ = [
     "CostPoint",
     "FitError",
@@ -33,8 +44,12 @@ __all__ = [
     "largest_tokens_within",
 ]
 
+#: Efficiencies are fitted within these factors of the given peaks; both ending on the upper bound
+#: means both times vanished from the fit (the timings do not grow with the work).
+EFFICIENCY_BOUNDS = (1e-6, 1e6)
 
-class FitError(ValueError):
+
+class FitError(StepFitError):
     """The points cannot be fitted (too few, or non-positive values)."""
 
 
@@ -78,71 +93,88 @@ class RooflineFit:
         return self.compute_ms(flops) >= self.memory_ms(moved_bytes)
 
 
-@dataclass(frozen=True)
-class _Params:
-    a: float  # ms per FLOP
-    b: float  # ms per byte
-    c: float  # ms
+class _Roofline:
+    """The model of the points: predicted ms from (compute efficiency, bandwidth efficiency, overhead)."""
 
+    def __init__(self, points: Sequence[CostPoint], peak_flops: float, peak_bandwidth: float) -> None:
+        self.flops = np.array([p.flops for p in points], dtype=np.float64)
+        self.bytes = np.array([p.bytes for p in points], dtype=np.float64)
+        self.ms = np.array([p.ms for p in points], dtype=np.float64)
+        self.peak_flops, self.peak_bandwidth = peak_flops, peak_bandwidth
 
-def _solve_least_squares(rows: list[list[float]], targets: list[float]) -> list[float] | None:
-    """Solve min ||R x - t|| through the normal equations with column scaling; None if singular."""
-    n = len(rows[0])
-    scale = [math.sqrt(sum(r[j] * r[j] for r in rows)) or 1.0 for j in range(n)]
-    scaled = [[r[j] / scale[j] for j in range(n)] for r in rows]
-    ata = [[sum(r[i] * r[j] for r in scaled) for j in range(n)] for i in range(n)]
-    atb = [sum(r[i] * t for r, t in zip(scaled, targets, strict=True)) for i in range(n)]
-    # Gaussian elimination with partial pivoting on the augmented matrix.
-    m = [[*row, rhs] for row, rhs in zip(ata, atb, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
-    return [m[i][n] / m[i][i] / scale[i] for i in range(n)]
+    def compute_ms(self, compute_efficiency: float) -> FloatArray:
+        times: FloatArray = 1000.0 * self.flops / (self.peak_flops * compute_efficiency)
+        return times
 
+    def memory_ms(self, bandwidth_efficiency: float) -> FloatArray:
+        times: FloatArray = 1000.0 * self.bytes / (self.peak_bandwidth * bandwidth_efficiency)
+        return times
 
-def _solve_split(points: Sequence[CostPoint], compute: Sequence[bool]) -> _Params | None:
-    """Weighted least squares for a fixed regime assignment; None when infeasible."""
-    has_c = any(compute)
-    has_b = not all(compute)
-    for with_overhead in (True, False):
-        rows: list[list[float]] = []
-        for p, is_c in zip(points, compute, strict=True):
-            row: list[float] = []
-            if has_c:
-                row.append(p.flops / p.ms if is_c else 0.0)
-            if has_b:
-                row.append(0.0 if is_c else p.bytes / p.ms)
-            if with_overhead:
-                row.append(1.0 / p.ms)
-            rows.append(row)
-        solution = _solve_least_squares(rows, [1.0] * len(points))
-        if solution is None:
-            continue
-        values = iter(solution)
-        a = next(values) if has_c else math.nan
-        b = next(values) if has_b else math.nan
-        c = next(values) if with_overhead else 0.0
-        if c < 0.0:
-            continue  # refit without the overhead term (clamped at zero)
-        if (has_c and a <= 0.0) or (has_b and b <= 0.0):
-            return None
-        # An unidentified slope is set to the least favourable value consistent with the assignment.
-        if not has_c:
-            a = min(b * p.bytes / p.flops for p in points)
-        if not has_b:
-            b = min(a * p.flops / p.bytes for p in points)
-        return _Params(a=a, b=b, c=c)
-    return None
+    def predict_ms(self, params: FloatArray) -> FloatArray:
+        compute_efficiency, bandwidth_efficiency, overhead_ms = params
+        predicted: FloatArray = (
+            np.maximum(self.compute_ms(compute_efficiency), self.memory_ms(bandwidth_efficiency))
+            + overhead_ms
+        )
+        return predicted
 
+    def residuals(self, params: FloatArray) -> FloatArray:
+        return relative_errors(self.predict_ms(params), self.ms)
 
-def _relative_residuals(points: Sequence[CostPoint], params: _Params) -> list[float]:
-    return [(max(params.a * p.flops, params.b * p.bytes) + params.c - p.ms) / p.ms for p in points]
+    def starts(self) -> list[tuple[Parameter, ...]]:
+        """One start per regime split of the points sorted by arithmetic intensity.
+
+        A point is compute-bound exactly when its intensity is at least the ratio of the two rates,
+        so the splits are the only assignments there are. With the assignment fixed the model is
+        linear in the two rates and the overhead: each start is that weighted linear fit (refitted
+        without the overhead if it comes out negative); a split whose fit needs a non-positive rate
+        gives no start. An empty side starts a thousand times faster than every point needs (never
+        binding); the solver then fits the max-form from each start.
+        """
+        order = np.argsort(self.flops / self.bytes, kind="stable")
+        starts = []
+        for split in range(order.size + 1):
+            compute = np.zeros(order.size, dtype=bool)
+            compute[order[split:]] = True
+            rates = self._split_fit(compute)
+            if rates is not None:
+                a, b, overhead = rates
+                starts.append(
+                    self.parameters(
+                        1000.0 / (a * self.peak_flops), 1000.0 / (b * self.peak_bandwidth), overhead
+                    )
+                )
+        return starts
+
+    def _split_fit(self, compute: npt.NDArray[np.bool_]) -> tuple[float, float, float] | None:
+        """``(ms per FLOP, ms per byte, overhead ms)`` of the linear fit with this assignment."""
+        columns = []
+        if compute.any():
+            columns.append(np.where(compute, self.flops, 0.0))
+        if not compute.all():
+            columns.append(np.where(compute, 0.0, self.bytes))
+        for with_overhead in (True, False):
+            design = np.column_stack([*columns, np.ones_like(self.ms)] if with_overhead else columns)
+            design = design / self.ms[:, None]  # relative residuals
+            scale = np.linalg.norm(design, axis=0)
+            solution = np.linalg.lstsq(design / scale, np.ones_like(self.ms), rcond=None)[0] / scale
+            overhead = float(solution[-1]) if with_overhead else 0.0
+            if overhead >= 0.0:
+                break
+        rates = iter(solution)
+        a = float(next(rates)) if compute.any() else 1e-3 * float(np.min(self.ms / self.flops))
+        b = float(next(rates)) if not compute.all() else 1e-3 * float(np.min(self.ms / self.bytes))
+        return (a, b, overhead) if a > 0 and b > 0 else None
+
+    @staticmethod
+    def parameters(compute: float, bandwidth: float, overhead_ms: float) -> tuple[Parameter, ...]:
+        """The unknowns, starting at these values."""
+        low, high = EFFICIENCY_BOUNDS
+        return (
+            Parameter("compute_efficiency", min(max(compute, low), high), low, high, log=True),
+            Parameter("bandwidth_efficiency", min(max(bandwidth, low), high), low, high, log=True),
+            Parameter("overhead_ms", overhead_ms, lower=0.0),
+        )
 
 
 def fit_roofline(points: Sequence[CostPoint], peak_flops: float, peak_bandwidth: float) -> RooflineFit:
@@ -152,7 +184,8 @@ def fit_roofline(points: Sequence[CostPoint], peak_flops: float, peak_bandwidth:
     are relative to them (so they may exceed 1 when the peaks are underestimates).
     Needs at least three points; both efficiencies are only identified when the
     points span both regimes (``compute_bound_points`` and ``bandwidth_bound_points``
-    say how many fell on each side).
+    say how many fell on each side; an unidentified one is set to the least favourable
+    value consistent with the others: the slowest rate that still leaves no point bound by it).
     """
     if len(points) < 3:
         raise FitError(f"need at least 3 measured points to fit 3 parameters, got {len(points)}")
@@ -165,30 +198,46 @@ def fit_roofline(points: Sequence[CostPoint], peak_flops: float, peak_bandwidth:
         raise FitError(
             f"peaks must be positive, got peak_flops={peak_flops}, peak_bandwidth={peak_bandwidth}"
         )
-
-    ordered = sorted(points, key=lambda p: p.intensity)
-    best: tuple[float, _Params] | None = None
-    for split in range(len(ordered) + 1):
-        compute = [i >= split for i in range(len(ordered))]
-        params = _solve_split(ordered, compute)
-        if params is None:
-            continue
-        sse = sum(r * r for r in _relative_residuals(ordered, params))
-        if best is None or sse < best[0]:
-            best = (sse, params)
-    if best is None:
+    model = _Roofline(points, peak_flops, peak_bandwidth)
+    starts = model.starts()
+    if not starts:
         raise FitError("no regime split gives positive efficiencies; check that the timings grow with work")
-    sse, params = best
-    n_compute = sum(1 for p in ordered if params.a * p.flops >= params.b * p.bytes)
+    try:
+        solution = min((_solve(model, start) for start in starts), key=lambda fit: fit.cost)
+    except StepFitError as error:
+        raise FitError(str(error)) from error
+    if solution.at_bound[0] and solution.at_bound[1]:
+        raise FitError(
+            "the fitted compute and memory times both vanish; check that the timings grow with work"
+        )
+    compute_efficiency, bandwidth_efficiency, overhead_ms = (float(v) for v in solution.values)
+    compute_bound = model.compute_ms(compute_efficiency) >= model.memory_ms(bandwidth_efficiency)
+    # An unidentified rate is set to the least favourable value consistent with the assignment.
+    if not compute_bound.any():
+        compute_efficiency = float(np.max(model.compute_ms(1.0) / model.memory_ms(bandwidth_efficiency)))
+    elif compute_bound.all():
+        bandwidth_efficiency = float(np.max(model.memory_ms(1.0) / model.compute_ms(compute_efficiency)))
+    compute_bound = model.compute_ms(compute_efficiency) >= model.memory_ms(bandwidth_efficiency)
+    n_compute = int(np.count_nonzero(compute_bound))
     return RooflineFit(
         peak_flops=peak_flops,
         peak_bandwidth=peak_bandwidth,
-        compute_efficiency=1000.0 / (params.a * peak_flops),
-        bandwidth_efficiency=1000.0 / (params.b * peak_bandwidth),
-        overhead_ms=params.c,
-        rms_relative_error=math.sqrt(sse / len(ordered)),
+        compute_efficiency=compute_efficiency,
+        bandwidth_efficiency=bandwidth_efficiency,
+        overhead_ms=overhead_ms,
+        rms_relative_error=solution.rms,
         compute_bound_points=n_compute,
-        bandwidth_bound_points=len(ordered) - n_compute,
+        bandwidth_bound_points=len(points) - n_compute,
+    )
+
+
+def _solve(model: _Roofline, start: tuple[Parameter, ...]) -> LeastSquaresFit:
+    return solve(
+        model.residuals,
+        start,
+        max_iterations=500,
+        cost_tolerance=0.0,
+        step_tolerance=1e-12,
     )
 
 

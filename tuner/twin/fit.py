@@ -8,9 +8,10 @@ scales the per-step overhead, ``sequence_overhead`` the per-sequence one). Each 
 bucket of the telemetry gives one point: the mean step time against the mean batch shape. The scales
 are the maximum a posteriori estimate of relative residuals weighted by each bucket's step count,
 under a log-normal prior centred on the datasheet (scale 1): with few steps the datasheet wins, with
-many the data. The result is a ``chunkpilot.io/step-profile/v1`` document the simulator loads with
-``--step-profile`` (linear-layer times tabulated from the fitted roofline, the fitted efficiencies as
-overrides), so the twin is the simulator itself, not a second model.
+many the data; the solver is the shared step-time fitting core (:mod:`chunkpilot.engine.stepfit`).
+The result is a ``chunkpilot.io/step-profile/v1`` document the simulator loads with ``--step-profile``
+(linear-layer times tabulated from the fitted roofline, the fitted efficiencies as overrides), so the
+twin is the simulator itself, not a second model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
 from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepTimeModel
+from chunkpilot.engine.stepfit import Parameter, StepFitError, relative_errors, solve, weighted_rms
 
 __all__ = ["MIN_STEPS", "Scales", "TwinFit", "TwinFitError", "fit_steps", "scaled_efficiency"]
 
@@ -58,7 +60,7 @@ _MEMORY_FIELDS = (
 PROFILE_TOKENS: Final[tuple[int, ...]] = (*names.STEP_TOKEN_BUCKETS, 49152, 65536)
 
 
-class TwinFitError(ValueError):
+class TwinFitError(StepFitError):
     """The telemetry cannot be fitted (too few steps, or none with a positive duration)."""
 
 
@@ -201,66 +203,35 @@ class TwinFit:
 
 
 class _Objective:
-    """Weighted relative residuals of the bucket means plus the prior, as a function of log scales."""
+    """The twin's model of the bucket means: relative errors as a function of the datasheet scales."""
 
     def __init__(self, model: ModelProfile, accelerator: Accelerator, tp: int, points: list[_Point]) -> None:
         self.model, self.accelerator, self.tp, self.points = model, accelerator, tp, points
         self.base = Efficiency.calibrated()
-        steps = np.array([p.steps for p in points])
-        self.weights: FloatArray = 1.0 / np.sqrt(STEP_TIME_CV**2 / steps + MODEL_ERROR_FLOOR**2)
+        self.steps: FloatArray = np.array([p.steps for p in points], dtype=np.float64)
+        self.weights: FloatArray = 1.0 / np.sqrt(STEP_TIME_CV**2 / self.steps + MODEL_ERROR_FLOOR**2)
         self.measured: FloatArray = np.array([p.mean_s for p in points], dtype=np.float64)
-        self.prior_sigma: FloatArray = np.array(PRIOR_SIGMA, dtype=np.float64)
 
-    def relative_errors(self, log_scales: FloatArray) -> FloatArray:
-        eff = scaled_efficiency(self.base, Scales.from_array(np.exp(log_scales)))
+    def relative_errors(self, scales: FloatArray) -> FloatArray:
+        eff = scaled_efficiency(self.base, Scales.from_array(scales))
         step_model = StepTimeModel(self.model, self.accelerator, self.tp, efficiency=eff)
         predicted = np.array([predict_mean_step(step_model, p) for p in self.points], dtype=np.float64)
-        errors: FloatArray = (predicted - self.measured) / self.measured
-        return errors
+        return relative_errors(predicted, self.measured)
 
-    def residuals(self, log_scales: FloatArray) -> FloatArray:
-        data = self.relative_errors(log_scales) * self.weights
-        return np.concatenate([data, log_scales / self.prior_sigma])
+    def residuals(self, scales: FloatArray) -> FloatArray:
+        """Relative errors over each bucket mean's expected error (the weights of the MAP estimate)."""
+        weighted: FloatArray = self.relative_errors(scales) * self.weights
+        return weighted
 
-    def rms(self, log_scales: FloatArray) -> float:
-        errors = self.relative_errors(log_scales)
-        steps = np.array([p.steps for p in self.points])
-        return float(np.sqrt(np.average(errors**2, weights=steps)))
+    def rms(self, scales: FloatArray) -> float:
+        return weighted_rms(self.relative_errors(scales), self.steps)
 
 
-def _levenberg_marquardt(
-    objective: _Objective, start: FloatArray, max_iterations: int = 60
-) -> tuple[FloatArray, int]:
-    x = start.copy()
-    r = objective.residuals(x)
-    cost = float(r @ r)
-    damping = 1e-3
-    step = 1e-5
-    converged = False
-    for iteration in range(1, max_iterations + 1):
-        jacobian = np.empty((r.size, x.size))
-        for j in range(x.size):
-            shifted = x.copy()
-            shifted[j] += step
-            jacobian[:, j] = (objective.residuals(shifted) - r) / step
-        gradient = jacobian.T @ r
-        normal = jacobian.T @ jacobian
-        improved = False
-        while damping < 1e8:
-            delta = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -gradient)
-            candidate = x + delta
-            r_new = objective.residuals(candidate)
-            cost_new = float(r_new @ r_new)
-            if cost_new < cost:
-                converged = cost - cost_new < 1e-10 * max(cost, 1e-12) or float(np.abs(delta).max()) < 1e-6
-                x, r, cost = candidate, r_new, cost_new
-                damping = max(damping / 3, 1e-9)
-                improved = True
-                break
-            damping *= 4
-        if not improved or converged:
-            return x, iteration
-    return x, max_iterations
+#: The fitted unknowns: log-scale datasheet scales, each under its log-normal prior at 1.
+_PARAMETERS: Final = tuple(
+    Parameter(f.name, 1.0, lower=0.0, log=True, prior_sigma=sigma)
+    for f, sigma in zip(fields(Scales), PRIOR_SIGMA, strict=True)
+)
 
 
 def fit_steps(
@@ -284,16 +255,15 @@ def fit_steps(
     model_profile = load_model(model)
     accel = load_accelerator(accelerator)
     objective = _Objective(model_profile, accel, tensor_parallel_size, points)
-    prior = np.zeros(len(PRIOR_SIGMA))
-    log_scales, iterations = _levenberg_marquardt(objective, prior)
+    solution = solve(objective.residuals, _PARAMETERS, absolute_weights=True)
     return TwinFit(
         model=model,
         accelerator=accelerator,
         tensor_parallel_size=tensor_parallel_size,
-        scales=Scales.from_array(np.exp(log_scales)),
+        scales=Scales.from_array(solution.values),
         steps=steps,
         buckets=len(points),
-        rms_relative_error=objective.rms(log_scales),
-        prior_rms_relative_error=objective.rms(prior),
-        iterations=iterations,
+        rms_relative_error=objective.rms(solution.values),
+        prior_rms_relative_error=objective.rms(Scales().as_array()),
+        iterations=solution.iterations,
     )
