@@ -98,6 +98,15 @@ class _BucketedHistogram:
         self.metric = metric
         self.buckets = buckets
 
+    @classmethod
+    def create(
+        cls, name: str, help_text: str, labels: list[str], buckets: tuple[float, ...], registry: Any
+    ) -> _BucketedHistogram:
+        """A new histogram ``name`` with ``buckets`` in ``registry``."""
+        from prometheus_client import Histogram
+
+        return cls(Histogram(name, help_text, labels, buckets=buckets, registry=registry), buckets)
+
     def add(self, child: Any, values: list[float]) -> None:
         counts: dict[int, int] = {}
         total = 0.0
@@ -147,25 +156,19 @@ class StepTelemetry:
             )
             for field, metric in names.STEP_SHAPE_FIELDS.items()
         }
-        self._itl = _BucketedHistogram(
-            Histogram(
-                names.FINE_INTER_TOKEN_LATENCY,
-                "Inter-token latency in seconds (fine buckets).",
-                base,
-                buckets=names.FINE_ITL_BUCKETS,
-                registry=registry,
-            ),
+        self._itl = _BucketedHistogram.create(
+            names.FINE_INTER_TOKEN_LATENCY,
+            "Inter-token latency in seconds (fine buckets).",
+            base,
             names.FINE_ITL_BUCKETS,
+            registry,
         )
-        self._ttft = _BucketedHistogram(
-            Histogram(
-                names.FINE_TIME_TO_FIRST_TOKEN,
-                "Time to first token in seconds (fine buckets).",
-                base,
-                buckets=names.FINE_TTFT_BUCKETS,
-                registry=registry,
-            ),
+        self._ttft = _BucketedHistogram.create(
+            names.FINE_TIME_TO_FIRST_TOKEN,
+            "Time to first token in seconds (fine buckets).",
+            base,
             names.FINE_TTFT_BUCKETS,
+            registry,
         )
         self._cost = Counter(
             names.TELEMETRY_SECONDS.removesuffix("_total"),
@@ -181,11 +184,8 @@ class StepTelemetry:
             registry=registry,
         ).labels(**self._base)
         self._lengths = {
-            name: _BucketedHistogram(
-                Histogram(
-                    name, help_text, base, buckets=names.FINE_REQUEST_TOKENS_BUCKETS, registry=registry
-                ),
-                names.FINE_REQUEST_TOKENS_BUCKETS,
+            name: _BucketedHistogram.create(
+                name, help_text, base, names.FINE_REQUEST_TOKENS_BUCKETS, registry
             )
             for name, help_text in (
                 (names.FINE_REQUEST_PROMPT_TOKENS, "Prompt tokens of finished requests (fine buckets)."),
