@@ -112,23 +112,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="sim_command", metavar="SUBCOMMAND", required=True, parser_class=_CommandParser
     )
 
-    run = commands.add_parser(
-        "run",
-        help="simulate a trace or synthetic workload and summarise latencies",
-        epilog=profiles_help(),
-        allow_abbrev=False,
+    run = _add_offline_command(
+        commands, "run", "simulate a trace or synthetic workload and summarise latencies"
     )
-    _add_offline_flags(run)
     run.add_argument("--limit", type=int, default=None, help="use only the first N requests of the trace")
     run.set_defaults(func=_run)
 
-    capacity = commands.add_parser(
+    capacity = _add_offline_command(
+        commands,
         "capacity",
-        help="highest Poisson request rate whose ITL and TTFT quantiles meet the SLOs (bisection)",
-        epilog=profiles_help(),
-        allow_abbrev=False,
+        "highest Poisson request rate whose ITL and TTFT quantiles meet the SLOs (bisection)",
     )
-    _add_offline_flags(capacity)
     capacity.add_argument(
         "--requests",
         type=int,
@@ -232,6 +226,15 @@ def _offline_engine_flags(parser: argparse.ArgumentParser, engine: str) -> None:
         *names, dest="model", default="llama-3.1-8b", help="model profile, HF id alias, or config.json path"
     )
     add_flags_for(parser, engine)
+
+
+def _add_offline_command(
+    commands: argparse._SubParsersAction[_CommandParser], name: str, help_text: str
+) -> _CommandParser:
+    """A sub-command that simulates a workload offline: the engine, model, workload and SLO flags."""
+    parser = commands.add_parser(name, help=help_text, epilog=profiles_help(), allow_abbrev=False)
+    _add_offline_flags(parser)
+    return parser
 
 
 def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
