@@ -263,6 +263,14 @@ def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
     _add_topology_flags(parser)
 
 
+#: The knobs a disaggregated run sets per pool: flag suffix and what its help calls it.
+_POOL_KNOBS = (
+    ("max-num-batched-tokens", "token budget"),
+    ("max-num-seqs", "max-num-seqs"),
+    ("long-prefill-token-threshold", "long-prefill token threshold"),
+)
+
+
 def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
     pd = parser.add_argument_group(
         "prefill/decode disaggregation (vLLM)",
@@ -277,21 +285,8 @@ def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
         "--decode-replicas", type=int, default=None, help="decode replicas (with --prefill-replicas)"
     )
     for pool in ("prefill", "decode"):
-        pd.add_argument(
-            f"--{pool}-max-num-batched-tokens",
-            type=int,
-            default=None,
-            help=f"token budget of the {pool} pool",
-        )
-        pd.add_argument(
-            f"--{pool}-max-num-seqs", type=int, default=None, help=f"max-num-seqs of the {pool} pool"
-        )
-        pd.add_argument(
-            f"--{pool}-long-prefill-token-threshold",
-            type=int,
-            default=None,
-            help=f"long-prefill token threshold of the {pool} pool",
-        )
+        for knob, what in _POOL_KNOBS:
+            pd.add_argument(f"--{pool}-{knob}", type=int, default=None, help=f"{what} of the {pool} pool")
     pd.add_argument(
         "--router-policy",
         choices=[p.value for p in RouterPolicy],
