@@ -170,19 +170,21 @@ class StepTelemetry:
             names.FINE_TTFT_BUCKETS,
             registry,
         )
-        self._cost = Counter(
-            names.TELEMETRY_SECONDS.removesuffix("_total"),
+
+        def own_counter(name: str, help_text: str) -> Any:
+            """This process's child of a new counter ``name`` (without prometheus_client's ``_total``)."""
+            return Counter(name.removesuffix("_total"), help_text, base, registry=registry).labels(
+                **self._base
+            )
+
+        self._cost = own_counter(
+            names.TELEMETRY_SECONDS,
             "Seconds the Chunkpilot plugin spent recording step telemetry (its overhead).",
-            base,
-            registry=registry,
-        ).labels(**self._base)
+        )
         self._pending_cost_s = 0.0
-        self._product = Counter(
-            names.REQUEST_TOKENS_PRODUCT.removesuffix("_total"),
-            "Sum of prompt tokens x generated tokens over finished requests.",
-            base,
-            registry=registry,
-        ).labels(**self._base)
+        self._product = own_counter(
+            names.REQUEST_TOKENS_PRODUCT, "Sum of prompt tokens x generated tokens over finished requests."
+        )
         self._lengths = {
             name: _BucketedHistogram.create(
                 name, help_text, base, names.FINE_REQUEST_TOKENS_BUCKETS, registry
