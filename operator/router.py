@@ -171,9 +171,7 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
         "livenessProbe": _probe(LIVENESS_PATH, 10, 6),
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": object_metadata(isvc, name, labels),
+        **_router_object(isvc, track, "apps/v1", "Deployment"),
         "spec": {
             "replicas": router.replicas if track in (None, Track.STABLE) else canary_router_replicas(isvc),
             "revisionHistoryLimit": 3,
@@ -192,23 +190,27 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
     }
 
 
-def build_router_service_account(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
-    """The router's ServiceAccount."""
+def _router_object(
+    isvc: InferenceService, track: Track | None, api_version: str, kind: str
+) -> dict[str, Any]:
+    """``apiVersion``, ``kind`` and metadata of one of the router's objects (all share its name)."""
     name = router_name(service_name(isvc), track)
     return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
     }
 
 
+def build_router_service_account(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
+    """The router's ServiceAccount."""
+    return _router_object(isvc, track, "v1", "ServiceAccount")
+
+
 def build_router_role(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
     """The router's Role: read the pods of the namespace (its service discovery)."""
-    name = router_name(service_name(isvc), track)
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
+        **_router_object(isvc, track, "rbac.authorization.k8s.io/v1", "Role"),
         "rules": [dict(rule) for rule in ROUTER_RULES],
     }
 
@@ -220,9 +222,7 @@ def build_router_role_binding(isvc: InferenceService, track: Track | None = None
     if isvc.metadata.namespace:
         subject["namespace"] = isvc.metadata.namespace
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_metadata(isvc, name, router_labels(isvc, track)),
+        **_router_object(isvc, track, "rbac.authorization.k8s.io/v1", "RoleBinding"),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [subject],
     }

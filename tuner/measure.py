@@ -500,26 +500,23 @@ class PrometheusClient:
         self._timeout = timeout_s
         self._connect = PrometheusConnect(url=url, headers=dict(headers or {}), disable_ssl=False)
 
-    def query(self, promql: str, at: datetime | None = None) -> float | None:
-        """Evaluate ``promql`` at ``at`` (now when None); None for no data."""
+    def _instant(self, promql: str, at: datetime | None) -> Any:
+        """The raw answer to the instant query ``promql`` at ``at`` (now when None)."""
         params: dict[str, str] = {}
         if at is not None:
             params["time"] = f"{at.timestamp():.3f}"
         try:
-            result = self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
+            return self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
         except Exception as exc:  # requests errors and PrometheusApiClientException alike
             raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
-        return parse_instant_result(result)
+
+    def query(self, promql: str, at: datetime | None = None) -> float | None:
+        """Evaluate ``promql`` at ``at`` (now when None); None for no data."""
+        return parse_instant_result(self._instant(promql, at))
 
     def vector(self, promql: str, at: datetime | None = None) -> list[dict[str, Any]]:
         """Evaluate ``promql`` at ``at``; every series of the answer (``metric`` and ``value``)."""
-        params: dict[str, str] = {}
-        if at is not None:
-            params["time"] = f"{at.timestamp():.3f}"
-        try:
-            result = self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
-        except Exception as exc:  # requests errors and PrometheusApiClientException alike
-            raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        result = self._instant(promql, at)
         if not isinstance(result, list):
             raise MetricsUnavailableError(f"unexpected Prometheus answer {result!r}: expected a vector")
         return [item for item in result if isinstance(item, dict)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from datetime import datetime
 from typing import Final
 
@@ -89,14 +90,7 @@ def objective_kind(isvc: InferenceService) -> Objective:
 
 def tuned_config(config: EngineConfig) -> TunedConfig:
     """The tuner's view of an API EngineConfig."""
-    return TunedConfig(
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        max_num_partial_prefills=config.max_num_partial_prefills,
-        max_long_partial_prefills=config.max_long_partial_prefills,
-        max_num_active_seqs=config.max_num_active_seqs,
-    )
+    return TunedConfig(**{f.name: getattr(config, f.name) for f in fields(TunedConfig)})
 
 
 def engine_config(config: TunedConfig) -> EngineConfig:

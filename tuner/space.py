@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
+from chunkpilot.engine.probe.fit import largest_tokens_within as search_largest_within
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, ProfileError
 from chunkpilot.tuner import hardware
 from chunkpilot.tuner.hardware import StepTime
@@ -316,21 +317,10 @@ class SearchSpace:
 def largest_tokens_within(step_model: StepTime, limit_s: float, high: int = BUDGET_ABSOLUTE_MAX) -> int:
     """Largest prompt-token count whose predicted pass stays within ``limit_s`` (0 when none)."""
 
-    def fits(tokens: int) -> bool:
-        return step_model.step_time_s(tokens, 0, tokens // 2) <= limit_s
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, high
-    if fits(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    largest = search_largest_within(
+        lambda tokens: step_model.step_time_s(tokens, 0, tokens // 2), limit_s, max_tokens=high
+    )
+    return largest or 0
 
 
 def compute_knee_tokens(accelerator: Accelerator) -> int:

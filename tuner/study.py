@@ -188,23 +188,26 @@ def suggest(
         return Suggestion(dict(params), config, "warm-start")
 
     study = rebuild_study(space, records, make_sampler(sampler, seed))
+    found = _ask_untried(study, space, tried, MAX_ASK_ATTEMPTS, "sampler")
+    if found is not None:
+        return found
+    rng_study = optuna.create_study(direction="maximize", sampler=RandomSampler(seed=seed))
+    return _ask_untried(rng_study, space, tried, MAX_ASK_ATTEMPTS * 4, "random")
+
+
+def _ask_untried(
+    study: optuna.Study, space: SearchSpace, tried: set[TunedConfig], attempts: int, source: str
+) -> Suggestion | None:
+    """The first of up to ``attempts`` asks of ``study`` whose config is not in ``tried``."""
     distributions = space.distributions()
-    for _ in range(MAX_ASK_ATTEMPTS):
+    for _ in range(attempts):
         trial = study.ask(distributions)
         params = {k: int(v) for k, v in trial.params.items()}
         config = space.to_config(params)
         if config not in tried:
-            return Suggestion(params, config, "sampler")
+            return Suggestion(params, config, source)
         # A repeat: tell the sampler it was not useful and ask again.
         study.tell(trial, state=TrialState.FAIL)
-    rng_study = optuna.create_study(direction="maximize", sampler=RandomSampler(seed=seed))
-    for _ in range(MAX_ASK_ATTEMPTS * 4):
-        trial = rng_study.ask(distributions)
-        params = {k: int(v) for k, v in trial.params.items()}
-        config = space.to_config(params)
-        if config not in tried:
-            return Suggestion(params, config, "random")
-        rng_study.tell(trial, state=TrialState.FAIL)
     return None
 
 

@@ -205,14 +205,21 @@ def _torch_env(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_or_say(path: Path, command: str) -> StepProfile | None:
+    """The profile at ``path``, or None after saying on stderr why it cannot be read."""
+    try:
+        return load_profile(path)
+    except ProfileError as exc:
+        print(f"chunkpilot probe {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _publish(args: argparse.Namespace) -> int:
     from chunkpilot.engine.probe.kube import in_cluster_namespace, publish_profile
     from kubernetes import client, config
 
-    try:
-        profile = load_profile(args.file)
-    except ProfileError as exc:
-        print(f"chunkpilot probe publish: {exc}", file=sys.stderr)
+    profile = _load_or_say(args.file, "publish")
+    if profile is None:
         return 2
     if args.kubeconfig:
         api_client = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]  # untyped in the client
@@ -295,10 +302,8 @@ def format_report(
 
 
 def _report(args: argparse.Namespace) -> int:
-    try:
-        profile = load_profile(args.file)
-    except ProfileError as exc:
-        print(f"chunkpilot probe report: {exc}", file=sys.stderr)
+    profile = _load_or_say(args.file, "report")
+    if profile is None:
         return 2
     print(format_report(profile, args.accelerator, tuple(args.itl_target_ms)))
     return 0

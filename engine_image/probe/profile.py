@@ -98,25 +98,13 @@ class EfficiencyFit(_Strict):
 
     @classmethod
     def from_fit(cls, fit: RooflineFit) -> EfficiencyFit:
-        return cls(
-            compute_efficiency=fit.compute_efficiency,
-            bandwidth_efficiency=fit.bandwidth_efficiency,
-            overhead_ms=fit.overhead_ms,
-            rms_relative_error=fit.rms_relative_error,
-            compute_bound_points=fit.compute_bound_points,
-            bandwidth_bound_points=fit.bandwidth_bound_points,
-        )
+        """The fit without its peaks (every field of this model is one of the fit's)."""
+        return cls.model_validate(fit, from_attributes=True)
 
     def to_fit(self, peaks: Peaks) -> RooflineFit:
+        """The fit again, relative to ``peaks``."""
         return RooflineFit(
-            peak_flops=peaks.flops_per_s,
-            peak_bandwidth=peaks.bandwidth_bytes_per_s,
-            compute_efficiency=self.compute_efficiency,
-            bandwidth_efficiency=self.bandwidth_efficiency,
-            overhead_ms=self.overhead_ms,
-            rms_relative_error=self.rms_relative_error,
-            compute_bound_points=self.compute_bound_points,
-            bandwidth_bound_points=self.bandwidth_bound_points,
+            peak_flops=peaks.flops_per_s, peak_bandwidth=peaks.bandwidth_bytes_per_s, **self.model_dump()
         )
 
 

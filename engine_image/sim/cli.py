@@ -112,23 +112,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="sim_command", metavar="SUBCOMMAND", required=True, parser_class=_CommandParser
     )
 
-    run = commands.add_parser(
-        "run",
-        help="simulate a trace or synthetic workload and summarise latencies",
-        epilog=profiles_help(),
-        allow_abbrev=False,
+    run = _add_offline_command(
+        commands, "run", "simulate a trace or synthetic workload and summarise latencies"
     )
-    _add_offline_flags(run)
     run.add_argument("--limit", type=int, default=None, help="use only the first N requests of the trace")
     run.set_defaults(func=_run)
 
-    capacity = commands.add_parser(
+    capacity = _add_offline_command(
+        commands,
         "capacity",
-        help="highest Poisson request rate whose ITL and TTFT quantiles meet the SLOs (bisection)",
-        epilog=profiles_help(),
-        allow_abbrev=False,
+        "highest Poisson request rate whose ITL and TTFT quantiles meet the SLOs (bisection)",
     )
-    _add_offline_flags(capacity)
     capacity.add_argument(
         "--requests",
         type=int,
@@ -234,6 +228,15 @@ def _offline_engine_flags(parser: argparse.ArgumentParser, engine: str) -> None:
     add_flags_for(parser, engine)
 
 
+def _add_offline_command(
+    commands: argparse._SubParsersAction[_CommandParser], name: str, help_text: str
+) -> _CommandParser:
+    """A sub-command that simulates a workload offline: the engine, model, workload and SLO flags."""
+    parser = commands.add_parser(name, help=help_text, epilog=profiles_help(), allow_abbrev=False)
+    _add_offline_flags(parser)
+    return parser
+
+
 def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
     _add_engine_choice(parser)
     parser.engine_flags = _offline_engine_flags  # type: ignore[attr-defined]
@@ -260,6 +263,14 @@ def _add_offline_flags(parser: argparse.ArgumentParser) -> None:
     _add_topology_flags(parser)
 
 
+#: The knobs a disaggregated run sets per pool: flag suffix and what its help calls it.
+_POOL_KNOBS = (
+    ("max-num-batched-tokens", "token budget"),
+    ("max-num-seqs", "max-num-seqs"),
+    ("long-prefill-token-threshold", "long-prefill token threshold"),
+)
+
+
 def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
     pd = parser.add_argument_group(
         "prefill/decode disaggregation (vLLM)",
@@ -274,21 +285,8 @@ def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
         "--decode-replicas", type=int, default=None, help="decode replicas (with --prefill-replicas)"
     )
     for pool in ("prefill", "decode"):
-        pd.add_argument(
-            f"--{pool}-max-num-batched-tokens",
-            type=int,
-            default=None,
-            help=f"token budget of the {pool} pool",
-        )
-        pd.add_argument(
-            f"--{pool}-max-num-seqs", type=int, default=None, help=f"max-num-seqs of the {pool} pool"
-        )
-        pd.add_argument(
-            f"--{pool}-long-prefill-token-threshold",
-            type=int,
-            default=None,
-            help=f"long-prefill token threshold of the {pool} pool",
-        )
+        for knob, what in _POOL_KNOBS:
+            pd.add_argument(f"--{pool}-{knob}", type=int, default=None, help=f"{what} of the {pool} pool")
     pd.add_argument(
         "--router-policy",
         choices=[p.value for p in RouterPolicy],

@@ -183,17 +183,37 @@ def kv_transfer_from_args(args: argparse.Namespace) -> KVTransfer:
     )
 
 
+def _model_len(args_value: int | None, flag: str, profile: ModelProfile) -> int:
+    max_model_len = args_value or profile.max_position_embeddings
+    if max_model_len > profile.max_position_embeddings:
+        raise ValueError(
+            f"{flag} {max_model_len} exceeds the {profile.max_position_embeddings} positions of "
+            f"{profile.name}"
+        )
+    return max_model_len
+
+
+def _args_sim_config(
+    model: str, args: argparse.Namespace, scheduler: SchedulerConfig, memory_fraction: float
+) -> SimConfig:
+    """The SimConfig of ``scheduler`` with the flags every engine shares (GPU, TP, step profile, seed)."""
+    return SimConfig(
+        model=model,
+        accelerator=args.gpu,
+        tensor_parallel_size=args.tensor_parallel_size,
+        scheduler=scheduler,
+        gpu_memory_utilization=memory_fraction,
+        step_profile=args.step_profile,
+        seed=args.seed,
+    )
+
+
 def sim_config_from_args(model: str, args: argparse.Namespace) -> SimConfig:
     """Translate parsed flags into a validated SimConfig (raises ValueError naming the flag)."""
     profile = load_model(model)
     accelerator = load_accelerator(args.gpu)
     default_budget, default_seqs = default_limits(accelerator)
-    max_model_len = args.max_model_len or profile.max_position_embeddings
-    if max_model_len > profile.max_position_embeddings:
-        raise ValueError(
-            f"--max-model-len {max_model_len} exceeds the {profile.max_position_embeddings} "
-            f"positions of {profile.name}"
-        )
+    max_model_len = _model_len(args.max_model_len, "--max-model-len", profile)
     budget = args.max_num_batched_tokens
     if budget is None:
         budget = default_budget if args.enable_chunked_prefill else max(default_budget, max_model_len)
@@ -220,15 +240,7 @@ def sim_config_from_args(model: str, args: argparse.Namespace) -> SimConfig:
         spec_acceptance_rate=acceptance,
         block_size=args.block_size,
     )
-    return SimConfig(
-        model=model,
-        accelerator=args.gpu,
-        tensor_parallel_size=args.tensor_parallel_size,
-        scheduler=scheduler,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        step_profile=args.step_profile,
-        seed=args.seed,
-    )
+    return _args_sim_config(model, args, scheduler, args.gpu_memory_utilization)
 
 
 def profiles_help() -> str:
@@ -416,16 +428,6 @@ def load_trtllm_options(path: str) -> dict[str, Any]:
     return data
 
 
-def _model_len(args_value: int | None, flag: str, profile: ModelProfile) -> int:
-    max_model_len = args_value or profile.max_position_embeddings
-    if max_model_len > profile.max_position_embeddings:
-        raise ValueError(
-            f"{flag} {max_model_len} exceeds the {profile.max_position_embeddings} positions of "
-            f"{profile.name}"
-        )
-    return max_model_len
-
-
 def _sglang_config(model: str, args: argparse.Namespace) -> SimConfig:
     profile = load_model(model)
     accelerator = load_accelerator(args.gpu)
@@ -452,15 +454,7 @@ def _sglang_config(model: str, args: argparse.Namespace) -> SimConfig:
     fraction = args.mem_fraction_static
     if fraction is None:
         fraction = SGLANG_DEFAULT_MEM_FRACTION
-    return SimConfig(
-        model=model,
-        accelerator=args.gpu,
-        tensor_parallel_size=args.tensor_parallel_size,
-        scheduler=scheduler,
-        gpu_memory_utilization=fraction,
-        step_profile=args.step_profile,
-        seed=args.seed,
-    )
+    return _args_sim_config(model, args, scheduler, fraction)
 
 
 def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
@@ -507,15 +501,7 @@ def _trtllm_config(model: str, args: argparse.Namespace) -> SimConfig:
         ),
         chunk_unit_size=int(kv_extra.get("tokens_per_block", TRTLLM_DEFAULT_TOKENS_PER_BLOCK)),
     )
-    return SimConfig(
-        model=model,
-        accelerator=args.gpu,
-        tensor_parallel_size=args.tensor_parallel_size,
-        scheduler=scheduler,
-        gpu_memory_utilization=utilisation,
-        step_profile=args.step_profile,
-        seed=args.seed,
-    )
+    return _args_sim_config(model, args, scheduler, utilisation)
 
 
 #: The engines ``sim --engine`` names: the registry's dialects (each with its flags and semantics).

@@ -98,6 +98,15 @@ class _BucketedHistogram:
         self.metric = metric
         self.buckets = buckets
 
+    @classmethod
+    def create(
+        cls, name: str, help_text: str, labels: list[str], buckets: tuple[float, ...], registry: Any
+    ) -> _BucketedHistogram:
+        """A new histogram ``name`` with ``buckets`` in ``registry``."""
+        from prometheus_client import Histogram
+
+        return cls(Histogram(name, help_text, labels, buckets=buckets, registry=registry), buckets)
+
     def add(self, child: Any, values: list[float]) -> None:
         counts: dict[int, int] = {}
         total = 0.0
@@ -147,45 +156,38 @@ class StepTelemetry:
             )
             for field, metric in names.STEP_SHAPE_FIELDS.items()
         }
-        self._itl = _BucketedHistogram(
-            Histogram(
-                names.FINE_INTER_TOKEN_LATENCY,
-                "Inter-token latency in seconds (fine buckets).",
-                base,
-                buckets=names.FINE_ITL_BUCKETS,
-                registry=registry,
-            ),
+        self._itl = _BucketedHistogram.create(
+            names.FINE_INTER_TOKEN_LATENCY,
+            "Inter-token latency in seconds (fine buckets).",
+            base,
             names.FINE_ITL_BUCKETS,
+            registry,
         )
-        self._ttft = _BucketedHistogram(
-            Histogram(
-                names.FINE_TIME_TO_FIRST_TOKEN,
-                "Time to first token in seconds (fine buckets).",
-                base,
-                buckets=names.FINE_TTFT_BUCKETS,
-                registry=registry,
-            ),
+        self._ttft = _BucketedHistogram.create(
+            names.FINE_TIME_TO_FIRST_TOKEN,
+            "Time to first token in seconds (fine buckets).",
+            base,
             names.FINE_TTFT_BUCKETS,
+            registry,
         )
-        self._cost = Counter(
-            names.TELEMETRY_SECONDS.removesuffix("_total"),
+
+        def own_counter(name: str, help_text: str) -> Any:
+            """This process's child of a new counter ``name`` (without prometheus_client's ``_total``)."""
+            return Counter(name.removesuffix("_total"), help_text, base, registry=registry).labels(
+                **self._base
+            )
+
+        self._cost = own_counter(
+            names.TELEMETRY_SECONDS,
             "Seconds the Chunkpilot plugin spent recording step telemetry (its overhead).",
-            base,
-            registry=registry,
-        ).labels(**self._base)
+        )
         self._pending_cost_s = 0.0
-        self._product = Counter(
-            names.REQUEST_TOKENS_PRODUCT.removesuffix("_total"),
-            "Sum of prompt tokens x generated tokens over finished requests.",
-            base,
-            registry=registry,
-        ).labels(**self._base)
+        self._product = own_counter(
+            names.REQUEST_TOKENS_PRODUCT, "Sum of prompt tokens x generated tokens over finished requests."
+        )
         self._lengths = {
-            name: _BucketedHistogram(
-                Histogram(
-                    name, help_text, base, buckets=names.FINE_REQUEST_TOKENS_BUCKETS, registry=registry
-                ),
-                names.FINE_REQUEST_TOKENS_BUCKETS,
+            name: _BucketedHistogram.create(
+                name, help_text, base, names.FINE_REQUEST_TOKENS_BUCKETS, registry
             )
             for name, help_text in (
                 (names.FINE_REQUEST_PROMPT_TOKENS, "Prompt tokens of finished requests (fine buckets)."),

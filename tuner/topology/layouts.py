@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from chunkpilot.tuner.twin.search import Ranking
+
 __all__ = [
     "DECODE_SEQS",
     "PREFILL_BUDGETS",
@@ -107,17 +109,8 @@ class LayoutEvaluator(Protocol):
     def __call__(self, layout: Layout) -> LayoutCapacity: ...
 
 
-@dataclass(frozen=True, slots=True)
-class TopologySearch:
+class TopologySearch(Ranking[LayoutCapacity]):
     """Every layout evaluated (best first) and what the search cost."""
-
-    ranked: tuple[LayoutCapacity, ...]
-    evaluations: int
-    cpu_seconds: float
-
-    @property
-    def best(self) -> LayoutCapacity | None:
-        return self.ranked[0] if self.ranked else None
 
 
 def splits(replicas: int) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import optuna
 from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH
@@ -26,7 +27,9 @@ from optuna.trial import TrialState
 
 from chunkpilot.api import Objective
 
-__all__ = ["Candidate", "TwinSearchResult", "scheduler_of", "search_on_twin", "twin_objective"]
+__all__ = ["Candidate", "Ranking", "TwinSearchResult", "scheduler_of", "search_on_twin", "twin_objective"]
+
+T = TypeVar("T")
 
 #: Consecutive proposals of known configurations after which the space counts as exhausted.
 MAX_REPEATS = 50
@@ -51,17 +54,21 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class TwinSearchResult:
-    """The twin's ranking: distinct configurations, best first (excluded ones left out)."""
+class Ranking(Generic[T]):
+    """What a search on the twin evaluated, best first, and what the search cost."""
 
-    ranked: tuple[Candidate, ...]
+    ranked: tuple[T, ...]
     evaluations: int
     cpu_seconds: float
 
     @property
-    def best(self) -> Candidate | None:
-        """The top-ranked candidate (None when nothing was evaluated)."""
+    def best(self) -> T | None:
+        """The top-ranked entry (None when nothing was evaluated)."""
         return self.ranked[0] if self.ranked else None
+
+
+class TwinSearchResult(Ranking[Candidate]):
+    """The twin's ranking: distinct configurations, best first (excluded ones left out)."""
 
 
 def scheduler_of(config: TunedConfig, max_model_len: int = 8192) -> SchedulerConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from chunkpilot.api.crdgen import DEFINITIONS, ResourceDefinition, build_crd
 from chunkpilot.api.knobs import DIALECTS, ENGINE_NAMES, KNOBS, EngineFlag
@@ -33,6 +33,16 @@ def _type_of(node: dict[str, Any]) -> str:
     return kind
 
 
+#: Schema keywords shown as their value in a sentence, in the order they are listed.
+_PLAIN_CONSTRAINTS: Final = (
+    ("minLength", "length >= {}"),
+    ("maxLength", "length <= {}"),
+    ("pattern", "matches `{}`"),
+    ("maxItems", "at most {} items"),
+    ("maxProperties", "at most {} entries"),
+)
+
+
 def _constraints(node: dict[str, Any]) -> str:
     parts = []
     if "enum" in node:
@@ -41,16 +51,7 @@ def _constraints(node: dict[str, Any]) -> str:
         parts.append(f"{'>' if node.get('exclusiveMinimum') else '>='} {node['minimum']}")
     if "maximum" in node:
         parts.append(f"{'<' if node.get('exclusiveMaximum') else '<='} {node['maximum']}")
-    if "minLength" in node:
-        parts.append(f"length >= {node['minLength']}")
-    if "maxLength" in node:
-        parts.append(f"length <= {node['maxLength']}")
-    if "pattern" in node:
-        parts.append(f"matches `{node['pattern']}`")
-    if "maxItems" in node:
-        parts.append(f"at most {node['maxItems']} items")
-    if "maxProperties" in node:
-        parts.append(f"at most {node['maxProperties']} entries")
+    parts.extend(text.format(node[key]) for key, text in _PLAIN_CONSTRAINTS if key in node)
     if node.get("type") != "object":  # object rules are listed in the object's own section
         parts.extend(f"CEL: {rule['message']}" for rule in node.get("x-kubernetes-validations", []))
     return "; ".join(parts)

@@ -10,6 +10,9 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Serialises this machine's installs: apt-get fails at once, not waits, while another holds dpkg's lock
 #: (parallel test workers each starting a Prometheus on a fresh machine).
@@ -34,6 +37,36 @@ def install_package(package: str, progress: Callable[[str], None]) -> None:
     progress(f"installing the {package} Debian package")
     with _one_install_at_a_time():
         _install(apt, install, env, package)
+
+
+def locate_or_install(
+    locate: Callable[[], T | None],
+    package: str,
+    progress: Callable[[str], None],
+    *,
+    not_installed: Exception,
+    error: Callable[[str], Exception],
+    installed_nothing: str,
+) -> T:
+    """What ``locate`` finds, installing ``package`` first when it finds nothing.
+
+    Raises ``not_installed`` where this machine cannot install it (no apt-get, or not root),
+    ``error(message)`` where the install fails or ``locate`` still finds nothing after it
+    (message ``installed_nothing``).
+    """
+    found = locate()
+    if found is not None:
+        return found
+    try:
+        install_package(package, progress)
+    except AptUnavailableError:
+        raise not_installed from None
+    except AptInstallError as failure:
+        raise error(str(failure)) from None
+    found = locate()
+    if found is None:
+        raise error(installed_nothing)
+    return found
 
 
 @contextlib.contextmanager

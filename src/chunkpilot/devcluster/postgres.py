@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from chunkpilot.devcluster.debian import AptInstallError, AptUnavailableError, install_package
+from chunkpilot.devcluster.debian import locate_or_install
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.devcluster.processes import ManagedProcess, StartupError
 
@@ -58,29 +58,21 @@ def locate_bin_dir() -> Path | None:
     return None
 
 
-def _install_with_apt(progress: Callable[[str], None]) -> None:
-    try:
-        install_package(DEBIAN_PACKAGE, progress)
-    except AptUnavailableError:
-        raise PostgresUnavailableError(
-            "PostgreSQL is not installed: install the `postgresql` package (Debian/Ubuntu: "
-            f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {POSTGRES_BIN_ENV} at its bin directory"
-        ) from None
-    except AptInstallError as error:
-        raise PostgresError(str(error)) from None
-
-
 def ensure_bin_dir(progress: Callable[[str], None] = lambda _msg: None) -> Path:
     """The PostgreSQL bin directory, installing the Debian package first when it is missing."""
-    found = locate_bin_dir()
-    if found is None:
-        _install_with_apt(progress)
-        found = locate_bin_dir()
-    if found is None:
-        raise PostgresError(
+    return locate_or_install(
+        locate_bin_dir,
+        DEBIAN_PACKAGE,
+        progress,
+        not_installed=PostgresUnavailableError(
+            "PostgreSQL is not installed: install the `postgresql` package (Debian/Ubuntu: "
+            f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {POSTGRES_BIN_ENV} at its bin directory"
+        ),
+        error=PostgresError,
+        installed_nothing=(
             f"the {DEBIAN_PACKAGE} package installed no {DEBIAN_BIN_GLOB} with {', '.join(_REQUIRED)}"
-        )
-    return found
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from chunkpilot.devcluster import processes
-from chunkpilot.devcluster.debian import AptInstallError, AptUnavailableError, install_package
+from chunkpilot.devcluster.debian import locate_or_install
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.devcluster.processes import ManagedProcess
 
@@ -85,18 +85,6 @@ def render_file_sd(groups: Sequence[TargetGroup]) -> list[dict[str, Any]]:
     ]
 
 
-def _install_with_apt(progress: Callable[[str], None]) -> None:
-    try:
-        install_package(DEBIAN_PACKAGE, progress)
-    except AptUnavailableError:
-        raise PrometheusError(
-            "Prometheus is not installed: install the `prometheus` package (Debian/Ubuntu: "
-            f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {PROMETHEUS_ENV} at a prometheus binary"
-        ) from None
-    except AptInstallError as error:
-        raise PrometheusError(str(error)) from None
-
-
 def locate_prometheus() -> Path | None:
     """The binary: ``$CHUNKPILOT_PROMETHEUS``, ``prometheus`` on PATH, or ``/usr/bin/prometheus``."""
     for candidate in (os.environ.get(PROMETHEUS_ENV), shutil.which("prometheus"), "/usr/bin/prometheus"):
@@ -107,13 +95,17 @@ def locate_prometheus() -> Path | None:
 
 def ensure_prometheus(progress: Callable[[str], None] = lambda _: None) -> Path:
     """The prometheus binary, installing the distribution package when missing (root only)."""
-    found = locate_prometheus()
-    if found is None:
-        _install_with_apt(progress)
-        found = locate_prometheus()
-    if found is None:
-        raise PrometheusError(f"the {DEBIAN_PACKAGE} package installed no prometheus binary on PATH")
-    return found
+    return locate_or_install(
+        locate_prometheus,
+        DEBIAN_PACKAGE,
+        progress,
+        not_installed=PrometheusError(
+            "Prometheus is not installed: install the `prometheus` package (Debian/Ubuntu: "
+            f"`sudo apt-get install -y {DEBIAN_PACKAGE}`) or point {PROMETHEUS_ENV} at a prometheus binary"
+        ),
+        error=PrometheusError,
+        installed_nothing=f"the {DEBIAN_PACKAGE} package installed no prometheus binary on PATH",
+    )
 
 
 class PrometheusServer:

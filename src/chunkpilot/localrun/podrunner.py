@@ -36,6 +36,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.localrun.endpoints import SERVICE_LABEL, Endpoint, EndpointSource
 from chunkpilot.localrun.podspec import (
     ContainerPhase,
@@ -58,7 +59,7 @@ from chunkpilot.localrun.podspec import (
     resolve_env,
     status_patch,
 )
-from chunkpilot.localrun.process import LOOPBACK, EngineProcess, free_port
+from chunkpilot.localrun.process import EngineProcess
 from chunkpilot.localrun.router import (
     DEFAULT_ROUTER_COMMAND,
     RouterBackends,

@@ -6,22 +6,11 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def probe_health(host: str, port: int, timeout_s: float = 0.5, path: str = "/health") -> bool:

@@ -108,19 +108,29 @@ def _show(selector: Selector) -> str:
     return ",".join(f"{key}={value}" for key, value in selector) or "{}"
 
 
-def _values_after(args: Sequence[str], flag: str) -> list[str]:
-    """Every value of a multi-valued flag (``--flag A B`` or ``--flag=A``), over all its occurrences."""
+def _split_multi(args: Sequence[str], flag: str) -> tuple[list[str], list[str]]:
+    """Every value of a multi-valued flag (``--flag A B`` or ``--flag=A``), over all its occurrences,
+    and the arguments that are not the flag or its values."""
     values: list[str] = []
+    rest: list[str] = []
     taking = False
     for arg in args:
         if arg.startswith("--"):
             taking = arg == flag
             if arg.startswith(f"{flag}="):
                 values.append(arg.split("=", 1)[1])
-            continue
-        if taking:
+            elif not taking:
+                rest.append(arg)
+        elif taking:
             values.append(arg)
-    return values
+        else:
+            rest.append(arg)
+    return values, rest
+
+
+def _values_after(args: Sequence[str], flag: str) -> list[str]:
+    """Every value of a multi-valued flag (``--flag A B`` or ``--flag=A``), over all its occurrences."""
+    return _split_multi(args, flag)[0]
 
 
 def _value_of(args: Sequence[str], flag: str) -> str | None:
@@ -224,17 +234,7 @@ def router_command(
 
 
 def _strip_multi(args: Sequence[str], flag: str) -> list[str]:
-    kept: list[str] = []
-    skipping = False
-    for arg in args:
-        if arg.startswith("--"):
-            skipping = arg == flag
-            if skipping or arg.startswith(f"{flag}="):
-                continue
-        elif skipping:
-            continue
-        kept.append(arg)
-    return kept
+    return _split_multi(args, flag)[1]
 
 
 __all__ = [
