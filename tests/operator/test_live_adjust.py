@@ -23,6 +23,7 @@ from chunkpilot.operator.kube import KubeError
 from chunkpilot.operator.reconcile import Reconciler
 
 from chunkpilot.api import InferenceService, Track
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 UPSTREAM = "vllm/vllm-openai:v0.33.0"
 OWNER_BODY = {
@@ -33,16 +34,12 @@ OWNER_BODY = {
 
 
 def isvc(live_adjust: bool = True, **engine: Any) -> InferenceService:
-    body = {
-        "apiVersion": "chunkpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "chat", "namespace": "llm"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"version": "0.33.0", **engine},
-            "autotune": {"liveAdjust": live_adjust},
-        },
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"version": "0.33.0", **engine},
+        "autotune": {"liveAdjust": live_adjust},
     }
+    body = a_manifest("chat", "llm", spec)
     return InferenceService.from_manifest(body)
 
 
