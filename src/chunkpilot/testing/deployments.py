@@ -8,17 +8,31 @@ from typing import Any
 from chunkpilot.operator.status import DeploymentState
 
 
-def a_ready_state(replicas: int = 1) -> DeploymentState:
-    """A Deployment of ``replicas``, every one ready, updated and available, its generation observed."""
+def a_deployment_state(
+    desired: int = 1,
+    *,
+    ready: int | None = None,
+    updated: int | None = None,
+    replicas: int | None = None,
+    **fields: Any,
+) -> DeploymentState:
+    """A Deployment of ``desired`` replicas, its generation observed: ``replicas`` of them, ``ready``
+    (and as many available) and ``updated`` (each all of them unless told); ``fields`` set the rest."""
     return DeploymentState(
-        desired=replicas,
-        replicas=replicas,
-        ready=replicas,
-        updated=replicas,
-        available=replicas,
+        desired=desired,
+        replicas=desired if replicas is None else replicas,
+        ready=desired if ready is None else ready,
+        updated=desired if updated is None else updated,
+        available=desired if ready is None else ready,
         generation=1,
         observed_generation=1,
+        **fields,
     )
+
+
+def a_ready_state(replicas: int = 1) -> DeploymentState:
+    """A Deployment of ``replicas``, every one ready, updated and available, its generation observed."""
+    return a_deployment_state(replicas)
 
 
 def after_rollout(manifest: dict[str, Any], ready: bool = True) -> dict[str, Any]:
