@@ -21,6 +21,7 @@ from chunkpilot.operator.engines.vllm import KNOB_RULES
 
 from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
+from chunkpilot.testing.argv import flag as flag_value
 
 
 def spec(**engine: Any) -> InferenceServiceSpec:
@@ -32,10 +33,6 @@ def rendered(**engine: Any) -> EngineRender:
     result = render_engine(spec(**engine))
     assert isinstance(result, EngineRender), result
     return result
-
-
-def flag_value(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
 
 
 @pytest.mark.parametrize(
