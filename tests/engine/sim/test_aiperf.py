@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from chunkpilot.engine.sim import aiperf_env
@@ -47,25 +47,26 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+class _Load(NamedTuple):
+    """aiperf's synthetic load: prompt and output lengths as (mean, stddev) tokens, the requests, and
+    how many run at once."""
+
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+    requests: int
+    concurrency: int
+
+
 def _run_aiperf(
-    env: aiperf_env.AiperfEnv,
-    server: SimServer,
-    hub: Path,
-    out: Path,
-    endpoint: str,
-    *,
-    prompt: tuple[int, int],
-    output: tuple[int, int],
-    requests: int,
-    concurrency: int,
+    env: aiperf_env.AiperfEnv, server: SimServer, hub: Path, out: Path, endpoint: str, load: _Load
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """aiperf's synthetic load on ``endpoint``, lengths as (mean, stddev) tokens; its export, then the
-    server's metric families."""
+    """``load`` on ``endpoint``: aiperf's export, then the server's metric families."""
+    (prompt_mean, prompt_sd), (output_mean, output_sd) = load.prompt, load.output
     args = (
         "--endpoint-type", endpoint,
-        "--synthetic-input-tokens-mean", str(prompt[0]), "--synthetic-input-tokens-stddev", str(prompt[1]),
-        "--output-tokens-mean", str(output[0]), "--output-tokens-stddev", str(output[1]),
-        "--request-count", str(requests), "--concurrency", str(concurrency),
+        "--synthetic-input-tokens-mean", str(prompt_mean), "--synthetic-input-tokens-stddev", str(prompt_sd),
+        "--output-tokens-mean", str(output_mean), "--output-tokens-stddev", str(output_sd),
+        "--request-count", str(load.requests), "--concurrency", str(load.concurrency),
     )  # fmt: skip
     argv = [
         str(env.aiperf), "profile", "--model", MODEL, "--url", server.url, "--streaming",
@@ -108,7 +109,7 @@ def test_completions_counts_equal_and_latencies_agree(
     with sim_server_runner(tmp_path, *SERVER_ARGS, time_scale=LATENCY_TIME_SCALE) as server:
         export, families = _run_aiperf(
             aiperf, server, hub_cache, tmp_path / "completions", "completions",
-            prompt=(300, 80), output=(32, 8), requests=24, concurrency=4,
+            _Load(prompt=(300, 80), output=(32, 8), requests=24, concurrency=4),
         )  # fmt: skip
     requests = export["request_count"]["avg"]
     prompt, generated = (
@@ -145,7 +146,7 @@ def test_chat_counts_equal_the_servers_less_the_template(
     with sim_server_runner(tmp_path, *SERVER_ARGS) as server:
         export, families = _run_aiperf(
             aiperf, server, hub_cache, tmp_path / "chat", "chat",
-            prompt=(120, 30), output=(16, 4), requests=10, concurrency=2,
+            _Load(prompt=(120, 30), output=(16, 4), requests=10, concurrency=2),
         )  # fmt: skip
     requests = export["request_count"]["avg"]
     assert export["total_osl"]["avg"] == _value(families, "vllm:generation_tokens_total")
