@@ -9,11 +9,17 @@ from typing import Any
 
 import yaml
 
-from chunkpilot.api import API_VERSION, ISVC_KIND, InferenceService
+from chunkpilot.api import API_VERSION, ISVC_KIND, EngineKind, InferenceService, InferenceServiceSpec
 from chunkpilot.tuner.observe.observer import parse_service
 
 #: The examples of the checkout this package runs from (a strict editable install links its files).
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+#: The checkout's InferenceService manifests: the examples, the operator's golden cases, the API's valid ones.
+MANIFEST_FOLDERS = (
+    EXAMPLES,
+    EXAMPLES.parent / "tests" / "operator" / "golden" / "cases",
+    EXAMPLES.parent / "tests" / "api" / "valid",
+)
 #: The service the builders make unless told: a chat service on the CPU simulator.
 CHAT_EXAMPLE = "chat-llama-8b-sim.yaml"
 #: The builders' clock: the "now" of the step they feed.
@@ -69,6 +75,19 @@ def example_body(name: str = CHAT_EXAMPLE) -> dict[str, Any]:
     """``examples/<name>``, read afresh (callers may edit it)."""
     body: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
     return body
+
+
+def specs_of_kind(kind: EngineKind) -> dict[str, InferenceServiceSpec]:
+    """The spec of every InferenceService in :data:`MANIFEST_FOLDERS` whose engine is ``kind``, by
+    ``<folder>/<file>`` (read afresh)."""
+    specs: dict[str, InferenceServiceSpec] = {}
+    for path in (path for folder in MANIFEST_FOLDERS for path in sorted(folder.glob("*.yaml"))):
+        manifest = yaml.safe_load(path.read_text())
+        if manifest.get("kind") != ISVC_KIND:
+            continue
+        if (manifest["spec"].get("engine") or {}).get("kind") == kind:
+            specs[f"{path.parent.name}/{path.name}"] = InferenceService.from_manifest(manifest).spec
+    return specs
 
 
 def a_service_body(
