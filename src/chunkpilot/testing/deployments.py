@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chunkpilot.localrun.endpoints import ROLE_LABEL, SERVICE_LABEL
 from chunkpilot.operator.status import DeploymentState
 
 
@@ -92,3 +93,33 @@ def sim_deployment(
             },
         },
     }
+
+
+def router_args(service: str, namespace: str, policy: str) -> list[str]:
+    """A ``vllm-router`` command line shaped like the operator's: prefill/decode mode, both pools of
+    ``service`` found by Kubernetes service discovery in ``namespace`` (engines on port 8000), routed
+    by ``policy``; it listens on 8000 and serves its metrics on 29000, on every interface."""
+    return [
+        "--vllm-pd-disaggregation",
+        "--service-discovery",
+        "--service-discovery-namespace",
+        namespace,
+        "--prefill-selector",
+        f"{SERVICE_LABEL}={service}",
+        f"{ROLE_LABEL}=prefill",
+        "--decode-selector",
+        f"{SERVICE_LABEL}={service}",
+        f"{ROLE_LABEL}=decode",
+        "--service-discovery-port",
+        "8000",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--policy",
+        policy,
+        "--prometheus-host",
+        "0.0.0.0",
+        "--prometheus-port",
+        "29000",
+    ]
