@@ -34,19 +34,15 @@ LLAMA_8B: Mapping[str, Any] = {
 
 
 def a_manifest(
-    name: str, namespace: str, spec: Mapping[str, Any], *, kind: str = ISVC_KIND, **fields: Any
+    name: str, namespace: str | None, spec: Mapping[str, Any], *, kind: str = ISVC_KIND, **fields: Any
 ) -> dict[str, Any]:
     """An object of the chunkpilot API as a user applies it (an InferenceService unless ``kind``).
 
-    ``fields`` are further top-level fields (``status``, for one).
+    ``namespace`` None leaves it to ``kubectl apply``; ``fields`` are further top-level fields
+    (``status``, for one).
     """
-    return {
-        "apiVersion": API_VERSION,
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": dict(spec),
-        **fields,
-    }
+    metadata = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "spec": dict(spec), **fields}
 
 
 def a_topology_manifest(
