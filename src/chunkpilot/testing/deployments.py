@@ -95,31 +95,18 @@ def sim_deployment(
     }
 
 
+#: The pools of a disaggregated service, as their role labels spell them.
+ROLES = ("prefill", "decode")
+
+
 def router_args(service: str, namespace: str, policy: str) -> list[str]:
     """A ``vllm-router`` command line shaped like the operator's: prefill/decode mode, both pools of
     ``service`` found by Kubernetes service discovery in ``namespace`` (engines on port 8000), routed
     by ``policy``; it listens on 8000 and serves its metrics on 29000, on every interface."""
+    selectors = {role: (f"{SERVICE_LABEL}={service}", f"{ROLE_LABEL}={role}") for role in ROLES}
     return [
-        "--vllm-pd-disaggregation",
-        "--service-discovery",
-        "--service-discovery-namespace",
-        namespace,
-        "--prefill-selector",
-        f"{SERVICE_LABEL}={service}",
-        f"{ROLE_LABEL}=prefill",
-        "--decode-selector",
-        f"{SERVICE_LABEL}={service}",
-        f"{ROLE_LABEL}=decode",
-        "--service-discovery-port",
-        "8000",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "8000",
-        "--policy",
-        policy,
-        "--prometheus-host",
-        "0.0.0.0",
-        "--prometheus-port",
-        "29000",
+        *("--vllm-pd-disaggregation", "--service-discovery", "--service-discovery-namespace", namespace),
+        *("--prefill-selector", *selectors["prefill"], "--decode-selector", *selectors["decode"]),
+        *("--service-discovery-port", "8000", "--host", "0.0.0.0", "--port", "8000", "--policy", policy),
+        *("--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"),
     ]
