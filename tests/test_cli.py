@@ -19,6 +19,7 @@ import pytest
 
 from chunkpilot.cli import COMMANDS, Command, build_parser, dispatched_command
 from chunkpilot.pipes import EXIT_BROKEN_PIPE
+from chunkpilot.testing.processes import captured, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "chat-llama-8b-sim.yaml"
@@ -175,13 +176,7 @@ def test_dispatched_command_is_the_first_positional_argument(argv: list[str], co
 
 
 def test_an_unknown_command_is_refused_with_the_table() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "chunkpilot.cli", "nonsense"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("nonsense")
     assert result.returncode == 2
     assert "invalid choice: 'nonsense'" in result.stderr
     assert all(repr(command.name) in result.stderr for command in COMMANDS)
@@ -262,13 +257,7 @@ sys.exit(code)
 
 def test_kubectl_status_into_a_closed_pipe_exits_141_quietly() -> None:
     """rich's console would exit 1 on its own; the plugin ends the same way as ``chunkpilot``."""
-    shown = subprocess.run(
-        [sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    shown = captured([sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE)], timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "default/chat" in shown.stdout
     result = into_closed_pipe([sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE)])

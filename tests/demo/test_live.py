@@ -11,6 +11,7 @@ from chunkpilot.api import InferenceService, TuningTrial
 from chunkpilot.demo.live import assess, render_view, trial_progress
 from chunkpilot.demo.run import DemoResult, transition_lines
 from chunkpilot.demo.scenario import DemoScenario, build_inferenceservice
+from chunkpilot.testing.trials import a_trial_manifest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -34,19 +35,7 @@ def trial(
         status["verdict"] = verdict
     if started:
         status["startedAt"] = started.isoformat()
-    return TuningTrial.from_manifest(
-        {
-            "apiVersion": "chunkpilot.io/v1alpha1",
-            "kind": "TuningTrial",
-            "metadata": {"name": f"code-assist-trial-{number}", "namespace": "default"},
-            "spec": {
-                "serviceName": "code-assist",
-                "number": number,
-                "params": {"maxNumBatchedTokens": 1024 * (number + 1), "maxNumSeqs": 128},
-            },
-            "status": status,
-        }
-    )
+    return TuningTrial.from_manifest(a_trial_manifest("code-assist", number, 1024 * (number + 1), status))
 
 
 def test_running_trial_means_not_finished() -> None:

@@ -6,12 +6,13 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.testing.kube import scratch_namespace
+from chunkpilot.testing.kube import apply_manifest, get_json, scratch_namespace
 
 pytestmark = pytest.mark.cluster
 
@@ -20,6 +21,17 @@ pytestmark = pytest.mark.cluster
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     with scratch_namespace(control_plane, "t", digits=8) as name:
         yield name
+
+
+def gpu_pod_spec(container: str, *, gpus: int) -> dict[str, Any]:
+    """A pod spec of one container named ``container`` (image ``example.invalid/<container>:1``)
+    limited to ``gpus`` GPUs."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    return {
+        "containers": [
+            {"name": container, "image": f"example.invalid/{container}:1", "resources": {"limits": limits}}
+        ]
+    }
 
 
 def _wait_for(predicate: object, timeout: float, what: str) -> None:
@@ -66,19 +78,11 @@ def test_gpu_deployment_becomes_available_on_a_kwok_node(control_plane: ControlP
             "selector": {"matchLabels": {"app": "gpu-app"}},
             "template": {
                 "metadata": {"labels": {"app": "gpu-app"}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "engine",
-                            "image": "example.invalid/engine:1",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ]
-                },
+                "spec": gpu_pod_spec("engine", gpus=1),
             },
         },
     }
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(deployment))
+    apply_manifest(control_plane, namespace, deployment)
     control_plane.kubectl(
         "wait",
         "-n",
@@ -88,7 +92,7 @@ def test_gpu_deployment_becomes_available_on_a_kwok_node(control_plane: ControlP
         "deployment/gpu-app",
         timeout=100,
     )
-    pods = json.loads(control_plane.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    pods = get_json(control_plane, namespace, "pods")["items"]
     assert len(pods) == 2
     for pod in pods:
         assert pod["spec"]["nodeName"].startswith("gpu-node-")
@@ -100,22 +104,12 @@ def test_a_pod_that_asks_for_too_many_gpus_stays_pending(control_plane: ControlP
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "greedy", "namespace": namespace},
-        "spec": {
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "example.invalid/c:1",
-                    "resources": {"limits": {"nvidia.com/gpu": "9"}},
-                }
-            ]
-        },
+        "spec": gpu_pod_spec("c", gpus=9),
     }
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    apply_manifest(control_plane, namespace, pod)
 
     def unschedulable() -> bool:
-        status = json.loads(
-            control_plane.kubectl("get", "pod", "greedy", "-n", namespace, "-o", "json").stdout
-        )
+        status = get_json(control_plane, namespace, "pod", "greedy")
         conditions = status["status"].get("conditions", [])
         return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
 
@@ -136,7 +130,7 @@ def test_garbage_collector_deletes_dependents(control_plane: ControlPlane, names
             "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}],
         },
     }
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(dependent))
+    apply_manifest(control_plane, namespace, dependent)
     control_plane.kubectl("delete", "configmap", "owner", "-n", namespace)
 
     def dependent_gone() -> bool:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from chunkpilot.devcluster.ports import LOOPBACK
 from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.testing.metrics import ExpositionServer
 
 pytestmark = pytest.mark.prometheus
 
@@ -20,29 +18,11 @@ devcluster_test_requests_total{route="/v1/completions"} 42
 """
 
 
-class _MetricsHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path != "/metrics":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(_METRICS)))
-        self.end_headers()
-        self.wfile.write(_METRICS)
-
-    def log_message(self, format: str, *args: object) -> None:
-        return None
-
-
 @pytest.fixture
 def metrics_endpoint() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), _MetricsHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"{LOOPBACK}:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    server = ExpositionServer(lambda path, _: _METRICS.decode() if path == "/metrics" else None)
+    yield server.address
+    server.close()
 
 
 def test_prometheus_scrapes_a_real_endpoint_and_answers_queries(

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 import pytest
 
-from chunkpilot.api import GROUP, VERSION
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import apply_service, stream_completions, wait_until
+from chunkpilot.testing.e2e import apply_service, fresh_service, stream_completions, wait_until
 from chunkpilot.testing.kube import get_json
 from chunkpilot.testing.metrics import query_value
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -35,28 +34,20 @@ REQUESTS = [(60 + 37 * (i % 7), 4 + i % 9) for i in range(24)]
 
 def disaggregated_manifest(name: str, namespace: str) -> dict[str, Any]:
     """Llama-3.1-8B on simulated H100s: 1 prefill + 1 decode replica, vllm-router in front."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {
-                "name": "meta-llama/Llama-3.1-8B-Instruct",
-                "servedName": MODEL,
-                "maxModelLen": 8192,
-            },
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-            "resources": {"accelerator": "h100"},
-            "topology": {
-                "mode": "disaggregated",
-                "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 16},
-                "decode": {"replicas": 1, "maxNumBatchedTokens": 512, "maxNumSeqs": 64},
-                "kvTransfer": {"connector": "NixlConnector", "bandwidthGBps": 25, "latencyMs": 1},
-                "router": {"policy": "round_robin"},
-            },
-            "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
+    spec = {
+        "model": {**LLAMA_8B, "servedName": MODEL},
+        "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "topology": {
+            "mode": "disaggregated",
+            "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 16},
+            "decode": {"replicas": 1, "maxNumBatchedTokens": 512, "maxNumSeqs": 64},
+            "kvTransfer": {"connector": "NixlConnector", "bandwidthGBps": 25, "latencyMs": 1},
+            "router": {"policy": "round_robin"},
         },
+        "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
     }
+    return a_manifest(name, namespace, spec)
 
 
 @pytest.fixture
@@ -68,9 +59,7 @@ def test_disaggregated_service_streams_through_the_router_with_both_pools_counti
     stack: LocalStack, prometheus: PrometheusServer
 ) -> None:
     started = time.monotonic()
-    plane, runner = stack.control_plane, stack.runner
-    assert plane is not None and runner is not None
-    namespace, name = f"disagg-{uuid.uuid4().hex[:6]}", f"pd-{uuid.uuid4().hex[:6]}"
+    plane, runner, namespace, name = fresh_service(stack, "disagg", "pd")
     cluster = apply_service(stack, disaggregated_manifest(name, namespace))
     try:
         # The Service's traffic goes to the router, the only endpoint of a disaggregated service.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
     apply_service,
+    fresh_service,
     infeasible_service_manifest,
     start_infeasible_load,
     wait_until,
@@ -78,9 +78,7 @@ def test_an_infeasible_colocated_service_gets_the_disaggregation_recommendation_
     stack: LocalStack,
 ) -> None:
     started = time.monotonic()
-    plane, runner = stack.control_plane, stack.runner
-    assert plane is not None and runner is not None
-    namespace, name = f"infeasible-{uuid.uuid4().hex[:6]}", f"tight-{uuid.uuid4().hex[:6]}"
+    plane, runner, namespace, name = fresh_service(stack, "infeasible", "tight")
     cluster = apply_service(stack, manifest(name, namespace))
     load: BackgroundLoad | None = None
     try:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -46,6 +45,7 @@ from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
     INFEASIBLE_ITL_MS,
     apply_service,
+    fresh_service,
     infeasible_service_manifest,
     start_infeasible_load,
     stream_completions,
@@ -104,9 +104,7 @@ def test_an_infeasible_service_allowed_to_change_topology_tries_the_recommended_
     stack: LocalStack, prometheus: PrometheusServer
 ) -> None:
     started = time.monotonic()
-    plane, runner = stack.control_plane, stack.runner
-    assert plane is not None and runner is not None
-    namespace, name = f"topo-{uuid.uuid4().hex[:6]}", f"pd-{uuid.uuid4().hex[:6]}"
+    plane, runner, namespace, name = fresh_service(stack, "topo", "pd")
     body = manifest(name, namespace)
     cluster = apply_service(stack, body)
     load: BackgroundLoad | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,31 @@ def can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
     return result.stdout.strip() == "yes"
 
 
+def answers(
+    plane: ControlPlane, kubeconfig: Path, asked: Iterable[tuple[str, ...]]
+) -> dict[tuple[str, ...], bool]:
+    """``kubectl auth can-i`` as ``kubeconfig``'s identity, for each question (its arguments)."""
+    return {question: can_i(plane, kubeconfig, *question) for question in asked}
+
+
+#: What the operator may do watching namespace id-a, live adjustment off.
+PLAIN_RULES = {
+    ("list", "pods", "-n", "id-a"): True,
+    ("patch", "deployments.apps", "-n", "id-a"): True,
+    ("list", "pods", "-n", "id-b"): False,  # outside the watched namespace
+    ("get", "secrets", "-n", "id-a"): False,  # liveAdjust.enabled is off
+    ("delete", "services", "-n", "id-a"): False,
+    ("list", "nodes"): False,
+}
+#: What it may do with its live-adjust token Secrets, watching the whole cluster.
+LIVE_RULES = {
+    ("get", "secrets", "-n", "anywhere"): True,
+    ("create", "secrets", "-n", "anywhere"): True,
+    ("delete", "secrets", "-n", "anywhere"): False,
+    ("list", "secrets", "-n", "anywhere"): False,
+}
+
+
 @pytest.mark.cluster
 def test_operator_identity_holds_the_charts_rules_and_no_more(
     control_plane: ControlPlane, tmp_path: Path
@@ -54,21 +80,13 @@ def test_operator_identity_holds_the_charts_rules_and_no_more(
         control_plane, tmp_path / "plain.kubeconfig", ["watch.mode=namespaced", "watch.namespaces={id-a}"],
         release="identity-plain",
     )  # fmt: skip
-    assert can_i(control_plane, plain, "list", "pods", "-n", "id-a")
-    assert can_i(control_plane, plain, "patch", "deployments.apps", "-n", "id-a")
-    assert not can_i(control_plane, plain, "list", "pods", "-n", "id-b")  # outside the watched namespace
-    assert not can_i(control_plane, plain, "get", "secrets", "-n", "id-a")  # liveAdjust.enabled is off
-    assert not can_i(control_plane, plain, "delete", "services", "-n", "id-a")
-    assert not can_i(control_plane, plain, "list", "nodes")
+    assert answers(control_plane, plain, PLAIN_RULES) == PLAIN_RULES
 
     live = install_operator_identity(
         control_plane, tmp_path / "live.kubeconfig", ["watch.mode=cluster", "liveAdjust.enabled=true"],
         release="identity-live",
     )  # fmt: skip
-    assert can_i(control_plane, live, "get", "secrets", "-n", "anywhere")
-    assert can_i(control_plane, live, "create", "secrets", "-n", "anywhere")
-    assert not can_i(control_plane, live, "delete", "secrets", "-n", "anywhere")
-    assert not can_i(control_plane, live, "list", "secrets", "-n", "anywhere")
+    assert answers(control_plane, live, LIVE_RULES) == LIVE_RULES
     account = f"system:serviceaccount:{RELEASE_NAMESPACE}:identity-live-chunkpilot"
     who = subprocess.run(
         [str(control_plane.binaries[Binary.KUBECTL]), f"--kubeconfig={live}", "auth", "whoami", "-o", "json"],

@@ -16,31 +16,9 @@ from chunkpilot.localrun.router import (
     router_command,
     router_missing,
 )
+from chunkpilot.testing.deployments import router_args
 
-ROUTER_ARGS = [
-    "--vllm-pd-disaggregation",
-    "--service-discovery",
-    "--service-discovery-namespace",
-    "demo",
-    "--prefill-selector",
-    "chunkpilot.io/service=chat",
-    "chunkpilot.io/role=prefill",
-    "--decode-selector",
-    "chunkpilot.io/service=chat",
-    "chunkpilot.io/role=decode",
-    "--service-discovery-port",
-    "8000",
-    "--host",
-    "0.0.0.0",
-    "--port",
-    "8000",
-    "--policy",
-    "cache_aware",
-    "--prometheus-host",
-    "0.0.0.0",
-    "--prometheus-port",
-    "29000",
-]
+ROUTER_ARGS = router_args("chat", "demo", "cache_aware")
 
 
 def worker(namespace: str, role: str, port: int, service: str = "chat") -> Worker:

@@ -21,7 +21,7 @@ from chunkpilot.localrun.endpoints import TRACK_LABEL as TRACK
 from chunkpilot.localrun.podrunner import PodReport, PodRunner
 from chunkpilot.localrun.podspec import ContainerPhase
 from chunkpilot.localrun.targets import read_targets, targets_file_source
-from chunkpilot.testing.deployments import sim_deployment
+from chunkpilot.testing.deployments import router_args, sim_deployment
 from chunkpilot.testing.e2e import stream_completions
 from chunkpilot.testing.kube import apply_manifest, get_json, pod_ready, scratch_namespace
 from chunkpilot.testing.metrics import query_value
@@ -60,30 +60,7 @@ def router_deployment(service: str, namespace: str) -> dict[str, Any]:
     ``namespace`` may be ``$(POD_NAMESPACE)``: the container's env has it from the pod's namespace.
     """
     labels = {SERVICE_LABEL: service, COMPONENT_LABEL: "router"}
-    args = [
-        "--vllm-pd-disaggregation",
-        "--service-discovery",
-        "--service-discovery-namespace",
-        namespace,
-        "--prefill-selector",
-        f"{SERVICE_LABEL}={service}",
-        f"{ROLE_LABEL}=prefill",
-        "--decode-selector",
-        f"{SERVICE_LABEL}={service}",
-        f"{ROLE_LABEL}=decode",
-        "--service-discovery-port",
-        "8000",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "8000",
-        "--policy",
-        "round_robin",
-        "--prometheus-host",
-        "0.0.0.0",
-        "--prometheus-port",
-        "29000",
-    ]
+    args = router_args(service, namespace, "round_robin")
     probe = {"httpGet": {"path": "/readiness", "port": "http"}}
     return {
         "apiVersion": "apps/v1",

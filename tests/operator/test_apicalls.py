@@ -22,6 +22,7 @@ from chunkpilot.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeClient, load_
 from chunkpilot.operator.objects import canary_topology_paths
 
 from chunkpilot.api import InferenceService, PoolSpec, TopologySpec
+from chunkpilot.testing.services import a_topology_manifest
 
 CLUSTER_PEERING = Request("get", "kopf.dev", "clusterkopfpeerings", False)
 WATCH_ALL = Request("watch", "chunkpilot.io", "inferenceservices", False)
@@ -130,18 +131,7 @@ def test_client_refuses_an_undeclared_call_before_sending_it(
 
 def test_the_tuners_entries_declare_every_call_of_a_topology_trials_canary_objects() -> None:
     """The tuner applies the canary pools and the canary router with its RBAC, and deletes them."""
-    service = InferenceService.from_manifest(
-        {
-            "metadata": {"name": "chat", "namespace": "ns"},
-            "spec": {
-                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-                "engine": {"kind": "sim", "maxNumBatchedTokens": 256, "maxNumSeqs": 64},
-                "replicas": 2,
-                "slo": {"itl": {"quantile": 0.99, "maxMs": 35}, "ttft": {"quantile": 0.95, "maxMs": 600}},
-                "autotune": {"enabled": True, "allowTopologyChange": True},
-            },
-        }
-    )
+    service = InferenceService.from_manifest(a_topology_manifest("chat", "ns"))
     topology = TopologySpec(
         mode="disaggregated",
         prefill=PoolSpec(replicas=1, max_num_batched_tokens=4096),

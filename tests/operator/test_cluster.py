@@ -23,6 +23,7 @@ from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 from chunkpilot.bench.operator_load import run_bench
 from chunkpilot.testing.kube import condition_of, get_object
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -408,18 +409,14 @@ def test_unsupported_knob_sets_ready_false_instead_of_a_crashing_pod(
 
 
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
-    manifest = {
-        "apiVersion": "chunkpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "tokens"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-            "resources": {"accelerator": "h100"},
-            "replicas": 0,
-            "autotune": {"liveAdjust": True},
-        },
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "replicas": 0,
+        "autotune": {"liveAdjust": True},
     }
+    manifest = a_manifest("tokens", None, spec)
     apply(cluster, manifest)
     secret = wait_for(
         lambda: get(cluster, "secrets", "tokens-live-adjust"), timeout=60, what="Secret tokens-live-adjust"

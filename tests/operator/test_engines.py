@@ -21,6 +21,7 @@ from chunkpilot.operator.engines.vllm import KNOB_RULES
 
 from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
+from chunkpilot.testing.argv import flag as flag_value
 
 
 def spec(**engine: Any) -> InferenceServiceSpec:
@@ -32,10 +33,6 @@ def rendered(**engine: Any) -> EngineRender:
     result = render_engine(spec(**engine))
     assert isinstance(result, EngineRender), result
     return result
-
-
-def flag_value(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
 
 
 @pytest.mark.parametrize(
@@ -352,20 +349,11 @@ def test_a_versioned_flag_of_another_dialect_is_refused_outside_its_releases() -
 
     from chunkpilot.api.knobs import SGLANG, EngineFlag
 
-    row = KnobSpec(
-        "enable_mixed_chunk",
-        "enableMixedChunk",
-        "bool",
-        "doc",
-        {SGLANG: EngineFlag("--x", since=EngineVersion(0, 5, 0))},
-    )
+    def mixed_chunk(flag: EngineFlag) -> KnobSpec:
+        return KnobSpec("enable_mixed_chunk", "enableMixedChunk", "bool", "doc", {SGLANG: flag})
+
+    row = mixed_chunk(EngineFlag("--x", since=EngineVersion(0, 5, 0)))
     early = versioned_knob(row, SGLANG, EngineVersion(0, 4, 9))
     assert early.engine == "SGLang" and "0.5.0 and later" in early.message and early.flag == "--x"
-    gone = KnobSpec(
-        "enable_mixed_chunk",
-        "enableMixedChunk",
-        "bool",
-        "doc",
-        {SGLANG: EngineFlag("--x", until=EngineVersion(0, 5, 0))},
-    )
+    gone = mixed_chunk(EngineFlag("--x", until=EngineVersion(0, 5, 0)))
     assert "removed in 0.5.0" in versioned_knob(gone, SGLANG, EngineVersion(0, 5, 23)).message

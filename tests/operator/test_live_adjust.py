@@ -23,6 +23,8 @@ from chunkpilot.operator.kube import KubeError
 from chunkpilot.operator.reconcile import Reconciler
 
 from chunkpilot.api import InferenceService, Track
+from chunkpilot.testing.argv import flag
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 UPSTREAM = "vllm/vllm-openai:v0.33.0"
 OWNER_BODY = {
@@ -33,16 +35,12 @@ OWNER_BODY = {
 
 
 def isvc(live_adjust: bool = True, **engine: Any) -> InferenceService:
-    body = {
-        "apiVersion": "chunkpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "chat", "namespace": "llm"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"version": "0.33.0", **engine},
-            "autotune": {"liveAdjust": live_adjust},
-        },
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"version": "0.33.0", **engine},
+        "autotune": {"liveAdjust": live_adjust},
     }
+    body = a_manifest("chat", "llm", spec)
     return InferenceService.from_manifest(body)
 
 
@@ -50,10 +48,6 @@ def container(service: InferenceService) -> dict[str, Any]:
     pod = build_deployment(service, Track.STABLE)["spec"]["template"]["spec"]
     found: dict[str, Any] = pod["containers"][0]
     return found
-
-
-def flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
 
 
 def test_engine_image_renders_the_route_with_the_token_from_the_secret() -> None:

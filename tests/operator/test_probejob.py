@@ -35,6 +35,7 @@ from chunkpilot.operator.probejob import (
 
 from chunkpilot import __version__
 from chunkpilot.api import InferenceService
+from chunkpilot.testing.argv import flag, flags
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,12 +84,14 @@ def test_job_for_a_service_carries_its_slo_placement_and_owner() -> None:
     assert probe["image"] == "registry.example/probe:1"
     command = probe["command"]
     assert command[:2] == ["chunkpilot", "probe"]
-    assert command[command.index("--tensor-parallel-size") + 1] == "2"
-    assert command[command.index("--accelerator") + 1] == "h100"
-    assert command[command.index("--itl-target-ms") + 1] == "50"
-    assert command[command.index("--out") + 1] == "/profile/profile.json"
+    assert flags(command, "--tensor-parallel-size", "--accelerator", "--itl-target-ms", "--out") == {
+        "--tensor-parallel-size": "2",
+        "--accelerator": "h100",
+        "--itl-target-ms": "50",
+        "--out": "/profile/profile.json",
+    }
     publish = pod["containers"][0]["command"]
-    assert publish[publish.index("--configmap") + 1] == "chunkpilot-profile-h100-llama-3-1-8b-tp2"
+    assert flag(publish, "--configmap") == "chunkpilot-profile-h100-llama-3-1-8b-tp2"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 

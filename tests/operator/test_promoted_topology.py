@@ -31,6 +31,8 @@ from chunkpilot.api import (
     PoolSpec,
     TopologySpec,
 )
+from chunkpilot.testing.kube import merge_into
+from chunkpilot.testing.services import a_topology_manifest
 
 TOPOLOGY = TopologySpec(
     mode="disaggregated",
@@ -42,17 +44,8 @@ TOPOLOGY = TopologySpec(
 def isvc(
     *, allow: bool = True, enabled: bool = True, best: TopologySpec | None = TOPOLOGY, **spec: Any
 ) -> InferenceService:
-    body: dict[str, Any] = {
-        "metadata": {"name": "chat", "namespace": "llm", "uid": "u1"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 256, "maxNumSeqs": 64},
-            "replicas": 2,
-            "slo": {"itl": {"quantile": 0.99, "maxMs": 35}, "ttft": {"quantile": 0.95, "maxMs": 600}},
-            "autotune": {"enabled": enabled, "allowTopologyChange": allow},
-            **spec,
-        },
-    }
+    body = a_topology_manifest("chat", "llm", enabled=enabled, allow=allow, **spec)
+    body["metadata"]["uid"] = "u1"
     service = InferenceService.from_manifest(body)
     return service.model_copy(update={"status": InferenceServiceStatus(best_topology=best)})
 
@@ -211,23 +204,12 @@ class FakeKube:
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         target = self.objects[path.removesuffix("/status")]
-        merge(target, {key: value for key, value in patch.items() if key != "metadata"})
+        merge_into(target, {key: value for key, value in patch.items() if key != "metadata"})
         return copy.deepcopy(target)
 
     async def delete(self, path: str) -> None:
         self.deleted.append(path)
         self.objects.pop(path, None)
-
-
-def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    """A JSON merge patch (RFC 7386): None removes a key, a mapping merges into a mapping."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 def deployments(kube: FakeKube) -> set[str]:

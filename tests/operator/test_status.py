@@ -29,6 +29,7 @@ from chunkpilot.api import (
     InferenceServiceStatus,
     ServicePhase,
 )
+from chunkpilot.testing.deployments import a_deployment_state
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
@@ -38,14 +39,11 @@ CONFIG = EngineConfig.from_engine(EngineSpec())
 def deployment(
     desired: int = 2, ready: int = 2, updated: int = 2, replicas: int | None = None
 ) -> DeploymentState:
-    return DeploymentState(
-        desired=desired,
-        replicas=desired if replicas is None else replicas,
+    return a_deployment_state(
+        desired,
         ready=ready,
         updated=updated,
-        available=ready,
-        generation=1,
-        observed_generation=1,
+        replicas=replicas,
         config=CONFIG,
         config_hash=CONFIG.config_hash(),
     )

@@ -19,6 +19,7 @@ from chunkpilot.operator.router import router_args
 from chunkpilot.operator.status import DeploymentState, Observation, TopologyObservation, compute_status
 
 from chunkpilot.api import ConditionType, EngineConfig, InferenceService, PoolRole, RouterPolicy, Track
+from chunkpilot.testing.argv import flag
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -50,10 +51,6 @@ def isvc(
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return found
-
-
-def flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
 
 
 def test_pool_deployments_run_their_own_knobs_and_the_kv_transfer() -> None:

@@ -11,40 +11,30 @@ import pytest
 from chunkpilot.api import InferenceService, TuningTrial
 from chunkpilot.report import render_markdown, trial_rows, write_report
 from chunkpilot.report.render import render_table
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
+from chunkpilot.testing.trials import a_trial_manifest
 
-SERVICE = {
-    "apiVersion": "chunkpilot.io/v1alpha1",
-    "kind": "InferenceService",
-    "metadata": {"name": "chat", "namespace": "default"},
-    "spec": {
-        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+SERVICE = a_manifest(
+    "chat",
+    "default",
+    {
+        "model": {"name": LLAMA_8B["name"]},
         "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 256},
         "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
         "autotune": {"enabled": True},
     },
-}
+)
 
 
 def _trial(number: int, budget: int, itl: float | None, verdict: str, tput: float) -> TuningTrial:
-    return TuningTrial.from_manifest(
-        {
-            "apiVersion": "chunkpilot.io/v1alpha1",
-            "kind": "TuningTrial",
-            "metadata": {"name": f"chat-trial-{number}", "namespace": "default"},
-            "spec": {
-                "serviceName": "chat",
-                "number": number,
-                "params": {"maxNumBatchedTokens": budget, "maxNumSeqs": 128},
-            },
-            "status": {
-                "phase": "Promoted" if verdict == "Promoted" else "RolledBack",
-                "verdict": verdict,
-                "reason": f"reason {number} | piped",
-                "canary": {"itlMs": itl, "ttftMs": 900.0, "throughputTokS": tput, "requestRate": 4.0},
-                "stable": {"itlMs": 80.0, "ttftMs": 700.0},
-            },
-        }
-    )
+    status = {
+        "phase": "Promoted" if verdict == "Promoted" else "RolledBack",
+        "verdict": verdict,
+        "reason": f"reason {number} | piped",
+        "canary": {"itlMs": itl, "ttftMs": 900.0, "throughputTokS": tput, "requestRate": 4.0},
+        "stable": {"itlMs": 80.0, "ttftMs": 700.0},
+    }
+    return TuningTrial.from_manifest(a_trial_manifest("chat", number, budget, status))
 
 
 @pytest.fixture

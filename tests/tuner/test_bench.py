@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -120,20 +121,8 @@ def test_settings_reject_bad_values() -> None:
         replace(QUICK, workloads=("sharegpt",))
 
 
-def test_tiny_benchmark_end_to_end_on_the_simulator() -> None:
-    settings = BenchSettings(
-        requests=10,
-        trials=3,
-        repeats=1,
-        tolerance=0.3,
-        budget_points=2,
-        seq_values=(64, 256),
-        long_prefill_values=(),
-        autotune_seqs=(64,),
-        workloads=("azure_code",),
-        slo_pairs=(SLOPair("loose", itl_ms=150.0, ttft_ms=300.0),),
-        jobs=1,
-    )
+def test_tiny_benchmark_end_to_end_on_the_simulator(tiny_bench: Callable[..., BenchSettings]) -> None:
+    settings = tiny_bench()
     result = run_benchmark(settings)
     assert result.simulations > 0
     [scenario] = result.scenarios
@@ -155,17 +144,15 @@ def test_cli_rejects_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--jobs" in capsys.readouterr().err
 
 
-def test_a_slice_too_short_to_load_the_engine_is_a_clear_error() -> None:
-    settings = BenchSettings(
+def test_a_slice_too_short_to_load_the_engine_is_a_clear_error(
+    tiny_bench: Callable[..., BenchSettings],
+) -> None:
+    settings = tiny_bench(
         requests=2,
         trials=1,
-        repeats=1,
-        budget_points=2,
         seq_values=(64,),
-        long_prefill_values=(),
         workloads=("azure_conv",),
         slo_pairs=(SLOPair("loose", itl_ms=1000.0, ttft_ms=60000.0),),
-        jobs=1,
     )
     with pytest.raises(BenchError, match="--requests 2"):
         run_benchmark(settings)

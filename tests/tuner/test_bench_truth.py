@@ -7,7 +7,7 @@ import inspect
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -23,6 +23,7 @@ from chunkpilot.bench.exhaustive import (
     FULL,
     SLO_PAIRS,
     BenchError,
+    BenchSettings,
     default_config,
     engine_defaults,
     scenario_facts,
@@ -52,19 +53,6 @@ from chunkpilot.bench.truth import (
 )
 from chunkpilot.bench.twin_truth import FAMILY, perturbed_accelerator, truth_engine
 from chunkpilot.cli import build_parser, main
-
-SMALL_GRID = replace(
-    FULL,
-    requests=80,
-    tolerance=0.1,
-    budget_points=3,
-    seq_values=(64, 256),
-    long_prefill_values=(),
-    autotune_seqs=(64,),
-    workloads=("azure_code",),
-    slo_pairs=(SLO_PAIRS[0],),
-    jobs=1,
-)
 
 
 class _Opens:
@@ -100,18 +88,24 @@ class GuardedEngine:
 
 
 @pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[tuple[OnlineContext, GuardedEngine, Path]]:
+def small_grid(tiny_bench: Callable[..., BenchSettings]) -> BenchSettings:
+    """The tiny benchmark at 80 requests, a 10% tolerance, three budgets and the first shipped SLO pair."""
+    return tiny_bench(requests=80, tolerance=0.1, budget_points=3, slo_pairs=(SLO_PAIRS[0],))
+
+
+@pytest.fixture
+def guarded(tmp_path: Path, small_grid: BenchSettings) -> Iterator[tuple[OnlineContext, GuardedEngine, Path]]:
     truth_dir = tmp_path / "truth"
     source = tmp_path / "truth-source.json"
     source.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c060-m070-o3"])), encoding="utf-8")
     sim = truth_engine(source, truth_dir)
     slo_pair = SLO_PAIRS[0]
     slo = _sim_slo(slo_pair)
-    facts = scenario_facts(SMALL_GRID, slo_pair, "azure_code")
+    facts = scenario_facts(small_grid, slo_pair, "azure_code")
     space = build_space(facts)
     lengths = load_trace("azure_code_2023", rate=1.0, limit=80)
-    engine = GuardedEngine(TruthEngine(sim, lengths, slo, SMALL_GRID.max_model_len))
-    context = OnlineContext(facts, space, Grid.over(space, SMALL_GRID), slo, 4.0, 2, 0)
+    engine = GuardedEngine(TruthEngine(sim, lengths, slo, small_grid.max_model_len))
+    context = OnlineContext(facts, space, Grid.over(space, small_grid), slo, 4.0, 2, 0)
     OPENS.paths.clear()
     OPENS.recording = True
     try:
@@ -121,13 +115,13 @@ def guarded(tmp_path: Path) -> Iterator[tuple[OnlineContext, GuardedEngine, Path
 
 
 def test_the_tuner_side_never_opens_the_truth_profile(
-    guarded: tuple[OnlineContext, GuardedEngine, Path],
+    guarded: tuple[OnlineContext, GuardedEngine, Path], small_grid: BenchSettings
 ) -> None:
     context, engine, root = guarded
     trace = run_twin(context, engine, TwinSettings(evaluations=6, rerank=1, requests=80, tolerance=0.1))
     run_slack(context, engine)
     run_random_online(context, engine)
-    run_grid_online(context, engine, SMALL_GRID)
+    run_grid_online(context, engine, small_grid)
     OPENS.recording = False
     assert engine.calls > 0 and trace.evaluations > 0
     # The twin writes and reads its own fitted profile; nothing under the truth's files is touched.
@@ -169,9 +163,9 @@ def test_quick_cli_json_keeps_the_scenario_shape(capsys: pytest.CaptureFixture[s
     assert set(data["goal"]) >= {"met", "measured_median", "misses"}
 
 
-def test_a_tiny_run_prints_the_marks_and_markdown() -> None:
+def test_a_tiny_run_prints_the_marks_and_markdown(small_grid: BenchSettings) -> None:
     settings = TruthSettings(
-        grid=SMALL_GRID,
+        grid=small_grid,
         loads=(0.5,),
         trials=2,
         repeats=1,
@@ -221,17 +215,19 @@ def test_twin_arrivals_are_the_operators_by_default_and_never_the_truths() -> No
     assert three.twin.evaluations == one.twin.evaluations  # only the samples change
 
 
-def test_ground_truth_averages_the_capacity_over_arrival_samples(tmp_path: Path) -> None:
+def test_ground_truth_averages_the_capacity_over_arrival_samples(
+    tmp_path: Path, small_grid: BenchSettings
+) -> None:
     source = tmp_path / "truth-source.json"
     source.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m070-o1"])), encoding="utf-8")
     sim = truth_engine(source, tmp_path / "truth")
-    engine = engine_defaults(SMALL_GRID)
+    engine = engine_defaults(small_grid)
     sim = replace(sim, scheduler=engine.scheduler)
     slo = _sim_slo(SLO_PAIRS[1])
     lengths = load_trace("azure_code_2023", rate=1.0, limit=80)
-    config = default_config(SMALL_GRID)
-    one = GroundTruth(sim, lengths, slo, SMALL_GRID)
-    three = GroundTruth(sim, lengths, slo, SMALL_GRID, arrivals=3)
+    config = default_config(small_grid)
+    one = GroundTruth(sim, lengths, slo, small_grid)
+    three = GroundTruth(sim, lengths, slo, small_grid, arrivals=3)
     samples = three.samples(config)
     assert len(samples) == 3
     assert samples[0] == one.capacity(config)  # the first sample is the single-sample truth

@@ -44,21 +44,12 @@ from chunkpilot.api import (
     InferenceServiceStatus,
     TuningTrial,
 )
+from chunkpilot.testing.kube import merge_into
 from chunkpilot.testing.services import example_body
 
 NS, NAME = "default", "chat"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = timedelta(seconds=5)
-
-
-def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
-            merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 class FakeKube:
@@ -116,7 +107,7 @@ class FakeKube:
             raise KubeError(409, "PATCH", path, '{"message": "conflict"}')
         if path.endswith("/status"):
             patch = {"status": patch.get("status", {})}
-        merge(obj, patch)
+        merge_into(obj, patch)
         self._stamp(obj)
         return copy.deepcopy(obj)
 
@@ -209,7 +200,7 @@ class Harness:
         manifest["spec"]["autotune"].update(
             {"trialWindow": "60s", "warmup": "10s", "maxTrials": 6, **spec.pop("autotune", {})}
         )
-        merge(manifest["spec"], spec)
+        merge_into(manifest["spec"], spec)
         self.kube = FakeKube()
         self.kube.put(self.isvc_path, manifest)
         self.prom = FakePrometheus(itl_ms, ttft_ms)

@@ -491,11 +491,11 @@ def stable_meeting() -> Reading[WindowMeasurement]:
     )
 
 
-def at_window_end(calibration: Calibration, done: TuningTrial, **twin: Any) -> Snapshot:
-    """The step at the end of ``done``'s window: both tracks meet the SLOs (stable at 40 ms) and the
-    twin's fields (its ``check`` of the canary, …) are ``twin``."""
+def judged_at_window_end(calibration: Calibration, done: TuningTrial, **twin: Any) -> dict[str, Any]:
+    """What the step at the end of ``done``'s window writes to its status: both tracks meet the SLOs
+    (stable at 40 ms) and the twin's fields (its ``check`` of the canary, …) are ``twin``."""
     body = service_body()
-    return snapshot(
+    snap = snapshot(
         body,
         [done],
         canary=canary_of(body, done),
@@ -503,14 +503,12 @@ def at_window_end(calibration: Calibration, done: TuningTrial, **twin: Any) -> S
         window=stable_meeting(),
         twin=fitted(calibration, ranked=False, **twin),
     )
+    return trial_status(decide(snap, SETTINGS))
 
 
 def test_a_canary_that_confirms_the_twin_is_promoted_on_predicted_capacity(calibration: Calibration) -> None:
     done = twin_trial(NOW - timedelta(seconds=61))
-    check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
-    snap = at_window_end(calibration, done, check=check)
-    plan = decide(snap, SETTINGS)
-    status = trial_status(plan)
+    status = judged_at_window_end(calibration, done, check=CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0)))
     assert status["verdict"] == "Promoted" and status["objective"] == 12.0
     assert "predicted capacity 12 vs 8 req/s/GPU (+50%)" in status["reason"]
     assert status["twin"]["error"] == 0.1 and status["twin"]["measuredTtftMs"] == 500.0
@@ -521,9 +519,7 @@ def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
     calibration: Calibration,
 ) -> None:
     done = twin_trial(NOW - timedelta(seconds=61))
-    check = CanaryCheck(2.5, (15.0, 450.0), (30.0, 500.0))
-    snap = at_window_end(calibration, done, check=check)
-    status = trial_status(decide(snap, SETTINGS))
+    status = judged_at_window_end(calibration, done, check=CanaryCheck(2.5, (15.0, 450.0), (30.0, 500.0)))
     assert status["verdict"] == "Discarded" and status["twin"]["error"] == 0.5
     assert "disagree" in status["reason"] and "refitting the twin" in status["reason"]
 
@@ -534,8 +530,7 @@ def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing
     done = twin_trial(NOW - timedelta(seconds=61))
     agreeing = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
     stable_off = CanaryCheck(2.5, (20.0, 300.0), (40.0, 500.0))
-    snap = at_window_end(calibration, done, check=agreeing, stable_check=stable_off)
-    status = trial_status(decide(snap, SETTINGS))
+    status = judged_at_window_end(calibration, done, check=agreeing, stable_check=stable_off)
     assert status["verdict"] == "Discarded" and status["twin"]["fitError"] == 0.5
     assert (
         "the twin's error on the stable track is 50%: no promotion on the prediction alone"
@@ -591,9 +586,7 @@ def test_a_trial_without_a_prediction_still_records_the_twins_error_on_its_canar
     calibration: Calibration,
 ) -> None:
     done = sampler_trial(NOW - timedelta(seconds=61))
-    check = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
-    snap = at_window_end(calibration, done, check=check)
-    status = trial_status(decide(snap, SETTINGS))
+    status = judged_at_window_end(calibration, done, check=CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0)))
     assert status["verdict"] == "Promoted"  # on the measured objective, as without a twin
     assert status["twin"]["error"] == 0.1 and status["twin"]["predictedItlMs"] == 28.0
     assert status["twin"]["measuredTtftMs"] == 500.0 and "capacityReqS" not in status["twin"]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -47,7 +43,7 @@ from chunkpilot.tuner.measure import (
 
 from chunkpilot.api import Track
 from chunkpilot.devcluster.prometheus import TargetGroup
-from chunkpilot.testing.metrics import histogram_lines
+from chunkpilot.testing.metrics import ExpositionServer, histogram_lines
 
 SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -353,39 +349,7 @@ def test_a_topologys_pools_are_judged_on_one_family() -> None:
 # --------------------------------------------------------------------------- a topology on a real Prometheus
 
 
-class _ExpositionServer:
-    """A real HTTP /metrics server for Prometheus to scrape: ``render(path, elapsed_s)`` is the text
-    of one scrape path (None: 404)."""
-
-    def __init__(self, render: Callable[[str, float], str | None]) -> None:
-        start = time.monotonic()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                text = render(self.path, time.monotonic() - start)
-                if text is None:
-                    self.send_error(404)
-                    return
-                body = text.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class _PoolExporter(_ExpositionServer):
+class _PoolExporter(ExpositionServer):
     """Three scrape paths (a prefill pool, a decode pool, the stable track): each a request counter
     growing at its own rate and a TTFT histogram whose every observation is in its own bucket."""
 
@@ -448,7 +412,7 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
     assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
 
 
-class _LatencyExporter(_ExpositionServer):
+class _LatencyExporter(ExpositionServer):
     """Two scrape paths of engines whose every token takes 27 ms and every first token 290 ms:
     ``/plugin`` exports vLLM's histograms and Chunkpilot's fine ones, ``/stock`` vLLM's only."""
 

@@ -91,20 +91,30 @@ def paying() -> RecommendationResult:
     return RecommendationResult("k", Recommendation(4, 1.6, search, 25.0, 1.0, 140.0))
 
 
+#: How the service's condition and event word :func:`paying`'s recommendation.
+PAYING_TEXT = (
+    "1 prefill + 3 decode replicas (prefill maxNumBatchedTokens 8192, decode maxNumSeqs 128) meet "
+    "ITL p99 ≤ 30 ms and TTFT p95 ≤ 400 ms up to 12.4 req/s on the twin; colocated reaches "
+    "1.6 req/s on 4 replicas"
+)
+
+
+def infeasible(plan: Plan) -> tuple[str, str, str]:
+    """The condition SLOInfeasible the plan sets (its status, reason and message): True, for reason
+    SLOInfeasible."""
+    found = condition(plan, "SLOInfeasible")
+    assert found is not None and found[:2] == ("True", "SLOInfeasible"), found
+    return found
+
+
 def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_condition_event_and_status(
     calibration: Calibration,
 ) -> None:
     body = service_body()
     plan = decide(snapshot(body, INFEASIBLE, fitted(calibration, recommendation=paying())), SETTINGS)
-    found = condition(plan, "SLOInfeasible")
-    assert found is not None and found[:2] == ("True", "SLOInfeasible")
-    text = (
-        "1 prefill + 3 decode replicas (prefill maxNumBatchedTokens 8192, decode maxNumSeqs 128) meet "
-        "ITL p99 ≤ 30 ms and TTFT p95 ≤ 400 ms up to 12.4 req/s on the twin; colocated reaches "
-        "1.6 req/s on 4 replicas"
-    )
-    assert "no configuration of 6 measured meets both SLOs" in found[2] and text in found[2]
-    assert any(r == "TopologyRecommendation" and text in m for r, m in events(plan))
+    found = infeasible(plan)
+    assert "no configuration of 6 measured meets both SLOs" in found[2] and PAYING_TEXT in found[2]
+    assert any(r == "TopologyRecommendation" and PAYING_TEXT in m for r, m in events(plan))
     status = plan.status["recommendation"]
     assert status["key"] == "k" and status["meetsSlo"] is True
     assert (status["prefillReplicas"], status["decodeReplicas"]) == (1, 3)
@@ -117,7 +127,7 @@ def test_an_infeasible_service_gets_the_quantified_recommendation_in_its_conditi
     later_snap = snapshot(body, INFEASIBLE, fitted(calibration))
     later = decide(later_snap, SETTINGS)
     again = condition(later, "SLOInfeasible")
-    assert again is not None and text in again[2]
+    assert again is not None and PAYING_TEXT in again[2]
     assert not [r for r, _ in events(later) if r in ("TopologyRecommendation", "SLOInfeasible")]
     assert not recommend_due(later_snap, "k")
     assert recommend_due(later_snap, "k2")  # refitted: evaluated again
@@ -275,8 +285,7 @@ def test_a_calibrated_twin_that_predicts_no_colocated_config_meets_the_slos_ends
     assert len(CONFIRMED) == TWIN_INFEASIBLE_MIN_TRIALS
     body = service_body()
     plan = decide(snapshot(body, CONFIRMED, fitted(calibration, ranked=True)), SETTINGS)
-    found = condition(plan, "SLOInfeasible")
-    assert found is not None and found[:2] == ("True", "SLOInfeasible")
+    found = infeasible(plan)
     evidence = (
         "the twin predicts at most 0.4 req/s per replica within the SLOs for any colocated configuration, "
         "the live load is 3 req/s per replica; 2 canaries confirmed it (the twin's error 10% on trial 4's "

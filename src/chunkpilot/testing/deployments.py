@@ -5,20 +5,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from chunkpilot.localrun.endpoints import ROLE_LABEL, SERVICE_LABEL
 from chunkpilot.operator.status import DeploymentState
+
+
+def a_deployment_state(
+    desired: int = 1,
+    *,
+    ready: int | None = None,
+    updated: int | None = None,
+    replicas: int | None = None,
+    **fields: Any,
+) -> DeploymentState:
+    """A Deployment of ``desired`` replicas, its generation observed: ``replicas`` of them, ``ready``
+    (and as many available) and ``updated`` (each all of them unless told); ``fields`` set the rest."""
+    return DeploymentState(
+        desired=desired,
+        replicas=desired if replicas is None else replicas,
+        ready=desired if ready is None else ready,
+        updated=desired if updated is None else updated,
+        available=desired if ready is None else ready,
+        generation=1,
+        observed_generation=1,
+        **fields,
+    )
 
 
 def a_ready_state(replicas: int = 1) -> DeploymentState:
     """A Deployment of ``replicas``, every one ready, updated and available, its generation observed."""
-    return DeploymentState(
-        desired=replicas,
-        replicas=replicas,
-        ready=replicas,
-        updated=replicas,
-        available=replicas,
-        generation=1,
-        observed_generation=1,
-    )
+    return a_deployment_state(replicas)
 
 
 def after_rollout(manifest: dict[str, Any], ready: bool = True) -> dict[str, Any]:
@@ -78,3 +93,20 @@ def sim_deployment(
             },
         },
     }
+
+
+#: The pools of a disaggregated service, as their role labels spell them.
+ROLES = ("prefill", "decode")
+
+
+def router_args(service: str, namespace: str, policy: str) -> list[str]:
+    """A ``vllm-router`` command line shaped like the operator's: prefill/decode mode, both pools of
+    ``service`` found by Kubernetes service discovery in ``namespace`` (engines on port 8000), routed
+    by ``policy``; it listens on 8000 and serves its metrics on 29000, on every interface."""
+    selectors = {role: (f"{SERVICE_LABEL}={service}", f"{ROLE_LABEL}={role}") for role in ROLES}
+    return [
+        *("--vllm-pd-disaggregation", "--service-discovery", "--service-discovery-namespace", namespace),
+        *("--prefill-selector", *selectors["prefill"], "--decode-selector", *selectors["decode"]),
+        *("--service-discovery-port", "8000", "--host", "0.0.0.0", "--port", "8000", "--policy", policy),
+        *("--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"),
+    ]

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,10 @@ from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
 from chunkpilot.localrun.endpoints import RandomBalancer
 from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions, word_prompt
+from chunkpilot.localrun.podrunner import PodRunner
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
+from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 #: Long prompts, outputs capped low to keep the CPU cost of replay small.
 TRACE = "arxiv_summarization_lengths"
@@ -37,33 +40,25 @@ def sim_service_manifest(
     ``window`` is both the SLO window and the trial window; ``autotune`` adds fields to
     ``spec.autotune`` (for example ``abort`` or ``liveAdjust``).
     """
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {
-                "name": "meta-llama/Llama-3.1-8B-Instruct",
-                "servedName": "llama-8b",
-                "maxModelLen": 8192,
-            },
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
-            "resources": {"accelerator": "h100"},
-            "replicas": 1,
-            "slo": {
-                "itl": {"quantile": 0.99, "maxMs": 50},
-                "ttft": {"quantile": 0.95, "maxMs": 2000},
-                "window": window,
-            },
-            "autotune": {
-                "enabled": True,
-                "trialWindow": window,
-                "warmup": warmup,
-                "maxTrials": max_trials,
-                **autotune,
-            },
+    spec = {
+        "model": dict(LLAMA_8B),
+        "engine": {"kind": "sim", "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+        "resources": {"accelerator": "h100"},
+        "replicas": 1,
+        "slo": {
+            "itl": {"quantile": 0.99, "maxMs": 50},
+            "ttft": {"quantile": 0.95, "maxMs": 2000},
+            "window": window,
+        },
+        "autotune": {
+            "enabled": True,
+            "trialWindow": window,
+            "warmup": warmup,
+            "maxTrials": max_trials,
+            **autotune,
         },
     }
+    return a_manifest(name, namespace, spec)
 
 
 def start_scenario_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
@@ -145,6 +140,17 @@ def start_infeasible_load(
         max_output_tokens=INFEASIBLE_MAX_OUTPUT,
         duration_s=duration_s,
     )
+
+
+def fresh_service(
+    stack: LocalStack, namespace_prefix: str, name_prefix: str
+) -> tuple[ControlPlane, PodRunner, str, str]:
+    """The stack's control plane and pod runner (it must have started them), and a namespace and a
+    service name no other test uses: each prefix and 6 random hex digits."""
+    plane, runner = stack.control_plane, stack.runner
+    assert plane is not None and runner is not None
+    namespace, name = f"{namespace_prefix}-{uuid.uuid4().hex[:6]}", f"{name_prefix}-{uuid.uuid4().hex[:6]}"
+    return plane, runner, namespace, name
 
 
 def apply_service(stack: LocalStack, manifest: Mapping[str, Any]) -> ServiceObjects:

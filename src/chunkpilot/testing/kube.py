@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from collections.abc import Iterator, Mapping
@@ -26,6 +27,20 @@ def get_object(cluster: Kubectl, kind: str, name: str, namespace: str) -> dict[s
         raise AssertionError(result.stderr)
     document: dict[str, Any] = json.loads(result.stdout)
     return document
+
+
+def merge_into(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """Apply a JSON merge patch (RFC 7386) to ``target`` in place, as the API server does.
+
+    None removes a key, a mapping merges into a mapping, anything else replaces (a copy of it).
+    """
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            merge_into(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
 
 
 def condition_of(body: Mapping[str, Any] | None, type_: str) -> dict[str, Any] | None:

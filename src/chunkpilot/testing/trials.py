@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from chunkpilot.api import (
+    TRIAL_KIND,
     EngineConfig,
     Measurement,
     ObjectMeta,
@@ -19,7 +20,7 @@ from chunkpilot.api import (
     trial_labels,
     trial_name,
 )
-from chunkpilot.testing.services import NOW
+from chunkpilot.testing.services import NOW, a_manifest
 from chunkpilot.tuner.records import LABEL_ROUND
 
 #: The config a trial tries unless told.
@@ -55,6 +56,26 @@ def a_trial(
         spec=TuningTrialSpec(service_name=service, number=number, params=params, topology=topology, **spec),
         status=None if phase is None else TuningTrialStatus(phase=phase, started_at=started_at, **status),
     )
+
+
+def a_trial_manifest(
+    service: str,
+    number: int,
+    budget: int,
+    status: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "default",
+    max_num_seqs: int = 128,
+) -> dict[str, Any]:
+    """Trial ``number`` of ``service`` trying ``budget`` tokens a step (and ``max_num_seqs``) as the API
+    server returns it, with ``status`` (none unless given)."""
+    spec = {
+        "serviceName": service,
+        "number": number,
+        "params": {"maxNumBatchedTokens": budget, "maxNumSeqs": max_num_seqs},
+    }
+    fields = {} if status is None else {"status": dict(status)}
+    return a_manifest(trial_name(service, number), namespace, spec, kind=TRIAL_KIND, **fields)
 
 
 def a_canary(itl_ms: float, ttft_ms: float, samples: int = 500) -> Measurement:

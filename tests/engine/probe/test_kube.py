@@ -20,6 +20,8 @@ from chunkpilot.engine.probe.kube import (
 )
 from chunkpilot.engine.probe.profile import StepProfile
 
+from chunkpilot.testing.argv import flags
+
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -78,12 +80,15 @@ def test_probe_job_runs_the_probe_on_one_gpu_then_publishes() -> None:
     assert probe["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # one shard on one GPU, whatever the TP
     command = probe["command"]
     assert command[:2] == ["chunkpilot", "probe"]
-    assert command[command.index("--model") + 1] == "meta-llama/Llama-3.1-70B-Instruct"
-    assert command[command.index("--tensor-parallel-size") + 1] == "4"
-    assert command[command.index("--device") + 1] == "cuda"
-    assert command[command.index("--accelerator") + 1] == "h200"
-    assert command[command.index("--out") + 1] == "/profile/profile.json"
-    assert command[command.index("--itl-target-ms") + 1] == "50"
+    named = ("--model", "--tensor-parallel-size", "--device", "--accelerator", "--out", "--itl-target-ms")
+    assert flags(command, *named) == {
+        "--model": "meta-llama/Llama-3.1-70B-Instruct",
+        "--tensor-parallel-size": "4",
+        "--device": "cuda",
+        "--accelerator": "h200",
+        "--out": "/profile/profile.json",
+        "--itl-target-ms": "50",
+    }
     (publish,) = pod["containers"]
     assert publish["command"] == [
         "chunkpilot",

@@ -8,38 +8,22 @@ resolves must be the spec's. Broken vectors must be refused, so the check can fa
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chunkpilot.engine.sglang import argcheck
 from chunkpilot.engine.sglang.env import SGLANG_VERSION, SGLangEnv, ensure
 from chunkpilot.operator.engines import EngineRender, render_engine
 
-from chunkpilot.api import EngineKind, InferenceService, InferenceServiceSpec
+from chunkpilot.api import EngineKind, InferenceServiceSpec
+from chunkpilot.testing.processes import json_through
+from chunkpilot.testing.services import specs_of_kind
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[3]
-SOURCES = [
-    *sorted((ROOT / "examples").glob("*.yaml")),
-    *sorted((ROOT / "tests" / "operator" / "golden" / "cases").glob("*.yaml")),
-    *sorted((ROOT / "tests" / "api" / "valid").glob("*.yaml")),
-]
-
 
 def sglang_specs() -> dict[str, InferenceServiceSpec]:
-    specs: dict[str, InferenceServiceSpec] = {}
-    for path in SOURCES:
-        manifest = yaml.safe_load(path.read_text())
-        if manifest.get("kind") != "InferenceService":
-            continue
-        if (manifest["spec"].get("engine") or {}).get("kind") == EngineKind.SGLANG:
-            specs[f"{path.parent.name}/{path.name}"] = InferenceService.from_manifest(manifest).spec
-    return specs
+    return specs_of_kind(EngineKind.SGLANG)
 
 
 def vectors() -> dict[str, list[str]]:
@@ -66,16 +50,9 @@ def sglang_env() -> SGLangEnv:
 
 @pytest.fixture(scope="module")
 def results(sglang_env: SGLangEnv) -> dict[str, dict[str, Any]]:
-    proc = subprocess.run(
-        [str(sglang_env.python), argcheck.__file__],
-        input=json.dumps({**vectors(), **BAD}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    parsed: dict[str, dict[str, Any]] = json_through(
+        [str(sglang_env.python), argcheck.__file__], {**vectors(), **BAD}
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    parsed: dict[str, dict[str, Any]] = json.loads(proc.stdout)
     return parsed
 
 

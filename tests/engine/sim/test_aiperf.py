@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from chunkpilot.engine.sim import aiperf_env
@@ -47,9 +47,27 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+class _Load(NamedTuple):
+    """aiperf's synthetic load: prompt and output lengths as (mean, stddev) tokens, the requests, and
+    how many run at once."""
+
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+    requests: int
+    concurrency: int
+
+
 def _run_aiperf(
-    env: aiperf_env.AiperfEnv, server: SimServer, hub: Path, out: Path, *args: str
-) -> dict[str, Any]:
+    env: aiperf_env.AiperfEnv, server: SimServer, hub: Path, out: Path, endpoint: str, load: _Load
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``load`` on ``endpoint``: aiperf's export, then the server's metric families."""
+    (prompt_mean, prompt_sd), (output_mean, output_sd) = load.prompt, load.output
+    args = (
+        "--endpoint-type", endpoint,
+        "--synthetic-input-tokens-mean", str(prompt_mean), "--synthetic-input-tokens-stddev", str(prompt_sd),
+        "--output-tokens-mean", str(output_mean), "--output-tokens-stddev", str(output_sd),
+        "--request-count", str(load.requests), "--concurrency", str(load.concurrency),
+    )  # fmt: skip
     argv = [
         str(env.aiperf), "profile", "--model", MODEL, "--url", server.url, "--streaming",
         "--extra-inputs", "ignore_eos:true", "--ui-type", "none", "--no-server-metrics",
@@ -64,7 +82,7 @@ def _run_aiperf(
     print(f"\naiperf {' '.join(args)}: {time.monotonic() - started:.1f}s")
     export: dict[str, Any] = json.loads((out / "profile_export_aiperf.json").read_text())
     assert export["error_summary"] == [] or not export["error_summary"]
-    return export
+    return export, _server_metrics(server)
 
 
 def _server_metrics(server: SimServer) -> dict[str, Any]:
@@ -89,13 +107,10 @@ def test_completions_counts_equal_and_latencies_agree(
     aiperf: aiperf_env.AiperfEnv, hub_cache: Path, sim_server_runner: Any, tmp_path: Path
 ) -> None:
     with sim_server_runner(tmp_path, *SERVER_ARGS, time_scale=LATENCY_TIME_SCALE) as server:
-        export = _run_aiperf(
-            aiperf, server, hub_cache, tmp_path / "completions", "--endpoint-type", "completions",
-            "--synthetic-input-tokens-mean", "300", "--synthetic-input-tokens-stddev", "80",
-            "--output-tokens-mean", "32", "--output-tokens-stddev", "8",
-            "--request-count", "24", "--concurrency", "4",
+        export, families = _run_aiperf(
+            aiperf, server, hub_cache, tmp_path / "completions", "completions",
+            _Load(prompt=(300, 80), output=(32, 8), requests=24, concurrency=4),
         )  # fmt: skip
-        families = _server_metrics(server)
     requests = export["request_count"]["avg"]
     prompt, generated = (
         _value(families, "vllm:prompt_tokens_total"),
@@ -129,13 +144,10 @@ def test_chat_counts_equal_the_servers_less_the_template(
     aiperf: aiperf_env.AiperfEnv, hub_cache: Path, sim_server_runner: Any, tmp_path: Path
 ) -> None:
     with sim_server_runner(tmp_path, *SERVER_ARGS) as server:
-        export = _run_aiperf(
-            aiperf, server, hub_cache, tmp_path / "chat", "--endpoint-type", "chat",
-            "--synthetic-input-tokens-mean", "120", "--synthetic-input-tokens-stddev", "30",
-            "--output-tokens-mean", "16", "--output-tokens-stddev", "4",
-            "--request-count", "10", "--concurrency", "2",
+        export, families = _run_aiperf(
+            aiperf, server, hub_cache, tmp_path / "chat", "chat",
+            _Load(prompt=(120, 30), output=(16, 4), requests=10, concurrency=2),
         )  # fmt: skip
-        families = _server_metrics(server)
     requests = export["request_count"]["avg"]
     assert export["total_osl"]["avg"] == _value(families, "vllm:generation_tokens_total")
     # aiperf 0.13 counts the message text only; the server adds the chat template's tokens

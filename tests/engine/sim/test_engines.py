@@ -116,15 +116,6 @@ def test_sglang_max_prefill_tokens_caps_a_prefill_batch() -> None:
     assert all(item.is_prefill for item in second.scheduled), "a prefill batch again, decodes wait"
 
 
-def test_sglang_max_running_requests_caps_admission() -> None:
-    config = SGLangSchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=3, max_model_len=8192)
-    sched = SGLangScheduler(config, num_kv_blocks=10_000)
-    for i in range(6):
-        sched.add_request(Request(str(i), 0.0, 100, 10))
-    out = sched.schedule(0.0)
-    assert len(out.scheduled) == 3 and len(sched.waiting) == 3
-
-
 # ---- TensorRT-LLM ---------------------------------------------------------------------------------
 def test_trtllm_unchunked_long_prompt_stalls_every_stream(
     trtllm_runs: dict[int | None, LongPromptRun],
@@ -188,16 +179,28 @@ def test_trtllm_guaranteed_no_evict_reserves_the_whole_output_max_utilization_pr
     assert greedy_peak > safe_peak and greedy_preempted > 0, (greedy_peak, greedy_preempted)
 
 
-def test_trtllm_max_batch_size_caps_the_active_requests() -> None:
-    config = TrtllmSchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=8192)
-    sched = TRTLLMScheduler(config, num_kv_blocks=10_000)
-    for i in range(10):
+# ---- every engine ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("config_class", "scheduler_class", "cap", "offered", "queue", "queued"),
+    [
+        # SGLang's max_running_requests: 3 of 6 admitted, the other 3 wait.
+        (SGLangSchedulerConfig, SGLangScheduler, 3, 6, "waiting", 3),
+        # TensorRT-LLM's max_batch_size: 4 of 10 active.
+        (TrtllmSchedulerConfig, TRTLLMScheduler, 4, 10, "running", 4),
+    ],
+    ids=["sglang-max-running-requests", "trtllm-max-batch-size"],
+)
+def test_the_request_cap_limits_admission(
+    config_class: Any, scheduler_class: Any, cap: int, offered: int, queue: str, queued: int
+) -> None:
+    config = config_class(max_num_batched_tokens=8192, max_num_seqs=cap, max_model_len=8192)
+    sched = scheduler_class(config, num_kv_blocks=10_000)
+    for i in range(offered):
         sched.add_request(Request(str(i), 0.0, 100, 10))
     out = sched.schedule(0.0)
-    assert len(out.scheduled) == 4 and len(sched.running) == 4
+    assert len(out.scheduled) == cap and len(getattr(sched, queue)) == queued
 
 
-# ---- every engine ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_the_budget_trades_ttft_for_itl_on_every_engine(engine: str) -> None:
     """Long prompts among chat traffic: a smaller budget (mixed chunks for SGLang) lowers the ITL

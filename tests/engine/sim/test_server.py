@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,8 @@ from chunkpilot.engine.sim import tokenizer
 from chunkpilot.engine.sim.metrics import SCHEDULED_TOKENS_PER_STEP
 from chunkpilot.engine.sim.profiles.loader import load_model
 from prometheus_client.parser import text_string_to_metric_families
+
+from chunkpilot.testing.processes import run_cli
 
 SimServer = Any  # the conftest's running server (fixture ``sim_server``)
 
@@ -238,21 +238,6 @@ def test_iteration_tokens_count_whole_prompts_like_vllm_not_scheduled_tokens(
 
 
 def test_unknown_flag_is_rejected_like_vllm() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "chunkpilot.cli",
-            "sim",
-            "serve",
-            "llama-3.1-8b",
-            "--max-num-batched-tokenz",
-            "64",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_cli("sim", "serve", "llama-3.1-8b", "--max-num-batched-tokenz", "64", timeout=120)
     assert result.returncode == 2
     assert "unrecognized arguments: --max-num-batched-tokenz" in result.stderr

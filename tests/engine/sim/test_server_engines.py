@@ -34,6 +34,14 @@ def _families(text: str) -> dict[str, Any]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
+def _scrape(server: SimServer, path: str) -> tuple[str, dict[str, Any]]:
+    """The exposition text the server answers 200 with at ``path``, and its families by name."""
+    status, body = server.get(path)
+    assert status == 200
+    text = body.decode()
+    return text, _families(text)
+
+
 @pytest.fixture(scope="module")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
     args = ("--engine", "sglang", "--model-path", "llama-3.1-8b", "--served-model-name", "qwen")
@@ -57,10 +65,7 @@ def trtllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServe
 
 def test_sglang_serves_its_own_families_labels_and_buckets(sglang_server: SimServer) -> None:
     _generate(sglang_server, "qwen")
-    status, body = sglang_server.get("/metrics")
-    assert status == 200
-    text = body.decode()
-    families = _families(text)
+    text, families = _scrape(sglang_server, "/metrics")
     assert not [name for name in families if name.startswith("vllm:")]
     table = names.SGLANG_METRICS
     for family in table.families.values():
@@ -90,10 +95,7 @@ def test_sglang_without_enable_metrics_has_no_metrics_route(tmp_path: Path, sim_
 
 def test_trtllm_serves_prometheus_histograms_and_iteration_stats(trtllm_server: SimServer) -> None:
     _generate(trtllm_server, "llama-3.1-8b")
-    status, body = trtllm_server.get("/prometheus/metrics")
-    assert status == 200
-    text = body.decode()
-    families = _families(text)
+    _, families = _scrape(trtllm_server, "/prometheus/metrics")
     assert not [name for name in families if name.startswith(("vllm:", "sglang:"))]
     table = names.TRTLLM_METRICS
     for family in table.families.values():

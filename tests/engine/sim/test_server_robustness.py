@@ -47,6 +47,18 @@ def _error(body: bytes) -> dict[str, Any]:
 
 
 DEEP = 100_000
+#: JSON bodies for /v1/completions that must be a 400 naming the field (the key) they get wrong.
+BAD_COMPLETION_FIELDS: dict[str, list[bytes]] = {
+    "prompt": [
+        b'{"prompt": "", "max_tokens": 2}', b'{"prompt": [""]}', b'{"prompt": [-1]}',
+        b'{"prompt": [1000000000000]}', b'{"prompt": [1180591620717411303424]}',
+        b'{"prompt": [[1, 2], [-5]]}',
+    ],
+    "temperature": [b'{"prompt": "x", "temperature": -5}', b'{"prompt": "x", "temperature": NaN}'],
+    "top_p": [b'{"prompt": "x", "top_p": 7}', b'{"prompt": "x", "top_p": 0}'],
+    "stop": [b'{"prompt": "x", "stop": 5}', b'{"prompt": "x", "stop": [{}]}'],
+    "stop_token_ids": [b'{"prompt": "x", "stop_token_ids": ["a"]}'],
+}  # fmt: skip
 BAD_INPUT: list[tuple[str, str, bytes, int, str | None]] = [
     # (path, content type, body, status, offending field)
     ("/v1/completions", "application/json; charset=bogus", b'{"prompt": "x"}', 415, "Content-Type"),
@@ -58,20 +70,8 @@ BAD_INPUT: list[tuple[str, str, bytes, int, str | None]] = [
     ("/v1/chat/completions", "application/json",
      b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}', 400,
      "messages[0].content"),
-    ("/v1/completions", "application/json", b'{"prompt": "", "max_tokens": 2}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": [""]}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": [-1]}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": [1000000000000]}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": [1180591620717411303424]}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": [[1, 2], [-5]]}', 400, "prompt"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "temperature": -5}', 400, "temperature"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "top_p": 7}', 400, "top_p"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "stop": 5}', 400, "stop"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "stop": [{}]}', 400, "stop"),
-    ("/v1/completions", "application/json", b'{"prompt": "x", "stop_token_ids": ["a"]}', 400,
-     "stop_token_ids"),
+    *[("/v1/completions", "application/json", body, 400, field)
+      for field, bodies in BAD_COMPLETION_FIELDS.items() for body in bodies],
     ("/v1/completions", "text/plain", b'{"prompt": "x"}', 415, "Content-Type"),
     ("/v1/completions", None, b'{"prompt": "x"}', 415, "Content-Type"),
     ("/v1/completions", "application/json",

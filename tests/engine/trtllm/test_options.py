@@ -7,36 +7,21 @@ source (:mod:`chunkpilot.engine.trtllm.options`). Broken inputs must be refused.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from chunkpilot.engine.trtllm import options
 from chunkpilot.operator.engines import EngineRender, render_engine
 from chunkpilot.operator.engines.trtllm import OPTIONS_ENV, PINNED_VERSION
 
-from chunkpilot.api import EngineKind, InferenceService, InferenceServiceSpec
+from chunkpilot.api import EngineKind, InferenceServiceSpec
 from chunkpilot.api.knobs import KNOBS, TRTLLM, managed_flags
+from chunkpilot.testing.services import specs_of_kind
 
 pytestmark = pytest.mark.trtllm
 
-ROOT = Path(__file__).resolve().parents[3]
-SOURCES = [
-    *sorted((ROOT / "examples").glob("*.yaml")),
-    *sorted((ROOT / "tests" / "operator" / "golden" / "cases").glob("*.yaml")),
-    *sorted((ROOT / "tests" / "api" / "valid").glob("*.yaml")),
-]
-
 
 def trtllm_specs() -> dict[str, InferenceServiceSpec]:
-    specs: dict[str, InferenceServiceSpec] = {}
-    for path in SOURCES:
-        manifest = yaml.safe_load(path.read_text())
-        if manifest.get("kind") != "InferenceService":
-            continue
-        if (manifest["spec"].get("engine") or {}).get("kind") == EngineKind.TRTLLM:
-            specs[f"{path.parent.name}/{path.name}"] = InferenceService.from_manifest(manifest).spec
-    return specs
+    return specs_of_kind(EngineKind.TRTLLM)
 
 
 def test_the_tables_describe_the_pinned_release() -> None:

@@ -24,6 +24,8 @@ from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import V0_REMOVED, vllm_args
 
 from chunkpilot.api import EngineKind, InferenceService, PoolRole
+from chunkpilot.localrun.podspec import strip_flags
+from chunkpilot.testing.processes import captured, json_through
 
 # The first test also waits for the environment build (minutes, once) and the server start.
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -42,19 +44,6 @@ EXAMPLES = [path for path in sorted((ROOT / "examples").glob("*.yaml")) if _spea
 SIM_ONLY_FLAGS = ("--gpu", SIM_BANDWIDTH_FLAG, SIM_LATENCY_FLAG)
 
 
-def _without_sim_flags(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in SIM_ONLY_FLAGS:
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
 def pool_vectors() -> dict[str, list[str]]:
     """The vLLM vector of each pool of every disaggregated example, named ``<file>#<role>``."""
     vectors: dict[str, list[str]] = {}
@@ -65,7 +54,7 @@ def pool_vectors() -> dict[str, list[str]]:
         for role in PoolRole:
             args = list(render_for(service, role=role).args)
             vectors[f"{path.name}#{role.value}"] = (
-                args if service.spec.engine.kind == EngineKind.VLLM else _without_sim_flags(args)
+                args if service.spec.engine.kind == EngineKind.VLLM else strip_flags(args, SIM_ONLY_FLAGS)
             )
     return vectors
 
@@ -75,16 +64,9 @@ POOLS = pool_vectors()
 
 def check(env: EngineEnv, vectors: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     """Run vLLM's parser over ``vectors`` in the engine environment."""
-    proc = subprocess.run(
-        [str(env.python), "-m", "chunkpilot.engine.vllm_plugin.argcheck"],
-        input=json.dumps(vectors),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    results: dict[str, dict[str, Any]] = json_through(
+        [str(env.python), "-m", "chunkpilot.engine.vllm_plugin.argcheck"], vectors
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results: dict[str, dict[str, Any]] = json.loads(proc.stdout)
     return results
 
 
@@ -196,14 +178,7 @@ for name, argv in json.load(sys.stdin).items():
                  config.kv_connector in KVConnectorFactory._registry]
 print(json.dumps(out))
 """
-    proc = subprocess.run(
-        [str(vllm_env.python), "-c", script],
-        input=json.dumps(POOLS),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = captured([str(vllm_env.python), "-c", script], input=json.dumps(POOLS), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parsed == {name: ["NixlConnector", "kv_both", True, True, True] for name in POOLS}
