@@ -34,13 +34,9 @@ from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import SGLANG_ENGINE
 from chunkpilot.api.knobs import SGLANG, SGLANG_PINNED
 
-ENGINE_NAME: Final = SGLANG_ENGINE.display_name
 #: Oldest release whose command line this renderer knows (the pinned one is validated).
 MIN_VERSION: Final = EngineVersion(0, 4, 0)
 PINNED_VERSION: Final = SGLANG_PINNED
-SGLANG_IMAGE_REPOSITORY: Final = SGLANG_ENGINE.image_repository
-SGLANG_PROBES: Final = SGLANG_ENGINE.probes
-METRICS_PATH: Final = SGLANG_ENGINE.metrics_path
 COMMAND: Final = ("python3", "-m", "sglang.launch_server")
 #: The SGLang flag dialect: every managed flag is spelt by it.
 FLAGS: Final = Vocabulary(SGLANG)
@@ -48,12 +44,12 @@ FLAGS: Final = Vocabulary(SGLANG)
 
 def default_sglang_image(version: str) -> str:
     """The upstream image for ``version`` (tags carry a ``v``)."""
-    return f"{SGLANG_IMAGE_REPOSITORY}:v{version.removeprefix('v')}"
+    return f"{SGLANG_ENGINE.image_repository}:v{version.removeprefix('v')}"
 
 
 def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(ENGINE_NAME, MIN_VERSION, version_text)
+    return check_engine_version(SGLANG_ENGINE.display_name, MIN_VERSION, version_text)
 
 
 def sglang_args(spec: InferenceServiceSpec) -> list[str]:

@@ -34,15 +34,12 @@ from chunkpilot import __version__
 from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import SIM_ENGINE, TRTLLM_ENGINE, kinds
 
-ENGINE_NAME: Final = SIM_ENGINE.display_name
-SIM_IMAGE_REPOSITORY: Final = SIM_ENGINE.image_repository
-SIM_PROBES: Final = SIM_ENGINE.probes
 SIM_RESOURCES: Final = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def default_sim_image() -> str:
     """The Chunkpilot image (it ships the simulator) matching this operator's version."""
-    return f"{SIM_IMAGE_REPOSITORY}:{__version__}"
+    return f"{SIM_ENGINE.image_repository}:{__version__}"
 
 
 #: Engine kinds the simulator image runs in their own dialect (the registry's ``simulated``).
@@ -51,7 +48,7 @@ SIMULATED_KINDS: Final = kinds(where="simulated")
 
 def is_sim_image(image: str) -> bool:
     """True for the Chunkpilot image (any tag), which ships the simulator."""
-    return image == SIM_IMAGE_REPOSITORY or image.startswith(f"{SIM_IMAGE_REPOSITORY}:")
+    return image == SIM_ENGINE.image_repository or image.startswith(f"{SIM_ENGINE.image_repository}:")
 
 
 def simulated(spec: InferenceServiceSpec, render: RenderResult) -> RenderResult:
@@ -73,13 +70,13 @@ def simulated(spec: InferenceServiceSpec, render: RenderResult) -> RenderResult:
         command = serve.split()
     return replace(
         render,
-        engine=f"{ENGINE_NAME} ({render.engine})",
+        engine=f"{SIM_ENGINE.display_name} ({render.engine})",
         command=command,
         args=[*render.args, "--gpu", str(spec.resources.accelerator)],
         gpus=0,
         resources={k: dict(v) for k, v in SIM_RESOURCES.items()},
         shm_size="64Mi",
-        probes=SIM_PROBES,
+        probes=SIM_ENGINE.probes,
     )
 
 
@@ -100,7 +97,7 @@ def render_sim(spec: InferenceServiceSpec) -> RenderResult:
         return version
     _, volume = model_argument(spec.model.name)
     return EngineRender(
-        engine=ENGINE_NAME,
+        engine=SIM_ENGINE.display_name,
         version=str(version),
         image=spec.engine.image or default_sim_image(),
         command=["chunkpilot", "sim", "serve"],
@@ -109,7 +106,7 @@ def render_sim(spec: InferenceServiceSpec) -> RenderResult:
         gpus=0,
         resources={kind: dict(values) for kind, values in SIM_RESOURCES.items()},
         shm_size="64Mi",
-        probes=SIM_PROBES,
+        probes=SIM_ENGINE.probes,
         model_volume=volume,
         # The simulator serves the plugin's live-adjustment route in-process (no control file):
         # the Deployment builder only adds the bearer token from the service's Secret.

@@ -44,14 +44,10 @@ from chunkpilot.api import InferenceServiceSpec
 from chunkpilot.api.engines import TRTLLM_ENGINE
 from chunkpilot.api.knobs import TRTLLM, TRTLLM_PINNED
 
-ENGINE_NAME: Final = TRTLLM_ENGINE.display_name
 #: Oldest release whose command line this renderer knows (1.0: the PyTorch backend by default,
 #: ``/prometheus/metrics``); the pinned one is validated against its option definitions.
 MIN_VERSION: Final = EngineVersion(1, 0, 0)
 PINNED_VERSION: Final = TRTLLM_PINNED
-TRTLLM_IMAGE_REPOSITORY: Final = TRTLLM_ENGINE.image_repository
-TRTLLM_PROBES: Final = TRTLLM_ENGINE.probes
-METRICS_PATH: Final = TRTLLM_ENGINE.metrics_path
 CONFIG_DIR: Final = "/etc/chunkpilot"
 OPTIONS_FILE: Final = f"{CONFIG_DIR}/llm-api.yaml"
 #: The environment variable the options file is written from.
@@ -70,12 +66,12 @@ FLAGS: Final = Vocabulary(TRTLLM)
 
 def default_trtllm_image(version: str) -> str:
     """The NGC release image for ``version`` (tags carry no ``v``)."""
-    return f"{TRTLLM_IMAGE_REPOSITORY}:{version.removeprefix('v')}"
+    return f"{TRTLLM_ENGINE.image_repository}:{version.removeprefix('v')}"
 
 
 def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(ENGINE_NAME, MIN_VERSION, version_text)
+    return check_engine_version(TRTLLM_ENGINE.display_name, MIN_VERSION, version_text)
 
 
 def llm_api_options(spec: InferenceServiceSpec) -> OptionsFile:
@@ -138,7 +134,7 @@ def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> 
     return UnsupportedKnob(
         knob="spec.model.servedName",
         flag="(none)",
-        engine=ENGINE_NAME,
+        engine=TRTLLM_ENGINE.display_name,
         version=str(version),
         detail=f"trtllm-serve serves the model under its model argument ({model})",
         remedy="unset servedName or set it to the model argument",

@@ -47,7 +47,6 @@ from chunkpilot.api import EngineKind, InferenceServiceSpec
 from chunkpilot.api.engines import VLLM_ENGINE
 from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
-ENGINE_NAME: Final = VLLM_ENGINE.display_name
 #: Oldest release whose command line this renderer knows.
 MIN_VERSION: Final = EngineVersion(0, 8, 0)
 #: Partial-prefill limits are honoured natively (by the V0 scheduler) only before this release.
@@ -60,15 +59,13 @@ V0_33: Final = VLLM_0_33
 #: The vLLM flag dialect (the simulator speaks it too): every managed flag is spelt by it.
 FLAGS: Final = Vocabulary(VLLM)
 
-VLLM_IMAGE_REPOSITORY: Final = VLLM_ENGINE.image_repository
-VLLM_PROBES: Final = VLLM_ENGINE.probes
 #: prometheus_client's multiprocess folder in the Chunkpilot engine image (an emptyDir per pod).
 METRICS_DIR: Final = "/run/chunkpilot-metrics"
 
 
 def upstream_vllm_image(version: str) -> str:
     """The upstream OpenAI-compatible server image for ``version`` (tags carry a ``v``)."""
-    return f"{VLLM_IMAGE_REPOSITORY}:v{version.removeprefix('v')}"
+    return f"{VLLM_ENGINE.image_repository}:v{version.removeprefix('v')}"
 
 
 def chunkpilot_engine_release(version: str) -> str | None:
@@ -133,14 +130,14 @@ class KnobRule:
             if self.plugin:
                 remedy += ", or " + _plugin_remedy(version)
         else:
-            detail = f"the flag is only rendered for {ENGINE_NAME} {self.since} and later"
+            detail = f"the flag is only rendered for {VLLM_ENGINE.display_name} {self.since} and later"
             remedy = (
                 f"unset {self.knob.rsplit('.', 1)[-1]} or raise spec.engine.version to {self.since} or later"
             )
         return UnsupportedKnob(
             knob=self.knob,
             flag=self.flag,
-            engine=ENGINE_NAME,
+            engine=VLLM_ENGINE.display_name,
             version=str(version),
             detail=detail,
             remedy=remedy,
@@ -152,7 +149,7 @@ def _plugin_remedy(version: EngineVersion) -> str:
     release = str(version)
     if release in SUPPORTED_VLLM_VERSIONS:
         return (
-            f"run the Chunkpilot engine image, the default for {ENGINE_NAME} {release}: clear"
+            f"run the Chunkpilot engine image, the default for {VLLM_ENGINE.display_name} {release}: clear"
             f" spec.engine.image or set it to {engine_image(release)}"
         )
     newest = SUPPORTED_VLLM_VERSIONS[-1]
@@ -170,7 +167,7 @@ KNOB_RULES: Final[tuple[KnobRule, ...]] = tuple(
 
 def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(ENGINE_NAME, MIN_VERSION, version_text)
+    return check_engine_version(VLLM_ENGINE.display_name, MIN_VERSION, version_text)
 
 
 def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
