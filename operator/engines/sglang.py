@@ -13,19 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from chunkpilot.engine.sim.semantics import sglang_semantics
-from chunkpilot.operator.engines.common import (
-    EngineSupport,
-    RenderResult,
-    UnsupportedEngineVersion,
-    check_engine_version,
-    gpu_engine_render,
-    listen_args,
-    model_argument,
-    model_limit_args,
-    model_token_env,
-    served_model_name,
-    vetted_version,
-)
+from chunkpilot.operator.engines import common
 from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
@@ -47,9 +35,9 @@ def default_sglang_image(version: str) -> str:
     return f"{SGLANG_ENGINE.image_repository}:v{version.removeprefix('v')}"
 
 
-def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+def check_version(version_text: str) -> EngineVersion | common.UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(SGLANG_ENGINE.display_name, MIN_VERSION, version_text)
+    return common.check_engine_version(SGLANG_ENGINE.display_name, MIN_VERSION, version_text)
 
 
 def sglang_args(spec: InferenceServiceSpec) -> list[str]:
@@ -58,12 +46,12 @@ def sglang_args(spec: InferenceServiceSpec) -> list[str]:
     Every flag is the knob table's SGLang dialect (:data:`FLAGS`).
     """
     engine = spec.engine
-    model, _ = model_argument(spec.model.name)
+    model, _ = common.model_argument(spec.model.name)
     args = [
         *FLAGS.server_option("model-path", model),
-        *listen_args(FLAGS),
-        *FLAGS.server_option("served-model-name", served_model_name(spec)),
-        *model_limit_args(FLAGS, spec, "context-length"),
+        *common.listen_args(FLAGS),
+        *FLAGS.server_option("served-model-name", common.served_model_name(spec)),
+        *common.model_limit_args(FLAGS, spec, "context-length"),
     ]
     # One flag holds the budget and the switch: the budget, or -1 with chunked prefill off.
     chunk = engine.max_num_batched_tokens if engine.enable_chunked_prefill else -1
@@ -80,27 +68,27 @@ def sglang_args(spec: InferenceServiceSpec) -> list[str]:
     return [*args, *engine.extra_args]
 
 
-def render_sglang(spec: InferenceServiceSpec) -> RenderResult:
+def render_sglang(spec: InferenceServiceSpec) -> common.RenderResult:
     """Container recipe for an SGLang engine, or the problem that prevents one."""
-    version = vetted_version(
+    version = common.vetted_version(
         check_version(spec.engine.version), lambda checked: first_unsupported(spec, SGLANG, checked)
     )
     if not isinstance(version, EngineVersion):
         return version
-    return gpu_engine_render(
+    return common.gpu_engine_render(
         spec,
         SGLANG_ENGINE,
         version=version,
         default_image=default_sglang_image,
         command=list(COMMAND),
         args=sglang_args(spec),
-        env=model_token_env(spec),
+        env=common.model_token_env(spec),
         # Tensor-parallel workers exchange through shared memory (NCCL); SGLang's docs run with 32g.
         shm_size=f"{max(8, 8 * spec.engine.tensor_parallel_size)}Gi",
     )
 
 
 #: SGLang's support: its own scheduler in the twin.
-SUPPORT: Final = EngineSupport(
+SUPPORT: Final = common.EngineSupport(
     render=render_sglang, default_image=default_sglang_image, twin_semantics=sglang_semantics
 )

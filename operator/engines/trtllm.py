@@ -22,20 +22,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from chunkpilot.engine.sim.semantics import trtllm_semantics
-from chunkpilot.operator.engines.common import (
-    EngineSupport,
-    RenderResult,
-    UnsupportedEngineVersion,
-    UnsupportedKnob,
-    check_engine_version,
-    gpu_engine_render,
-    listen_args,
-    model_argument,
-    model_limit_args,
-    model_token_env,
-    served_model_name,
-    vetted_version,
-)
+from chunkpilot.operator.engines import common
 from chunkpilot.operator.engines.flags import OptionsFile, Scalar, Vocabulary
 from chunkpilot.operator.engines.knobcheck import first_unsupported
 from chunkpilot.operator.engines.versions import EngineVersion
@@ -69,9 +56,9 @@ def default_trtllm_image(version: str) -> str:
     return f"{TRTLLM_ENGINE.image_repository}:{version.removeprefix('v')}"
 
 
-def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+def check_version(version_text: str) -> EngineVersion | common.UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(TRTLLM_ENGINE.display_name, MIN_VERSION, version_text)
+    return common.check_engine_version(TRTLLM_ENGINE.display_name, MIN_VERSION, version_text)
 
 
 def llm_api_options(spec: InferenceServiceSpec) -> OptionsFile:
@@ -106,13 +93,13 @@ def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
     Every flag is the knob table's TensorRT-LLM dialect (:data:`FLAGS`).
     """
     engine = spec.engine
-    model, _ = model_argument(spec.model.name)
+    model, _ = common.model_argument(spec.model.name)
     args = [
         "serve",
         model,
-        *listen_args(FLAGS),
+        *common.listen_args(FLAGS),
         *FLAGS.server_option("backend", BACKEND),
-        *model_limit_args(FLAGS, spec, "max_seq_len"),
+        *common.model_limit_args(FLAGS, spec, "max_seq_len"),
     ]
     args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
     args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
@@ -123,15 +110,18 @@ def trtllm_args(spec: InferenceServiceSpec) -> list[str]:
 
 def trtllm_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     """The options file's content and, when the spec names its Secret, the model token."""
-    return [{"name": OPTIONS_ENV, "value": options_yaml(llm_api_options(spec))}, *model_token_env(spec)]
+    return [
+        {"name": OPTIONS_ENV, "value": options_yaml(llm_api_options(spec))},
+        *common.model_token_env(spec),
+    ]
 
 
-def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
-    """trtllm-serve names the model by its positional argument; it has no --served_model_name."""
-    model, _ = model_argument(spec.model.name)
-    if spec.model.served_name is None or served_model_name(spec) == model:
+def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> common.UnsupportedKnob | None:
+    """trtllm-serve names the model by its positional argument; it has no --common.served_model_name."""
+    model, _ = common.model_argument(spec.model.name)
+    if spec.model.served_name is None or common.served_model_name(spec) == model:
         return None
-    return UnsupportedKnob(
+    return common.UnsupportedKnob(
         knob="spec.model.servedName",
         flag="(none)",
         engine=TRTLLM_ENGINE.display_name,
@@ -141,15 +131,15 @@ def _served_name_problem(spec: InferenceServiceSpec, version: EngineVersion) -> 
     )
 
 
-def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
+def render_trtllm(spec: InferenceServiceSpec) -> common.RenderResult:
     """Container recipe for a TensorRT-LLM engine, or the problem that prevents one."""
-    version = vetted_version(
+    version = common.vetted_version(
         check_version(spec.engine.version),
         lambda checked: first_unsupported(spec, TRTLLM, checked) or _served_name_problem(spec, checked),
     )
     if not isinstance(version, EngineVersion):
         return version
-    return gpu_engine_render(
+    return common.gpu_engine_render(
         spec,
         TRTLLM_ENGINE,
         version=version,
@@ -163,6 +153,6 @@ def render_trtllm(spec: InferenceServiceSpec) -> RenderResult:
 
 
 #: TensorRT-LLM's support: its own scheduler in the twin.
-SUPPORT: Final = EngineSupport(
+SUPPORT: Final = common.EngineSupport(
     render=render_trtllm, default_image=default_trtllm_image, twin_semantics=trtllm_semantics
 )

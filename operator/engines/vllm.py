@@ -24,21 +24,7 @@ from chunkpilot.engine.vllm_plugin.render import (
     plugin_env,
 )
 from chunkpilot.engine.vllm_plugin.telemetry import MULTIPROC_ENV
-from chunkpilot.operator.engines.common import (
-    SHUTDOWN_TIMEOUT_S,
-    EngineSupport,
-    RenderResult,
-    UnsupportedEngineVersion,
-    UnsupportedKnob,
-    check_engine_version,
-    gpu_engine_render,
-    listen_args,
-    model_argument,
-    model_limit_args,
-    model_token_env,
-    served_model_name,
-    vetted_version,
-)
+from chunkpilot.operator.engines import common
 from chunkpilot.operator.engines.flags import Vocabulary
 from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
@@ -123,7 +109,7 @@ class KnobRule:
     def supports(self, version: EngineVersion) -> bool:
         return (self.since is None or version >= self.since) and (self.until is None or version < self.until)
 
-    def problem(self, version: EngineVersion) -> UnsupportedKnob:
+    def problem(self, version: EngineVersion) -> common.UnsupportedKnob:
         if self.until is not None and version >= self.until:
             detail = f"the flag was removed in {self.until} (the V1 engine does not enforce it)"
             remedy = f"unset {self.knob.rsplit('.', 1)[-1]} or pin spec.engine.version below {self.until}"
@@ -134,7 +120,7 @@ class KnobRule:
             remedy = (
                 f"unset {self.knob.rsplit('.', 1)[-1]} or raise spec.engine.version to {self.since} or later"
             )
-        return UnsupportedKnob(
+        return common.UnsupportedKnob(
             knob=self.knob,
             flag=self.flag,
             engine=VLLM_ENGINE.display_name,
@@ -165,12 +151,14 @@ KNOB_RULES: Final[tuple[KnobRule, ...]] = tuple(
 )
 
 
-def check_version(version_text: str) -> EngineVersion | UnsupportedEngineVersion:
+def check_version(version_text: str) -> EngineVersion | common.UnsupportedEngineVersion:
     """Parse the spec's version and make sure this renderer knows its command line."""
-    return check_engine_version(VLLM_ENGINE.display_name, MIN_VERSION, version_text)
+    return common.check_engine_version(VLLM_ENGINE.display_name, MIN_VERSION, version_text)
 
 
-def first_unsupported_knob(spec: InferenceServiceSpec, version: EngineVersion) -> UnsupportedKnob | None:
+def first_unsupported_knob(
+    spec: InferenceServiceSpec, version: EngineVersion
+) -> common.UnsupportedKnob | None:
     """The first knob set in ``spec`` that ``version`` cannot honour, if any."""
     for rule in KNOB_RULES:
         if rule.is_set(spec) and not rule.supports(version):
@@ -235,7 +223,7 @@ def honours_partial_prefills(spec: InferenceServiceSpec) -> bool:
     Chunkpilot scheduler plugin (see :func:`plugin_enforces`).
     """
     version = check_version(spec.engine.version)
-    if isinstance(version, UnsupportedEngineVersion):
+    if isinstance(version, common.UnsupportedEngineVersion):
         return False
     return version < V0_REMOVED or plugin_enforces(spec, version)
 
@@ -260,12 +248,12 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
     Every flag is the knob table's (:data:`FLAGS`); the order is the table's too.
     """
     engine = spec.engine
-    model, _ = model_argument(spec.model.name)
+    model, _ = common.model_argument(spec.model.name)
     args = [
         model,
-        *listen_args(FLAGS),
-        *FLAGS.server_option("served-model-name", served_model_name(spec)),
-        *model_limit_args(FLAGS, spec, "max-model-len"),
+        *common.listen_args(FLAGS),
+        *FLAGS.server_option("served-model-name", common.served_model_name(spec)),
+        *common.model_limit_args(FLAGS, spec, "max-model-len"),
     ]
     args += FLAGS.option("max_num_batched_tokens", engine.max_num_batched_tokens)
     args += FLAGS.option("max_num_seqs", engine.max_num_seqs)
@@ -294,7 +282,7 @@ def vllm_args(spec: InferenceServiceSpec, version: EngineVersion) -> list[str]:
     args += FLAGS.option("gpu_memory_utilization", engine.gpu_memory_utilization)
     args += FLAGS.option("tensor_parallel_size", engine.tensor_parallel_size)
     if version >= V0_33:
-        args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+        args += ["--shutdown-timeout", str(common.SHUTDOWN_TIMEOUT_S)]
     args += extra_args
     return args
 
@@ -314,7 +302,7 @@ def _without_additional_config(args: list[str]) -> list[str]:
 
 def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[str, Any]]:
     """Environment of a vLLM-compatible container: the model token, the engine selection."""
-    env = model_token_env(spec)
+    env = common.model_token_env(spec)
     partial = (
         spec.engine.max_num_partial_prefills is not None or spec.engine.max_long_partial_prefills is not None
     )
@@ -329,15 +317,15 @@ def engine_env(spec: InferenceServiceSpec, version: EngineVersion) -> list[dict[
     return env
 
 
-def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
+def render_vllm(spec: InferenceServiceSpec) -> common.RenderResult:
     """Container recipe for a vLLM engine, or the problem that prevents one."""
-    version = vetted_version(
+    version = common.vetted_version(
         check_version(spec.engine.version), lambda checked: first_unsupported_knob(spec, checked)
     )
     if not isinstance(version, EngineVersion):
         return version
     live_adjust = live_adjust_enabled(spec, version)
-    return gpu_engine_render(
+    return common.gpu_engine_render(
         spec,
         VLLM_ENGINE,
         version=version,
@@ -346,7 +334,7 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
         args=vllm_args(spec, version),
         env=engine_env(spec, version),
         shm_size=f"{max(2, 4 * spec.engine.tensor_parallel_size)}Gi",
-        shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
+        shutdown_timeout_s=common.SHUTDOWN_TIMEOUT_S,
         live_adjust=live_adjust,
         control_dir=posixpath.dirname(DEFAULT_CONTROL_FILE) if live_adjust else None,
         metrics_dir=METRICS_DIR if uses_plugin(spec, version) else None,
@@ -354,4 +342,4 @@ def render_vllm(spec: InferenceServiceSpec) -> RenderResult:
 
 
 #: vLLM's support: the twin's scheduler is vLLM's own (the default).
-SUPPORT: Final = EngineSupport(render=render_vllm, default_image=default_vllm_image)
+SUPPORT: Final = common.EngineSupport(render=render_vllm, default_image=default_vllm_image)
