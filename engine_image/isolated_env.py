@@ -139,6 +139,32 @@ def check_supported(name: str, version: str, supported: str, error: type[Excepti
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvRecipe:
+    """One environment: ``name`` at its one ``supported`` release, built by ``build``.
+
+    It lives in ``<name>-<version>`` under :func:`cache_root`; ``revision`` is the recipe
+    revision whose change rebuilds it, and ``error`` what a failure raises.
+    """
+
+    name: str
+    supported: str
+    revision: int
+    build: Build
+    error: type[Exception] = IsolatedEnvError
+
+    def path(self, version: str) -> Path:
+        """Folder of the cached environment of ``version``."""
+        return cache_root() / f"{self.name}-{version}"
+
+    def ensure(self, version: str, *, after: AfterReady | None = None) -> Path:
+        """The folder of the ready environment of ``version``, built first when missing."""
+        check_supported(self.name, version, self.supported, self.error)
+        root = self.path(version)
+        ensure_built(root, self.revision, self.build, after=after)
+        return root
+
+
+@dataclasses.dataclass(frozen=True)
 class TorchFirstBuild:
     """How an engine's environment is built around PyPI's torch (a :data:`Build`).
 
@@ -175,3 +201,7 @@ class TorchFirstBuild:
             "requirements": reqs,
             "build_seconds": round(time.monotonic() - started, 1),
         }
+
+    def env_recipe(self) -> EnvRecipe:
+        """The environment this builds: the distribution's folder, at its one supported version."""
+        return EnvRecipe(self.distribution, self.version, self.recipe, self, self.error)

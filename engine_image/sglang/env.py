@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from chunkpilot.engine import isolated_env
-from chunkpilot.engine.isolated_env import cache_root
 
 SGLANG_VERSION = "0.5.23"
 #: The torch the vLLM environment uses (shared wheel cache); the parser does not depend on it.
@@ -68,10 +67,6 @@ class SGLangEnv(isolated_env.IsolatedEnv):
     """A ready environment: its folder and interpreter."""
 
 
-def env_path(version: str = SGLANG_VERSION) -> Path:
-    return cache_root() / f"sglang-{version}"
-
-
 _run = functools.partial(isolated_env.run, error=SGLangEnvError)
 
 
@@ -92,14 +87,12 @@ _build = isolated_env.TorchFirstBuild(
     quiet=True,
     error=SGLangEnvError,
 )
+_RECIPE = _build.env_recipe()
 
 
 def ensure(version: str = SGLANG_VERSION) -> SGLangEnv:
     """Return the cached environment, building it (minutes, a few GB with torch) when missing."""
-    isolated_env.check_supported("sglang", version, SGLANG_VERSION, SGLangEnvError)
-    root = env_path(version)
-    isolated_env.ensure_built(root, RECIPE_REVISION, _build)
-    return SGLangEnv(root)
+    return SGLangEnv(_RECIPE.ensure(version))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from chunkpilot.engine import isolated_env
-from chunkpilot.engine.isolated_env import cache_root
 
 AIPERF_VERSION = "0.13.0"
 # Bump when the recipe below changes, so cached environments are rebuilt.
@@ -36,11 +35,6 @@ class AiperfEnv(isolated_env.IsolatedEnv):
     @property
     def aiperf(self) -> Path:
         return self.root / "bin" / "aiperf"
-
-
-def env_path(version: str = AIPERF_VERSION) -> Path:
-    """Folder of the cached environment."""
-    return cache_root() / f"aiperf-{version}"
 
 
 _run = functools.partial(isolated_env.run, error=AiperfEnvError)
@@ -61,12 +55,12 @@ def _build(root: Path, log: Path) -> dict[str, object]:
     }
 
 
+_RECIPE = isolated_env.EnvRecipe("aiperf", AIPERF_VERSION, RECIPE_REVISION, _build, AiperfEnvError)
+
+
 def ensure(version: str = AIPERF_VERSION) -> AiperfEnv:
     """Return the cached environment, building it (a minute or two) when missing."""
-    isolated_env.check_supported("aiperf", version, AIPERF_VERSION, AiperfEnvError)
-    root = env_path(version)
-    isolated_env.ensure_built(root, RECIPE_REVISION, _build)
-    return AiperfEnv(root)
+    return AiperfEnv(_RECIPE.ensure(version))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

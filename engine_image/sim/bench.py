@@ -105,16 +105,10 @@ def calibration() -> tuple[tuple[ErrorRow, ...], float, dict[str, float]]:
     return table, overall, means
 
 
-def run(
-    trace: str = "azure_conv_2023",
-    model: str = "llama-3.1-8b",
-    accelerator: str = "h100",
-    repeat: int = 3,
-    step_by_step: bool = False,
-) -> BenchResult:
-    """Both benchmarks."""
+def run(speed_result: SpeedResult) -> BenchResult:
+    """Both benchmarks: ``speed_result`` (of :func:`speed`) with the step-time calibration."""
     table, overall, by_operator = calibration()
-    return BenchResult(speed(trace, model, accelerator, repeat, step_by_step), table, overall, by_operator)
+    return BenchResult(speed_result, table, overall, by_operator)
 
 
 def format_result(result: BenchResult) -> str:

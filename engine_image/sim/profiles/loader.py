@@ -184,6 +184,14 @@ def _resolve(key: str, table: dict[str, dict[str, Any]]) -> dict[str, Any] | Non
     return None
 
 
+def _read_json(path: Path) -> Any:
+    """The JSON document in the profile file ``path`` (:class:`ProfileError` when it is not JSON)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
+
+
 def load_model(name_or_path: str) -> ModelProfile:
     """Resolve a built-in profile name, a Hugging Face id alias, or a path to a ``config.json``."""
     data = _resolve(name_or_path, _models())
@@ -193,10 +201,7 @@ def load_model(name_or_path: str) -> ModelProfile:
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
+        config = _read_json(path)
         return ModelProfile.from_config(config, name=str(config.get("name") or path.parent.name or path.stem))
     raise ProfileError(
         f"unknown model {name_or_path!r}: use one of {', '.join(model_names())}, a Hugging Face id "
@@ -211,10 +216,7 @@ def load_accelerator(name_or_path: str) -> Accelerator:
         return Accelerator.from_dict(data)
     path = Path(name_or_path)
     if path.is_file():
-        try:
-            return Accelerator.from_dict(json.loads(path.read_text(encoding="utf-8")), name=path.stem)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
+        return Accelerator.from_dict(_read_json(path), name=path.stem)
     raise ProfileError(
         f"unknown accelerator {name_or_path!r}: use one of {', '.join(accelerator_names())} "
         "or a path to an accelerator JSON file"

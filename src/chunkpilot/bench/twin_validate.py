@@ -115,66 +115,62 @@ def _config(base: SchedulerConfig, budget: int) -> SchedulerConfig:
     return replace(base, max_num_batched_tokens=budget)
 
 
-def _latency_checks(
-    truth: SimConfig,
-    base: SchedulerConfig,
-    lengths: Workload,
-    twin: Twin,
-    fitted_only: Twin,
-    slo: SLO,
-    points: Sequence[tuple[int, float]],
-) -> tuple[LatencyCheck, ...]:
-    """Predicted against true quantiles at each ``(budget, rate)`` of ``points``."""
-    checks: list[LatencyCheck] = []
-    for budget, rate in points:
-        cfg = _config(base, budget)
-        measured = LatencyQuantiles.of(simulate(replace(truth, scheduler=cfg), retime(lengths, rate), slo))
-        predicted = twin.latency(cfg, rate, slo)
-        fit_only = fitted_only.latency(cfg, rate, slo)
-        checks.append(
-            LatencyCheck(
-                budget,
-                rate,
-                predicted,
-                measured,
-                relative_errors(predicted, measured),
-                relative_errors(fit_only, measured),
+@dataclass(frozen=True)
+class _Checks:
+    """The truth and the two twins the predictions are checked with, on the truth's requests."""
+
+    truth: SimConfig
+    base: SchedulerConfig
+    lengths: Workload
+    twin: Twin
+    fitted_only: Twin
+    slo: SLO
+
+    def latency(self, points: Sequence[tuple[int, float]]) -> tuple[LatencyCheck, ...]:
+        """Predicted against true quantiles at each ``(budget, rate)`` of ``points``."""
+        checks: list[LatencyCheck] = []
+        for budget, rate in points:
+            cfg = _config(self.base, budget)
+            measured = LatencyQuantiles.of(
+                simulate(replace(self.truth, scheduler=cfg), retime(self.lengths, rate), self.slo)
             )
-        )
-    return tuple(checks)
+            predicted = self.twin.latency(cfg, rate, self.slo)
+            fit_only = self.fitted_only.latency(cfg, rate, self.slo)
+            checks.append(
+                LatencyCheck(
+                    budget,
+                    rate,
+                    predicted,
+                    measured,
+                    relative_errors(predicted, measured),
+                    relative_errors(fit_only, measured),
+                )
+            )
+        return tuple(checks)
 
-
-def _capacity_checks(
-    truth: SimConfig,
-    base: SchedulerConfig,
-    lengths: Workload,
-    twin: Twin,
-    fitted_only: Twin,
-    slo: SLO,
-    budgets: Sequence[int],
-    start_rate: float,
-    requests: int,
-    tolerance: float,
-) -> tuple[CapacityCheck, ...]:
-    """Predicted against true capacity at SLO of each budget, with the prediction's CPU seconds."""
-    checks: list[CapacityCheck] = []
-    for budget in budgets:
-        cfg = _config(base, budget)
-        true = find_capacity(
-            replace(truth, scheduler=cfg), lengths, slo, tolerance=0.02, start_rate=start_rate
-        ).capacity_req_s
-        same = fitted_only.capacity(
-            cfg, slo, requests=len(lengths.requests), tolerance=0.02, start_rate=start_rate
-        ).capacity_req_s
-        started = time.process_time()
-        predicted = twin.capacity(
-            cfg, slo, requests=requests, tolerance=tolerance, start_rate=start_rate
-        ).capacity_req_s
-        cpu = time.process_time() - started
-        checks.append(
-            CapacityCheck(budget, predicted, true, _error(predicted, true), _error(same, true), cpu)
-        )
-    return tuple(checks)
+    def capacity(
+        self, budgets: Sequence[int], start_rate: float, requests: int, tolerance: float
+    ) -> tuple[CapacityCheck, ...]:
+        """Predicted against true capacity at SLO of each budget, with the prediction's CPU seconds."""
+        slo = self.slo
+        checks: list[CapacityCheck] = []
+        for budget in budgets:
+            cfg = _config(self.base, budget)
+            true = find_capacity(
+                replace(self.truth, scheduler=cfg), self.lengths, slo, tolerance=0.02, start_rate=start_rate
+            ).capacity_req_s
+            same = self.fitted_only.capacity(
+                cfg, slo, requests=len(self.lengths.requests), tolerance=0.02, start_rate=start_rate
+            ).capacity_req_s
+            started = time.process_time()
+            predicted = self.twin.capacity(
+                cfg, slo, requests=requests, tolerance=tolerance, start_rate=start_rate
+            ).capacity_req_s
+            cpu = time.process_time() - started
+            checks.append(
+                CapacityCheck(budget, predicted, true, _error(predicted, true), _error(same, true), cpu)
+            )
+        return tuple(checks)
 
 
 def validate_twin(
@@ -219,19 +215,9 @@ def validate_twin(
         fit_cpu = time.process_time() - started
         # The same profile on the truth's own requests isolates the step-time model's error.
         fitted_only = Twin(fit, lengths, twin.profile_path)
-        latency = _latency_checks(truth, base, lengths, twin, fitted_only, slo, latency_points)
-        capacity = _capacity_checks(
-            truth,
-            base,
-            lengths,
-            twin,
-            fitted_only,
-            slo,
-            capacity_budgets,
-            fit_rate,
-            capacity_requests,
-            capacity_tolerance,
-        )
+        checks = _Checks(truth, base, lengths, twin, fitted_only, slo)
+        latency = checks.latency(latency_points)
+        capacity = checks.capacity(capacity_budgets, fit_rate, capacity_requests, capacity_tolerance)
     return ValidationReport(
         perturbation=perturbation,
         fitted=fit.scales,
