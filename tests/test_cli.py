@@ -44,13 +44,8 @@ print(json.dumps({"stdout": out.getvalue(), "code": code, "modules": sorted(sys.
 
 def probe(module: str, *args: str) -> dict[str, object]:
     """``module.main(args)`` in a new interpreter: its stdout, exit code and imported modules."""
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE, module, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": COLUMNS},
-        timeout=120,
-        check=False,
+    result = captured(
+        [sys.executable, "-c", PROBE, module, json.dumps(args)], timeout=120, env={"COLUMNS": COLUMNS}
     )
     assert result.returncode == 0, result.stderr
     data: dict[str, object] = json.loads(result.stdout)
@@ -267,13 +262,10 @@ def test_kubectl_status_into_a_closed_pipe_exits_141_quietly() -> None:
 
 def test_kubectl_status_renders_without_the_client_or_the_models() -> None:
     """``status`` pays for rich and the knob table, never for the Kubernetes client or pydantic models."""
-    shown = subprocess.run(
+    shown = captured(
         [sys.executable, "-c", STATUS_WITH_FAKE_API, str(EXAMPLE), "--modules"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": COLUMNS},
         timeout=60,
-        check=False,
+        env={"COLUMNS": COLUMNS},
     )
     assert shown.returncode == 0, shown.stderr
     assert "default/chat" in shown.stdout and "autotune on" in shown.stdout

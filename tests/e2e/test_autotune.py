@@ -27,7 +27,7 @@ from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import DEFAULT_OPERATOR_COMMAND, ENV_PROMETHEUS_URL, LocalStack
 from chunkpilot.testing.e2e import (
     ServiceObjects,
-    apply_service,
+    serve_service,
     sim_service_manifest,
     start_scenario_load,
     wait_until,
@@ -57,16 +57,12 @@ def stack(start_stack: StartStack) -> LocalStack:
 
 
 def deploy(stack: LocalStack, namespace: str, name: str, max_trials: int) -> ServiceObjects:
-    cluster = apply_service(
+    return serve_service(
         stack,
         sim_service_manifest(
             name, namespace, max_trials=max_trials, window="30s", warmup="10s", abort={"minSamples": 30}
         ),
     )
-    assert stack.runner is not None
-    runner = stack.runner
-    wait_until("the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster)
-    return cluster
 
 
 def test_autotune_brings_a_violating_service_into_its_slo(stack: LocalStack) -> None:

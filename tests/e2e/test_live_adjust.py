@@ -21,7 +21,7 @@ import pytest
 from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import (
     ServiceObjects,
-    apply_service,
+    serve_service,
     sim_service_manifest,
     start_scenario_load,
     wait_until,
@@ -82,11 +82,8 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
     namespace, name = "live-adjust-e2e", "live"
     assert stack.control_plane is not None and stack.runner is not None
     runner = stack.runner
-    cluster = apply_service(stack, live_manifest(name, namespace))
+    cluster = serve_service(stack, live_manifest(name, namespace))
     try:
-        wait_until(
-            "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
-        )
         load = start_scenario_load(stack, name, namespace, duration_s=400)
         bearer = token(cluster, name)
         canary_uids: set[str] = set()

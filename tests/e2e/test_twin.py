@@ -34,7 +34,7 @@ from chunkpilot.api import EngineConfig, InferenceService
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
 from chunkpilot.localrun.podrunner import ENV_SIM_GPU, ENV_SIM_STEP_PROFILE
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import TRACE, apply_service, sim_service_manifest, wait_until
+from chunkpilot.testing.e2e import TRACE, serve_service, sim_service_manifest, wait_until
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
@@ -112,14 +112,9 @@ def test_the_twin_promotes_a_config_near_the_true_capacity_optimum(
 ) -> None:
     started = time.monotonic()
     namespace, name = "twin-e2e", "twin"
-    plane, runner = stack.control_plane, stack.runner
-    assert plane is not None and runner is not None
     body = manifest(name, namespace)
-    cluster = apply_service(stack, body)
+    cluster = serve_service(stack, body)
     try:
-        wait_until(
-            "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
-        )
         rate = LOAD_SHARE * OPTIMUM_REQ_S
         load = stack.start_load(
             name,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from chunkpilot.localrun import podspec
 from chunkpilot.localrun.podspec import (
     ContainerPhase,
     ContainerReport,
@@ -18,17 +19,6 @@ from chunkpilot.localrun.podspec import (
     PodSpecError,
     RefKind,
     Termination,
-    decode_secret_data,
-    desired_signature,
-    engine_command,
-    expand_args,
-    literal_env,
-    observed_signature,
-    parse_crash_injection,
-    parse_pod,
-    resolve_env,
-    status_patch,
-    strip_flags,
 )
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -75,7 +65,7 @@ def pod_manifest(**overrides: Any) -> dict[str, Any]:
 
 
 def test_parse_pod_reads_labels_args_and_state() -> None:
-    pod = parse_pod(pod_manifest())
+    pod = podspec.parse_pod(pod_manifest())
     assert (pod.namespace, pod.name, pod.service, pod.track, pod.config_hash) == (
         "demo",
         "chat-canary-7d9f-abcde",
@@ -92,22 +82,22 @@ def test_parse_pod_reads_labels_args_and_state() -> None:
 def test_unscheduled_terminating_and_finished_pods_do_not_run() -> None:
     unscheduled = pod_manifest()
     del unscheduled["spec"]["nodeName"]
-    assert not parse_pod(unscheduled).should_run
+    assert not podspec.parse_pod(unscheduled).should_run
     terminating = pod_manifest()
     terminating["metadata"]["deletionTimestamp"] = "2026-11-29T12:00:00Z"
-    assert not parse_pod(terminating).should_run
-    assert not parse_pod(pod_manifest(status={"phase": "Failed"})).should_run
+    assert not podspec.parse_pod(terminating).should_run
+    assert not podspec.parse_pod(pod_manifest(status={"phase": "Failed"})).should_run
 
 
 def test_a_container_without_args_is_refused() -> None:
     with pytest.raises(PodSpecError, match=r"args are \[MODEL"):
-        parse_pod(pod_manifest(spec={"nodeName": "n", "containers": [{"name": "engine"}]}))
+        podspec.parse_pod(pod_manifest(spec={"nodeName": "n", "containers": [{"name": "engine"}]}))
 
 
 def test_runner_owned_flags_are_replaced_in_both_spellings() -> None:
     args = ["m", "--port", "8000", "--host=0.0.0.0", "--time-scale", "5", "--max-num-seqs", "64"]
-    assert strip_flags(args, ("--host", "--port", "--time-scale")) == ["m", "--max-num-seqs", "64"]
-    command = engine_command(["sim", "serve"], args, host="127.0.0.1", port=4242, time_scale=10.0)
+    assert podspec.strip_flags(args, ("--host", "--port", "--time-scale")) == ["m", "--max-num-seqs", "64"]
+    command = podspec.engine_command(["sim", "serve"], args, host="127.0.0.1", port=4242, time_scale=10.0)
     assert command == [
         "sim",
         "serve",
@@ -121,15 +111,15 @@ def test_runner_owned_flags_are_replaced_in_both_spellings() -> None:
         "--time-scale",
         "10",
     ]
-    assert "--time-scale" not in engine_command(["sim"], args, host="h", port=1, time_scale=None)
+    assert "--time-scale" not in podspec.engine_command(["sim"], args, host="h", port=1, time_scale=None)
 
 
 def test_a_hardware_override_replaces_the_pods_own_hardware_flags() -> None:
     args = ["m", "--gpu", "h100", "--step-profile=mine.json", "--max-num-seqs", "64"]
     hardware = ("--gpu", "/truth/accel.json", "--step-profile", "/truth/steps.json")
-    command = engine_command(["sim"], args, host="h", port=1, time_scale=None, hardware=hardware)
+    command = podspec.engine_command(["sim"], args, host="h", port=1, time_scale=None, hardware=hardware)
     assert command == ["sim", "m", "--max-num-seqs", "64", *hardware, "--host", "h", "--port", "1"]
-    assert "h100" in engine_command(["sim"], args, host="h", port=1, time_scale=None)  # no override
+    assert "h100" in podspec.engine_command(["sim"], args, host="h", port=1, time_scale=None)  # no override
 
 
 @pytest.mark.parametrize(
@@ -144,17 +134,17 @@ def test_a_hardware_override_replaces_the_pods_own_hardware_flags() -> None:
     ],
 )
 def test_crash_injection_annotation(value: str | None, expected: tuple[CrashInjection, float]) -> None:
-    assert parse_crash_injection(value) == expected
+    assert podspec.parse_crash_injection(value) == expected
 
 
 def test_bad_crash_injection_annotation_names_the_forms() -> None:
     with pytest.raises(PodSpecError, match="'30s'"):
-        parse_crash_injection("sometimes")
+        podspec.parse_crash_injection("sometimes")
 
 
 def test_healthy_engine_reports_ready_running() -> None:
     report = ContainerReport("engine", ContainerPhase.RUNNING, 0, NOW, None)
-    patch = status_patch(report, "p", NOW)
+    patch = podspec.status_patch(report, "p", NOW)
     conditions = {c["type"]: c for c in patch["status"]["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["ContainersReady"]["status"] == "True"
     (container,) = patch["status"]["containerStatuses"]
@@ -165,7 +155,7 @@ def test_healthy_engine_reports_ready_running() -> None:
 def test_crashed_engine_reports_crash_loop_back_off_with_the_last_termination() -> None:
     last = Termination(137, "Error", NOW, NOW, "x" * 5000)
     report = ContainerReport("engine", ContainerPhase.BACKOFF, 2, NOW, last, backoff_s=20)
-    patch = status_patch(report, "chat-canary-1", NOW)
+    patch = podspec.status_patch(report, "chat-canary-1", NOW)
     ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "ContainersNotReady"
     (container,) = patch["status"]["containerStatuses"]
@@ -187,15 +177,15 @@ def test_signatures_compare_what_the_api_shows_with_what_the_runner_knows() -> N
             ],
         }
     )
-    assert observed_signature(kwok_ready, "engine") == (True, 0, "running")
+    assert podspec.observed_signature(kwok_ready, "engine") == (True, 0, "running")
     starting = ContainerReport("engine", ContainerPhase.STARTING, 0, NOW, None)
-    assert desired_signature(starting) == (False, 0, "running")
-    assert desired_signature(ContainerReport("engine", ContainerPhase.RUNNING, 0, NOW, None)) == (
+    assert podspec.desired_signature(starting) == (False, 0, "running")
+    assert podspec.desired_signature(ContainerReport("engine", ContainerPhase.RUNNING, 0, NOW, None)) == (
         True,
         0,
         "running",
     )
-    assert observed_signature(pod_manifest(), "engine") == (False, 0, "unknown")
+    assert podspec.observed_signature(pod_manifest(), "engine") == (False, 0, "unknown")
 
 
 def lookup_from(
@@ -223,7 +213,7 @@ def test_env_references_resolve_from_secrets_and_config_maps_in_order() -> None:
         (RefKind.CONFIG_MAP, "settings"): {"mode": "fast"},
     }
     calls: list[str] = []
-    resolved = resolve_env(env, "demo", lookup_from(objects, calls))
+    resolved = podspec.resolve_env(env, "demo", lookup_from(objects, calls))
     assert resolved == {"A": "2", "TOKEN": "s3cret", "MODE": "fast", "OTHER": "x"}
     assert calls == ["chat-live-adjust", "settings"]  # each object read once
 
@@ -231,35 +221,35 @@ def test_env_references_resolve_from_secrets_and_config_maps_in_order() -> None:
 def test_a_missing_secret_or_key_is_a_config_error_naming_it() -> None:
     env = (("TOKEN", EnvRef(RefKind.SECRET, "chat-live-adjust", "token")),)
     with pytest.raises(EnvConfigError, match="secret 'chat-live-adjust' not found"):
-        resolve_env(env, "demo", lookup_from({}))
+        podspec.resolve_env(env, "demo", lookup_from({}))
     with pytest.raises(EnvConfigError, match="couldn't find key 'token' in Secret demo/chat-live-adjust"):
-        resolve_env(env, "demo", lookup_from({(RefKind.SECRET, "chat-live-adjust"): {"x": "y"}}))
+        podspec.resolve_env(env, "demo", lookup_from({(RefKind.SECRET, "chat-live-adjust"): {"x": "y"}}))
 
 
 def test_optional_references_are_left_out_when_missing() -> None:
     env = (("A", "1"), ("TOKEN", EnvRef(RefKind.SECRET, "gone", "token", optional=True)))
-    assert resolve_env(env, "demo", lookup_from({})) == {"A": "1"}
+    assert podspec.resolve_env(env, "demo", lookup_from({})) == {"A": "1"}
 
 
 def test_a_reference_without_name_or_key_is_refused() -> None:
     manifest = pod_manifest()
     manifest["spec"]["containers"][1]["env"] = [{"name": "T", "valueFrom": {"secretKeyRef": {"key": "k"}}}]
     with pytest.raises(PodSpecError, match=r"env T: valueFrom.secretKeyRef needs both 'name' and 'key'"):
-        parse_pod(manifest)
+        podspec.parse_pod(manifest)
 
 
 def test_secret_data_is_base64_decoded() -> None:
     encoded = base64.b64encode(b"t0ken").decode()
-    assert decode_secret_data({"token": encoded}) == {"token": "t0ken"}
-    assert decode_secret_data(None) == {}
+    assert podspec.decode_secret_data({"token": encoded}) == {"token": "t0ken"}
+    assert podspec.decode_secret_data(None) == {}
 
 
 def test_a_container_waiting_for_its_config_reports_create_container_config_error() -> None:
     report = ContainerReport(
         "engine", ContainerPhase.CONFIG_ERROR, 0, None, None, config_error="secret 'x' not found"
     )
-    assert desired_signature(report) == (False, 0, "waiting")
-    (container,) = status_patch(report, "p", NOW)["status"]["containerStatuses"]
+    assert podspec.desired_signature(report) == (False, 0, "waiting")
+    (container,) = podspec.status_patch(report, "p", NOW)["status"]["containerStatuses"]
     assert container["ready"] is False and container["started"] is False
     assert container["state"]["waiting"] == {
         "reason": "CreateContainerConfigError",
@@ -273,12 +263,14 @@ def test_a_field_ref_to_the_pods_namespace_gives_it_and_other_field_refs_are_lef
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
-    pod = parse_pod(manifest)
+    pod = podspec.parse_pod(manifest)
     assert pod.env == (("POD_NAMESPACE", "demo"),)
 
 
 def test_args_expand_variables_of_the_container_env_as_kubernetes_does() -> None:
     env = {"POD_NAMESPACE": "demo", "EMPTY": ""}
     args = ["--ns", "$(POD_NAMESPACE)", "x=$(POD_NAMESPACE)/$(UNSET)", "$$(POD_NAMESPACE)", "$(EMPTY)", "$5"]
-    assert expand_args(args, env) == ("--ns", "demo", "x=demo/$(UNSET)", "$(POD_NAMESPACE)", "", "$5")
-    assert literal_env((("A", "1"), ("S", EnvRef(RefKind.SECRET, "s", "k")), ("A", "2"))) == {"A": "2"}
+    assert podspec.expand_args(args, env) == ("--ns", "demo", "x=demo/$(UNSET)", "$(POD_NAMESPACE)", "", "$5")
+    assert podspec.literal_env((("A", "1"), ("S", EnvRef(RefKind.SECRET, "s", "k")), ("A", "2"))) == {
+        "A": "2"
+    }

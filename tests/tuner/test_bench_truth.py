@@ -29,14 +29,7 @@ from chunkpilot.bench.exhaustive import (
     scenario_facts,
 )
 from chunkpilot.bench.grid import Grid
-from chunkpilot.bench.online import (
-    OnlineContext,
-    TwinSettings,
-    run_grid_online,
-    run_random_online,
-    run_slack,
-    run_twin,
-)
+from chunkpilot.bench.online import OnlineContext, TwinSettings
 from chunkpilot.bench.truth import (
     MARKS,
     METHODS,
@@ -118,10 +111,12 @@ def test_the_tuner_side_never_opens_the_truth_profile(
     guarded: tuple[OnlineContext, GuardedEngine, Path], small_grid: BenchSettings
 ) -> None:
     context, engine, root = guarded
-    trace = run_twin(context, engine, TwinSettings(evaluations=6, rerank=1, requests=80, tolerance=0.1))
-    run_slack(context, engine)
-    run_random_online(context, engine)
-    run_grid_online(context, engine, small_grid)
+    trace = bench_online.run_twin(
+        context, engine, TwinSettings(evaluations=6, rerank=1, requests=80, tolerance=0.1)
+    )
+    bench_online.run_slack(context, engine)
+    bench_online.run_random_online(context, engine)
+    bench_online.run_grid_online(context, engine, small_grid)
     OPENS.recording = False
     assert engine.calls > 0 and trace.evaluations > 0
     # The twin writes and reads its own fitted profile; nothing under the truth's files is touched.
@@ -139,7 +134,12 @@ def test_the_tuner_module_cannot_name_the_truth() -> None:
     }
     assert not any("truth" in module for module in imported), imported
     # Every tuner-side method takes the context (datasheet facts) and the engine, nothing else.
-    for method in (run_twin, run_slack, run_random_online, run_grid_online):
+    for method in (
+        bench_online.run_twin,
+        bench_online.run_slack,
+        bench_online.run_random_online,
+        bench_online.run_grid_online,
+    ):
         params = list(inspect.signature(method).parameters)
         assert params[:2] == ["context", "engine"] and set(params[2:]) <= {"settings", "sizes"}
 

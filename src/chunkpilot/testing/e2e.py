@@ -168,6 +168,25 @@ def apply_service(stack: LocalStack, manifest: Mapping[str, Any]) -> ServiceObje
     return ServiceObjects(plane, namespace, name)
 
 
+def serve_service(stack: LocalStack, manifest: Mapping[str, Any]) -> ServiceObjects:
+    """:func:`apply_service`, then wait (up to 2 minutes) until the pod runner serves the stable engine.
+
+    The API connection is closed if the engine never serves.
+    """
+    runner = stack.runner
+    assert runner is not None
+    cluster = apply_service(stack, manifest)
+    namespace, name = cluster.namespace, cluster.name
+    try:
+        wait_until(
+            "the stable engine to serve", lambda: runner.ready_endpoints(name, namespace), 120, cluster
+        )
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
 class ServiceObjects:
     """Reads of one InferenceService, its TuningTrials and Deployments through the API."""
 

@@ -6,20 +6,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from chunkpilot.api import (
-    TRIAL_KIND,
-    EngineConfig,
-    Measurement,
-    ObjectMeta,
-    TopologySpec,
-    TrialPhase,
-    TrialVerdict,
-    TuningTrial,
-    TuningTrialSpec,
-    TuningTrialStatus,
-    trial_labels,
-    trial_name,
-)
+from chunkpilot import api
+from chunkpilot.api import EngineConfig, Measurement, TopologySpec, TrialPhase, TrialVerdict, TuningTrial
 from chunkpilot.testing.services import NOW, a_manifest
 from chunkpilot.tuner.records import LABEL_ROUND
 
@@ -47,14 +35,16 @@ def a_trial(
     Labelled with its tuning round unless ``round_`` is None; ``window`` None keeps the CRD's default.
     Its status is None without a ``phase``, else that phase, ``started_at`` and the ``status`` fields.
     """
-    labels = trial_labels(service, number)
+    labels = api.trial_labels(service, number)
     if round_ is not None:
         labels[LABEL_ROUND] = str(round_)
     spec: dict[str, Any] = {} if window is None else {"window": window}
     return TuningTrial(
-        metadata=ObjectMeta(name=trial_name(service, number), namespace=namespace, labels=labels),
-        spec=TuningTrialSpec(service_name=service, number=number, params=params, topology=topology, **spec),
-        status=None if phase is None else TuningTrialStatus(phase=phase, started_at=started_at, **status),
+        metadata=api.ObjectMeta(name=api.trial_name(service, number), namespace=namespace, labels=labels),
+        spec=api.TuningTrialSpec(
+            service_name=service, number=number, params=params, topology=topology, **spec
+        ),
+        status=None if phase is None else api.TuningTrialStatus(phase=phase, started_at=started_at, **status),
     )
 
 
@@ -75,7 +65,7 @@ def a_trial_manifest(
         "params": {"maxNumBatchedTokens": budget, "maxNumSeqs": max_num_seqs},
     }
     fields = {} if status is None else {"status": dict(status)}
-    return a_manifest(trial_name(service, number), namespace, spec, kind=TRIAL_KIND, **fields)
+    return a_manifest(api.trial_name(service, number), namespace, spec, kind=api.TRIAL_KIND, **fields)
 
 
 def a_canary(itl_ms: float, ttft_ms: float, samples: int = 500) -> Measurement:

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.vllm_plugin import env as engine_env
 from chunkpilot.engine.vllm_plugin.client import prompt_ids, stream_completion
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME, start_server, tiny_model
@@ -62,6 +63,21 @@ async def _warm_up(url: str) -> None:
                 for i in range(3)
             ),
         )
+
+
+@pytest.fixture(scope="session")
+def startup_scheduler() -> SchedulerConfig:
+    """The scheduler settings :func:`vllm_server` starts its engine with."""
+    return SchedulerConfig(
+        max_num_batched_tokens=STARTUP_BUDGET,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=LONG_THRESHOLD,
+        max_num_partial_prefills=LANES,
+        max_long_partial_prefills=LONG_LANES,
+        enable_prefix_caching=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -30,15 +30,7 @@ import pytest
 from chunkpilot.engine.live_adjust import LIVE_ADJUST_ROUTE
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.vllm_plugin.launch import SERVED_MODEL_NAME
-from chunkpilot.engine.vllm_plugin.testing import (
-    LANES,
-    LONG_LANES,
-    LONG_THRESHOLD,
-    MAX_MODEL_LEN,
-    MAX_NUM_SEQS,
-    STARTUP_BUDGET,
-    EngineServer,
-)
+from chunkpilot.engine.vllm_plugin.testing import STARTUP_BUDGET, EngineServer
 from chunkpilot.tuner.twin.fit import fit_steps
 from chunkpilot.tuner.twin.predict import LatencyQuantiles
 
@@ -95,21 +87,11 @@ def _table(checks: list[PointCheck]) -> str:
 
 
 def test_twin_fitted_on_real_vllm_predicts_other_loads_and_budgets(
-    vllm_server: EngineServer, tiny_model_dir: Path, tmp_path: Path
+    vllm_server: EngineServer, startup_scheduler: SchedulerConfig, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     url = vllm_server.url
     pairs = lengths(REQUESTS, 3, (32, 1536), (8, 64))
-    scheduler = SchedulerConfig(
-        max_num_batched_tokens=STARTUP_BUDGET,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN,
-        enable_chunked_prefill=True,
-        long_prefill_token_threshold=LONG_THRESHOLD,
-        max_num_partial_prefills=LANES,
-        max_long_partial_prefills=LONG_LANES,
-        enable_prefix_caching=False,
-    )
     try:
         _set_budget(vllm_server, STARTUP_BUDGET)
         # New batch shapes are slow the first time: one short burst first, not measured.
@@ -132,7 +114,7 @@ def test_twin_fitted_on_real_vllm_predicts_other_loads_and_budgets(
     measured_s = time.monotonic() - started
 
     fit = fit_steps(fit_window.steps, str(tiny_model_dir / "config.json"), ACCELERATOR)
-    checks = compare(fit, fit_window, windows, scheduler, tmp_path)
+    checks = compare(fit, fit_window, windows, startup_scheduler, tmp_path)
     print(
         f"\nfit on {fit.steps:.0f} steps in {fit.buckets} buckets: {fit.scales}; step-time rms error "
         f"{fit.rms_relative_error:.1%} (prior {fit.prior_rms_relative_error:.1%}); "
