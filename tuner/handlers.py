@@ -26,6 +26,7 @@ by :func:`load`, and handed to :func:`start_tuner` through Kopf's memo):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
@@ -87,7 +88,10 @@ def _mirror_to(url: str) -> Mirror:
         records: list[TrialRecord],
         attrs: Mapping[int, Mapping[str, Any]],
     ) -> int | None:
-        return await mirror.amirror_trials(namespace, name, space, records, url=url, attrs=attrs)
+        # The mirror blocks on the database: off the event loop.
+        return await asyncio.to_thread(
+            mirror.mirror_trials, namespace, name, space, records, url=url, attrs=attrs
+        )
 
     return copy
 

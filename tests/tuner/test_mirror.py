@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -15,7 +14,6 @@ import pytest
 from chunkpilot.tuner.act import mirror
 from chunkpilot.tuner.act.mirror import (
     NUMBER_ATTR,
-    amirror_trials,
     mirror_trials,
     redact,
     study_name,
@@ -116,7 +114,7 @@ def test_environment_variable_enables_the_mirror(tmp_path: Path) -> None:
     assert mirror_trials("default", "chat", SPACE, records()) == 0  # disabled: nothing to do
     assert storage_url({"CHUNKPILOT_OPTUNA_STORAGE": "  "}) is None
     url = storage_url({"CHUNKPILOT_OPTUNA_STORAGE": sqlite_url(tmp_path)})
-    assert asyncio.run(amirror_trials("default", "chat", SPACE, records(), url=url)) == 3
+    assert mirror_trials("default", "chat", SPACE, records(), url=url) == 3
     check_mirrored(sqlite_url(tmp_path))
 
 

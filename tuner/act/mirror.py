@@ -17,12 +17,11 @@ the driver).
 
 The call after each finished trial is :func:`mirror_trials` with the whole history (which also
 catches up after a storage outage); it blocks on the database, so async code runs it in a
-thread (:func:`amirror_trials`).
+thread (``asyncio.to_thread``, as the tuner's handlers do).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
@@ -157,19 +156,6 @@ def mirror_trials(
             error,
         )
         return None
-
-
-async def amirror_trials(
-    namespace: str,
-    name: str,
-    space: SearchSpace,
-    records: Iterable[TrialRecord],
-    *,
-    url: str | None = None,
-    attrs: Mapping[int, Mapping[str, Any]] | None = None,
-) -> int | None:
-    """:func:`mirror_trials` in a worker thread, for the operator's event loop."""
-    return await asyncio.to_thread(mirror_trials, namespace, name, space, list(records), url=url, attrs=attrs)
 
 
 def _mirror(
