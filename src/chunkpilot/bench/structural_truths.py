@@ -104,7 +104,7 @@ class StructuralTruth:
 STRUCTURAL_FAMILY: Final[dict[str, StructuralTruth]] = {
     "h100-vidur-a035-o3ms": StructuralTruth(1.0, 0.35, 0.55, 0.3, 3e-3, 30e-6),
     "h100-vidur-a085-o2ms": StructuralTruth(1.0, 0.85, 0.9, 0.6, 2e-3, 50e-6),
-    "h100-vidur-l125-o5ms": StructuralTruth(1.25, 0.45, 0.4, 0.2, 5e-3, 20e-6),
+    "h100-vidur-l125-o5ms": StructuralTruth(1.25, 0.3, 0.4, 0.2, 5e-3, 20e-6),
     "h100-vidur-a025-o1ms": StructuralTruth(1.0, 0.25, 0.6, 0.25, 1e-3, 80e-6),
 }
 
