@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from chunkpilot.bench import disagg as bench_disagg
@@ -19,6 +18,7 @@ from chunkpilot.bench.truth import (
     family_truths,
     format_truth_table,
     run_truth_benchmark,
+    structural_family_truths,
 )
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
 
@@ -48,9 +48,23 @@ def register(subparsers: Any) -> None:
         "default: the shipped h100-c075-m085-o2 profile",
     )
     tuner.add_argument(
+        "--truth-step-profile",
+        metavar="FILE",
+        default=None,
+        help="a truth of another structure: a chunkpilot.io/step-profile/v1 JSON (measured linear-layer "
+        "times, efficiencies, overheads) used only by the simulated engine and the ground truth, on the "
+        "--truth-gpu accelerator if given, else on the datasheet accelerator the tuner is told",
+    )
+    tuner.add_argument(
         "--truth-family",
-        action="store_true",
-        help="run every shipped perturbed H100 profile (compute x0.6-1.0, HBM x0.7-1.0, overhead x1-3)",
+        nargs="?",
+        const="perturbed",
+        choices=("perturbed", "structural"),
+        default=None,
+        help="run a shipped family of truths: perturbed (the default: every perturbed H100 profile, "
+        "compute x0.6-1.0, HBM x0.7-1.0, overhead x1-3) or structural (every step profile built from "
+        "measured A100 kernel curves rescaled to the H100, with attention, element-wise kernels and "
+        "overheads unlike the roofline's)",
     )
     tuner.add_argument(
         "--load",
@@ -132,11 +146,16 @@ def settings_from(args: argparse.Namespace) -> TruthSettings:
         if args.twin_arrivals < 1:
             raise BenchError("--twin-arrivals must be >= 1")
         top["twin"] = replace(settings.twin, arrival_seeds=arrival_seeds(args.twin_arrivals))
-    if args.truth_gpu and args.truth_family:
-        raise BenchError("--truth-gpu and --truth-family: choose one")
-    if args.truth_gpu:
-        path = Path(args.truth_gpu)
-        top["truths"] = (Truth(path.stem, str(path)),)
+    if args.truth_family and (args.truth_gpu or args.truth_step_profile):
+        given = "--truth-gpu" if args.truth_gpu else "--truth-step-profile"
+        raise BenchError(
+            f"{given} and --truth-family: choose one (a family brings its own truths; to run one step "
+            "profile on another accelerator give --truth-step-profile FILE with --truth-gpu FILE)"
+        )
+    if args.truth_gpu or args.truth_step_profile:
+        top["truths"] = (Truth.of(args.truth_gpu, args.truth_step_profile),)
+    elif args.truth_family == "structural":
+        top["truths"] = structural_family_truths()
     elif args.truth_family:
         top["truths"] = family_truths()
     return replace(settings, grid=replace(settings.grid, **grid), **top)

@@ -1,7 +1,9 @@
 """``chunkpilot bench tuner``: the tuner against a hidden truth, at a live load below capacity.
 
 The engine's hardware is a **truth profile** (an accelerator profile JSON, ``--truth-gpu``, or each
-of the shipped perturbed H100 profiles, ``--truth-family``) that only two objects here ever load: the
+of the shipped perturbed H100 profiles, ``--truth-family``), possibly of another structure than the
+twin's roofline (a step profile, ``--truth-step-profile``, or each shipped structural one,
+``--truth-family structural``), that only two objects here ever load: the
 simulated engine (:class:`TruthEngine`, what the online methods call) and the ground truth
 (:class:`GroundTruth`, capacity at SLO of a configuration on the truth). The tuner side
 (:mod:`chunkpilot.bench.online`) is told the datasheet accelerator, as online, and sees only
@@ -50,7 +52,14 @@ from chunkpilot.bench.online import (
     run_slack,
     run_twin,
 )
-from chunkpilot.bench.twin_truth import family, read_perturbation, truth_engine
+from chunkpilot.bench.structural_truths import structural_family
+from chunkpilot.bench.twin_truth import (
+    family,
+    read_perturbation,
+    read_truth_step_profile,
+    step_profile_label,
+    truth_engine,
+)
 from chunkpilot.bench.twin_validate import observe_window
 from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
@@ -93,14 +102,32 @@ DEFAULT_TRUTH = "h100-c075-m085-o2"
 
 @dataclass(frozen=True)
 class Truth:
-    """One hidden truth: a name and an accelerator profile file."""
+    """One hidden truth: a name, an accelerator profile file and, for a truth of another structure, a
+    step profile file (without an accelerator file, the step profile runs on the datasheet accelerator).
+    """
 
     name: str
-    path: str
+    path: str | None
+    step_profile: str | None = None
 
     def label(self) -> str:
-        data, _overhead = read_perturbation(Path(self.path))
-        return str(data.get("description", self.name))
+        if self.path is None:
+            hardware = "the datasheet accelerator"
+        else:
+            data, _overhead = read_perturbation(Path(self.path))
+            hardware = str(data.get("description", self.name))
+        if self.step_profile is None:
+            return hardware
+        profile = Path(self.step_profile)
+        return f"{hardware}; step profile {profile.stem}: {step_profile_label(profile)}"
+
+    @classmethod
+    def of(cls, gpu: str | None, step_profile: str | None) -> Truth:
+        """The truth of ``--truth-gpu`` and ``--truth-step-profile`` (one of them at least)."""
+        names = [Path(p).stem for p in (gpu, step_profile) if p is not None]
+        if not names:
+            raise BenchError("a truth needs --truth-gpu or --truth-step-profile")
+        return cls("+".join(names), gpu, step_profile)
 
 
 @dataclass(frozen=True)
@@ -134,10 +161,19 @@ class TruthSettings:
         if self.truth_arrivals < 1:
             raise BenchError("--truth-arrivals must be >= 1")
         for truth in self.truths:
-            try:
-                read_perturbation(Path(truth.path))
-            except ValueError as exc:
-                raise BenchError(f"--truth-gpu: {exc}") from exc
+            overhead = 1.0
+            if truth.path is not None:
+                try:
+                    _data, overhead = read_perturbation(Path(truth.path))
+                except ValueError as exc:
+                    raise BenchError(f"--truth-gpu: {exc}") from exc
+            if truth.step_profile is not None:
+                try:
+                    read_truth_step_profile(
+                        Path(truth.step_profile), model=self.grid.model, overhead=overhead
+                    )
+                except ValueError as exc:
+                    raise BenchError(f"--truth-step-profile: {exc}") from exc
 
     def with_truths(self, truths: Sequence[Truth]) -> TruthSettings:
         return replace(self, truths=tuple(truths))
@@ -146,6 +182,11 @@ class TruthSettings:
 def family_truths() -> tuple[Truth, ...]:
     """The shipped perturbed profiles as truths."""
     return tuple(Truth(name, str(path)) for name, path in family().items())
+
+
+def structural_family_truths() -> tuple[Truth, ...]:
+    """The shipped structural step profiles as truths, each on the datasheet accelerator."""
+    return tuple(Truth(name, None, str(path)) for name, path in structural_family().items())
 
 
 def default_truths() -> tuple[Truth, ...]:
@@ -331,7 +372,13 @@ def run_unit(task: UnitTask) -> list[dict[str, Any]]:
     grid = Grid.over(space, grid_st)
     default = default_config(grid_st)
     with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
-        sim = truth_engine(Path(task.truth.path), Path(tmp), model=grid_st.model)
+        sim = truth_engine(
+            None if task.truth.path is None else Path(task.truth.path),
+            Path(tmp),
+            model=grid_st.model,
+            accelerator=grid_st.accelerator,
+            step_profile=None if task.truth.step_profile is None else Path(task.truth.step_profile),
+        )
         engine_sim = engine_defaults(grid_st)  # the engine's semantics and own knobs, on the truth
         sim = replace(
             sim, scheduler=engine_sim.scheduler, gpu_memory_utilization=engine_sim.gpu_memory_utilization

@@ -8,6 +8,11 @@ A truth can also be an accelerator profile JSON file (``chunkpilot bench tuner -
 simulator's own format, optionally with a ``"truth"`` object whose ``overhead`` multiplies the
 per-step and per-sequence overheads. The package ships a family of perturbed H100 profiles
 (:func:`family`) in that format.
+
+A truth of another structure brings its own step profile (``--truth-step-profile``, the simulator's
+``chunkpilot.io/step-profile/v1``; the shipped ones are in :mod:`chunkpilot.bench.structural_truths`):
+it replaces the roofline's linear layers and sets its efficiencies and overheads, on the accelerator
+profile given or on the datasheet accelerator (:func:`read_truth_step_profile`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from chunkpilot.api.accelerators import profiles as accelerator_profiles
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.profiles.loader import load_accelerator, load_model, normalise
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepTimeModel
+from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepProfile, StepTimeModel
 from chunkpilot.tuner.twin.fit import PROFILE_TOKENS
 
 __all__ = [
@@ -31,6 +36,8 @@ __all__ = [
     "family",
     "perturbed_accelerator",
     "read_perturbation",
+    "read_truth_step_profile",
+    "step_profile_label",
     "truth_engine",
     "write_truth",
 ]
@@ -102,6 +109,73 @@ def read_perturbation(path: Path) -> tuple[dict[str, Any], float]:
     return data, overhead
 
 
+_OVERHEAD_FIELDS = ("step_overhead_s", "per_sequence_overhead_s")
+_STEP_PROFILE_HINT = (
+    f"give a {STEP_PROFILE_SCHEMA} JSON (docs/probe.md; the shipped ones: --truth-family structural)"
+)
+
+
+def read_truth_step_profile(
+    path: Path, *, model: str, tensor_parallel_size: int = 1, overhead: float = 1.0
+) -> dict[str, Any]:
+    """A step-profile file as the truth's: its document, the accelerator's overhead factor applied.
+
+    Raises :class:`ValueError` naming the file when it is no step profile, when it was made for
+    another model or tensor-parallel size, or when it sets an overhead that the accelerator profile's
+    ``truth.overhead`` (``overhead`` here, other than 1) would scale too.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read a step profile ({exc}); {_STEP_PROFILE_HINT}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a step profile is a JSON object; {_STEP_PROFILE_HINT}")
+    try:
+        profile = StepProfile.from_dict(data, source=str(path))
+    except (TypeError, ValueError) as exc:
+        reason = str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}"
+        raise ValueError(f"{reason}; {_STEP_PROFILE_HINT}") from exc
+    wanted = load_model(model)
+    if profile.model:
+        try:
+            named = load_model(profile.model).name
+        except ValueError:
+            named = profile.model
+        if named != wanted.name:
+            raise ValueError(
+                f"{path}: made for model {profile.model!r}, the benchmark runs {wanted.name}; "
+                "give a step profile of the benchmark's model"
+            )
+    if profile.tensor_parallel_size != tensor_parallel_size:
+        raise ValueError(
+            f"{path}: made for tensor_parallel_size {profile.tensor_parallel_size}, the benchmark runs "
+            f"{tensor_parallel_size}"
+        )
+    document = dict(data)
+    if overhead != 1.0:
+        clash = [name for name in _OVERHEAD_FIELDS if name in profile.efficiency]
+        if clash:
+            raise ValueError(
+                f"{path} sets {', '.join(clash)} and the accelerator profile's truth.overhead "
+                f"({overhead:g}) scales the overheads too: drop one of the two"
+            )
+        base = Efficiency.calibrated()
+        document["efficiency"] = {
+            **profile.efficiency,
+            **{name: getattr(base, name) * overhead for name in _OVERHEAD_FIELDS},
+        }
+    return document
+
+
+def step_profile_label(path: Path) -> str:
+    """The step profile's ``description`` (its file name without one)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return path.stem
+    return str(data.get("description", path.stem)) if isinstance(data, dict) else path.stem
+
+
 def _write_step_profile(
     directory: Path, accel_path: Path, overhead: float, model: str, tensor_parallel_size: int
 ) -> Path:
@@ -131,25 +205,42 @@ def _write_step_profile(
 
 
 def truth_engine(
-    profile: Path,
+    profile: Path | None,
     directory: Path,
     *,
     model: str = "llama-3.1-8b",
     tensor_parallel_size: int = 1,
     scheduler: SchedulerConfig | None = None,
+    accelerator: str = "h100",
+    step_profile: Path | None = None,
 ) -> SimConfig:
-    """The engine of an accelerator profile file (its overhead factor applied), files under ``directory``."""
-    data, overhead = read_perturbation(profile)
+    """The engine of an accelerator profile file (its overhead factor applied), files under ``directory``.
+
+    Without ``profile`` the truth's hardware is the datasheet ``accelerator``; with ``step_profile``
+    the truth's linear layers, efficiencies and overheads are that profile's (a copy under
+    ``directory``), not the roofline's.
+    """
+    if profile is None:
+        data, overhead = perturbed_accelerator(Perturbation(), accelerator), 1.0
+    else:
+        data, overhead = read_perturbation(profile)
     directory.mkdir(parents=True, exist_ok=True)
     accel_path = directory / "truth-accelerator.json"
     accel_path.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    step_profile = _write_step_profile(directory, accel_path, overhead, model, tensor_parallel_size)
+    if step_profile is None:
+        profile_path = _write_step_profile(directory, accel_path, overhead, model, tensor_parallel_size)
+    else:
+        document = read_truth_step_profile(
+            step_profile, model=model, tensor_parallel_size=tensor_parallel_size, overhead=overhead
+        )
+        profile_path = directory / "truth-step-profile.json"
+        profile_path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     return SimConfig(
         model=model,
         accelerator=str(accel_path),
         tensor_parallel_size=tensor_parallel_size,
         scheduler=scheduler or SchedulerConfig(),
-        step_profile=str(step_profile),
+        step_profile=str(profile_path),
     )
 
 
