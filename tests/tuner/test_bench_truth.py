@@ -13,6 +13,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from chunkpilot.engine.sim.engine import EngineCore, SimConfig
+from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.tuner.space import build_space
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
@@ -30,6 +32,7 @@ from chunkpilot.bench.exhaustive import (
 )
 from chunkpilot.bench.grid import Grid
 from chunkpilot.bench.online import OnlineContext, TwinSettings
+from chunkpilot.bench.structural_truths import STRUCTURAL_FAMILY, structural_family
 from chunkpilot.bench.truth import (
     MARKS,
     METHODS,
@@ -259,3 +262,149 @@ def test_truth_engine_applies_the_overhead_factor(tmp_path: Path) -> None:
     base = Efficiency.calibrated()
     assert math.isclose(profile["efficiency"]["step_overhead_s"], base.step_overhead_s * 3.0)
     assert default_config(FULL).max_num_batched_tokens > 0
+
+
+# --------------------------------------------------------------------------- truths of another structure
+
+STRUCTURAL = "h100-vidur-a035-o3ms"
+
+
+def _step(sim: SimConfig) -> float:
+    """One decode step of 8 sequences over 8000 context tokens on ``sim``'s engine."""
+    fp = ForwardPass(num_tokens=8, num_sequences=8, num_sampled=8, decode_context_tokens=8000)
+    return EngineCore(sim).step_model.step_time(fp)
+
+
+def test_the_step_profile_reaches_the_truth_and_not_the_tuner(tmp_path: Path) -> None:
+    path = structural_family()[STRUCTURAL]
+    parser = build_parser()
+    plain = settings_from(parser.parse_args(["bench", "tuner", "--quick"]))
+    given = settings_from(parser.parse_args(["bench", "tuner", "--quick", "--truth-step-profile", str(path)]))
+    assert given.truths == (Truth(STRUCTURAL, None, str(path)),)
+    # The tuner's side is told exactly what it is told without the flag: the datasheet, its settings.
+    assert given.grid == plain.grid and given.twin == plain.twin and given.grid.accelerator == "h100"
+    assert str(path) not in repr((given.grid, given.twin))
+    # The truth's engine runs the profile: its steps are the profile's, not the datasheet roofline's.
+    datasheet = truth_engine(None, tmp_path / "datasheet")
+    structural = truth_engine(None, tmp_path / "structural", step_profile=path)
+    assert Path(str(structural.step_profile)).parent == tmp_path / "structural"  # a copy, under the truth
+    model = EngineCore(structural).step_model
+    profile = StepProfile.load(path)
+    assert model.linear_time(8) == profile.linear_time(8)
+    assert model.efficiency.step_overhead_s == 3e-3 and model.efficiency.attention_compute == 0.35
+    assert _step(structural) > 1.3 * _step(datasheet)
+    # On another accelerator (--truth-gpu): the profile's linear layers, that accelerator's attention.
+    slow_hbm = tmp_path / "slow-hbm.json"
+    slow_hbm.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m070-o1"])), encoding="utf-8")
+    on_gpu = truth_engine(slow_hbm, tmp_path / "on-gpu", step_profile=path)
+    assert EngineCore(on_gpu).step_model.linear_time(8) == model.linear_time(8)
+    assert _step(on_gpu) > _step(structural)
+
+
+def test_an_overhead_factor_applies_where_the_step_profile_sets_no_overheads(tmp_path: Path) -> None:
+    document = json.loads(structural_family()[STRUCTURAL].read_text(encoding="utf-8"))
+    for name in ("step_overhead_s", "per_sequence_overhead_s"):
+        del document["efficiency"][name]
+    profile = tmp_path / "no-overheads.json"
+    profile.write_text(json.dumps(document), encoding="utf-8")
+    gpu = tmp_path / "o3.json"
+    gpu.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m100-o3"])), encoding="utf-8")
+    sim = truth_engine(gpu, tmp_path / "truth", step_profile=profile)
+    from chunkpilot.engine.sim.steptime import Efficiency
+
+    eff = EngineCore(sim).step_model.efficiency
+    assert eff.step_overhead_s == pytest.approx(3 * Efficiency.calibrated().step_overhead_s)
+    assert eff.attention_compute == 0.35  # the profile's own overrides stay
+
+
+def test_the_tuner_side_never_opens_the_step_profile(tmp_path: Path, small_grid: BenchSettings) -> None:
+    path = structural_family()[STRUCTURAL]
+    sim = truth_engine(None, tmp_path / "truth", step_profile=path)
+    slo_pair = SLO_PAIRS[0]
+    facts = scenario_facts(small_grid, slo_pair, "azure_code")
+    space = build_space(facts)
+    lengths = load_trace("azure_code_2023", rate=1.0, limit=80)
+    engine = GuardedEngine(TruthEngine(sim, lengths, _sim_slo(slo_pair), small_grid.max_model_len))
+    context = OnlineContext(facts, space, Grid.over(space, small_grid), _sim_slo(slo_pair), 4.0, 2, 0)
+    OPENS.paths.clear()
+    OPENS.recording = True
+    try:
+        trace = bench_online.run_twin(
+            context, engine, TwinSettings(evaluations=4, rerank=1, requests=80, tolerance=0.1)
+        )
+    finally:
+        OPENS.recording = False
+    assert engine.calls > 0 and trace.evaluations > 0
+    assert any("twin-step-profile" in p for p in OPENS.paths)
+    leaked = [p for p in OPENS.paths if p.startswith(str(tmp_path)) or Path(p).name == path.name]
+    assert leaked == []
+
+
+def test_a_tiny_run_names_the_step_profile_in_the_truth(tmp_path: Path, small_grid: BenchSettings) -> None:
+    gpu = tmp_path / "h100-c100-m070-o1.json"
+    gpu.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m070-o1"])), encoding="utf-8")
+    truth = Truth.of(str(gpu), str(structural_family()[STRUCTURAL]))
+    settings = TruthSettings(
+        grid=small_grid,
+        truths=(truth,),
+        loads=(0.5,),
+        trials=1,
+        repeats=1,
+        twin=TwinSettings(evaluations=3, rerank=1, requests=80, tolerance=0.1),
+    )
+    data = run_truth_benchmark(settings).to_dict()
+    [entry] = data["scenarios"]
+    assert entry["truth"] == f"h100-c100-m070-o1+{STRUCTURAL}"
+    assert f"step profile {STRUCTURAL}" in entry["truth_profile"] and "HBM x0.7" in entry["truth_profile"]
+    assert data["truths"] == [{"name": entry["truth"], "profile": entry["truth_profile"]}]
+    assert set(entry) >= {"share_after_trials", "optimum_req_s", "twin", "final_config"}
+
+
+def test_structural_family_flag_runs_every_shipped_profile() -> None:
+    parser = build_parser()
+    structural = settings_from(parser.parse_args(["bench", "tuner", "--truth-family", "structural"]))
+    assert {t.name for t in structural.truths} == set(STRUCTURAL_FAMILY)
+    assert all(t.path is None and t.step_profile for t in structural.truths)
+    perturbed = settings_from(parser.parse_args(["bench", "tuner", "--truth-family"]))
+    assert {t.name for t in perturbed.truths} == set(FAMILY)
+    assert (
+        perturbed.truths
+        == settings_from(parser.parse_args(["bench", "tuner", "--truth-family", "perturbed"])).truths
+    )
+
+
+def _errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["bench", "tuner", "--quick", *argv]) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_step_profiles_and_combinations_are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = str(structural_family()[STRUCTURAL])
+    gpu = str(tmp_path / "o3.json")
+    Path(gpu).write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m100-o3"])), encoding="utf-8")
+    missing = _errors(["--truth-step-profile", str(tmp_path / "missing.json")], capsys)
+    assert "--truth-step-profile" in missing and "cannot read" in missing and "step-profile/v1" in missing
+    not_a_profile = _errors(["--truth-step-profile", gpu], capsys)
+    assert "--truth-step-profile" in not_a_profile and "'schema'" in not_a_profile
+    document = json.loads(Path(good).read_text(encoding="utf-8"))
+    for field, value, expected in (
+        ("model", "llama-3.1-70b", "benchmark runs llama-3.1-8b"),
+        ("tensor_parallel_size", 2, "tensor_parallel_size 2"),
+        ("efficiency", {"warp_speed": 1.0}, "warp_speed"),
+        ("linear_ms", {"0": 1.0}, "linear_ms"),
+    ):
+        bad = tmp_path / f"bad-{field}.json"
+        bad.write_text(json.dumps({**document, field: value}), encoding="utf-8")
+        err = _errors(["--truth-step-profile", str(bad)], capsys)
+        assert "--truth-step-profile" in err and expected in err, err
+    clash = _errors(["--truth-step-profile", good, "--truth-gpu", gpu], capsys)
+    assert "truth.overhead" in clash and "drop one" in clash
+    for family in ("structural", "perturbed"):
+        both = _errors(["--truth-step-profile", good, "--truth-family", family], capsys)
+        assert "--truth-step-profile and --truth-family: choose one" in both
+    gpu_and_family = _errors(["--truth-gpu", gpu, "--truth-family", "structural"], capsys)
+    assert "--truth-gpu and --truth-family" in gpu_and_family
+    with pytest.raises(BenchError, match="--truth-step-profile"):
+        replace(TRUTH_QUICK, truths=(Truth("x", None, gpu),))
