@@ -88,17 +88,24 @@ def perturbed_accelerator(perturbation: Perturbation, accelerator: str = "h100")
     return data
 
 
+def _json_object(path: Path, what: str, hint: str = "") -> dict[str, Any]:
+    """The JSON object in ``path``; ValueError naming the file, ``what`` it should be and ``hint``."""
+    suffix = f"; {hint}" if hint else ""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read {what} ({exc}){suffix}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: {what} is a JSON object{suffix}")
+    return data
+
+
 def read_perturbation(path: Path) -> tuple[dict[str, Any], float]:
     """An accelerator profile file and its overhead factor (1 without a ``"truth"`` object).
 
     Raises :class:`ValueError` naming the file when it is not a usable profile.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read an accelerator profile ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an accelerator profile is a JSON object")
+    data = _json_object(path, "an accelerator profile")
     missing = [k for k in ("peak_tflops", "hbm_tb_s", "memory_gib") if k not in data]
     if missing:
         raise ValueError(f"{path}: accelerator profile lacks {', '.join(missing)}")
@@ -124,12 +131,7 @@ def read_truth_step_profile(
     another model or tensor-parallel size, or when it sets an overhead that the accelerator profile's
     ``truth.overhead`` (``overhead`` here, other than 1) would scale too.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read a step profile ({exc}); {_STEP_PROFILE_HINT}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a step profile is a JSON object; {_STEP_PROFILE_HINT}")
+    data = _json_object(path, "a step profile", _STEP_PROFILE_HINT)
     try:
         profile = StepProfile.from_dict(data, source=str(path))
     except (TypeError, ValueError) as exc:
