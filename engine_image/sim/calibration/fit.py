@@ -3,10 +3,8 @@
 The reference (``a100_reference.csv``, reduced from the Vidur operator profiles, MIT licence,
 (c) Microsoft Corporation) holds the median time of each operator of one layer per token count and
 tensor-parallel degree for Llama-3-8B, Llama-2-7B and Llama-2-70B on an A100-80GB. The GEMM constants
-(compute and memory efficiency, blending exponent, per-kernel floor), then the element-wise constants
-(one bandwidth fraction per kernel, a shared floor) are fitted by minimising the squared relative error
-with the shared step-time fitting core (:mod:`chunkpilot.engine.stepfit`); the result lives in
-``efficiency.json`` beside this file.
+(compute and memory efficiency, blending exponent, per-kernel floor) and the element-wise constants are
+fitted by minimising the squared log error; the result lives in ``efficiency.json`` beside this file.
 Attention and per-step overheads are not in the reference and keep their documented defaults.
 
 Refit and print the error table::
@@ -18,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 from chunkpilot.engine.sim.profiles.loader import Accelerator, load_accelerator
 from chunkpilot.engine.sim.steptime import Efficiency
-from chunkpilot.engine.stepfit import Parameter, relative_errors, solve
 
 GEMM_OPERATORS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPERATORS = ("input_layernorm", "attn_rope", "mlp_act", "add", "emb")
@@ -132,56 +129,57 @@ def _predict(a: dict[str, FloatArray], eff: Efficiency, gpu: Accelerator) -> Flo
     return result
 
 
-_DEFAULT: Final = Efficiency()
-#: The GEMM unknowns: compute and memory efficiency (fractions of the datasheet peaks), the exponent
-#: blending the two times and the per-kernel floor (in microseconds, so it is of order one for the
-#: solver); each starts at the step-time model's default.
-_GEMM_PARAMETERS: Final = (
-    Parameter("gemm_compute", _DEFAULT.gemm_compute, 0.0, 1.0, log=True),
-    Parameter("gemm_memory", _DEFAULT.gemm_memory, 0.0, 1.0, log=True),
-    Parameter("gemm_smoothing", _DEFAULT.gemm_smoothing, 1.0, 16.0, log=True),
-    Parameter("gemm_floor_us", _DEFAULT.gemm_floor_s * 1e6, lower=0.0),
-)
-#: The element-wise unknowns: one bandwidth fraction per kernel and the launch floor they share.
-_ELEMENTWISE_PARAMETERS: Final = (
-    *(Parameter(name, getattr(_DEFAULT, name), 0.0, 1.0, log=True) for name in ELEMENTWISE_FIELDS.values()),
-    Parameter("elementwise_floor_us", _DEFAULT.elementwise_floor_s * 1e6, lower=0.0),
-)
-
-
-def _efficiency(base: Efficiency, fitted: dict[str, float]) -> Efficiency:
-    """``base`` with the fitted values (floors given in microseconds)."""
-    changes: dict[str, float] = {}
-    for name, value in fitted.items():
-        if name.endswith("_us"):
-            changes[name.removesuffix("_us") + "_s"] = value * 1e-6
-        else:
-            changes[name] = value
-    return replace(base, **changes)
-
-
-def _fit_group(
-    base: Efficiency, parameters: tuple[Parameter, ...], rows: list[ReferenceRow], gpu: Accelerator
-) -> Efficiency:
-    """``base`` with ``parameters`` fitted to ``rows`` (squared relative error, by the shared core)."""
-    arrays = _arrays(rows)
-    names = [p.name for p in parameters]
-
-    def residuals(values: FloatArray) -> FloatArray:
-        eff = _efficiency(base, dict(zip(names, (float(v) for v in values), strict=True)))
-        return relative_errors(_predict(arrays, eff, gpu), arrays["y"])
-
-    return _efficiency(base, solve(residuals, parameters, max_iterations=200).as_dict())
+def _loss(a: dict[str, FloatArray], eff: Efficiency, gpu: Accelerator) -> float:
+    return float(np.mean(np.log(_predict(a, eff, gpu) / a["y"]) ** 2))
 
 
 def fit(rows: list[ReferenceRow] | None = None) -> Efficiency:
-    """Least-squares (relative error) fit of the GEMM constants, then of the element-wise ones."""
+    """Least-squares (log error) fit of the GEMM and element-wise constants by grid refinement."""
     rows = rows if rows is not None else load_reference()
     gpu = load_accelerator("a100-80gb")
     gemm_rows = [r for r in rows if r.operator in GEMM_OPERATORS]
-    elementwise_rows = [r for r in rows if r.operator in ELEMENTWISE_OPERATORS]
-    fitted = _fit_group(_DEFAULT, _GEMM_PARAMETERS, gemm_rows, gpu)
-    return _fit_group(fitted, _ELEMENTWISE_PARAMETERS, elementwise_rows, gpu)
+    elem_rows = [r for r in rows if r.operator in ELEMENTWISE_OPERATORS]
+    best = Efficiency()
+    grids = {
+        "gemm_compute": np.linspace(0.55, 0.9, 15),
+        "gemm_memory": np.linspace(0.5, 0.9, 17),
+        "gemm_smoothing": np.array([1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0]),
+        "gemm_floor_s": np.array([0.0, 1e-6, 2e-6, 3e-6, 4e-6, 6e-6, 8e-6]),
+    }
+    best = _grid(best, grids, gemm_rows, gpu)
+    floors = np.array([0.0, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6])
+    shared = np.linspace(0.15, 0.9, 31)
+    shared_best, best_loss = best, float("inf")
+    elem_arrays = _arrays(elem_rows)
+    for floor, memory in itertools.product(floors, shared):  # one factor for all: fixes the floor
+        candidate = replace(
+            best,
+            elementwise_floor_s=float(floor),
+            **dict.fromkeys(ELEMENTWISE_FIELDS.values(), float(memory)),
+        )
+        loss = _loss(elem_arrays, candidate, gpu)
+        if loss < best_loss:
+            shared_best, best_loss = candidate, loss
+    best = shared_best
+    for op, name in ELEMENTWISE_FIELDS.items():  # then each kernel its own bandwidth fraction
+        best = _grid(
+            best, {name: np.linspace(0.05, 1.0, 96)}, [r for r in elem_rows if r.operator == op], gpu
+        )
+    return best
+
+
+def _grid(
+    start: Efficiency, grids: dict[str, FloatArray], rows: list[ReferenceRow], gpu: Accelerator
+) -> Efficiency:
+    arrays = _arrays(rows)
+    best, best_loss = start, _loss(arrays, start, gpu)
+    names = list(grids)
+    for values in itertools.product(*(grids[n] for n in names)):
+        candidate = replace(start, **{n: float(v) for n, v in zip(names, values, strict=True)})
+        loss = _loss(arrays, candidate, gpu)
+        if loss < best_loss:
+            best, best_loss = candidate, loss
+    return best
 
 
 @dataclass(frozen=True, slots=True)
