@@ -1,8 +1,7 @@
 """The one step-time fitting core: residuals, a bounded Levenberg-Marquardt solver and its uncertainty.
 
-Three fitters explain measured times with a step-time model and share this core: the probe's roofline
-(:mod:`chunkpilot.engine.probe.fit`), the simulator's calibration against the reference GPU
-(:mod:`chunkpilot.engine.sim.calibration.fit`) and the twin's fit to step telemetry
+The fitters that explain measured times with a step-time model share this core: the probe's roofline
+(:mod:`chunkpilot.engine.probe.fit`) and the twin's fit to step telemetry
 (:mod:`chunkpilot.tuner.twin.fit`). Each keeps its model (how a sample is predicted from parameters)
 and its I/O; the core holds what they have in common:
 
