@@ -292,7 +292,8 @@ def test_the_step_profile_reaches_the_truth_and_not_the_tuner(tmp_path: Path) ->
     profile = StepProfile.load(path)
     assert model.linear_time(8) == profile.linear_time(8)
     assert model.efficiency.step_overhead_s == 3e-3 and model.efficiency.attention_compute == 0.35
-    assert _step(structural) > 1.3 * _step(datasheet)
+    # Its overheads alone (3 ms a step, 30 us a sequence, against 0.6 ms and 5 us) add about a quarter.
+    assert _step(structural) > 1.2 * _step(datasheet)
     # On another accelerator (--truth-gpu): the profile's linear layers, that accelerator's attention.
     slow_hbm = tmp_path / "slow-hbm.json"
     slow_hbm.write_text(json.dumps(perturbed_accelerator(FAMILY["h100-c100-m070-o1"])), encoding="utf-8")
