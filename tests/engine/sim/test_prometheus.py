@@ -92,11 +92,22 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
 
 
-def _assert_agrees(estimate: float, client: float, bounds: tuple[float, ...], what: str) -> None:
-    """Prometheus interpolates inside buckets: accept the buckets around the client value ±15%."""
+#: How far in rank the estimate may sit from the client's quantile. ITL is bimodal here (decode
+#: steps of ~20 ms, steps carrying a prefill chunk of ~100 ms) and its p90 sits near the edge
+#: between the modes, where a handful of samples move it from one mode to the other: one run read
+#: a client p90 of 111.9 ms while the server's own histogram put it at 73.6 ms, both right.
+RANK_TOLERANCE = 0.05
+
+
+def _assert_agrees(
+    estimate: float, samples: list[float], q: float, bounds: tuple[float, ...], what: str
+) -> None:
+    """Prometheus interpolates inside buckets: accept the buckets around the client's quantiles
+    ``q ± RANK_TOLERANCE``, widened by ±15%."""
+    client = _quantile(samples, q)
     print(f"{what}: Prometheus {estimate * 1e3:.1f} ms, client {client * 1e3:.1f} ms")
-    lower = _bucket(client * 0.85, bounds)[0]
-    upper = _bucket(client * 1.15, bounds)[1]
+    lower = _bucket(_quantile(samples, q - RANK_TOLERANCE) * 0.85, bounds)[0]
+    upper = _bucket(_quantile(samples, q + RANK_TOLERANCE) * 1.15, bounds)[1]
     assert lower <= estimate <= upper, (
         f"{what}: Prometheus {estimate * 1e3:.1f} ms, client {client * 1e3:.1f} ms, "
         f"allowed [{lower * 1e3:.0f}, {upper * 1e3:.0f}] ms"
@@ -146,7 +157,7 @@ def test_prometheus_quantiles_match_client_measurements(
                 estimate = _value(
                     prometheus, f"histogram_quantile({q}, sum by (le) ({family}_bucket{selector}))"
                 )
-                _assert_agrees(estimate, _quantile(samples, q), bounds, f"{family} p{q * 100:g}")
+                _assert_agrees(estimate, samples, q, bounds, f"{family} p{q * 100:g}")
         mean_itl = _value(
             prometheus,
             f"sum({names.INTER_TOKEN_LATENCY}_sum{selector})"
