@@ -76,7 +76,7 @@ def test_each_member_sits_outside_the_twins_prior(name: str) -> None:
     twin = Efficiency.calibrated()
     truth = StepTimeModel(load_model(MODEL), load_accelerator(GPU), step_profile=profile).efficiency
     # An overhead several prior standard deviations from the datasheet's.
-    _compute_sigma, _memory_sigma, step_sigma, sequence_sigma = PRIOR_SIGMA
+    _compute_sigma, _memory_sigma, step_sigma, sequence_sigma, *_ratios = PRIOR_SIGMA
     distance = max(
         abs(math.log(truth.step_overhead_s / twin.step_overhead_s)) / step_sigma,
         abs(math.log(truth.per_sequence_overhead_s / twin.per_sequence_overhead_s)) / sequence_sigma,

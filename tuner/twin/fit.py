@@ -1,17 +1,32 @@
 """Fit the twin's step-time model to an engine's step telemetry (pure, numpy only).
 
-The model is the simulator's own roofline (:class:`~chunkpilot.engine.sim.steptime.StepTimeModel`)
-for the service's model on the datasheet accelerator, with four unknowns: how far the engine's
-compute and memory bandwidth fall short of the datasheet (``compute`` scales every compute
-efficiency, ``memory`` every memory efficiency) and how large its fixed costs are (``step_overhead``
-scales the per-step overhead, ``sequence_overhead`` the per-sequence one). Each scheduled-token
-bucket of the telemetry gives one point: the mean step time against the mean batch shape. The scales
-are the maximum a posteriori estimate of relative residuals weighted by each bucket's step count,
-under a log-normal prior centred on the datasheet (scale 1): with few steps the datasheet wins, with
-many the data; the solver is the shared step-time fitting core (:mod:`chunkpilot.engine.stepfit`).
+The model has two layers.
+
+* **A roofline with seven unknowns**: the simulator's own step-time model
+  (:class:`~chunkpilot.engine.sim.steptime.StepTimeModel`) for the service's model on the datasheet
+  accelerator, with how far the engine's linear layers fall short of the datasheet's compute and
+  memory bandwidth (``compute``, ``memory``), how far attention and the element-wise kernels fall
+  short *of the linear layers* (``attention_compute``, ``attention_memory``, ``elementwise``: the
+  datasheet's ratios are 1) and how large its fixed costs are (``step_overhead`` per step,
+  ``sequence_overhead`` per sequence). Each scheduled-token bucket of the telemetry gives one point:
+  the mean step time against the mean batch shape. The scales are the maximum a posteriori estimate
+  of relative residuals weighted by each bucket's step count, under log-normal priors centred on the
+  datasheet; the solver is the shared step-time fitting core (:mod:`chunkpilot.engine.stepfit`),
+  whose covariance says how well the telemetry pins each scale.
+* **Measured buckets over the roofline** (semi-parametric): what the fitted roofline still misses in
+  an observed bucket is kept, shrunk by how many steps measured it (:data:`STRUCTURE_SIGMA` against
+  the bucket mean's own error), as a correction of the linear-layer time at that token count. Between
+  observed counts the correction is interpolated; beyond them it fades out within
+  :data:`FADE_OCTAVES`, leaving the roofline to extrapolate. A truth whose kernels do not follow the
+  roofline's shape is followed where it was measured.
+
+The uncertainty of both layers is carried to each prediction: :meth:`TwinFit.step_sigma` is the
+relative standard error of a step's time at a token count (the scales' covariance through the
+roofline, plus the correction's own error, growing beyond the observed counts).
+
 The result is a ``chunkpilot.io/step-profile/v1`` document the simulator loads with ``--step-profile``
-(linear-layer times tabulated from the fitted roofline, the fitted efficiencies as overrides), so the
-twin is the simulator itself, not a second model.
+(linear-layer times tabulated from the fitted roofline and its corrections, the fitted efficiencies as
+overrides), so the twin is the simulator itself, not a second model.
 """
 
 from __future__ import annotations
@@ -28,10 +43,18 @@ import numpy.typing as npt
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
-from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepTimeModel
+from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepProfile, StepTimeModel
 from chunkpilot.engine.stepfit import Parameter, StepFitError, relative_errors, solve, weighted_rms
 
-__all__ = ["MIN_STEPS", "Scales", "TwinFit", "TwinFitError", "fit_steps", "scaled_efficiency"]
+__all__ = [
+    "MIN_STEPS",
+    "BucketCorrection",
+    "Scales",
+    "TwinFit",
+    "TwinFitError",
+    "fit_steps",
+    "scaled_efficiency",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -42,19 +65,25 @@ MIN_STEPS: Final = 50
 #: FLOOR**2``.
 STEP_TIME_CV: Final = 0.1
 MODEL_ERROR_FLOOR: Final = 0.005
-#: Prior standard deviations of the log scales: the datasheet is trusted to a factor e**0.5 ~ 1.6 for
-#: compute and memory, e**1 ~ 2.7 for the overheads (software, not silicon).
-PRIOR_SIGMA: Final = (0.5, 0.5, 1.0, 1.0)
+#: Prior standard deviations of the log scales (in the order of :class:`Scales`): the datasheet is
+#: trusted to a factor e**0.5 ~ 1.6 for the linear layers' compute and memory and for the ratios of
+#: attention and element-wise kernels to them, e**1 ~ 2.7 for the overheads (software, not silicon).
+PRIOR_SIGMA: Final = (0.5, 0.5, 1.0, 1.0, 0.3, 0.3, 0.3)
+#: Prior standard deviation of a bucket's log step time around the fitted roofline: how far a real
+#: engine's kernels may stray from the roofline's shape at one token count (tile quantisation, the
+#: attention backend, CUDA graphs). The bucket's correction is shrunk by this against its own error.
+STRUCTURE_SIGMA: Final = 0.15
+#: Octaves of token count beyond the observed buckets over which their corrections fade to none.
+FADE_OCTAVES: Final = 1.0
+#: A correction may scale a token count's linear-layer time by at most this factor either way.
+MAX_LINEAR_CORRECTION: Final = 4.0
 
-_COMPUTE_FIELDS = ("gemm_compute", "attention_compute")
-_MEMORY_FIELDS = (
-    "gemm_memory",
+_ELEMENTWISE_FIELDS = (
     "norm_memory",
     "rope_memory",
     "activation_memory",
     "residual_add_memory",
     "embedding_memory",
-    "attention_memory",
 )
 #: Token counts of the fitted profile's ``linear_ms`` table (log-log interpolated by the simulator).
 PROFILE_TOKENS: Final[tuple[int, ...]] = (*names.STEP_TOKEN_BUCKETS, 49152, 65536)
@@ -66,12 +95,21 @@ class TwinFitError(StepFitError):
 
 @dataclass(frozen=True, slots=True)
 class Scales:
-    """The engine relative to its datasheet: 1.0 everywhere is the datasheet roofline."""
+    """The engine relative to its datasheet: 1.0 everywhere is the datasheet roofline.
+
+    ``compute`` and ``memory`` scale the linear layers' efficiencies; ``attention_compute``,
+    ``attention_memory`` and ``elementwise`` scale attention's and the element-wise kernels'
+    efficiencies *relative to the linear layers'* (an engine slower in every kernel alike has them
+    at 1); the overheads scale the per-step and per-sequence fixed costs.
+    """
 
     compute: float = 1.0
     memory: float = 1.0
     step_overhead: float = 1.0
     sequence_overhead: float = 1.0
+    attention_compute: float = 1.0
+    attention_memory: float = 1.0
+    elementwise: float = 1.0
 
     def as_array(self) -> FloatArray:
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
@@ -83,11 +121,34 @@ class Scales:
 
 def scaled_efficiency(base: Efficiency, scales: Scales) -> Efficiency:
     """``base`` with compute, memory and overhead terms scaled (a slower engine has smaller scales)."""
-    changes: dict[str, float] = {name: getattr(base, name) * scales.compute for name in _COMPUTE_FIELDS}
-    changes.update({name: getattr(base, name) * scales.memory for name in _MEMORY_FIELDS})
+    changes: dict[str, float] = {
+        "gemm_compute": base.gemm_compute * scales.compute,
+        "attention_compute": base.attention_compute * scales.compute * scales.attention_compute,
+        "gemm_memory": base.gemm_memory * scales.memory,
+        "attention_memory": base.attention_memory * scales.memory * scales.attention_memory,
+    }
+    changes.update(
+        {name: getattr(base, name) * scales.memory * scales.elementwise for name in _ELEMENTWISE_FIELDS}
+    )
     changes["step_overhead_s"] = base.step_overhead_s * scales.step_overhead
     changes["per_sequence_overhead_s"] = base.per_sequence_overhead_s * scales.sequence_overhead
     return replace(base, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketCorrection:
+    """What the fitted roofline misses at one observed token count, kept as measured.
+
+    ``log_ratio`` is the shrunk log of measured over predicted step time at the bucket's mean shape,
+    ``sigma`` its standard error (log scale), ``linear_factor`` the same correction expressed on the
+    linear layers' time at ``tokens`` (what the step profile tabulates).
+    """
+
+    tokens: float
+    steps: float
+    log_ratio: float
+    sigma: float
+    linear_factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +211,8 @@ def predict_mean_step(model: StepTimeModel, point: _Point) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TwinFit:
-    """A fitted step-time model: datasheet scales and how well they explain the telemetry."""
+    """A fitted step-time model: datasheet scales, measured corrections, and how well they explain
+    the telemetry."""
 
     model: str
     accelerator: str
@@ -161,13 +223,17 @@ class TwinFit:
     rms_relative_error: float
     prior_rms_relative_error: float
     iterations: int
+    #: What the fitted roofline misses at each observed token count (ascending tokens).
+    corrections: tuple[BucketCorrection, ...] = ()
+    #: Covariance of the log scales (rows and columns in the order of :class:`Scales`).
+    log_covariance: tuple[tuple[float, ...], ...] = ()
 
     def efficiency(self) -> Efficiency:
         """The fitted efficiency constants (relative to the datasheet of ``accelerator``)."""
         return scaled_efficiency(Efficiency.calibrated(), self.scales)
 
-    def step_model(self) -> StepTimeModel:
-        """The fitted roofline as a step-time model."""
+    def roofline(self) -> StepTimeModel:
+        """The fitted roofline alone, without the measured corrections."""
         return StepTimeModel(
             load_model(self.model),
             load_accelerator(self.accelerator),
@@ -175,15 +241,103 @@ class TwinFit:
             efficiency=self.efficiency(),
         )
 
+    def step_model(self) -> StepTimeModel:
+        """The fitted model as the simulator runs it: the roofline with the corrections tabulated."""
+        return StepTimeModel(
+            load_model(self.model),
+            load_accelerator(self.accelerator),
+            self.tensor_parallel_size,
+            step_profile=StepProfile.from_dict(self.profile_document(), source="twin fit"),
+        )
+
+    def observed_tokens(self) -> tuple[float, float] | None:
+        """The smallest and largest mean token count of the buckets the fit has seen."""
+        if not self.corrections:
+            return None
+        return self.corrections[0].tokens, self.corrections[-1].tokens
+
+    def linear_factor(self, tokens: float) -> float:
+        """The correction of the roofline's linear-layer time at ``tokens`` (1: none)."""
+        log_factor, _sigma = self._correction_at(tokens)
+        return math.exp(log_factor)
+
+    def step_sigma(self, tokens: float) -> float:
+        """Relative standard error of the predicted time of a step of ``tokens`` scheduled tokens.
+
+        The scales' uncertainty through the roofline (at a representative shape: up to 64 sequences
+        sampled, the rest prefill) plus that of the measured correction, which beyond the observed
+        token counts grows back to :data:`STRUCTURE_SIGMA` (the roofline's shape is a guess there).
+        """
+        _log_factor, correction_sigma = self._correction_at(tokens)
+        parametric = 0.0
+        if self.log_covariance:
+            covariance = np.array(self.log_covariance, dtype=np.float64)
+            finite = np.where(np.isfinite(covariance), covariance, 0.0)
+            gradient = self._log_step_gradient(tokens)
+            parametric = max(0.0, float(gradient @ finite @ gradient))
+        return math.sqrt(parametric + correction_sigma**2)
+
+    def _correction_at(self, tokens: float) -> tuple[float, float]:
+        """``(log linear factor, sigma)`` at ``tokens``: interpolated inside, fading outside."""
+        if not self.corrections:
+            return 0.0, STRUCTURE_SIGMA
+        x = math.log2(max(tokens, 1.0))
+        xs = [math.log2(max(c.tokens, 1.0)) for c in self.corrections]
+        factors = [math.log(c.linear_factor) for c in self.corrections]
+        sigmas = [c.sigma for c in self.corrections]
+        if xs[0] <= x <= xs[-1]:
+            return float(np.interp(x, xs, factors)), float(np.interp(x, xs, sigmas))
+        edge = 0 if x < xs[0] else -1
+        faded = min(1.0, abs(x - xs[edge]) / FADE_OCTAVES)
+        sigma = math.sqrt(sigmas[edge] ** 2 * (1 - faded) + STRUCTURE_SIGMA**2 * faded)
+        return factors[edge] * (1 - faded), sigma
+
+    def _log_step_gradient(self, tokens: float) -> FloatArray:
+        sequences = max(1.0, min(tokens, 64.0))
+        point = _Point(
+            steps=1.0,
+            mean_s=1.0,
+            tokens=max(tokens, 1.0),
+            sequences=sequences,
+            sampled=sequences,
+            pairs=max(0.0, tokens - sequences) ** 2 / 2,
+            prefill_context=0.0,
+            decode_context=sequences * 1024.0,
+        )
+        base = self.scales.as_array()
+        model, accel = load_model(self.model), load_accelerator(self.accelerator)
+
+        def log_step(values: FloatArray) -> float:
+            eff = scaled_efficiency(Efficiency.calibrated(), Scales.from_array(values))
+            step_model = StepTimeModel(model, accel, self.tensor_parallel_size, efficiency=eff)
+            return math.log(predict_mean_step(step_model, point))
+
+        here = log_step(base)
+        step = 1e-4
+        return np.array(
+            [
+                (log_step(base * np.where(np.arange(base.size) == i, math.exp(step), 1.0)) - here) / step
+                for i in range(base.size)
+            ],
+            dtype=np.float64,
+        )
+
+    def profile_tokens(self) -> tuple[int, ...]:
+        """The token counts the step profile tabulates: the fixed grid plus every observed bucket's."""
+        observed = {max(1, round(c.tokens)) for c in self.corrections}
+        return tuple(sorted(set(PROFILE_TOKENS) | observed))
+
     def profile_document(self) -> dict[str, Any]:
         """The ``chunkpilot.io/step-profile/v1`` document of the fitted model (``--step-profile``)."""
-        model = self.step_model()
+        model = self.roofline()
         return {
             "schema": STEP_PROFILE_SCHEMA,
             "model": self.model,
             "accelerator": self.accelerator,
             "tensor_parallel_size": self.tensor_parallel_size,
-            "linear_ms": {str(t): model.linear_time(t) * 1e3 for t in PROFILE_TOKENS},
+            "linear_ms": {
+                str(t): model.linear_time(t) * self.linear_factor(t) * 1e3 for t in self.profile_tokens()
+            },
             "efficiency": asdict(self.efficiency()),
             "twin": {
                 "scales": asdict(self.scales),
@@ -191,6 +345,7 @@ class TwinFit:
                 "buckets": self.buckets,
                 "rms_relative_error": self.rms_relative_error,
                 "prior_rms_relative_error": self.prior_rms_relative_error,
+                "corrections": [asdict(c) for c in self.corrections],
             },
         }
 
@@ -256,14 +411,50 @@ def fit_steps(
     accel = load_accelerator(accelerator)
     objective = _Objective(model_profile, accel, tensor_parallel_size, points)
     solution = solve(objective.residuals, _PARAMETERS, absolute_weights=True)
+    scales = Scales.from_array(solution.values)
+    roofline = StepTimeModel(
+        model_profile, accel, tensor_parallel_size, efficiency=scaled_efficiency(objective.base, scales)
+    )
     return TwinFit(
         model=model,
         accelerator=accelerator,
         tensor_parallel_size=tensor_parallel_size,
-        scales=Scales.from_array(solution.values),
+        scales=scales,
         steps=steps,
         buckets=len(points),
         rms_relative_error=objective.rms(solution.values),
         prior_rms_relative_error=objective.rms(Scales().as_array()),
         iterations=solution.iterations,
+        corrections=_corrections(roofline, points),
+        log_covariance=tuple(tuple(float(v) for v in row) for row in solution.covariance),
     )
+
+
+def _corrections(roofline: StepTimeModel, points: list[_Point]) -> tuple[BucketCorrection, ...]:
+    """Each bucket's residual over the fitted roofline, shrunk toward none by its own error.
+
+    Normal-normal shrinkage on the log scale: the bucket mean's error ``sigma_b`` (as the fit weighs
+    it) against :data:`STRUCTURE_SIGMA`; a bucket of a few steps keeps little of its residual, one of
+    thousands nearly all of it.
+    """
+    corrections = []
+    for point in sorted(points, key=lambda p: p.tokens):
+        predicted = predict_mean_step(roofline, point)
+        if not predicted > 0:
+            continue
+        noise = STEP_TIME_CV**2 / point.steps + MODEL_ERROR_FLOOR**2
+        keep = STRUCTURE_SIGMA**2 / (STRUCTURE_SIGMA**2 + noise)
+        log_ratio = keep * math.log(point.mean_s / predicted)
+        linear = _interpolated(roofline.linear_time, point.tokens)
+        corrected = linear + predicted * math.expm1(log_ratio)
+        factor = min(MAX_LINEAR_CORRECTION, max(1 / MAX_LINEAR_CORRECTION, corrected / linear))
+        corrections.append(
+            BucketCorrection(
+                tokens=point.tokens,
+                steps=point.steps,
+                log_ratio=log_ratio,
+                sigma=math.sqrt(keep * noise),
+                linear_factor=factor,
+            )
+        )
+    return tuple(corrections)

@@ -1200,7 +1200,8 @@ class ServiceTwin(StatusModel):
         default=None,
         max_length=8,
         description="Fitted engine relative to its datasheet (compute, memory, stepOverhead, "
-        "sequenceOverhead; 1.0 = the datasheet).",
+        "sequenceOverhead of the linear layers and fixed costs; attentionCompute, attentionMemory, "
+        "elementwise relative to the linear layers; 1.0 = the datasheet).",
     )
     error: float | None = Field(
         default=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,19 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile
+from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile, StepTimeModel
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFitError, fit_steps
+from chunkpilot.tuner.twin.fit import (
+    FADE_OCTAVES,
+    MIN_STEPS,
+    PRIOR_SIGMA,
+    STRUCTURE_SIGMA,
+    TwinFit,
+    TwinFitError,
+    _points,
+    fit_steps,
+    predict_mean_step,
+)
 
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
 
@@ -104,4 +115,60 @@ def test_thin_data_leans_on_the_datasheet_prior(lengths: Workload, tmp_path: Pat
     }
     fit_full = fit_steps(full, MODEL, GPU)
     fit_thin = fit_steps(thin, MODEL, GPU, min_steps=1)
-    assert abs(math.log(fit_thin.scales.compute)) < abs(math.log(fit_full.scales.compute))
+
+    def distance_from_datasheet(fit: TwinFit) -> float:
+        """The prior's penalty: squared log scales over their prior spreads."""
+        logs = [math.log(v) / sigma for v, sigma in zip(fit.scales.as_array(), PRIOR_SIGMA, strict=True)]
+        return sum(x * x for x in logs)
+
+    assert distance_from_datasheet(fit_thin) < distance_from_datasheet(fit_full)
+
+
+def _structural_truth() -> SimConfig:
+    """A truth the roofline cannot describe: measured linear-layer curves, attention and overheads apart."""
+    profile = files("chunkpilot.bench").joinpath("truths", "h100-vidur-l125-o5ms.json")
+    return SimConfig(model=MODEL, accelerator=GPU, scheduler=SCHED, step_profile=str(profile))
+
+
+def test_measured_buckets_correct_what_the_roofline_cannot_fit(lengths: Workload) -> None:
+    telemetry = _telemetry(_structural_truth(), lengths)
+    fit = fit_steps(telemetry, MODEL, GPU)
+    points = sorted(_points(telemetry), key=lambda p: p.tokens)
+    roofline, corrected = fit.roofline(), fit.step_model()
+
+    def rms(model: StepTimeModel) -> float:
+        errors = [(predict_mean_step(model, p) / p.mean_s - 1) ** 2 * p.steps for p in points]
+        return math.sqrt(sum(errors) / sum(p.steps for p in points))
+
+    assert [c.tokens for c in fit.corrections] == [p.tokens for p in points]
+    # The seven scales leave a structural error the per-bucket corrections take out where measured.
+    assert rms(roofline) > 0.01
+    assert rms(corrected) < rms(roofline) / 2
+
+
+def test_a_bucket_of_few_steps_keeps_less_of_its_residual(lengths: Workload) -> None:
+    full = _telemetry(_structural_truth(), lengths)
+    thin = {
+        label: StepTotals(*(getattr(t, f) / t.steps for f in StepTotals.__dataclass_fields__))
+        for label, t in full.items()
+    }
+    fit_full = fit_steps(full, MODEL, GPU)
+    fit_thin = fit_steps(thin, MODEL, GPU, min_steps=1)
+    full_kept = [abs(c.log_ratio) for c in fit_full.corrections]
+    thin_kept = [abs(c.log_ratio) for c in fit_thin.corrections]
+    # The same bucket means, weighed by 1 step instead of thousands: shrunk toward the roofline.
+    assert sum(thin_kept) < sum(full_kept)
+    assert all(t.sigma > f.sigma for t, f in zip(fit_thin.corrections, fit_full.corrections, strict=True))
+
+
+def test_uncertainty_grows_beyond_the_observed_token_counts(lengths: Workload) -> None:
+    fit = fit_steps(_telemetry(_structural_truth(), lengths), MODEL, GPU)
+    observed = fit.observed_tokens()
+    assert observed is not None
+    low, high = observed
+    inside = fit.step_sigma(math.sqrt(low * high))
+    beyond = fit.step_sigma(high * 8)
+    assert inside < beyond
+    assert beyond >= STRUCTURE_SIGMA  # the roofline's shape is only a guess out there
+    # Past the fade the correction is gone: the roofline alone extrapolates.
+    assert fit.linear_factor(high * 2 ** (FADE_OCTAVES + 1)) == 1.0
