@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
@@ -41,6 +42,7 @@ from chunkpilot.bench.truth import (
     Truth,
     TruthEngine,
     TruthSettings,
+    _falls,
     _sim_slo,
     family_truths,
     format_truth_markdown,
@@ -163,7 +165,7 @@ def test_quick_cli_json_keeps_the_scenario_shape(capsys: pytest.CaptureFixture[s
             assert all(0 <= v <= 1 + 1e-9 for v in curve)
         assert scenario["twin"]["cpu_s_per_trial"] >= 0
         assert scenario["optimum_req_s"] >= scenario["grid_optimum_req_s"] > 0
-    assert set(data["goal"]) >= {"met", "measured_median", "misses"}
+    assert set(data["goal"]) >= {"met", "measured_median", "misses", "falls"}
 
 
 def test_a_tiny_run_prints_the_marks_and_markdown(small_grid: BenchSettings) -> None:
@@ -409,3 +411,21 @@ def test_bad_step_profiles_and_combinations_are_refused_by_name(
     assert "--truth-gpu and --truth-family" in gpu_and_family
     with pytest.raises(BenchError, match="--truth-step-profile"):
         replace(TRUTH_QUICK, truths=(Truth("x", None, gpu),))
+
+
+def test_every_fall_of_the_twins_incumbent_is_reported() -> None:
+    def entry(curve: list[float]) -> dict[str, Any]:
+        return {
+            "truth": "t",
+            "workload": "w",
+            "slo": {"name": "s"},
+            "load": 0.6,
+            "share_after_trials": {"twin": curve},
+        }
+
+    assert _falls(entry([0.5, 1.0, 1.0])) == []
+    falls = _falls(entry([0.5, 1.0, 0.979, 0.979, 0.95]))
+    assert falls == [
+        "t / w / s @ 60%: 100.0% after trial 2 -> 97.9% after trial 3",
+        "t / w / s @ 60%: 97.9% after trial 4 -> 95.0% after trial 5",
+    ]

@@ -85,6 +85,15 @@ _ELEMENTWISE_FIELDS = (
     "residual_add_memory",
     "embedding_memory",
 )
+#: Efficiencies a slowed profile divides, and fixed costs it multiplies (:meth:`TwinFit.profile_document`).
+_SLOWED_EFFICIENCIES = (
+    "gemm_compute",
+    "gemm_memory",
+    "attention_compute",
+    "attention_memory",
+    *_ELEMENTWISE_FIELDS,
+)
+_SLOWED_COSTS = ("gemm_floor_s", "elementwise_floor_s", "step_overhead_s", "per_sequence_overhead_s")
 #: Token counts of the fitted profile's ``linear_ms`` table (log-log interpolated by the simulator).
 PROFILE_TOKENS: Final[tuple[int, ...]] = (*names.STEP_TOKEN_BUCKETS, 49152, 65536)
 
@@ -327,18 +336,31 @@ class TwinFit:
         observed = {max(1, round(c.tokens)) for c in self.corrections}
         return tuple(sorted(set(PROFILE_TOKENS) | observed))
 
-    def profile_document(self) -> dict[str, Any]:
-        """The ``chunkpilot.io/step-profile/v1`` document of the fitted model (``--step-profile``)."""
+    def profile_document(self, slowdown: float = 1.0) -> dict[str, Any]:
+        """The ``chunkpilot.io/step-profile/v1`` document of the fitted model (``--step-profile``).
+
+        ``slowdown`` stretches every step by that factor (linear layers, attention, element-wise
+        kernels and overheads alike): the engine as much slower as the fit is unsure of
+        (:meth:`step_sigma`), for a capacity that holds if the prediction was optimistic.
+        """
+        if not slowdown > 0:
+            raise ValueError(f"slowdown must be positive, not {slowdown}")
         model = self.roofline()
+        efficiency = asdict(self.efficiency())
+        for name in _SLOWED_EFFICIENCIES:
+            efficiency[name] /= slowdown
+        for name in _SLOWED_COSTS:
+            efficiency[name] *= slowdown
         return {
             "schema": STEP_PROFILE_SCHEMA,
             "model": self.model,
             "accelerator": self.accelerator,
             "tensor_parallel_size": self.tensor_parallel_size,
             "linear_ms": {
-                str(t): model.linear_time(t) * self.linear_factor(t) * 1e3 for t in self.profile_tokens()
+                str(t): model.linear_time(t) * self.linear_factor(t) * slowdown * 1e3
+                for t in self.profile_tokens()
             },
-            "efficiency": asdict(self.efficiency()),
+            "efficiency": efficiency,
             "twin": {
                 "scales": asdict(self.scales),
                 "steps": self.steps,
@@ -349,11 +371,11 @@ class TwinFit:
             },
         }
 
-    def write_profile(self, path: str | Path) -> Path:
+    def write_profile(self, path: str | Path, slowdown: float = 1.0) -> Path:
         """Write :meth:`profile_document` as JSON; returns the path."""
         file = Path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(self.profile_document(), indent=1) + "\n", encoding="utf-8")
+        file.write_text(json.dumps(self.profile_document(slowdown), indent=1) + "\n", encoding="utf-8")
         return file
 
 

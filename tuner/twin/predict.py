@@ -102,6 +102,15 @@ class Twin:
         path = fit.write_profile(directory / "twin-step-profile.json")
         return cls(fit, workload, path, gpu_memory_utilization, engine, arrival_seeds)
 
+    def slowed(self, slowdown: float) -> Twin:
+        """This twin with every step ``slowdown`` times longer (its profile written beside this one's)."""
+        if slowdown == 1.0:
+            return self
+        path = self.profile_path.with_name(f"twin-step-profile-x{slowdown:.6f}.json")
+        if not path.exists():
+            self.fit.write_profile(path, slowdown)
+        return replace(self, profile_path=path)
+
     def config(self, scheduler: SchedulerConfig) -> SimConfig:
         """The simulated engine of configuration ``scheduler`` on the fitted hardware (on :attr:`engine`)."""
         if self.engine is not None:

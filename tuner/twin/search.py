@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import optuna
@@ -27,7 +27,16 @@ from optuna.trial import TrialState
 
 from chunkpilot.api import Objective
 
-__all__ = ["Candidate", "Ranking", "TwinSearchResult", "scheduler_of", "search_on_twin", "twin_objective"]
+__all__ = [
+    "ROBUST_EVALUATIONS",
+    "Candidate",
+    "Ranking",
+    "TwinSearchResult",
+    "robust_ranking",
+    "scheduler_of",
+    "search_on_twin",
+    "twin_objective",
+]
 
 T = TypeVar("T")
 
@@ -35,6 +44,8 @@ T = TypeVar("T")
 MAX_REPEATS = 50
 #: Random proposals before TPE models the results.
 STARTUP_TRIALS = 8
+#: Most candidates :func:`robust_ranking` evaluates again on a slowed twin.
+ROBUST_EVALUATIONS = 4
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,15 @@ class Candidate:
     tokens_s: float = 0.0
     itl_ms: float = math.nan
     ttft_ms: float = math.nan
+    #: The capacity it keeps on the twin slowed by the fit's step-time uncertainty at its budget
+    #: (:func:`robust_ranking`); None: not evaluated there.
+    robust_req_s: float | None = None
+
+    @property
+    def robust_key(self) -> float:
+        """What the robust ranking orders by: the slowed twin's capacity, else (an upper bound of
+        it) the capacity."""
+        return self.capacity_req_s if self.robust_req_s is None else self.robust_req_s
 
 
 @dataclass(frozen=True)
@@ -178,6 +198,50 @@ def search_on_twin(
         key=lambda c: (-c.capacity_req_s, order.index(c.config)),
     )
     return TwinSearchResult(tuple(ranked), len(known), time.process_time() - started)
+
+
+def robust_ranking(
+    twin: Twin,
+    candidates: Iterable[Candidate],
+    slo: SLO,
+    *,
+    max_model_len: int = 8192,
+    requests: int = CAPACITY_REQUESTS,
+    tolerance: float = CAPACITY_TOLERANCE,
+    limit: int = ROBUST_EVALUATIONS,
+) -> list[Candidate]:
+    """``candidates`` ordered by the capacity each keeps if its steps are one standard error slower
+    than predicted at its budget (:meth:`TwinFit.step_sigma <chunkpilot.tuner.twin.fit.TwinFit.step_sigma>`).
+
+    A configuration at the edge of its SLO, or whose budget lies where the fit has seen no steps, loses
+    much of its capacity on the slowed twin; one with room keeps it. Lazily: the candidate first by
+    :attr:`Candidate.robust_key` (the capacity stands in, an upper bound, until evaluated) is evaluated
+    on its slowed twin and re-sorted, until the first is evaluated or ``limit`` evaluations are spent.
+    """
+    order = list(candidates)
+    position = {c.config: i for i, c in enumerate(order)}
+
+    def ranked() -> list[Candidate]:
+        return sorted(order, key=lambda c: (-c.robust_key, -c.capacity_req_s, position[c.config]))
+
+    for _ in range(limit):
+        first = next(iter(ranked()), None)
+        if first is None or first.robust_req_s is not None:
+            break
+        if first.capacity_req_s <= 0:
+            order[position[first.config]] = replace(first, robust_req_s=0.0)
+            continue
+        slowdown = math.exp(twin.fit.step_sigma(first.config.max_num_batched_tokens))
+        slowed = evaluate_on_twin(
+            twin.slowed(slowdown),
+            first.config,
+            slo,
+            max_model_len=max_model_len,
+            requests=requests,
+            tolerance=tolerance,
+        )
+        order[position[first.config]] = replace(first, robust_req_s=slowed.capacity_req_s)
+    return ranked()
 
 
 def twin_objective(candidate: Candidate, objective: Objective, gpus: int) -> float:

@@ -45,7 +45,13 @@ from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, LatencyQuantiles, Twin, arrival_seeds
-from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
+from chunkpilot.tuner.twin.search import (
+    Candidate,
+    evaluate_on_twin,
+    robust_ranking,
+    scheduler_of,
+    search_on_twin,
+)
 from chunkpilot.tuner.warmstart import warm_start
 
 __all__ = [
@@ -276,9 +282,19 @@ class _TwinState:
         return self.predicted[config].capacity_req_s
 
     def ranking(self, tried: set[TunedConfig]) -> list[Candidate]:
+        """Untried candidates, the most robust first (:func:`robust_ranking`, as the operator ranks)."""
         order = list(self.predicted)
         untried = [c for c in self.predicted.values() if c.config not in tried]
-        return sorted(untried, key=lambda c: (-c.capacity_req_s, order.index(c.config)))
+        ranked = robust_ranking(
+            self.twin,
+            sorted(untried, key=lambda c: (-c.capacity_req_s, order.index(c.config))),
+            self.context.slo,
+            max_model_len=self.context.space.max_model_len,
+            requests=self.settings.requests,
+            tolerance=self.settings.tolerance,
+        )
+        self.predicted.update({c.config: c for c in ranked})
+        return ranked
 
     def latency(self, config: TunedConfig) -> LatencyQuantiles:
         scheduler = scheduler_of(config, self.context.space.max_model_len)

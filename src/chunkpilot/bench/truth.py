@@ -18,6 +18,7 @@ twin searches the continuous space, so it may find points between grid points).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 import time
@@ -461,6 +462,7 @@ class TruthResult:
             "measured_median": median,
             "measured_min": min(shares) if shares else None,
             "misses": misses,
+            "falls": [fall for s in self.scenarios for fall in _falls(s)],
             "met": bool(shares) and not misses and median >= GOAL_MEDIAN,
         }
 
@@ -489,6 +491,16 @@ class TruthResult:
             "wall_s": self.wall_s,
             "scenarios": self.scenarios,
         }
+
+
+def _falls(entry: dict[str, Any]) -> list[str]:
+    """Every promotion after which the twin's incumbent served less than the one before."""
+    curve = entry["share_after_trials"]["twin"]
+    return [
+        f"{_key(entry)}: {before:.1%} after trial {trial} -> {after:.1%} after trial {trial + 1}"
+        for trial, (before, after) in enumerate(itertools.pairwise(curve), start=1)
+        if after < before
+    ]
 
 
 def _key(entry: dict[str, Any]) -> str:
@@ -564,7 +576,8 @@ def format_truth_table(result: TruthResult) -> str:
         f"goal (twin >= {GOAL_SHARE:.0%} within {GOAL_TRIALS} trials everywhere, "
         f"median >= {GOAL_MEDIAN:.0%}): "
         f"{'met' if goal['met'] else 'NOT met'}; median {goal['measured_median']:.1%}, "
-        f"min {goal['measured_min'] or 0:.1%}; misses: {', '.join(goal['misses']) or 'none'}"
+        f"min {goal['measured_min'] or 0:.1%}; misses: {', '.join(goal['misses']) or 'none'}; "
+        f"falls: {', '.join(goal['falls']) or 'none'}"
     )
     lines.append(f"{result.wall_s:.0f} s wall")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from chunkpilot.tuner.twin.predict import arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
     evaluate_on_twin,
+    robust_ranking,
     scheduler_of,
     search_on_twin,
     twin_objective,
@@ -144,3 +145,33 @@ def test_scheduler_of_carries_every_knob() -> None:
     scheduler = scheduler_of(config, 4096)
     assert scheduler.max_num_batched_tokens == 2048 and scheduler.max_num_seqs == 128
     assert scheduler.long_prefill_token_threshold == 512 and scheduler.max_model_len == 4096
+
+
+def test_a_slowed_twin_serves_less_and_a_slowdown_of_one_is_the_twin(twin: Twin) -> None:
+    assert twin.slowed(1.0) is twin
+    config = TunedConfig(1024, 256)
+    kwargs: dict[str, Any] = {"max_model_len": 8192, "requests": 120, "tolerance": 0.05}
+    as_fitted = evaluate_on_twin(twin, config, SLO_, **kwargs)
+    slowed = evaluate_on_twin(twin.slowed(1.3), config, SLO_, **kwargs)
+    assert 0 < slowed.capacity_req_s < as_fitted.capacity_req_s
+    assert twin.slowed(1.3).profile_path.parent == twin.profile_path.parent
+
+
+def test_robust_ranking_orders_by_the_capacity_kept_on_the_slowed_twin(twin: Twin) -> None:
+    result = search_on_twin(twin, SPACE, SLO_, seed=3, max_evaluations=8, requests=120, tolerance=0.1)
+    ranked = robust_ranking(twin, result.ranked, SLO_, requests=120, tolerance=0.1, limit=8)
+    evaluated = [c for c in ranked if c.robust_req_s is not None]
+    assert evaluated and ranked[0].robust_req_s is not None
+    assert {c.config for c in ranked} == {c.config for c in result.ranked}
+    # The first is the best on the slowed twin: no other keeps more, evaluated or not (the capacity
+    # bounds what an unevaluated one could keep there).
+    assert all(ranked[0].robust_key >= c.robust_key for c in ranked)
+    for c in evaluated:
+        assert c.robust_req_s is not None and c.robust_req_s <= c.capacity_req_s * 1.05
+
+
+def test_robust_ranking_spends_at_most_its_limit(twin: Twin) -> None:
+    result = search_on_twin(twin, SPACE, SLO_, seed=3, max_evaluations=8, requests=120, tolerance=0.1)
+    ranked = robust_ranking(twin, result.ranked, SLO_, requests=120, tolerance=0.1, limit=1)
+    assert sum(c.robust_req_s is not None for c in ranked) <= 1
+    assert robust_ranking(twin, [], SLO_, limit=3) == []
