@@ -249,8 +249,9 @@ class TwinEvidence:
     """What the twin says about a canary: its quantiles at the canary's live load and capacities.
 
     ``capacity`` and ``incumbent_capacity`` are predicted capacities at SLO in the objective's unit
-    (``unit``); ``fit_error`` is the twin's error on the stable track, ``tolerance`` the largest
-    error at which a prediction counts as confirmed.
+    (``unit``), ``robust_capacity`` the canary's on the twin slowed by its step-time uncertainty
+    (None: not evaluated); ``fit_error`` is the twin's error on the stable track, ``tolerance`` the
+    largest error at which a prediction counts as confirmed.
     """
 
     predicted_ms: tuple[float, float]
@@ -263,6 +264,7 @@ class TwinEvidence:
     unit: str
     fit_error: float
     tolerance: float
+    robust_capacity: float | None = None
 
     def agreement(self, slo: SLOTargets) -> str:
         (p_itl, p_ttft), (m_itl, m_ttft) = self.predicted_ms, self.measured_ms
@@ -289,7 +291,8 @@ def judge_capacity(
 
     Promote when the canary meets both SLOs and either the stable track violates them (measured
     evidence), or the twin is confirmed (its error on the canary and on stable within tolerance)
-    and the canary's predicted capacity beats the incumbent's by ``margin``. A twin the canary
+    and the canary's predicted capacity beats the incumbent's by ``margin`` with the gain larger
+    than its uncertainty (its robust capacity, where known, above the incumbent's). A twin the canary
     contradicts promotes nothing on its prediction; the reason says so (the caller refits).
     """
     canary, stable = window.canary, window.stable
@@ -328,6 +331,13 @@ def judge_capacity(
         return verdict(Decision.DISCARD, f"{met}; the twin has no capacity for the stable config to compare")
     gain = twin.capacity / reference - 1.0 if reference > 0 else math.inf
     capacities = f"predicted capacity {twin.capacity:.4g} vs {reference:.4g} {twin.unit} ({gain:+.0%})"
+    if gain >= margin and twin.robust_capacity is not None and twin.robust_capacity < reference:
+        return verdict(
+            Decision.DISCARD,
+            f"{met}, {agreement}; {capacities}, but the gain is within the twin's uncertainty: one "
+            f"standard error slower it serves {twin.robust_capacity:.4g} {twin.unit}, below the stable "
+            "config's",
+        )
     if gain >= margin:
         return verdict(Decision.PROMOTE, f"{met}, {agreement}; {capacities}")
     return verdict(

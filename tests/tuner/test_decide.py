@@ -472,10 +472,11 @@ def test_too_little_telemetry_waits_and_says_so() -> None:
     assert message.startswith("waiting to fit the twin: 12 engine steps")
 
 
-def twin_trial(measure_from: datetime) -> TuningTrial:
+def twin_trial(measure_from: datetime, robust_capacity: float | None = None) -> TuningTrial:
     block = TrialTwin(
         capacity_req_s=12.0,
         capacity=12.0,
+        robust_capacity=robust_capacity,
         incumbent_capacity=8.0,
         capacity_unit="req/s/GPU",
         fit_error=0.05,
@@ -513,6 +514,36 @@ def test_a_canary_that_confirms_the_twin_is_promoted_on_predicted_capacity(calib
     assert "predicted capacity 12 vs 8 req/s/GPU (+50%)" in status["reason"]
     assert status["twin"]["error"] == 0.1 and status["twin"]["measuredTtftMs"] == 500.0
     assert status["twin"]["predictedItlMs"] == 28.0 and status["twin"]["rateReqS"] == 2.5
+
+
+def test_a_predicted_gain_within_the_twins_uncertainty_promotes_nothing(calibration: Calibration) -> None:
+    agreeing = CanaryCheck(2.5, (28.0, 450.0), (30.0, 500.0))
+    unsure = judged_at_window_end(calibration, twin_trial(NOW - timedelta(seconds=61), 7.5), check=agreeing)
+    assert unsure["verdict"] == "Discarded"
+    assert (
+        "the gain is within the twin's uncertainty: one standard error slower it serves 7.5"
+        in (unsure["reason"])
+    )
+    sure = judged_at_window_end(calibration, twin_trial(NOW - timedelta(seconds=61), 9.0), check=agreeing)
+    assert sure["verdict"] == "Promoted"
+
+
+def test_candidates_are_ordered_by_the_capacity_they_keep_on_the_slowed_twin(
+    calibration: Calibration,
+) -> None:
+    ranked = (
+        Candidate(TunedConfig(2048, 128), 12.0, tokens_s=3000.0, robust_req_s=6.0),  # at an SLO's edge
+        Candidate(TunedConfig(1536, 128), 11.0, tokens_s=2800.0, robust_req_s=10.5),
+        Candidate(TunedConfig(1024, 128), 7.0, tokens_s=1800.0),  # not evaluated: its capacity bounds it
+    )
+    plan = decide(snapshot(twin=fitted(replace(calibration, ranked=ranked))), SETTINGS)
+    candidates = plan.status["twin"]["candidates"]
+    assert [c["capacityReqS"] for c in candidates] == [11.0, 7.0, 12.0]
+    # objective: throughput -> tok/s per GPU, scaled by the share of req/s kept on the slowed twin
+    assert [c.get("robustCapacity") for c in candidates] == [pytest.approx(2800 * 10.5 / 11), None, 1500.0]
+    (create,) = of_type(plan, CreateTrial)
+    block = create.status["status"]["twin"]
+    assert block["capacityReqS"] == 11.0 and block["robustCapacity"] == pytest.approx(2800 * 10.5 / 11)
 
 
 def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(

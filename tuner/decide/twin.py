@@ -53,6 +53,15 @@ def _capacity(plan: Plan, candidate: Candidate) -> float:
     return twin_objective(candidate, rec.objective_kind(plan.snap.isvc), _gpus(plan))
 
 
+def _robust(plan: Plan, candidate: Candidate) -> float:
+    """The candidate's capacity on the slowed twin in the objective's unit (its capacity where the
+    slowed twin did not evaluate it: an upper bound, as the ranking orders)."""
+    capacity = _capacity(plan, candidate)
+    if candidate.robust_req_s is None or candidate.capacity_req_s <= 0:
+        return capacity
+    return capacity * candidate.robust_req_s / candidate.capacity_req_s
+
+
 def service_twin(plan: Plan, reading: TwinReading, calibration: Calibration) -> ServiceTwin:
     """The ``status.twin`` of a ranking made this step."""
     fit = calibration.fit
@@ -92,8 +101,9 @@ def service_twin(plan: Plan, reading: TwinReading, calibration: Calibration) -> 
                 config=rec.engine_config(c.config),
                 capacity_req_s=round(c.capacity_req_s, 3),
                 capacity=round(_capacity(plan, c), 4),
+                robust_capacity=None if c.robust_req_s is None else round(_robust(plan, c), 4),
             )
-            for c in sorted(calibration.ranked, key=lambda c: -_capacity(plan, c))[:MAX_CANDIDATES]
+            for c in sorted(calibration.ranked, key=lambda c: -_robust(plan, c))[:MAX_CANDIDATES]
         ],
         evaluations=calibration.evaluations,
         cpu_seconds=round(calibration.cpu_seconds, 1),
@@ -190,6 +200,7 @@ def choose(plan: Plan, space: SearchSpace, tried: Iterable[TunedConfig]) -> Choi
         evidence = TrialTwin(
             capacity_req_s=candidate.capacity_req_s,
             capacity=candidate.capacity,
+            robust_capacity=candidate.robust_capacity,
             incumbent_capacity=incumbent,
             capacity_unit=twin.capacity_unit,
             fit_error=twin.error,
@@ -281,6 +292,7 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         rate_req_s=check.rate_req_s,
         error=check.error,
         capacity=twin.capacity,
+        robust_capacity=twin.robust_capacity,
         incumbent_capacity=twin.incumbent_capacity,
         unit=twin.capacity_unit or "",
         fit_error=fit_error if fit_error is not None else math.nan,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
@@ -47,7 +48,13 @@ from chunkpilot.tuner.twin.capture import (
 )
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, Twin, arrival_seeds
-from chunkpilot.tuner.twin.search import Candidate, evaluate_on_twin, scheduler_of, search_on_twin
+from chunkpilot.tuner.twin.search import (
+    Candidate,
+    evaluate_on_twin,
+    robust_ranking,
+    scheduler_of,
+    search_on_twin,
+)
 
 from chunkpilot.api import EngineSpec, Objective
 
@@ -437,16 +444,22 @@ def calibrate(request: Request) -> Calibration:
         exclude=[c for c in request.exclude if c != request.incumbent],
         warm=[request.incumbent, *request.warm],
     )
+    started = time.process_time()
     incumbent = next((c for c in result.ranked if c.config == request.incumbent), None)
     if incumbent is None:  # outside the space (or not reached): evaluated on its own
         incumbent = evaluate_on_twin(twin, request.incumbent, slo, max_model_len=request.max_model_len)
-    ranked = tuple(c for c in result.ranked if c.config != request.incumbent)
+    ranked = robust_ranking(
+        twin,
+        [c for c in result.ranked if c.config != request.incumbent],
+        slo,
+        max_model_len=request.max_model_len,
+    )
     return replace(
         calibration,
-        ranked=ranked,
+        ranked=tuple(ranked),
         incumbent=incumbent,
-        evaluations=result.evaluations,
-        cpu_seconds=result.cpu_seconds,
+        evaluations=result.evaluations + sum(c.robust_req_s is not None for c in ranked),
+        cpu_seconds=result.cpu_seconds + time.process_time() - started,
     )
 
 

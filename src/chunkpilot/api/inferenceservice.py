@@ -1174,6 +1174,13 @@ class TwinCandidate(StatusModel):
     config: EngineConfig = Field(description="The knobs.")
     capacity_req_s: float = Field(ge=0, description="Predicted capacity at SLO, requests/s per replica.")
     capacity: float = Field(ge=0, description="Predicted capacity in the objective's unit, per GPU.")
+    robust_capacity: float | None = Field(
+        default=None,
+        ge=0,
+        description="Predicted capacity in the objective's unit, per GPU, if its steps are one standard "
+        "error slower than the fit predicts at its budget (the twin's uncertainty); candidates are "
+        "ordered by it, the capacity standing in where it was not evaluated.",
+    )
 
 
 class ServiceTwin(StatusModel):

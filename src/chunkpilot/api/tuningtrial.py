@@ -189,6 +189,13 @@ class TrialTwin(StatusModel):
     capacity: float | None = Field(
         default=None, ge=0, description="Predicted capacity in the objective's unit, per GPU."
     )
+    robust_capacity: float | None = Field(
+        default=None,
+        ge=0,
+        description="Predicted capacity if the config's steps are one standard error slower than the "
+        "twin's fit predicts at its budget, same unit: a promotion on the prediction needs it above the "
+        "stable config's.",
+    )
     incumbent_capacity: float | None = Field(
         default=None, ge=0, description="Predicted capacity of the stable config, same unit."
     )

@@ -10,10 +10,12 @@ Methods (each returns the promoted incumbent after every canary trial):
 
 - ``twin``: fit the twin from the stable track's step telemetry and captured workload, rank the
   space on it (:func:`~chunkpilot.tuner.twin.search.search_on_twin`), canary the best untried
-  candidate; refit with the canary's steps and re-rank; promote only when the canary meets both
-  SLOs at the live load, agrees with the twin's prediction within :data:`AGREEMENT` and its
-  predicted capacity beats the incumbent's by the margin. It stops when no untried candidate is
-  predicted to beat the incumbent by the margin.
+  candidate, the one that keeps the most capacity on a twin slowed by the fit's uncertainty
+  (:func:`~chunkpilot.tuner.twin.search.robust_ranking`); refit with the canary's steps and
+  re-rank; promote only when the canary meets both SLOs at the live load, agrees with the twin's
+  prediction within :data:`AGREEMENT`, its predicted capacity beats the incumbent's by the margin
+  and its capacity on the slowed twin is still above the incumbent's. It stops when no untried
+  candidate is predicted to beat the incumbent by the margin.
 - ``slack``: today's online objective, ``policy.objective_value`` (throughput x (1 + 0.5 x slack))
   at the offered load, searched with the tuner's TPE (warm start included) on the benchmark grid;
 - ``random`` / ``grid``: random grid points / vLLM auto_tune's sweep, judged online the same way.
@@ -281,6 +283,21 @@ class _TwinState:
             )
         return self.predicted[config].capacity_req_s
 
+    def robust_capacity(self, config: TunedConfig) -> float:
+        """``config``'s capacity on the twin slowed by its step-time uncertainty (as the operator judges)."""
+        self.capacity(config)
+        (evaluated,) = robust_ranking(
+            self.twin,
+            [self.predicted[config]],
+            self.context.slo,
+            max_model_len=self.context.space.max_model_len,
+            requests=self.settings.requests,
+            tolerance=self.settings.tolerance,
+            limit=1,
+        )
+        self.predicted[config] = evaluated
+        return evaluated.robust_key
+
     def ranking(self, tried: set[TunedConfig]) -> list[Candidate]:
         """Untried candidates, the most robust first (:func:`robust_ranking`, as the operator ranks)."""
         order = list(self.predicted)
@@ -375,6 +392,13 @@ def _judge(
         return (
             incumbent,
             f"predicted {mine:.2f} req/s is not {settings.margin:.0%} above the incumbent's {theirs:.2f}",
+        )
+    robust = state.robust_capacity(candidate.config)
+    if robust < theirs:
+        return (
+            incumbent,
+            f"predicted {mine:.2f} req/s vs {theirs:.2f}, but the gain is within the twin's uncertainty "
+            f"({robust:.2f} req/s one standard error slower)",
         )
     return candidate.config, f"promoted: predicted {mine:.2f} req/s vs {theirs:.2f}{note}"
 
