@@ -343,7 +343,8 @@ def simulate_disaggregated(
         by_prefill[id(prefill)] = pair
         by_decode[id(decode)] = pair
     recorder = _Recorder()
-    _run(pairs, prefill_router, decode_router, recorder, by_prefill, by_decode, fast_forward)
+    spread = any(r.core.steps_spread for r in (*prefills, *decodes))
+    _run(pairs, prefill_router, decode_router, recorder, by_prefill, by_decode, fast_forward and not spread)
     summary = _summarise(topology, pairs, prefills, decodes, recorder, slo, keep_records, per_token)
     return replace(summary, wall_s=time.perf_counter() - wall_start)
 
@@ -481,7 +482,7 @@ def _act(
         ready = sched.next_kv_ready_s()
         replica.wake = ready if ready > now else math.inf  # nothing can run until something arrives
         return
-    duration = replica.core.step_model.step_time(output.forward_pass)
+    duration = replica.core.step_time(output.forward_pass)
     replica.pending = output
     replica.busy_s += duration
     replica.steps += 1

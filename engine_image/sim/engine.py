@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from chunkpilot.engine.sim.kvcache import KVCapacity, kv_capacity
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
 from chunkpilot.engine.sim.scheduler import (
@@ -17,8 +19,11 @@ from chunkpilot.engine.sim.scheduler import (
     scheduler_config_class,
 )
 from chunkpilot.engine.sim.sglang_scheduler import SGLangScheduler
-from chunkpilot.engine.sim.steptime import StepProfile, StepTimeModel
+from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile, StepTimeModel
 from chunkpilot.engine.sim.trtllm_scheduler import TRTLLMScheduler
+
+#: The random stream of the step-time spread (apart from the scheduler's, which shares the seed).
+_SPREAD_STREAM = 0x5E7D
 
 H100_CLASS_MIN_FLOPS = 900e12
 
@@ -116,12 +121,31 @@ class EngineCore:
                 "lower --max-model-len or raise --gpu-memory-utilization / --tensor-parallel-size"
             )
         self.scheduler = make_scheduler(sched, blocks, seed=config.seed)
+        self._spread = (
+            np.random.default_rng([config.seed, _SPREAD_STREAM]) if self.step_model.has_dispersion else None
+        )
+
+    @property
+    def steps_spread(self) -> bool:
+        """Whether single steps last a random multiple of their modelled time (see :meth:`step_time`)."""
+        return self._spread is not None
+
+    def step_time(self, forward_pass: ForwardPass) -> float:
+        """Seconds ``forward_pass`` lasts: the step model's time, times a mean-one log-normal draw of
+        the profile's spread at its token count when the profile gives one (seeded by ``config.seed``)."""
+        duration = self.step_model.step_time(forward_pass)
+        if self._spread is None:
+            return duration
+        sigma = self.step_model.step_log_sigma(forward_pass.num_tokens)
+        if sigma <= 0:
+            return duration
+        return duration * math.exp(sigma * float(self._spread.standard_normal()) - sigma * sigma / 2)
 
     def step(self, now: float) -> StepResult | None:
         """Schedule and execute one step starting at ``now``; None when nothing can run."""
         output = self.scheduler.schedule(now)
         if output.is_empty:
             return None
-        duration = self.step_model.step_time(output.forward_pass)
+        duration = self.step_time(output.forward_pass)
         results = self.scheduler.update(output, now + duration)
         return StepResult(now, duration, output, results)

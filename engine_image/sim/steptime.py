@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile
 
 STEP_PROFILE_SCHEMA = "chunkpilot.io/step-profile/v1"
@@ -127,6 +128,10 @@ class StepBreakdown:
         )
 
 
+#: Largest spread of single step times a profile may give (a factor e**3 ~ 20 at one sigma).
+MAX_STEP_LOG_SIGMA = 3.0
+
+
 @dataclass(frozen=True, slots=True)
 class StepProfile:
     """Measured linear-layer times from a GPU probe (JSON schema ``chunkpilot.io/step-profile/v1``).
@@ -135,6 +140,9 @@ class StepProfile:
     (every layer, one tensor-parallel rank); times between measured counts are interpolated on a
     log-log scale and extrapolated linearly beyond the largest. ``efficiency`` optionally overrides
     fitted :class:`Efficiency` fields (for attention, element-wise kernels and overheads).
+    ``step_log_sigma`` optionally maps a token count to the spread of single step times around the
+    model's (the standard deviation of their log; interpolated on log tokens, held beyond the ends):
+    a simulated step then lasts its modelled time times a mean-one log-normal draw.
     """
 
     linear_tokens: tuple[int, ...]
@@ -143,6 +151,7 @@ class StepProfile:
     model: str = ""
     accelerator: str = ""
     tensor_parallel_size: int = 1
+    dispersion: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def load(cls, path: str | Path) -> StepProfile:
@@ -166,6 +175,14 @@ class StepProfile:
             raise ValueError(f"{source}: 'linear_ms' needs token counts >= 1 and positive times")
         efficiency = {str(k): float(v) for k, v in dict(data.get("efficiency", {})).items()}
         Efficiency.from_dict(efficiency)  # validate names early
+        spread = data.get("step_log_sigma", {})
+        if not isinstance(spread, dict):
+            raise ValueError(f"{source}: field 'step_log_sigma' must map token counts to log-spreads")
+        dispersion = tuple(sorted((int(tokens), float(sigma)) for tokens, sigma in spread.items()))
+        if any(t < 1 or not 0 <= sigma <= MAX_STEP_LOG_SIGMA for t, sigma in dispersion):
+            raise ValueError(
+                f"{source}: 'step_log_sigma' needs token counts >= 1 and spreads in [0, {MAX_STEP_LOG_SIGMA}]"
+            )
         return cls(
             linear_tokens=tuple(t for t, _ in points),
             linear_s=tuple(s for _, s in points),
@@ -173,7 +190,16 @@ class StepProfile:
             model=str(data.get("model", "")),
             accelerator=str(data.get("accelerator", "")),
             tensor_parallel_size=int(data.get("tensor_parallel_size", 1)),
+            dispersion=dispersion,
         )
+
+    def step_log_sigma(self, num_tokens: int) -> float:
+        """The spread of single step times at ``num_tokens`` (0: none)."""
+        if not self.dispersion:
+            return 0.0
+        tokens = [math.log(t) for t, _ in self.dispersion]
+        sigmas = [sigma for _, sigma in self.dispersion]
+        return float(np.interp(math.log(max(num_tokens, 1)), tokens, sigmas))
 
     def linear_time(self, num_tokens: int) -> float:
         """Interpolated linear-layer time for ``num_tokens`` tokens."""
@@ -351,6 +377,15 @@ class StepTimeModel:
             lm_head_s=self.lm_head_time(fp.num_sampled),
             overhead_s=eff.step_overhead_s + eff.per_sequence_overhead_s * fp.num_sequences,
         )
+
+    @property
+    def has_dispersion(self) -> bool:
+        """Whether single steps spread around the modelled time (the profile's ``step_log_sigma``)."""
+        return self.step_profile is not None and bool(self.step_profile.dispersion)
+
+    def step_log_sigma(self, num_tokens: int) -> float:
+        """The spread of single step times at ``num_tokens`` (the standard deviation of their log)."""
+        return self.step_profile.step_log_sigma(num_tokens) if self.step_profile is not None else 0.0
 
     def step_time(self, fp: ForwardPass) -> float:
         """Seconds for the forward pass ``fp`` (0 for an empty batch)."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from chunkpilot.engine.sim import offline
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO, Percentiles, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, StepProfile
 from chunkpilot.engine.sim.workload import load_trace, parse_workload_spec
 
 H100_DEFAULTS = SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=32768)
@@ -103,3 +106,47 @@ def test_slo_validation_names_the_flag(kwargs: dict[str, float]) -> None:
 def test_a_prompt_larger_than_the_kv_cache_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="--max-model-len"):
         SimConfig(scheduler=H100_DEFAULTS, num_kv_blocks=100).build()
+
+
+def _spread_profile(tmp_path: Path, sigma: float) -> str:
+    """The datasheet H100's linear layers as a step profile, single steps spread by ``sigma``."""
+    model = SimConfig(model="llama-3.1-8b", accelerator="h100").build().step_model
+    document = {
+        "schema": STEP_PROFILE_SCHEMA,
+        "model": "llama-3.1-8b",
+        "accelerator": "h100",
+        "linear_ms": {str(t): model.linear_time(t) * 1e3 for t in (1, 16, 256, 1024, 4096, 16384)},
+        "step_log_sigma": {"1": sigma, "16384": sigma},
+    }
+    path = tmp_path / f"spread-{sigma}.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return str(path)
+
+
+def test_spread_steps_raise_the_upper_quantiles_not_the_mean_and_are_seeded(tmp_path: Path) -> None:
+    workload = load_trace("azure_conv_2023", rate=3.0, limit=120)
+    sched = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64, max_model_len=8192)
+    config = SimConfig(model="llama-3.1-8b", accelerator="h100", scheduler=sched)
+    steady = simulate(replace(config, step_profile=_spread_profile(tmp_path, 0.0)), workload)
+    spread_config = replace(config, step_profile=_spread_profile(tmp_path, 0.4))
+    spread = simulate(spread_config, workload)
+    assert spread.itl_ms.p90 > steady.itl_ms.p90 * 1.3
+    # Mean-one draws: the typical token takes about as long as without the spread.
+    assert spread.itl_ms.mean == pytest.approx(steady.itl_ms.mean, rel=0.1)
+    again = simulate(spread_config, workload)
+    assert (again.itl_ms.p99, again.ttft_ms.p95) == (spread.itl_ms.p99, spread.ttft_ms.p95)
+    other_seed = simulate(replace(spread_config, seed=1), workload)
+    assert other_seed.itl_ms.p99 != spread.itl_ms.p99
+
+
+def test_a_spread_out_of_range_is_refused_naming_the_field(tmp_path: Path) -> None:
+    path = Path(_spread_profile(tmp_path, 0.0))
+    document = json.loads(path.read_text(encoding="utf-8"))
+    document["step_log_sigma"] = {"64": 5.0}
+    with pytest.raises(
+        ValueError, match=r"'step_log_sigma' needs token counts >= 1 and spreads in \[0, 3.0\]"
+    ):
+        StepProfile.from_dict(document)
+    document["step_log_sigma"] = [0.1]
+    with pytest.raises(ValueError, match="'step_log_sigma' must map token counts to log-spreads"):
+        StepProfile.from_dict(document)
