@@ -215,6 +215,11 @@ class StepTelemetry:
             sums[key] += batch * steps
         sums["decode_context_tokens"] += steps * context_tokens + batch * steps * (steps - 1) // 2
 
+    def duration_counts(self) -> dict[str, tuple[int, ...]]:
+        """Steps per step-duration slot (``names.STEP_DURATION_BUCKETS`` and +Inf, not cumulative)
+        per bucket label: the spread of single step times within each token bucket."""
+        return {label: tuple(b.duration.counts) for label, b in self._buckets.items()}
+
     def totals(self) -> dict[str, StepTotals]:
         """Sums so far per bucket label (see :data:`names.LABEL_SCHEDULED_TOKENS`)."""
         return {

@@ -219,6 +219,7 @@ class TwinObserver:
             max_model_len=facts.max_model_len,
             gpu_memory_utilization=spec.engine.gpu_memory_utilization,
             steps=dict(inputs.steps),
+            durations=dict(inputs.durations),
             workload=inputs.workload,
             slo=sim_slo(snap),
             space=space,

@@ -166,6 +166,30 @@ def step_queries(selector: str, window: str) -> dict[str, str]:
     return {key: f"sum by ({by}) (increase({metric}{sel}[{window}]))" for key, metric in STEP_FIELDS.items()}
 
 
+def step_duration_query(selector: str, window: str) -> str:
+    """PromQL of the step-duration histogram over ``window``, by scheduled-token bucket and ``le``."""
+    sel = f"{{{selector}}}" if selector else ""
+    return (
+        f"sum by ({names.LABEL_SCHEDULED_TOKENS}, le) (increase({names.STEP_DURATION}_bucket{sel}[{window}]))"
+    )
+
+
+def durations_from_vector(result: Sequence[Mapping[str, object]]) -> StepDurations:
+    """:data:`StepDurations` from the instant vector of :func:`step_duration_query`."""
+    cumulative: dict[str, dict[float, float]] = {}
+    for item in result:
+        metric, value = item.get("metric", {}), item.get("value", (0, "nan"))
+        if not isinstance(metric, Mapping) or not isinstance(value, Sequence):
+            continue
+        label, le = metric.get(names.LABEL_SCHEDULED_TOKENS), metric.get("le")
+        number = float(value[1])
+        if label is None or le is None or not math.isfinite(number):
+            continue
+        per_le = cumulative.setdefault(str(label), {})
+        per_le[float(str(le))] = per_le.get(float(str(le)), 0.0) + number
+    return {label: slot_counts(per_le) for label, per_le in cumulative.items()}
+
+
 def steps_from_results(results: Mapping[str, Mapping[str, float]]) -> dict[str, StepTotals]:
     """Step totals per bucket from ``{StepTotals field: {bucket label: value}}`` (missing = 0)."""
     labels = sorted({label for values in results.values() for label in values})
@@ -238,6 +262,8 @@ class Scrape:
     #: Counters by name; the prefix-cache ones under vLLM's names whatever the engine.
     counters: dict[str, float]
     steps: dict[str, StepTotals] = field(default_factory=dict)
+    #: Step-duration histogram per token bucket: :data:`StepDurations`, cumulative since the start.
+    durations: StepDurations = field(default_factory=dict)
 
 
 def parse_exposition(text: str, engine: str = "vllm") -> Scrape:
@@ -264,10 +290,16 @@ def parse_exposition(text: str, engine: str = "vllm") -> Scrape:
         names.FINE_REQUEST_PROMPT_TOKENS,
         names.FINE_REQUEST_GENERATION_TOKENS,
     )
+    durations: dict[str, dict[float, float]] = {}
+    duration_bucket = f"{names.STEP_DURATION}_bucket"
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             label = sample.labels.get(names.LABEL_SCHEDULED_TOKENS)
-            if label is not None and sample.name in step_metric:
+            if label is not None and sample.name == duration_bucket:
+                per_le = durations.setdefault(label, {})
+                le = float(sample.labels["le"])
+                per_le[le] = per_le.get(le, 0.0) + sample.value
+            elif label is not None and sample.name in step_metric:
                 values = step_values[step_metric[sample.name]]
                 values[label] = values.get(label, 0.0) + sample.value
             elif family.name in wanted:
@@ -286,7 +318,40 @@ def parse_exposition(text: str, engine: str = "vllm") -> Scrape:
         )
         for name, per in buckets.items()
     }
-    return Scrape(histograms, counters, steps_from_results(step_values))
+    return Scrape(
+        histograms,
+        counters,
+        steps_from_results(step_values),
+        {label: slot_counts(per_le) for label, per_le in durations.items()},
+    )
+
+
+StepDurations = dict[str, tuple[float, ...]]
+"""Steps per step-duration slot by token-bucket label: one count per bound of
+``names.STEP_DURATION_BUCKETS`` (the steps in ``(previous bound, bound]``) and one above the last."""
+
+
+def slot_counts(cumulative: Mapping[float, float]) -> tuple[float, ...]:
+    """Per-slot counts of a cumulative histogram ``{le: count}`` on the step-duration bounds
+    (a bound the exposition lacks counts as the one below it)."""
+    out: list[float] = []
+    below = 0.0
+    for bound in (*names.STEP_DURATION_BUCKETS, math.inf):
+        at = max((count for le, count in cumulative.items() if le <= bound), default=below)
+        out.append(max(0.0, at - below))
+        below = max(below, at)
+    return tuple(out)
+
+
+def durations_between(before: StepDurations, after: StepDurations) -> StepDurations:
+    """The step-duration histograms of the steps between two scrapes."""
+    out: StepDurations = {}
+    for label, counts in after.items():
+        earlier = before.get(label, (0.0,) * len(counts))
+        delta = tuple(max(0.0, a - b) for a, b in zip(counts, earlier, strict=True))
+        if sum(delta) > 0:
+            out[label] = delta
+    return out
 
 
 def window_between(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final
@@ -43,7 +43,13 @@ import numpy.typing as npt
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
-from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, StepProfile, StepTimeModel
+from chunkpilot.engine.sim.steptime import (
+    MAX_STEP_LOG_SIGMA,
+    STEP_PROFILE_SCHEMA,
+    Efficiency,
+    StepProfile,
+    StepTimeModel,
+)
 from chunkpilot.engine.stepfit import Parameter, StepFitError, relative_errors, solve, weighted_rms
 
 __all__ = [
@@ -236,6 +242,9 @@ class TwinFit:
     corrections: tuple[BucketCorrection, ...] = ()
     #: Covariance of the log scales (rows and columns in the order of :class:`Scales`).
     log_covariance: tuple[tuple[float, ...], ...] = ()
+    #: Spread of single step times beyond the model's own, ``(tokens, log sigma)`` ascending
+    #: (:func:`step_spread`); written to the profile only when asked (:meth:`profile_document`).
+    dispersion: tuple[tuple[int, float], ...] = ()
 
     def efficiency(self) -> Efficiency:
         """The fitted efficiency constants (relative to the datasheet of ``accelerator``)."""
@@ -336,12 +345,14 @@ class TwinFit:
         observed = {max(1, round(c.tokens)) for c in self.corrections}
         return tuple(sorted(set(PROFILE_TOKENS) | observed))
 
-    def profile_document(self, slowdown: float = 1.0) -> dict[str, Any]:
+    def profile_document(self, slowdown: float = 1.0, *, spread: bool = False) -> dict[str, Any]:
         """The ``chunkpilot.io/step-profile/v1`` document of the fitted model (``--step-profile``).
 
         ``slowdown`` stretches every step by that factor (linear layers, attention, element-wise
         kernels and overheads alike): the engine as much slower as the fit is unsure of
         (:meth:`step_sigma`), for a capacity that holds if the prediction was optimistic.
+        ``spread`` adds the :attr:`dispersion` (``step_log_sigma``): each simulated step then draws
+        its time, for latency quantiles that carry the engine's tails.
         """
         if not slowdown > 0:
             raise ValueError(f"slowdown must be positive, not {slowdown}")
@@ -351,7 +362,7 @@ class TwinFit:
             efficiency[name] /= slowdown
         for name in _SLOWED_COSTS:
             efficiency[name] *= slowdown
-        return {
+        document: dict[str, Any] = {
             "schema": STEP_PROFILE_SCHEMA,
             "model": self.model,
             "accelerator": self.accelerator,
@@ -368,14 +379,19 @@ class TwinFit:
                 "rms_relative_error": self.rms_relative_error,
                 "prior_rms_relative_error": self.prior_rms_relative_error,
                 "corrections": [asdict(c) for c in self.corrections],
+                "dispersion": {str(t): sigma for t, sigma in self.dispersion},
             },
         }
+        if spread and self.dispersion:
+            document["step_log_sigma"] = {str(t): sigma for t, sigma in self.dispersion}
+        return document
 
-    def write_profile(self, path: str | Path, slowdown: float = 1.0) -> Path:
+    def write_profile(self, path: str | Path, slowdown: float = 1.0, *, spread: bool = False) -> Path:
         """Write :meth:`profile_document` as JSON; returns the path."""
         file = Path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(self.profile_document(slowdown), indent=1) + "\n", encoding="utf-8")
+        document = self.profile_document(slowdown, spread=spread)
+        file.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         return file
 
 
@@ -480,3 +496,55 @@ def _corrections(roofline: StepTimeModel, points: list[_Point]) -> tuple[BucketC
             )
         )
     return tuple(corrections)
+
+
+#: Quantile whose distance from the median measures a bucket's spread (the tail the SLOs read).
+SPREAD_QUANTILE: Final = 0.95
+_SPREAD_Z: Final = 1.6448536269514722  # the standard normal's SPREAD_QUANTILE
+#: Fewest steps in a token bucket for its spread to count.
+MIN_SPREAD_STEPS: Final = 40
+
+
+def duration_quantile(counts: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of step durations from per-slot counts on ``names.STEP_DURATION_BUCKETS``
+    (:data:`~chunkpilot.tuner.twin.capture.StepDurations`), log-linear inside a slot."""
+    bounds = names.STEP_DURATION_BUCKETS
+    edges = (bounds[0] / 2, *bounds, bounds[-1] * 2)
+    total = sum(counts)
+    if total <= 0:
+        return math.nan
+    target, seen = q * total, 0.0
+    for slot, count in enumerate(counts):
+        if count > 0 and seen + count >= target:
+            share = (target - seen) / count
+            low, high = math.log(edges[slot]), math.log(edges[slot + 1])
+            return math.exp(low + share * (high - low))
+        seen += count
+    return edges[-1]
+
+
+def _log_spread(counts: Sequence[float]) -> float:
+    median = duration_quantile(counts, 0.5)
+    upper = duration_quantile(counts, SPREAD_QUANTILE)
+    return max(0.0, math.log(upper / median)) / _SPREAD_Z if median > 0 else 0.0
+
+
+def step_spread(
+    measured: Mapping[str, Sequence[float]], modelled: Mapping[str, Sequence[float]]
+) -> tuple[tuple[int, float], ...]:
+    """The spread of single step times the model does not explain, per token bucket.
+
+    Per bucket of at least :data:`MIN_SPREAD_STEPS` measured steps: the log-normal spread that puts
+    the :data:`SPREAD_QUANTILE` quantile of the measured durations where it is relative to their
+    median, less (in quadrature) the spread the model's own steps show in the same bucket
+    (``modelled``: the twin replaying the same traffic; their shapes differ inside a bucket too,
+    and the coarse duration slots widen both alike). ``(bucket bound, sigma)`` ascending.
+    """
+    out: list[tuple[int, float]] = []
+    for label, counts in measured.items():
+        if sum(counts) < MIN_SPREAD_STEPS or not label.isdigit():
+            continue
+        own = _log_spread(modelled[label]) if label in modelled and sum(modelled[label]) > 0 else 0.0
+        sigma = math.sqrt(max(0.0, _log_spread(counts) ** 2 - own**2))
+        out.append((int(label), min(sigma, MAX_STEP_LOG_SIGMA)))
+    return tuple(sorted(out))

@@ -39,7 +39,10 @@ from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.capture import (
     MIN_REQUESTS,
     CaptureError,
+    StepDurations,
     WorkloadWindow,
+    durations_from_vector,
+    step_duration_query,
     step_queries,
     steps_from_vectors,
     synthesize,
@@ -164,6 +167,8 @@ class Inputs:
     #: The service's pods that came up, and went away, inside the window (see :func:`pods_changed`).
     pods_changed: tuple[int, int] = (0, 0)
     window: str = ""
+    #: The step-duration histogram per token bucket (the spread of single steps).
+    durations: StepDurations = field(default_factory=dict)
 
     @property
     def step_count(self) -> float:
@@ -236,6 +241,7 @@ def read_inputs(
     except CaptureError as exc:
         workload, error = None, str(exc)
     measured, bands = fine_quantiles_ms(vector, selector, window, at, quantiles, samples)
+    durations = durations_from_vector(vector(step_duration_query(selector.render()[1:-1], window), at))
     return Inputs(
         True,
         steps,
@@ -245,6 +251,7 @@ def read_inputs(
         bands,
         pods_changed=pods_changed(vector, selector, window, at) if steadiness else (0, 0),
         window=window,
+        durations=durations,
     )
 
 
@@ -337,6 +344,8 @@ class Request:
     bands: tuple[Band | None, Band | None] = (None, None)
     #: The service's engine scheduling semantics (:func:`engine_semantics`); None: vLLM's.
     engine: SchedulerConfig | None = None
+    #: The stable track's step-duration histograms (the twin's dispersion; empty: none).
+    durations: StepDurations = field(default_factory=dict)
 
 
 def engine_semantics(
@@ -378,7 +387,8 @@ def predict_ms(
     plus the latency the engine adds outside its steps (``offset_ms``)."""
     if not rate > 0:
         return math.nan, math.nan
-    summary = simulate(twin.config(scheduler_of(config, max_model_len)), retime(twin.workload, rate, 0), slo)
+    scheduler = scheduler_of(config, max_model_len)
+    summary = simulate(twin.config(scheduler, spread=True), retime(twin.workload, rate, 0), slo)
     return summary.itl_at_slo_quantile_ms + offset_ms[0], summary.ttft_at_slo_quantile_ms + offset_ms[1]
 
 
@@ -426,6 +436,12 @@ def calibrate(request: Request) -> Calibration:
         engine=request.engine,
         arrival_seeds=arrival_seeds(ARRIVAL_SAMPLES),
     )
+    if request.durations and request.stable_rate_req_s > 0:
+        twin = twin.with_dispersion(
+            request.durations,
+            scheduler_of(request.incumbent, request.max_model_len),
+            retime(workload, request.stable_rate_req_s, 0),
+        )
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])

@@ -9,16 +9,18 @@ one answer is set by ``requests`` (simulated per probed rate) and ``tolerance`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Final
 
 from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, CapacityResult, find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload
-from chunkpilot.tuner.twin.fit import TwinFit
+from chunkpilot.tuner.twin.fit import TwinFit, step_spread
 
 from chunkpilot.api.knobs import TUNABLE_NAMES
 
@@ -45,6 +47,8 @@ ARRIVAL_SAMPLES: Final = 2
 OWN_SEEDS: Final = 1000
 #: The bracket's growth per probe on the samples after the first, which start at the first's capacity.
 SAMPLE_GROWTH: Final = 1.1
+#: The fitted profile with the dispersion of single step times, beside the twin's own.
+SPREAD_PROFILE: Final = "twin-step-profile-spread.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +104,26 @@ class Twin:
     ) -> Twin:
         """Write the fitted profile under ``directory`` and return the twin that loads it."""
         path = fit.write_profile(directory / "twin-step-profile.json")
+        if fit.dispersion:
+            fit.write_profile(path.with_name(SPREAD_PROFILE), spread=True)
         return cls(fit, workload, path, gpu_memory_utilization, engine, arrival_seeds)
+
+    def with_dispersion(
+        self, measured: Mapping[str, Sequence[float]], scheduler: SchedulerConfig, workload: Workload
+    ) -> Twin:
+        """This twin with the spread of single step times ``measured`` (step-duration histograms per
+        token bucket, :data:`~chunkpilot.tuner.twin.capture.StepDurations`) beyond what its own steps
+        show replaying ``workload`` on ``scheduler`` (:func:`~chunkpilot.tuner.twin.fit.step_spread`).
+
+        Latency predictions (:meth:`latency`, ``config(..., spread=True)``) then draw each step's
+        time; capacities stay on the steps' modelled times (one deterministic search per sample).
+        """
+        replay = StepTelemetry()
+        simulate(self.config(scheduler), workload, telemetry=replay)
+        fit = replace(self.fit, dispersion=step_spread(measured, replay.duration_counts()))
+        if fit.dispersion:
+            fit.write_profile(self.profile_path.with_name(SPREAD_PROFILE), spread=True)
+        return replace(self, fit=fit)
 
     def slowed(self, slowdown: float) -> Twin:
         """This twin with every step ``slowdown`` times longer (its profile written beside this one's)."""
@@ -111,8 +134,9 @@ class Twin:
             self.fit.write_profile(path, slowdown)
         return replace(self, profile_path=path)
 
-    def config(self, scheduler: SchedulerConfig) -> SimConfig:
-        """The simulated engine of configuration ``scheduler`` on the fitted hardware (on :attr:`engine`)."""
+    def config(self, scheduler: SchedulerConfig, *, spread: bool = False) -> SimConfig:
+        """The simulated engine of configuration ``scheduler`` on the fitted hardware (on :attr:`engine`);
+        ``spread``: with the fit's dispersion of single step times, where it has one."""
         if self.engine is not None:
             tuned = {name: getattr(scheduler, name) for name in (*TUNABLE_NAMES, "max_model_len")}
             scheduler = replace(self.engine, **tuned)
@@ -122,7 +146,11 @@ class Twin:
             tensor_parallel_size=self.fit.tensor_parallel_size,
             scheduler=scheduler,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            step_profile=str(self.profile_path),
+            step_profile=str(
+                self.profile_path.with_name(SPREAD_PROFILE)
+                if spread and self.fit.dispersion
+                else self.profile_path
+            ),
         )
 
     def _requests(self, requests: int | None) -> Workload:
@@ -164,8 +192,11 @@ class Twin:
         requests: int | None = None,
         seed: int = 0,
     ) -> LatencyQuantiles:
-        """Predicted ITL and TTFT quantiles of ``scheduler`` at a Poisson load of ``rate`` requests/s."""
-        summary = simulate(self.config(scheduler), retime(self._requests(requests), rate, seed), slo)
+        """Predicted ITL and TTFT quantiles of ``scheduler`` at a Poisson load of ``rate`` requests/s
+        (single steps spread as the engine's, where the fit has a dispersion)."""
+        summary = simulate(
+            self.config(scheduler, spread=True), retime(self._requests(requests), rate, seed), slo
+        )
         return LatencyQuantiles.of(summary)
 
 

@@ -25,7 +25,7 @@ import math
 import random
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -41,7 +41,9 @@ from chunkpilot.engine.sim.workload import RequestSpec, Workload
 from chunkpilot.engine.vllm_plugin.client import prompt_ids, stream_completion
 from chunkpilot.tuner.twin.capture import (
     HistogramWindow,
+    StepDurations,
     WorkloadWindow,
+    durations_between,
     parse_exposition,
     synthesize,
     window_between,
@@ -189,6 +191,8 @@ class RealWindow:
     steps: dict[str, StepTotals]
     workload: WorkloadWindow
     histograms: LatencyHistograms
+    #: The step-duration histogram per token bucket over the window.
+    durations: StepDurations = field(default_factory=dict)
 
     @property
     def measured(self) -> LatencyQuantiles:
@@ -236,7 +240,8 @@ def observe(
     workload, steps = window_between(before, after, duration)
     first, last = latency_histograms(before_text), latency_histograms(after_text)
     histograms = {name: h - first[name] if name in first else h for name, h in last.items()}
-    return RealWindow(budget, rate, sent, duration, steps, workload, histograms)
+    durations = durations_between(before.durations, after.durations)
+    return RealWindow(budget, rate, sent, duration, steps, workload, histograms, durations)
 
 
 # --------------------------------------------------------------------------------- comparison
@@ -294,25 +299,32 @@ def compare(
     directory: Path,
     *,
     captured_requests: int = 400,
+    spread: bool = True,
 ) -> list[PointCheck]:
     """Predict each window's quantiles from ``fit`` (and the fit window's workload) and compare.
 
     ``scheduler`` is the engine's configuration but for the budget, which each window sets. The
     fitted twin's TTFTs include the fit window's ingest time (:attr:`RealWindow.ingest_s`).
+    ``spread``: its steps carry the fit window's dispersion of single step times
+    (:meth:`Twin.with_dispersion`), so its tails are predicted too.
     """
     ingest = fit_window.ingest_s
     unfitted_fit = replace(fit, scales=Scales())
     twin = Twin.build(fit, fit_window.sent, directory / "fitted")
+    if spread:
+        fit_config = replace(scheduler, max_num_batched_tokens=fit_window.budget)
+        twin = twin.with_dispersion(fit_window.durations, fit_config, fit_window.sent)
     prior = Twin.build(unfitted_fit, fit_window.sent, directory / "prior")
     captured = synthesize(fit_window.workload, captured_requests, max_model_len=scheduler.max_model_len)
     checks: list[PointCheck] = []
     for window in windows:
         config = replace(scheduler, max_num_batched_tokens=window.budget)
         measured = window.measured
-        replayed = _ingested(LatencyQuantiles.of(simulate(twin.config(config), window.sent)), ingest)
+        spread_config = twin.config(config, spread=True)
+        replayed = _ingested(LatencyQuantiles.of(simulate(spread_config, window.sent)), ingest)
         unfitted = LatencyQuantiles.of(simulate(prior.config(config), window.sent))
         end_to_end = _ingested(
-            LatencyQuantiles.of(simulate(twin.config(config), retime(captured, window.rate_req_s))), ingest
+            LatencyQuantiles.of(simulate(spread_config, retime(captured, window.rate_req_s))), ingest
         )
         checks.append(
             PointCheck(

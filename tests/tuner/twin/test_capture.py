@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTotals
+from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
@@ -18,8 +18,11 @@ from chunkpilot.tuner.twin.capture import (
     CaptureError,
     HistogramWindow,
     WorkloadWindow,
+    durations_between,
+    durations_from_vector,
     histogram_of,
     parse_exposition,
+    step_duration_query,
     step_queries,
     steps_from_results,
     steps_from_vectors,
@@ -211,3 +214,26 @@ def test_scrapes_read_each_engines_prefix_cache_counters() -> None:
     trtllm = parse_exposition(_exposition(vllm, 2), "trtllm")
     assert names.PREFIX_CACHE_QUERIES not in trtllm.counters
     assert parse_exposition(_exposition(vllm, 2)).counters == vllm
+
+
+def test_step_durations_read_alike_from_a_scrape_and_from_prometheus() -> None:
+    telemetry = StepTelemetry()
+    workload = load_trace("azure_conv_2023", rate=2.0, limit=60)
+    config = SimConfig(model="llama-3.1-8b", accelerator="h100", scheduler=SchedulerConfig(1024, 64))
+    simulate(config, workload, telemetry=telemetry)
+    exposition = "\n".join(telemetry.render('model_name="m"')) + "\n"
+    empty = parse_exposition("")
+    scraped = durations_between(empty.durations, parse_exposition(exposition).durations)
+    counts = {label: tuple(map(float, c)) for label, c in telemetry.duration_counts().items()}
+    assert scraped == {label: c for label, c in counts.items() if sum(c)}
+    # The same histograms as Prometheus answers step_duration_query: cumulative by (bucket, le).
+    vector = []
+    for label, slots in telemetry.duration_counts().items():
+        running = 0
+        for bound, count in zip((*names.STEP_DURATION_BUCKETS, math.inf), slots, strict=True):
+            running += count
+            le = "+Inf" if math.isinf(bound) else repr(bound)
+            metric = {names.LABEL_SCHEDULED_TOKENS: label, "le": le}
+            vector.append({"metric": metric, "value": [0, str(running)]})
+    assert durations_from_vector(vector) == counts
+    assert "scheduled_tokens, le" in step_duration_query('service="s"', "5m")

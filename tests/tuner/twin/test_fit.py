@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
 import pytest
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
@@ -22,9 +24,12 @@ from chunkpilot.tuner.twin.fit import (
     TwinFit,
     TwinFitError,
     _points,
+    duration_quantile,
     fit_steps,
     predict_mean_step,
+    step_spread,
 )
+from chunkpilot.tuner.twin.predict import Twin
 
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
 
@@ -172,3 +177,46 @@ def test_uncertainty_grows_beyond_the_observed_token_counts(lengths: Workload) -
     assert beyond >= STRUCTURE_SIGMA  # the roofline's shape is only a guess out there
     # Past the fade the correction is gone: the roofline alone extrapolates.
     assert fit.linear_factor(high * 2 ** (FADE_OCTAVES + 1)) == 1.0
+
+
+def _lognormal_counts(median_s: float, sigma: float, steps: int = 4000, seed: int = 5) -> tuple[float, ...]:
+    """Per-slot counts of ``steps`` log-normal step durations on the step-duration bounds."""
+    draws = np.random.default_rng(seed).lognormal(math.log(median_s), sigma, steps)
+    telemetry = StepTelemetry()
+    bucket = telemetry._bucket(8)
+    for d in draws:
+        bucket.duration.observe(float(d))
+    return telemetry.duration_counts()["8"]
+
+
+def test_the_spread_beyond_the_models_own_is_recovered_from_coarse_duration_slots() -> None:
+    model_only = _lognormal_counts(0.012, 0.05)
+    noisy = _lognormal_counts(0.012, 0.4)
+    assert duration_quantile(noisy, 0.5) == pytest.approx(0.012, rel=0.1)
+    ((tokens, sigma),) = step_spread({"8": noisy}, {"8": model_only})
+    assert tokens == 8 and sigma == pytest.approx(0.4, abs=0.08)
+    # What the model's own steps already spread is not counted twice; too few steps count nothing.
+    assert step_spread({"8": model_only}, {"8": model_only}) == ((8, 0.0),)
+    assert step_spread({"8": tuple(c / 1000 for c in noisy)}, {}) == ()
+
+
+def test_a_twin_with_dispersion_predicts_the_tail_the_engine_shows(lengths: Workload, tmp_path: Path) -> None:
+    # The "engine": the datasheet simulator with single steps spread by 0.35 everywhere.
+    fit = fit_steps(_telemetry(SimConfig(model=MODEL, accelerator=GPU, scheduler=SCHED), lengths), MODEL, GPU)
+    document = fit.profile_document()
+    document["step_log_sigma"] = {"1": 0.35, "65536": 0.35}
+    engine_profile = tmp_path / "engine.json"
+    engine_profile.write_text(json.dumps(document), encoding="utf-8")
+    engine = SimConfig(model=MODEL, accelerator=GPU, scheduler=SCHED, step_profile=str(engine_profile))
+    telemetry = StepTelemetry()
+    measured = simulate(engine, lengths, telemetry=telemetry)
+    twin = Twin.build(fit, lengths, tmp_path / "twin")
+    steady = simulate(twin.config(SCHED, spread=True), lengths)
+    spread_twin = twin.with_dispersion(telemetry.duration_counts(), SCHED, lengths)
+    assert spread_twin.fit.dispersion and all(0.2 < s < 0.5 for _, s in spread_twin.fit.dispersion if _ <= 64)
+    predicted = simulate(spread_twin.config(SCHED, spread=True), lengths)
+    # Without the spread the ITL p90 is far under the engine's; with it, close.
+    assert steady.itl_ms.p90 < measured.itl_ms.p90 * 0.85
+    assert predicted.itl_ms.p90 == pytest.approx(measured.itl_ms.p90, rel=0.15)
+    # Capacities stay on the modelled step times.
+    assert spread_twin.config(SCHED).step_profile == twin.config(SCHED).step_profile
