@@ -245,12 +245,13 @@ def observe(
 
 
 # --------------------------------------------------------------------------------- comparison
-def step_rms_error(fit: TwinFit, telemetry: Mapping[str, StepTotals]) -> float:
-    """Step-weighted RMS relative error of ``fit``'s step model on the bucket means of ``telemetry``.
+def step_rms_error(fit: TwinFit, telemetry: Mapping[str, StepTotals], *, corrected: bool = True) -> float:
+    """Step-weighted RMS relative error of ``fit``'s step model on the bucket means of ``telemetry``
+    (``corrected=False``: of its fitted roofline alone, without the measured buckets' corrections).
 
     On a window other than the fit's, this is the step-time model's out-of-sample error.
     """
-    model = fit.step_model()
+    model = fit.step_model() if corrected else fit.roofline()
     points = _points(telemetry)
     if not points:
         return math.nan
@@ -276,6 +277,8 @@ class PointCheck:
     prior_step_rms: float
     #: The fit window's ingest time, added to the fitted twin's TTFTs (not the prior's).
     ingest_ms: float
+    #: The replay's errors with every step at its modelled time (no dispersion): what the spread adds.
+    steady_errors: dict[str, float] = field(default_factory=dict)
 
     def worst(self, which: str = "replay") -> float:
         """The largest absolute error of ``replay``, ``captured`` or ``prior``."""
@@ -322,6 +325,7 @@ def compare(
         measured = window.measured
         spread_config = twin.config(config, spread=True)
         replayed = _ingested(LatencyQuantiles.of(simulate(spread_config, window.sent)), ingest)
+        steady = _ingested(LatencyQuantiles.of(simulate(twin.config(config), window.sent)), ingest)
         unfitted = LatencyQuantiles.of(simulate(prior.config(config), window.sent))
         end_to_end = _ingested(
             LatencyQuantiles.of(simulate(spread_config, retime(captured, window.rate_req_s))), ingest
@@ -340,6 +344,7 @@ def compare(
                 step_rms_error(fit, window.steps),
                 step_rms_error(unfitted_fit, window.steps),
                 ingest * 1e3,
+                relative_errors(steady, measured),
             )
         )
     return checks

@@ -70,14 +70,15 @@ def _set_budget(server: EngineServer, budget: int) -> None:
 
 
 def _table(checks: list[PointCheck]) -> str:
-    header = ("budget", "req/s", "quantile", "measured", "twin", "err", "e2e", "prior")
-    lines = ["{:>6} {:>5} {:<12} {:>8} {:>7} {:>6} {:>6} {:>6}".format(*header)]
+    header = ("budget", "req/s", "quantile", "measured", "twin", "err", "steady", "e2e", "prior")
+    lines = ["{:>6} {:>5} {:<12} {:>8} {:>7} {:>6} {:>6} {:>6} {:>6}".format(*header)]
     for check in checks:
         for name in QUANTILE_NAMES:
             lines.append(
                 f"{check.budget:>6} {check.rate_req_s:>5.1f} {name:<12} "
                 f"{getattr(check.measured, name):>8.1f} "
                 f"{getattr(check.replay, name):>7.1f} {check.replay_errors[name]:>+6.0%} "
+                f"{check.steady_errors[name]:>+6.0%} "
                 f"{check.captured_errors[name]:>+6.0%} {check.prior_errors[name]:>+6.0%}"
             )
         lines.append(
@@ -138,7 +139,10 @@ def test_twin_fitted_on_real_vllm_predicts_other_loads_and_budgets(
     # In-sample and out of sample, the fitted step model explains the step telemetry better than
     # the datasheet CPU prior (whose errors are 60-70%).
     assert fit.rms_relative_error < min(MAX_FIT_ERROR, 0.5 * fit.prior_rms_relative_error)
-    assert fit.rms_relative_error == pytest.approx(step_rms_error(fit, fit_window.steps))
+    roofline_only = step_rms_error(fit, fit_window.steps, corrected=False)
+    assert fit.rms_relative_error == pytest.approx(roofline_only)
+    # The measured buckets' corrections take out part of what the roofline's shape cannot fit.
+    assert step_rms_error(fit, fit_window.steps) < roofline_only
     for check in checks[1:]:
         assert check.step_rms < check.prior_step_rms, (check.budget, check.rate_req_s)
     # The latency quantiles' errors (ITL p50 included) depend on how fast and how quiet the machine is
