@@ -249,7 +249,7 @@ class TwinEvidence:
     """What the twin says about a canary: its quantiles at the canary's live load and capacities.
 
     ``capacity`` and ``incumbent_capacity`` are predicted capacities at SLO in the objective's unit
-    (``unit``), ``robust_capacity`` the canary's on the twin slowed by its step-time uncertainty
+    (``unit``), ``robust_capacity`` the canary's under the twin's step-time uncertainty
     (None: not evaluated); ``fit_error`` is the twin's error on the stable track, ``tolerance`` the
     largest error at which a prediction counts as confirmed.
     """
@@ -334,9 +334,8 @@ def judge_capacity(
     if gain >= margin and twin.robust_capacity is not None and twin.robust_capacity < reference:
         return verdict(
             Decision.DISCARD,
-            f"{met}, {agreement}; {capacities}, but the gain is within the twin's uncertainty: one "
-            f"standard error slower it serves {twin.robust_capacity:.4g} {twin.unit}, below the stable "
-            "config's",
+            f"{met}, {agreement}; {capacities}, but the gain is within the twin's uncertainty: its "
+            f"robust capacity {twin.robust_capacity:.4g} {twin.unit} is below the stable config's",
         )
     if gain >= margin:
         return verdict(Decision.PROMOTE, f"{met}, {agreement}; {capacities}")

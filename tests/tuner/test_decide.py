@@ -521,7 +521,7 @@ def test_a_predicted_gain_within_the_twins_uncertainty_promotes_nothing(calibrat
     unsure = judged_at_window_end(calibration, twin_trial(NOW - timedelta(seconds=61), 7.5), check=agreeing)
     assert unsure["verdict"] == "Discarded"
     assert (
-        "the gain is within the twin's uncertainty: one standard error slower it serves 7.5"
+        "the gain is within the twin's uncertainty: its robust capacity 7.5 req/s/GPU is below"
         in (unsure["reason"])
     )
     sure = judged_at_window_end(calibration, twin_trial(NOW - timedelta(seconds=61), 9.0), check=agreeing)

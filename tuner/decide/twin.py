@@ -54,8 +54,8 @@ def _capacity(plan: Plan, candidate: Candidate) -> float:
 
 
 def _robust(plan: Plan, candidate: Candidate) -> float:
-    """The candidate's capacity on the slowed twin in the objective's unit (its capacity where the
-    slowed twin did not evaluate it: an upper bound, as the ranking orders)."""
+    """The candidate's robust capacity (under the twin's uncertainty) in the objective's unit (its
+    capacity where it was not evaluated: an upper bound, as the ranking orders)."""
     capacity = _capacity(plan, candidate)
     if candidate.robust_req_s is None or candidate.capacity_req_s <= 0:
         return capacity

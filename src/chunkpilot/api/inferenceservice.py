@@ -1177,9 +1177,10 @@ class TwinCandidate(StatusModel):
     robust_capacity: float | None = Field(
         default=None,
         ge=0,
-        description="Predicted capacity in the objective's unit, per GPU, if its steps are one standard "
-        "error slower than the fit predicts at its budget (the twin's uncertainty); candidates are "
-        "ordered by it, the capacity standing in where it was not evaluated.",
+        description="Predicted capacity in the objective's unit, per GPU, under the twin's step-time "
+        "uncertainty at its budget (the mean over the fit, one standard error slower and one faster, at "
+        "most the capacity); candidates are ordered by it, the capacity standing in where it was not "
+        "evaluated.",
     )
 
 

@@ -192,9 +192,9 @@ class TrialTwin(StatusModel):
     robust_capacity: float | None = Field(
         default=None,
         ge=0,
-        description="Predicted capacity if the config's steps are one standard error slower than the "
-        "twin's fit predicts at its budget, same unit: a promotion on the prediction needs it above the "
-        "stable config's.",
+        description="Predicted capacity under the twin's step-time uncertainty at the config's budget "
+        "(the mean over the fit, one standard error slower and one faster, at most the capacity), same "
+        "unit: a promotion on the prediction needs it above the stable config's.",
     )
     incumbent_capacity: float | None = Field(
         default=None, ge=0, description="Predicted capacity of the stable config, same unit."

@@ -10,11 +10,11 @@ Methods (each returns the promoted incumbent after every canary trial):
 
 - ``twin``: fit the twin from the stable track's step telemetry and captured workload, rank the
   space on it (:func:`~chunkpilot.tuner.twin.search.search_on_twin`), canary the best untried
-  candidate, the one that keeps the most capacity on a twin slowed by the fit's uncertainty
+  candidate, the one with the most capacity under the fit's step-time uncertainty
   (:func:`~chunkpilot.tuner.twin.search.robust_ranking`); refit with the canary's steps and
   re-rank; promote only when the canary meets both SLOs at the live load, agrees with the twin's
   prediction within :data:`AGREEMENT`, its predicted capacity beats the incumbent's by the margin
-  and its capacity on the slowed twin is still above the incumbent's. It stops when no untried
+  and its robust capacity is still above the incumbent's. It stops when no untried
   candidate is predicted to beat the incumbent by the margin.
 - ``slack``: today's online objective, ``policy.objective_value`` (throughput x (1 + 0.5 x slack))
   at the offered load, searched with the tuner's TPE (warm start included) on the benchmark grid;
@@ -284,7 +284,7 @@ class _TwinState:
         return self.predicted[config].capacity_req_s
 
     def robust_capacity(self, config: TunedConfig) -> float:
-        """``config``'s capacity on the twin slowed by its step-time uncertainty (as the operator judges)."""
+        """``config``'s capacity under the twin's step-time uncertainty (as the operator judges)."""
         self.capacity(config)
         (evaluated,) = robust_ranking(
             self.twin,
@@ -398,7 +398,7 @@ def _judge(
         return (
             incumbent,
             f"predicted {mine:.2f} req/s vs {theirs:.2f}, but the gain is within the twin's uncertainty "
-            f"({robust:.2f} req/s one standard error slower)",
+            f"({robust:.2f} req/s under its step-time uncertainty)",
         )
     return candidate.config, f"promoted: predicted {mine:.2f} req/s vs {theirs:.2f}{note}"
 
