@@ -52,6 +52,7 @@ from chunkpilot.tuner.twin.capture import (
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import (
+    ERROR_POINTS,
     Candidate,
     evaluate_on_twin,
     robust_ranking,
@@ -474,7 +475,7 @@ def calibrate(request: Request) -> Calibration:
         calibration,
         ranked=tuple(ranked),
         incumbent=incumbent,
-        evaluations=result.evaluations + sum(c.robust_req_s is not None for c in ranked),
+        evaluations=result.evaluations + len(ERROR_POINTS) * sum(c.robust_req_s is not None for c in ranked),
         cpu_seconds=result.cpu_seconds + time.process_time() - started,
     )
 

@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 from chunkpilot.api import Objective
 
 __all__ = [
+    "ERROR_POINTS",
     "ROBUST_EVALUATIONS",
     "Candidate",
     "Ranking",
@@ -47,7 +48,7 @@ STARTUP_TRIALS = 8
 #: Most candidates :func:`robust_ranking` evaluates again under the fit's uncertainty.
 ROBUST_EVALUATIONS = 4
 #: The step-time errors, in standard errors, a robust capacity is also evaluated at (slower, faster).
-_ERROR_POINTS = (1.0, -1.0)
+ERROR_POINTS = (1.0, -1.0)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def robust_ranking(
                 requests=requests,
                 tolerance=tolerance,
             ).capacity_req_s
-            for z in _ERROR_POINTS
+            for z in ERROR_POINTS
         ]
         expected = (first.capacity_req_s + sum(shifted)) / (1 + len(shifted))
         order[position[first.config]] = replace(first, robust_req_s=min(expected, first.capacity_req_s))
