@@ -72,8 +72,9 @@ MIN_STEPS: Final = 50
 STEP_TIME_CV: Final = 0.1
 MODEL_ERROR_FLOOR: Final = 0.005
 #: Prior standard deviations of the log scales (in the order of :class:`Scales`): the datasheet is
-#: trusted to a factor e**0.5 ~ 1.6 for the linear layers' compute and memory and for the ratios of
-#: attention and element-wise kernels to them, e**1 ~ 2.7 for the overheads (software, not silicon).
+#: trusted to a factor e**0.5 ~ 1.6 for the linear layers' compute and memory, e**0.3 ~ 1.35 for the
+#: ratios of attention and element-wise kernels to them (wider let them trade against the linear
+#: scales on truths of the roofline's own shape), e**1 ~ 2.7 for the overheads (software, not silicon).
 PRIOR_SIGMA: Final = (0.5, 0.5, 1.0, 1.0, 0.3, 0.3, 0.3)
 #: Prior standard deviation of a bucket's log step time around the fitted roofline: how far a real
 #: engine's kernels may stray from the roofline's shape at one token count (tile quantisation, the
