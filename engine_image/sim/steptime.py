@@ -262,6 +262,7 @@ class StepTimeModel:
         self._linear_cache: dict[int, float] = {}
         self._elementwise_cache: dict[int, float] = {}
         self._lm_head_cache: dict[int, float] = {}
+        self._log_sigma_cache: dict[int, float] = {}
         m, tp = model, tensor_parallel_size
         self._layers = m.num_layers
         self._heads = m.num_heads / tp
@@ -385,7 +386,12 @@ class StepTimeModel:
 
     def step_log_sigma(self, num_tokens: int) -> float:
         """The spread of single step times at ``num_tokens`` (the standard deviation of their log)."""
-        return self.step_profile.step_log_sigma(num_tokens) if self.step_profile is not None else 0.0
+        if self.step_profile is None:
+            return 0.0
+        cached = self._log_sigma_cache.get(num_tokens)
+        if cached is None:
+            cached = self._log_sigma_cache[num_tokens] = self.step_profile.step_log_sigma(num_tokens)
+        return cached
 
     def step_time(self, fp: ForwardPass) -> float:
         """Seconds for the forward pass ``fp`` (0 for an empty batch)."""
