@@ -68,6 +68,11 @@ class CaptureError(ValueError):
     """The window holds too little data to describe the workload."""
 
 
+StepDurations = dict[str, tuple[float, ...]]
+"""Steps per step-duration slot by token-bucket label: one count per bound of
+``names.STEP_DURATION_BUCKETS`` (the steps in ``(previous bound, bound]``) and one above the last."""
+
+
 @dataclass(frozen=True, slots=True)
 class HistogramWindow:
     """Increase of one histogram over a window: per-bucket counts (not cumulative), sum and count."""
@@ -324,11 +329,6 @@ def parse_exposition(text: str, engine: str = "vllm") -> Scrape:
         steps_from_results(step_values),
         {label: slot_counts(per_le) for label, per_le in durations.items()},
     )
-
-
-StepDurations = dict[str, tuple[float, ...]]
-"""Steps per step-duration slot by token-bucket label: one count per bound of
-``names.STEP_DURATION_BUCKETS`` (the steps in ``(previous bound, bound]``) and one above the last."""
 
 
 def slot_counts(cumulative: Mapping[float, float]) -> tuple[float, ...]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
+from chunkpilot.engine.sim.metrics import StepShape, StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.steptime import ForwardPass, StepProfile, StepTimeModel
@@ -183,9 +183,9 @@ def _lognormal_counts(median_s: float, sigma: float, steps: int = 4000, seed: in
     """Per-slot counts of ``steps`` log-normal step durations on the step-duration bounds."""
     draws = np.random.default_rng(seed).lognormal(math.log(median_s), sigma, steps)
     telemetry = StepTelemetry()
-    bucket = telemetry._bucket(8)
+    decode = StepShape(8, 0, 8, 8, 8, 8, 0.0, 0, 8 * 512)  # eight sequences decoding
     for d in draws:
-        bucket.duration.observe(float(d))
+        telemetry.observe(decode, float(d))
     return telemetry.duration_counts()["8"]
 
 
