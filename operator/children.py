@@ -25,7 +25,7 @@ from chunkpilot.operator.builders import (
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.drift import foreign_selector_keys, is_subset, is_terminating
 from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
-from chunkpilot.operator.objects import adopt
+from chunkpilot.operator.objects import NameConflictError, adopt, owned_by
 from chunkpilot.operator.status import DeploymentState
 
 from chunkpilot.api import InferenceService
@@ -56,10 +56,16 @@ class ChildWriter:
     _pod_monitor_api: tuple[float, bool] | None = None
 
     async def ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> Ensured:
-        """Apply ``desired`` unless the live object already matches it."""
+        """Apply ``desired`` unless the live object already matches it.
+
+        Raises :class:`NameConflictError` when an object of that name exists that the service does
+        not own (:func:`owned_by`): it is never overwritten.
+        """
         adopt(desired, owner)
         if current is UNKNOWN:
             current = await self.kube.get(object_path(desired))
+        if current is not None and not owned_by(current, owner):
+            raise NameConflictError(current)
         if current is not None and is_terminating(current):
             return Ensured(actual=current, previous=current)  # recreated once the deletion completes
         extra = foreign_selector_keys(desired, current) if current is not None else {}
@@ -104,12 +110,15 @@ class ChildWriter:
         """Create the live-adjustment token Secret once; True when it was created now.
 
         An existing token is never replaced (engines read it at start-up): only a
-        Secret without one gets a token added.
+        Secret without one gets a token added. A Secret of that name the service does not own
+        raises :class:`NameConflictError`.
         """
         secret = build_live_adjust_secret(isvc, new_live_adjust_token())
         adopt(secret, owner)
         path = object_path(secret)
         current = await self.kube.get(path)
+        if current is not None and not owned_by(current, owner):
+            raise NameConflictError(current)
         if current is None:
             try:
                 await self.kube.create(resource_path("v1", "secrets", isvc.metadata.namespace), secret)
@@ -144,9 +153,7 @@ class ChildWriter:
         current = await self.kube.get(path)
         if current is None or is_terminating(current):
             return None
-        uid = owner["metadata"].get("uid")
-        owners = {ref.get("uid") for ref in current["metadata"].get("ownerReferences") or []}
-        return current if uid in owners else None
+        return current if owned_by(current, owner) else None
 
     async def delete_owned(self, path: str, owner: Mapping[str, Any]) -> None:
         """Delete the child at ``path`` when this InferenceService owns it (a topology change left it)."""

@@ -15,10 +15,19 @@ from typing import Any, Final, Protocol
 import kopf
 from chunkpilot.operator.builders import deployment_name, pool_deployment_name
 from chunkpilot.operator.kube import KubeError, resource_path
+from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY
 from chunkpilot.operator.router import router_name
 from chunkpilot.operator.status import POOL_PARTS, TopologyPart
 
-from chunkpilot.api import API_VERSION, ISVC_KIND, ISVC_PLURAL, TRIAL_PLURAL, InferenceServiceStatus, Track
+from chunkpilot.api import (
+    API_VERSION,
+    ISVC_KIND,
+    ISVC_PLURAL,
+    LABEL_SERVICE,
+    TRIAL_PLURAL,
+    InferenceServiceStatus,
+    Track,
+)
 
 #: Attempts of a conditional status write before giving up.
 STATUS_WRITE_ATTEMPTS: Final = 5
@@ -55,6 +64,35 @@ def adopt(manifest: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
     """``manifest`` owned by the InferenceService ``body`` (garbage-collected with it), in its namespace."""
     kopf.adopt(manifest, owner=owner(body))  # type: ignore[arg-type]  # a plain dict is a valid owner body
     return manifest
+
+
+def owned_by(child: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether ``child`` belongs to the InferenceService ``body``: an owner reference with its uid, or
+    the labels the operator gives what it creates for a service of this name (managed by Chunkpilot,
+    ``chunkpilot.io/service`` = the name: left by an earlier object of the same name, adopted anew).
+    Nothing else is ever written, patched or deleted on a service's behalf."""
+    meta = child.get("metadata") or {}
+    uid = body["metadata"].get("uid")
+    if uid and any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or []):
+        return True
+    labels = meta.get("labels") or {}
+    service = body["metadata"]["name"]
+    return labels.get(LABEL_MANAGED_BY) == MANAGED_BY and labels.get(LABEL_SERVICE) == service
+
+
+class NameConflictError(Exception):
+    """An object a service's child would be written as already exists and is not the service's."""
+
+    def __init__(self, child: Mapping[str, Any]) -> None:
+        meta = child.get("metadata") or {}
+        self.kind = str(child.get("kind") or "object")
+        self.name = str(meta.get("name") or "")
+        self.namespace = str(meta.get("namespace") or "")
+        super().__init__(
+            f"{self.kind} {self.namespace}/{self.name} already exists and does not belong to this "
+            f"InferenceService (no owner reference to it, no {LABEL_MANAGED_BY}={MANAGED_BY} label for "
+            f"it): it is left untouched; rename the InferenceService or remove that {self.kind}"
+        )
 
 
 def parse_status(raw: Any) -> InferenceServiceStatus | None:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import kopf
 from chunkpilot.operator import events as ev
@@ -25,9 +25,22 @@ from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
 from chunkpilot.operator.kube import KubeClient, KubeError
-from chunkpilot.operator.objects import deployment_path, isvc_path, parse_status, write_service_status
+from chunkpilot.operator.objects import (
+    NameConflictError,
+    deployment_path,
+    isvc_path,
+    parse_status,
+    write_service_status,
+)
 from chunkpilot.operator.served import with_best_config, with_best_topology, with_live_adjust_condition
-from chunkpilot.operator.status import Observation, TopologySwitch, compute_status, status_patch
+from chunkpilot.operator.status import (
+    InstallationProblem,
+    Observation,
+    Reason,
+    TopologySwitch,
+    compute_status,
+    status_patch,
+)
 from chunkpilot.operator.topologies import (
     DesiredSide,
     Side,
@@ -49,6 +62,9 @@ from chunkpilot.api import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between reconciles of a service whose child's name is taken by an object it does not own.
+NAME_CONFLICT_RETRY_S: Final = 30
 
 
 @dataclass
@@ -139,7 +155,15 @@ class Reconciler:
         isvc = with_best_config(isvc, body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
-        observation = await self._reconcile_children(body, isvc, kinds, known, repair)
+        try:
+            observation = await self._reconcile_children(body, isvc, kinds, known, repair)
+        except NameConflictError as conflict:
+            generation = int(body["metadata"].get("generation") or 0)
+            problem = InstallationProblem(Reason.NAME_CONFLICT, str(conflict))
+            await self._report(body, isvc, Observation(generation, None, problem=problem), False, kinds)
+            # Retried until the other object is gone or the service renamed (its deletion sends
+            # the operator no event: it is not labelled as a child).
+            raise kopf.TemporaryError(str(conflict), delay=NAME_CONFLICT_RETRY_S) from None
         await self._report(body, isvc, observation, live_adjust_blocked, kinds)
 
     async def _reconcile_children(

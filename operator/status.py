@@ -64,6 +64,7 @@ class Reason(StrEnum):
     UNSUPPORTED_ENGINE_VERSION = "UnsupportedEngineVersion"
     DISAGGREGATION_DISABLED = "DisaggregationDisabled"
     TOPOLOGY_SWITCHING = "TopologySwitching"
+    NAME_CONFLICT = "NameConflict"
 
 
 #: Ready=False reasons that only a spec change (or, for the last, the installation's) can fix.

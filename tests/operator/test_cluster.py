@@ -408,6 +408,55 @@ def test_unsupported_knob_sets_ready_false_instead_of_a_crashing_pod(
     assert "UnsupportedKnob" in event_reasons(cluster, "upgraded")
 
 
+def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "labels": {"app": "web-frontend"}},
+        "spec": {"selector": {"app": "web-frontend"}, "ports": [{"name": "http", "port": 80}]},
+    }
+    apply(cluster, foreign)
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "replicas": 0,
+    }
+    apply(cluster, a_manifest("web", None, spec))
+
+    def refused() -> dict[str, Any] | None:
+        ready = condition(get(cluster, "inferenceservices", "web"), "Ready")
+        return ready if ready and ready["reason"] == "NameConflict" else None
+
+    ready = wait_for(refused, timeout=60, what="Ready=False reason NameConflict")
+    assert ready["status"] == "False" and f"Service {NS}/web already exists" in ready["message"], ready
+    service = get(cluster, "services", "web")
+    assert service is not None
+    assert service["spec"]["selector"] == {"app": "web-frontend"}
+    assert not service["metadata"].get("ownerReferences"), service["metadata"]
+    assert "NameConflict" in event_reasons(cluster, "web")
+
+    # Once the other Service is gone the service gets its own (the conflict is retried).
+    cluster.kubectl("delete", "service", "web", "-n", NS)
+
+    def own_service() -> dict[str, Any] | None:
+        found = get(cluster, "services", "web")
+        return found if found and found["spec"].get("selector") == {SERVICE_LABEL: "web"} else None
+
+    wait_for(own_service, timeout=90, what="the service's own Service web")
+    wait_for(
+        lambda: (
+            (condition(get(cluster, "inferenceservices", "web"), "Ready") or {}).get("reason")
+            == "ScaledToZero"
+        ),
+        timeout=60,
+        what="Ready reason ScaledToZero once the conflict is gone",
+    )
+    cluster.kubectl("delete", "cpis", "web", "-n", NS, "--timeout=60s")
+
+
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
     spec = {
         "model": {"name": LLAMA_8B["name"]},

@@ -20,6 +20,7 @@ from chunkpilot.operator.builders import (
 )
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeError
+from chunkpilot.operator.objects import NameConflictError
 from chunkpilot.operator.reconcile import Reconciler
 
 from chunkpilot.api import InferenceService, Track
@@ -171,15 +172,33 @@ def test_the_secret_is_created_once_owned_by_the_service() -> None:
     assert kube.calls[-1] == f"GET {SECRET_PATH}"
 
 
+#: The Secret's metadata as the operator wrote it: owned by the service.
+OURS = {"name": "chat-live-adjust", "ownerReferences": [{"kind": "InferenceService", "uid": "uid-1"}]}
+
+
 def test_an_existing_token_is_kept_and_a_missing_one_added() -> None:
-    kept = SecretKube({"metadata": {"name": "chat-live-adjust"}, "data": {"token": "bXktdG9rZW4="}})
+    kept = SecretKube({"metadata": OURS, "data": {"token": "bXktdG9rZW4="}})
     assert ensure(kept) is False
     assert kept.objects[SECRET_PATH]["data"] == {"token": "bXktdG9rZW4="}
     assert not any(call.startswith(("POST", "PATCH")) for call in kept.calls)
 
-    empty = SecretKube({"metadata": {"name": "chat-live-adjust"}, "data": {}})
+    empty = SecretKube({"metadata": OURS, "data": {}})
     assert ensure(empty) is False
     assert empty.objects[SECRET_PATH]["data"]["token"]
+    # Left by an earlier service of the same name (its labels, not its uid): adopted the same way.
+    labels = {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "chat"}
+    earlier = SecretKube({"metadata": {"name": "chat-live-adjust", "labels": labels}, "data": {}})
+    assert ensure(earlier) is False and earlier.objects[SECRET_PATH]["data"]["token"]
+
+
+def test_a_secret_of_that_name_the_service_does_not_own_is_left_untouched() -> None:
+    foreign = {"metadata": {"name": "chat-live-adjust", "namespace": "llm"}, "kind": "Secret", "data": {}}
+    for labels in ({}, {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "other"}):
+        kube = SecretKube({**foreign, "metadata": {**foreign["metadata"], "labels": labels}})
+        with pytest.raises(NameConflictError, match="Secret llm/chat-live-adjust already exists"):
+            ensure(kube)
+        assert kube.objects[SECRET_PATH]["data"] == {}
+        assert not any(call.startswith(("POST", "PATCH")) for call in kube.calls)
 
 
 def test_a_concurrent_create_keeps_the_other_writers_token() -> None:
