@@ -159,25 +159,28 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     _call(
         "",
         "serviceaccounts",
-        "create patch delete",
+        "get create patch delete",
         TUNER,
-        "a topology trial's canary router ServiceAccount: applied with it, removed with its verdict",
+        "a topology trial's canary router ServiceAccount: applied with it, removed with its verdict (read "
+        "first: one of that name the service does not own is left alone)",
         feature=Feature.DISAGGREGATION,
     ),
     _call(
         "rbac.authorization.k8s.io",
         "roles",
-        "create patch delete",
+        "get create patch delete",
         TUNER,
-        "a topology trial's canary router Role: applied with it, removed with its verdict",
+        "a topology trial's canary router Role: applied with it, removed with its verdict (read "
+        "first: one of that name the service does not own is left alone)",
         feature=Feature.DISAGGREGATION,
     ),
     _call(
         "rbac.authorization.k8s.io",
         "rolebindings",
-        "create patch delete",
+        "get create patch delete",
         TUNER,
-        "a topology trial's canary router RoleBinding: applied with it, removed with its verdict",
+        "a topology trial's canary router RoleBinding: applied with it, removed with its verdict (read "
+        "first: one of that name the service does not own is left alone)",
         feature=Feature.DISAGGREGATION,
     ),
     _call(

@@ -858,7 +858,9 @@ class LiveHarness(Harness):
         self.controller.live_adjuster = self.adjuster
         if secret:
             path = resource_path("v1", "secrets", NS, "chat-live-adjust")
-            self.kube.put(path, {"metadata": {"name": "chat-live-adjust"}, "data": {"token": "dG9r"}})
+            labels = {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "chat"}
+            metadata = {"name": "chat-live-adjust", "labels": labels}  # as the operator creates it
+            self.kube.put(path, {"metadata": metadata, "data": {"token": "dG9r"}})
         self.canary_applies: list[dict[str, Any]] = []
         apply = self.kube.apply
 

@@ -148,6 +148,24 @@ def test_an_orphaned_canary_is_deleted() -> None:
     assert of_type(plan, DeleteCanary) and "OrphanRemoved" in events(plan.actions)
 
 
+def test_a_canary_name_taken_by_another_object_stops_tuning_and_reports_it_once() -> None:
+    body = service_body()
+    running = a_trial()
+    conflict = "Deployment default/chat-canary already exists and does not belong to this InferenceService"
+    plan = decide(snapshot(body, [running], conflicts=(conflict,)), SETTINGS)
+    assert trial_status(plan)["verdict"] == "Aborted" and conflict in trial_status(plan)["reason"]
+    assert of_type(plan, CreateTrial) == [] and of_type(plan, ApplyCanary) == []
+    assert condition(plan, "Tuning") == ("False", "NameConflict")
+    assert "NameConflict" in events(plan.actions) and plan.status["currentTrial"] is None
+    # The next step (the condition already says so): no second Event, no trial.
+    body["status"] = {
+        "conditions": [{"type": "Tuning", "status": "False", "reason": "NameConflict", "message": conflict}]
+    }
+    again = decide(snapshot(body, [], conflicts=(conflict,)), SETTINGS)
+    assert "NameConflict" not in events(again.actions) and of_type(again, CreateTrial) == []
+    assert condition(again, "Tuning") == ("False", "NameConflict")
+
+
 # --------------------------------------------------------------------------- trial phases
 
 

@@ -23,6 +23,7 @@ from chunkpilot.operator.objects import (
     TOPOLOGY_PARTS,
     canary_topology_deployment_path,
     canary_topology_paths,
+    deployment_path,
     isvc_path,
     trial_path,
 )
@@ -48,6 +49,7 @@ from chunkpilot.api import (
     EngineConfig,
     InferenceService,
     TopologySpec,
+    Track,
     TrialPhase,
     TrialProgress,
     TrialVerdict,
@@ -741,9 +743,19 @@ def test_measure_topology_selects_each_pool_by_track_and_role() -> None:
 
 
 def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone() -> None:
-    """The real API client against a recording server: DELETE order, and objects already gone."""
+    """The real API client against a recording server: DELETE order, objects already gone, and one
+    of a canary's name that is not the service's, which is never deleted."""
     deleted: list[str] = []
     present = {canary_topology_deployment_path("default", "chat", p) for p in TOPOLOGY_PARTS}
+    foreign: set[str] = set()
+    uid = service_body()["metadata"]["uid"]
+
+    async def get(request: web.Request) -> web.Response:
+        owners = [] if request.path in foreign else [{"kind": "InferenceService", "uid": uid}]
+        found = {"kind": "Deployment", "metadata": {"name": request.path.rsplit("/", 1)[-1]}}
+        if request.path in present | foreign:
+            return web.json_response({**found, "metadata": {**found["metadata"], "ownerReferences": owners}})
+        return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
 
     async def delete(request: web.Request) -> web.Response:
         deleted.append(request.path)
@@ -755,6 +767,7 @@ def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone()
         deleted.clear()
         app = web.Application()
         app.router.add_route("DELETE", "/{tail:.*}", delete)
+        app.router.add_route("GET", "/{tail:.*}", get)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -781,6 +794,13 @@ def test_the_actor_deletes_the_router_before_the_pools_and_takes_a_404_as_gone()
         canary_topology_deployment_path("default", "chat", "prefill"),
         canary_topology_deployment_path("default", "chat", "decode"),
     ]
+    # A RoleBinding of the canary router's name that the service does not own stays.
+    binding = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings/chat-router-canary"
+    foreign.add(binding)
+    assert binding not in asyncio.run(scenario(DeleteCanaryTopology(pools=False)))
+    present.add(binding)
+    foreign.clear()
+    assert binding in asyncio.run(scenario(DeleteCanaryTopology(pools=False)))
 
 
 @pytest.mark.cluster
@@ -837,6 +857,67 @@ def test_the_actors_teardown_removes_a_canary_topology_from_the_real_api_server(
         "deployments/chat-decode-canary": True,
     }
     assert not any(all_gone.values()), all_gone
+
+
+@pytest.mark.cluster
+def test_the_actor_leaves_a_canary_named_object_it_does_not_own_on_the_real_api_server(
+    control_plane: Any,
+) -> None:
+    """A Deployment ``chat-canary`` and a RoleBinding ``chat-router-canary`` that are someone else's:
+    neither the orphan clean-up nor a canary apply touches them."""
+    namespace = f"canary-conflict-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", namespace)
+    body = service_body()
+    body["metadata"]["namespace"] = namespace
+    theirs = {"app": "someone-else"}
+    foreign = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "chat-canary", "namespace": namespace, "labels": theirs},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": theirs},
+            "template": {
+                "metadata": {"labels": theirs},
+                "spec": {"containers": [{"name": "web", "image": "registry.example/web:1"}]},
+            },
+        },
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "chat-router-canary", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+    }
+    ours = {**foreign, "metadata": {**foreign["metadata"], "labels": {"chunkpilot.io/service": "chat"}}}
+    deployment = deployment_path(namespace, "chat", Track.CANARY)
+    binding_path = (
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/chat-router-canary"
+    )
+
+    async def scenario() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        kube = KubeClient.from_environment(
+            field_manager="conflict-test", kubeconfig=str(control_plane.kubeconfig)
+        )
+        try:
+            await kube.apply(foreign)
+            await kube.apply(binding)
+            plan = Plan(snapshot(body, INFEASIBLE))
+            await Actor(kube).run(
+                plan, [DeleteCanary(), ApplyCanary(ours), DeleteCanaryTopology(pools=False)]
+            )
+            return await kube.get(deployment), await kube.get(binding_path)
+        finally:
+            await kube.close()
+
+    try:
+        kept, kept_binding = asyncio.run(scenario())
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+    assert kept is not None and kept["metadata"]["labels"] == theirs, kept
+    assert kept["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/web:1"
+    assert kept_binding is not None and kept_binding["roleRef"]["name"] == "reader"
 
 
 # --------------------------------------------------------------------------- the spec changing under it

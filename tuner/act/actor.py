@@ -4,7 +4,9 @@
 writes, canary applies and deletions, live adjustment, Events, gauges, the study
 mirror) and then writes the plan's service status fields and conditions in one
 conditional patch, merged into the fresh object (the write also happens when an
-action failed, so what was decided before is not lost).
+action failed, so what was decided before is not lost). It never writes, patches or deletes an
+object of a canary's name that is not the service's own (:func:`~chunkpilot.operator.objects.owned_by`):
+such an object is left as it is (the decide phase reports the conflict).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from chunkpilot.operator.events import EventSpec
-from chunkpilot.operator.kube import KubeError
+from chunkpilot.operator.kube import KubeError, object_path
 from chunkpilot.operator.objects import (
     canary_topology_paths,
     deployment_path,
+    owned_by,
     parse_status,
     trial_path,
     write_service_status,
@@ -117,14 +120,18 @@ class Actor:
             case PatchTrial(trial, patch):
                 await self.kube.merge_patch(trial_path(ns, trial, "status"), patch)
             case ApplyCanary(manifest):
-                await self.kube.apply(manifest)
+                if await self._ours(plan, object_path(manifest)):
+                    await self.kube.apply(manifest)
             case AnnotateCanary(annotations):
-                await self.kube.merge_patch(canary_path, {"metadata": {"annotations": dict(annotations)}})
+                if await self._ours(plan, canary_path):
+                    await self.kube.merge_patch(canary_path, {"metadata": {"annotations": dict(annotations)}})
             case DeleteCanary():
-                await self.kube.delete(canary_path)
+                if await self._ours(plan, canary_path):
+                    await self.kube.delete(canary_path)
             case DeleteCanaryTopology(pools):
                 for path in canary_topology_paths(ns, name, pools=pools):
-                    await self.kube.delete(path)
+                    if await self._ours(plan, path):
+                        await self.kube.delete(path)
             case AdjustLive(pods, token, limits, on_success, on_failure):
                 try:
                     await self.live_adjuster.adjust(pods, token, limits)
@@ -148,6 +155,19 @@ class Actor:
                     logger.warning("%s/%s: mirroring the study failed: %s", ns, name, error)
             case Log(message):
                 logger.info("%s/%s: %s", ns, name, message)
+
+    async def _ours(self, plan: Plan, path: str) -> bool:
+        """Whether the object at ``path`` may be written for the service: absent, or its own."""
+        current = await self.kube.get(path)
+        if current is None or owned_by(current, plan.snap.body):
+            return True
+        logger.warning(
+            "%s/%s: not writing %s: it exists and does not belong to the service",
+            plan.snap.namespace,
+            plan.snap.name,
+            path,
+        )
+        return False
 
     async def write_status(self, plan: Plan) -> None:
         """Merge the plan's status fields and conditions into the service (conditional, retried)."""

@@ -104,6 +104,7 @@ class TuningReason(StrEnum):
     DISABLED = "Disabled"
     INVALID_SPACE = "InvalidSearchSpace"
     DISAGGREGATED = "Disaggregated"
+    NAME_CONFLICT = "NameConflict"
 
 
 def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
@@ -120,6 +121,9 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         return plan
     if autotune.paused:
         paused(plan, current)
+        return plan
+    if snap.conflicts:
+        name_conflict(plan, current)
         return plan
     if not snap.prometheus:
         no_prometheus(plan, current)
@@ -179,6 +183,21 @@ def paused(plan: Plan, current: TuningTrial | None) -> None:
         TuningReason.PAUSED,
         "autotune.paused is true: keeping the current config",
     )
+    plan.status["currentTrial"] = None
+    plan.do(CurrentTrialGauge(0))
+    record_stable(plan)
+
+
+def name_conflict(plan: Plan, current: TuningTrial | None) -> None:
+    """An object of a canary's name exists that is not the service's: it is left alone, and nothing
+    is tried while it is there (the active trial is aborted; the stable track serves on)."""
+    message = "; ".join(plan.snap.conflicts)
+    if current is not None:
+        lifecycle.abort(plan, current, message)
+    before = plan.current_condition(ConditionType.TUNING)
+    if before is None or before.reason != TuningReason.NAME_CONFLICT:
+        plan.emit(EventType.WARNING, TuningReason.NAME_CONFLICT, message)
+    plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.NAME_CONFLICT, message)
     plan.status["currentTrial"] = None
     plan.do(CurrentTrialGauge(0))
     record_stable(plan)

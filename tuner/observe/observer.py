@@ -23,9 +23,11 @@ from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeError, resource_path
 from chunkpilot.operator.objects import (
     TOPOLOGY_PARTS,
+    NameConflictError,
     canary_topology_deployment_path,
     deployment_path,
     isvc_path,
+    owned_by,
     parse_status,
     trial_path,
 )
@@ -159,6 +161,9 @@ class Observer:
             canary_pods=tuple(pods),
         )
         snap = await self._topology(snap)
+        foreign = [c for c in (canary, *snap.topology_canary.values()) if c and not owned_by(c, body)]
+        if foreign:
+            snap = _replace(snap, conflicts=tuple(str(NameConflictError(c)) for c in foreign))
         snap = await self._token(snap)
         snap, final = await self._measure(snap)
         return _replace(snap, twin=await self.twins.observe(snap, final))

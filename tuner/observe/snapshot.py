@@ -157,6 +157,9 @@ class Snapshot:
     topology_pods: tuple[Mapping[str, Any], ...] = ()
     #: The active topology trial's window (its end, or widened past it; asked only when due).
     topology_window: Reading[TopologyWindow] = Reading()
+    #: Objects of a canary's name (Deployment, router) that exist and are not the service's: why
+    #: nothing is tried while they are there.
+    conflicts: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
