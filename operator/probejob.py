@@ -36,6 +36,7 @@ from chunkpilot.engine.probe.kube import (
     ProbeJobSpec,
     build_probe_job,
     build_probe_rbac,
+    is_probe_object,
     probe_job_name,
     profile_configmap_name,
     profile_from_configmap,
@@ -243,6 +244,20 @@ class Kube(Protocol):
 PostEvent = Callable[[Mapping[str, Any], EventSpec], None]
 
 
+class ProbeNameConflictError(Exception):
+    """An object the probe needs (its Job, ServiceAccount, Role or RoleBinding) exists and is not the
+    probe's."""
+
+    def __init__(self, found: Mapping[str, Any]) -> None:
+        meta = found.get("metadata") or {}
+        kind, name = found.get("kind") or "object", meta.get("name") or ""
+        super().__init__(
+            f"probe not started: {kind} {meta.get('namespace') or ''}/{name} already exists and is not "
+            f"the probe's (no app.kubernetes.io/component={PROBE_COMPONENT} label): it is left "
+            f"untouched; remove it, or run the probe in another namespace"
+        )
+
+
 async def read_profile(kube: Kube, namespace: str, target: ProbeTarget) -> StepProfile | None:
     """The measured profile for ``target`` from its ConfigMap, or None when there is none yet.
 
@@ -271,10 +286,20 @@ class ProbeRunner:
         self.image = image
 
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
+        """Apply one of the probe's objects; raises :class:`ProbeNameConflictError` when an object of
+        its name exists that is not the probe's (:func:`is_probe_object`): it is left as it is."""
+        current = await self.kube.get(object_path(manifest))
+        if current is not None and not is_probe_object(current):
+            raise ProbeNameConflictError(current)
         params = {"fieldManager": self.field_manager, "force": "true"}
         await self.kube.request(
             "PATCH", object_path(manifest), body=dict(manifest), content_type=APPLY_PATCH, params=params
         )
+
+    async def _refuse(self, body: Mapping[str, Any], message: str) -> None:
+        """The probe cannot run: a name it needs is taken (the service's probe annotation says so)."""
+        await self._annotate(body, annotation_patch(ProbeState.FAILED, message))
+        self.post_event(body, EventSpec(EventType.WARNING, "NameConflict", message))
 
     async def _annotate(self, body: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
         meta = body["metadata"]
@@ -291,8 +316,12 @@ class ProbeRunner:
         target = probe_target(isvc)
         namespace = body["metadata"]["namespace"]
         job = build_probe_job_for(isvc, body, probe_image(_annotations(body), self.image))
-        for manifest in build_probe_rbac(namespace):
-            await self._apply(manifest)
+        try:
+            for manifest in build_probe_rbac(namespace):
+                await self._apply(manifest)
+        except ProbeNameConflictError as conflict:
+            await self._refuse(body, str(conflict))
+            return target.job
         jobs = resource_path("batch/v1", "jobs", namespace)
         try:
             await self.kube.create(jobs, job)
@@ -301,6 +330,9 @@ class ProbeRunner:
             if not error.conflict:
                 raise
             existing = await self.kube.get(resource_path("batch/v1", "jobs", namespace, target.job))
+            if existing is not None and not is_probe_object(existing):
+                await self._refuse(body, str(ProbeNameConflictError(existing)))
+                return target.job
             if existing is not None and _job_finished(existing):
                 # A finished run of an earlier request: run again (Background: pods go with it).
                 await self.kube.request(

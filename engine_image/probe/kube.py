@@ -35,6 +35,7 @@ __all__ = [
     "build_profile_configmap",
     "canonical_model_name",
     "in_cluster_namespace",
+    "is_probe_object",
     "probe_job_name",
     "profile_configmap_name",
     "profile_from_configmap",
@@ -95,6 +96,15 @@ def profile_configmap_name(accelerator: str, model: str, tensor_parallel_size: i
 def probe_job_name(accelerator: str, model: str, tensor_parallel_size: int) -> str:
     """``chunkpilot-probe-<accelerator>-<model>-tp<N>`` (DNS-safe, at most 63 characters)."""
     return _bounded(f"chunkpilot-probe-{_identity(accelerator, model, tensor_parallel_size)}")
+
+
+def is_probe_object(manifest: Mapping[str, Any]) -> bool:
+    """Whether ``manifest`` carries the labels the probe's objects are created with (its Job, its
+    ServiceAccount, Role and RoleBinding, its profile ConfigMaps): anything else of those names is
+    someone else's and never written over or deleted."""
+    labels = (manifest.get("metadata") or {}).get("labels") or {}
+    named = labels.get("app.kubernetes.io/name") == "chunkpilot"
+    return named and labels.get(LABEL_COMPONENT) == PROBE_COMPONENT
 
 
 def profile_labels(accelerator: str, model: str, tensor_parallel_size: int) -> dict[str, str]:

@@ -274,6 +274,27 @@ def test_runner_joins_a_running_job_and_replaces_a_finished_one() -> None:
     assert "status" not in kube.objects[JOB_PATH]  # the new Job
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/namespaces/serving/serviceaccounts/chunkpilot-probe",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/serving/rolebindings/chunkpilot-probe",
+        JOB_PATH,
+    ],
+)
+def test_a_name_the_probe_needs_taken_by_someone_elses_object_is_left_alone(path: str) -> None:
+    runner, kube, events, body = _runner_with_service()
+    theirs = {"kind": "Thing", "metadata": {"name": path.rsplit("/", 1)[-1], "labels": {"app": "theirs"}}}
+    kube.objects[path] = {**theirs, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    asyncio.run(runner.start(body))
+    assert kube.objects[path]["metadata"]["labels"] == {"app": "theirs"}  # not applied over, not deleted
+    assert not [c for c in kube.calls if c[1] == path and c[0] in ("PATCH", "DELETE")]
+    annotations = body["metadata"]["annotations"]
+    assert annotations[ANNOTATION_PROBE] == "failed"
+    assert "already exists and is not the probe's" in annotations[ANNOTATION_PROBE_MESSAGE]
+    assert (events[-1].type, events[-1].reason) == (EventType.WARNING, "NameConflict")
+
+
 def test_runner_reports_a_failed_job() -> None:
     runner, kube, events, body = _runner_with_service()
     asyncio.run(runner.start(body))
