@@ -457,6 +457,34 @@ def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
     cluster.kubectl("delete", "cpis", "web", "-n", NS, "--timeout=60s")
 
 
+def test_a_live_adjust_secret_name_taken_by_another_secret_is_left_untouched(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    theirs = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys-live-adjust"}}
+    apply(cluster, {**theirs, "stringData": {"token": "someone-elses"}})
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "replicas": 0,
+        "autotune": {"liveAdjust": True},
+    }
+    apply(cluster, a_manifest("keys", None, spec))
+
+    def refused() -> dict[str, Any] | None:
+        ready = condition(get(cluster, "inferenceservices", "keys"), "Ready")
+        return ready if ready and ready["reason"] == "NameConflict" else None
+
+    ready = wait_for(refused, timeout=60, what="Ready=False reason NameConflict")
+    assert f"Secret {NS}/keys-live-adjust already exists" in ready["message"], ready
+    secret = get(cluster, "secrets", "keys-live-adjust")
+    assert secret is not None and not secret["metadata"].get("ownerReferences")
+    assert secret["data"]["token"] == "c29tZW9uZS1lbHNlcw=="  # base64 of "someone-elses": not replaced
+    assert get(cluster, "deployments", "keys-stable") is None  # nothing rolled out without its token
+    cluster.kubectl("delete", "cpis", "keys", "-n", NS, "--timeout=60s")
+    cluster.kubectl("delete", "secret", "keys-live-adjust", "-n", NS)
+
+
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
     spec = {
         "model": {"name": LLAMA_8B["name"]},
