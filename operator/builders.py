@@ -14,6 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
+from chunkpilot.engine.podsecurity import (
+    container_security_context,
+    home_env,
+    home_volume,
+    pod_security_context,
+)
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
     ENGINE_PORT_NAME,
@@ -231,8 +237,11 @@ def _pod_spec(
             "failureThreshold": timing.liveness_failure_threshold,
         },
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": container_security_context(isvc.spec.engine.run_as_user),
     }
-    env = [dict(item) for item in render.env]
+    home, home_mount = home_volume()
+    container["volumeMounts"].append(home_mount)
+    env = [*home_env(), *(dict(item) for item in render.env)]
     if render.live_adjust:
         secret_ref = {"name": live_adjust_secret_name(_name(isvc)), "key": LIVE_ADJUST_SECRET_KEY}
         env.append({"name": LIVE_ADJUST_TOKEN_ENV, "valueFrom": {"secretKeyRef": secret_ref}})
@@ -240,6 +249,7 @@ def _pod_spec(
         container["env"] = env
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": render.shm_size}},
+        home,
     ]
     if render.control_dir is not None:
         container["volumeMounts"].append({"name": CONTROL_VOLUME, "mountPath": render.control_dir})
@@ -263,6 +273,9 @@ def _pod_spec(
     pod: dict[str, Any] = {
         # A Service named like an engine variable (e.g. "vllm") would inject VLLM_PORT=tcp://...
         "enableServiceLinks": False,
+        # The engine talks to no API server: no ServiceAccount token in its pods.
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(isvc.spec.engine.run_as_user),
         "terminationGracePeriodSeconds": render.termination_grace_period_s,
         "containers": [container],
         "volumes": volumes,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from chunkpilot.engine.podsecurity import container_security_context, pod_security_context
 from chunkpilot.operator.engines import ENGINE_PORT, ENGINE_PORT_NAME
 from chunkpilot.operator.engines.sim import default_sim_image
 from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY, object_metadata, service_name
@@ -169,6 +170,7 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
         "resources": {kind: dict(values) for kind, values in ROUTER_RESOURCES.items()},
         "readinessProbe": _probe(READINESS_PATH, 5, 3),
         "livenessProbe": _probe(LIVENESS_PATH, 10, 6),
+        "securityContext": container_security_context(),
     }
     return {
         **_router_object(isvc, track, "apps/v1", "Deployment"),
@@ -180,8 +182,9 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "serviceAccountName": name,
+                    "serviceAccountName": name,  # its token lists the pools' pods
                     "enableServiceLinks": False,
+                    "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
                 },

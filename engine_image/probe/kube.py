@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chunkpilot.engine.podsecurity import (
+    container_security_context,
+    home_env,
+    home_volume,
+    pod_security_context,
+)
 from chunkpilot.engine.probe.profile import ProfileError, StepProfile, parse_profile
 from chunkpilot.engine.sim.profiles.loader import ProfileError as SimProfileError
 from chunkpilot.engine.sim.profiles.loader import load_model
@@ -179,6 +185,7 @@ def build_probe_job(spec: ProbeJobSpec) -> dict[str, Any]:
     if spec.model_config_map:
         mounts.append({"name": "model-config", "mountPath": MODEL_CONFIG_MOUNT_PATH, "readOnly": True})
         volumes.append({"name": "model-config", "configMap": {"name": spec.model_config_map}})
+    home, home_mount = home_volume()
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": spec.service_account,
@@ -188,7 +195,9 @@ def build_probe_job(spec: ProbeJobSpec) -> dict[str, Any]:
                 "image": spec.image,
                 "command": _probe_command(spec),
                 "resources": {"limits": {spec.gpu_resource: "1"}, "requests": {spec.gpu_resource: "1"}},
-                "volumeMounts": mounts,
+                "volumeMounts": [*mounts, home_mount],
+                "env": home_env(),
+                "securityContext": container_security_context(),
             }
         ],
         "containers": [
@@ -211,9 +220,11 @@ def build_probe_job(spec: ProbeJobSpec) -> dict[str, Any]:
                     "limits": {"memory": "512Mi"},
                 },
                 "volumeMounts": [{"name": "profile", "mountPath": PROFILE_MOUNT_PATH, "readOnly": True}],
+                "securityContext": container_security_context(),
             }
         ],
-        "volumes": volumes,
+        "volumes": [*volumes, home],
+        "securityContext": pod_security_context(),
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)

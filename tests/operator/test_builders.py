@@ -87,6 +87,34 @@ def test_pod_details() -> None:
     assert pod["enableServiceLinks"] is False
 
 
+def test_engine_pods_are_restricted_by_default_and_root_only_when_asked() -> None:
+    pod = build_deployment(isvc(), Track.STABLE)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+    }
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["automountServiceAccountToken"] is False
+    # HOME, and every cache under it, is a writable emptyDir.
+    home = {e["name"]: e["value"] for e in container["env"] if e["name"] in ("HOME", "USER")}
+    assert home == {"HOME": "/home/chunkpilot", "USER": "chunkpilot"}
+    assert {"name": "home", "mountPath": "/home/chunkpilot"} in container["volumeMounts"]
+    assert {"name": "home", "emptyDir": {}} in pod["volumes"]
+
+    rooted = build_deployment(isvc(engine={"runAsUser": 0}), Track.STABLE)["spec"]["template"]["spec"]
+    assert rooted["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert rooted["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    other = build_deployment(isvc(engine={"runAsUser": 1001}), Track.STABLE)["spec"]["template"]["spec"]
+    assert other["securityContext"]["runAsUser"] == 1001
+
+
 def test_placement_is_copied() -> None:
     service = isvc(
         resources={

@@ -33,6 +33,7 @@ NS_HA = "chunkpilot-operator-ha"
 EXAMPLE = REPO / "examples" / "chat-llama-8b-sim.yaml"
 LEGACY = REPO / "examples" / "legacy-vllm-partial-prefill.yaml"
 SERVICE_LABEL = "chunkpilot.io/service"
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
 READY_TIMEOUT = 90.0
 
 
@@ -136,6 +137,9 @@ def cluster(control_plane: Any) -> Any:
     )
     for namespace in (NS, NS_HA):
         apply(control_plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    # Every engine pod of this module must pass the "restricted" Pod Security profile: the API
+    # server refuses to create one that does not.
+    control_plane.kubectl("label", "--overwrite", "namespace", NS, f"{PSS_ENFORCE}=restricted")
     return control_plane
 
 
@@ -483,6 +487,47 @@ def test_a_live_adjust_secret_name_taken_by_another_secret_is_left_untouched(
     assert get(cluster, "deployments", "keys-stable") is None  # nothing rolled out without its token
     cluster.kubectl("delete", "cpis", "keys", "-n", NS, "--timeout=60s")
     cluster.kubectl("delete", "secret", "keys-live-adjust", "-n", NS)
+
+
+def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    labels = json.loads(cluster.kubectl("get", "namespace", NS, "-o", "json").stdout)["metadata"]["labels"]
+    assert labels[PSS_ENFORCE] == "restricted"
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "replicas": 1,
+    }
+    apply(cluster, a_manifest("strict", None, spec))
+    pods = wait_for(
+        lambda: items(cluster, "pods", f"{SERVICE_LABEL}=strict"), timeout=90, what="the engine pod created"
+    )
+    (pod,) = pods
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+    # The same engine as root (spec.engine.runAsUser 0) is refused by the same API server.
+    root = {**spec, "engine": {**spec["engine"], "runAsUser": 0}}
+    apply(cluster, a_manifest("rooted", None, root))
+
+    def refused() -> str | None:
+        out = cluster.kubectl(
+            "get", "events", "-n", NS, "--field-selector", "reason=FailedCreate", "-o", "json"
+        ).stdout
+        messages = [
+            e["message"]
+            for e in json.loads(out)["items"]
+            if e["involvedObject"]["name"].startswith("rooted-stable-")
+        ]
+        return next((m for m in messages if "violates PodSecurity" in m), None)
+
+    message = wait_for(refused, timeout=90, what="the root pod refused by Pod Security admission")
+    assert "runAsNonRoot" in message, message
+    assert items(cluster, "pods", f"{SERVICE_LABEL}=rooted") == []
+    for name in ("strict", "rooted"):
+        cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
 
 
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:

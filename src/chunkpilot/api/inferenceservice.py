@@ -99,6 +99,9 @@ class SpeculativeMethod(StrEnum):
 
 #: Methods that need a separate draft model (``draftModel``).
 DRAFT_METHODS = (SpeculativeMethod.DRAFT_MODEL, SpeculativeMethod.EAGLE, SpeculativeMethod.EAGLE3)
+#: The UID Chunkpilot's pods run as by default (``spec.engine.runAsUser``): non-root, the "nonroot"
+#: user of distroless images, which the Chunkpilot images run as too.
+NON_ROOT_UID = 65532
 
 
 class Objective(StrEnum):
@@ -459,6 +462,17 @@ class EngineSpec(ApiModel):
         default_factory=list,
         max_length=64,
         description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
+    )
+    run_as_user: int = Field(
+        default=NON_ROOT_UID,
+        ge=0,
+        le=2_147_483_647,
+        description=(
+            "UID the engine containers run as. The default, a non-root UID with no privileges, keeps the "
+            "engine pods within the 'restricted' Pod Security profile (HOME and caches on emptyDirs). "
+            "0 runs an image that needs root as root, outside that profile: a namespace that enforces "
+            "it refuses such pods."
+        ),
     )
 
     #: The version was not given: it is the kind's default, and left out of dumps (as the apiserver,

@@ -544,7 +544,9 @@ class PodRunner:
         if container.config_error:
             log.info("pod %s/%s: env references resolved; starting the engine", pod.namespace, pod.name)
             container.config_error = ""
-        return env
+        # HOME names the pod's emptyDir, which only the kubelet mounts: a local engine keeps this
+        # machine's.
+        return {key: value for key, value in env.items() if key != "HOME"}
 
     def _ready_workers(self, ready_pods: set[tuple[str, str]]) -> list[Worker]:
         """Engines a router may send to: healthy here and Ready in the API."""

@@ -102,8 +102,14 @@ def test_probe_job_runs_the_probe_on_one_gpu_then_publishes() -> None:
         "serving",
     ]
     assert "nvidia.com/gpu" not in publish["resources"].get("limits", {})
-    assert {v["name"] for v in pod["volumes"]} == {"profile"}
+    assert {v["name"] for v in pod["volumes"]} == {"profile", "home"}  # the probe's HOME: an emptyDir
     assert pod["serviceAccountName"] == "chunkpilot-probe"
+    # Within the "restricted" Pod Security profile: non-root, no escalation, no capabilities.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in (probe, publish):
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
 def test_probe_job_mounts_a_model_config_for_models_without_a_profile() -> None:
