@@ -151,6 +151,12 @@ class Reconciler:
         try:
             isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
         except ManifestError as error:
+            # What the CRD's schema lets through and the model refuses: said on the status, and not
+            # retried (the next spec change is reconciled anew).
+            meta = body["metadata"]
+            problem = InstallationProblem(Reason.INVALID_SPEC, f"invalid spec: {error}"[:1024])
+            observation = Observation(int(meta.get("generation") or 0), None, problem=problem)
+            await self._write_status(meta["namespace"], meta["name"], observation)
             raise kopf.PermanentError(str(error)) from None
         isvc = with_best_config(isvc, body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)

@@ -65,11 +65,17 @@ class Reason(StrEnum):
     DISAGGREGATION_DISABLED = "DisaggregationDisabled"
     TOPOLOGY_SWITCHING = "TopologySwitching"
     NAME_CONFLICT = "NameConflict"
+    INVALID_SPEC = "InvalidSpec"
 
 
 #: Ready=False reasons that only a spec change (or, for the last, the installation's) can fix.
 TERMINAL_REASONS: Final = frozenset(
-    {Reason.UNSUPPORTED_KNOB, Reason.UNSUPPORTED_ENGINE_VERSION, Reason.DISAGGREGATION_DISABLED}
+    {
+        Reason.UNSUPPORTED_KNOB,
+        Reason.UNSUPPORTED_ENGINE_VERSION,
+        Reason.DISAGGREGATION_DISABLED,
+        Reason.INVALID_SPEC,
+    }
 )
 
 

@@ -72,3 +72,29 @@ def test_rule_messages_name_a_field_and_a_fix(rule: CelRule) -> None:
     field = rule.field_path.rsplit(".", 1)[-1] if rule.field_path else "metadata.name"
     assert field in rule.message
     assert ":" in rule.message or "requires" in rule.message, "say how to fix it after a colon"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "valid"),
+    [
+        (["--additional-config", '{"a": 1}'], True),
+        (['--additional-config={"a": {"b": 2}}'], True),
+        (["--enforce-eager"], True),
+        (["--additional-config", "not json"], False),  # the spaced form: the model checks what CEL cannot
+        (["--additional-config", "[1]"], False),
+        (["--additional-config"], False),  # no value at all
+        (['--additional-config={"a": 1'], False),  # braces, but not JSON
+    ],
+)
+def test_an_additional_config_must_be_a_json_object(extra_args: list[str], valid: bool) -> None:
+    manifest = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "engine": {"extraArgs": extra_args}},
+    }
+    if valid:
+        InferenceService.from_manifest(manifest)
+        return
+    with pytest.raises(ManifestError, match="--additional-config must be a JSON object"):
+        InferenceService.from_manifest(manifest)

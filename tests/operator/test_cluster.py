@@ -530,6 +530,28 @@ def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root
         cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
 
 
+def test_a_spec_only_the_model_refuses_is_reported_not_retried(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    # The CRD's CEL sees only the "=" form of --additional-config; the model checks both.
+    spec = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {"kind": "vllm", "version": "0.33.0", "extraArgs": ["--additional-config", "not json"]},
+        "resources": {"accelerator": "h100"},
+        "replicas": 0,
+    }
+    apply(cluster, a_manifest("garbled", None, spec))
+
+    def refused() -> dict[str, Any] | None:
+        ready = condition(get(cluster, "inferenceservices", "garbled"), "Ready")
+        return ready if ready and ready["reason"] == "InvalidSpec" else None
+
+    ready = wait_for(refused, timeout=60, what="Ready=False reason InvalidSpec")
+    assert "--additional-config must be a JSON object" in ready["message"], ready
+    assert get(cluster, "deployments", "garbled-stable") is None
+    cluster.kubectl("delete", "cpis", "garbled", "-n", NS, "--timeout=60s")
+
+
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
     spec = {
         "model": {"name": LLAMA_8B["name"]},

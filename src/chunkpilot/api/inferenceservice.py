@@ -259,6 +259,15 @@ class ModelSpec(ApiModel):
             field_path=".name",
             check=lambda o: "://" not in o.name or re.match(r"^(hf|s3|gs|pvc)://[^/]+", o.name) is not None,
         ),
+        CelRule(
+            rule="!self.name.startsWith('-')",
+            message=(
+                "name must not start with '-': the engine would read it as a flag; give the model's repo"
+                " id, URI or profile name"
+            ),
+            field_path=".name",
+            check=lambda o: not o.name.startswith("-"),
+        ),
     )
 
     name: str = Field(
@@ -324,11 +333,44 @@ class SpeculativeSpec(ApiModel):
     )
 
 
+def _additional_configs_are_objects(args: list[str]) -> bool:
+    """Whether every ``--additional-config`` value in ``args`` is a JSON object (the engine merges it)."""
+    for index, arg in enumerate(args):
+        if arg.startswith(_ADDITIONAL_CONFIG + "="):
+            value = arg.partition("=")[2]
+        elif arg == _ADDITIONAL_CONFIG:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        else:
+            continue
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return False
+        if not isinstance(parsed, dict):
+            return False
+    return True
+
+
+_ADDITIONAL_CONFIG = "--additional-config"
+
+
 class EngineSpec(ApiModel):
     """Engine and scheduler settings; see the vLLM flag of the same name."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         *_KNOB_RULES,
+        CelRule(
+            rule=(
+                "!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('--additional-config=') "
+                "|| a.matches('^--additional-config=[{].*[}]$'))"
+            ),
+            message=(
+                "extraArgs: the value of --additional-config must be a JSON object, e.g."
+                ' --additional-config={"key": "value"}'
+            ),
+            field_path=".extraArgs",
+            check=lambda o: _additional_configs_are_objects(o.extra_args),
+        ),
         CelRule(
             rule=(
                 "!has(self.speculative) || self.maxNumBatchedTokens >= "
