@@ -30,7 +30,7 @@ from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
-from chunkpilot.api.engines import VLLM_ENGINE
+from chunkpilot.api.engines import VLLM_ENGINE, image_repository
 from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
 #: Oldest release whose command line this renderer knows.
@@ -178,7 +178,7 @@ def uses_plugin(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
     return (
         spec.engine.kind == EngineKind.VLLM
         and version >= V0_REMOVED
-        and image.startswith(ENGINE_IMAGE_REPOSITORY + ":")
+        and image_repository(image) == ENGINE_IMAGE_REPOSITORY
     )
 
 

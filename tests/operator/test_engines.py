@@ -20,6 +20,7 @@ from chunkpilot.operator.engines.common import TERMINATION_GRACE_MARGIN_S
 from chunkpilot.operator.engines.vllm import KNOB_RULES
 
 from chunkpilot.api import InferenceServiceSpec
+from chunkpilot.api.engines import image_repository
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 from chunkpilot.testing.argv import flag as flag_value
 
@@ -75,6 +76,36 @@ def test_partial_prefill_knobs_use_the_plugin_of_the_default_vllm_0_33_image() -
     }
     assert "--max-num-partial-prefills" not in result.args
     assert not any(item["name"] == "VLLM_USE_V1" for item in result.env)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        ENGINE_IMAGE_0_33,
+        f"{ENGINE_IMAGE_0_33}@sha256:{'a' * 64}",  # tag and digest
+        f"{ENGINE_IMAGE_0_33.rpartition(':')[0]}@sha256:{'b' * 64}",  # digest only
+        f"{ENGINE_IMAGE_0_33.rpartition(':')[0]}:my-build",  # another tag of the same repository
+    ],
+)
+def test_the_engine_image_is_recognised_by_its_repository_whatever_the_tag_or_digest(image: str) -> None:
+    result = rendered(version="0.33.0", image=image, maxNumPartialPrefills=4)
+    assert isinstance(result, EngineRender), result
+    assert flag_value(result.args, "--scheduler-cls").startswith("chunkpilot.engine.vllm_plugin.")
+
+
+@pytest.mark.parametrize(
+    ("reference", "repository"),
+    [
+        ("vllm/vllm-openai:v0.33.0", "vllm/vllm-openai"),
+        ("registry.local:5000/org/engine", "registry.local:5000/org/engine"),
+        ("registry.local:5000/org/engine:v1@sha256:" + "c" * 64, "registry.local:5000/org/engine"),
+        ("engine@sha256:" + "d" * 64, "engine"),
+    ],
+)
+def test_image_repository_drops_tag_and_digest_but_not_a_registry_port(
+    reference: str, repository: str
+) -> None:
+    assert image_repository(reference) == repository
 
 
 def test_partial_prefill_knobs_on_a_v1_release_without_an_engine_image_name_the_version_fix() -> None:

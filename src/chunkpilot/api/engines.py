@@ -241,6 +241,19 @@ def version_field_doc() -> str:
     )
 
 
+def image_repository(reference: str) -> str:
+    """The repository of an image reference, without its tag and digest.
+
+    ``registry:5000/org/engine:v1@sha256:...`` -> ``registry:5000/org/engine``: a digest follows
+    ``@``; a tag is what follows the last ``:`` after the last ``/`` (a ``:`` before it is a
+    registry's port).
+    """
+    name = reference.strip().partition("@")[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
 __all__ = [
     "DEFAULT_KIND",
     "ENGINES",
@@ -255,6 +268,7 @@ __all__ = [
     "dialects",
     "either",
     "engine",
+    "image_repository",
     "kind_field_doc",
     "kind_is_not",
     "kinds",
