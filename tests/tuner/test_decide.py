@@ -197,6 +197,25 @@ def test_rolling_out_times_out() -> None:
     assert "did not become Ready within 120s" in trial_status(plan)["reason"]
 
 
+def test_while_prometheus_is_down_a_rollout_still_times_out_and_a_long_outage_aborts() -> None:
+    body = service_body()
+    down = Reading[Any](error="connection refused")
+    late = a_trial(phase=TrialPhase.ROLLING_OUT, started_at=NOW - timedelta(seconds=121))
+    plan = decide(
+        snapshot(body, [late], canary=canary_of(body, late, ready=False), stable_reading=down), SETTINGS
+    )
+    assert trial_status(plan)["verdict"] == "Aborted"
+    assert "did not become Ready within 120s" in trial_status(plan)["reason"]
+    assert of_type(plan, DeleteCanary)
+    # In time, or Ready: the outage is noted (it starts the outage clock), nothing is judged.
+    rolling = a_trial(phase=TrialPhase.ROLLING_OUT, started_at=NOW - timedelta(seconds=30))
+    for canary in (canary_of(body, rolling, ready=False), canary_of(body, rolling)):
+        noted = decide(snapshot(body, [rolling], canary=canary, stable_reading=down), SETTINGS)
+        assert of_type(noted, DeleteCanary) == []
+        (patch,) = [a for a in of_type(noted, PatchTrial) if "progress" in str(a.patch)]
+        assert "metricsGapSince" in str(patch.patch)
+
+
 def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None:
     body = service_body(liveAdjust=True)
     rolling = a_trial(phase=TrialPhase.ROLLING_OUT)

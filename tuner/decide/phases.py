@@ -97,11 +97,21 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if crashed is not None:
         abort(plan, trial, crashed)
         return
-    if snap.stable_reading.down:
-        if phase is TrialPhase.MEASURING:
-            metrics_gap(plan, trial, None, settings)
-        return
     assert plan.canary is not None
+    if snap.stable_reading.down:
+        # Nothing is measured while Prometheus is down, but the deadlines hold: a canary that never
+        # gets Ready times out, and any trial is aborted after a long outage (its canary removed).
+        if phase is TrialPhase.ROLLING_OUT:
+            since = trial.status.started_at if trial.status is not None else None
+            state = DeploymentState.from_manifest(plan.canary)
+            failed = (
+                None if ready(state) else rollout_failure([state], "the canary", since, snap.now, settings)
+            )
+            if failed is not None:
+                abort(plan, trial, failed)
+                return
+        metrics_gap(plan, trial, None, settings)
+        return
     if phase is TrialPhase.ROLLING_OUT:
         check_rollout(plan, trial, DeploymentState.from_manifest(plan.canary), started, settings)
     else:
