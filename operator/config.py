@@ -37,6 +37,10 @@ ENV_AUTOTUNER: Final = "CHUNKPILOT_AUTOTUNER"
 ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
 #: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
 ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
+#: ``on``: a service's ``chunkpilot.io/probe-image`` annotation picks its probe's image (off by
+#: default: whoever may edit an InferenceService would choose what runs with the probe's
+#: ServiceAccount).
+ENV_PROBE_IMAGE_ANNOTATION: Final = "CHUNKPILOT_PROBE_IMAGE_ANNOTATION"
 
 FIELD_MANAGER: Final = "chunkpilot-operator"
 #: Prefix of the annotations Kopf keeps its handler progress and diff base in.
@@ -102,9 +106,11 @@ class OperatorConfig:
     autotuner: bool = True
     #: Whether the probe Job handlers are registered (``CHUNKPILOT_PROBE_JOBS``).
     probe_jobs: bool = False
-    #: The probe image of services without the ``chunkpilot.io/probe-image`` annotation (None: the
-    #: image of this operator's version).
+    #: The probe image (None: the image of this operator's version).
     probe_image: str | None = None
+    #: Whether a service's ``chunkpilot.io/probe-image`` annotation may override it
+    #: (``CHUNKPILOT_PROBE_IMAGE_ANNOTATION=on``).
+    probe_image_annotation: bool = False
     #: The kubeconfig file of ``--kubeconfig`` (None: in-cluster, then the Kubernetes client's default,
     #: ``$KUBECONFIG`` or ``~/.kube/config``).
     kubeconfig: str | None = None
@@ -148,6 +154,9 @@ class OperatorConfig:
             autotuner=env.get(ENV_AUTOTUNER, "").strip().lower() != "off",
             probe_jobs=probe_jobs_enabled(env),
             probe_image=env.get(ENV_PROBE_IMAGE) or None,
+            probe_image_annotation=parse_switch(
+                env.get(ENV_PROBE_IMAGE_ANNOTATION, "off") or "off", ENV_PROBE_IMAGE_ANNOTATION
+            ),
             enforce_kube_calls=enforcing(env),
         )
 

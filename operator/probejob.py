@@ -128,10 +128,14 @@ def default_probe_image() -> str:
     return f"{DEFAULT_PROBE_IMAGE_REPOSITORY}:{__version__}"
 
 
-def probe_image(annotations: Mapping[str, str], configured: str | None = None) -> str:
-    """The service's ``chunkpilot.io/probe-image``, else the operator's (``configured``, from
-    ``CHUNKPILOT_PROBE_IMAGE``: :attr:`OperatorConfig.probe_image`), else the default."""
-    return annotations.get(ANNOTATION_PROBE_IMAGE) or configured or default_probe_image()
+def probe_image(
+    annotations: Mapping[str, str], configured: str | None = None, *, annotation_allowed: bool = False
+) -> str:
+    """The service's ``chunkpilot.io/probe-image`` where the installation allows it
+    (``annotation_allowed``: :attr:`OperatorConfig.probe_image_annotation`), else the operator's
+    (``configured``, from ``CHUNKPILOT_PROBE_IMAGE``), else the default."""
+    chosen = annotations.get(ANNOTATION_PROBE_IMAGE) if annotation_allowed else None
+    return chosen or configured or default_probe_image()
 
 
 def probe_job_spec(isvc: InferenceService, image: str) -> ProbeJobSpec:
@@ -278,12 +282,16 @@ class ProbeRunner:
         field_manager: str = FIELD_MANAGER,
         *,
         image: str | None = None,
+        image_annotation: bool = False,
     ) -> None:
         self.kube = kube
         self.post_event = post_event
         self.field_manager = field_manager
         #: The operator's probe image (:attr:`OperatorConfig.probe_image`; None: the default).
         self.image = image
+        #: Whether a service's probe-image annotation may choose another
+        #: (:attr:`OperatorConfig.probe_image_annotation`).
+        self.image_annotation = image_annotation
 
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
         """Apply one of the probe's objects; raises :class:`ProbeNameConflictError` when an object of
@@ -315,7 +323,8 @@ class ProbeRunner:
         isvc = InferenceService.from_manifest({k: v for k, v in body.items() if k != "status"})
         target = probe_target(isvc)
         namespace = body["metadata"]["namespace"]
-        job = build_probe_job_for(isvc, body, probe_image(_annotations(body), self.image))
+        image = probe_image(_annotations(body), self.image, annotation_allowed=self.image_annotation)
+        job = build_probe_job_for(isvc, body, image)
         try:
             for manifest in build_probe_rbac(namespace):
                 await self._apply(manifest)
@@ -415,7 +424,13 @@ def _runner(memo: kopf.Memo) -> ProbeRunner | None:
     runner: ProbeRunner | None = memo.get("probe_runner")
     if runner is None and "reconciler" in memo:
         reconciler = memo["reconciler"]
-        runner = ProbeRunner(reconciler.kube, post_event, image=reconciler.config.probe_image)
+        config = reconciler.config
+        runner = ProbeRunner(
+            reconciler.kube,
+            post_event,
+            image=config.probe_image,
+            image_annotation=config.probe_image_annotation,
+        )
         memo["probe_runner"] = runner
     return runner
 

@@ -135,6 +135,10 @@ def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: l
     env_on = {item["name"]: item.get("value") for item in operator_container(on)["env"]}
     assert env_on["CHUNKPILOT_PROBE_JOBS"] == "on"
     assert env_on["CHUNKPILOT_PROBE_IMAGE"] == "registry.example/probe:1"
+    assert "CHUNKPILOT_PROBE_IMAGE_ANNOTATION" not in env_on  # the annotation is ignored by default
+    allowed = render(helm, *sets, "probeJobs.enabled=true", "probeJobs.allowImageAnnotation=true")
+    env_allowed = {item["name"]: item.get("value") for item in operator_container(allowed)["env"]}
+    assert env_allowed["CHUNKPILOT_PROBE_IMAGE_ANNOTATION"] == "on"
     for documents, probing in ((off, False), (on, True)):
         roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
         assert len(roles) == (2 if sets else 1)

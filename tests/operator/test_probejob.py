@@ -103,10 +103,14 @@ def test_job_without_an_slo_records_no_itl_target() -> None:
     assert "--itl-target-ms" not in command["command"]
 
 
-def test_image_comes_from_the_annotation_then_the_environment_then_the_default() -> None:
+def test_image_comes_from_the_annotation_if_allowed_then_the_environment_then_the_default() -> None:
     configured = OperatorConfig.from_env({ENV_PROBE_IMAGE: "b:1"}).probe_image
-    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, configured) == "a:1"
-    assert probe_image({}, configured) == "b:1"
+    # Off by default: whoever may edit a service would choose what runs with the probe's account.
+    assert OperatorConfig.from_env({}).probe_image_annotation is False
+    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, configured) == "b:1"
+    allowed = OperatorConfig.from_env({"CHUNKPILOT_PROBE_IMAGE_ANNOTATION": "on"}).probe_image_annotation
+    assert probe_image({ANNOTATION_PROBE_IMAGE: "a:1"}, configured, annotation_allowed=allowed) == "a:1"
+    assert probe_image({}, configured, annotation_allowed=True) == "b:1"
     assert (
         probe_image({}, OperatorConfig.from_env({}).probe_image)
         == default_probe_image()

@@ -69,7 +69,7 @@ def cluster(control_plane: Any) -> Any:
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     process = OperatorProcess(
         ["-n", NS, "--standalone", "--verbose", "--metrics-port", "0"],
-        env=operator_env(cluster.env, CHUNKPILOT_PROBE_JOBS="on"),
+        env=operator_env(cluster.env, CHUNKPILOT_PROBE_JOBS="on", CHUNKPILOT_PROBE_IMAGE_ANNOTATION="on"),
         log_path=tmp_path_factory.mktemp("operator") / "operator.log",
     )
     process.start()
