@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 from chunkpilot.operator.apicalls import enforcing
 
@@ -21,6 +23,11 @@ ENV_PREFIX: Final = "CHUNKPILOT_"
 ENV_POD_MONITOR: Final = "CHUNKPILOT_POD_MONITOR"
 ENV_POD_MONITOR_LABELS: Final = "CHUNKPILOT_POD_MONITOR_LABELS"
 ENV_PROMETHEUS_URL: Final = "CHUNKPILOT_PROMETHEUS_URL"
+#: Prometheus credentials, as files mounted from Secrets (chart values ``prometheus.auth``).
+ENV_PROMETHEUS_BEARER_TOKEN_FILE: Final = "CHUNKPILOT_PROMETHEUS_BEARER_TOKEN_FILE"
+ENV_PROMETHEUS_USERNAME: Final = "CHUNKPILOT_PROMETHEUS_USERNAME"
+ENV_PROMETHEUS_PASSWORD_FILE: Final = "CHUNKPILOT_PROMETHEUS_PASSWORD_FILE"
+ENV_PROMETHEUS_CA_FILE: Final = "CHUNKPILOT_PROMETHEUS_CA_FILE"
 ENV_EXPECTED_REPLICAS: Final = "CHUNKPILOT_OPERATOR_REPLICAS"
 ENV_KUBECONFIG: Final = "KUBECONFIG"
 #: Optuna RDB storage URL the autotuner mirrors its studies into (read by the tuner).
@@ -87,12 +94,82 @@ def parse_labels(text: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class PrometheusAuth:
+    """How the tuner authenticates to Prometheus: a bearer token or basic auth, and a CA bundle to
+    verify its certificate, each a file (mounted from a Secret, read anew for every client, so a
+    rotated token is picked up)."""
+
+    bearer_token_file: str | None = None
+    username: str | None = None
+    password_file: str | None = None
+    ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError(
+                f"{ENV_PROMETHEUS_USERNAME} and {ENV_PROMETHEUS_PASSWORD_FILE} go together (basic auth)"
+            )
+        if self.bearer_token_file is not None and self.username is not None:
+            raise ValueError(
+                f"{ENV_PROMETHEUS_BEARER_TOKEN_FILE} and basic auth ({ENV_PROMETHEUS_USERNAME}) exclude "
+                "each other: set one"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PrometheusAuth:
+        return cls(
+            bearer_token_file=env.get(ENV_PROMETHEUS_BEARER_TOKEN_FILE) or None,
+            username=env.get(ENV_PROMETHEUS_USERNAME) or None,
+            password_file=env.get(ENV_PROMETHEUS_PASSWORD_FILE) or None,
+            ca_file=env.get(ENV_PROMETHEUS_CA_FILE) or None,
+        )
+
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of a bearer token (read from its file now), else none."""
+        if self.bearer_token_file is None:
+            return {}
+        return {"Authorization": f"Bearer {_read_secret(self.bearer_token_file)}"}
+
+    def basic(self) -> tuple[str, str] | None:
+        """``(username, password)`` for basic auth (the password read from its file now), else None."""
+        if self.username is None or self.password_file is None:
+            return None
+        return self.username, _read_secret(self.password_file)
+
+    def describe(self) -> str:
+        """What is used, never a secret (for logs)."""
+        parts = ["bearer token" if self.bearer_token_file else "", "basic auth" if self.username else ""]
+        parts.append(f"CA {self.ca_file}" if self.ca_file else "")
+        return ", ".join(p for p in parts if p) or "no credentials"
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ValueError(f"cannot read the Prometheus credential file {path}: {error.strerror}") from None
+
+
+def redacted_url(url: str) -> str:
+    """``url`` without the password of a ``user:pass@`` part: safe for logs, statuses and Events."""
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+@dataclass(frozen=True)
 class OperatorConfig:
     """Everything the handlers need to know beyond the objects they are handed."""
 
     pod_monitor: PodMonitorMode = PodMonitorMode.AUTO
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     prometheus_url: str | None = None
+    #: Credentials for ``prometheus_url`` (files mounted from Secrets).
+    prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
     expected_replicas: int = 1
     field_manager: str = FIELD_MANAGER
     #: Port of the operator's own ``/metrics``; 0 = not served.
@@ -146,6 +223,7 @@ class OperatorConfig:
             pod_monitor=parse_pod_monitor(env.get(ENV_POD_MONITOR, ""), ENV_POD_MONITOR),
             pod_monitor_labels=labels,
             prometheus_url=env.get(ENV_PROMETHEUS_URL) or None,
+            prometheus_auth=PrometheusAuth.from_env(env),
             expected_replicas=replicas,
             metrics_port=parse_port(env.get(ENV_METRICS_PORT) or str(DEFAULT_METRICS_PORT), ENV_METRICS_PORT),
             optuna_storage=env.get(ENV_OPTUNA_STORAGE, "").strip() or None,

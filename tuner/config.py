@@ -15,10 +15,10 @@ operator's :class:`~chunkpilot.operator.config.OperatorConfig`, where a flag ove
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.config import OperatorConfig, PrometheusAuth
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.twin.online import DEFAULT_CPU_SECONDS, TwinBudget
 
@@ -48,6 +48,8 @@ class TunerConfig:
     #: Where the engines' metrics are (``--prometheus-url``); None: the tuner only reports
     #: ``MetricsUnavailable``.
     prometheus_url: str | None = None
+    #: Its credentials (``prometheus.auth`` chart values: files mounted from Secrets).
+    prometheus_auth: PrometheusAuth = field(default_factory=PrometheusAuth)
     #: The Optuna RDB the finished trials are mirrored into (``--optuna-storage``); None: no mirror.
     optuna_storage: str | None = None
     #: The installation allows ``autotune.liveAdjust`` (``CHUNKPILOT_LIVE_ADJUST``).
@@ -86,6 +88,7 @@ class TunerConfig:
         shared = OperatorConfig.from_env(environ) if operator is None else operator
         return cls(
             prometheus_url=shared.prometheus_url,
+            prometheus_auth=shared.prometheus_auth,
             optuna_storage=shared.optuna_storage,
             live_adjust=shared.live_adjust,
             disaggregation=shared.disaggregation,

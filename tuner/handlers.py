@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import kopf
-from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.config import OperatorConfig, redacted_url
 from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.tuner.act import mirror
@@ -104,7 +104,11 @@ def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
 
 def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
     """The tuning controller ``config`` describes, on ``kube`` (with its own Prometheus client)."""
-    prometheus = PrometheusClient(config.prometheus_url, timeout_s=5.0) if config.prometheus_url else None
+    prometheus = (
+        PrometheusClient(config.prometheus_url, timeout_s=5.0, auth=config.prometheus_auth)
+        if config.prometheus_url
+        else None
+    )
     targets = config.pod_targets_file
     return TuningController(
         kube,
@@ -131,8 +135,9 @@ async def start_tuner(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     )
     memo[MEMO_KEY] = controller_for(config, kube)
     logger.info(
-        "autotuner ready: Prometheus %s, tick every %gs, digital twin %s",
-        config.prometheus_url or "not configured",
+        "autotuner ready: Prometheus %s (%s), tick every %gs, digital twin %s",
+        redacted_url(config.prometheus_url) if config.prometheus_url else "not configured",
+        config.prometheus_auth.describe(),
         config.interval_s,
         "on" if config.twin else f"off ({ENV_TWIN}=off)",
     )

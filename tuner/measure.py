@@ -49,6 +49,7 @@ from chunkpilot.engine.metrics_names import (
     FINE_TIME_TO_FIRST_TOKEN,
     tuner_metrics,
 )
+from chunkpilot.operator.config import PrometheusAuth, redacted_url
 
 from chunkpilot.api import Measurement, Track
 from chunkpilot.api.knobs import ENGINE_NAMES, dialect_of
@@ -491,14 +492,33 @@ def parse_instant_result(result: Any) -> float | None:
 
 
 class PrometheusClient:
-    """Instant queries against one Prometheus server (prometheus-api-client underneath)."""
+    """Instant queries against one Prometheus server (prometheus-api-client underneath).
 
-    def __init__(self, url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> None:
+    ``auth``: a bearer token or basic auth, and a CA bundle, each read from its file when a query is
+    made (a rotated token is picked up). The URL is shown without the password of a ``user:pass@``
+    part in every message.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        auth: PrometheusAuth | None = None,
+    ) -> None:
+        import requests
         from prometheus_api_client import PrometheusConnect
 
-        self.url = url
+        self.url = redacted_url(url)
         self._timeout = timeout_s
-        self._connect = PrometheusConnect(url=url, headers=dict(headers or {}), disable_ssl=False)
+        self._auth = auth or PrometheusAuth()
+        self._headers = dict(headers or {})
+        session = requests.Session()
+        if self._auth.ca_file is not None:
+            session.verify = self._auth.ca_file
+        self._connect = PrometheusConnect(
+            url=url, headers=dict(self._headers), disable_ssl=False, session=session
+        )
 
     def _instant(self, promql: str, at: datetime | None) -> Any:
         """The raw answer to the instant query ``promql`` at ``at`` (now when None)."""
@@ -506,8 +526,10 @@ class PrometheusClient:
         if at is not None:
             params["time"] = f"{at.timestamp():.3f}"
         try:
+            self._connect.headers = {**self._headers, **self._auth.headers()}
+            self._connect.auth = self._auth.basic()
             return self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
-        except Exception as exc:  # requests errors and PrometheusApiClientException alike
+        except Exception as exc:  # requests errors, PrometheusApiClientException and unreadable files
             raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
 
     def query(self, promql: str, at: datetime | None = None) -> float | None:

@@ -291,6 +291,40 @@ def test_values_schema_rejects_bad_values(helm: Path, value: str, fragment: str)
     assert fragment in result.stderr
 
 
+def test_prometheus_credentials_come_from_secrets_as_files(helm: Path) -> None:
+    documents = render(
+        helm,
+        "prometheus.url=https://prometheus.monitoring:9443",
+        "prometheus.auth.basicAuthSecret.name=prom-basic",
+        "prometheus.auth.caSecret.name=prom-ca",
+    )
+    container = operator_container(documents)
+    env = {item["name"]: item for item in container["env"]}
+    assert env["CHUNKPILOT_PROMETHEUS_USERNAME"]["valueFrom"]["secretKeyRef"] == {
+        "name": "prom-basic",
+        "key": "username",
+    }
+    password = env["CHUNKPILOT_PROMETHEUS_PASSWORD_FILE"]["value"]
+    ca = env["CHUNKPILOT_PROMETHEUS_CA_FILE"]["value"]
+    assert "CHUNKPILOT_PROMETHEUS_BEARER_TOKEN_FILE" not in env
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert password.startswith(mounts["prometheus-basic"] + "/") and ca.startswith(
+        mounts["prometheus-ca"] + "/"
+    )
+    (deployment,) = by_kind(documents, "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["prometheus-basic"]["secret"]["secretName"] == "prom-basic"
+    assert volumes["prometheus-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    token = render(helm, "prometheus.auth.bearerTokenSecret.name=prom-token")
+    token_env = {item["name"]: item.get("value") for item in operator_container(token)["env"]}
+    assert token_env["CHUNKPILOT_PROMETHEUS_BEARER_TOKEN_FILE"] == "/etc/chunkpilot/prometheus/token/token"
+    both = ["prometheus.auth.bearerTokenSecret.name=a", "prometheus.auth.basicAuthSecret.name=b"]
+    with pytest.raises(Exception, match="not both"):
+        render(helm, *both)
+    with pytest.raises(Exception, match="prometheus"):
+        render(helm, "prometheus.url=http://user:pass@prometheus:9090")  # credentials belong in auth
+
+
 def test_chart_crds_match_the_generated_crds() -> None:
     for generated in sorted((REPO / "crds").glob("*.yaml")):
         shipped = CHART / "crds" / generated.name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -18,6 +19,7 @@ from chunkpilot.engine.metrics_names import (
     TTFT_BUCKETS,
     tuner_metrics,
 )
+from chunkpilot.operator.config import PrometheusAuth, redacted_url
 from chunkpilot.operator.testing import wait_for
 from chunkpilot.tuner.measure import (
     TPOT_ITL_FACTOR,
@@ -25,6 +27,7 @@ from chunkpilot.tuner.measure import (
     ItlSource,
     LabelScheme,
     MetricsUnavailableError,
+    PrometheusClient,
     QueryFn,
     Selector,
     TopologyWindow,
@@ -42,7 +45,7 @@ from chunkpilot.tuner.measure import (
 )
 
 from chunkpilot.api import Track
-from chunkpilot.devcluster.prometheus import TargetGroup
+from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
 from chunkpilot.testing.metrics import ExpositionServer, histogram_lines
 
 SEL = Selector("chat", "default", Track.CANARY)
@@ -490,3 +493,63 @@ def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometh
         assert m.itl_source is ItlSource.FINE, m.track
         assert m.itl_ms == pytest.approx(26 + 0.99 * 2, abs=0.01)
         assert m.ttft_ms == pytest.approx(250 + 0.95 * 50, abs=0.1)
+
+
+# --------------------------------------------------------------------------- credentials
+
+#: A bcrypt hash of "scrape-secret" (cost 10), as Prometheus's web config wants it.
+SCRAPE_SECRET_HASH: Final = "$2b$10$QnRKaI9d8jY.kdQLUDs3buf2RKo2lrDxyYBaeuAnFLrvgrOgXrBem"
+
+
+@pytest.mark.prometheus
+def test_a_prometheus_that_requires_basic_auth_is_queried_with_the_password_from_its_file(
+    tmp_path: Path, prometheus_server: PrometheusServer
+) -> None:
+    with PrometheusServer(
+        tmp_path / "prometheus",
+        binary=prometheus_server.binary,
+        basic_auth=("tuner", "scrape-secret", SCRAPE_SECRET_HASH),
+    ) as server:
+        password = tmp_path / "password"
+        password.write_text("scrape-secret\n")
+        authorised = PrometheusClient(
+            server.url, timeout_s=5, auth=PrometheusAuth(username="tuner", password_file=str(password))
+        )
+        assert authorised.query("vector(2)") == 2.0
+        with pytest.raises(MetricsUnavailableError, match="401"):
+            PrometheusClient(server.url, timeout_s=5).query("vector(2)")
+        # Credentials in the URL work too, but never show: the message carries the URL redacted.
+        wrong = server.url.replace("http://", "http://tuner:not-the-password@")
+        with pytest.raises(MetricsUnavailableError) as refused:
+            PrometheusClient(wrong, timeout_s=5).query("vector(2)")
+        assert "not-the-password" not in str(refused.value) and "***@" in str(refused.value)
+        inline = server.url.replace("http://", "http://tuner:scrape-secret@")
+        assert PrometheusClient(inline, timeout_s=5).query("vector(3)") == 3.0
+
+
+def test_a_bearer_token_is_read_from_its_file_at_each_use(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    auth = PrometheusAuth.from_env({"CHUNKPILOT_PROMETHEUS_BEARER_TOKEN_FILE": str(token)})
+    assert auth.headers() == {"Authorization": "Bearer first"} and auth.basic() is None
+    token.write_text("rotated")
+    assert auth.headers() == {"Authorization": "Bearer rotated"}
+    assert "first" not in auth.describe() and "rotated" not in auth.describe()
+    with pytest.raises(ValueError, match="go together"):
+        PrometheusAuth.from_env({"CHUNKPILOT_PROMETHEUS_USERNAME": "tuner"})
+    with pytest.raises(ValueError, match="exclude each other"):
+        PrometheusAuth(bearer_token_file=str(token), username="u", password_file=str(token))
+    with pytest.raises(ValueError, match="cannot read the Prometheus credential file"):
+        PrometheusAuth(bearer_token_file=str(tmp_path / "missing")).headers()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://prometheus:9090", "http://prometheus:9090"),
+        ("https://user:pass@prometheus.example:9443/prefix", "https://***@prometheus.example:9443/prefix"),
+        ("http://user@prometheus", "http://***@prometheus"),
+    ],
+)
+def test_a_url_is_shown_without_its_credentials(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown

@@ -8,6 +8,7 @@ on Debian), installed on demand with ``apt-get`` when running as root.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -118,7 +119,11 @@ class PrometheusServer:
         scrape_interval: str = "1s",
         job: str = "chunkpilot",
         startup_timeout: float = 60.0,
+        basic_auth: tuple[str, str, str] | None = None,
     ) -> None:
+        """``basic_auth``: ``(user, password, bcrypt hash of the password)``: every request to this
+        Prometheus must then carry them (its ``--web.config.file``)."""
+        self.basic_auth = basic_auth
         self.state_dir = state_dir
         self.binary = binary
         self.scrape_interval = scrape_interval
@@ -145,10 +150,17 @@ class PrometheusServer:
         )
         self.set_target_groups([])
         self.port = free_port()
+        web: list[str] = []
+        if self.basic_auth is not None:
+            user, _password, hashed = self.basic_auth
+            web_config = self.state_dir / "web.yml"
+            web_config.write_text(yaml.safe_dump({"basic_auth_users": {user: hashed}}))
+            web = [f"--web.config.file={web_config}"]
         self._process = ManagedProcess(
             name="prometheus",
             argv=[
                 str(binary),
+                *web,
                 f"--config.file={self.config_file}",
                 f"--storage.tsdb.path={self.state_dir / 'data'}",
                 f"--web.listen-address={LOOPBACK}:{self.port}",
@@ -161,12 +173,25 @@ class PrometheusServer:
         ).start()
         process = self._process
         processes.start_or_undo(
-            lambda: process.wait_until(
-                lambda: processes.http_ok(f"{self.url}/-/ready"), self.startup_timeout, "GET /-/ready"
-            ),
+            lambda: process.wait_until(self._ready, self.startup_timeout, "GET /-/ready"),
             self.stop,
         )
         return self
+
+    def _authorization(self) -> dict[str, str]:
+        if self.basic_auth is None:
+            return {}
+        user, password, _hashed = self.basic_auth
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    def _ready(self) -> bool:
+        request = urllib.request.Request(f"{self.url}/-/ready", headers=self._authorization())
+        try:
+            with urllib.request.urlopen(request, timeout=2.0) as response:
+                return int(response.status) == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def stop(self) -> None:
         """Stop Prometheus (its data folder stays for inspection)."""
@@ -195,8 +220,9 @@ class PrometheusServer:
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        request = urllib.request.Request(f"{self.url}{path}{query}", headers=self._authorization())
         try:
-            with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 body = json.load(response)
         except urllib.error.HTTPError as error:
             raise PrometheusError(
