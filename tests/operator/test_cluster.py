@@ -106,6 +106,29 @@ def wait_ready(cluster: Any, name: str, namespace: str = NS) -> dict[str, Any]:
     return wait_for(ready, timeout=READY_TIMEOUT, what=f"InferenceService {name} Ready=True")
 
 
+def wait_ready_reason(cluster: Any, name: str, reason: str) -> dict[str, Any]:
+    """The Ready condition of ``name`` once its reason is ``reason``."""
+
+    def found() -> dict[str, Any] | None:
+        ready = condition(get(cluster, "inferenceservices", name), "Ready")
+        return ready if ready and ready["reason"] == reason else None
+
+    return wait_for(found, timeout=60, what=f"{name} Ready reason {reason}")
+
+
+def small_service(name: str, replicas: int = 0, **spec: Any) -> dict[str, Any]:
+    """A vLLM 0.33 service of Llama-3.1-8B on one H100 (no pods unless ``replicas``), ``spec`` on top."""
+    engine = {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64}
+    body = {
+        "model": {"name": LLAMA_8B["name"]},
+        "engine": {**engine, **spec.pop("engine", {})},
+        "resources": {"accelerator": "h100"},
+        "replicas": replicas,
+        **spec,
+    }
+    return a_manifest(name, None, body)
+
+
 def wait_rolled_out(cluster: Any, name: str, namespace: str = NS) -> dict[str, Any]:
     """Ready, and every stable pod runs the latest template (no rollout in flight)."""
 
@@ -400,12 +423,7 @@ def test_unsupported_knob_sets_ready_false_instead_of_a_crashing_pod(
     manifest["spec"]["engine"]["version"] = "0.33.0"
     manifest["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.33.0"
     apply(cluster, manifest)
-
-    def refused() -> dict[str, Any] | None:
-        ready = condition(get(cluster, "inferenceservices", "upgraded"), "Ready")
-        return ready if ready and ready["reason"] == "UnsupportedKnob" else None
-
-    ready = wait_for(refused, timeout=60, what="Ready=False reason UnsupportedKnob")
+    ready = wait_ready_reason(cluster, "upgraded", "UnsupportedKnob")
     assert ready["status"] == "False"
     assert "maxNumPartialPrefills" in ready["message"] and "0.33" in ready["message"]
     assert get(cluster, "deployments", "upgraded-stable") is None
@@ -422,19 +440,8 @@ def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
         "spec": {"selector": {"app": "web-frontend"}, "ports": [{"name": "http", "port": 80}]},
     }
     apply(cluster, foreign)
-    spec = {
-        "model": {"name": LLAMA_8B["name"]},
-        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-        "resources": {"accelerator": "h100"},
-        "replicas": 0,
-    }
-    apply(cluster, a_manifest("web", None, spec))
-
-    def refused() -> dict[str, Any] | None:
-        ready = condition(get(cluster, "inferenceservices", "web"), "Ready")
-        return ready if ready and ready["reason"] == "NameConflict" else None
-
-    ready = wait_for(refused, timeout=60, what="Ready=False reason NameConflict")
+    apply(cluster, small_service("web"))
+    ready = wait_ready_reason(cluster, "web", "NameConflict")
     assert ready["status"] == "False" and f"Service {NS}/web already exists" in ready["message"], ready
     service = get(cluster, "services", "web")
     assert service is not None
@@ -450,14 +457,7 @@ def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
         return found if found and found["spec"].get("selector") == {SERVICE_LABEL: "web"} else None
 
     wait_for(own_service, timeout=90, what="the service's own Service web")
-    wait_for(
-        lambda: (
-            (condition(get(cluster, "inferenceservices", "web"), "Ready") or {}).get("reason")
-            == "ScaledToZero"
-        ),
-        timeout=60,
-        what="Ready reason ScaledToZero once the conflict is gone",
-    )
+    wait_ready_reason(cluster, "web", "ScaledToZero")  # once the conflict is gone
     cluster.kubectl("delete", "cpis", "web", "-n", NS, "--timeout=60s")
 
 
@@ -466,20 +466,8 @@ def test_a_live_adjust_secret_name_taken_by_another_secret_is_left_untouched(
 ) -> None:
     theirs = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys-live-adjust"}}
     apply(cluster, {**theirs, "stringData": {"token": "someone-elses"}})
-    spec = {
-        "model": {"name": LLAMA_8B["name"]},
-        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-        "resources": {"accelerator": "h100"},
-        "replicas": 0,
-        "autotune": {"liveAdjust": True},
-    }
-    apply(cluster, a_manifest("keys", None, spec))
-
-    def refused() -> dict[str, Any] | None:
-        ready = condition(get(cluster, "inferenceservices", "keys"), "Ready")
-        return ready if ready and ready["reason"] == "NameConflict" else None
-
-    ready = wait_for(refused, timeout=60, what="Ready=False reason NameConflict")
+    apply(cluster, small_service("keys", autotune={"liveAdjust": True}))
+    ready = wait_ready_reason(cluster, "keys", "NameConflict")
     assert f"Secret {NS}/keys-live-adjust already exists" in ready["message"], ready
     secret = get(cluster, "secrets", "keys-live-adjust")
     assert secret is not None and not secret["metadata"].get("ownerReferences")
@@ -494,13 +482,7 @@ def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root
 ) -> None:
     labels = json.loads(cluster.kubectl("get", "namespace", NS, "-o", "json").stdout)["metadata"]["labels"]
     assert labels[PSS_ENFORCE] == "restricted"
-    spec = {
-        "model": {"name": LLAMA_8B["name"]},
-        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-        "resources": {"accelerator": "h100"},
-        "replicas": 1,
-    }
-    apply(cluster, a_manifest("strict", None, spec))
+    apply(cluster, small_service("strict", replicas=1))
     pods = wait_for(
         lambda: items(cluster, "pods", f"{SERVICE_LABEL}=strict"), timeout=90, what="the engine pod created"
     )
@@ -509,8 +491,7 @@ def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root
     assert pod["spec"]["automountServiceAccountToken"] is False
 
     # The same engine as root (spec.engine.runAsUser 0) is refused by the same API server.
-    root = {**spec, "engine": {**spec["engine"], "runAsUser": 0}}
-    apply(cluster, a_manifest("rooted", None, root))
+    apply(cluster, small_service("rooted", replicas=1, engine={"runAsUser": 0}))
 
     def refused() -> str | None:
         out = cluster.kubectl(
@@ -534,34 +515,15 @@ def test_a_spec_only_the_model_refuses_is_reported_not_retried(
     cluster: Any, operator: OperatorProcess
 ) -> None:
     # The CRD's CEL sees only the "=" form of --additional-config; the model checks both.
-    spec = {
-        "model": {"name": LLAMA_8B["name"]},
-        "engine": {"kind": "vllm", "version": "0.33.0", "extraArgs": ["--additional-config", "not json"]},
-        "resources": {"accelerator": "h100"},
-        "replicas": 0,
-    }
-    apply(cluster, a_manifest("garbled", None, spec))
-
-    def refused() -> dict[str, Any] | None:
-        ready = condition(get(cluster, "inferenceservices", "garbled"), "Ready")
-        return ready if ready and ready["reason"] == "InvalidSpec" else None
-
-    ready = wait_for(refused, timeout=60, what="Ready=False reason InvalidSpec")
+    apply(cluster, small_service("garbled", engine={"extraArgs": ["--additional-config", "not json"]}))
+    ready = wait_ready_reason(cluster, "garbled", "InvalidSpec")
     assert "--additional-config must be a JSON object" in ready["message"], ready
     assert get(cluster, "deployments", "garbled-stable") is None
     cluster.kubectl("delete", "cpis", "garbled", "-n", NS, "--timeout=60s")
 
 
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
-    spec = {
-        "model": {"name": LLAMA_8B["name"]},
-        "engine": {"kind": "vllm", "version": "0.33.0", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-        "resources": {"accelerator": "h100"},
-        "replicas": 0,
-        "autotune": {"liveAdjust": True},
-    }
-    manifest = a_manifest("tokens", None, spec)
-    apply(cluster, manifest)
+    apply(cluster, small_service("tokens", autotune={"liveAdjust": True}))
     secret = wait_for(
         lambda: get(cluster, "secrets", "tokens-live-adjust"), timeout=60, what="Secret tokens-live-adjust"
     )
