@@ -106,7 +106,7 @@ def test_cluster_state_round_trips() -> None:
     assert controlplane.ClusterState.from_json(state.to_json()) == state
 
 
-def test_every_binary_has_a_pinned_build_module() -> None:
+def test_every_binary_has_a_pinned_build_module_and_its_checksums() -> None:
     for binary in Binary:
         component = components.component_of(binary)
         assert components.command_of(binary).binary is binary
@@ -115,6 +115,10 @@ def test_every_binary_has_a_pinned_build_module() -> None:
         )
         assert component.module in gomod.read_text()
         assert component.version in gomod.read_text()
+        # Its checksums are committed too: every module the build downloads is verified against them.
+        gosum = gomod.with_suffix(".sum").read_text().splitlines()
+        assert f"{component.module} {component.version} h1:" in "\n".join(gosum)
+        assert all(len(line.split()) == 3 and line.split()[2].startswith("h1:") for line in gosum)
 
 
 def test_kubernetes_build_stamps_the_release_version(tmp_path: Path) -> None:
