@@ -24,11 +24,12 @@ from chunkpilot.operator.builders import build_service
 from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
-from chunkpilot.operator.kube import KubeClient, KubeError
+from chunkpilot.operator.kube import KubeClient, KubeError, object_path
 from chunkpilot.operator.objects import (
     NameConflictError,
     deployment_path,
     isvc_path,
+    owned_by,
     parse_status,
     write_service_status,
 )
@@ -162,6 +163,7 @@ class Reconciler:
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
         try:
+            await self._check_service_name(body, isvc)
             observation = await self._reconcile_children(body, isvc, kinds, known, repair)
         except NameConflictError as conflict:
             generation = int(body["metadata"].get("generation") or 0)
@@ -171,6 +173,23 @@ class Reconciler:
             # the operator no event: it is not labelled as a child).
             raise kopf.TemporaryError(str(conflict), delay=NAME_CONFLICT_RETRY_S) from None
         await self._report(body, isvc, observation, live_adjust_blocked, kinds)
+
+    async def _check_service_name(self, body: Mapping[str, Any], isvc: InferenceService) -> None:
+        """Before a new service (or one in conflict) writes anything: its Service's name, the one a
+        foreign object most likely holds (it is the service's own), must be free or the service's.
+
+        Raises :class:`NameConflictError`, so no engine pod starts for a service that cannot serve.
+        Later a conflict is found by the write itself (:meth:`ChildWriter.ensure`).
+        """
+        status = body.get("status") or {}
+        ready: Mapping[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+        )
+        if status.get("observedGeneration") is not None and ready.get("reason") != Reason.NAME_CONFLICT:
+            return
+        current = await self.kube.get(object_path(build_service(isvc)))
+        if current is not None and not owned_by(current, body):
+            raise NameConflictError(current)
 
     async def _reconcile_children(
         self,

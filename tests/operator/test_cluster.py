@@ -446,6 +446,7 @@ def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
     service = get(cluster, "services", "web")
     assert service is not None
     assert service["spec"]["selector"] == {"app": "web-frontend"}
+    assert get(cluster, "deployments", "web-stable") is None  # no engine for a service that cannot serve
     assert not service["metadata"].get("ownerReferences"), service["metadata"]
     assert "NameConflict" in event_reasons(cluster, "web")
 
