@@ -43,6 +43,17 @@ by_kind = chart.by_kind
 rules_of = chart.rules_of
 
 
+def aggregated(role: dict[str, Any]) -> bool:
+    """A ClusterRole added to Kubernetes' default user roles (not one the operator holds)."""
+    labels = role["metadata"].get("labels") or {}
+    return any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in labels)
+
+
+def operator_roles(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's (Cluster)Roles."""
+    return [r for r in by_kind(documents, "ClusterRole") + by_kind(documents, "Role") if not aggregated(r)]
+
+
 def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
     (deployment,) = by_kind(documents, "Deployment")
     container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -114,6 +125,22 @@ def test_rbac_has_no_wildcards(helm: Path, sets: list[str]) -> None:
         assert not by_kind(documents, "ClusterRole") and not by_kind(documents, "ClusterRoleBinding")
 
 
+def test_users_default_roles_gain_inferenceservices_in_cluster_mode(helm: Path) -> None:
+    user_roles = {r["metadata"]["name"]: r for r in by_kind(render(helm), "ClusterRole") if aggregated(r)}
+    assert set(user_roles) == {"cp-chunkpilot-edit", "cp-chunkpilot-view"}
+    edit, view = (rules_of(user_roles[f"cp-chunkpilot-{name}"]) for name in ("edit", "view"))
+    assert "create" in edit[("chunkpilot.io", "inferenceservices")]
+    assert edit[("chunkpilot.io", "tuningtrials")] == {"get", "list", "watch"}  # the tuner writes them
+    assert all(verbs == {"get", "list", "watch"} for verbs in view.values())
+    labels = user_roles["cp-chunkpilot-edit"]["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert not [
+        r for r in by_kind(render(helm, "rbac.aggregateToDefaultRoles=false"), "ClusterRole") if aggregated(r)
+    ]
+    namespaced = render(helm, "watch.mode=namespaced", "watch.namespaces={a,b}")
+    assert not by_kind(namespaced, "ClusterRole")  # a namespaced install creates nothing cluster-wide
+
+
 #: What operator/probejob.py does in a watched namespace (see docs/probe.md).
 PROBE_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
@@ -140,7 +167,7 @@ def test_probe_jobs_value_sets_the_env_and_the_rbac_it_needs(helm: Path, sets: l
     env_allowed = {item["name"]: item.get("value") for item in operator_container(allowed)["env"]}
     assert env_allowed["CHUNKPILOT_PROBE_IMAGE_ANNOTATION"] == "on"
     for documents, probing in ((off, False), (on, True)):
-        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        roles = operator_roles(documents)
         assert len(roles) == (2 if sets else 1)
         for role in roles:
             granted = rules_of(role)
@@ -166,7 +193,7 @@ def test_disaggregation_value_sets_the_env_and_grants_the_router_rbac(helm: Path
         documents = render(helm, *sets, f"disaggregation.enabled={str(enabled).lower()}")
         env = {item["name"]: item.get("value") for item in operator_container(documents)["env"]}
         assert env.get("CHUNKPILOT_DISAGGREGATION") == (None if enabled else "off")
-        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        roles = operator_roles(documents)
         assert len(roles) == (2 if sets else 1)
         for role in roles:
             granted = rules_of(role)
@@ -183,7 +210,7 @@ def test_live_adjust_value_grants_the_token_secrets(helm: Path, sets: list[str])
     """The live-adjustment token Secrets (autotune.liveAdjust) are granted only when the chart allows it."""
     for enabled in (False, True):
         documents = render(helm, *sets, f"liveAdjust.enabled={str(enabled).lower()}")
-        roles = by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        roles = operator_roles(documents)
         assert len(roles) == (2 if sets else 1)
         for role in roles:
             granted = rules_of(role).get(("", "secrets"))
