@@ -81,17 +81,27 @@ def owned_by(child: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
 
 
 class NameConflictError(Exception):
-    """An object a service's child would be written as already exists and is not the service's."""
+    """An object Chunkpilot would write already exists and is someone else's: it is left untouched.
 
-    def __init__(self, child: Mapping[str, Any]) -> None:
-        meta = child.get("metadata") or {}
-        self.kind = str(child.get("kind") or "object")
+    ``owner`` is who would have written it and ``mark`` what would show it theirs; ``remedy`` how to
+    free the name. The defaults are a service's child's.
+    """
+
+    def __init__(
+        self,
+        found: Mapping[str, Any],
+        *,
+        owner: str = "this InferenceService",
+        mark: str = f"no owner reference to it, no {LABEL_MANAGED_BY}={MANAGED_BY} label for it",
+        remedy: str = "rename the InferenceService or remove",
+    ) -> None:
+        meta = found.get("metadata") or {}
+        self.kind = str(found.get("kind") or "object")
         self.name = str(meta.get("name") or "")
         self.namespace = str(meta.get("namespace") or "")
         super().__init__(
-            f"{self.kind} {self.namespace}/{self.name} already exists and does not belong to this "
-            f"InferenceService (no owner reference to it, no {LABEL_MANAGED_BY}={MANAGED_BY} label for "
-            f"it): it is left untouched; rename the InferenceService or remove that {self.kind}"
+            f"{self.kind} {self.namespace}/{self.name} already exists and does not belong to {owner} "
+            f"({mark}): it is left untouched; {remedy} that {self.kind}"
         )
 
 

@@ -50,6 +50,7 @@ from chunkpilot.operator.config import (
 )
 from chunkpilot.operator.events import EventSpec, EventType, post_event
 from chunkpilot.operator.kube import APPLY_PATCH, KubeError, object_path, resource_path
+from chunkpilot.operator.objects import NameConflictError
 
 from chunkpilot import __version__
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService
@@ -248,18 +249,14 @@ class Kube(Protocol):
 PostEvent = Callable[[Mapping[str, Any], EventSpec], None]
 
 
-class ProbeNameConflictError(Exception):
-    """An object the probe needs (its Job, ServiceAccount, Role or RoleBinding) exists and is not the
-    probe's."""
-
-    def __init__(self, found: Mapping[str, Any]) -> None:
-        meta = found.get("metadata") or {}
-        kind, name = found.get("kind") or "object", meta.get("name") or ""
-        super().__init__(
-            f"probe not started: {kind} {meta.get('namespace') or ''}/{name} already exists and is not "
-            f"the probe's (no app.kubernetes.io/component={PROBE_COMPONENT} label): it is left "
-            f"untouched; remove it, or run the probe in another namespace"
-        )
+def probe_name_conflict(found: Mapping[str, Any]) -> NameConflictError:
+    """An object the probe needs (its Job, ServiceAccount, Role or RoleBinding) that is not the probe's."""
+    return NameConflictError(
+        found,
+        owner="the probe",
+        mark=f"no {LABEL_COMPONENT}={PROBE_COMPONENT} label",
+        remedy="run the probe in another namespace or remove",
+    )
 
 
 async def read_profile(kube: Kube, namespace: str, target: ProbeTarget) -> StepProfile | None:
@@ -294,11 +291,11 @@ class ProbeRunner:
         self.image_annotation = image_annotation
 
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
-        """Apply one of the probe's objects; raises :class:`ProbeNameConflictError` when an object of
-        its name exists that is not the probe's (:func:`is_probe_object`): it is left as it is."""
+        """Apply one of the probe's objects; raises :class:`NameConflictError` when an object of its
+        name exists that is not the probe's (:func:`is_probe_object`): it is left as it is."""
         current = await self.kube.get(object_path(manifest))
         if current is not None and not is_probe_object(current):
-            raise ProbeNameConflictError(current)
+            raise probe_name_conflict(current)
         params = {"fieldManager": self.field_manager, "force": "true"}
         await self.kube.request(
             "PATCH", object_path(manifest), body=dict(manifest), content_type=APPLY_PATCH, params=params
@@ -328,8 +325,8 @@ class ProbeRunner:
         try:
             for manifest in build_probe_rbac(namespace):
                 await self._apply(manifest)
-        except ProbeNameConflictError as conflict:
-            await self._refuse(body, str(conflict))
+        except NameConflictError as conflict:
+            await self._refuse(body, f"probe not started: {conflict}")
             return target.job
         jobs = resource_path("batch/v1", "jobs", namespace)
         try:
@@ -340,7 +337,7 @@ class ProbeRunner:
                 raise
             existing = await self.kube.get(resource_path("batch/v1", "jobs", namespace, target.job))
             if existing is not None and not is_probe_object(existing):
-                await self._refuse(body, str(ProbeNameConflictError(existing)))
+                await self._refuse(body, f"probe not started: {probe_name_conflict(existing)}")
                 return target.job
             if existing is not None and _job_finished(existing):
                 # A finished run of an earlier request: run again (Background: pods go with it).

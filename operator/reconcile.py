@@ -40,6 +40,7 @@ from chunkpilot.operator.status import (
     Reason,
     TopologySwitch,
     compute_status,
+    get_condition,
     status_patch,
 )
 from chunkpilot.operator.topologies import (
@@ -55,6 +56,7 @@ from chunkpilot.operator.topologies import (
 from chunkpilot import telemetry
 from chunkpilot.api import (
     LABEL_SERVICE,
+    ConditionType,
     InferenceService,
     InferenceServiceStatus,
     ManifestError,
@@ -181,12 +183,11 @@ class Reconciler:
         Raises :class:`NameConflictError`, so no engine pod starts for a service that cannot serve.
         Later a conflict is found by the write itself (:meth:`ChildWriter.ensure`).
         """
-        status = body.get("status") or {}
-        ready: Mapping[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
-        )
-        if status.get("observedGeneration") is not None and ready.get("reason") != Reason.NAME_CONFLICT:
-            return
+        status = parse_status(body.get("status"))
+        if status is not None and status.observed_generation is not None:
+            ready = get_condition(status.conditions, ConditionType.READY)
+            if ready is None or ready.reason != Reason.NAME_CONFLICT:
+                return
         current = await self.kube.get(object_path(build_service(isvc)))
         if current is not None and not owned_by(current, body):
             raise NameConflictError(current)

@@ -68,7 +68,7 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
 
 
-#: Ready=False reasons that only a spec change (or, for the last, the installation's) can fix.
+#: Ready=False reasons that only a spec change (or, for DisaggregationDisabled, the installation's) can fix.
 TERMINAL_REASONS: Final = frozenset(
     {
         Reason.UNSUPPORTED_KNOB,

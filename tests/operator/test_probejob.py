@@ -295,7 +295,7 @@ def test_a_name_the_probe_needs_taken_by_someone_elses_object_is_left_alone(path
     assert not [c for c in kube.calls if c[1] == path and c[0] in ("PATCH", "DELETE")]
     annotations = body["metadata"]["annotations"]
     assert annotations[ANNOTATION_PROBE] == "failed"
-    assert "already exists and is not the probe's" in annotations[ANNOTATION_PROBE_MESSAGE]
+    assert "already exists and does not belong to the probe" in annotations[ANNOTATION_PROBE_MESSAGE]
     assert (events[-1].type, events[-1].reason) == (EventType.WARNING, "NameConflict")
 
 

@@ -21,12 +21,13 @@ import pytest
 import yaml
 from chunkpilot.engine.probe import save_profile
 from chunkpilot.engine.probe.synthetic import synthetic_profile
+from chunkpilot.operator.events import EventSpec, EventType
 from chunkpilot.operator.kube import KubeClient
-from chunkpilot.operator.probejob import ProbeTarget, read_profile
+from chunkpilot.operator.probejob import ProbeRunner, ProbeTarget, read_profile
 from chunkpilot.operator.testing import OperatorProcess, operator_env, token_kubeconfig, wait_for
 from chunkpilot.tuner.space import ServiceFacts, TunedConfig, build_space
 
-from chunkpilot.testing.kube import get_object
+from chunkpilot.testing.kube import get_object, someone_elses_role_binding
 
 pytestmark = pytest.mark.cluster
 
@@ -169,3 +170,34 @@ def test_probe_request_creates_the_job_and_the_profile_reaches_the_service(
     )
     assert space.budget.low == profile.knee_tokens
     assert "Traceback" not in operator.log()
+
+
+def test_a_probe_name_taken_by_someone_elses_role_binding_is_left_alone(cluster: Any) -> None:
+    """The probe's RBAC is applied only over the probe's own objects, on the real API server."""
+    namespace = "chunkpilot-probe-conflict"
+    cluster.kubectl("create", "namespace", namespace)
+    theirs = someone_elses_role_binding("chunkpilot-probe", namespace)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(theirs))
+    service = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    service["metadata"] = {"name": SERVICE, "namespace": namespace, "uid": "not-applied"}
+    events: list[EventSpec] = []
+
+    async def start() -> None:
+        kube = KubeClient.from_environment(field_manager="probe-test", kubeconfig=str(cluster.kubeconfig))
+        try:
+            await ProbeRunner(kube, lambda _body, spec: events.append(spec)).start(service)
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(start())
+        kept = json.loads(
+            cluster.kubectl("get", "rolebinding", "chunkpilot-probe", "-n", namespace, "-o", "json").stdout
+        )
+        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    assert kept["roleRef"]["name"] == "view" and not kept["metadata"].get("labels")
+    assert jobs == []  # no probe runs under someone else's binding
+    assert [(e.type, e.reason) for e in events] == [(EventType.WARNING, "NameConflict")]
+    assert f"RoleBinding {namespace}/chunkpilot-probe already exists" in events[0].message

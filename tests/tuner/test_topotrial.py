@@ -57,6 +57,7 @@ from chunkpilot.api import (
     TuningTrialStatus,
 )
 from chunkpilot.testing.deployments import a_ready_state, after_rollout
+from chunkpilot.testing.kube import someone_elses_role_binding
 from chunkpilot.testing.services import NOW, a_condition, a_service_body
 from chunkpilot.testing.trials import a_trial, missed_trials
 from chunkpilot.testing.tuner import a_measurement, a_snapshot, condition, events, of_type, trial_status
@@ -883,13 +884,7 @@ def test_the_actor_leaves_a_canary_named_object_it_does_not_own_on_the_real_api_
             },
         },
     }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "chat-router-canary", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-    }
+    binding = someone_elses_role_binding("chat-router-canary", namespace, role="reader")
     ours = {**foreign, "metadata": {**foreign["metadata"], "labels": {"chunkpilot.io/service": "chat"}}}
     deployment = deployment_path(namespace, "chat", Track.CANARY)
     binding_path = (

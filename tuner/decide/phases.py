@@ -101,15 +101,9 @@ def advance(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     if snap.stable_reading.down:
         # Nothing is measured while Prometheus is down, but the deadlines hold: a canary that never
         # gets Ready times out, and any trial is aborted after a long outage (its canary removed).
-        if phase is TrialPhase.ROLLING_OUT:
-            since = trial.status.started_at if trial.status is not None else None
-            state = DeploymentState.from_manifest(plan.canary)
-            failed = (
-                None if ready(state) else rollout_failure([state], "the canary", since, snap.now, settings)
-            )
-            if failed is not None:
-                abort(plan, trial, failed)
-                return
+        state = DeploymentState.from_manifest(plan.canary)
+        if phase is TrialPhase.ROLLING_OUT and not ready(state) and timed_out(plan, trial, state, settings):
+            return
         metrics_gap(plan, trial, None, settings)
         return
     if phase is TrialPhase.ROLLING_OUT:
@@ -177,10 +171,16 @@ def check_rollout(
         if started is None or not adjust_or_fall_back(plan, trial, started, measuring, aborting):
             plan.do(*measuring(rec.trial_progress(trial)))
         return
+    timed_out(plan, trial, state, settings)
+
+
+def timed_out(plan: Plan, trial: TuningTrial, state: DeploymentState, settings: TunerSettings) -> bool:
+    """Abort the trial of a canary that is not Ready (or failed) in time; True when it was."""
     since = trial.status.started_at if trial.status is not None else None
-    failed = rollout_failure([state], "the canary", since, snap.now, settings)
+    failed = rollout_failure([state], "the canary", since, plan.snap.now, settings)
     if failed is not None:
         abort(plan, trial, failed)
+    return failed is not None
 
 
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:

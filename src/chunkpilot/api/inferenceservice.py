@@ -333,6 +333,9 @@ class SpeculativeSpec(ApiModel):
     )
 
 
+_ADDITIONAL_CONFIG = "--additional-config"
+
+
 def _additional_configs_are_objects(args: list[str]) -> bool:
     """Whether every ``--additional-config`` value in ``args`` is a JSON object (the engine merges it)."""
     for index, arg in enumerate(args):
@@ -349,9 +352,6 @@ def _additional_configs_are_objects(args: list[str]) -> bool:
         if not isinstance(parsed, dict):
             return False
     return True
-
-
-_ADDITIONAL_CONFIG = "--additional-config"
 
 
 class EngineSpec(ApiModel):

@@ -160,10 +160,16 @@ def process_command_line(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def http_ok(url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> bool:
-    """Whether ``GET url`` answers 200."""
+def http_ok(
+    url: str,
+    context: ssl.SSLContext | None = None,
+    timeout: float = 2.0,
+    headers: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether ``GET url`` (with ``headers``) answers 200."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

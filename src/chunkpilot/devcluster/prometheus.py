@@ -173,7 +173,11 @@ class PrometheusServer:
         ).start()
         process = self._process
         processes.start_or_undo(
-            lambda: process.wait_until(self._ready, self.startup_timeout, "GET /-/ready"),
+            lambda: process.wait_until(
+                lambda: processes.http_ok(f"{self.url}/-/ready", headers=self._authorization()),
+                self.startup_timeout,
+                "GET /-/ready",
+            ),
             self.stop,
         )
         return self
@@ -184,14 +188,6 @@ class PrometheusServer:
         user, password, _hashed = self.basic_auth
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         return {"Authorization": f"Basic {token}"}
-
-    def _ready(self) -> bool:
-        request = urllib.request.Request(f"{self.url}/-/ready", headers=self._authorization())
-        try:
-            with urllib.request.urlopen(request, timeout=2.0) as response:
-                return int(response.status) == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
 
     def stop(self) -> None:
         """Stop Prometheus (its data folder stays for inspection)."""

@@ -94,3 +94,15 @@ def pod_ready(plane: ControlPlane, namespace: str, pod: str) -> bool:
     """Whether the pod's Ready condition is True."""
     status = get_json(plane, namespace, "pod", pod).get("status", {})
     return any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+
+
+def someone_elses_role_binding(name: str, namespace: str, role: str = "view") -> dict[str, Any]:
+    """A RoleBinding of ``name`` that Chunkpilot did not create (no labels, no owner): a name taken."""
+    kind = "ClusterRole" if role == "view" else "Role"
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+    }
