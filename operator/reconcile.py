@@ -41,6 +41,7 @@ from chunkpilot.operator.status import (
     TopologySwitch,
     compute_status,
     get_condition,
+    invalid_spec_reason,
     status_patch,
 )
 from chunkpilot.operator.topologies import (
@@ -157,7 +158,8 @@ class Reconciler:
             # What the CRD's schema lets through and the model refuses: said on the status, and not
             # retried (the next spec change is reconciled anew).
             meta = body["metadata"]
-            problem = InstallationProblem(Reason.INVALID_SPEC, f"invalid spec: {error}"[:1024])
+            reason = invalid_spec_reason(error.problems)
+            problem = InstallationProblem(reason, f"invalid spec: {error}"[:1024])
             observation = Observation(int(meta.get("generation") or 0), None, problem=problem)
             await self._write_status(meta["namespace"], meta["name"], observation)
             raise kopf.PermanentError(str(error)) from None

@@ -66,6 +66,7 @@ class Reason(StrEnum):
     TOPOLOGY_SWITCHING = "TopologySwitching"
     NAME_CONFLICT = "NameConflict"
     INVALID_SPEC = "InvalidSpec"
+    INVALID_EXTRA_ARGS = "InvalidExtraArgs"
 
 
 #: Ready=False reasons that only a spec change (or, for DisaggregationDisabled, the installation's) can fix.
@@ -75,8 +76,16 @@ TERMINAL_REASONS: Final = frozenset(
         Reason.UNSUPPORTED_ENGINE_VERSION,
         Reason.DISAGGREGATION_DISABLED,
         Reason.INVALID_SPEC,
+        Reason.INVALID_EXTRA_ARGS,
     }
 )
+
+
+def invalid_spec_reason(problems: list[tuple[str, str]]) -> Reason:
+    """``InvalidExtraArgs`` when every problem of a refused spec is in ``engine.extraArgs``;
+    ``InvalidSpec`` otherwise."""
+    in_extra_args = all(path.split("[")[0].endswith("engine.extraArgs") for path, _ in problems)
+    return Reason.INVALID_EXTRA_ARGS if problems and in_extra_args else Reason.INVALID_SPEC
 
 
 @dataclass(frozen=True)

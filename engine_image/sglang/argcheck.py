@@ -48,12 +48,14 @@ def check(argv: list[str]) -> dict[str, Any]:
             namespace = parser.parse_args(argv)
     except SystemExit:
         return {"ok": False, "error": stderr.getvalue().strip().splitlines()[-1:]}
+    # What the parser set, so a test can tell which option a token of extraArgs reached.
+    parsed = json.loads(json.dumps(vars(namespace), default=str))
     try:
         server_args = ServerArgs.from_cli_args(namespace)
     except Exception as error:  # the engine's own checks, whatever they raise
-        return {"ok": False, "error": [f"{type(error).__name__}: {error}"]}
+        return {"ok": False, "error": [f"{type(error).__name__}: {error}"], "namespace": parsed}
     values = {name: getattr(server_args, name, None) for name in REPORTED}
-    return {"ok": True, "values": json.loads(json.dumps(values, default=str))}
+    return {"ok": True, "values": json.loads(json.dumps(values, default=str)), "namespace": parsed}
 
 
 def main() -> int:

@@ -5,9 +5,10 @@ pypi.nvidia.com (PyPI holds a stub that downloads it) and it loads CUDA librarie
 The rendered arguments are therefore checked against the option definitions read from its
 source instead (a source-level check, not the engine's parser): the ``click`` options of
 the ``serve`` command in ``tensorrt_llm/commands/serve.py`` and the pydantic fields of
-``tensorrt_llm/llmapi/llm_args.py`` for the options-file keys, recorded below as data
-(names, value types, choices) with the release they were taken for. Only the option names
-and types are kept, not TensorRT-LLM's code.
+``tensorrt_llm/llmapi/llm_args.py`` for the options-file keys, recorded as data (names, value
+types, choices) with the release they were taken for: the command's options in the API's table
+``chunkpilot/api/options/trtllm.json``, the options-file keys below. Only the option names and
+types are kept, not TensorRT-LLM's code.
 
 What the check proves: every flag is one ``serve`` defines, takes a value of the right
 type (or none, for its boolean flags), the model is the one positional argument, and every
@@ -18,8 +19,11 @@ does not run TensorRT-LLM's model-dependent validation (e.g. against the checkpo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+from chunkpilot.api.knobs import TRTLLM
+from chunkpilot.api.options import OptionRow
+from chunkpilot.api.options import table as options_table
 
 #: The release the tables describe, and where they were read.
 TRTLLM_OPTIONS_VERSION: Final = "1.2.1"
@@ -28,56 +32,13 @@ SOURCE: Final = (
     " tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, SchedulerConfig fields)"
 )
 
-OptionKind = Literal["int", "float", "str", "flag", "choice"]
+#: One ``click`` option of ``trtllm-serve serve``: its names, value kind and choices.
+CliOption = OptionRow
 
+#: The options of ``trtllm-serve serve`` (besides the positional MODEL): the API's table of them,
+#: which also decides what ``extraArgs`` may not set (:mod:`chunkpilot.api.options`).
+SERVE_OPTIONS: Final[tuple[CliOption, ...]] = options_table(TRTLLM).rows
 
-@dataclass(frozen=True)
-class CliOption:
-    """One ``click`` option of ``trtllm-serve serve``: its names, value type and choices."""
-
-    names: tuple[str, ...]
-    kind: OptionKind
-    choices: tuple[str, ...] = ()
-    multiple: bool = False
-
-
-_LOG_LEVELS = ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")
-
-#: The options of ``trtllm-serve serve`` (besides the positional MODEL).
-SERVE_OPTIONS: Final[tuple[CliOption, ...]] = (
-    CliOption(("--tokenizer",), "str"),
-    CliOption(("--custom_tokenizer",), "str"),
-    CliOption(("--host",), "str"),
-    CliOption(("--port",), "int"),
-    CliOption(("--backend",), "choice", ("pytorch", "tensorrt", "_autodeploy", "trt")),
-    CliOption(("--custom_module_dirs",), "str", multiple=True),
-    CliOption(("--log_level",), "choice", _LOG_LEVELS),
-    CliOption(("--max_beam_width",), "int"),
-    CliOption(("--max_batch_size",), "int"),
-    CliOption(("--max_num_tokens",), "int"),
-    CliOption(("--max_seq_len",), "int"),
-    CliOption(("--tensor_parallel_size", "--tp_size"), "int"),
-    CliOption(("--pipeline_parallel_size", "--pp_size"), "int"),
-    CliOption(("--context_parallel_size", "--cp_size"), "int"),
-    CliOption(("--moe_expert_parallel_size", "--ep_size"), "int"),
-    CliOption(("--moe_cluster_parallel_size", "--cluster_size"), "int"),
-    CliOption(("--gpus_per_node",), "int"),
-    CliOption(("--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction"), "float"),
-    CliOption(("--num_postprocess_workers",), "int"),
-    CliOption(("--trust_remote_code",), "flag"),
-    CliOption(("--revision",), "str"),
-    CliOption(("--config", "--extra_llm_api_options"), "str"),
-    CliOption(("--reasoning_parser",), "str"),
-    CliOption(("--tool_parser",), "str"),
-    CliOption(("--metadata_server_config_file",), "str"),
-    CliOption(("--server_role",), "str"),
-    CliOption(("--fail_fast_on_attention_window_too_large",), "flag"),
-    CliOption(("--otlp_traces_endpoint",), "str"),
-    CliOption(("--disagg_cluster_uri",), "str"),
-    CliOption(("--enable_chunked_prefill",), "flag"),
-    CliOption(("--media_io_kwargs",), "str"),
-    CliOption(("--chat_template",), "str"),
-)
 
 ValueType = Literal["bool", "int", "float", "str"]
 KeySpec = ValueType | tuple[str, ...] | Mapping[str, "KeySpec"]
@@ -113,7 +74,7 @@ LLM_API_KEYS: Final[Mapping[str, KeySpec]] = {
 _BY_NAME: Final[Mapping[str, CliOption]] = {name: opt for opt in SERVE_OPTIONS for name in opt.names}
 
 
-def _value_problem(name: str, kind: OptionKind, value: str, choices: Sequence[str]) -> str | None:
+def _value_problem(name: str, kind: str, value: str, choices: Sequence[str]) -> str | None:
     if kind == "int":
         try:
             int(value)

@@ -42,6 +42,8 @@ def check_argv(argv: list[str]) -> dict[str, Any]:
         return {"ok": False, "stage": "parse", "error": stderr.getvalue().strip().splitlines()[-1:]}
     if namespace.model_tag is not None:
         namespace.model = namespace.model_tag
+    # What the parser set, so a test can tell which option a token of extraArgs reached.
+    parsed = json.loads(json.dumps(vars(namespace), default=str))
     try:
         engine_args = AsyncEngineArgs.from_cli_args(namespace)
         max_model_len = engine_args.max_model_len or 8192
@@ -57,10 +59,16 @@ def check_argv(argv: list[str]) -> dict[str, Any]:
             long_prefill_token_threshold=engine_args.long_prefill_token_threshold or 0,
         )
     except Exception as exc:  # vLLM raises ValueError, pydantic ValidationError, TypeError
-        return {"ok": False, "stage": "engine-args", "error": f"{type(exc).__name__}: {exc}"}
+        return {
+            "ok": False,
+            "stage": "engine-args",
+            "error": f"{type(exc).__name__}: {exc}",
+            "namespace": parsed,
+        }
     result: dict[str, Any] = {
         "ok": True,
         "error": None,
+        "namespace": parsed,
         "model": engine_args.model,
         "max_num_batched_tokens": scheduler.max_num_batched_tokens,
         "max_num_seqs": scheduler.max_num_seqs,

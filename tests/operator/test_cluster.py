@@ -512,15 +512,23 @@ def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root
         cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
 
 
-def test_a_spec_only_the_model_refuses_is_reported_not_retried(
+def test_extra_args_only_the_model_refuses_are_reported_not_retried(
     cluster: Any, operator: OperatorProcess
 ) -> None:
-    # The CRD's CEL sees only the "=" form of --additional-config; the model checks both.
-    apply(cluster, small_service("garbled", engine={"extraArgs": ["--additional-config", "not json"]}))
-    ready = wait_ready_reason(cluster, "garbled", "InvalidSpec")
-    assert "--additional-config must be a JSON object" in ready["message"], ready
-    assert get(cluster, "deployments", "garbled-stable") is None
-    cluster.kubectl("delete", "cpis", "garbled", "-n", NS, "--timeout=60s")
+    # The CRD's CEL sees only the "=" form of --additional-config and no abbreviation; the
+    # operator's check, with the engine's parser rules, sees both.
+    refused = {
+        "garbled": (["--additional-config", "not json"], "--additional-config must be a JSON object"),
+        "abbreviated": (["--max-num-seq=512"], "sets --max-num-seqs"),
+    }
+    for name, (args, _) in refused.items():
+        apply(cluster, small_service(name, engine={"extraArgs": args}))
+    for name, (_, said) in refused.items():
+        ready = wait_ready_reason(cluster, name, "InvalidExtraArgs")
+        assert said in ready["message"], ready
+        assert get(cluster, "deployments", f"{name}-stable") is None
+    for name in refused:
+        cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
 
 
 def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:

@@ -8,12 +8,15 @@ import pytest
 from chunkpilot.operator.engines import UnsupportedKnob
 from chunkpilot.operator.events import status_transitions
 from chunkpilot.operator.status import (
+    TERMINAL_REASONS,
     ConditionUpdate,
     DeploymentState,
     Observation,
+    Reason,
     check_owner,
     compute_status,
     get_condition,
+    invalid_spec_reason,
     set_condition,
     set_conditions,
     status_patch,
@@ -208,3 +211,12 @@ def test_every_condition_has_one_writer_and_the_writers_refuse_the_others() -> N
     check_owner(ConditionType.LIVE_ADJUST, ConditionOwner.OPERATOR)
     with pytest.raises(ValueError, match="LiveAdjust is set by the operator"):
         check_owner(ConditionType.LIVE_ADJUST, ConditionOwner.TUNER)
+
+
+def test_a_spec_refused_only_for_its_extra_args_says_so() -> None:
+    extra = [("spec.engine.extraArgs", "extraArgs[0]: '--max-num-seq=7' sets --max-num-seqs")]
+    other = [("spec.engine.maxNumSeqs", "Input should be greater than or equal to 1")]
+    assert invalid_spec_reason(extra) == Reason.INVALID_EXTRA_ARGS
+    assert invalid_spec_reason(extra + other) == Reason.INVALID_SPEC
+    assert invalid_spec_reason([]) == Reason.INVALID_SPEC
+    assert Reason.INVALID_EXTRA_ARGS in TERMINAL_REASONS

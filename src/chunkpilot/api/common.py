@@ -310,7 +310,7 @@ def problems_from(error: ValidationError) -> list[tuple[str, str]]:
         loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-after[")))
         path = _format_loc(loc)
         ctx = item.get("ctx") or {}
-        field_path = ctx.get("field_path") if item["type"] == "cel_rule" else None
+        field_path = ctx.get("field_path") if item["type"] in ("cel_rule", "extra_args") else None
         if field_path:
             path = f"{path}{field_path}" if path != "<root>" else field_path.lstrip(".")
         message = _FRIENDLY_MESSAGES.get(item["type"], item["msg"])

@@ -59,6 +59,10 @@ class EngineDescriptor:
     #: Flags rendered from other parts of the spec (model, port), without dashes; with the knobs'
     #: flags they are the dialect's managed flags, which ``extraArgs`` may not repeat.
     server_flags: tuple[str, ...]
+    #: Options the spec does not render but that override what it sets (a config file, the token
+    #: budget under another name, parallelism the pod is not sized for), without dashes, each with
+    #: why ``extraArgs`` may not set them (:func:`chunkpilot.api.options.guarded`).
+    reserved_options: tuple[tuple[str, str], ...] = ()
     #: How messages name its command line (``SGLang flags``); empty for the default dialect's.
     command_line: str = ""
     #: Where it serves Prometheus metrics (the PodMonitor's path) and answers health checks.
@@ -78,6 +82,16 @@ class EngineDescriptor:
     demo: bool = False
 
 
+#: Why parallelism the spec does not render is reserved: the pod is sized for tensor parallelism alone.
+_SIZED_FOR_TP: Final = (
+    "the pod's GPUs are sized from spec.engine.tensorParallelSize alone: one replica is one engine;"
+    " scale with spec.replicas"
+)
+_CONFIG_FILE: Final = (
+    "a config file can set any option, the managed ones too: set spec.engine fields, and other"
+    " options as extraArgs"
+)
+
 VLLM_ENGINE: Final = EngineDescriptor(
     kind="vllm",
     display_name="vLLM",
@@ -87,6 +101,15 @@ VLLM_ENGINE: Final = EngineDescriptor(
     image_repository="vllm/vllm-openai",
     probes=ProbeTiming(startup_period_s=10, startup_failure_threshold=180),
     server_flags=("host", "port", "served-model-name", "revision", "max-model-len"),
+    reserved_options=(
+        ("config", _CONFIG_FILE),
+        ("max-num-scheduled-tokens", "it overrides the token budget: set spec.engine.maxNumBatchedTokens"),
+        ("scheduler-cls", "the operator picks the scheduler (the plugin's, for lanes and live adjustment)"),
+        ("pipeline-parallel-size", _SIZED_FOR_TP),
+        ("data-parallel-size", _SIZED_FOR_TP),
+        ("data-parallel-size-local", _SIZED_FOR_TP),
+        ("prefill-context-parallel-size", _SIZED_FOR_TP),
+    ),
     disaggregation=True,
 )
 
@@ -109,6 +132,15 @@ SGLANG_ENGINE: Final = EngineDescriptor(
         "context-length",
         "enable-metrics",
         "tensor-parallel-size",
+    ),
+    reserved_options=(
+        ("config", _CONFIG_FILE),
+        (
+            "max-total-tokens",
+            "it overrides the KV-cache size spec.engine.gpuMemoryUtilization sets: set that instead",
+        ),
+        ("pp-size", _SIZED_FOR_TP),
+        ("dp-size", _SIZED_FOR_TP),
     ),
     command_line="SGLang",
     reserves_colon_in_served_name=True,
@@ -144,6 +176,11 @@ TRTLLM_ENGINE: Final = EngineDescriptor(
         "tp_size",
         "free_gpu_memory_fraction",
         "kv_cache_free_gpu_memory_fraction",
+    ),
+    reserved_options=(
+        ("config", _CONFIG_FILE),
+        ("pipeline_parallel_size", _SIZED_FOR_TP),
+        ("context_parallel_size", _SIZED_FOR_TP),
     ),
     command_line="trtllm-serve",
     metrics_path="/prometheus/metrics",

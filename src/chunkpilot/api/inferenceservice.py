@@ -18,7 +18,9 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from chunkpilot.api import options
 from chunkpilot.api.common import (
     ApiModel,
     CelRule,
@@ -41,7 +43,7 @@ from chunkpilot.api.engines import (
     kinds,
     version_field_doc,
 )
-from chunkpilot.api.knobs import DIALECTS, TUNABLE_NAMES, EngineKindName, doc, knob, managed_flags
+from chunkpilot.api.knobs import DIALECTS, TUNABLE_NAMES, EngineKindName, doc, knob
 from chunkpilot.api.knobs import MANAGED_FLAGS as MANAGED_FLAGS  # re-exported for the tests
 from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPolicy  # the table's enums
 from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
@@ -193,7 +195,16 @@ _KNOB_RULES = (_BUDGET_GE_SEQS, _ACTIVE_LE_SEQS, _LONG_PARTIAL_NEEDS_PARTIAL, _L
 
 
 def _managed_flag_pattern(dialect: str) -> str:
-    return "^--(no-)?(" + "|".join(managed_flags(dialect)) + ")(=.*)?$"
+    """RE2: every exact spelling of a guarded option of ``dialect``, ``_`` for ``-`` where it parses so.
+
+    Abbreviations are the operator's to find (:func:`chunkpilot.api.options.extra_args_problems`).
+    """
+    rules = options.table(dialect)
+    spellings = options.guarded_spellings(dialect)
+    if rules.underscores_are_dashes:
+        spellings = tuple(s[:2] + s[2:].replace("-", "[-_]") if s.startswith("--") else s for s in spellings)
+    tail = "([=.].*)?" if rules.sub_options else "(=.*)?"
+    return "^(" + "|".join(spellings) + ")" + tail + "$"
 
 
 def _repeats_no_managed_flag(spec: EngineSpec, dialect: str, pattern: re.Pattern[str]) -> bool:
@@ -503,7 +514,12 @@ class EngineSpec(ApiModel):
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
         max_length=64,
-        description="Further engine flags passed through verbatim; may not repeat flags managed by the spec.",
+        description=(
+            "Further engine flags passed through verbatim, after the managed ones. A token the engine"
+            " would read as an option the spec renders (under any spelling its parser accepts:"
+            " abbreviations, _ for -, short aliases, JSON sub-options) or as one that overrides its"
+            " scheduling limits is refused; set the spec field instead."
+        ),
     )
     run_as_user: int = Field(
         default=NON_ROOT_UID,
@@ -516,6 +532,18 @@ class EngineSpec(ApiModel):
             "it refuses such pods."
         ),
     )
+
+    @model_validator(mode="after")
+    def _extra_args_leave_managed_options_alone(self) -> EngineSpec:
+        """The authoritative check the CEL rule approximates: ``extraArgs`` read by the engine's own
+        parser rules (abbreviations, ``_`` for ``-``, short aliases, JSON sub-options) set no option the
+        spec manages (:func:`chunkpilot.api.options.extra_args_problems`)."""
+        problems = options.extra_args_problems(self.kind, self.extra_args)
+        if problems:
+            raise PydanticCustomError(
+                "extra_args", "{message}", {"message": "; ".join(problems), "field_path": ".extraArgs"}
+            )
+        return self
 
     #: The version was not given: it is the kind's default, and left out of dumps (as the apiserver,
     #: which has no per-kind default, leaves it out of the stored object).

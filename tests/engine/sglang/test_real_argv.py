@@ -15,7 +15,8 @@ from chunkpilot.engine.sglang import argcheck
 from chunkpilot.engine.sglang.env import SGLANG_VERSION, SGLangEnv, ensure
 from chunkpilot.operator.engines import EngineRender, render_engine
 
-from chunkpilot.api import EngineKind, InferenceServiceSpec
+from chunkpilot.api import EngineKind, InferenceServiceSpec, options
+from chunkpilot.testing.extra_args import ALLOWED, REFUSED
 from chunkpilot.testing.processes import json_through
 from chunkpilot.testing.services import specs_of_kind
 
@@ -91,3 +92,44 @@ def test_rendered_argv_is_accepted_and_means_the_spec(results: dict[str, Any], n
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_broken_vectors_are_refused(results: dict[str, Any], name: str) -> None:
     assert not results[name]["ok"], results[name]
+
+
+# --------------------------------------------------------------------------- extraArgs
+
+_BASE = ["--model-path", "org/model", "--chunked-prefill-size", "512", "--max-running-requests", "64"]
+GUARDED_DESTS = {option.lstrip("-").replace("-", "_") for option in options.guarded("sglang")}
+
+
+@pytest.fixture(scope="module")
+def extra_args_results(sglang_env: SGLangEnv) -> dict[str, Any]:
+    vectors = {"base": _BASE, "allowed": [*_BASE, *ALLOWED["sglang"]]}
+    for index, (tokens, _) in enumerate(REFUSED["sglang"]):
+        vectors[f"refused-{index}"] = [*_BASE, *tokens]
+    parsed: dict[str, Any] = json_through([str(sglang_env.python), argcheck.__file__], vectors)
+    return parsed
+
+
+def _changed(results: dict[str, Any], name: str) -> set[str]:
+    base = results["base"]["namespace"]
+    assert "namespace" in results[name], results[name]
+    return {dest for dest, value in results[name]["namespace"].items() if base.get(dest) != value}
+
+
+@pytest.mark.parametrize(
+    "index", range(len(REFUSED["sglang"])), ids=lambda i: " ".join(REFUSED["sglang"][i][0])
+)
+def test_each_refused_variant_is_read_by_sglang_as_a_managed_option(
+    extra_args_results: dict[str, Any], index: int
+) -> None:
+    tokens, _ = REFUSED["sglang"][index]
+    assert options.extra_args_problems("sglang", tokens)
+    assert _changed(extra_args_results, f"refused-{index}") & GUARDED_DESTS, extra_args_results[
+        f"refused-{index}"
+    ]
+
+
+def test_the_allowed_variants_leave_every_managed_option_alone(extra_args_results: dict[str, Any]) -> None:
+    changed = _changed(extra_args_results, "allowed")
+    assert {"random_seed", "disable_cuda_graph"} <= changed
+    assert not changed & GUARDED_DESTS, changed & GUARDED_DESTS
+    assert options.extra_args_problems("sglang", ALLOWED["sglang"]) == []

@@ -23,8 +23,10 @@ from chunkpilot.operator.engines.kvtransfer import SIM_BANDWIDTH_FLAG, SIM_LATEN
 from chunkpilot.operator.engines.versions import EngineVersion
 from chunkpilot.operator.engines.vllm import V0_REMOVED, vllm_args
 
-from chunkpilot.api import EngineKind, InferenceService, PoolRole
+from chunkpilot.api import EngineKind, InferenceService, PoolRole, options
+from chunkpilot.api.options import PLUGIN_SECTION
 from chunkpilot.localrun.podspec import strip_flags
+from chunkpilot.testing.extra_args import ALLOWED, REFUSED
 from chunkpilot.testing.processes import captured, json_through
 
 # The first test also waits for the environment build (minutes, once) and the server start.
@@ -227,3 +229,56 @@ print(type(on).__name__, isinstance(on, AsyncScheduler), type(off).__name__, isi
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["ChunkpilotAsyncScheduler", "True", "ChunkpilotScheduler", "False"]
+
+
+# --------------------------------------------------------------------------- extraArgs
+
+
+def _dest(option: str) -> str:
+    """argparse's destination of ``option`` (of a JSON sub-option: its option's)."""
+    return option.lstrip("-").partition(".")[0].replace("-", "_")
+
+
+_BASE = ["org/model", "--max-num-batched-tokens", "2048", "--max-num-seqs", "64", "--port", "8000"]
+
+
+@pytest.fixture(scope="module")
+def extra_args_results(vllm_env: EngineEnv, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = tmp_path_factory.mktemp("extra-args") / "engine.yaml"
+    # The command line wins over the file; the file sets what the command line does not.
+    config.write_text("max_num_scheduled_tokens: 4096\n")
+    vectors = {"base": _BASE, "allowed": [*_BASE, *ALLOWED["vllm"]]}
+    for index, (tokens, _) in enumerate(REFUSED["vllm"]):
+        vectors[f"refused-{index}"] = [*_BASE, *(str(config) if t == "engine.yaml" else t for t in tokens)]
+    return check(vllm_env, vectors)
+
+
+def _changed(results: dict[str, Any], name: str) -> set[str]:
+    base = results["base"]["namespace"]
+    assert "namespace" in results[name], results[name]
+    return {dest for dest, value in results[name]["namespace"].items() if base.get(dest) != value}
+
+
+GUARDED_DESTS = {_dest(option) for option in options.guarded("vllm")}
+
+
+@pytest.mark.parametrize("index", range(len(REFUSED["vllm"])), ids=lambda i: " ".join(REFUSED["vllm"][i][0]))
+def test_each_refused_variant_is_read_by_vllm_as_a_managed_option(
+    extra_args_results: dict[str, Any], index: int
+) -> None:
+    tokens, said = REFUSED["vllm"][index]
+    result = extra_args_results[f"refused-{index}"]
+    assert options.extra_args_problems("vllm", tokens)
+    if said == "ambiguous":
+        assert not result["ok"] and "ambiguous" in json.dumps(result["error"]), result
+    elif PLUGIN_SECTION in said:
+        assert PLUGIN_SECTION in json.dumps(result["namespace"]["additional_config"]), result
+    else:
+        assert _changed(extra_args_results, f"refused-{index}") & GUARDED_DESTS, result
+
+
+def test_the_allowed_variants_leave_every_managed_option_alone(extra_args_results: dict[str, Any]) -> None:
+    changed = _changed(extra_args_results, "allowed")
+    assert {"seed", "enforce_eager", "dtype", "max_num_queued_reqs"} <= changed
+    assert not changed & GUARDED_DESTS, changed & GUARDED_DESTS
+    assert options.extra_args_problems("vllm", ALLOWED["vllm"]) == []
