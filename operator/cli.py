@@ -92,7 +92,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--debug", action="store_true", help="log everything, including API traffic")
     run.set_defaults(func=run_operator)
     # `chunkpilot operator bench` is added by chunkpilot.bench.operator_load: the product holds no benchmark.
-    run.add_subparsers(dest="operator_command", metavar="{bench}")
+    commands = run.add_subparsers(dest="operator_command", metavar="{release,bench}")
+    release = commands.add_parser(
+        "release",
+        help="after `helm uninstall`: take the operator's finalizer off InferenceServices",
+        description=(
+            "Remove the operator's finalizer from InferenceServices, so that deleting them once the"
+            " operator is uninstalled does not wait for it. Run it after `helm uninstall`; the services"
+            " keep serving, unmanaged."
+        ),
+    )
+    where = release.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "-n", "--namespace", action="append", dest="namespaces", metavar="NS", help="in NS (repeatable)"
+    )
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="in every namespace")
+    release.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    release.set_defaults(func=run_release)
 
     render = subparsers.add_parser(
         "render",
@@ -137,6 +153,32 @@ def operator_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Ope
     overridden = {FLAG_VARIABLES[name] for name in flags}
     config = OperatorConfig.from_env({k: v for k, v in environ.items() if k not in overridden})
     return dataclasses.replace(config, **flags)
+
+
+def run_release(args: argparse.Namespace) -> int:
+    """``chunkpilot operator release``: print each service released."""
+    import asyncio
+
+    from chunkpilot.operator.config import FIELD_MANAGER
+    from chunkpilot.operator.kube import KubeClient, KubeError
+    from chunkpilot.operator.release import release_finalizers
+
+    async def release() -> list[str]:
+        kube = KubeClient.from_environment(field_manager=FIELD_MANAGER, kubeconfig=args.kubeconfig)
+        try:
+            return await release_finalizers(kube, () if args.all_namespaces else args.namespaces)
+        finally:
+            await kube.close()
+
+    try:
+        released = asyncio.run(release())
+    except (KubeError, RuntimeError) as error:
+        print(f"chunkpilot operator release: {error}", file=sys.stderr)
+        return 1
+    for name in released:
+        print(f"released {name}")
+    print(f"{len(released)} InferenceService(s) released")
+    return 0
 
 
 def run_operator(args: argparse.Namespace) -> int:

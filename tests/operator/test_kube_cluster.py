@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 
 import pytest
 import yaml
-from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.config import FINALIZER, OperatorConfig
 from chunkpilot.operator.kube import KubeClient, KubeError
 from chunkpilot.operator.reconcile import Reconciler
+
+from chunkpilot.testing.processes import captured
 
 pytestmark = pytest.mark.cluster
 
@@ -107,3 +110,44 @@ def test_reconciling_into_a_terminating_namespace_stops_quietly(
     with caplog.at_level(logging.INFO, logger="chunkpilot.operator.reconcile"):
         asyncio.run(reconcile())
     assert f"not reconciling {terminating_namespace}/{body['metadata']['name']}" in caplog.text
+
+
+def test_release_frees_services_from_an_uninstalled_operators_finalizer(control_plane: Any) -> None:
+    """With no operator left to remove its finalizer, ``chunkpilot operator release`` does, and only it."""
+    control_plane.apply_manifests([REPO / "crds"])
+    namespace = f"released-{uuid.uuid4().hex[:6]}"
+    kubectl(control_plane, "create", "namespace", namespace)
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"] = {
+        "name": "left-behind",
+        "namespace": namespace,
+        "finalizers": [FINALIZER, HOLD],
+    }
+    kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(manifest))
+    kubectl(control_plane, "delete", "cpis", "left-behind", "-n", namespace, "--wait=false")
+
+    proc = captured(
+        [sys.executable, "-m", "chunkpilot.cli", "operator", "release", "-n", namespace,
+         "--kubeconfig", str(control_plane.kubeconfig)],
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"released {namespace}/left-behind" in proc.stdout
+    left = json.loads(
+        kubectl(control_plane, "get", "cpis", "left-behind", "-n", namespace, "-o", "json").stdout
+    )
+    assert left["metadata"]["finalizers"] == [HOLD]  # someone else's finalizer stays
+
+    again = captured(
+        [sys.executable, "-m", "chunkpilot.cli", "operator", "release", "-n", namespace,
+         "--kubeconfig", str(control_plane.kubeconfig)],
+        timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0 and "0 InferenceService(s) released" in again.stdout, again.stdout
+    kubectl(
+        control_plane, "patch", "cpis", "left-behind", "-n", namespace, "--type=merge",
+        "-p", '{"metadata":{"finalizers":null}}',
+    )  # fmt: skip
+    gone = kubectl(control_plane, "get", "cpis", "-n", namespace, "-o", "json").stdout
+    assert json.loads(gone)["items"] == []
+    kubectl(control_plane, "delete", "namespace", namespace, "--wait=false")
