@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 from chunkpilot.operator.apicalls import enforcing
 
 from chunkpilot.api import InferenceService
+from chunkpilot.api.engines import with_registry
 
 ENV_PREFIX: Final = "CHUNKPILOT_"
 ENV_POD_MONITOR: Final = "CHUNKPILOT_POD_MONITOR"
@@ -44,6 +45,7 @@ ENV_AUTOTUNER: Final = "CHUNKPILOT_AUTOTUNER"
 ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
 #: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
 ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
+ENV_IMAGE_REGISTRY: Final = "CHUNKPILOT_IMAGE_REGISTRY"
 #: ``on``: a service's ``chunkpilot.io/probe-image`` annotation picks its probe's image (off by
 #: default: whoever may edit an InferenceService would choose what runs with the probe's
 #: ServiceAccount).
@@ -188,6 +190,9 @@ class OperatorConfig:
     #: Whether a service's ``chunkpilot.io/probe-image`` annotation may override it
     #: (``CHUNKPILOT_PROBE_IMAGE_ANNOTATION=on``).
     probe_image_annotation: bool = False
+    #: The registry the default images are pulled from instead of theirs (``CHUNKPILOT_IMAGE_REGISTRY``,
+    #: e.g. an air-gapped mirror); None: their own. Images a spec names are used as given.
+    image_registry: str | None = None
     #: The kubeconfig file of ``--kubeconfig`` (None: in-cluster, then the Kubernetes client's default,
     #: ``$KUBECONFIG`` or ``~/.kube/config``).
     kubeconfig: str | None = None
@@ -200,8 +205,11 @@ class OperatorConfig:
         return not self.live_adjust and isvc.spec.autotune.live_adjust
 
     def served(self, isvc: InferenceService) -> InferenceService:
-        """``isvc`` as this installation runs it: ``autotune.liveAdjust`` off when it is disabled."""
-        return without_live_adjust(isvc) if self.live_adjust_blocked(isvc) else isvc
+        """``isvc`` as this installation runs it: ``autotune.liveAdjust`` off when it is disabled, and
+        the default images from :attr:`image_registry` when one is set."""
+        if self.live_adjust_blocked(isvc):
+            isvc = without_live_adjust(isvc)
+        return with_images_from(isvc, self.image_registry)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -232,6 +240,7 @@ class OperatorConfig:
             autotuner=env.get(ENV_AUTOTUNER, "").strip().lower() != "off",
             probe_jobs=probe_jobs_enabled(env),
             probe_image=env.get(ENV_PROBE_IMAGE) or None,
+            image_registry=parse_image_registry(env.get(ENV_IMAGE_REGISTRY, ""), ENV_IMAGE_REGISTRY),
             probe_image_annotation=parse_switch(
                 env.get(ENV_PROBE_IMAGE_ANNOTATION, "off") or "off", ENV_PROBE_IMAGE_ANNOTATION
             ),
@@ -262,6 +271,41 @@ def without_live_adjust(isvc: InferenceService) -> InferenceService:
     """A copy of ``isvc`` with ``autotune.liveAdjust`` off (its engines then serve no route)."""
     autotune = isvc.spec.autotune.model_copy(update={"live_adjust": False})
     return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"autotune": autotune})})
+
+
+def with_images_from(isvc: InferenceService, registry: str | None) -> InferenceService:
+    """A copy of ``isvc`` whose unset engine and router images are the defaults pulled from ``registry``.
+
+    The image then is the spec's, so every reader (the renderers, the plugin's recognition, which
+    compares repositories without their registry) sees the one the pods run.
+    """
+    if not registry:
+        return isvc
+    from chunkpilot.operator.engines import default_image
+    from chunkpilot.operator.router import default_router_image
+
+    spec = isvc.spec
+    update: dict[str, object] = {}
+    if spec.engine.image is None:
+        image = with_registry(default_image(spec.engine.kind, spec.engine.version), registry)
+        update["engine"] = spec.engine.model_copy(update={"image": image})
+    router = spec.topology.router if spec.topology is not None else None
+    if spec.topology is not None and router is not None and router.image is None:
+        routed = router.model_copy(update={"image": with_registry(default_router_image(), registry)})
+        update["topology"] = spec.topology.model_copy(update={"router": routed})
+    return isvc.model_copy(update={"spec": spec.model_copy(update=update)}) if update else isvc
+
+
+def parse_image_registry(text: str, where: str) -> str | None:
+    """A registry host with an optional port and path (``mirror.internal:5000/team``); empty: None."""
+    value = text.strip().rstrip("/")
+    if not value:
+        return None
+    if "://" in value or "@" in value or " " in value or value.startswith("/"):
+        raise ValueError(
+            f"{where}={text!r}: give a registry host and optional path, e.g. mirror.internal:5000/ml"
+        )
+    return value
 
 
 def parse_switch(text: str, where: str) -> bool:

@@ -54,6 +54,7 @@ from chunkpilot.operator.objects import NameConflictError
 
 from chunkpilot import __version__
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService
+from chunkpilot.api.engines import with_registry
 
 __all__ = [
     "ANNOTATION_PROBE",
@@ -425,7 +426,8 @@ def _runner(memo: kopf.Memo) -> ProbeRunner | None:
         runner = ProbeRunner(
             reconciler.kube,
             post_event,
-            image=config.probe_image,
+            # Without one configured: the default probe image, from the installation's registry.
+            image=config.probe_image or with_registry(default_probe_image(), config.image_registry),
             image_annotation=config.probe_image_annotation,
         )
         memo["probe_runner"] = runner

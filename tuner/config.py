@@ -56,6 +56,8 @@ class TunerConfig:
     live_adjust: bool = True
     #: The installation runs disaggregated topologies (``CHUNKPILOT_DISAGGREGATION``).
     disaggregation: bool = True
+    #: The registry the default images come from (``CHUNKPILOT_IMAGE_REGISTRY``; None: their own).
+    image_registry: str | None = None
     interval_s: float = DEFAULT_INTERVAL_S
     rollout_timeout_s: float = DEFAULT_ROLLOUT_TIMEOUT_S
     #: Tune with the digital twin (``CHUNKPILOT_TWIN``).
@@ -92,6 +94,7 @@ class TunerConfig:
             optuna_storage=shared.optuna_storage,
             live_adjust=shared.live_adjust,
             disaggregation=shared.disaggregation,
+            image_registry=shared.image_registry,
             interval_s=parse_seconds(environ, ENV_INTERVAL, DEFAULT_INTERVAL_S),
             rollout_timeout_s=parse_seconds(environ, ENV_ROLLOUT_TIMEOUT, DEFAULT_ROLLOUT_TIMEOUT_S),
             twin=parse_twin_switch(environ),

@@ -71,16 +71,24 @@ class TuningController:
         live_adjuster: LiveAdjuster | None = None,
         vector: VectorFn | None = None,
         live_adjust: bool = True,
+        image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.settings = settings or TunerSettings()
         #: ``vector``: instant-vector queries for the digital twin (None: no twin, tuning as before);
-        #: ``live_adjust``: the installation allows ``autotune.liveAdjust``; ``twin_budget``: what one
+        #: ``live_adjust``: the installation allows ``autotune.liveAdjust``; ``image_registry``: the one
+        #: its default images come from; ``twin_budget``: what one
         #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`).
         self.observer = Observer(
-            kube, query, inline=inline, vector=vector, live_adjust=live_adjust, twin_budget=twin_budget
+            kube,
+            query,
+            inline=inline,
+            vector=vector,
+            live_adjust=live_adjust,
+            image_registry=image_registry,
+            twin_budget=twin_budget,
         )
         self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)

@@ -119,6 +119,7 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         mirror=_mirror_to(config.optuna_storage) if config.optuna_storage else None,
         live_adjuster=HttpLiveAdjuster(targets_file_resolver(targets) if targets else pod_ip_endpoint),
         live_adjust=config.live_adjust,
+        image_registry=config.image_registry,
         twin_budget=config.twin_budget,
     )
 

@@ -32,7 +32,7 @@ from chunkpilot.operator.engines.vllm import (
 
 from chunkpilot import __version__
 from chunkpilot.api import InferenceServiceSpec
-from chunkpilot.api.engines import SIM_ENGINE, TRTLLM_ENGINE, image_repository, kinds
+from chunkpilot.api.engines import SIM_ENGINE, TRTLLM_ENGINE, image_path, kinds
 
 SIM_RESOURCES: Final = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
@@ -47,8 +47,8 @@ SIMULATED_KINDS: Final = kinds(where="simulated")
 
 
 def is_sim_image(image: str) -> bool:
-    """True for the Chunkpilot image (any tag), which ships the simulator."""
-    return image_repository(image) == SIM_ENGINE.image_repository
+    """True for the Chunkpilot image (any tag, any registry), which ships the simulator."""
+    return image_path(image) == image_path(SIM_ENGINE.image_repository)
 
 
 def simulated(spec: InferenceServiceSpec, render: RenderResult) -> RenderResult:

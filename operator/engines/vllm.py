@@ -30,7 +30,7 @@ from chunkpilot.operator.engines.knobcheck import foreign_knob
 from chunkpilot.operator.engines.versions import EngineVersion
 
 from chunkpilot.api import EngineKind, InferenceServiceSpec
-from chunkpilot.api.engines import VLLM_ENGINE, image_repository
+from chunkpilot.api.engines import VLLM_ENGINE, image_path
 from chunkpilot.api.knobs import KNOBS, VLLM, VLLM_0_33, VLLM_V0_REMOVED, KnobSpec
 
 #: Oldest release whose command line this renderer knows.
@@ -136,7 +136,8 @@ def _plugin_remedy(version: EngineVersion) -> str:
     if release in SUPPORTED_VLLM_VERSIONS:
         return (
             f"run the Chunkpilot engine image, the default for {VLLM_ENGINE.display_name} {release}: clear"
-            f" spec.engine.image or set it to {engine_image(release)}"
+            f" spec.engine.image or set it to {engine_image(release)} (for an image of your own with the"
+            " plugin installed, set spec.engine.pluginInstalled: true)"
         )
     newest = SUPPORTED_VLLM_VERSIONS[-1]
     return (
@@ -172,14 +173,18 @@ def first_unsupported_knob(
     return None
 
 
-def uses_plugin(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
-    """True when a V1 release runs the Chunkpilot engine image (explicitly or by default)."""
+def has_plugin(spec: InferenceServiceSpec) -> bool:
+    """Whether the engine's image has Chunkpilot's plugin: as ``spec.engine.pluginInstalled`` says,
+    else when it is Chunkpilot's engine image (explicitly or by default, from any registry)."""
+    if spec.engine.plugin_installed is not None:
+        return spec.engine.plugin_installed
     image = spec.engine.image or default_vllm_image(spec.engine.version)
-    return (
-        spec.engine.kind == EngineKind.VLLM
-        and version >= V0_REMOVED
-        and image_repository(image) == ENGINE_IMAGE_REPOSITORY
-    )
+    return image_path(image) == image_path(ENGINE_IMAGE_REPOSITORY)
+
+
+def uses_plugin(spec: InferenceServiceSpec, version: EngineVersion) -> bool:
+    """True when a V1 release of vLLM runs an image with Chunkpilot's plugin (:func:`has_plugin`)."""
+    return spec.engine.kind == EngineKind.VLLM and version >= V0_REMOVED and has_plugin(spec)
 
 
 def plugin_enforces(spec: InferenceServiceSpec, version: EngineVersion) -> bool:

@@ -83,6 +83,11 @@ def _rules_naming_kinds(rules: Any) -> list[tuple[str, str, str]]:
 def test_cel_rules_that_name_engine_kinds() -> None:
     assert _rules_naming_kinds(EngineSpec.cel_rules) == [
         (
+            "!has(self.pluginInstalled) || self.kind in ['vllm']",
+            "pluginInstalled applies to kind vllm only (Chunkpilot's scheduler plugin is vLLM's): remove it",
+            ".pluginInstalled",
+        ),
+        (
             f"self.kind in ['sglang', 'trtllm'] || self.extraArgs.all(a, !a.matches('{_pattern('vllm')}'))",
             "extraArgs must not repeat flags rendered from the spec (e.g. --max-num-batched-tokens):"
             " set the corresponding spec.engine field instead",

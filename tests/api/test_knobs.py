@@ -13,7 +13,7 @@ from chunkpilot.api.inferenceservice import MANAGED_FLAGS
 from chunkpilot.api.knobs import KNOBS, TUNABLE, TUNABLE_NAMES, EngineVersion
 
 #: EngineSpec fields that are not engine settings: what runs, not how it schedules.
-NOT_KNOBS = ("kind", "image", "version", "extra_args", "run_as_user")
+NOT_KNOBS = ("kind", "image", "plugin_installed", "version", "extra_args", "run_as_user")
 
 
 def test_every_engine_spec_setting_is_one_row_in_field_order() -> None:

@@ -151,6 +151,13 @@ PROBE_RULES = {
 }
 
 
+def test_default_image_registry_reaches_the_operator(helm: Path) -> None:
+    assert "CHUNKPILOT_IMAGE_REGISTRY" not in {e["name"] for e in operator_container(render(helm))["env"]}
+    mirrored = render(helm, "defaultImageRegistry=mirror.internal:5000")
+    env = {e["name"]: e.get("value") for e in operator_container(mirrored)["env"]}
+    assert env["CHUNKPILOT_IMAGE_REGISTRY"] == "mirror.internal:5000"
+
+
 @pytest.mark.parametrize(
     "sets", [[], ["watch.mode=namespaced", "watch.namespaces={a,b}"]], ids=["cluster", "namespaced"]
 )
@@ -310,6 +317,7 @@ def test_optuna_storage_and_metrics_port(helm: Path) -> None:
         ("probeJobs.enabled=maybe", "/probeJobs/enabled"),
         ("liveAdjust.enabled=maybe", "/liveAdjust/enabled"),
         ("tuner.interval=0", "/tuner/interval"),
+        ("defaultImageRegistry=https://mirror", "/defaultImageRegistry"),
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Path, value: str, fragment: str) -> None:

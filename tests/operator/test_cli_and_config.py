@@ -21,6 +21,8 @@ from chunkpilot.tuner.config import TunerConfig
 from chunkpilot import telemetry
 from chunkpilot.api import EngineConfig, InferenceService
 
+REPO = Path(__file__).resolve().parents[2]
+
 CASES = Path(__file__).parent / "golden" / "cases"
 
 
@@ -193,6 +195,10 @@ def test_config_is_read_from_the_mapping_it_is_given(monkeypatch: pytest.MonkeyP
         ({"CHUNKPILOT_POD_MONITOR_LABELS": "release"}, "CHUNKPILOT_POD_MONITOR_LABELS: invalid label"),
         ({"CHUNKPILOT_METRICS_PORT": "eighty"}, "CHUNKPILOT_METRICS_PORT='eighty' is not a port number"),
         ({"CHUNKPILOT_DISAGGREGATION": "maybe"}, "CHUNKPILOT_DISAGGREGATION='maybe': use on or off"),
+        (
+            {"CHUNKPILOT_IMAGE_REGISTRY": "https://mirror"},
+            "CHUNKPILOT_IMAGE_REGISTRY='https://mirror': give a",
+        ),
     ],
 )
 def test_config_errors_name_the_variable(environ: dict[str, str], message: str) -> None:
@@ -287,3 +293,22 @@ def test_bench_validates_its_counts() -> None:
     result = chunkpilot("operator", "bench", "--count", "10", "--services", "5")
     assert result.returncode == 2
     assert "--services >= --count" in result.stderr
+
+
+def test_default_images_come_from_the_installations_registry() -> None:
+    config = OperatorConfig.from_env({"CHUNKPILOT_IMAGE_REGISTRY": "mirror.internal:5000/"})
+    assert config.image_registry == "mirror.internal:5000"
+    assert TunerConfig.from_env({}, config).image_registry == "mirror.internal:5000"
+    manifest = yaml.safe_load((REPO / "examples" / "disaggregated-sim.yaml").read_text())
+    served = config.served(InferenceService.from_manifest(manifest))
+    assert served.spec.engine.image is not None
+    assert served.spec.engine.image.startswith("mirror.internal:5000/chunkpilot/chunkpilot:")
+    assert served.spec.topology is not None and served.spec.topology.router is not None
+    assert (served.spec.topology.router.image or "").startswith("mirror.internal:5000/chunkpilot/")
+    # An image the spec names is the spec's; without a registry nothing changes.
+    manifest["spec"]["engine"]["image"] = "team.example/sim:1"
+    assert config.served(InferenceService.from_manifest(manifest)).spec.engine.image == "team.example/sim:1"
+    plain = InferenceService.from_manifest(
+        yaml.safe_load((REPO / "examples" / "disaggregated-sim.yaml").read_text())
+    )
+    assert OperatorConfig().served(plain) == plain

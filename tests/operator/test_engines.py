@@ -20,7 +20,7 @@ from chunkpilot.operator.engines.common import TERMINATION_GRACE_MARGIN_S
 from chunkpilot.operator.engines.vllm import KNOB_RULES
 
 from chunkpilot.api import InferenceServiceSpec
-from chunkpilot.api.engines import image_repository
+from chunkpilot.api.engines import image_path, image_repository, with_registry
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 from chunkpilot.testing.argv import flag as flag_value
 
@@ -106,6 +106,34 @@ def test_image_repository_drops_tag_and_digest_but_not_a_registry_port(
     reference: str, repository: str
 ) -> None:
     assert image_repository(reference) == repository
+
+
+@pytest.mark.parametrize(
+    ("reference", "path", "mirrored"),
+    [
+        ("vllm/vllm-openai:v0.33.0", "vllm/vllm-openai", "mirror.local:5000/vllm/vllm-openai:v0.33.0"),
+        (
+            "ghcr.io/chunkpilot/engine-vllm:vllm-v0.33.0",
+            "chunkpilot/engine-vllm",
+            "mirror.local:5000/chunkpilot/engine-vllm:vllm-v0.33.0",
+        ),
+        (
+            "localhost/org/engine@sha256:" + "e" * 64,
+            "org/engine",
+            "mirror.local:5000/org/engine@sha256:" + "e" * 64,
+        ),
+        (
+            "nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+            "nvidia/tensorrt-llm/release",
+            "mirror.local:5000/nvidia/tensorrt-llm/release:1.2.1",
+        ),
+    ],
+)
+def test_a_mirror_keeps_an_images_path_and_tag(reference: str, path: str, mirrored: str) -> None:
+    assert image_path(reference) == path
+    assert with_registry(reference, "mirror.local:5000/") == mirrored
+    assert image_path(mirrored) == path
+    assert with_registry(reference, None) == reference
 
 
 def test_partial_prefill_knobs_on_a_v1_release_without_an_engine_image_name_the_version_fix() -> None:

@@ -63,6 +63,19 @@ def test_an_invalid_status_reads_as_empty_and_an_invalid_spec_as_none() -> None:
     assert parse_service({**body, "spec": {"model": {}}}) is None
 
 
+def test_the_tuner_reads_a_service_with_the_installations_default_images() -> None:
+    body = {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "default"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "engine": {"kind": "sim"}},
+    }
+    mirrored = parse_service(body, image_registry="mirror.local")
+    assert mirrored is not None and (mirrored.spec.engine.image or "").startswith("mirror.local/chunkpilot/")
+    plain = parse_service(body)
+    assert plain is not None and plain.spec.engine.image is None
+
+
 def _window(canary_itl_ms: float) -> WindowMeasurement:
     def track(name: str, itl_ms: float) -> TrackMeasurement:
         return a_measurement(name, itl_ms, 400.0, samples=200.0, window="20s", time=T0)

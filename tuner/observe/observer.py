@@ -83,12 +83,14 @@ class ReadKube(Protocol):
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]: ...
 
 
-def parse_service(body: Mapping[str, Any], *, live_adjust: bool = True) -> InferenceService | None:
+def parse_service(
+    body: Mapping[str, Any], *, live_adjust: bool = True, image_registry: str | None = None
+) -> InferenceService | None:
     """The typed service with its status (an invalid status reads as empty); None: invalid spec.
 
     ``live_adjust``: whether the installation allows ``autotune.liveAdjust`` (the tuner's settings,
     ``CHUNKPILOT_LIVE_ADJUST``); without it the service reads with live adjustment off, as the
-    operator runs it.
+    operator runs it; ``image_registry``: the one the installation pulls its default images from.
     """
     meta = body.get("metadata", {})
     try:
@@ -104,7 +106,8 @@ def parse_service(body: Mapping[str, Any], *, live_adjust: bool = True) -> Infer
     status = parse_status(body.get("status")) or InferenceServiceStatus()
     # The service as the operator runs it, through the operator's own functions: the installation's
     # liveAdjust switch first, then a topology a topology trial promoted (status.bestTopology).
-    served = OperatorConfig(live_adjust=live_adjust).served(isvc.model_copy(update={"status": status}))
+    installation = OperatorConfig(live_adjust=live_adjust, image_registry=image_registry)
+    served = installation.served(isvc.model_copy(update={"status": status}))
     return with_best_topology(served, body.get("status"))
 
 
@@ -119,6 +122,7 @@ class Observer:
         inline: bool = False,
         vector: VectorFn | None = None,
         live_adjust: bool = True,
+        image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
     ) -> None:
         self.kube = kube
@@ -126,6 +130,8 @@ class Observer:
         self._inline = inline  # run blocking calls on the loop itself (tests)
         #: The installation allows ``autotune.liveAdjust`` (the tuner's settings).
         self.live_adjust = live_adjust
+        #: The registry the installation's default images come from.
+        self.image_registry = image_registry
         self.twins = TwinObserver(vector if query is not None else None, inline=inline, budget=twin_budget)
 
     async def observe(self, namespace: str, name: str, now: datetime) -> Snapshot | None:
@@ -133,7 +139,7 @@ class Observer:
         body = await self.kube.get(isvc_path(namespace, name))
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             return None
-        isvc = parse_service(body, live_adjust=self.live_adjust)
+        isvc = parse_service(body, live_adjust=self.live_adjust, image_registry=self.image_registry)
         if isvc is None:
             return None
         assert isvc.status is not None

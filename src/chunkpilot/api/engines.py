@@ -72,6 +72,8 @@ class EngineDescriptor:
     gpu: bool = True
     #: Chunkpilot renders prefill/decode disaggregation for it (its KV-transfer connectors).
     disaggregation: bool = False
+    #: Chunkpilot's scheduler plugin installs into its images (``spec.engine.pluginInstalled``).
+    plugin: bool = False
     #: ``model.servedName`` may not contain ``:`` (SGLang reserves ``model:adapter`` for LoRA).
     reserves_colon_in_served_name: bool = False
     #: The simulator image runs it in its own dialect (``chunkpilot sim serve --engine KIND``).
@@ -101,6 +103,7 @@ VLLM_ENGINE: Final = EngineDescriptor(
     image_repository="vllm/vllm-openai",
     probes=ProbeTiming(startup_period_s=10, startup_failure_threshold=180),
     server_flags=("host", "port", "served-model-name", "revision", "max-model-len"),
+    plugin=True,
     reserved_options=(
         ("config", _CONFIG_FILE),
         ("max-num-scheduled-tokens", "it overrides the token budget: set spec.engine.maxNumBatchedTokens"),
@@ -291,6 +294,35 @@ def image_repository(reference: str) -> str:
     return name[:colon] if colon > slash else name
 
 
+def _registry_host(component: str) -> bool:
+    """Whether the first component of a reference names a registry (``ghcr.io``, ``host:5000``)."""
+    return "." in component or ":" in component or component == "localhost"
+
+
+def image_path(reference: str) -> str:
+    """The repository of an image reference without its registry: what a mirror keeps.
+
+    ``ghcr.io/chunkpilot/engine-vllm:v1`` and ``mirror.internal:5000/chunkpilot/engine-vllm@sha256:...``
+    -> ``chunkpilot/engine-vllm``; a Docker Hub name (``vllm/vllm-openai``) is its own path.
+    """
+    first, slash, rest = image_repository(reference).partition("/")
+    return rest if slash and _registry_host(first) else first + slash + rest
+
+
+def with_registry(reference: str, registry: str | None) -> str:
+    """``reference`` pulled from ``registry`` instead (its path, tag and digest kept); unchanged for None.
+
+    ``with_registry("vllm/vllm-openai:v0.33.0", "mirror.internal")`` ->
+    ``mirror.internal/vllm/vllm-openai:v0.33.0``.
+    """
+    if not registry:
+        return reference
+    reference = reference.strip()
+    first, slash, rest = reference.partition("/")
+    path = rest if slash and _registry_host(first) else reference
+    return f"{registry.rstrip('/')}/{path}"
+
+
 __all__ = [
     "DEFAULT_KIND",
     "ENGINES",
@@ -305,9 +337,11 @@ __all__ = [
     "dialects",
     "either",
     "engine",
+    "image_path",
     "image_repository",
     "kind_field_doc",
     "kind_is_not",
     "kinds",
     "version_field_doc",
+    "with_registry",
 ]

@@ -383,6 +383,15 @@ class EngineSpec(ApiModel):
             check=lambda o: _additional_configs_are_objects(o.extra_args),
         ),
         CelRule(
+            rule=f"!has(self.pluginInstalled) || self.kind in {cel_list(kinds(where='plugin'))}",
+            message=(
+                f"pluginInstalled applies to kind {either(kinds(where='plugin'))} only (Chunkpilot's"
+                " scheduler plugin is vLLM's): remove it"
+            ),
+            field_path=".pluginInstalled",
+            check=lambda o: o.plugin_installed is None or str(o.kind) in kinds(where="plugin"),
+        ),
+        CelRule(
             rule=(
                 "!has(self.speculative) || self.maxNumBatchedTokens >= "
                 "self.maxNumSeqs * (1 + self.speculative.numSpeculativeTokens)"
@@ -444,6 +453,15 @@ class EngineSpec(ApiModel):
         default=None,
         max_length=512,
         description="Container image; the operator's default for kind and version.",
+    )
+    plugin_installed: bool | None = Field(
+        default=None,
+        description=(
+            "vLLM only: the image has Chunkpilot's vLLM plugin installed (a team's own vLLM image with"
+            " the lines of docs/vllm-plugin.md added), so it is run exactly like Chunkpilot's engine image:"
+            " partial-prefill lanes, live adjustment and step telemetry for the twin. Unset: only"
+            " Chunkpilot's engine image (from any registry) counts as having it; false: never."
+        ),
     )
     version: str = Field(
         default_factory=lambda data: _default_version(str(data.get("kind", DEFAULT_KIND))),

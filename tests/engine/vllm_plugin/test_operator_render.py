@@ -63,3 +63,31 @@ def test_upstream_image_still_refuses_with_the_remedy() -> None:
     assert isinstance(result, UnsupportedKnob)
     assert "--max-num-partial-prefills" in result.message
     assert "ghcr.io/chunkpilot/engine-vllm" in result.message
+
+
+OWN_IMAGE = "registry.internal:5000/ml/vllm-cuda12-extras:2026.11@sha256:" + "a" * 64
+
+
+def test_an_image_of_ones_own_declared_with_the_plugin_is_run_like_the_engine_image() -> None:
+    own = render_engine(lanes_spec(image=OWN_IMAGE, pluginInstalled=True))
+    ours = render_engine(lanes_spec(image=engine_image("0.33.0")))
+    assert isinstance(own, EngineRender) and isinstance(ours, EngineRender), (own, ours)
+    assert own.image == OWN_IMAGE
+    assert own.args == ours.args  # the same scheduler, lanes and telemetry
+    assert own.env == ours.env
+
+
+def test_an_image_of_ones_own_without_the_declaration_has_no_plugin() -> None:
+    result = render_engine(lanes_spec(image=OWN_IMAGE))
+    assert isinstance(result, UnsupportedKnob), result
+    assert "pluginInstalled" in result.remedy
+    assert isinstance(
+        render_engine(lanes_spec(image=engine_image("0.33.0"), pluginInstalled=False)), UnsupportedKnob
+    )
+
+
+def test_the_engine_image_from_a_mirror_keeps_its_plugin() -> None:
+    mirrored = "mirror.internal:5000/chunkpilot/engine-vllm:vllm-v0.33.0"
+    result = render_engine(lanes_spec(image=mirrored))
+    assert isinstance(result, EngineRender), result
+    assert flag(result.args, "--scheduler-cls") == SCHEDULER_CLS

@@ -108,6 +108,11 @@ def results(vllm_env: EngineEnv) -> dict[str, dict[str, Any]]:
     rendered = render_engine(InferenceService.from_manifest(manifest).spec)
     assert isinstance(rendered, EngineRender), rendered
     vectors["operator-partial-prefill-plugin"] = list(rendered.args)
+    # A team's own image with the plugin installed, declared in the spec: rendered the same way.
+    manifest["spec"]["engine"].update({"image": "registry.internal/ml/vllm:custom", "pluginInstalled": True})
+    own = render_engine(InferenceService.from_manifest(manifest).spec)
+    assert isinstance(own, EngineRender), own
+    vectors["own-image-with-plugin"] = list(own.args)
     settings = PluginSettings(max_num_partial_prefills=4, max_long_partial_prefills=1, live_adjust=True)
     vectors["plugin-partial-prefill"] = [
         "org/model",
@@ -186,7 +191,9 @@ print(json.dumps(out))
     assert parsed == {name: ["NixlConnector", "kv_both", True, True, True] for name in POOLS}
 
 
-@pytest.mark.parametrize("name", ["plugin-partial-prefill", "operator-partial-prefill-plugin"])
+@pytest.mark.parametrize(
+    "name", ["plugin-partial-prefill", "operator-partial-prefill-plugin", "own-image-with-plugin"]
+)
 def test_plugin_arguments_select_the_chunkpilot_scheduler(
     results: dict[str, dict[str, Any]], name: str
 ) -> None:
