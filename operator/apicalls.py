@@ -122,6 +122,13 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "the PodMonitors a topology change leaves",
         feature=Feature.DISAGGREGATION,
     ),
+    _call(
+        "networking.k8s.io",
+        "networkpolicies",
+        "get create patch delete",
+        OPERATOR,
+        "the NetworkPolicy of a service with spec.networkPolicy.enabled (removed when turned off)",
+    ),
     _call("", "events", "create", KOPF, "Events posted by the operator and the tuner"),
     _call("", "pods", "list", TUNER, "crash detection of canary pods; the Ready canary pods to live-adjust"),
     _call(

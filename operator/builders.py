@@ -20,6 +20,7 @@ from chunkpilot.engine.podsecurity import (
     home_volume,
     pod_security_context,
 )
+from chunkpilot.operator.config import NetworkPeers
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
     ENGINE_PORT_NAME,
@@ -32,6 +33,7 @@ from chunkpilot.operator.engines.kvtransfer import with_kv_transfer
 from chunkpilot.operator.meta import LABEL_MANAGED_BY as LABEL_MANAGED_BY
 from chunkpilot.operator.meta import MANAGED_BY as MANAGED_BY
 from chunkpilot.operator.meta import object_metadata, service_name
+from chunkpilot.operator.networkpolicy import build_network_policies, wants_network_policy
 from chunkpilot.operator.router import build_router_objects, router_selector
 
 from chunkpilot.api import (
@@ -440,6 +442,7 @@ class Children:
     pools: tuple[dict[str, Any], ...] = ()
     router: tuple[dict[str, Any], ...] = ()
     pool_monitors: tuple[dict[str, Any], ...] = ()
+    network_policies: tuple[dict[str, Any], ...] = ()
 
     def manifests(self) -> list[dict[str, Any]]:
         ordered = (
@@ -447,6 +450,7 @@ class Children:
             *self.pools,
             *self.router,
             self.service,
+            *self.network_policies,
             self.pod_monitor,
             *self.pool_monitors,
         )
@@ -583,8 +587,10 @@ def build_children(
     """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor.
 
     For a disaggregated service: both pools' Deployments, the router and its RBAC, the Service
-    in front of the router and a PodMonitor per pool.
+    in front of the router and a PodMonitor per pool. The NetworkPolicies of a service that asks
+    for them (admitting no installation peers: those are the installation's settings).
     """
+    policies = tuple(build_network_policies(isvc, NetworkPeers())) if wants_network_policy(isvc) else ()
     if isvc.spec.disaggregated:
         return Children(
             deployment=None,
@@ -595,11 +601,13 @@ def build_children(
             pool_monitors=tuple(build_pod_monitor(isvc, pod_monitor_labels, role) for role in PoolRole)
             if pod_monitor
             else (),
+            network_policies=policies,
         )
     return Children(
         deployment=build_stable_deployment(isvc),
         service=build_service(isvc),
         pod_monitor=build_pod_monitor(isvc, pod_monitor_labels) if pod_monitor else None,
+        network_policies=policies,
     )
 
 

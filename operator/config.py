@@ -46,6 +46,8 @@ ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
 #: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
 ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
 ENV_IMAGE_REGISTRY: Final = "CHUNKPILOT_IMAGE_REGISTRY"
+ENV_OPERATOR_NAMESPACE: Final = "CHUNKPILOT_OPERATOR_NAMESPACE"
+ENV_PROMETHEUS_NAMESPACE_LABELS: Final = "CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS"
 #: ``on``: a service's ``chunkpilot.io/probe-image`` annotation picks its probe's image (off by
 #: default: whoever may edit an InferenceService would choose what runs with the probe's
 #: ServiceAccount).
@@ -164,6 +166,16 @@ def redacted_url(url: str) -> str:
 
 
 @dataclass(frozen=True)
+class NetworkPeers:
+    """Where the installation's own callers of the engines run, for services' NetworkPolicies."""
+
+    #: The operator's namespace (``CHUNKPILOT_OPERATOR_NAMESPACE``, set by the chart); None: not admitted.
+    operator_namespace: str | None = None
+    #: Labels of Prometheus's namespace (``CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS``); empty: not admitted.
+    prometheus_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class OperatorConfig:
     """Everything the handlers need to know beyond the objects they are handed."""
 
@@ -193,6 +205,8 @@ class OperatorConfig:
     #: The registry the default images are pulled from instead of theirs (``CHUNKPILOT_IMAGE_REGISTRY``,
     #: e.g. an air-gapped mirror); None: their own. Images a spec names are used as given.
     image_registry: str | None = None
+    #: Who besides a service's declared clients may reach its engines when it has a NetworkPolicy.
+    network_peers: NetworkPeers = field(default_factory=NetworkPeers)
     #: The kubeconfig file of ``--kubeconfig`` (None: in-cluster, then the Kubernetes client's default,
     #: ``$KUBECONFIG`` or ``~/.kube/config``).
     kubeconfig: str | None = None
@@ -227,6 +241,10 @@ class OperatorConfig:
             labels = parse_labels(env.get(ENV_POD_MONITOR_LABELS, ""))
         except ValueError as error:
             raise ValueError(f"{ENV_POD_MONITOR_LABELS}: {error}") from None
+        try:
+            prometheus_labels = parse_labels(env.get(ENV_PROMETHEUS_NAMESPACE_LABELS, ""))
+        except ValueError as error:
+            raise ValueError(f"{ENV_PROMETHEUS_NAMESPACE_LABELS}: {error}") from None
         return cls(
             pod_monitor=parse_pod_monitor(env.get(ENV_POD_MONITOR, ""), ENV_POD_MONITOR),
             pod_monitor_labels=labels,
@@ -241,6 +259,10 @@ class OperatorConfig:
             probe_jobs=probe_jobs_enabled(env),
             probe_image=env.get(ENV_PROBE_IMAGE) or None,
             image_registry=parse_image_registry(env.get(ENV_IMAGE_REGISTRY, ""), ENV_IMAGE_REGISTRY),
+            network_peers=NetworkPeers(
+                operator_namespace=env.get(ENV_OPERATOR_NAMESPACE, "").strip() or None,
+                prometheus_namespace_labels=prometheus_labels,
+            ),
             probe_image_annotation=parse_switch(
                 env.get(ENV_PROBE_IMAGE_ANNOTATION, "off") or "off", ENV_PROBE_IMAGE_ANNOTATION
             ),

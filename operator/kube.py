@@ -96,6 +96,7 @@ PLURALS: Final = {
     "RoleBinding": "rolebindings",
     "Job": "jobs",
     "ConfigMap": "configmaps",
+    "NetworkPolicy": "networkpolicies",
 }
 
 

@@ -24,7 +24,12 @@ from chunkpilot.operator.builders import build_service
 from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
-from chunkpilot.operator.kube import KubeClient, KubeError, object_path
+from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
+from chunkpilot.operator.networkpolicy import (
+    build_network_policies,
+    network_policy_names,
+    wants_network_policy,
+)
 from chunkpilot.operator.objects import (
     NameConflictError,
     deployment_path,
@@ -240,6 +245,7 @@ class Reconciler:
                 service, body, self._current(known, ChildKind.SERVICE, service)
             )
             self.children.note(body, "Service", service["metadata"]["name"], ensured, repair, created)
+        await self._ensure_network_policy(body, isvc, repair, created)
         if ChildKind.POD_MONITOR in kinds and await self.children.pod_monitor_wanted():
             for monitor in pod_monitors(isvc, new, self.config.pod_monitor_labels):
                 current = self._current(known, ChildKind.POD_MONITOR, monitor)
@@ -267,6 +273,22 @@ class Reconciler:
             topology=topology,
             switch=switch if serving_old else None,
         )
+
+    async def _ensure_network_policy(
+        self, body: Mapping[str, Any], isvc: InferenceService, repair: bool, created: list[tuple[str, str]]
+    ) -> None:
+        """The service's NetworkPolicies when it asks for them; on a spec change, none it no longer needs."""
+        wanted = build_network_policies(isvc, self.config.network_peers) if wants_network_policy(isvc) else []
+        for policy in wanted:
+            ensured = await self.children.ensure(policy, body, UNKNOWN)
+            self.children.note(body, "NetworkPolicy", policy["metadata"]["name"], ensured, repair, created)
+        if repair:
+            return
+        kept = {policy["metadata"]["name"] for policy in wanted}
+        for name in network_policy_names(isvc):
+            if name not in kept:
+                path = resource_path("networking.k8s.io/v1", "networkpolicies", isvc.metadata.namespace, name)
+                await self.children.delete_owned(path, body)
 
     @staticmethod
     def _current(

@@ -25,6 +25,7 @@ import itertools
 import os
 import uuid
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -167,7 +168,7 @@ class KVSide:
     async def check_remote(self, remote: RemotePrefill, prompt_tokens: int) -> None:
         """Ask the prefill engine whether it holds the KV ``remote`` names for this prompt."""
         assert self._session is not None
-        url = f"http://{_host(remote.host)}:{remote.port}{KV_TRANSFER_ROUTE.format(request_id=remote.request_id)}"
+        url = _kv_url(remote)
         where = f"the prefill engine at {remote.host}:{remote.port}"
         try:
             async with self._session.get(url, params={"engine_id": remote.engine_id}) as answer:
@@ -276,7 +277,7 @@ class KVSide:
     async def _send_release(self, remote: RemotePrefill) -> None:
         if self._session is None:
             return
-        url = f"http://{_host(remote.host)}:{remote.port}{KV_TRANSFER_ROUTE.format(request_id=remote.request_id)}"
+        url = _kv_url(remote)
         try:
             async with self._session.delete(url, params={"engine_id": remote.engine_id}) as answer:
                 if answer.status != 200:
@@ -360,6 +361,12 @@ class KVSide:
             lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
             lines += _histogram_lines(name, labels, hist)
         return lines
+
+
+def _kv_url(remote: RemotePrefill) -> str:
+    """The prefill engine's KV route for ``remote``: the host checked, the request id quoted."""
+    route = KV_TRANSFER_ROUTE.format(request_id=quote(remote.request_id, safe=""))
+    return f"http://{_host(remote.host)}:{remote.port}{route}"
 
 
 def _host(host: str) -> str:

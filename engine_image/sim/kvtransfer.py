@@ -15,8 +15,10 @@ request's ``kv_transfer_params`` decide its role, as in vLLM:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +167,27 @@ class RemotePrefill:
     tp_size: int
 
 
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def remote_host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be a prefill engine's address (None: it can).
+
+    A host name or an IP address, nothing else (no scheme, user, port or path to smuggle into the
+    URL the decode engine builds); not a link-local, multicast or unspecified address (a cloud's
+    metadata endpoint is link-local), which no engine listens on.
+    """
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None if _HOSTNAME.match(host) else "must be a host name or an IP address"
+    if address.is_link_local or address.is_multicast or address.is_unspecified:
+        return f"{host} is a link-local, multicast or unspecified address, not a prefill engine's"
+    return None
+
+
 def parse_kv_transfer_params(value: Any) -> bool | RemotePrefill | None:
     """The role ``kv_transfer_params`` give a request.
 
@@ -205,6 +228,9 @@ def parse_kv_transfer_params(value: Any) -> bool | RemotePrefill | None:
     ):
         if not isinstance(text, str) or not text:
             raise KVTransferParamsError(f"{where}.{name} must be a non-empty string")
+    host_problem = remote_host_problem(host)
+    if host_problem:
+        raise KVTransferParamsError(f"{where}.remote_host {host_problem}")
     port = value["remote_port"]
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise KVTransferParamsError(f"{where}.remote_port must be an integer in [1, 65535]")

@@ -151,6 +151,20 @@ PROBE_RULES = {
 }
 
 
+def test_the_operator_knows_its_namespace_and_prometheuss_for_network_policies(helm: Path) -> None:
+    env = {e["name"]: e for e in operator_container(render(helm))["env"]}
+    assert env["CHUNKPILOT_OPERATOR_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    assert env["CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS"]["value"] == "kubernetes.io/metadata.name=monitoring"
+    elsewhere = render(helm, "networkPolicy.prometheusNamespaceLabels.team=obs")
+    env = {e["name"]: e for e in operator_container(elsewhere)["env"]}
+    assert (
+        env["CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS"]["value"]
+        == "kubernetes.io/metadata.name=monitoring,team=obs"
+    )
+
+
 def test_default_image_registry_reaches_the_operator(helm: Path) -> None:
     assert "CHUNKPILOT_IMAGE_REGISTRY" not in {e["name"] for e in operator_container(render(helm))["env"]}
     mirrored = render(helm, "defaultImageRegistry=mirror.internal:5000")

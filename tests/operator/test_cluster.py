@@ -657,3 +657,70 @@ def test_bench_prints_latency_and_memory(cluster: Any, tmp_path: Path) -> None:
     assert result.reconciled == 5 and result.rss_bytes > 0
     report = result.report()
     assert "p50" in report and "p99" in report and "MiB" in report
+
+
+def test_a_services_network_policy_admits_its_clients_and_its_own_pods(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    clients = [{"namespaceSelector": {"matchLabels": {"team": "web"}}}, {"ipBlock": {"cidr": "10.8.0.0/16"}}]
+    apply(cluster, small_service("fenced", networkPolicy={"enabled": True, "clients": clients}))
+    policy = wait_for(
+        lambda: get(cluster, "networkpolicies", "fenced"), timeout=60, what="NetworkPolicy fenced"
+    )
+    isvc = get(cluster, "inferenceservices", "fenced")
+    assert isvc is not None
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert owner["uid"] == isvc["metadata"]["uid"]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {SERVICE_LABEL: "fenced"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    callers, own = spec["ingress"]
+    assert callers["from"] == clients and callers["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    assert own == {"from": [{"podSelector": {"matchLabels": {SERVICE_LABEL: "fenced"}}}]}
+
+    # A disaggregated service: clients reach its router; its pools, only its own pods (and the installation).
+    split = yaml.safe_load((REPO / "examples" / "disaggregated-sim.yaml").read_text())
+    split["metadata"] = {"name": "fenced-pd"}
+    split["spec"]["networkPolicy"] = {"enabled": True}
+    for pool in ("prefill", "decode"):
+        split["spec"]["topology"][pool]["replicas"] = 1  # KWOK's pods: nothing runs
+    apply(cluster, split)
+    pools = wait_for(
+        lambda: get(cluster, "networkpolicies", "fenced-pd-pools"),
+        timeout=60,
+        what="NetworkPolicy fenced-pd-pools",
+    )
+    assert pools["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": {SERVICE_LABEL: "fenced-pd"}}}]}
+    ]
+    front = get(cluster, "networkpolicies", "fenced-pd")
+    assert (
+        front is not None
+        and front["spec"]["podSelector"]["matchLabels"]["chunkpilot.io/component"] == "router"
+    )
+    cluster.kubectl("delete", "cpis", "fenced-pd", "-n", NS, "--timeout=60s")
+
+    # Turned off, the policy goes.
+    apply(cluster, small_service("fenced"))
+    wait_for(
+        lambda: get(cluster, "networkpolicies", "fenced") is None, timeout=60, what="NetworkPolicy removed"
+    )
+
+    # A policy of that name the service does not own is left alone, and the service says so.
+    foreign = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "walled"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }
+    apply(cluster, foreign)
+    apply(cluster, small_service("walled", networkPolicy={"enabled": True}))
+    ready = wait_ready_reason(cluster, "walled", "NameConflict")
+    assert "NetworkPolicy" in ready["message"], ready
+    kept = get(cluster, "networkpolicies", "walled")
+    assert (
+        kept is not None and kept["spec"] == foreign["spec"] and not kept["metadata"].get("ownerReferences")
+    )
+    for name in ("fenced", "walled"):
+        cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
+    cluster.kubectl("delete", "networkpolicy", "walled", "-n", NS)

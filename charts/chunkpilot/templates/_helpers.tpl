@@ -82,6 +82,9 @@ fails on a call without a rule and on a rule without a call). */}}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
@@ -138,6 +141,15 @@ fails on a call without a rule and on a rule without a call). */}}
 {{- define "chunkpilot.podMonitorLabels" -}}
 {{- $pairs := list }}
 {{- range $key, $value := .Values.podMonitor.labels }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/* A label map as key=value,... (CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS). */}}
+{{- define "chunkpilot.labelList" -}}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
 {{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
 {{- end }}
 {{- join "," $pairs }}

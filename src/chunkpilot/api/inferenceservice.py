@@ -1092,6 +1092,71 @@ def _served_name_rules() -> tuple[CelRule, ...]:
     )
 
 
+class LabelSelectorSpec(ApiModel):
+    """A label selector of exact matches (Kubernetes' ``matchLabels``)."""
+
+    match_labels: dict[Annotated[str, Field(max_length=316)], Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Labels the object must carry; empty selects every object.",
+    )
+
+
+class IPBlockSpec(ApiModel):
+    """An address range (Kubernetes' ``ipBlock``)."""
+
+    cidr: str = Field(max_length=64, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$", description="e.g. 10.0.0.0/8")
+    except_: list[Annotated[str, Field(max_length=64, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]] = Field(
+        default_factory=list, max_length=16, alias="except", description="Ranges of cidr left out."
+    )
+
+
+class NetworkPeerSpec(ApiModel):
+    """Who may reach the engines: pods (of namespaces) or an address range (a NetworkPolicy peer)."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="has(self.ipBlock) != (has(self.namespaceSelector) || has(self.podSelector))",
+            message=(
+                "a network peer is either ipBlock or namespaceSelector/podSelector:"
+                " set one kind, as a Kubernetes NetworkPolicy peer does"
+            ),
+            field_path=".ipBlock",
+            check=lambda o: (
+                (o.ip_block is not None) != (o.namespace_selector is not None or o.pod_selector is not None)
+            ),
+        ),
+    )
+
+    namespace_selector: LabelSelectorSpec | None = Field(
+        default=None, description="Namespaces whose pods may connect (with podSelector: those pods of them)."
+    )
+    pod_selector: LabelSelectorSpec | None = Field(
+        default=None,
+        description="Pods that may connect (of this namespace, unless namespaceSelector is set).",
+    )
+    ip_block: IPBlockSpec | None = Field(default=None, description="Addresses that may connect.")
+
+
+class NetworkPolicySpec(ApiModel):
+    """An optional NetworkPolicy for the service's pods."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Render a NetworkPolicy: the service's pods accept connections on the engine port only from"
+            " the clients below, the operator's namespace and Prometheus's (the installation's settings),"
+            " and on any port from the service's own pods (router to engines, KV transfer between its"
+            " pools). Needs a network plugin that enforces NetworkPolicies."
+        ),
+    )
+    clients: list[NetworkPeerSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may call the service's engines; empty: every pod of the service's namespace.",
+    )
+
+
 class InferenceServiceSpec(ApiModel):
     """Desired state of an InferenceService."""
 
@@ -1162,6 +1227,10 @@ class InferenceServiceSpec(ApiModel):
             "Colocated (unset: every replica prefills and decodes) or disaggregated prefill and decode"
             " pools behind a router; a disaggregated service does not use spec.replicas."
         ),
+    )
+    network_policy: NetworkPolicySpec | None = Field(
+        default=None,
+        description="Who may reach the service's pods (unset: no policy of its own; the namespace's apply).",
     )
 
     @property

@@ -204,6 +204,12 @@ def _with(params: dict[str, Any], **changes: Any) -> dict[str, Any]:
         ({"remote_block_ids": [1, -2]}, "list of non-negative integers"),
         ({"remote_port": 70000}, "remote_port must be an integer"),
         ({"remote_host": ""}, "remote_host must be a non-empty string"),
+        # Nothing of the client's choosing goes into the decode engine's URL but a host and a
+        # quoted id: no metadata endpoint, no smuggled path or credentials, no other route.
+        ({"remote_host": "169.254.169.254"}, "link-local, multicast or unspecified"),
+        ({"remote_host": "attacker.example/steal?x="}, "must be a host name or an IP address"),
+        ({"remote_host": "user@10.0.0.1"}, "must be a host name or an IP address"),
+        ({"remote_request_id": "../../v1/models"}, "holds no KV"),
         ({"tp_size": 0}, "tp_size must be a positive integer"),
         ({"remote_block_ids": [1]}, "do not match this prompt"),
         ({"remote_engine_id": "another-engine"}, "holds no KV"),
