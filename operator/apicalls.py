@@ -13,7 +13,7 @@ declared too; they do not pass through the client.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 from urllib.parse import parse_qs, urlsplit
@@ -55,6 +55,8 @@ class ApiCall:
     feature: Feature = Feature.CORE
     modes: frozenset[WatchMode] = BOTH_MODES
     cluster_scoped: bool = False
+    #: The only object names the calls touch (the chart's ``resourceNames``); empty: any name.
+    names: frozenset[str] = frozenset()
 
 
 def _call(
@@ -67,9 +69,15 @@ def _call(
     feature: Feature = Feature.CORE,
     modes: frozenset[WatchMode] = BOTH_MODES,
     cluster_scoped: bool = False,
+    names: tuple[str, ...] = (),
 ) -> ApiCall:
-    return ApiCall(group, resource, frozenset(verbs.split()), by, why, feature, modes, cluster_scoped)
+    return ApiCall(
+        group, resource, frozenset(verbs.split()), by, why, feature, modes, cluster_scoped, frozenset(names)
+    )
 
+
+#: The Secret of each namespace holding the live-adjustment tokens (``builders.LIVE_ADJUST_SECRET``).
+LIVE_ADJUST_SECRET_NAME: Final = "chunkpilot-live-adjust"
 
 OPERATOR: Final = "operator"
 TUNER: Final = "tuner"
@@ -193,13 +201,36 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     _call(
         "",
         "secrets",
-        "get create patch",
+        "create",
         OPERATOR,
-        "the live-adjustment token Secret of each service: created once, a missing token added",
+        "the namespace's live-adjustment Secret, created once (create cannot be limited by name)",
         feature=Feature.LIVE_ADJUST,
     ),
     _call(
-        "", "secrets", "get", TUNER, "the token for the engines' limits route", feature=Feature.LIVE_ADJUST
+        "",
+        "secrets",
+        "get patch",
+        OPERATOR,
+        "the namespace's live-adjustment Secret: a service's track tokens added once, never replaced",
+        feature=Feature.LIVE_ADJUST,
+        names=(LIVE_ADJUST_SECRET_NAME,),
+    ),
+    _call(
+        "",
+        "secrets",
+        "get",
+        TUNER,
+        "the canary's token for the engines' limits route",
+        feature=Feature.LIVE_ADJUST,
+        names=(LIVE_ADJUST_SECRET_NAME,),
+    ),
+    _call(
+        "apps",
+        "replicasets",
+        "list",
+        TUNER,
+        "the canary's ReplicaSets: the token goes only to pods whose owner chain ends at the canary",
+        feature=Feature.LIVE_ADJUST,
     ),
     _call(
         "kopf.dev",
@@ -265,6 +296,9 @@ class Request:
     group: str
     resource: str
     namespaced: bool
+    #: The object the request names (None: a list, watch or create); checked against
+    #: :attr:`ApiCall.names`, not part of what the check is (two gets of a kind are one check).
+    name: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = "in a namespace" if self.namespaced else "cluster-wide"
@@ -306,7 +340,8 @@ def requests_of(method: str, path: str, content_type: str | None = None) -> list
         verbs = ["delete"] if named else ["deletecollection"]
     else:
         raise ValueError(f"unsupported method {method} for {path}")
-    return [Request(verb, group, resource, namespaced) for verb in verbs]
+    name = rest[1] if named and verbs != ["create"] else None
+    return [Request(verb, group, resource, namespaced, None if verb == "create" else name) for verb in verbs]
 
 
 def declares(call: ApiCall, request: Request) -> bool:
@@ -316,6 +351,7 @@ def declares(call: ApiCall, request: Request) -> bool:
         and call.resource == request.resource
         and request.verb in call.verbs
         and request.namespaced != call.cluster_scoped
+        and (not call.names or request.name in call.names)
     )
 
 

@@ -20,6 +20,7 @@ from chunkpilot.engine.podsecurity import (
     home_volume,
     pod_security_context,
 )
+from chunkpilot.operator.apicalls import LIVE_ADJUST_SECRET_NAME
 from chunkpilot.operator.config import NetworkPeers
 from chunkpilot.operator.engines import (
     ENGINE_PORT,
@@ -65,7 +66,9 @@ POD_MONITOR_API_VERSION: Final = "monitoring.coreos.com/v1"
 #: Extra time a rollout may take beyond the engine's startup allowance before it counts as stuck.
 ROLLOUT_DEADLINE_MARGIN_S: Final = 300
 #: Key of the live-adjustment bearer token in the ``<service>-live-adjust`` Secret.
-LIVE_ADJUST_SECRET_KEY: Final = "token"
+#: The Secret of each namespace holding the live-adjustment tokens of its services' tracks (its name
+#: is what the installation's grant on Secrets is limited to).
+LIVE_ADJUST_SECRET: Final = LIVE_ADJUST_SECRET_NAME
 #: Volume holding the live-adjustment control file (an emptyDir per pod).
 CONTROL_VOLUME: Final = "chunkpilot-run"
 #: Volume holding an engine's options file, written by its command (an emptyDir per pod).
@@ -199,7 +202,7 @@ def build_deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels, "annotations": {**annotations, **_metrics_path(render)}},
-                "spec": _pod_spec(isvc, render, port_name),
+                "spec": _pod_spec(isvc, render, port_name, track),
             },
         },
     }
@@ -211,7 +214,10 @@ def _metrics_path(render: EngineRender) -> dict[str, str]:
 
 
 def _pod_spec(
-    isvc: InferenceService, render: EngineRender, port_name: str = ENGINE_PORT_NAME
+    isvc: InferenceService,
+    render: EngineRender,
+    port_name: str = ENGINE_PORT_NAME,
+    track: Track = Track.STABLE,
 ) -> dict[str, Any]:
     resources = isvc.spec.resources
     probe = {"httpGet": {"path": HEALTH_PATH, "port": port_name}, "timeoutSeconds": 5}
@@ -245,7 +251,7 @@ def _pod_spec(
     container["volumeMounts"].append(home_mount)
     env = [*home_env(), *(dict(item) for item in render.env)]
     if render.live_adjust:
-        secret_ref = {"name": live_adjust_secret_name(_name(isvc)), "key": LIVE_ADJUST_SECRET_KEY}
+        secret_ref = {"name": LIVE_ADJUST_SECRET, "key": live_adjust_token_key(_name(isvc), track)}
         env.append({"name": LIVE_ADJUST_TOKEN_ENV, "valueFrom": {"secretKeyRef": secret_ref}})
     if env:
         container["env"] = env
@@ -289,9 +295,12 @@ def _pod_spec(
     return pod
 
 
-def live_adjust_secret_name(service: str) -> str:
-    """``<service>-live-adjust``: the Secret holding the live-adjustment bearer token."""
-    return f"{service}-live-adjust"
+def live_adjust_token_key(service: str, track: Track | str) -> str:
+    """``<service>.<track>``: the key of a track's token in the namespace's :data:`LIVE_ADJUST_SECRET`.
+
+    One token per track: the canary's token adjusts no stable pod.
+    """
+    return f"{service}.{Track(track).value}"
 
 
 def wants_live_adjust_secret(isvc: InferenceService) -> bool:
@@ -307,20 +316,34 @@ def new_live_adjust_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def build_live_adjust_secret(isvc: InferenceService, token: str) -> dict[str, Any]:
-    """The Secret holding ``token`` for ``isvc``'s live-adjustment route.
+def is_live_adjust_secret(secret: Mapping[str, Any]) -> bool:
+    """Whether ``secret`` is the installation's live-adjustment Secret (not someone else's of that name)."""
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_MANAGED_BY) == MANAGED_BY and secret.get("type", "Opaque") == "Opaque"
 
-    The operator creates it once with :func:`new_live_adjust_token` and never
-    rewrites an existing token (engines read it at start-up; the tuner reads it
-    to call the route).
+
+def live_adjust_tokens(isvc: InferenceService) -> dict[str, str]:
+    """Fresh tokens for ``isvc``'s tracks, by key in the namespace's Secret."""
+    return {live_adjust_token_key(_name(isvc), track): new_live_adjust_token() for track in Track}
+
+
+def build_live_adjust_secret(namespace: str | None, tokens: Mapping[str, str]) -> dict[str, Any]:
+    """The namespace's live-adjustment Secret (:data:`LIVE_ADJUST_SECRET`) holding ``tokens``.
+
+    One Secret of a fixed name per namespace, so the installation's grant on Secrets can name it
+    (``resourceNames``); each service's tracks have their own keys (:func:`live_adjust_token_key`),
+    and each service using it is one of its owners. The operator adds a service's tokens once and
+    never rewrites one (engines read theirs at start-up; the tuner reads the canary's to call it).
     """
-    name = live_adjust_secret_name(_name(isvc))
+    meta: dict[str, Any] = {"name": LIVE_ADJUST_SECRET, "labels": {LABEL_MANAGED_BY: MANAGED_BY}}
+    if namespace:
+        meta["namespace"] = namespace
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(isvc, name, service_labels(isvc)),
+        "metadata": meta,
         "type": "Opaque",
-        "stringData": {LIVE_ADJUST_SECRET_KEY: token},
+        "stringData": dict(tokens),
     }
 
 

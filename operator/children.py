@@ -15,11 +15,11 @@ from typing import Any, Final
 
 from chunkpilot.operator import events as ev
 from chunkpilot.operator.builders import (
-    LIVE_ADJUST_SECRET_KEY,
+    LIVE_ADJUST_SECRET,
     POD_MONITOR_API_VERSION,
     build_live_adjust_secret,
-    live_adjust_secret_name,
-    new_live_adjust_token,
+    is_live_adjust_secret,
+    live_adjust_tokens,
     wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
@@ -88,7 +88,7 @@ class ChildWriter:
     ) -> dict[str, Any] | None:
         """Apply the stable Deployment (and the live-adjust Secret); Events for a roll or a repair."""
         if wants_live_adjust_secret(isvc) and await self.ensure_live_adjust_secret(isvc, body):
-            created.append(("Secret", live_adjust_secret_name(service_name(isvc))))
+            created.append(("Secret", LIVE_ADJUST_SECRET))
         ensured = await self.ensure(desired, body, current)
         name = desired["metadata"]["name"]
         if ensured.created:
@@ -107,29 +107,48 @@ class ChildWriter:
         return ensured.actual
 
     async def ensure_live_adjust_secret(self, isvc: InferenceService, owner: Mapping[str, Any]) -> bool:
-        """Create the live-adjustment token Secret once; True when it was created now.
+        """Put the service's track tokens into the namespace's live-adjustment Secret; True when added now.
 
-        An existing token is never replaced (engines read it at start-up): only a
-        Secret without one gets a token added. A Secret of that name the service does not own
-        raises :class:`NameConflictError`.
+        The Secret (:data:`LIVE_ADJUST_SECRET`) is created when missing, with this service as its
+        owner; otherwise the service becomes one more owner and its missing tokens are added. A token
+        is never replaced (engines read theirs at start-up). The write is conditional on the version
+        read. A Secret of that name the installation did not create raises :class:`NameConflictError`.
         """
-        secret = build_live_adjust_secret(isvc, new_live_adjust_token())
+        namespace = isvc.metadata.namespace
+        secret = build_live_adjust_secret(namespace, live_adjust_tokens(isvc))
         adopt(secret, owner)
         path = object_path(secret)
         current = await self.kube.get(path)
-        if current is not None and not owned_by(current, owner):
+        if current is not None and not is_live_adjust_secret(current):
             raise NameConflictError(current)
         if current is None:
             try:
-                await self.kube.create(resource_path("v1", "secrets", isvc.metadata.namespace), secret)
+                await self.kube.create(resource_path("v1", "secrets", namespace), secret)
             except KubeError as error:
                 if not error.conflict:
                     raise
-                return False  # created meanwhile by another writer: keep its token
+                return False  # created meanwhile by another writer: the next pass adds the tokens
             return True
-        if not (current.get("data") or {}).get(LIVE_ADJUST_SECRET_KEY):
-            await self.kube.merge_patch(path, {"stringData": secret["stringData"]})
-        return False
+        meta = current["metadata"]
+        held = current.get("data") or {}
+        missing = {key: token for key, token in secret["stringData"].items() if not held.get(key)}
+        owners = list(meta.get("ownerReferences") or [])
+        uid = owner["metadata"]["uid"]
+        if not missing and any(ref.get("uid") == uid for ref in owners):
+            return False
+        reference = {**secret["metadata"]["ownerReferences"][0], "controller": False}
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+        if not any(ref.get("uid") == uid for ref in owners):
+            patch["metadata"]["ownerReferences"] = [*owners, reference]
+        if missing:
+            patch["stringData"] = missing
+        try:
+            await self.kube.merge_patch(path, patch)
+        except KubeError as error:
+            if not error.conflict:
+                raise
+            return False  # changed meanwhile: the next pass looks again
+        return bool(missing)
 
     def note(
         self,

@@ -57,8 +57,9 @@ def stack(start_stack: StartStack) -> LocalStack:
 
 
 def token(cluster: ServiceObjects, name: str) -> str:
-    secret = cluster.core.read_namespaced_secret(f"{name}-live-adjust", cluster.namespace)
-    return base64.b64decode(str((secret.data or {})["token"])).decode()
+    """The canary track's token (the one the tuner sends the canary's pods)."""
+    secret = cluster.core.read_namespaced_secret("chunkpilot-live-adjust", cluster.namespace)
+    return base64.b64decode(str((secret.data or {})[f"{name}.canary"])).decode()
 
 
 def engine_limits(address: str, bearer: str) -> tuple[dict[str, Any], dict[str, Any] | None]:

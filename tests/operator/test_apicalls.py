@@ -33,7 +33,13 @@ DELETE_DEPLOYMENT = Request("delete", "apps", "deployments", True)
     ("method", "path", "content_type", "expected"),
     [
         ("GET", "/api/v1/namespaces/ns/pods?labelSelector=a%3Db", None, [Request("list", "", "pods", True)]),
-        ("GET", "/api/v1/namespaces/ns/secrets/x-live-adjust", None, [Request("get", "", "secrets", True)]),
+        (
+            "GET",
+            "/api/v1/namespaces/ns/secrets/chunkpilot-live-adjust",
+            None,
+            [Request("get", "", "secrets", True, "chunkpilot-live-adjust")],
+        ),
+        ("POST", "/api/v1/namespaces/ns/secrets", None, [Request("create", "", "secrets", True)]),
         (
             "PATCH",
             "/apis/apps/v1/namespaces/ns/deployments/chat",
@@ -83,6 +89,13 @@ def test_declared_calls_pass_and_others_name_the_fix() -> None:
     check_declared("PATCH", "/api/v1/namespaces/ns/configmaps/c", MERGE_PATCH, calls=only_patch)
     with pytest.raises(UndeclaredApiCallError, match="create core/configmaps"):
         check_declared("PATCH", "/api/v1/namespaces/ns/configmaps/c", APPLY_PATCH, calls=only_patch)
+    # A call declared on named objects covers those names only: the one live-adjustment Secret.
+    check_declared("GET", "/api/v1/namespaces/ns/secrets/chunkpilot-live-adjust")
+    check_declared("POST", "/api/v1/namespaces/ns/secrets")
+    with pytest.raises(UndeclaredApiCallError, match="get core/secrets"):
+        check_declared("GET", "/api/v1/namespaces/ns/secrets/chat-live-adjust")
+    with pytest.raises(UndeclaredApiCallError, match="patch core/secrets"):
+        check_declared("PATCH", "/api/v1/namespaces/kube-system/secrets/bootstrap-token", MERGE_PATCH)
 
 
 def test_inventory_is_well_formed() -> None:

@@ -16,6 +16,7 @@ from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 from chunkpilot.devcluster.components import Binary
 from chunkpilot.localrun import chart
+from chunkpilot.localrun.chart import grants_by_name
 
 pytestmark = pytest.mark.cluster
 
@@ -236,6 +237,12 @@ def test_live_adjust_value_grants_the_token_secrets(helm: Path, sets: list[str])
         for role in roles:
             granted = rules_of(role).get(("", "secrets"))
             assert granted == ({"get", "create", "patch"} if enabled else None), (enabled, role)
+            if enabled:  # read and patched by name only: the namespace's one live-adjustment Secret
+                by_name = grants_by_name(role)[("", "secrets")]
+                assert sorted((sorted(n), sorted(v)) for n, v in by_name) == [
+                    ([], ["create"]),
+                    (["chunkpilot-live-adjust"], ["get", "patch"]),
+                ]
 
 
 def test_live_adjust_off_tells_the_operator(helm: Path) -> None:
@@ -530,7 +537,11 @@ def test_operator_runs_with_the_charts_service_account(
             got = installed.kubectl("get", kind, name, "-n", WATCHED_NS, check=False)
             return got.returncode == 0
 
-        wait_for(lambda: exists("secret", "tuned-live-adjust"), timeout=60, what="Secret tuned-live-adjust")
+        wait_for(
+            lambda: exists("secret", "chunkpilot-live-adjust"),
+            timeout=60,
+            what="Secret chunkpilot-live-adjust",
+        )
         wait_for(
             lambda: "job.batch/chunkpilot-probe-" in installed.kubectl(
                 "get", "jobs", "-n", WATCHED_NS, "-o", "name"

@@ -465,17 +465,17 @@ def test_a_name_taken_by_an_object_the_service_does_not_own_is_left_untouched(
 def test_a_live_adjust_secret_name_taken_by_another_secret_is_left_untouched(
     cluster: Any, operator: OperatorProcess
 ) -> None:
-    theirs = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys-live-adjust"}}
+    theirs = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "chunkpilot-live-adjust"}}
     apply(cluster, {**theirs, "stringData": {"token": "someone-elses"}})
     apply(cluster, small_service("keys", autotune={"liveAdjust": True}))
     ready = wait_ready_reason(cluster, "keys", "NameConflict")
-    assert f"Secret {NS}/keys-live-adjust already exists" in ready["message"], ready
-    secret = get(cluster, "secrets", "keys-live-adjust")
+    assert f"Secret {NS}/chunkpilot-live-adjust already exists" in ready["message"], ready
+    secret = get(cluster, "secrets", "chunkpilot-live-adjust")
     assert secret is not None and not secret["metadata"].get("ownerReferences")
-    assert secret["data"]["token"] == "c29tZW9uZS1lbHNlcw=="  # base64 of "someone-elses": not replaced
+    assert secret["data"] == {"token": "c29tZW9uZS1lbHNlcw=="}  # base64 of "someone-elses": untouched
     assert get(cluster, "deployments", "keys-stable") is None  # nothing rolled out without its token
     cluster.kubectl("delete", "cpis", "keys", "-n", NS, "--timeout=60s")
-    cluster.kubectl("delete", "secret", "keys-live-adjust", "-n", NS)
+    cluster.kubectl("delete", "secret", "chunkpilot-live-adjust", "-n", NS)
 
 
 def test_engine_pods_pass_the_restricted_pod_security_profile_unless_run_as_root(
@@ -531,22 +531,35 @@ def test_extra_args_only_the_model_refuses_are_reported_not_retried(
         cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
 
 
-def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operator: OperatorProcess) -> None:
+def test_live_adjust_tokens_are_created_once_per_track_and_kept(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    secret_name = "chunkpilot-live-adjust"
     apply(cluster, small_service("tokens", autotune={"liveAdjust": True}))
-    secret = wait_for(
-        lambda: get(cluster, "secrets", "tokens-live-adjust"), timeout=60, what="Secret tokens-live-adjust"
-    )
+    secret = wait_for(lambda: get(cluster, "secrets", secret_name), timeout=60, what=f"Secret {secret_name}")
     isvc = get(cluster, "inferenceservices", "tokens")
     assert isvc is not None
     (owner,) = secret["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"]) == ("InferenceService", isvc["metadata"]["uid"])
-    assert secret["data"]["token"]
+    assert set(secret["data"]) == {"tokens.stable", "tokens.canary"}
+    assert secret["data"]["tokens.stable"] != secret["data"]["tokens.canary"]
     deployment = wait_deployment(cluster, "tokens-stable")
     env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CHUNKPILOT_LIVE_ADJUST_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "tokens-live-adjust",
-        "key": "token",
+        "name": secret_name,
+        "key": "tokens.stable",
     }
+
+    # A second service of the namespace shares the Secret: its own tokens, the first's kept.
+    apply(cluster, small_service("tokens-b", autotune={"liveAdjust": True}))
+
+    def joined() -> dict[str, Any] | None:
+        found = get(cluster, "secrets", secret_name)
+        return found if found and "tokens-b.canary" in found["data"] else None
+
+    shared = wait_for(joined, timeout=60, what="tokens of tokens-b in the namespace's Secret")
+    assert len(shared["metadata"]["ownerReferences"]) == 2
+    assert {k: v for k, v in shared["data"].items() if k.startswith("tokens.")} == secret["data"]
 
     # Reconciles of every kind: a spec change, a child deleted by hand, a status update.
     cluster.kubectl(
@@ -565,16 +578,17 @@ def test_live_adjust_token_secret_is_created_once_and_kept(cluster: Any, operato
         lambda d: d["metadata"]["uid"] != rolled["metadata"]["uid"],
         what="tokens-stable recreated",
     )
-    after = get(cluster, "secrets", "tokens-live-adjust")
+    after = get(cluster, "secrets", secret_name)
     assert after is not None
-    assert after["data"] == secret["data"]  # never rotated
-    assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]  # never written
+    assert after["data"] == shared["data"]  # never rotated
+    assert after["metadata"]["resourceVersion"] == shared["metadata"]["resourceVersion"]  # never written
 
-    cluster.kubectl("delete", "cpis", "tokens", "-n", NS, "--timeout=60s")
+    for name in ("tokens", "tokens-b"):
+        cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
     wait_for(
-        lambda: get(cluster, "secrets", "tokens-live-adjust") is None,
+        lambda: get(cluster, "secrets", secret_name) is None,
         timeout=90,
-        what="Secret tokens-live-adjust garbage-collected with its service",
+        what=f"Secret {secret_name} garbage-collected with the last of its services",
     )
 
 

@@ -12,9 +12,11 @@ from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.vllm_plugin.config import load_plugin_config
 from chunkpilot.engine.vllm_plugin.render import DEFAULT_CONTROL_FILE
 from chunkpilot.operator.builders import (
+    LIVE_ADJUST_SECRET,
     build_deployment,
     build_live_adjust_secret,
-    live_adjust_secret_name,
+    live_adjust_token_key,
+    live_adjust_tokens,
     new_live_adjust_token,
     wants_live_adjust_secret,
 )
@@ -45,8 +47,8 @@ def isvc(live_adjust: bool = True, **engine: Any) -> InferenceService:
     return InferenceService.from_manifest(body)
 
 
-def container(service: InferenceService) -> dict[str, Any]:
-    pod = build_deployment(service, Track.STABLE)["spec"]["template"]["spec"]
+def container(service: InferenceService, track: Track = Track.STABLE) -> dict[str, Any]:
+    pod = build_deployment(service, track)["spec"]["template"]["spec"]
     found: dict[str, Any] = pod["containers"][0]
     return found
 
@@ -57,8 +59,11 @@ def test_engine_image_renders_the_route_with_the_token_from_the_secret() -> None
     env = {item["name"]: item for item in engine["env"]}
     assert env["VLLM_PLUGINS"]["value"] == "chunkpilot,chunkpilot_live_adjust"
     assert env[LIVE_ADJUST_TOKEN_ENV]["valueFrom"] == {
-        "secretKeyRef": {"name": "chat-live-adjust", "key": "token"}
+        "secretKeyRef": {"name": "chunkpilot-live-adjust", "key": "chat.stable"}
     }
+    # One token per track: the canary's pods get the canary's, which adjusts no stable pod.
+    canary = {item["name"]: item for item in container(service, Track.CANARY)["env"]}
+    assert canary[LIVE_ADJUST_TOKEN_ENV]["valueFrom"]["secretKeyRef"]["key"] == "chat.canary"
     assert "value" not in env[LIVE_ADJUST_TOKEN_ENV]  # never the token itself in the pod spec
     config = load_plugin_config(json.loads(flag(engine["args"], "--additional-config")), {})
     assert config.control_file == DEFAULT_CONTROL_FILE
@@ -106,20 +111,31 @@ def test_simulator_gets_only_the_token_and_keeps_its_argv() -> None:
     assert added == [
         {
             "name": LIVE_ADJUST_TOKEN_ENV,
-            "valueFrom": {"secretKeyRef": {"name": "chat-live-adjust", "key": "token"}},
+            "valueFrom": {"secretKeyRef": {"name": "chunkpilot-live-adjust", "key": "chat.stable"}},
         }
     ]
     assert wants_live_adjust_secret(on) and not wants_live_adjust_secret(off)
 
 
 def test_secret_manifest_and_tokens() -> None:
-    service = isvc()
-    token = new_live_adjust_token()
-    secret = build_live_adjust_secret(service, token)
-    assert secret["metadata"]["name"] == live_adjust_secret_name("chat") == "chat-live-adjust"
+    tokens = live_adjust_tokens(isvc())
+    assert (
+        set(tokens)
+        == {live_adjust_token_key("chat", track) for track in Track}
+        == {"chat.stable", "chat.canary"}
+    )
+    secret = build_live_adjust_secret("llm", tokens)
+    assert secret["metadata"]["name"] == LIVE_ADJUST_SECRET == "chunkpilot-live-adjust"
     assert secret["metadata"]["namespace"] == "llm"
-    assert secret["stringData"] == {"token": token}
+    assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "chunkpilot"}
+    assert secret["stringData"] == tokens
+    token = new_live_adjust_token()
     assert len(token) >= 43 and token != new_live_adjust_token()
+    assert tokens["chat.stable"] != tokens["chat.canary"]
+
+
+SECRET_PATH = "/api/v1/namespaces/llm/secrets/chunkpilot-live-adjust"
+MANAGED = {"app.kubernetes.io/managed-by": "chunkpilot"}
 
 
 class SecretKube:
@@ -129,35 +145,45 @@ class SecretKube:
         self.objects: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
         self.race = race
+        self.version = 1
         if existing is not None:
-            self.objects["/api/v1/namespaces/llm/secrets/chat-live-adjust"] = existing
+            existing["metadata"].setdefault("resourceVersion", "1")
+            self.objects[SECRET_PATH] = existing
 
     async def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(f"GET {path}")
-        return self.objects.get(path)
+        return json.loads(json.dumps(self.objects[path])) if path in self.objects else None
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(f"POST {path}")
         if self.race:
             raise KubeError(409, "POST", path, '{"message": "already exists"}')
-        stored = {**body, "data": dict(body["stringData"])}
+        stored = json.loads(json.dumps({**body, "data": dict(body["stringData"])}))
+        stored["metadata"]["resourceVersion"] = "1"
         self.objects[f"{path}/{body['metadata']['name']}"] = stored
         return stored
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(f"PATCH {path}")
-        self.objects[path].setdefault("data", {}).update(patch["stringData"])
-        return self.objects[path]
+        stored = self.objects[path]
+        if patch["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            raise KubeError(409, "PATCH", path, '{"message": "the object has been modified"}')
+        if "ownerReferences" in patch["metadata"]:
+            stored["metadata"]["ownerReferences"] = patch["metadata"]["ownerReferences"]
+        stored.setdefault("data", {}).update(patch.get("stringData") or {})
+        self.version += 1
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        return stored
 
 
-def ensure(kube: SecretKube) -> bool:
+def ensure(kube: SecretKube, name: str = "chat", uid: str = "uid-1") -> bool:
     reconciler = Reconciler(kube=kube, config=OperatorConfig())  # type: ignore[arg-type]
-    owner = {**OWNER_BODY, "metadata": {**OWNER_BODY["metadata"], "labels": {}}}
-    created: bool = asyncio.run(reconciler.children.ensure_live_adjust_secret(isvc(), owner))
+    owner = {**OWNER_BODY, "metadata": {**OWNER_BODY["metadata"], "name": name, "uid": uid, "labels": {}}}
+    service = InferenceService.from_manifest(
+        {**a_manifest(name, "llm", {"model": {"name": LLAMA_8B["name"]}, "autotune": {"liveAdjust": True}})}
+    )
+    created: bool = asyncio.run(reconciler.children.ensure_live_adjust_secret(service, owner))
     return created
-
-
-SECRET_PATH = "/api/v1/namespaces/llm/secrets/chat-live-adjust"
 
 
 def test_the_secret_is_created_once_owned_by_the_service() -> None:
@@ -166,40 +192,47 @@ def test_the_secret_is_created_once_owned_by_the_service() -> None:
     secret = kube.objects[SECRET_PATH]
     (owner,) = secret["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("InferenceService", "chat", "uid-1")
-    token = secret["data"]["token"]
+    tokens = dict(secret["data"])
+    assert set(tokens) == {"chat.stable", "chat.canary"}
     assert ensure(kube) is False  # a later reconcile: read, nothing written
-    assert kube.objects[SECRET_PATH]["data"]["token"] == token
+    assert kube.objects[SECRET_PATH]["data"] == tokens
     assert kube.calls[-1] == f"GET {SECRET_PATH}"
 
 
-#: The Secret's metadata as the operator wrote it: owned by the service.
-OURS = {"name": "chat-live-adjust", "ownerReferences": [{"kind": "InferenceService", "uid": "uid-1"}]}
+def test_another_service_of_the_namespace_joins_the_secret_and_keeps_the_others_tokens() -> None:
+    kube = SecretKube()
+    ensure(kube)
+    first = dict(kube.objects[SECRET_PATH]["data"])
+    assert ensure(kube, "code", "uid-2") is True
+    secret = kube.objects[SECRET_PATH]
+    assert [ref["uid"] for ref in secret["metadata"]["ownerReferences"]] == ["uid-1", "uid-2"]
+    assert [ref.get("controller") for ref in secret["metadata"]["ownerReferences"]] == [True, False]
+    assert {k: v for k, v in secret["data"].items() if k.startswith("chat.")} == first
+    assert {"code.stable", "code.canary"} <= set(secret["data"])
 
 
 def test_an_existing_token_is_kept_and_a_missing_one_added() -> None:
-    kept = SecretKube({"metadata": OURS, "data": {"token": "bXktdG9rZW4="}})
+    ours = {"name": LIVE_ADJUST_SECRET, "labels": MANAGED, "ownerReferences": [{"uid": "uid-1"}]}
+    held = {"chat.stable": "c3RhYmxl", "chat.canary": "Y2FuYXJ5"}
+    kept = SecretKube({"metadata": dict(ours), "data": dict(held)})
     assert ensure(kept) is False
-    assert kept.objects[SECRET_PATH]["data"] == {"token": "bXktdG9rZW4="}
+    assert kept.objects[SECRET_PATH]["data"] == held
     assert not any(call.startswith(("POST", "PATCH")) for call in kept.calls)
 
-    empty = SecretKube({"metadata": OURS, "data": {}})
-    assert ensure(empty) is False
-    assert empty.objects[SECRET_PATH]["data"]["token"]
-    # Left by an earlier service of the same name (its labels, not its uid): adopted the same way.
-    labels = {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "chat"}
-    earlier = SecretKube({"metadata": {"name": "chat-live-adjust", "labels": labels}, "data": {}})
-    assert ensure(earlier) is False and earlier.objects[SECRET_PATH]["data"]["token"]
+    half = SecretKube({"metadata": dict(ours), "data": {"chat.stable": "c3RhYmxl"}})
+    assert ensure(half) is True
+    assert half.objects[SECRET_PATH]["data"]["chat.stable"] == "c3RhYmxl"
+    assert half.objects[SECRET_PATH]["data"]["chat.canary"]
 
 
-def test_a_secret_of_that_name_the_service_does_not_own_is_left_untouched() -> None:
-    foreign = {"metadata": {"name": "chat-live-adjust", "namespace": "llm"}, "kind": "Secret", "data": {}}
-    for labels in ({}, {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "other"}):
-        kube = SecretKube({**foreign, "metadata": {**foreign["metadata"], "labels": labels}})
-        with pytest.raises(NameConflictError, match="Secret llm/chat-live-adjust already exists"):
-            ensure(kube)
-        assert kube.objects[SECRET_PATH]["data"] == {}
-        assert not any(call.startswith(("POST", "PATCH")) for call in kube.calls)
+def test_a_secret_of_that_name_the_installation_did_not_create_is_left_untouched() -> None:
+    foreign = {"metadata": {"name": LIVE_ADJUST_SECRET, "namespace": "llm"}, "kind": "Secret", "data": {}}
+    kube = SecretKube(foreign)
+    with pytest.raises(NameConflictError, match="Secret llm/chunkpilot-live-adjust already exists"):
+        ensure(kube)
+    assert kube.objects[SECRET_PATH]["data"] == {}
+    assert not any(call.startswith(("POST", "PATCH")) for call in kube.calls)
 
 
-def test_a_concurrent_create_keeps_the_other_writers_token() -> None:
+def test_a_concurrent_write_is_left_to_the_next_pass() -> None:
     assert ensure(SecretKube(race=True)) is False

@@ -16,7 +16,7 @@ import pytest
 from chunkpilot.operator.apicalls import API_CALLS, ApiCall, Feature, WatchMode
 
 from chunkpilot.devcluster.components import Binary
-from chunkpilot.localrun.chart import by_kind, chart_dir, render, rules_of
+from chunkpilot.localrun.chart import by_kind, chart_dir, grants_by_name, render, rules_of
 
 pytestmark = pytest.mark.cluster
 
@@ -94,6 +94,28 @@ def test_rendered_rules_allow_every_call_and_nothing_else(
                 f"{role['kind']} grants {sorted(verbs - wanted)} on {group or 'core'}/{resource} "
                 "that no declared call needs (chunkpilot.operator.apicalls.API_CALLS)"
             )
+
+
+@pytest.mark.parametrize("mode", list(WatchMode))
+def test_calls_on_named_objects_are_granted_on_those_names_only(helm: Path, mode: WatchMode) -> None:
+    """The live-adjustment Secret: get and patch on its one name per namespace, never on every Secret."""
+    named_calls = [call for call in API_CALLS if call.names]
+    assert {(c.resource, c.names) for c in named_calls} == {
+        ("secrets", frozenset({"chunkpilot-live-adjust"}))
+    }
+    for features in COMBINATIONS:
+        calls = needed(mode, features)
+        for role in roles(helm, mode, features):
+            rules = grants_by_name(role)
+            for group, resource in {(c.group, c.resource) for c in calls if c.names}:
+                unnamed = set().union(
+                    *(c.verbs for c in calls if (c.group, c.resource) == (group, resource) and not c.names)
+                )
+                for names, verbs in rules[(group, resource)]:
+                    assert names or verbs <= unnamed, (features, names, verbs)  # e.g. create only
+                for call in (c for c in calls if (c.group, c.resource) == (group, resource) and c.names):
+                    covering = set().union(*(v for n, v in rules[(group, resource)] if n and n <= call.names))
+                    assert call.verbs <= covering, (features, call)
 
 
 @pytest.mark.parametrize("mode", list(WatchMode))

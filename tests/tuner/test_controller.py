@@ -850,17 +850,21 @@ class FakeLiveAdjuster:
 class LiveHarness(Harness):
     """``autotune.liveAdjust`` on, the token Secret, Ready canary pods and a fake route."""
 
-    def __init__(self, secret: bool = True, **spec: Any) -> None:
+    def __init__(self, secret: bool = True, impostor: bool = False, **spec: Any) -> None:
+        self.impostor = impostor
         autotune = {"liveAdjust": True, **LIVE_BOUNDS, **spec.pop("autotune", {})}
         super().__init__(autotune=autotune, **spec)
         self.served: dict[str, EngineConfig] = {}  # config hash -> limits the pods run now
         self.adjuster = FakeLiveAdjuster(self)
         self.controller.live_adjuster = self.adjuster
         if secret:
-            path = resource_path("v1", "secrets", NS, "chat-live-adjust")
-            labels = {"app.kubernetes.io/managed-by": "chunkpilot", "chunkpilot.io/service": "chat"}
-            metadata = {"name": "chat-live-adjust", "labels": labels}  # as the operator creates it
-            self.kube.put(path, {"metadata": metadata, "data": {"token": "dG9r"}})
+            path = resource_path("v1", "secrets", NS, "chunkpilot-live-adjust")
+            labels = {"app.kubernetes.io/managed-by": "chunkpilot"}
+            metadata = {"name": "chunkpilot-live-adjust", "labels": labels}  # as the operator creates it
+            # base64 of "tok" (the canary's) and "stb" (the stable track's, never sent by the tuner)
+            self.kube.put(
+                path, {"metadata": metadata, "data": {"chat.canary": "dG9r", "chat.stable": "c3Ri"}}
+            )
         self.canary_applies: list[dict[str, Any]] = []
         apply = self.kube.apply
 
@@ -884,13 +888,42 @@ class LiveHarness(Harness):
             if wanted not in self.served:
                 self.prom.know(started)  # a fresh pod runs its start-up limits
             name = f"chat-canary-{wanted}"
+            # The owner chain the controllers give it: Deployment -> ReplicaSet -> pod (by uid).
+            replica_set = f"{resource_path('apps/v1', 'replicasets', NS)}/{name}"
+            owner = {"kind": "Deployment", "uid": canary["metadata"]["uid"], "controller": True}
+            self.kube.objects.setdefault(
+                replica_set,
+                {
+                    "metadata": {
+                        "name": name,
+                        "uid": f"rs-{wanted}",
+                        "labels": dict(labels),
+                        "ownerReferences": [owner],
+                    }
+                },
+            )
+            pod_owner = {"kind": "ReplicaSet", "uid": f"rs-{wanted}", "controller": True}
             self.kube.objects.setdefault(
                 f"{pods}/{name}",
                 {
-                    "metadata": {"name": name, "namespace": NS, "labels": dict(labels)},
+                    "metadata": {
+                        "name": name,
+                        "namespace": NS,
+                        "labels": dict(labels),
+                        "ownerReferences": [pod_owner],
+                    },
                     "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]},
                 },
             )
+            if self.impostor:  # someone else's pod with the canary's labels: never sent the token
+                impostor = {"metadata": {"name": "impostor", "namespace": NS, "labels": dict(labels)}}
+                self.kube.objects.setdefault(
+                    f"{pods}/impostor",
+                    {
+                        **impostor,
+                        "status": {"podIP": "10.9.9.9", "conditions": [{"type": "Ready", "status": "True"}]},
+                    },
+                )
         for key in [k for k in self.kube.objects if k.startswith(pods + "/")]:
             if self.kube.objects[key]["metadata"]["labels"].get(LABEL_CONFIG_HASH) != wanted:
                 hash_ = self.kube.objects.pop(key)["metadata"]["labels"][LABEL_CONFIG_HASH]
@@ -931,6 +964,13 @@ def test_live_adjust_starts_one_canary_at_the_top_of_the_space_and_adjusts_it_fo
     assert "LiveAdjustFailed" not in h.reasons()
 
 
+def test_the_token_goes_only_to_pods_whose_owner_chain_ends_at_the_canary() -> None:
+    h = LiveHarness(impostor=True)
+    h.run_until(lambda: len(h.finished()) >= 1)
+    assert h.adjuster.calls, "the canary's own pod was adjusted"
+    assert all("impostor" not in call[0] for call in h.adjuster.calls)
+
+
 def test_a_failing_route_falls_back_to_a_rollout_and_live_adjustment_is_not_tried_again() -> None:
     h = LiveHarness()
     h.adjuster.fail = "PUT http://10.0.0.7:8000/chunkpilot/v1/scheduler/limits answered 409: above start-up"
@@ -954,7 +994,7 @@ def test_without_the_token_secret_the_trial_falls_back_to_a_normal_rollout() -> 
     h.run_until(lambda: len(h.finished()) >= 1)
     assert h.adjuster.calls == []
     assert h.live_marks()[0] is False
-    assert (h.live_errors()[0] or "").startswith("no live-adjustment token")
+    assert (h.live_errors()[0] or "").startswith("no token chat.canary")
     assert h.finished()[0].status.verdict != "Aborted"  # type: ignore[union-attr]
 
 

@@ -224,7 +224,7 @@ def test_a_live_canary_is_adjusted_with_both_outcomes_decided_up_front() -> None
         "metadata": {"name": "p", "labels": dict(canary["spec"]["template"]["metadata"]["labels"])},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-    snap = snapshot(body, [rolling], canary=canary, canary_pods=(pod,), live_token="tok")
+    snap = snapshot(body, [rolling], canary=canary, canary_pods=(pod,), live_pods=(pod,), live_token="tok")
     (adjust,) = of_type(decide(snap, SETTINGS), AdjustLive)
     assert adjust.limits == target_limits(TRIAL_CONFIG) and adjust.token == "tok"
     success = trial_status(adjust.on_success)

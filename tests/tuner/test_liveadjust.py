@@ -34,7 +34,7 @@ from chunkpilot.tuner.decide.canary import (
     target_limits,
 )
 from chunkpilot.tuner.decide.plan import Plan
-from chunkpilot.tuner.observe.canary import enabled, pod_ready, secret_token, started_config
+from chunkpilot.tuner.observe.canary import enabled, owned_through, pod_ready, secret_token, started_config
 from chunkpilot.tuner.observe.observer import parse_service
 from chunkpilot.tuner.observe.snapshot import Snapshot
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
@@ -111,9 +111,10 @@ def test_request_token_and_endpoints(tmp_path: Path) -> None:
     assert request.url == f"http://10.1.2.3:8000{LIVE_ADJUST_ROUTE}"
     assert request.headers["Authorization"] == "Bearer tok"
     assert request.body == {"max_num_batched_tokens": 512}
-    assert secret_token({"data": {"token": "dG9r"}}) == "tok"
-    assert secret_token({"stringData": {"token": "tok"}}) == "tok"
-    assert secret_token({"data": {}}) is None and secret_token(None) is None
+    assert secret_token({"data": {"chat.canary": "dG9r"}}, "chat.canary") == "tok"
+    assert secret_token({"stringData": {"chat.canary": "tok"}}, "chat.canary") == "tok"
+    assert secret_token({"data": {"chat.stable": "dG9r"}}, "chat.canary") is None
+    assert secret_token({"data": {}}, "chat.canary") is None and secret_token(None, "chat.canary") is None
     pod = {"metadata": {"name": "p-1", "namespace": "llm"}, "status": {"podIP": "10.1.2.3"}}
     assert pod_ip_endpoint(pod) == "10.1.2.3:8000"
     assert pod_ip_endpoint({"status": {}}) is None
@@ -242,3 +243,14 @@ def test_with_live_adjustment_off_in_the_installation_trials_roll_out() -> None:
     assert live_start(Plan(snap), trial, space) is None  # the trial's own config: a rollout
     assert LIVE_ADJUST_TOKEN_ENV not in env_names(canary_manifest(snap.isvc, snap.body, trial))
     assert not enabled(_service(live_adjust=False).isvc)
+
+
+def test_only_pods_the_deployment_controls_through_a_replica_set_are_owned() -> None:
+    def owned(uid: str, controller: str | None) -> dict[str, Any]:
+        refs = [{"uid": controller, "controller": True}] if controller else []
+        return {"metadata": {"name": uid, "uid": uid, "ownerReferences": refs}}
+
+    sets = [owned("rs-1", "canary-uid"), owned("rs-2", "other-deployment")]
+    pods = [owned("mine", "rs-1"), owned("theirs", "rs-2"), owned("bare", None)]
+    assert [p["metadata"]["name"] for p in owned_through(pods, sets, "canary-uid")] == ["mine"]
+    assert owned_through(pods, sets, "unknown") == ()

@@ -264,7 +264,7 @@ def adjust_or_fall_back(
         return True
     pods = tuple(
         pod
-        for pod in snap.canary_pods
+        for pod in snap.live_pods
         if pod_ready(pod)
         and ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_CONFIG_HASH) == started.config_hash()
     )

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from chunkpilot.operator.builders import (
     ANNOTATION_CONFIG,
-    LIVE_ADJUST_SECRET_KEY,
 )
 from chunkpilot.tuner import records as rec
 
@@ -44,18 +43,42 @@ def started_config(deployment: Mapping[str, Any] | None) -> EngineConfig | None:
         return None
 
 
-def secret_token(secret: Mapping[str, Any] | None) -> str | None:
-    """The bearer token in the service's live-adjustment Secret (``data`` or ``stringData``)."""
+def secret_token(secret: Mapping[str, Any] | None, key: str) -> str | None:
+    """The bearer token under ``key`` in the live-adjustment Secret (``data`` or ``stringData``)."""
     if secret is None:
         return None
-    encoded = (secret.get("data") or {}).get(LIVE_ADJUST_SECRET_KEY)
+    encoded = (secret.get("data") or {}).get(key)
     if encoded:
         try:
             return base64.b64decode(encoded).decode() or None
         except (ValueError, UnicodeDecodeError):
             return None
-    plain = (secret.get("stringData") or {}).get(LIVE_ADJUST_SECRET_KEY)
+    plain = (secret.get("stringData") or {}).get(key)
     return str(plain) if plain else None
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller (its ownerReference with ``controller: true``)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid")) if ref.get("uid") else None
+    return None
+
+
+def owned_through(
+    pods: Sequence[Mapping[str, Any]], replica_sets: Sequence[Mapping[str, Any]], deployment_uid: str
+) -> tuple[Mapping[str, Any], ...]:
+    """The ``pods`` controlled by a ReplicaSet that the Deployment of ``deployment_uid`` controls.
+
+    Labels say which pods look like the canary's; uids say which are. A pod of someone else's with
+    the canary's labels never gets the token.
+    """
+    sets = {
+        str((rs.get("metadata") or {}).get("uid"))
+        for rs in replica_sets
+        if controller_uid(rs) == deployment_uid
+    }
+    return tuple(pod for pod in pods if controller_uid(pod) in sets)
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from chunkpilot.operator.builders import (
+    LIVE_ADJUST_SECRET,
     incumbent,
-    live_adjust_secret_name,
+    live_adjust_token_key,
 )
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeError, resource_path
@@ -207,15 +208,26 @@ class Observer:
             return snap
         if rec.trial_phase(active[0]) not in (TrialPhase.PENDING, TrialPhase.ROLLING_OUT):
             return snap
-        secret_name = live_adjust_secret_name(snap.name)
+        key = live_adjust_token_key(snap.name, Track.CANARY)
         try:
-            secret = await self.kube.get(resource_path("v1", "secrets", snap.namespace, secret_name))
+            secret = await self.kube.get(resource_path("v1", "secrets", snap.namespace, LIVE_ADJUST_SECRET))
         except (KubeError, OSError) as error:
             return _replace(snap, live_token_error=str(error))
-        token = live.secret_token(secret)
+        token = live.secret_token(secret, key)
         if token is None:
-            return _replace(snap, live_token_error=f"no live-adjustment token in Secret {secret_name}")
-        return _replace(snap, live_token=token)
+            return _replace(snap, live_token_error=f"no token {key} in Secret {LIVE_ADJUST_SECRET}")
+        canary_uid = ((snap.canary or {}).get("metadata") or {}).get("uid")
+        if not canary_uid or not snap.canary_pods:
+            return _replace(snap, live_token=token)
+        try:
+            sets = await self.kube.list(
+                resource_path("apps/v1", "replicasets", snap.namespace),
+                label_selector=f"{LABEL_SERVICE}={snap.name},{LABEL_TRACK}={Track.CANARY.value}",
+            )
+        except (KubeError, OSError) as error:
+            return _replace(snap, live_token_error=str(error))
+        pods = live.owned_through(snap.canary_pods, sets, str(canary_uid))
+        return _replace(snap, live_token=token, live_pods=pods)
 
     async def _measure(self, snap: Snapshot) -> tuple[Snapshot, CanaryWindow | None]:
         """The stable reading and the active trial's window; the window when it is final."""

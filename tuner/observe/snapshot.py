@@ -149,6 +149,9 @@ class Snapshot:
     #: The live-adjustment bearer token, or why there is none (read only for a rollout to finish).
     live_token: str | None = None
     live_token_error: str | None = None
+    #: The canary pods whose owner chain (ReplicaSet, then Deployment) ends at the canary Deployment,
+    #: checked by uid: the only pods the token is sent to (read with it).
+    live_pods: tuple[Mapping[str, Any], ...] = ()
     #: The service's digital twin (fit, ranking, the active canary's check); empty: not looked at.
     twin: TwinReading = field(default_factory=TwinReading)
     #: A topology trial's canary Deployments by part (``prefill``, ``decode``, ``router``; None:

@@ -93,13 +93,21 @@ fails on a call without a rule and on a rule without a call). */}}
   resources: ["pods"]
   verbs: ["list"]
 {{- if .Values.liveAdjust.enabled }}
-# Live adjustment (liveAdjust.enabled): the token Secret of each service with autotune.liveAdjust,
-# created once by the operator and read by the autotuner. Its name derives from the service, and
-# create cannot be limited by resourceNames, so the rule covers the Secrets of the watched
-# namespaces (namespaced mode) or of the cluster (cluster mode).
+# Live adjustment (liveAdjust.enabled): one Secret per namespace, chunkpilot-live-adjust, holds a
+# token per track of each service with autotune.liveAdjust; the operator creates it and adds tokens,
+# the autotuner reads the canary's. Reading and patching are limited to that name; create cannot be
+# limited by name (it reveals no Secret).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["chunkpilot-live-adjust"]
+  verbs: ["get", "patch"]
+# The canary's ReplicaSets: the token goes only to pods whose owner chain ends at the canary.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list"]
 {{- end }}
 {{- if .Values.disaggregation.enabled }}
 # Disaggregated services (disaggregation.enabled): each one's router gets a ServiceAccount and a

@@ -93,6 +93,18 @@ def rules_of(role: Mapping[str, Any]) -> dict[tuple[str, str], set[str]]:
     return granted
 
 
+def grants_by_name(role: Mapping[str, Any]) -> dict[tuple[str, str], list[tuple[frozenset[str], set[str]]]]:
+    """``(apiGroup, resource) -> [(resourceNames, verbs), ...]`` of a Role or ClusterRole, one per rule
+    (empty names: the rule covers every object)."""
+    granted: dict[tuple[str, str], list[tuple[frozenset[str], set[str]]]] = {}
+    for rule in role["rules"]:
+        names = frozenset(rule.get("resourceNames") or ())
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), []).append((names, set(rule["verbs"])))
+    return granted
+
+
 def watch_values(operator_args: Sequence[str]) -> list[str]:
     """The chart's ``watch.*`` values matching the operator's ``--all-namespaces``/``--namespace`` flags."""
     namespaces: list[str] = []
