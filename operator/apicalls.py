@@ -18,6 +18,8 @@ from enum import StrEnum
 from typing import Final
 from urllib.parse import parse_qs, urlsplit
 
+from chunkpilot.engine.probe.kube import PUBLISHER_ROLE_NAME
+
 #: ``enforce``: refuse undeclared calls in :class:`~chunkpilot.operator.kube.KubeClient`.
 ENV_KUBE_CALLS: Final = "CHUNKPILOT_KUBE_CALLS"
 ENFORCE: Final = "enforce"
@@ -78,6 +80,9 @@ def _call(
 
 #: The Secret of each namespace holding the live-adjustment tokens (``builders.LIVE_ADJUST_SECRET``).
 LIVE_ADJUST_SECRET_NAME: Final = "chunkpilot-live-adjust"
+
+#: The installation's role the probe's publisher is bound to.
+PROBE_PUBLISHER_ROLE: Final = PUBLISHER_ROLE_NAME
 
 OPERATOR: Final = "operator"
 TUNER: Final = "tuner"
@@ -255,14 +260,6 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     _call("", "configmaps", "get", OPERATOR, "the published profile", feature=Feature.PROBE_JOBS),
     _call(
         "",
-        "configmaps",
-        "get create update patch",
-        APISERVER,
-        "the probe's Role grants these, and a Role can only grant what its creator holds",
-        feature=Feature.PROBE_JOBS,
-    ),
-    _call(
-        "",
         "serviceaccounts",
         "get create patch",
         OPERATOR,
@@ -271,19 +268,31 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     ),
     _call(
         "rbac.authorization.k8s.io",
-        "roles",
+        "rolebindings",
         "get create patch",
         OPERATOR,
-        "the probe's Role",
+        "the probe's RoleBinding to the installation's chunkpilot-probe-publisher role",
         feature=Feature.PROBE_JOBS,
     ),
     _call(
         "rbac.authorization.k8s.io",
-        "rolebindings",
-        "get create patch",
-        OPERATOR,
-        "the probe's RoleBinding",
+        "clusterroles",
+        "bind",
+        APISERVER,
+        "binding chunkpilot-probe-publisher (its ConfigMap writes) to the probe without holding them",
         feature=Feature.PROBE_JOBS,
+        modes=frozenset({WatchMode.CLUSTER}),
+        names=(PROBE_PUBLISHER_ROLE,),
+    ),
+    _call(
+        "rbac.authorization.k8s.io",
+        "roles",
+        "bind",
+        APISERVER,
+        "binding chunkpilot-probe-publisher (its ConfigMap writes) to the probe without holding them",
+        feature=Feature.PROBE_JOBS,
+        modes=frozenset({WatchMode.NAMESPACED}),
+        names=(PROBE_PUBLISHER_ROLE,),
     ),
 )
 

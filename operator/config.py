@@ -46,6 +46,7 @@ ENV_PROBE_JOBS: Final = "CHUNKPILOT_PROBE_JOBS"
 #: Operator-wide probe image (the Chunkpilot image built with the ``probe`` extra).
 ENV_PROBE_IMAGE: Final = "CHUNKPILOT_PROBE_IMAGE"
 ENV_IMAGE_REGISTRY: Final = "CHUNKPILOT_IMAGE_REGISTRY"
+ENV_PROBE_PUBLISHER_ROLE: Final = "CHUNKPILOT_PROBE_PUBLISHER_ROLE"
 ENV_OPERATOR_NAMESPACE: Final = "CHUNKPILOT_OPERATOR_NAMESPACE"
 ENV_PROMETHEUS_NAMESPACE_LABELS: Final = "CHUNKPILOT_PROMETHEUS_NAMESPACE_LABELS"
 #: ``on``: a service's ``chunkpilot.io/probe-image`` annotation picks its probe's image (off by
@@ -202,6 +203,10 @@ class OperatorConfig:
     #: Whether a service's ``chunkpilot.io/probe-image`` annotation may override it
     #: (``CHUNKPILOT_PROBE_IMAGE_ANNOTATION=on``).
     probe_image_annotation: bool = False
+    #: ``(kind, name)`` of the installation's role for the probe's publisher, which the operator binds
+    #: (``CHUNKPILOT_PROBE_PUBLISHER_ROLE=ClusterRole/chunkpilot-probe-publisher``, set by the chart);
+    #: None: the operator writes the probe a Role of its own (and must hold its ConfigMap verbs).
+    probe_publisher_role: tuple[str, str] | None = None
     #: The registry the default images are pulled from instead of theirs (``CHUNKPILOT_IMAGE_REGISTRY``,
     #: e.g. an air-gapped mirror); None: their own. Images a spec names are used as given.
     image_registry: str | None = None
@@ -259,6 +264,9 @@ class OperatorConfig:
             probe_jobs=probe_jobs_enabled(env),
             probe_image=env.get(ENV_PROBE_IMAGE) or None,
             image_registry=parse_image_registry(env.get(ENV_IMAGE_REGISTRY, ""), ENV_IMAGE_REGISTRY),
+            probe_publisher_role=parse_role_ref(
+                env.get(ENV_PROBE_PUBLISHER_ROLE, ""), ENV_PROBE_PUBLISHER_ROLE
+            ),
             network_peers=NetworkPeers(
                 operator_namespace=env.get(ENV_OPERATOR_NAMESPACE, "").strip() or None,
                 prometheus_namespace_labels=prometheus_labels,
@@ -316,6 +324,17 @@ def with_images_from(isvc: InferenceService, registry: str | None) -> InferenceS
         routed = router.model_copy(update={"image": with_registry(default_router_image(), registry)})
         update["topology"] = spec.topology.model_copy(update={"router": routed})
     return isvc.model_copy(update={"spec": spec.model_copy(update=update)}) if update else isvc
+
+
+def parse_role_ref(text: str, where: str) -> tuple[str, str] | None:
+    """``ClusterRole/NAME`` or ``Role/NAME`` as ``(kind, name)``; empty: None."""
+    value = text.strip()
+    if not value:
+        return None
+    kind, slash, name = value.partition("/")
+    if not slash or kind not in ("ClusterRole", "Role") or not name:
+        raise ValueError(f"{where}={text!r}: use ClusterRole/NAME or Role/NAME")
+    return kind, name
 
 
 def parse_image_registry(text: str, where: str) -> str | None:

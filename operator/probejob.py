@@ -281,6 +281,7 @@ class ProbeRunner:
         *,
         image: str | None = None,
         image_annotation: bool = False,
+        publisher_role: tuple[str, str] | None = None,
     ) -> None:
         self.kube = kube
         self.post_event = post_event
@@ -290,6 +291,8 @@ class ProbeRunner:
         #: Whether a service's probe-image annotation may choose another
         #: (:attr:`OperatorConfig.probe_image_annotation`).
         self.image_annotation = image_annotation
+        #: The installation's publisher role to bind (:attr:`OperatorConfig.probe_publisher_role`).
+        self.publisher_role = publisher_role
 
     async def _apply(self, manifest: Mapping[str, Any]) -> None:
         """Apply one of the probe's objects; raises :class:`NameConflictError` when an object of its
@@ -324,7 +327,7 @@ class ProbeRunner:
         image = probe_image(_annotations(body), self.image, annotation_allowed=self.image_annotation)
         job = build_probe_job_for(isvc, body, image)
         try:
-            for manifest in build_probe_rbac(namespace):
+            for manifest in build_probe_rbac(namespace, publisher_role=self.publisher_role):
                 await self._apply(manifest)
         except NameConflictError as conflict:
             await self._refuse(body, f"probe not started: {conflict}")
@@ -429,6 +432,7 @@ def _runner(memo: kopf.Memo) -> ProbeRunner | None:
             # Without one configured: the default probe image, from the installation's registry.
             image=config.probe_image or with_registry(default_probe_image(), config.image_registry),
             image_annotation=config.probe_image_annotation,
+            publisher_role=config.probe_publisher_role,
         )
         memo["probe_runner"] = runner
     return runner

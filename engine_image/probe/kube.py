@@ -35,6 +35,7 @@ __all__ = [
     "PROBE_COMPONENT",
     "PROFILE_KEY",
     "PROFILE_MOUNT_PATH",
+    "PUBLISHER_ROLE_NAME",
     "ProbeJobSpec",
     "build_probe_job",
     "build_probe_rbac",
@@ -247,14 +248,41 @@ def build_probe_job(spec: ProbeJobSpec) -> dict[str, Any]:
     }
 
 
-def build_probe_rbac(namespace: str, service_account: str = "chunkpilot-probe") -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding letting the publish container write profile ConfigMaps."""
+#: The role an installation ships for the probe's publisher: the operator binds it (its ``bind`` grant
+#: names it) instead of writing a Role, so it need not hold ConfigMap writes itself.
+PUBLISHER_ROLE_NAME = "chunkpilot-probe-publisher"
+
+
+def build_probe_rbac(
+    namespace: str,
+    service_account: str = "chunkpilot-probe",
+    *,
+    publisher_role: tuple[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """ServiceAccount and RoleBinding (and Role) letting the publish container write profile ConfigMaps.
+
+    ``publisher_role``: ``(kind, name)`` of the installation's role to bind (``ClusterRole`` or
+    ``Role``, :data:`PUBLISHER_ROLE_NAME`); None: a Role of the probe's own (whose creator must
+    hold its ConfigMap verbs).
+    """
     meta = {
         "namespace": namespace,
         "labels": {"app.kubernetes.io/name": "chunkpilot", LABEL_COMPONENT: PROBE_COMPONENT},
     }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": service_account, **meta}}
+    subjects = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
+    if publisher_role is not None:
+        kind, name = publisher_role
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": service_account, **meta},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+            "subjects": subjects,
+        }
+        return [account, binding]
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": service_account, **meta}},
+        account,
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",

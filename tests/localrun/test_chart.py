@@ -75,6 +75,17 @@ LIVE_RULES = {
     ("delete", "secrets/chunkpilot-live-adjust", "-n", "anywhere"): False,
     ("list", "secrets", "-n", "anywhere"): False,
 }
+#: With probe Jobs: bind the probe's publisher role, by name, instead of writing ConfigMaps itself
+#: (on EKS kube-system/aws-auth is one).
+PROBE_RULES = {
+    ("bind", "clusterroles/chunkpilot-probe-publisher"): True,
+    ("bind", "clusterroles/cluster-admin"): False,
+    ("create", "rolebindings.rbac.authorization.k8s.io", "-n", "anywhere"): True,
+    ("get", "configmaps", "-n", "anywhere"): True,
+    ("create", "configmaps", "-n", "anywhere"): False,
+    ("patch", "configmaps/aws-auth", "-n", "kube-system"): False,
+    ("create", "roles.rbac.authorization.k8s.io", "-n", "anywhere"): False,
+}
 
 
 @pytest.mark.cluster
@@ -92,6 +103,11 @@ def test_operator_identity_holds_the_charts_rules_and_no_more(
         release="identity-live",
     )  # fmt: skip
     assert answers(control_plane, live, LIVE_RULES) == LIVE_RULES
+    probing = install_operator_identity(
+        control_plane, tmp_path / "probe.kubeconfig", ["watch.mode=cluster", "probeJobs.enabled=true"],
+        release="identity-probe",
+    )  # fmt: skip
+    assert answers(control_plane, probing, PROBE_RULES) == PROBE_RULES
     account = f"system:serviceaccount:{RELEASE_NAMESPACE}:identity-live-chunkpilot"
     who = subprocess.run(
         [str(control_plane.binaries[Binary.KUBECTL]), f"--kubeconfig={live}", "auth", "whoami", "-o", "json"],

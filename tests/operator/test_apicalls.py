@@ -99,7 +99,7 @@ def test_declared_calls_pass_and_others_name_the_fix() -> None:
 
 
 def test_inventory_is_well_formed() -> None:
-    rbac_verbs = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+    rbac_verbs = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "bind"}
     for call in API_CALLS:
         assert call.verbs and call.verbs <= rbac_verbs, call
         assert call.why and call.by in {"operator", "tuner", "kopf", "apiserver"}, call

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from chunkpilot.engine.probe.kube import PUBLISHER_ROLE_NAME
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 from chunkpilot.devcluster.components import Binary
@@ -52,7 +53,11 @@ def aggregated(role: dict[str, Any]) -> bool:
 
 def operator_roles(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The operator's (Cluster)Roles."""
-    return [r for r in by_kind(documents, "ClusterRole") + by_kind(documents, "Role") if not aggregated(r)]
+    return [
+        r
+        for r in by_kind(documents, "ClusterRole") + by_kind(documents, "Role")
+        if not aggregated(r) and r["metadata"]["name"] != PUBLISHER_ROLE_NAME
+    ]
 
 
 def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,9 +150,8 @@ def test_users_default_roles_gain_inferenceservices_in_cluster_mode(helm: Path) 
 #: What operator/probejob.py does in a watched namespace (see docs/probe.md).
 PROBE_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "delete"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},
+    ("", "configmaps"): {"get", "list", "watch"},  # read only: the publisher role writes them
     ("", "serviceaccounts"): {"get", "create", "patch"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
 }
 
@@ -512,10 +516,16 @@ def test_installed_chart_creates_the_operator_deployment(installed: Any) -> None
 def test_operator_runs_with_the_charts_service_account(
     installed: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """KWOK runs no containers, so the operator runs here as a process with the release's token."""
+    """KWOK runs no containers, so the operator runs here as a process with the release's token (and
+    the probe settings its Deployment is given: it binds the chart's publisher role)."""
+    deployment = json.loads(
+        installed.kubectl("get", "deployment", "cp-chunkpilot", "-n", RELEASE_NS, "-o", "json").stdout
+    )
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHUNKPILOT_PROBE_PUBLISHER_ROLE"] == "Role/chunkpilot-probe-publisher"
     operator = _charted_operator(
         installed, "cp-chunkpilot", RELEASE_NS, WATCHED_NS, tmp_path_factory.mktemp("chart-operator"),
-        CHUNKPILOT_PROBE_JOBS="on",
+        CHUNKPILOT_PROBE_JOBS="on", CHUNKPILOT_PROBE_PUBLISHER_ROLE=env["CHUNKPILOT_PROBE_PUBLISHER_ROLE"],
     )  # fmt: skip
     service = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
     service["spec"]["replicas"] = 1
@@ -549,7 +559,16 @@ def test_operator_runs_with_the_charts_service_account(
             timeout=60,
             what="the probe Job",
         )  # fmt: skip
-        assert exists("role", "chunkpilot-probe") and exists("rolebinding", "chunkpilot-probe")
+        # The probe's binding names the chart's publisher role: the operator wrote no Role of its own.
+        assert not exists("role", "chunkpilot-probe") and exists("rolebinding", "chunkpilot-probe")
+        binding = json.loads(
+            installed.kubectl("get", "rolebinding", "chunkpilot-probe", "-n", WATCHED_NS, "-o", "json").stdout
+        )
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "chunkpilot-probe-publisher",
+        }
         assert "Forbidden" not in operator.log() and "forbidden" not in operator.log()
         installed.kubectl("delete", "cpis", "chat", "tuned", "-n", WATCHED_NS, "--timeout=60s")
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chunkpilot.engine.probe.kube import PUBLISHER_ROLE_NAME
 from chunkpilot.operator.apicalls import API_CALLS, ApiCall, Feature, WatchMode
 
 from chunkpilot.devcluster.components import Binary
@@ -59,11 +60,12 @@ def roles(helm: Path, mode: WatchMode, features: frozenset[Feature]) -> list[dic
                 key.startswith("rbac.authorization.k8s.io/aggregate-to-")
                 for key in role["metadata"]["labels"]
             )
-        ]  # the operator's, not those added to users' default roles
+            and role["metadata"]["name"] != PUBLISHER_ROLE_NAME
+        ]  # the operator's, not those added to users' default roles nor the probe's
         assert len(found) == 1
     else:
         assert not by_kind(documents, "ClusterRole")
-        found = by_kind(documents, "Role")
+        found = [r for r in by_kind(documents, "Role") if r["metadata"]["name"] != PUBLISHER_ROLE_NAME]
         assert sorted(role["metadata"]["namespace"] for role in found) == ["a", "b"]
     return found
 
@@ -98,10 +100,14 @@ def test_rendered_rules_allow_every_call_and_nothing_else(
 
 @pytest.mark.parametrize("mode", list(WatchMode))
 def test_calls_on_named_objects_are_granted_on_those_names_only(helm: Path, mode: WatchMode) -> None:
-    """The live-adjustment Secret: get and patch on its one name per namespace, never on every Secret."""
+    """The live-adjustment Secret: get and patch on its one name per namespace, never on every Secret;
+    and bind on the probe's publisher role only."""
     named_calls = [call for call in API_CALLS if call.names]
+    publisher = frozenset({PUBLISHER_ROLE_NAME})
     assert {(c.resource, c.names) for c in named_calls} == {
-        ("secrets", frozenset({"chunkpilot-live-adjust"}))
+        ("secrets", frozenset({"chunkpilot-live-adjust"})),
+        ("clusterroles", publisher),
+        ("roles", publisher),
     }
     for features in COMBINATIONS:
         calls = needed(mode, features)

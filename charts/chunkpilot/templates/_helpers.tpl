@@ -128,19 +128,20 @@ fails on a call without a rule and on a rule without a call). */}}
   verbs: ["delete"]
 {{- end }}
 {{- if .Values.probeJobs.enabled }}
-# Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes, and the probe's
-# ServiceAccount, Role and RoleBinding (granting the Role needs its ConfigMap verbs held here).
+# Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes (read here), and the
+# probe's ServiceAccount and RoleBinding to chunkpilot-probe-publisher, which the operator may bind
+# (below, by name) without holding its ConfigMap writes.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["rolebindings"]
   verbs: ["get", "create", "patch"]
 {{- end }}
 {{- end }}

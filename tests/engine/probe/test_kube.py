@@ -9,6 +9,7 @@ from chunkpilot.engine.probe import ProfileError
 from chunkpilot.engine.probe.kube import (
     LABEL_MODEL,
     PROFILE_KEY,
+    PUBLISHER_ROLE_NAME,
     ProbeJobSpec,
     build_probe_job,
     build_probe_rbac,
@@ -131,6 +132,19 @@ def test_rbac_allows_exactly_configmap_writes() -> None:
         {"kind": "ServiceAccount", "name": "chunkpilot-probe", "namespace": "serving"}
     ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_with_the_installations_publisher_role_only_a_binding_to_it_is_written() -> None:
+    account, binding = build_probe_rbac("serving", publisher_role=("ClusterRole", PUBLISHER_ROLE_NAME))
+    assert account["kind"] == "ServiceAccount" and binding["kind"] == "RoleBinding"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "chunkpilot-probe-publisher",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chunkpilot-probe", "namespace": "serving"}
+    ]
 
 
 def test_configmap_round_trip(small_profile: StepProfile) -> None:
