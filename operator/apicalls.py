@@ -59,6 +59,8 @@ class ApiCall:
     cluster_scoped: bool = False
     #: The only object names the calls touch (the chart's ``resourceNames``); empty: any name.
     names: frozenset[str] = frozenset()
+    #: Made only when several replicas peer (the chart's ``replicaCount`` above 1).
+    peering: bool = False
 
 
 def _call(
@@ -72,9 +74,19 @@ def _call(
     modes: frozenset[WatchMode] = BOTH_MODES,
     cluster_scoped: bool = False,
     names: tuple[str, ...] = (),
+    peering: bool = False,
 ) -> ApiCall:
     return ApiCall(
-        group, resource, frozenset(verbs.split()), by, why, feature, modes, cluster_scoped, frozenset(names)
+        group,
+        resource,
+        frozenset(verbs.split()),
+        by,
+        why,
+        feature,
+        modes,
+        cluster_scoped,
+        frozenset(names),
+        peering,
     )
 
 
@@ -245,6 +257,7 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "peering across replicas (--all-namespaces); the operator checks the object exists",
         modes=frozenset({WatchMode.CLUSTER}),
         cluster_scoped=True,
+        peering=True,
     ),
     _call(
         "kopf.dev",
@@ -253,6 +266,7 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         KOPF,
         "peering across replicas (--namespace); the operator checks the objects exist",
         modes=frozenset({WatchMode.NAMESPACED}),
+        peering=True,
     ),
     _call("batch", "jobs", "list watch", KOPF, "probe Job events", feature=Feature.PROBE_JOBS),
     _call("batch", "jobs", "get create delete", OPERATOR, "the probe Job", feature=Feature.PROBE_JOBS),

@@ -45,10 +45,13 @@ def chart() -> Path:
     return found
 
 
-def roles(helm: Path, mode: WatchMode, features: frozenset[Feature]) -> list[dict[str, Any]]:
+def roles(
+    helm: Path, mode: WatchMode, features: frozenset[Feature], *, peered: bool = False
+) -> list[dict[str, Any]]:
     sets = [
         *MODE_VALUES[mode],
         *(f"{feature.value}={str(feature in features).lower()}" for feature in OPTIONAL),
+        f"replicaCount={2 if peered else 1}",
     ]
     documents = render(helm, chart(), sets)
     if mode is WatchMode.CLUSTER:
@@ -70,18 +73,24 @@ def roles(helm: Path, mode: WatchMode, features: frozenset[Feature]) -> list[dic
     return found
 
 
-def needed(mode: WatchMode, features: frozenset[Feature]) -> list[ApiCall]:
+def needed(mode: WatchMode, features: frozenset[Feature], *, peered: bool = False) -> list[ApiCall]:
     enabled = features | {Feature.CORE}
-    return [call for call in API_CALLS if call.feature in enabled and mode in call.modes]
+    return [
+        call
+        for call in API_CALLS
+        if call.feature in enabled and mode in call.modes and (peered or not call.peering)
+    ]
 
 
+@pytest.mark.parametrize("peered", [False, True], ids=["one-replica", "peered"])
 @pytest.mark.parametrize("features", COMBINATIONS, ids=lambda f: "+".join(sorted(f)) or "defaults")
 @pytest.mark.parametrize("mode", list(WatchMode))
 def test_rendered_rules_allow_every_call_and_nothing_else(
-    helm: Path, mode: WatchMode, features: frozenset[Feature]
+    helm: Path, mode: WatchMode, features: frozenset[Feature], peered: bool
 ) -> None:
-    calls = needed(mode, features)
-    for role in roles(helm, mode, features):
+    """Every declared call is granted and nothing else: the peering objects only when replicas peer."""
+    calls = needed(mode, features, peered=peered)
+    for role in roles(helm, mode, features, peered=peered):
         granted = rules_of(role)
         for call in calls:
             missing = call.verbs - granted.get((call.group, call.resource), set())
