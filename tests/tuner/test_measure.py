@@ -45,6 +45,7 @@ from chunkpilot.tuner.measure import (
 )
 
 from chunkpilot.api import Track
+from chunkpilot.devcluster.certs import generate_ca, issue_serving_cert
 from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
 from chunkpilot.testing.metrics import ExpositionServer, histogram_lines
 
@@ -525,6 +526,33 @@ def test_a_prometheus_that_requires_basic_auth_is_queried_with_the_password_from
         assert "not-the-password" not in str(refused.value) and "***@" in str(refused.value)
         inline = server.url.replace("http://", "http://tuner:scrape-secret@")
         assert PrometheusClient(inline, timeout_s=5).query("vector(3)") == 3.0
+
+
+@pytest.mark.prometheus
+def test_a_prometheus_behind_tls_is_trusted_through_the_ca_bundle_file(
+    tmp_path: Path, prometheus_server: PrometheusServer
+) -> None:
+    ca = generate_ca("prometheus-test-ca")
+    serving = issue_serving_cert(ca, ["127.0.0.1", "localhost"], common_name="prometheus")
+    certificate, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    certificate.write_bytes(serving.cert_pem)
+    key.write_bytes(serving.key_pem)
+    bundle.write_bytes(ca.cert_pem)
+    with PrometheusServer(
+        tmp_path / "prometheus", binary=prometheus_server.binary, tls=(certificate, key)
+    ) as server:
+        assert server.url.startswith("https://")
+        trusted = PrometheusClient(server.url, timeout_s=5, auth=PrometheusAuth(ca_file=str(bundle)))
+        assert trusted.query("vector(4)") == 4.0
+        # Without the bundle the server's certificate is not trusted: no answer, a clear reason.
+        with pytest.raises(MetricsUnavailableError, match=r"(?i)certificate|ssl"):
+            PrometheusClient(server.url, timeout_s=5).query("vector(4)")
+        other = tmp_path / "other-ca.crt"
+        other.write_bytes(generate_ca("someone-else").cert_pem)
+        with pytest.raises(MetricsUnavailableError, match=r"(?i)certificate|ssl"):
+            PrometheusClient(server.url, timeout_s=5, auth=PrometheusAuth(ca_file=str(other))).query(
+                "vector(4)"
+            )
 
 
 def test_a_bearer_token_is_read_from_its_file_at_each_use(tmp_path: Path) -> None:

@@ -120,10 +120,13 @@ class PrometheusServer:
         job: str = "chunkpilot",
         startup_timeout: float = 60.0,
         basic_auth: tuple[str, str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         """``basic_auth``: ``(user, password, bcrypt hash of the password)``: every request to this
-        Prometheus must then carry them (its ``--web.config.file``)."""
+        Prometheus must then carry them (its ``--web.config.file``). ``tls``: ``(certificate, key)``
+        files: it then serves HTTPS only."""
         self.basic_auth = basic_auth
+        self.tls = tls
         self.state_dir = state_dir
         self.binary = binary
         self.scrape_interval = scrape_interval
@@ -139,7 +142,7 @@ class PrometheusServer:
         """The base URL, e.g. ``http://127.0.0.1:41234``."""
         if self.port is None:
             raise PrometheusError("Prometheus is not started")
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
 
     def start(self) -> PrometheusServer:
         """Write the configuration, start Prometheus and wait until ``/-/ready`` answers."""
@@ -151,10 +154,16 @@ class PrometheusServer:
         self.set_target_groups([])
         self.port = free_port()
         web: list[str] = []
+        settings: dict[str, object] = {}
         if self.basic_auth is not None:
             user, _password, hashed = self.basic_auth
+            settings["basic_auth_users"] = {user: hashed}
+        if self.tls is not None:
+            certificate, key = self.tls
+            settings["tls_server_config"] = {"cert_file": str(certificate), "key_file": str(key)}
+        if settings:
             web_config = self.state_dir / "web.yml"
-            web_config.write_text(yaml.safe_dump({"basic_auth_users": {user: hashed}}))
+            web_config.write_text(yaml.safe_dump(settings))
             web = [f"--web.config.file={web_config}"]
         self._process = ManagedProcess(
             name="prometheus",
@@ -174,7 +183,11 @@ class PrometheusServer:
         process = self._process
         processes.start_or_undo(
             lambda: process.wait_until(
-                lambda: processes.http_ok(f"{self.url}/-/ready", headers=self._authorization()),
+                lambda: processes.http_ok(
+                    f"{self.url}/-/ready",
+                    processes.insecure_tls_context() if self.tls else None,
+                    headers=self._authorization(),
+                ),
                 self.startup_timeout,
                 "GET /-/ready",
             ),
