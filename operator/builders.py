@@ -59,6 +59,12 @@ ANNOTATION_LIVE_LIMITS: Final = "chunkpilot.io/live-limits"
 #: The de-facto annotation of the metrics path for scrapers without a PodMonitor (the local runtime's
 #: file_sd among them); set only on pods whose engine does not serve ``/metrics``, its default.
 ANNOTATION_METRICS_PATH: Final = "prometheus.io/path"
+#: On an InferenceService: set it to a new value (a date, say) to rotate its live-adjustment tokens.
+#: Its value is copied onto the engine pods' template (so they restart and read the new tokens) and
+#: recorded on the namespace's Secret per service (so the tokens are replaced once per value).
+ANNOTATION_ROTATE_TOKENS: Final = "chunkpilot.io/rotate-live-adjust-tokens"
+#: The prefix of the Secret's annotations recording, per service, the rotation its tokens come from.
+ROTATED_PREFIX: Final = "rotated.chunkpilot.io"
 ENGINE_CONTAINER: Final = "engine"
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
@@ -201,11 +207,29 @@ def build_deployment(
             # Never drop below the serving capacity during a rollout: surge one pod at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {**annotations, **_metrics_path(render)}},
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        **annotations,
+                        **_metrics_path(render),
+                        **_token_generation(isvc, render),
+                    },
+                },
                 "spec": _pod_spec(isvc, render, port_name, track),
             },
         },
     }
+
+
+def token_rotation(isvc: InferenceService) -> str:
+    """The service's requested token rotation (:data:`ANNOTATION_ROTATE_TOKENS`; empty: none yet)."""
+    return isvc.metadata.annotations.get(ANNOTATION_ROTATE_TOKENS, "")
+
+
+def _token_generation(isvc: InferenceService, render: EngineRender) -> dict[str, str]:
+    """The pod annotation that restarts live-adjusted engines when their tokens are rotated."""
+    rotation = token_rotation(isvc)
+    return {ANNOTATION_ROTATE_TOKENS: rotation} if render.live_adjust and rotation else {}
 
 
 def _metrics_path(render: EngineRender) -> dict[str, str]:

@@ -17,9 +17,11 @@ from chunkpilot.operator import events as ev
 from chunkpilot.operator.builders import (
     LIVE_ADJUST_SECRET,
     POD_MONITOR_API_VERSION,
+    ROTATED_PREFIX,
     build_live_adjust_secret,
     is_live_adjust_secret,
     live_adjust_tokens,
+    token_rotation,
     wants_live_adjust_secret,
 )
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
@@ -111,11 +113,16 @@ class ChildWriter:
 
         The Secret (:data:`LIVE_ADJUST_SECRET`) is created when missing, with this service as its
         owner; otherwise the service becomes one more owner and its missing tokens are added. A token
-        is never replaced (engines read theirs at start-up). The write is conditional on the version
-        read. A Secret of that name the installation did not create raises :class:`NameConflictError`.
+        is replaced only when the service asks for a rotation (:data:`ANNOTATION_ROTATE_TOKENS` with a
+        value the Secret has not recorded for it); its engines restart with the new ones (the value
+        is on their pod template). The write is conditional on the version read. A Secret of that
+        name the installation did not create raises :class:`NameConflictError`.
         """
         namespace = isvc.metadata.namespace
         secret = build_live_adjust_secret(namespace, live_adjust_tokens(isvc))
+        if token_rotation(isvc):
+            marker = f"{ROTATED_PREFIX}/{service_name(isvc)}"
+            secret["metadata"]["annotations"] = {marker: token_rotation(isvc)}
         adopt(secret, owner)
         path = object_path(secret)
         current = await self.kube.get(path)
@@ -131,7 +138,11 @@ class ChildWriter:
             return True
         meta = current["metadata"]
         held = current.get("data") or {}
-        missing = {key: token for key, token in secret["stringData"].items() if not held.get(key)}
+        marker = f"{ROTATED_PREFIX}/{service_name(isvc)}"
+        rotation = token_rotation(isvc)
+        rotate = (meta.get("annotations") or {}).get(marker, "") != rotation
+        fresh = secret["stringData"]
+        missing = {key: token for key, token in fresh.items() if rotate or not held.get(key)}
         owners = list(meta.get("ownerReferences") or [])
         uid = owner["metadata"]["uid"]
         if not missing and any(ref.get("uid") == uid for ref in owners):
@@ -142,6 +153,8 @@ class ChildWriter:
             patch["metadata"]["ownerReferences"] = [*owners, reference]
         if missing:
             patch["stringData"] = missing
+        if rotate:
+            patch["metadata"]["annotations"] = {marker: rotation}
         try:
             await self.kube.merge_patch(path, patch)
         except KubeError as error:

@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 from chunkpilot.operator import ha
-from chunkpilot.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
+from chunkpilot.operator.builders import ANNOTATION_ROTATE_TOKENS, LABEL_MANAGED_BY, MANAGED_BY
 from chunkpilot.operator.config import FIELD_MANAGER, FINALIZER, PERSISTENCE_PREFIX, OperatorConfig
 from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient, load_credentials
@@ -127,6 +127,7 @@ def reconciler_ready(memo: kopf.Memo, **_: Any) -> bool:
 @kopf.on.resume(GROUP, VERSION, ISVC_PLURAL)
 @kopf.on.create(GROUP, VERSION, ISVC_PLURAL)
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="spec")
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field=("metadata", "annotations", ANNOTATION_ROTATE_TOKENS))
 async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Apply the stable Deployment, Service and PodMonitor; refresh the status."""
     reconciler: Reconciler = memo["reconciler"]

@@ -583,6 +583,31 @@ def test_live_adjust_tokens_are_created_once_per_track_and_kept(
     assert after["data"] == shared["data"]  # never rotated
     assert after["metadata"]["resourceVersion"] == shared["metadata"]["resourceVersion"]  # never written
 
+    # Rotation on demand: a new value of the annotation replaces tokens's tokens (tokens-b's stay)
+    # and restarts its engines, whose template now carries that value.
+    cluster.kubectl(
+        "annotate", "cpis", "tokens", "-n", NS, "chunkpilot.io/rotate-live-adjust-tokens=2026-12-05"
+    )
+
+    def rotated() -> dict[str, Any] | None:
+        found = get(cluster, "secrets", secret_name)
+        marked = found and (found["metadata"].get("annotations") or {}).get("rotated.chunkpilot.io/tokens")
+        return found if marked == "2026-12-05" else None
+
+    fresh = wait_for(rotated, timeout=60, what="the tokens of tokens rotated")
+    assert fresh["data"]["tokens.stable"] != after["data"]["tokens.stable"]
+    assert fresh["data"]["tokens.canary"] != after["data"]["tokens.canary"]
+    assert fresh["data"]["tokens-b.stable"] == after["data"]["tokens-b.stable"]
+    wait_deployment(
+        cluster,
+        "tokens-stable",
+        lambda d: (
+            d["spec"]["template"]["metadata"]["annotations"].get("chunkpilot.io/rotate-live-adjust-tokens")
+            == "2026-12-05"
+        ),
+        what="tokens-stable restarted for the new tokens",
+    )
+
     for name in ("tokens", "tokens-b"):
         cluster.kubectl("delete", "cpis", name, "-n", NS, "--timeout=60s")
     wait_for(

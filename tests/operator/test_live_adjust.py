@@ -12,6 +12,7 @@ from chunkpilot.engine.live_adjust import LIVE_ADJUST_TOKEN_ENV
 from chunkpilot.engine.vllm_plugin.config import load_plugin_config
 from chunkpilot.engine.vllm_plugin.render import DEFAULT_CONTROL_FILE
 from chunkpilot.operator.builders import (
+    ANNOTATION_ROTATE_TOKENS,
     LIVE_ADJUST_SECRET,
     build_deployment,
     build_live_adjust_secret,
@@ -170,18 +171,23 @@ class SecretKube:
             raise KubeError(409, "PATCH", path, '{"message": "the object has been modified"}')
         if "ownerReferences" in patch["metadata"]:
             stored["metadata"]["ownerReferences"] = patch["metadata"]["ownerReferences"]
+        if "annotations" in patch["metadata"]:
+            stored["metadata"].setdefault("annotations", {}).update(patch["metadata"]["annotations"])
         stored.setdefault("data", {}).update(patch.get("stringData") or {})
         self.version += 1
         stored["metadata"]["resourceVersion"] = str(self.version)
         return stored
 
 
-def ensure(kube: SecretKube, name: str = "chat", uid: str = "uid-1") -> bool:
+def ensure(kube: SecretKube, name: str = "chat", uid: str = "uid-1", rotation: str = "") -> bool:
     reconciler = Reconciler(kube=kube, config=OperatorConfig())  # type: ignore[arg-type]
     owner = {**OWNER_BODY, "metadata": {**OWNER_BODY["metadata"], "name": name, "uid": uid, "labels": {}}}
-    service = InferenceService.from_manifest(
-        {**a_manifest(name, "llm", {"model": {"name": LLAMA_8B["name"]}, "autotune": {"liveAdjust": True}})}
+    manifest = a_manifest(
+        name, "llm", {"model": {"name": LLAMA_8B["name"]}, "autotune": {"liveAdjust": True}}
     )
+    if rotation:
+        manifest["metadata"]["annotations"] = {ANNOTATION_ROTATE_TOKENS: rotation}
+    service = InferenceService.from_manifest(manifest)
     created: bool = asyncio.run(reconciler.children.ensure_live_adjust_secret(service, owner))
     return created
 
@@ -236,3 +242,41 @@ def test_a_secret_of_that_name_the_installation_did_not_create_is_left_untouched
 
 def test_a_concurrent_write_is_left_to_the_next_pass() -> None:
     assert ensure(SecretKube(race=True)) is False
+
+
+def test_a_rotation_request_replaces_the_services_tokens_once_per_value() -> None:
+    kube = SecretKube()
+    ensure(kube)
+    ensure(kube, "code", "uid-2")
+    before = dict(kube.objects[SECRET_PATH]["data"])
+    assert ensure(kube, rotation="2026-12-05") is True
+    after = kube.objects[SECRET_PATH]
+    assert after["data"]["chat.stable"] != before["chat.stable"]
+    assert after["data"]["chat.canary"] != before["chat.canary"]
+    assert after["data"]["code.stable"] == before["code.stable"]  # another service's are kept
+    assert after["metadata"]["annotations"] == {"rotated.chunkpilot.io/chat": "2026-12-05"}
+    rotated = dict(after["data"])
+    assert ensure(kube, rotation="2026-12-05") is False  # the same request: done already
+    assert kube.objects[SECRET_PATH]["data"] == rotated
+    assert ensure(kube, rotation="2027-01-05") is True
+    assert kube.objects[SECRET_PATH]["data"]["chat.stable"] != rotated["chat.stable"]
+
+
+def test_a_rotation_restarts_the_engines_with_the_new_tokens() -> None:
+    plain = build_deployment(isvc(), Track.STABLE)["spec"]["template"]["metadata"]["annotations"]
+    assert ANNOTATION_ROTATE_TOKENS not in plain
+    manifest = a_manifest(
+        "chat",
+        "llm",
+        {
+            "model": {"name": LLAMA_8B["name"]},
+            "engine": {"version": "0.33.0"},
+            "autotune": {"liveAdjust": True},
+        },
+    )
+    manifest["metadata"]["annotations"] = {ANNOTATION_ROTATE_TOKENS: "2026-12-05"}
+    rotated = InferenceService.from_manifest(manifest)
+    template = build_deployment(rotated, Track.STABLE)["spec"]["template"]["metadata"]["annotations"]
+    assert template[ANNOTATION_ROTATE_TOKENS] == "2026-12-05"  # a changed template: the pods restart
+    off = build_deployment(isvc(live_adjust=False), Track.STABLE)["spec"]["template"]["metadata"]
+    assert ANNOTATION_ROTATE_TOKENS not in off["annotations"]
