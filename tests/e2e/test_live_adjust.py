@@ -5,7 +5,8 @@ runner, real Prometheus, trace replay). The simulator gets its live-adjustment t
 operator's Secret through ``secretKeyRef`` (resolved by the pod runner) and the tuner reaches the
 engines through the pod runner's file_sd targets. Three short trials (20 s windows): the first
 rolls out a canary at the top of the search space, the later ones take over the parked canary
-and lower its limits through the engine route.
+and lower its limits through the engine route. The namespace enforces the "restricted" Pod
+Security profile, so every engine pod of the flow is admitted under it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def test_live_adjust_lowers_a_parked_canary_without_new_rollouts(stack: LocalSta
     namespace, name = "live-adjust-e2e", "live"
     assert stack.control_plane is not None and stack.runner is not None
     runner = stack.runner
+    # The namespace enforces the "restricted" Pod Security profile: the stable and canary engine
+    # pods are admitted (non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp)
+    # and run, so the whole flow below happens under it.
+    stack.control_plane.kubectl("create", "namespace", namespace)
+    stack.control_plane.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
+    )
     cluster = serve_service(stack, live_manifest(name, namespace))
     try:
         load = start_scenario_load(stack, name, namespace, duration_s=400)
