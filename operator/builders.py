@@ -60,9 +60,10 @@ ANNOTATION_LIVE_LIMITS: Final = "chunkpilot.io/live-limits"
 #: file_sd among them); set only on pods whose engine does not serve ``/metrics``, its default.
 ANNOTATION_METRICS_PATH: Final = "prometheus.io/path"
 #: On an InferenceService: set it to a new value (a date, say) to rotate its live-adjustment tokens.
+#: (Outside ``chunkpilot.io/``, whose annotations Kopf keeps out of the diffs update handlers see.)
 #: Its value is copied onto the engine pods' template (so they restart and read the new tokens) and
 #: recorded on the namespace's Secret per service (so the tokens are replaced once per value).
-ANNOTATION_ROTATE_TOKENS: Final = "chunkpilot.io/rotate-live-adjust-tokens"
+ANNOTATION_ROTATE_TOKENS: Final = "live-adjust.chunkpilot.io/rotate-tokens"
 #: The prefix of the Secret's annotations recording, per service, the rotation its tokens come from.
 ROTATED_PREFIX: Final = "rotated.chunkpilot.io"
 ENGINE_CONTAINER: Final = "engine"

@@ -586,7 +586,7 @@ def test_live_adjust_tokens_are_created_once_per_track_and_kept(
     # Rotation on demand: a new value of the annotation replaces tokens's tokens (tokens-b's stay)
     # and restarts its engines, whose template now carries that value.
     cluster.kubectl(
-        "annotate", "cpis", "tokens", "-n", NS, "chunkpilot.io/rotate-live-adjust-tokens=2026-12-05"
+        "annotate", "cpis", "tokens", "-n", NS, "live-adjust.chunkpilot.io/rotate-tokens=2026-12-05"
     )
 
     def rotated() -> dict[str, Any] | None:
@@ -602,7 +602,7 @@ def test_live_adjust_tokens_are_created_once_per_track_and_kept(
         cluster,
         "tokens-stable",
         lambda d: (
-            d["spec"]["template"]["metadata"]["annotations"].get("chunkpilot.io/rotate-live-adjust-tokens")
+            d["spec"]["template"]["metadata"]["annotations"].get("live-adjust.chunkpilot.io/rotate-tokens")
             == "2026-12-05"
         ),
         what="tokens-stable restarted for the new tokens",
