@@ -7,7 +7,7 @@ PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 # spread): everything but the end-to-end tests on one worker per core, then the end-to-end tests, which
 # mostly wait on trial windows, four side by side. Apart, no end-to-end tuning run shares the CPU with
 # the unit tests' bursts, which would skew the latencies its simulated engines serve.
-PYTEST := CHUNKPILOT_REQUIRE_TORCH=1 $(VENV)/bin/pytest --durations=30 --dist loadfile --no-loadscope-reorder
+PYTEST := CHUNKPILOT_REQUIRE_TORCH=1 CHUNKPILOT_REQUIRE_COMPILED_SIM=1 $(VENV)/bin/pytest --durations=30 --dist loadfile --no-loadscope-reorder
 TEST_WORKERS ?= 2
 E2E_WORKERS ?= 4
 
@@ -19,8 +19,11 @@ $(PY):
 
 # Strict editable install: the top-level folders are mapped onto chunkpilot.*
 # packages through a link tree under build/. Re-run after adding a module.
+# Then the simulator's compiled core (mypyc, about a minute; kept per source digest in
+# ~/.cache/chunkpilot/sim-core/): without a C compiler the simulator runs as Python.
 dev: $(PY)
 	$(PIP_INSTALL) --editable '.[test,report]' --config-settings editable_mode=strict
+	$(VENV)/bin/chunkpilot sim build-core || echo "the simulator runs as Python (see the error above)"
 
 demo: dev
 	$(VENV)/bin/chunkpilot cluster fetch

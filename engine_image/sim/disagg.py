@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, CapacityResult, search_capacity
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.kvtransfer import DEFAULT_ABORT_TIMEOUT_S, KVTransfer
 from chunkpilot.engine.sim.offline import (
@@ -625,3 +626,6 @@ def disaggregated_capacity(
         start_rate=start_rate,
         seed=seed,
     )
+
+
+picklable(PoolConfig, Topology, PoolStats, DisaggregatedSummary)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.kvcache import KVCapacity, kv_capacity
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile, load_accelerator, load_model
 from chunkpilot.engine.sim.scheduler import (
@@ -149,3 +150,6 @@ class EngineCore:
         duration = self.step_time(output.forward_pass)
         results = self.scheduler.update(output, now + duration)
         return StepResult(now, duration, output, results)
+
+
+picklable(SimConfig, StepResult)

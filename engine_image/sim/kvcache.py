@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile
 
 BLOCK_SIZE = 16
@@ -165,3 +166,6 @@ class KVCacheManager:
         assert len(self.evictable) == len(self.ref_counts) - referenced, "evictable set out of sync"
         total = plain_held + referenced + self.free_plain + len(self.evictable)
         assert total == self.num_blocks, f"KV block accounting drifted: {total} != {self.num_blocks}"
+
+
+picklable(KVCapacity)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.metrics import StepShape, StepTelemetry
 from chunkpilot.engine.sim.scheduler import FinishReason, Request
@@ -54,17 +55,38 @@ class Percentiles:
     mean: float
 
     @classmethod
-    def of(cls, values_s: FloatArray, weights: FloatArray | None = None) -> Percentiles:
-        """Weighted percentiles of ``values_s`` (seconds), reported in milliseconds."""
+    def of(
+        cls, values_s: FloatArray, weights: FloatArray | None = None, ordered: SortedSample | None = None
+    ) -> Percentiles:
+        """Weighted percentiles of ``values_s`` (seconds), reported in milliseconds; ``ordered`` is the
+        same sample already sorted, when the caller has it."""
         if values_s.size == 0:
             nan = math.nan
             return cls(nan, nan, nan, nan, nan, nan)
-        order = np.argsort(values_s, kind="stable")
-        ordered = values_s[order]
-        ordered_weights = weights[order] if weights is not None else np.ones(values_s.size)
-        qs = [_sorted_quantile(ordered, ordered_weights, p / 100) * 1e3 for p in PERCENTILES]
+        sample = ordered or SortedSample(values_s, weights)
+        qs = [sample.quantile(p / 100) * 1e3 for p in PERCENTILES]
         mean = float(np.average(values_s, weights=weights)) * 1e3
         return cls(qs[0], qs[1], qs[2], qs[3], float(values_s.max()) * 1e3, mean)
+
+
+class SortedSample:
+    """A non-empty sample sorted once, for any number of its quantiles (inverted CDF).
+
+    Weights are integer-like, so their running sums are exact and the order of tied values does not
+    change any quantile: the sort need not be stable.
+    """
+
+    def __init__(self, values: FloatArray, weights: FloatArray | None = None) -> None:
+        order = np.argsort(values)
+        self.ordered: FloatArray = values[order]
+        self.cumulative: FloatArray = np.cumsum(
+            weights[order] if weights is not None else np.ones(values.size)
+        )
+
+    def quantile(self, q: float) -> float:
+        """The smallest value whose cumulative weight reaches ``q`` of the total."""
+        index = int(np.searchsorted(self.cumulative, q * self.cumulative[-1], side="left"))
+        return float(self.ordered[min(index, self.ordered.size - 1)])
 
 
 def quantile(values: FloatArray, q: float, weights: FloatArray | None = None) -> float:
@@ -73,14 +95,7 @@ def quantile(values: FloatArray, q: float, weights: FloatArray | None = None) ->
         return math.nan
     if weights is None:
         return float(np.quantile(values, q, method="inverted_cdf"))
-    order = np.argsort(values, kind="stable")
-    return _sorted_quantile(values[order], weights[order], q)
-
-
-def _sorted_quantile(ordered: FloatArray, weights: FloatArray, q: float) -> float:
-    cumulative = np.cumsum(weights)
-    index = int(np.searchsorted(cumulative, q * cumulative[-1], side="left"))
-    return float(ordered[min(index, ordered.size - 1)])
+    return SortedSample(values, weights).quantile(q)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +192,24 @@ class _Recorder:
         self.segments: list[tuple[float, float, int, int]] = []
 
     def itl_arrays(self) -> tuple[FloatArray, FloatArray]:
-        parts = [np.asarray(self.itl, dtype=np.float64)]
-        weights = [np.ones(len(self.itl), dtype=np.float64)]
-        for first, increment, count, weight in self.segments:
-            parts.append(first + increment * np.arange(count, dtype=np.float64))
-            weights.append(np.full(count, float(weight)))
-        return np.concatenate(parts), np.concatenate(weights)
+        """Every ITL sample: the single ones with weight 1, then each bulk segment's ``count`` values
+        ``first + increment * i`` with the segment's batch as their weight."""
+        singles = np.asarray(self.itl, dtype=np.float64)
+        if not self.segments:
+            return singles, np.ones(singles.size, dtype=np.float64)
+        first, increment, count, weight = (np.asarray(column) for column in zip(*self.segments, strict=True))
+        counts = count.astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        step = (np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)).astype(np.float64)
+        values = (
+            np.repeat(first.astype(np.float64), counts)
+            + np.repeat(increment.astype(np.float64), counts) * step
+        )
+        weights = np.repeat(weight.astype(np.float64), counts)
+        return (
+            np.concatenate((singles, values)),
+            np.concatenate((np.ones(singles.size, dtype=np.float64), weights)),
+        )
 
 
 def simulate(
@@ -345,17 +372,18 @@ def latency_fields(
         for name in ("ttft_s", "e2e_s", "tpot_s", "queue_s")
     }
     itl_values, itl_weights = recorder.itl_arrays()
+    itl_sorted = SortedSample(itl_values, itl_weights) if itl_values.size else None
     output_tokens = sum(rec.output_tokens for rec in records)
     prompt_tokens = sum(rec.prompt_tokens for rec in records)
     good = sum(1 for rec in records if rec.ttft_s * 1e3 <= slo.ttft_ms and rec.tpot_s * 1e3 <= slo.itl_ms)
-    itl_q = quantile(itl_values, slo.itl_quantile, itl_weights) * 1e3
+    itl_q = itl_sorted.quantile(slo.itl_quantile) * 1e3 if itl_sorted is not None else math.nan
     ttft_q = quantile(arrays["ttft_s"], slo.ttft_quantile) * 1e3
     return {
         "requests": requested,
         "completed": len(records),
         "duration_s": duration,
         "ttft_ms": Percentiles.of(arrays["ttft_s"]),
-        "itl_ms": Percentiles.of(itl_values, itl_weights),
+        "itl_ms": Percentiles.of(itl_values, itl_weights, itl_sorted),
         "e2e_ms": Percentiles.of(arrays["e2e_s"]),
         "tpot_ms": Percentiles.of(arrays["tpot_s"]),
         "queue_ms": Percentiles.of(arrays["queue_s"]),
@@ -433,3 +461,6 @@ def _describe(core: EngineCore, config: SimConfig) -> dict[str, Any]:
 
 def _with_wall(summary: Summary, wall_s: float) -> Summary:
     return replace(summary, wall_s=wall_s)
+
+
+picklable(SLO, Percentiles, RequestRecord, Summary)

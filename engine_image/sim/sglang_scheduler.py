@@ -85,9 +85,12 @@ class SGLangScheduler(Scheduler):
         rem_input = cfg.max_prefill_tokens - mixed_decodes
         rem_chunk = cfg.max_num_batched_tokens - mixed_decodes if cfg.enable_chunked_prefill else None
         rem_total = self.kv.num_free_blocks * block - sum(
-            min(r.max_output_tokens - r.num_output_tokens, CLIP_MAX_NEW_TOKENS) * NEW_TOKEN_RATIO
-            for r in self.running
-            if r is not self.chunked
+            (
+                min(r.max_output_tokens - r.num_output_tokens, CLIP_MAX_NEW_TOKENS) * NEW_TOKEN_RATIO
+                for r in self.running
+                if r is not self.chunked
+            ),
+            0.0,
         )
         items: list[ScheduledRequest] = []
         chunked = self.chunked

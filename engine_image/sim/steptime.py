@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.profiles.loader import Accelerator, ModelProfile
 
 STEP_PROFILE_SCHEMA = "chunkpilot.io/step-profile/v1"
@@ -413,3 +414,6 @@ class StepTimeModel:
             + eff.step_overhead_s
             + eff.per_sequence_overhead_s * num_sequences
         )
+
+
+picklable(Efficiency, ForwardPass, StepBreakdown, StepProfile)

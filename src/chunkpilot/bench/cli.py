@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from chunkpilot.bench import disagg as bench_disagg
+from chunkpilot.bench import sim_peers
 from chunkpilot.bench.command import given_options, run_bench_command
 from chunkpilot.bench.exhaustive import ENGINES, BenchError
 from chunkpilot.bench.truth import (
@@ -120,6 +121,7 @@ def register(subparsers: Any) -> None:
     )
     tuner.set_defaults(func=run_tuner_bench)
     bench_disagg.register(inner)
+    sim_peers.register(inner)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

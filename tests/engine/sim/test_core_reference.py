@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chunkpilot.engine.sim import compiled
 from chunkpilot.engine.sim.disagg import PoolConfig, Topology, simulate_disaggregated
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
@@ -217,3 +218,10 @@ def test_the_core_answers_exactly_as_recorded(name: str, tmp_path: Path) -> None
 
 def test_every_recorded_case_still_exists() -> None:
     assert sorted(_recorded()) == sorted(CASES)
+
+
+def test_the_core_in_use_is_the_one_asked_for() -> None:
+    asked = compiled.mode()
+    if asked == "auto":
+        pytest.skip("CHUNKPILOT_SIM_CORE is auto: either core may be in use")
+    assert compiled.core_in_use() == asked

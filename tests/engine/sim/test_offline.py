@@ -6,11 +6,10 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
-from chunkpilot.engine.sim import offline
 from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, Percentiles, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, StepProfile
@@ -38,21 +37,26 @@ def _assert_same(fast: Summary, slow: Summary) -> None:
         assert x.e2e_s == pytest.approx(y.e2e_s, rel=1e-9, abs=1e-12)
 
 
-def test_bulk_decode_advancing_equals_step_by_step_on_a_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    advanced: list[object] = []
-    real_fast_forward = offline._fast_forward
+class _CountingTelemetry(StepTelemetry):
+    """Step telemetry that counts the stretches of decode steps advanced in bulk."""
 
-    def counting(*args: Any) -> Any:
-        result = real_fast_forward(*args)
-        if result is not None:
-            advanced.append(result)
-        return result
+    def __init__(self) -> None:
+        super().__init__()
+        self.bulk_runs = 0
 
-    monkeypatch.setattr(offline, "_fast_forward", counting)
+    def observe_decode_run(
+        self, batch: int, context_tokens: int, steps: int, first_s: float, increment_s: float
+    ) -> None:
+        self.bulk_runs += 1
+        super().observe_decode_run(batch, context_tokens, steps, first_s, increment_s)
+
+
+def test_bulk_decode_advancing_equals_step_by_step_on_a_trace() -> None:
     config = SimConfig(scheduler=H100_DEFAULTS)
     workload = load_trace("azure_conv_2023", limit=1500)
-    fast = simulate(config, workload, keep_records=True)
-    assert advanced, "bulk decode advancing never engaged, so the comparison below proves nothing"
+    counting = _CountingTelemetry()
+    fast = simulate(config, workload, keep_records=True, telemetry=counting)
+    assert counting.bulk_runs, "bulk decode advancing never engaged, so the comparison below proves nothing"
     slow = simulate(config, workload, fast_forward=False, keep_records=True)
     _assert_same(fast, slow)
     # How much faster it is is a benchmark figure: `chunkpilot sim bench` prints both wall times.
