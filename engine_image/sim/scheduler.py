@@ -341,9 +341,9 @@ class ScheduledRequest:
     is_prefill: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SchedulerOutput:
-    """The batch of one step."""
+    """The batch of one step (never changed once built; not frozen for :class:`ForwardPass`'s reason)."""
 
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[Request, ...]
@@ -566,11 +566,26 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, now: float) -> list[RequestOutput]:
         """Apply a finished step at time ``now``: advance computed tokens, sample, finish requests."""
+        results: list[RequestOutput] = []
+        self._apply(output, now, results, None)
+        return results
+
+    def advance(self, output: SchedulerOutput, now: float, itl: list[float]) -> None:
+        """:meth:`update`, recording only the inter-token latency of every token sampled after a
+        request's first into ``itl`` (the offline run's use, without a record per request)."""
+        self._apply(output, now, None, itl)
+
+    def _apply(
+        self,
+        output: SchedulerOutput,
+        now: float,
+        results: list[RequestOutput] | None,
+        itl: list[float] | None,
+    ) -> None:
         cfg = self.config
         max_model_len = cfg.max_model_len
         promote = self.kv.enable_prefix_caching
         block_size = cfg.block_size
-        results: list[RequestOutput] = []
         finished: list[Request] = []
         for item in output.scheduled:
             request, num_new, drafts = item.request, item.num_new_tokens, item.num_draft_tokens
@@ -607,12 +622,14 @@ class Scheduler:
                 request.first_token_s = now
             request.last_token_s = now
             done = outputs >= request.max_output_tokens or request.prompt_tokens + outputs >= max_model_len
-            results.append(RequestOutput(request, new_tokens, is_first, done, previous))
+            if results is not None:
+                results.append(RequestOutput(request, new_tokens, is_first, done, previous))
+            elif itl is not None and not is_first and previous is not None:
+                itl.append(now - previous)
             if done:
                 finished.append(request)
         for request in finished:
             self.finish(request, now, FinishReason.LENGTH)
-        return results
 
     def finish(self, request: Request, now: float, reason: FinishReason) -> None:
         """Retire a running request and free its blocks (a ``kv_hold`` request keeps them in
@@ -797,4 +814,4 @@ class Scheduler:
         self.kv.check_invariants(sum(r.plain_blocks for r in self.running) + outside)
 
 
-picklable(SchedulerConfig, SGLangSchedulerConfig, TrtllmSchedulerConfig, SchedulerOutput)
+picklable(SchedulerConfig, SGLangSchedulerConfig, TrtllmSchedulerConfig)

@@ -84,9 +84,13 @@ def _calibrated_constants() -> dict[str, Any]:
     return data
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ForwardPass:
-    """Shape of one batched forward pass, as the step-time model needs it."""
+    """Shape of one batched forward pass, as the step-time model needs it.
+
+    Built once per simulated step and never changed; not frozen, because the compiled core builds
+    plain dataclasses natively but runs a frozen one's generated ``__init__`` as Python.
+    """
 
     num_tokens: int
     num_sequences: int
@@ -416,4 +420,4 @@ class StepTimeModel:
         )
 
 
-picklable(Efficiency, ForwardPass, StepBreakdown, StepProfile)
+picklable(Efficiency, StepBreakdown, StepProfile)

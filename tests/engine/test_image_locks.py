@@ -58,7 +58,7 @@ def pins(requirements: list[str]) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["sim.txt", "probe.txt", "build.txt"])
+@pytest.mark.parametrize("name", ["sim.txt", "probe.txt", "build.txt", "native.txt"])
 def test_every_package_is_pinned_with_its_hashes(name: str) -> None:
     locked = lock(name)
     assert locked, name
@@ -75,6 +75,17 @@ def test_a_lock_holds_the_projects_pins_and_its_images_extra(name: str, extra: s
         p: (v, locked.get(p, ("missing",))[0]) for p, v in wanted.items() if locked.get(p, ("",))[0] != v
     }
     assert not differ, f"{name} is stale (pyproject pin, lock): {differ}; regenerate it"
+
+
+def test_the_core_compiler_lock_holds_the_native_extras_pins() -> None:
+    wanted = pins(PYPROJECT["project"]["optional-dependencies"]["native"])
+    locked = {p: v for p, (v, _) in lock("native.txt").items()}
+    assert {p: locked.get(p) for p in wanted} == wanted, "native.txt is stale: regenerate it"
+    shared = {p: v for p, (v, _) in lock("sim.txt").items() if p in locked}
+    assert all(locked[p] == v for p, v in shared.items()), f"native.txt and sim.txt disagree: {shared}"
+    assert "--require-hashes -r engine_image/requirements/native.txt" in " ".join(
+        _runs("engine_image/Dockerfile.sim")
+    )
 
 
 def test_the_build_backend_is_the_one_build_system_pins() -> None:

@@ -82,6 +82,8 @@ def test_copied_sources_exist() -> None:
     for keyword, rest in _instructions():
         if keyword == "COPY":
             *sources, _ = rest.split()
+            if sources[0].startswith("--from="):
+                continue  # from a build stage of the same file, not from the repository
             for source in sources:
                 assert (REPO / source).exists(), f"COPY {source}: not in the repository"
     exposed = [rest for keyword, rest in _instructions() if keyword == "EXPOSE"]
@@ -102,3 +104,18 @@ def test_image_installs_the_router_the_operator_renders_for_disaggregated_servic
     assert router in (REPO / "engine_image" / "requirements" / "sim.txt").read_text()
     assert f"{ROUTER_COMMAND[0]} --help" in run, "the build must check the router binary starts"
     assert default_router_image() == default_sim_image()
+
+
+def test_the_image_runs_the_compiled_core_built_from_its_own_sources() -> None:
+    stages = [rest for keyword, rest in _instructions() if keyword == "FROM"]
+    assert stages[0].endswith(" AS core") and len(stages) == 2, stages
+    copies = [
+        rest for keyword, rest in _instructions() if keyword == "COPY" and rest.startswith("--from=core")
+    ]
+    assert copies == ["--from=core /opt/chunkpilot/sim-core /opt/chunkpilot/sim-core"]
+    run = " ".join(rest for keyword, rest in _instructions() if keyword == "RUN")
+    assert "CHUNKPILOT_SIM_CORE_CACHE=/opt/chunkpilot/sim-core chunkpilot sim build-core" in run
+    env = " ".join(rest for keyword, rest in _instructions() if keyword == "ENV")
+    assert "CHUNKPILOT_SIM_CORE_CACHE=/opt/chunkpilot/sim-core" in env, "the served image must find the build"
+    # The final check refuses an image whose core does not match its installed sources.
+    assert "CHUNKPILOT_SIM_CORE=compiled chunkpilot sim run" in run
