@@ -316,15 +316,19 @@ def _fast_forward(
         return None
     batch = len(running)
     context = 0
-    steps_left = 1 << 62
     max_model_len = cfg.max_model_len
+    steps_left = max_model_len  # no request has more left than the model length
     for request in running:  # every one decoding, each sampled in the step that ended now
         outputs = request.num_output_tokens
         tokens = request.prompt_tokens + outputs
         if request.last_token_s != now or outputs <= 0 or tokens - request.num_computed_tokens != 1:
             return None
         context += tokens
-        steps_left = min(steps_left, request.max_output_tokens - outputs, max_model_len - tokens)
+        left = request.max_output_tokens - outputs
+        if left < steps_left:
+            steps_left = left
+        if max_model_len - tokens < steps_left:
+            steps_left = max_model_len - tokens
     kv = sched.kv
     spare = kv.num_free_blocks // batch - 1
     limit = min(steps_left, cfg.block_size * spare)
