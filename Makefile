@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
-# `make test` runs pytest in two tiers on pytest-xdist workers (tests/conftest.py says how the work is
+# `make test` runs pytest in three tiers on pytest-xdist workers (tests/conftest.py says how the work is
 # spread): everything but the end-to-end tests on one worker per core, then the end-to-end tests, which
-# mostly wait on trial windows, four side by side. Apart, no end-to-end tuning run shares the CPU with
-# the unit tests' bursts, which would skew the latencies its simulated engines serve.
+# mostly wait on trial windows, four side by side, then those marked `alone` by themselves. Apart, no
+# end-to-end tuning run shares the CPU with the unit tests' bursts, which would skew the latencies its
+# simulated engines serve; the `alone` ones judge a twin's predicted quantiles against measured ones
+# within 15%, which four runs sharing two cores skew too.
 PYTEST := CHUNKPILOT_REQUIRE_TORCH=1 CHUNKPILOT_REQUIRE_COMPILED_SIM=1 $(VENV)/bin/pytest --durations=30 --dist loadfile --no-loadscope-reorder
 TEST_WORKERS ?= 2
 E2E_WORKERS ?= 4
@@ -50,7 +52,8 @@ test: dev lint typecheck
 	$(VENV)/bin/python -m chunkpilot.engine.sglang.env
 	$(VENV)/bin/python -m chunkpilot.engine.sim.aiperf_env
 	$(PYTEST) -n $(TEST_WORKERS) -m "not gpu and not e2e"
-	$(PYTEST) -n $(E2E_WORKERS) -m "e2e and not gpu"
+	$(PYTEST) -n $(E2E_WORKERS) -m "e2e and not alone and not gpu"
+	$(PYTEST) -m "e2e and alone and not gpu"
 
 crds: dev
 	$(VENV)/bin/chunkpilot crds generate

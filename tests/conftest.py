@@ -1,9 +1,11 @@
 """Shared pytest plugins for the whole test suite, and how the suite is spread over workers.
 
-``make test`` runs the suite on pytest-xdist workers (``-n``, ``--dist loadfile``) in two tiers:
+``make test`` runs the suite on pytest-xdist workers (``-n``, ``--dist loadfile``) in three tiers:
 everything but the end-to-end tests, then the end-to-end tests, which spend most of their time
-waiting on wall-clock trial windows and so run side by side. Each worker starts its own control
-plane and Prometheus on free ports when a test needs them. Two rules keep that cheap and fair:
+waiting on wall-clock trial windows and so run side by side, then the end-to-end tests marked
+``alone``, whose verdicts rest on latencies too tight to share the CPU, by themselves. Each worker
+starts its own control plane and Prometheus on free ports when a test needs them. Two rules keep
+that cheap and fair:
 
 - a test file is one unit of work (its module fixtures start once), and the real-vLLM folder is one
   unit, so one vLLM CPU server serves all of it;

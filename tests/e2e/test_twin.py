@@ -37,7 +37,10 @@ from chunkpilot.localrun.stack import LocalStack
 from chunkpilot.testing.e2e import TRACE, serve_service, sim_service_manifest, wait_until
 from chunkpilot.testing.stack import StartStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus]
+# Alone: each canary's measured quantiles must agree with the twin's within 15% before anything is
+# promoted on a prediction, and three other end-to-end runs on the same two cores skew the measured
+# side (all four canaries of one such run disagreed by 18-34%; the same code passed by itself).
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.alone]
 
 TWIN_FIGURES = ("scales", "error", "stepFitError", "capacityReqS", "evaluations", "cpuSeconds")
 TRUTH = Perturbation(compute=0.75, memory=0.85, overhead=2.0)
