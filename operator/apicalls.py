@@ -33,6 +33,7 @@ class Feature(StrEnum):
     LIVE_ADJUST = "liveAdjust.enabled"
     DISAGGREGATION = "disaggregation.enabled"
     PROBE_JOBS = "probeJobs.enabled"
+    TWIN_JOBS = "twinJobs.enabled"
 
 
 class WatchMode(StrEnum):
@@ -267,6 +268,39 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "peering across replicas (--namespace); the operator checks the objects exist",
         modes=frozenset({WatchMode.NAMESPACED}),
         peering=True,
+    ),
+    _call("batch", "jobs", "get create", TUNER, "rankings on the twin as Jobs", feature=Feature.TWIN_JOBS),
+    _call(
+        "",
+        "configmaps",
+        "get create",
+        TUNER,
+        "a twin Job's request (written) and result (read)",
+        feature=Feature.TWIN_JOBS,
+    ),
+    _call(
+        "",
+        "serviceaccounts",
+        "get create",
+        TUNER,
+        "the twin Jobs' ServiceAccount",
+        feature=Feature.TWIN_JOBS,
+    ),
+    _call(
+        "rbac.authorization.k8s.io",
+        "roles",
+        "get create",
+        TUNER,
+        "the twin Jobs' Role (creating ConfigMaps, which the operator holds itself)",
+        feature=Feature.TWIN_JOBS,
+    ),
+    _call(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        "get create",
+        TUNER,
+        "the twin Jobs' RoleBinding",
+        feature=Feature.TWIN_JOBS,
     ),
     _call("batch", "jobs", "list watch", KOPF, "probe Job events", feature=Feature.PROBE_JOBS),
     _call("batch", "jobs", "get create delete", OPERATOR, "the probe Job", feature=Feature.PROBE_JOBS),

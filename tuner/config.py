@@ -20,6 +20,7 @@ from typing import Final
 
 from chunkpilot.operator.config import OperatorConfig, PrometheusAuth
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
+from chunkpilot.tuner.twin.jobs import Offload, OffloadMode
 from chunkpilot.tuner.twin.online import DEFAULT_CPU_SECONDS, TwinBudget
 
 #: Seconds between the tuner's ticks per service (default 10).
@@ -36,6 +37,13 @@ ENV_TWIN_CPU_SECONDS: Final = "CHUNKPILOT_TWIN_CPU_SECONDS"
 #: Evaluations one ranking may make as well (unset: the CPU seconds alone end it). A count ends the
 #: search alike on a busy and a quiet machine.
 ENV_TWIN_MAX_EVALUATIONS: Final = "CHUNKPILOT_TWIN_MAX_EVALUATIONS"
+#: Where rankings on the twin run: ``off`` (default) all in the operator's worker process, ``auto``
+#: there within :data:`ENV_TWIN_LOCAL_CORES` and as Kubernetes Jobs beyond, ``always`` as Jobs.
+ENV_TWIN_JOBS: Final = "CHUNKPILOT_TWIN_JOBS"
+#: Cores the operator's own twin work may use on average over ten minutes (default 0.5; ``auto``).
+ENV_TWIN_LOCAL_CORES: Final = "CHUNKPILOT_TWIN_LOCAL_CORES"
+#: The twin Jobs' image: the operator's own (required unless ``CHUNKPILOT_TWIN_JOBS=off``).
+ENV_TWIN_JOB_IMAGE: Final = "CHUNKPILOT_TWIN_JOB_IMAGE"
 
 DEFAULT_INTERVAL_S: Final = 10.0
 DEFAULT_ROLLOUT_TIMEOUT_S: Final = 900.0
@@ -68,6 +76,10 @@ class TunerConfig:
     twin_max_evaluations: int | None = None
     #: The engine pods' addresses for live adjustment (None: their pod IPs).
     pod_targets_file: str | None = None
+    #: Where rankings run, and the operator's own CPU budget for them.
+    twin_offload: Offload = field(default_factory=Offload)
+    #: The twin Jobs' image (None: no Jobs).
+    twin_job_image: str | None = None
 
     @property
     def settings(self) -> TunerSettings:
@@ -101,7 +113,37 @@ class TunerConfig:
             twin_cpu_seconds=parse_cpu_seconds(environ),
             twin_max_evaluations=parse_max_evaluations(environ),
             pod_targets_file=environ.get(ENV_POD_TARGETS) or None,
+            twin_offload=parse_offload(environ),
+            twin_job_image=parse_job_image(environ),
         )
+
+
+def parse_offload(environ: Mapping[str, str]) -> Offload:
+    """``CHUNKPILOT_TWIN_JOBS`` and ``CHUNKPILOT_TWIN_LOCAL_CORES``."""
+    text = environ.get(ENV_TWIN_JOBS, "") or OffloadMode.OFF.value
+    try:
+        mode = OffloadMode(text.lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in OffloadMode)
+        raise ValueError(f"{ENV_TWIN_JOBS}={text!r}: expected one of {choices}") from None
+    cores_text = environ.get(ENV_TWIN_LOCAL_CORES, "")
+    if not cores_text:
+        return Offload(mode)
+    try:
+        return Offload(mode, cores=float(cores_text))
+    except ValueError:
+        raise ValueError(f"{ENV_TWIN_LOCAL_CORES}={cores_text!r} is not a number of cores ≥ 0") from None
+
+
+def parse_job_image(environ: Mapping[str, str]) -> str | None:
+    """``CHUNKPILOT_TWIN_JOB_IMAGE``, required when rankings may run as Jobs."""
+    image = environ.get(ENV_TWIN_JOB_IMAGE, "").strip() or None
+    if image is None and (environ.get(ENV_TWIN_JOBS, "") or "off").lower() != OffloadMode.OFF.value:
+        raise ValueError(
+            f"{ENV_TWIN_JOBS} runs rankings as Jobs: set {ENV_TWIN_JOB_IMAGE} to the operator's image "
+            "(the Helm chart does)"
+        )
+    return image
 
 
 def parse_seconds(environ: Mapping[str, str], name: str, default: float) -> float:

@@ -31,6 +31,7 @@ from chunkpilot.tuner.decide.lifecycle import TunerSettings, crash_message
 from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.observe.observer import Observer
+from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.twin.online import TwinBudget
 
 Clock = Callable[[], datetime]
@@ -73,6 +74,7 @@ class TuningController:
         live_adjust: bool = True,
         image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
+        twin_jobs: TwinJobs | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -80,7 +82,8 @@ class TuningController:
         #: ``vector``: instant-vector queries for the digital twin (None: no twin, tuning as before);
         #: ``live_adjust``: the installation allows ``autotune.liveAdjust``; ``image_registry``: the one
         #: its default images come from; ``twin_budget``: what one
-        #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`).
+        #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`);
+        #: ``twin_jobs``: where rankings beyond the operator's CPU budget run (None: all here).
         self.observer = Observer(
             kube,
             query,
@@ -89,6 +92,7 @@ class TuningController:
             live_adjust=live_adjust,
             image_registry=image_registry,
             twin_budget=twin_budget,
+            twin_jobs=twin_jobs,
         )
         self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)

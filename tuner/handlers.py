@@ -40,8 +40,10 @@ from chunkpilot.tuner.act.live_adjust import HttpLiveAdjuster, pod_ip_endpoint, 
 from chunkpilot.tuner.config import ENV_TWIN, TunerConfig
 from chunkpilot.tuner.controller import Mirror, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
+from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
+from chunkpilot.tuner.twin.jobs import OffloadMode
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
@@ -121,6 +123,11 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         live_adjust=config.live_adjust,
         image_registry=config.image_registry,
         twin_budget=config.twin_budget,
+        twin_jobs=(
+            TwinJobs(kube, config.twin_job_image, config.twin_offload)
+            if config.twin_job_image and config.twin_offload.mode is not OffloadMode.OFF
+            else None
+        ),
     )
 
 

@@ -78,6 +78,11 @@ COMMANDS: tuple[Command, ...] = (
         "print the manifests the operator would create for an InferenceService",
         "chunkpilot.operator.cli",
     ),
+    Command(
+        "twin",
+        "the service twin's work outside the operator (what a twin Job runs)",
+        "chunkpilot.tuner.twin.cli",
+    ),
     Command("bench", "benchmarks that print figures", "chunkpilot.bench.cli"),
     Command(
         "demo",

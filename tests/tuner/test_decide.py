@@ -499,6 +499,20 @@ def test_a_twin_settling_after_the_pods_changed_keeps_its_status_and_starts_no_t
     assert "twin" not in plan.status and condition(plan, "TwinUnavailable") is None
 
 
+def test_a_ranking_running_as_a_job_keeps_the_status_and_starts_no_trial(calibration: Calibration) -> None:
+    body = service_body()
+    body["status"] = {"twin": decide(snapshot(twin=fitted(calibration)), SETTINGS).status["twin"]}
+    pending = fitted(
+        calibration, ranked=False, pending="the ranking on the twin runs as Job chunkpilot-twin-x"
+    )
+    plan = decide(snapshot(body, twin=pending), SETTINGS)
+    assert not of_type(plan, CreateTrial)
+    assert condition(plan, "Tuning") == ("True", "WaitingForTwin")
+    message = next(c.message for c in plan.conditions if c.type == "Tuning")
+    assert "waiting for the twin's ranking" in message and "chunkpilot-twin-x" in message
+    assert "twin" not in plan.status and condition(plan, "TwinUnavailable") is None
+
+
 def test_too_little_telemetry_waits_and_says_so() -> None:
     reading = TwinReading(
         TwinState.WAITING, "12 engine steps in the window, 50 needed to fit the step-time model"

@@ -122,8 +122,8 @@ def fitted_message(calibration: Calibration) -> str:
 def record_twin(plan: Plan) -> None:
     """``status.twin`` and the ``TwinUnavailable`` condition from the snapshot's twin reading."""
     reading = plan.snap.twin
-    if reading.state is None or reading.settling:
-        return  # settling: the last calibration's status stands until the refit
+    if reading.state is None or reading.settling or reading.pending:
+        return  # settling, or ranking in a Job: the last calibration's status stands until then
     if reading.state is not TwinState.FITTED or reading.calibration is None:
         reason = "NoStepTelemetry" if reading.state is TwinState.UNAVAILABLE else "WaitingForTelemetry"
         prefix = "" if reading.state is TwinState.UNAVAILABLE else "waiting to fit the twin: "
@@ -153,6 +153,8 @@ def waiting(plan: Plan) -> str | None:
         return f"waiting for enough telemetry to fit the twin before the next trial: {reading.message}"
     if reading.settling:
         return f"waiting for a window of steady traffic before refitting the twin: {reading.settling}"
+    if reading.pending:
+        return f"waiting for the twin's ranking before the next trial: {reading.pending}"
     return None
 
 

@@ -56,6 +56,7 @@ from chunkpilot.tuner.observe.snapshot import (
     window_text,
 )
 from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.twin.online import TwinBudget
 
 from chunkpilot.api import (
@@ -125,6 +126,7 @@ class Observer:
         live_adjust: bool = True,
         image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
+        twin_jobs: TwinJobs | None = None,
     ) -> None:
         self.kube = kube
         self.query = query
@@ -133,7 +135,9 @@ class Observer:
         self.live_adjust = live_adjust
         #: The registry the installation's default images come from.
         self.image_registry = image_registry
-        self.twins = TwinObserver(vector if query is not None else None, inline=inline, budget=twin_budget)
+        self.twins = TwinObserver(
+            vector if query is not None else None, inline=inline, budget=twin_budget, jobs=twin_jobs
+        )
 
     async def observe(self, namespace: str, name: str, now: datetime) -> Snapshot | None:
         """The snapshot of one service; None when it is gone, being deleted or invalid."""

@@ -114,6 +114,9 @@ class TwinReading:
     #: Why the twin waits for a window of steady traffic before it refits ("": it does not); the
     #: last calibration stands meanwhile, and no next trial starts.
     settling: str = ""
+    #: What the ranking waits for while it runs as a Job ("": nothing); the fit is this step's, the
+    #: last ranking's status stands, and no next trial starts until the Job's ranking arrives.
+    pending: str = ""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -32,21 +34,27 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.operator.kube import KubeError
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMeasurement, VectorFn
 from chunkpilot.tuner.observe.recommendation import recommend_due, request
 from chunkpilot.tuner.observe.snapshot import CanaryWindow, Snapshot, TwinReading
+from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.space import SpaceError, build_space
 from chunkpilot.tuner.study import seed_for
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError
 from chunkpilot.tuner.twin.fit import TwinFitError
+from chunkpilot.tuner.twin.jobs import JobPhase
+from chunkpilot.tuner.twin.wire import with_ranking
 
 from chunkpilot.api import EngineConfig, Track, TrialVerdict, TuningTrial, TwinState, parse_duration
 
 if TYPE_CHECKING:
     from chunkpilot.engine.sim.metrics import StepTotals
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 
@@ -113,11 +121,14 @@ class TwinObserver:
         *,
         inline: bool = False,
         budget: online.TwinBudget | None = None,
+        jobs: TwinJobs | None = None,
     ) -> None:
         self.vector = vector
         self._inline = inline
         #: What one ranking may spend (the tuner's settings; None: the defaults).
         self.budget = budget or online.TwinBudget()
+        #: Where rankings beyond the operator's CPU budget run (None: all in the worker process).
+        self.jobs = jobs
         self._pool: Executor | None = None
         self._fits: dict[tuple[str, str], online.Calibration] = {}
         self._canary_steps: dict[str, dict[str, StepTotals]] = {}
@@ -177,21 +188,68 @@ class TwinObserver:
                 return replace(base, state=TwinState.WAITING, message=unsteady)
             return replace(base, state=TwinState.FITTED, calibration=calibration, settling=unsteady)
         rank = rank_due(snap, key, refit)
+        pending: str | None = None
         if rank or calibration is None or calibration.key != key:
+            fitted = calibration if calibration is not None and calibration.key == key else None
             try:
-                calibration = await self._compute(
-                    online.calibrate, self._request(snap, merged, key, rate, rank)
+                calibration, pending = await self._calibrate(
+                    snap, self._request(snap, merged, key, rate, rank), fitted
                 )
             except (TwinFitError, CaptureError, SpaceError) as error:
                 return replace(base, state=TwinState.WAITING, message=str(error))
             self._fits[(snap.namespace, snap.name)] = calibration
-        reading = replace(base, state=TwinState.FITTED, calibration=calibration, ranked=rank)
+        reading = replace(
+            base,
+            state=TwinState.FITTED,
+            calibration=calibration,
+            ranked=rank and pending is None,
+            pending=pending or "",
+        )
         if recommend_due(snap, key):
             reading = replace(reading, recommendation=await self.recommend(snap, key, calibration))
         if final is not None:
             canary_check, stable_check = await self._check(snap, calibration, final)
             reading = replace(reading, check=canary_check, stable_check=stable_check)
         return reading
+
+    async def _calibrate(
+        self, snap: Snapshot, request: online.Request, fitted: online.Calibration | None
+    ) -> tuple[online.Calibration, str | None]:
+        """The calibration of ``request`` and, while its ranking runs as a Job, what it waits for.
+
+        A ranking within the operator's CPU budget (or with no Jobs configured) runs in the worker
+        process; beyond it, the fit is made here (or ``fitted`` reused) and the ranking is a Job's,
+        collected on a later tick. A Job that fails, or cannot be started, is replaced by the local
+        ranking: the service is tuned either way.
+        """
+        jobs = self.jobs
+        if not request.rank or jobs is None or jobs.offload.local(time.monotonic(), request.cpu_budget_s):
+            return await self._calibrate_here(request), None
+        fit = (
+            fitted
+            if fitted is not None
+            else await self._compute(online.calibrate, replace(request, rank=False))
+        )
+        uid = snap.isvc.metadata.uid or ""
+        try:
+            job = await jobs.ranking(snap.namespace, snap.name, uid, request)
+        except KubeError as error:
+            log.warning(
+                "twin Job for %s/%s could not start (%s); ranking here", snap.namespace, snap.name, error
+            )
+            return await self._calibrate_here(request), None
+        if job.result is not None:
+            return with_ranking(fit, job.result), None
+        if job.state.phase is JobPhase.FAILED:
+            log.warning("twin Job %s failed (%s); ranking here", job.job, job.state.message)
+            return await self._calibrate_here(request), None
+        return fit, f"the ranking on the twin runs as Job {job.job} ({job.state.message})"
+
+    async def _calibrate_here(self, request: online.Request) -> online.Calibration:
+        calibration = await self._compute(online.calibrate, request)
+        if request.rank and self.jobs is not None:
+            self.jobs.offload.spent(time.monotonic(), calibration.cpu_seconds)
+        return calibration
 
     async def recommend(
         self, snap: Snapshot, key: str, calibration: online.Calibration

@@ -127,6 +127,24 @@ fails on a call without a rule and on a rule without a call). */}}
   resources: ["podmonitors"]
   verbs: ["delete"]
 {{- end }}
+{{- if .Values.twinJobs.enabled }}
+# Twin Jobs (twinJobs.enabled): rankings on the twin beyond the operator's CPU budget run as Jobs.
+# The operator creates each Job and its request ConfigMap and reads the result ConfigMap the Job
+# writes; the Jobs' ServiceAccount gets a Role that may only create ConfigMaps, which the operator
+# can grant because it holds that verb itself.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create"]
+{{- end }}
 {{- if .Values.probeJobs.enabled }}
 # Probe Jobs (probeJobs.enabled): the Job, the profile ConfigMaps it publishes (read here), and the
 # probe's ServiceAccount and RoleBinding to chunkpilot-probe-publisher, which the operator may bind

@@ -1,0 +1,209 @@
+"""Rankings on the twin as Jobs, on the real control plane: created, a failed pod retried by the Job
+controller, the operator restarted in the middle, the result collected.
+
+KWOK runs no containers, so the test plays the kubelet of the Job's pods: it fails the first pod, and
+for the retry runs the container's own command (``chunkpilot twin work``) with the request the
+ConfigMap holds, the Job's name and uid from the pod's labels, and the token of the ServiceAccount
+the operator created, so the result ConfigMap is written through the worker's RBAC; then it marks
+the pod Succeeded. "The operator" is :class:`TwinJobs` on its own API client; its restart is a new
+client and a new instance, with nothing carried over but the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chunkpilot.operator.kube import KubeClient
+from chunkpilot.operator.testing import token_kubeconfig, wait_for
+from chunkpilot.tuner.observe.twinjobs import JobRanking, TwinJobs
+from chunkpilot.tuner.twin import jobs, online, wire
+from chunkpilot.tuner.twin.jobs import JobPhase, Offload, OffloadMode
+
+from chunkpilot.testing.kube import get_object
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "chunkpilot-twinjob-tests"
+SERVICE = "chat"
+IMAGE = "registry.example/chunkpilot:test"
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: Any) -> Iterator[Any]:
+    control_plane.apply_manifests([REPO / "crds"])
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    yield control_plane
+    control_plane.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+
+
+def rank_once(cluster: Any, request: online.Request) -> JobRanking:
+    """One tick of an operator process: its own client, its own TwinJobs, then gone."""
+
+    async def tick() -> JobRanking:
+        kube = KubeClient.from_environment(field_manager="twinjob-test", kubeconfig=str(cluster.kubeconfig))
+        try:
+            return await TwinJobs(kube, IMAGE, Offload(OffloadMode.ALWAYS)).ranking(
+                NS, SERVICE, service_uid(cluster), request
+            )
+        finally:
+            await kube.close()
+
+    return asyncio.run(tick())
+
+
+def service_uid(cluster: Any) -> str:
+    body = get_object(cluster, "inferenceservices", SERVICE, NS)
+    assert body is not None
+    return str(body["metadata"]["uid"])
+
+
+def pods(cluster: Any, job: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", NS, "-l", f"{jobs.JOB_NAME_LABEL}={job}", "-o", "json").stdout
+    return sorted(json.loads(out)["items"], key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def finish_pod(cluster: Any, pod: dict[str, Any], exit_code: int, message: str) -> None:
+    """The kubelet's last word on a pod: its container terminated with ``exit_code``."""
+    now = "2026-01-01T00:00:00Z"
+    status = {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [
+            {
+                "name": "twin",
+                "image": IMAGE,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": "Completed" if exit_code == 0 else "Error",
+                        "message": message,
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+        ],
+    }
+    cluster.kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def run_worker(cluster: Any, pod: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The pod's container: its command, its mounted request, its labels and its ServiceAccount."""
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    volume = next(v for v in spec["volumes"] if v["name"] == "request")
+    configmap = get_object(cluster, "configmaps", volume["configMap"]["name"], NS)
+    assert configmap is not None
+    (tmp_path / jobs.REQUEST_KEY).write_text(configmap["data"][jobs.REQUEST_KEY])
+    token = cluster.kubectl("create", "token", spec["serviceAccountName"], "-n", NS).stdout.strip()
+    kubeconfig = token_kubeconfig(cluster.kubeconfig, token, tmp_path / "worker-kubeconfig", NS)
+    labels = pod["metadata"]["labels"]
+    command = [
+        str(tmp_path / jobs.REQUEST_KEY) if arg == f"{jobs.REQUEST_MOUNT}/{jobs.REQUEST_KEY}" else arg
+        for arg in container["command"]
+    ]
+    command[0] = str(Path(sys.executable).with_name("chunkpilot"))
+    env = {
+        **os.environ,
+        jobs.ENV_JOB_NAME: labels[jobs.JOB_NAME_LABEL],
+        jobs.ENV_JOB_UID: labels[jobs.JOB_UID_LABEL],
+    }
+    return subprocess.run(
+        [*command, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
+    cluster: Any, ranking_request: online.Request, tmp_path: Path
+) -> None:
+    service = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    service["metadata"]["namespace"] = NS
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(service))
+
+    # 1. The first tick creates the Job, its request and the worker's account, all owned.
+    started = rank_once(cluster, ranking_request)
+    assert started.created and started.state.phase is JobPhase.RUNNING and started.result is None
+    job = get_object(cluster, "jobs", started.job, NS)
+    assert job is not None
+    assert job["metadata"]["ownerReferences"][0]["uid"] == service_uid(cluster)
+    template = job["spec"]["template"]["spec"]
+    assert template["serviceAccountName"] == jobs.WORKER_ACCOUNT
+    assert template["securityContext"]["runAsNonRoot"] is True
+    assert template["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+    request_map = get_object(cluster, "configmaps", jobs.request_configmap_name(started.job), NS)
+    assert request_map is not None
+    assert request_map["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert wire.decode_request(request_map["data"][jobs.REQUEST_KEY]) == ranking_request
+    role = get_object(cluster, "roles", jobs.WORKER_ACCOUNT, NS)
+    assert role is not None and role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
+    ]
+
+    # 2. Its first pod fails; the Job controller retries it with a second one.
+    first = wait_for(
+        lambda: (found := pods(cluster, started.job)) and found[0], timeout=60, what="the Job's pod"
+    )
+    finish_pod(cluster, first, 1, "the twin's worker was killed")
+    retried = wait_for(
+        lambda: len(found := pods(cluster, started.job)) >= 2 and found[-1], timeout=90, what="the retry pod"
+    )
+    assert retried["metadata"]["name"] != first["metadata"]["name"]
+
+    # 3. The operator restarts meanwhile: the next one finds the same Job and starts nothing.
+    again = rank_once(cluster, ranking_request)
+    assert not again.created and again.job == started.job and again.state.phase is JobPhase.RUNNING
+    listed = cluster.kubectl("get", "jobs", "-n", NS, "-o", "json").stdout
+    assert len(json.loads(listed)["items"]) == 1
+
+    # 4. The retry runs the container's command with the worker's own credentials, and succeeds.
+    worked = run_worker(cluster, retried, tmp_path)
+    assert worked.returncode == 0, worked.stderr
+    assert f"created ConfigMap {NS}/{jobs.result_configmap_name(started.job)}" in worked.stderr
+    finish_pod(cluster, retried, 0, "")
+
+    # 5. The operator collects the ranking: the one it would have made itself.
+    done = rank_once(cluster, ranking_request)
+    assert done.state.phase is JobPhase.SUCCEEDED and done.result is not None
+    here = wire.rank(ranking_request)
+    assert done.result.key == ranking_request.key and done.result.ranked == here.ranked
+    result_map = get_object(cluster, "configmaps", jobs.result_configmap_name(started.job), NS)
+    assert result_map is not None
+    assert result_map["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    finished = wait_for(
+        lambda: (
+            (body := get_object(cluster, "jobs", started.job, NS))
+            and any(c["type"] == "Complete" for c in body["status"].get("conditions") or [])
+            and body
+        ),
+        timeout=60,
+        what="the Job Complete",
+    )
+    assert finished["status"].get("failed") == 1  # the one retried pod
