@@ -61,17 +61,15 @@ def test_beyond_the_budget_the_job_ranks_and_a_later_tick_collects_it(request_: 
     fit, pending = calibrate(observer, request_)
     assert fit.ranked == () and fit.key == request_.key  # fitted here, not ranked
     assert pending is not None and "runs as Job chunkpilot-twin-" in pending
-    assert store.kinds() == ["ConfigMap", "Job", "Role", "RoleBinding", "ServiceAccount"]
+    assert store.kinds() == ["Job", "Role", "RoleBinding", "ServiceAccount"]
     _, still = calibrate(observer, request_)
     assert still is not None and store.kinds().count("Job") == 1
 
     (job,) = [o for o in store.objects.values() if o["kind"] == "Job"]
-    name = job["metadata"]["name"]
     result = wire.rank(request_)
-    body = jobs.build_result_configmap(name, "x", job["metadata"]["uid"], wire.encode_result(result))
-    store.objects[
-        f"/api/v1/namespaces/{job['metadata']['namespace']}/configmaps/{body['metadata']['name']}"
-    ] = body
+    job["metadata"].setdefault("annotations", {}).update(
+        jobs.result_patch(wire.encode_result(result))["metadata"]["annotations"]
+    )
     ranked, done = calibrate(observer, request_)
     assert done is None and ranked.ranked == result.ranked and ranked.incumbent == result.incumbent
 

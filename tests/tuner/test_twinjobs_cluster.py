@@ -1,19 +1,18 @@
 """Rankings on the twin as Jobs, on the real control plane: created, a failed pod retried by the Job
 controller, the operator restarted in the middle, the result collected.
 
-KWOK runs no containers, so the test plays the kubelet of the Job's pods: it fails the first pod, and
-for the retry runs the container's own command (``chunkpilot twin work``) with the request the
-ConfigMap holds, the Job's name and uid from the pod's labels, and the token of the ServiceAccount
-the operator created, so the result ConfigMap is written through the worker's RBAC; then it marks
-the pod Succeeded. "The operator" is :class:`TwinJobs` on its own API client; its restart is a new
-client and a new instance, with nothing carried over but the cluster.
+KWOK runs no containers, so the test plays the kubelet of the Job's pods: it fails the first pod,
+and for the retry runs the container's own command (``chunkpilot twin work``) with the request its
+downward-API volume would mount and the token of the ServiceAccount the operator created, so the
+result is written into the Job through the worker's own Role; then it marks the pod Succeeded.
+"The operator" is :class:`TwinJobs` on its own API client; its restart is a new client and a new
+instance, with nothing carried over but the cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -111,34 +110,27 @@ def finish_pod(cluster: Any, pod: dict[str, Any], exit_code: int, message: str) 
 
 
 def run_worker(cluster: Any, pod: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """The pod's container: its command, its mounted request, its labels and its ServiceAccount."""
+    """The pod's container: its command, its mounted request and its ServiceAccount's token."""
     spec = pod["spec"]
-    container = spec["containers"][0]
-    volume = next(v for v in spec["volumes"] if v["name"] == "request")
-    configmap = get_object(cluster, "configmaps", volume["configMap"]["name"], NS)
-    assert configmap is not None
-    (tmp_path / jobs.REQUEST_KEY).write_text(configmap["data"][jobs.REQUEST_KEY])
+    (item,) = next(v for v in spec["volumes"] if v["name"] == "request")["downwardAPI"]["items"]
+    annotation = item["fieldRef"]["fieldPath"].split("'")[1]
+    request_file = tmp_path / item["path"]
+    request_file.write_text(pod["metadata"]["annotations"][annotation])
     token = cluster.kubectl("create", "token", spec["serviceAccountName"], "-n", NS).stdout.strip()
     kubeconfig = token_kubeconfig(cluster.kubeconfig, token, tmp_path / "worker-kubeconfig", NS)
-    labels = pod["metadata"]["labels"]
     command = [
-        str(tmp_path / jobs.REQUEST_KEY) if arg == f"{jobs.REQUEST_MOUNT}/{jobs.REQUEST_KEY}" else arg
-        for arg in container["command"]
+        str(request_file) if arg == jobs.REQUEST_FILE else arg for arg in spec["containers"][0]["command"]
     ]
     command[0] = str(Path(sys.executable).with_name("chunkpilot"))
-    env = {
-        **os.environ,
-        jobs.ENV_JOB_NAME: labels[jobs.JOB_NAME_LABEL],
-        jobs.ENV_JOB_UID: labels[jobs.JOB_UID_LABEL],
-    }
     return subprocess.run(
-        [*command, "--kubeconfig", str(kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
+        [*command, "--kubeconfig", str(kubeconfig)], capture_output=True, text=True, timeout=300, check=False
     )
+
+
+def worker_can(cluster: Any, verb: str, resource: str) -> bool:
+    subject = f"system:serviceaccount:{NS}:{jobs.WORKER_ACCOUNT}"
+    done = cluster.kubectl("auth", "can-i", verb, resource, "-n", NS, "--as", subject, check=False)
+    return done.stdout.strip() == "yes"
 
 
 def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
@@ -158,14 +150,14 @@ def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
     assert template["serviceAccountName"] == jobs.WORKER_ACCOUNT
     assert template["securityContext"]["runAsNonRoot"] is True
     assert template["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
-    request_map = get_object(cluster, "configmaps", jobs.request_configmap_name(started.job), NS)
-    assert request_map is not None
-    assert request_map["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert wire.decode_request(request_map["data"][jobs.REQUEST_KEY]) == ranking_request
-    role = get_object(cluster, "roles", jobs.WORKER_ACCOUNT, NS)
-    assert role is not None and role["rules"] == [
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
-    ]
+    assert wire.decode_request(
+        job["spec"]["template"]["metadata"]["annotations"][jobs.ANNOTATION_REQUEST]
+    ) == (ranking_request)
+    role = get_object(cluster, "roles", started.job, NS)
+    assert role is not None and role["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert worker_can(cluster, "patch", f"jobs/{started.job}")
+    assert not worker_can(cluster, "patch", "jobs/someone-elses")
+    assert not worker_can(cluster, "create", "configmaps") and not worker_can(cluster, "get", "secrets")
 
     # 2. Its first pod fails; the Job controller retries it with a second one.
     first = wait_for(
@@ -186,7 +178,7 @@ def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
     # 4. The retry runs the container's command with the worker's own credentials, and succeeds.
     worked = run_worker(cluster, retried, tmp_path)
     assert worked.returncode == 0, worked.stderr
-    assert f"created ConfigMap {NS}/{jobs.result_configmap_name(started.job)}" in worked.stderr
+    assert f"wrote the result into Job {NS}/{started.job}" in worked.stderr
     finish_pod(cluster, retried, 0, "")
 
     # 5. The operator collects the ranking: the one it would have made itself.
@@ -194,9 +186,6 @@ def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
     assert done.state.phase is JobPhase.SUCCEEDED and done.result is not None
     here = wire.rank(ranking_request)
     assert done.result.key == ranking_request.key and done.result.ranked == here.ranked
-    result_map = get_object(cluster, "configmaps", jobs.result_configmap_name(started.job), NS)
-    assert result_map is not None
-    assert result_map["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     finished = wait_for(
         lambda: (
             (body := get_object(cluster, "jobs", started.job, NS))

@@ -1,17 +1,14 @@
 """``chunkpilot twin work``: rank on the twin from a request file (what a twin Job runs).
 
 It reads a ``RankingRequest`` (:mod:`chunkpilot.tuner.twin.wire`), ranks as the operator would and
-writes the ``RankingResult`` to a file (``--out``) and/or to the result ConfigMap of its Job
-(``--result-configmap``, owned by the Job named in ``CHUNKPILOT_TWIN_JOB_NAME`` /
-``CHUNKPILOT_TWIN_JOB_UID``). Exit status: 0 done (also when the result already exists), 1 the
-ranking or the write failed (the Job retries), 2 the request is unusable (retrying cannot help, but
-the Job cannot tell; the operator reads the message).
+writes the ``RankingResult`` to a file (``--out``) and/or into an annotation of its Job
+(``--result-job``, which the operator reads). Exit status: 0 done, 1 the ranking or the write
+failed (the Job retries), 2 the request is unusable (retrying cannot help; the message says why).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,20 +17,24 @@ from typing import Any
 from chunkpilot.tuner.twin import jobs
 from chunkpilot.tuner.twin.wire import WireError, decode_request, encode_result, rank
 
+#: Tries of the result's write, :data:`PUBLISH_RETRY_S` apart.
+PUBLISH_ATTEMPTS = 5
+PUBLISH_RETRY_S = 2.0
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``twin`` and its ``work`` sub-command."""
-    parser = subparsers.add_parser("twin", help="the service twin's work outside the operator")
+    parser = subparsers.add_parser(
+        "twin", help="the service twin's work outside the operator (what a twin Job runs)"
+    )
     commands = parser.add_subparsers(dest="twin_command", metavar="SUBCOMMAND", required=True)
     work = commands.add_parser(
         "work", help="rank configurations on the twin from a request file (what a twin Job runs)"
     )
     work.add_argument("--request", type=Path, required=True, help="the RankingRequest JSON")
     work.add_argument("--out", type=Path, help="write the RankingResult JSON here")
-    work.add_argument(
-        "--result-configmap", help="create this ConfigMap with the result (owned by the Job it runs in)"
-    )
-    work.add_argument("--namespace", help="the ConfigMap's namespace (default: the pod's own)")
+    work.add_argument("--result-job", help="write the result into this Job's annotation (the Job it runs in)")
+    work.add_argument("--namespace", help="the Job's namespace (default: the pod's own)")
     work.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, else ~/.kube/config)")
     work.set_defaults(func=_work)
 
@@ -65,19 +66,17 @@ def _work(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(text)
         _say(f"wrote {args.out}")
-    if args.result_configmap:
+    if args.result_job:
         return _publish(args, text)
     return 0
 
 
 def _publish(args: argparse.Namespace, text: str) -> int:
+    """Patch the result into the Job's annotation; a refusal is retried briefly (the Job's Role is
+    created just after the Job, so a quick first pod may be early)."""
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    job, uid = os.environ.get(jobs.ENV_JOB_NAME, ""), os.environ.get(jobs.ENV_JOB_UID, "")
-    if not job or not uid:
-        _say(f"{jobs.ENV_JOB_NAME} and {jobs.ENV_JOB_UID} name the Job that owns the result; set both")
-        return 2
     api_client: Any = None
     if args.kubeconfig:
         api_client = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]  # untyped in the client
@@ -87,17 +86,19 @@ def _publish(args: argparse.Namespace, text: str) -> int:
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]  # untyped in the client
     namespace = args.namespace or _pod_namespace()
-    body = jobs.build_result_configmap(job, namespace, uid, text)
-    body["metadata"]["name"] = args.result_configmap
-    try:
-        client.CoreV1Api(api_client).create_namespaced_config_map(namespace, body)  # type: ignore[arg-type]  # a dict body is accepted
-    except ApiException as error:
-        if error.status == 409:
-            _say(f"ConfigMap {namespace}/{args.result_configmap} already holds a result; kept")
-            return 0
-        _say(f"cannot create ConfigMap {namespace}/{args.result_configmap}: {error.status} {error.reason}")
-        return 1
-    _say(f"created ConfigMap {namespace}/{args.result_configmap}")
+    api = client.BatchV1Api(api_client)
+    for attempt in range(PUBLISH_ATTEMPTS):
+        try:
+            api.patch_namespaced_job(args.result_job, namespace, jobs.result_patch(text))
+        except ApiException as error:
+            if error.status in (401, 403) and attempt + 1 < PUBLISH_ATTEMPTS:
+                time.sleep(PUBLISH_RETRY_S)
+                continue
+            where = f"Job {namespace}/{args.result_job}"
+            _say(f"cannot write the result into {where}: {error.status} {error.reason}")
+            return 1
+        break
+    _say(f"wrote the result into Job {namespace}/{args.result_job}")
     return 0
 
 

@@ -7,17 +7,17 @@ one process. Everything here is a pure function of plain values; the API calls a
 
 * the **Job** ``chunkpilot-twin-<service>-<digest>``, owned by the InferenceService: one container
   running ``chunkpilot twin work`` from the operator's image, restricted (non-root, no privilege
-  escalation, no capabilities, read-only root, an emptyDir ``/tmp``), with a deadline, a retry limit
-  and a time-to-live after it finishes;
-* the **request** ConfigMap ``<job>-request`` (key ``request.json``, a
-  :mod:`~chunkpilot.tuner.twin.wire` ``RankingRequest``), owned by the Job and mounted at ``/twin``;
-* the **result** ConfigMap ``<job>-result`` (key ``result.json``, a ``RankingResult``), which the
-  Job writes, owned by the Job (its uid from the pod's ``batch.kubernetes.io/controller-uid`` label),
-  so that everything goes when the Job's time-to-live ends;
-* the Job's ServiceAccount ``chunkpilot-twin-worker`` with a Role that may create ConfigMaps and
-  nothing else.
+  escalation, no capabilities, read-only root, an emptyDir ``/tmp``, no API token but its own),
+  with a deadline, a retry limit and a time-to-live after it finishes. The **request** (a
+  :mod:`~chunkpilot.tuner.twin.wire` ``RankingRequest``) is an annotation of its pod template,
+  which the downward API mounts as ``/twin/request.json``; the worker writes the **result** (a
+  ``RankingResult``) into an annotation of the Job itself;
+* a **Role and RoleBinding** per Job, owned by it, that let the Jobs' ServiceAccount
+  ``chunkpilot-twin-worker`` patch that one Job and nothing else.
 
-All of it is found again by name, so a restarted operator collects the Job its predecessor started.
+No ConfigMap or Secret is written, and everything but the ServiceAccount goes with the Job's
+time-to-live. It is all found again by name, so a restarted operator collects the Job its
+predecessor started.
 """
 
 from __future__ import annotations
@@ -34,22 +34,21 @@ from typing import Any, Final
 from chunkpilot.api import API_VERSION as SERVICE_API_VERSION
 
 __all__ = [
+    "ANNOTATION_REQUEST",
+    "ANNOTATION_RESULT",
     "COMPONENT",
-    "REQUEST_KEY",
-    "RESULT_KEY",
     "WORKER_ACCOUNT",
     "JobPhase",
     "JobState",
     "Offload",
     "OffloadMode",
     "build_job",
-    "build_request_configmap",
-    "build_result_configmap",
-    "build_worker_rbac",
+    "build_job_rbac",
+    "build_worker_account",
     "job_name",
     "job_state",
-    "request_configmap_name",
-    "result_configmap_name",
+    "result_of",
+    "result_patch",
 ]
 
 #: ``chunkpilot.io/component`` of the twin Jobs and their pods.
@@ -61,18 +60,18 @@ LABEL_TWIN_WORKER: Final = "chunkpilot.io/twin-worker"
 LABEL_SERVICE_OF: Final = "chunkpilot.io/twin-of"
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "chunkpilot"}
 WORKER_ACCOUNT: Final = "chunkpilot-twin-worker"
-REQUEST_KEY: Final = "request.json"
-RESULT_KEY: Final = "result.json"
+#: The pod template's annotation holding the request, mounted as :data:`REQUEST_FILE`.
+ANNOTATION_REQUEST: Final = "chunkpilot.io/twin-request"
+#: The Job's annotation the worker writes the result into.
+ANNOTATION_RESULT: Final = "chunkpilot.io/twin-result"
 REQUEST_MOUNT: Final = "/twin"
-#: Pod labels the Job controller sets: the worker learns its Job from them (downward API).
-JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+REQUEST_FILE: Final = f"{REQUEST_MOUNT}/request.json"
+#: The pod label the Job controller sets to its Job's name.
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
-ENV_JOB_UID: Final = "CHUNKPILOT_TWIN_JOB_UID"
-ENV_JOB_NAME: Final = "CHUNKPILOT_TWIN_JOB_NAME"
 
 #: Failed pods the Job controller replaces before the Job fails.
 BACKOFF_LIMIT: Final = 2
-#: How long a finished Job (and its ConfigMaps) is kept for the operator to collect.
+#: How long a finished Job is kept for the operator to collect.
 TTL_AFTER_FINISHED_S: Final = 3600
 #: A Job's deadline: this many times the ranking's CPU budget, at least :data:`MIN_DEADLINE_S`
 #: (image pull, start-up, retries).
@@ -142,14 +141,6 @@ def job_name(namespace: str, service: str, key: str) -> str:
     return f"chunkpilot-twin-{stem}-{digest}"
 
 
-def request_configmap_name(job: str) -> str:
-    return f"{job}-request"
-
-
-def result_configmap_name(job: str) -> str:
-    return f"{job}-result"
-
-
 def _owner(kind: str, api_version: str, name: str, uid: str) -> dict[str, Any]:
     return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
 
@@ -162,37 +153,17 @@ def build_job(
     service_uid: str,
     image: str,
     cpu_budget_s: float,
+    request_json: str,
 ) -> dict[str, Any]:
-    """The ranking Job, owned by the InferenceService ``service``."""
+    """The ranking Job of ``request_json``, owned by the InferenceService ``service``."""
     deadline = max(MIN_DEADLINE_S, math.ceil(DEADLINE_FACTOR * cpu_budget_s))
     labels = {**MANAGED_BY, LABEL_COMPONENT: COMPONENT}
-    pod_labels = {**labels, LABEL_TWIN_WORKER: "true"}
-    command = [
-        "chunkpilot",
-        "twin",
-        "work",
-        "--request",
-        f"{REQUEST_MOUNT}/{REQUEST_KEY}",
-        "--result-configmap",
-        result_configmap_name(name),
-        "--namespace",
-        namespace,
-    ]
+    command = ["chunkpilot", "twin", "work", "--request", REQUEST_FILE, "--result-job", name]
     container = {
         "name": "twin",
         "image": image,
-        "command": command,
-        "env": [
-            {
-                "name": ENV_JOB_NAME,
-                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_NAME_LABEL}']"}},
-            },
-            {
-                "name": ENV_JOB_UID,
-                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}},
-            },
-            {"name": "HOME", "value": "/tmp"},
-        ],
+        "command": [*command, "--namespace", namespace],
+        "env": [{"name": "HOME", "value": "/tmp"}],
         # One core for the ranking's budget; the search and its simulations stay well under 1 GiB.
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "securityContext": {
@@ -205,6 +176,10 @@ def build_job(
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    request_item = {
+        "path": REQUEST_FILE.rsplit("/", 1)[1],
+        "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION_REQUEST}']"},
     }
     return {
         "apiVersion": "batch/v1",
@@ -220,7 +195,10 @@ def build_job(
             "activeDeadlineSeconds": deadline,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
-                "metadata": {"labels": pod_labels},
+                "metadata": {
+                    "labels": {**labels, LABEL_TWIN_WORKER: "true"},
+                    "annotations": {ANNOTATION_REQUEST: request_json},
+                },
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": WORKER_ACCOUNT,
@@ -231,7 +209,7 @@ def build_job(
                     },
                     "containers": [container],
                     "volumes": [
-                        {"name": "request", "configMap": {"name": request_configmap_name(name)}},
+                        {"name": "request", "downwardAPI": {"items": [request_item]}},
                         {"name": "tmp", "emptyDir": {}},
                     ],
                 },
@@ -240,55 +218,51 @@ def build_job(
     }
 
 
-def _configmap(name: str, namespace: str, key: str, text: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+def build_worker_account(namespace: str) -> dict[str, Any]:
+    """The Jobs' ServiceAccount (one per namespace; what it may do, each Job's Role says)."""
+    labels = {**MANAGED_BY, LABEL_COMPONENT: COMPONENT}
     return {
         "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {**MANAGED_BY, LABEL_COMPONENT: COMPONENT},
-            "ownerReferences": [dict(owner)],
-        },
-        "data": {key: text},
+        "kind": "ServiceAccount",
+        "metadata": {"name": WORKER_ACCOUNT, "namespace": namespace, "labels": labels},
     }
 
 
-def build_request_configmap(job: str, namespace: str, job_uid: str, request_json: str) -> dict[str, Any]:
-    """The request ConfigMap, owned by the Job ``job``."""
-    owner = _owner("Job", "batch/v1", job, job_uid)
-    return _configmap(request_configmap_name(job), namespace, REQUEST_KEY, request_json, owner)
-
-
-def build_result_configmap(job: str, namespace: str, job_uid: str, result_json: str) -> dict[str, Any]:
-    """The result ConfigMap the Job writes, owned by the Job (it goes with the Job's time-to-live)."""
-    owner = _owner("Job", "batch/v1", job, job_uid)
-    return _configmap(result_configmap_name(job), namespace, RESULT_KEY, result_json, owner)
-
-
-def build_worker_rbac(namespace: str) -> list[dict[str, Any]]:
-    """The Jobs' ServiceAccount, and a Role and RoleBinding that let it create ConfigMaps, nothing more."""
+def build_job_rbac(job: str, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+    """A Role and RoleBinding, owned by the Job, that let the worker patch that Job and nothing else."""
     meta = {
-        "name": WORKER_ACCOUNT,
+        "name": job,
         "namespace": namespace,
         "labels": {**MANAGED_BY, LABEL_COMPONENT: COMPONENT},
+        "ownerReferences": [_owner("Job", "batch/v1", job, job_uid)],
     }
+    rule = {"apiGroups": ["batch"], "resources": ["jobs"], "resourceNames": [job], "verbs": ["patch"]}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": dict(meta),
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}],
+            "rules": [rule],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": dict(meta),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_ACCOUNT},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": job},
             "subjects": [{"kind": "ServiceAccount", "name": WORKER_ACCOUNT, "namespace": namespace}],
         },
     ]
+
+
+def result_patch(result_json: str) -> dict[str, Any]:
+    """The merge patch by which the worker hands its result to the operator."""
+    return {"metadata": {"annotations": {ANNOTATION_RESULT: result_json}}}
+
+
+def result_of(job: Mapping[str, Any]) -> str | None:
+    """The result a Job's worker wrote (None: none yet)."""
+    found = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_RESULT)
+    return str(found) if found else None
 
 
 class JobPhase(StrEnum):
@@ -309,15 +283,15 @@ class JobState:
     failed_pods: int = 0
 
 
-def job_state(job: Mapping[str, Any], has_result: bool) -> JobState:
-    """The phase of a ranking Job from its status and whether its result ConfigMap exists.
+def job_state(job: Mapping[str, Any]) -> JobState:
+    """The phase of a ranking Job from its status and whether its worker wrote the result.
 
     A result settles it (a Job that wrote it succeeded, even before the Job controller says so); a
     Job that completed without one failed.
     """
     status = job.get("status") or {}
     failed = int(status.get("failed") or 0)
-    if has_result:
+    if result_of(job) is not None:
         return JobState(JobPhase.SUCCEEDED, failed_pods=failed)
     for condition in status.get("conditions") or []:
         if condition.get("status") != "True":

@@ -129,15 +129,12 @@ fails on a call without a rule and on a rule without a call). */}}
 {{- end }}
 {{- if .Values.twinJobs.enabled }}
 # Twin Jobs (twinJobs.enabled): rankings on the twin beyond the operator's CPU budget run as Jobs.
-# The operator creates each Job and its request ConfigMap and reads the result ConfigMap the Job
-# writes; the Jobs' ServiceAccount gets a Role that may only create ConfigMaps, which the operator
-# can grant because it holds that verb itself.
+# The operator creates each Job (its request in the pod template) and reads the result its worker
+# patches into it; each Job's Role lets the Jobs' ServiceAccount patch that one Job, which the
+# operator can grant because it holds the verb. No ConfigMap or Secret is written.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create"]
-- apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "create"]

@@ -34,15 +34,15 @@ def test_a_negative_budget_is_refused() -> None:
 
 
 def test_job_names_are_stable_distinct_and_valid() -> None:
-    name = jobs.job_name("team-a", "Chat_Service.with.a-very-long-name-indeed-and-more", "abc-3")
-    assert name == jobs.job_name("team-a", "Chat_Service.with.a-very-long-name-indeed-and-more", "abc-3")
-    assert name != jobs.job_name("team-a", "Chat_Service.with.a-very-long-name-indeed-and-more", "abc-4")
-    assert name != jobs.job_name("team-b", "Chat_Service.with.a-very-long-name-indeed-and-more", "abc-3")
-    for derived in (name, jobs.request_configmap_name(name), jobs.result_configmap_name(name)):
-        assert len(derived) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", derived), derived
+    long = "Chat_Service.with.a-very-long-name-indeed-and-more"
+    name = jobs.job_name("team-a", long, "abc-3")
+    assert name == jobs.job_name("team-a", long, "abc-3")
+    assert name != jobs.job_name("team-a", long, "abc-4")
+    assert name != jobs.job_name("team-b", long, "abc-3")
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
 
 
-def test_the_job_is_owned_restricted_bounded_and_reads_its_request() -> None:
+def test_the_job_is_owned_restricted_bounded_and_carries_its_request() -> None:
     job = jobs.build_job(
         name="chunkpilot-twin-chat-1",
         namespace="ns",
@@ -50,6 +50,7 @@ def test_the_job_is_owned_restricted_bounded_and_reads_its_request() -> None:
         service_uid="u-1",
         image="img:1",
         cpu_budget_s=300.0,
+        request_json='{"kind": "RankingRequest"}',
     )
     assert job["metadata"]["ownerReferences"][0] == {
         "apiVersion": "chunkpilot.io/v1alpha1",
@@ -61,7 +62,10 @@ def test_the_job_is_owned_restricted_bounded_and_reads_its_request() -> None:
     spec = job["spec"]
     assert spec["backoffLimit"] == jobs.BACKOFF_LIMIT and spec["ttlSecondsAfterFinished"] > 0
     assert spec["activeDeadlineSeconds"] == 1200  # four times the CPU budget
-    pod = spec["template"]["spec"]
+    template = spec["template"]
+    assert template["metadata"]["annotations"] == {jobs.ANNOTATION_REQUEST: '{"kind": "RankingRequest"}'}
+    assert template["metadata"]["labels"][jobs.LABEL_TWIN_WORKER] == "true"
+    pod = template["spec"]
     assert pod["restartPolicy"] == "Never" and pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
     assert container["securityContext"] == {
@@ -71,51 +75,64 @@ def test_the_job_is_owned_restricted_bounded_and_reads_its_request() -> None:
     }
     command = container["command"]
     assert command[:3] == ["chunkpilot", "twin", "work"]
-    assert command[command.index("--result-configmap") + 1] == "chunkpilot-twin-chat-1-result"
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["request"]["configMap"]["name"] == "chunkpilot-twin-chat-1-request"
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
-    assert env[jobs.ENV_JOB_UID] == f"metadata.labels['{jobs.JOB_UID_LABEL}']"
-    assert spec["template"]["metadata"]["labels"][jobs.LABEL_TWIN_WORKER] == "true"
+    assert command[command.index("--result-job") + 1] == "chunkpilot-twin-chat-1"
+    assert command[command.index("--request") + 1] == jobs.REQUEST_FILE
+    (item,) = next(v for v in pod["volumes"] if v["name"] == "request")["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{jobs.ANNOTATION_REQUEST}']"
     short = jobs.build_job(
-        name="j", namespace="ns", service="s", service_uid="u", image="i", cpu_budget_s=5.0
+        name="j", namespace="ns", service="s", service_uid="u", image="i", cpu_budget_s=5.0, request_json="{}"
     )
     assert short["spec"]["activeDeadlineSeconds"] == jobs.MIN_DEADLINE_S
 
 
-def test_the_worker_may_create_configmaps_and_nothing_else() -> None:
-    account, role, binding = jobs.build_worker_rbac("ns")
-    assert account["kind"] == "ServiceAccount"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}]
+def test_the_worker_may_patch_its_own_job_and_nothing_else() -> None:
+    role, binding = jobs.build_job_rbac("chunkpilot-twin-chat-1", "ns", "job-uid")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["batch"],
+            "resources": ["jobs"],
+            "resourceNames": ["chunkpilot-twin-chat-1"],
+            "verbs": ["patch"],
+        }
+    ]
+    for owned in (role, binding):
+        assert owned["metadata"]["ownerReferences"][0]["uid"] == "job-uid"  # gone with the Job
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": jobs.WORKER_ACCOUNT, "namespace": "ns"}]
+    assert jobs.build_worker_account("ns")["metadata"]["name"] == jobs.WORKER_ACCOUNT
 
 
-def _job(**status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "j"}, "status": status}
+def test_the_result_travels_in_the_jobs_annotation() -> None:
+    job: dict[str, Any] = {"metadata": {"name": "j"}}
+    assert jobs.result_of(job) is None
+    job["metadata"].update(jobs.result_patch('{"kind": "RankingResult"}')["metadata"])
+    assert jobs.result_of(job) == '{"kind": "RankingResult"}'
+
+
+def _job(result: str | None = None, **status: Any) -> dict[str, Any]:
+    annotations = {jobs.ANNOTATION_RESULT: result} if result else {}
+    return {"metadata": {"name": "j", "annotations": annotations}, "status": status}
 
 
 @pytest.mark.parametrize(
-    ("job", "has_result", "phase", "says"),
+    ("job", "phase", "says"),
     [
-        (_job(active=1), False, JobPhase.RUNNING, "1 pod(s) active"),
-        (_job(active=1, failed=1), False, JobPhase.RUNNING, "1 failed pod(s) retried"),
-        (_job(active=1), True, JobPhase.SUCCEEDED, ""),
+        (_job(active=1), JobPhase.RUNNING, "1 pod(s) active"),
+        (_job(active=1, failed=1), JobPhase.RUNNING, "1 failed pod(s) retried"),
+        (_job("{}", active=1), JobPhase.SUCCEEDED, ""),
         (
             _job(failed=3, conditions=[{"type": "Failed", "status": "True", "message": "backoff limit"}]),
-            False,
             JobPhase.FAILED,
             "backoff limit",
         ),
-        (_job(conditions=[{"type": "Complete", "status": "True"}]), False, JobPhase.FAILED, "without"),
+        (_job(conditions=[{"type": "Complete", "status": "True"}]), JobPhase.FAILED, "without"),
         (
             _job(conditions=[{"type": "Failed", "status": "False"}], active=1),
-            False,
             JobPhase.RUNNING,
             "active",
         ),
     ],
 )
-def test_a_jobs_phase(job: dict[str, Any], has_result: bool, phase: JobPhase, says: str) -> None:
-    state = jobs.job_state(job, has_result)
+def test_a_jobs_phase(job: dict[str, Any], phase: JobPhase, says: str) -> None:
+    state = jobs.job_state(job)
     assert state.phase is phase and says in state.message
