@@ -9,6 +9,7 @@ first, then the kubeconfig).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import ssl
@@ -21,7 +22,9 @@ import aiohttp
 import kubernetes.client
 import kubernetes.config
 from chunkpilot.operator.apicalls import APPLY_PATCH as APPLY_PATCH
-from chunkpilot.operator.apicalls import check_declared, enforcing
+from chunkpilot.operator.apicalls import check_declared, enforcing, requests_of
+
+from chunkpilot import telemetry
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 # The cause the API server attaches when it refuses new content in a namespace being deleted.
@@ -146,6 +149,16 @@ def load_credentials(kubeconfig: str | None = None) -> _Credentials:
     return _Credentials(configuration.host, configuration)
 
 
+def _count(method: str, url: str, content_type: str | None) -> None:
+    """Count the request in ``chunkpilot_kube_requests_total`` (its first RBAC check names it)."""
+    with contextlib.suppress(ValueError):
+        checks = requests_of(method, url, content_type)
+        if checks:
+            first = checks[0]
+            resource = f"{first.group}/{first.resource}" if first.group else first.resource
+            telemetry.KUBE_REQUESTS.labels(first.verb, resource).inc()
+
+
 class KubeClient:
     """The verbs the operator needs, on JSON dicts.
 
@@ -210,6 +223,7 @@ class KubeClient:
         url = path + (f"?{urlencode(params)}" if params else "")
         if self.enforce_declared_calls:
             check_declared(method, url, content_type if body is not None else None)
+        _count(method, url, content_type if body is not None else None)
         session = await self._get_session()
         headers = {"Accept": "application/json"}
         auth = self._credentials.authorization()

@@ -45,6 +45,7 @@ from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 from chunkpilot.tuner.twin.jobs import OffloadMode
 
+from chunkpilot import telemetry
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
@@ -165,4 +166,5 @@ async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **_: An
     controller: TuningController | None = memo.get(MEMO_KEY)
     if controller is None or name is None or namespace is None:
         return
-    await controller.step(namespace, name)
+    with telemetry.TUNER_TICK_SECONDS.time():
+        await controller.step(namespace, name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
 
@@ -42,6 +42,19 @@ CURRENT_TRIAL: Final = Gauge(
     "chunkpilot_current_trial_number",
     "Number of the trial now running (0 when none).",
     ["namespace", "service"],
+    registry=REGISTRY,
+)
+KUBE_REQUESTS: Final = Counter(
+    "chunkpilot_kube_requests",
+    "Kubernetes API requests the operator and the tuner sent through their own client (Kopf's "
+    "watches and patches not included), by the RBAC verb and resource they need.",
+    ["verb", "resource"],
+    registry=REGISTRY,
+)
+TUNER_TICK_SECONDS: Final = Histogram(
+    "chunkpilot_tuner_tick_seconds",
+    "Wall-clock seconds of one tuning step of one service (observe, decide, act), queueing included.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
     registry=REGISTRY,
 )
 TRIALS_FINISHED: Final = Counter(

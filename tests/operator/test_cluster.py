@@ -696,6 +696,31 @@ def test_bench_prints_latency_and_memory(cluster: Any, tmp_path: Path) -> None:
     assert result.reconciled == 5 and result.rss_bytes > 0
     report = result.report()
     assert "p50" in report and "p99" in report and "MiB" in report
+    assert 0 < result.create_s <= result.reconcile_all_s and result.burst_cpu_s > 0
+
+
+def test_bench_observes_an_autotuned_fleet_from_the_operators_own_metrics(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Tuner ticks and API requests counted by the operator itself, with Prometheus in the loop."""
+    result = run_bench(
+        count=2,
+        total=4,
+        replicas=0,
+        kubeconfig=cluster.kubeconfig,
+        work_dir=tmp_path,
+        log=lambda _: None,
+        autotune=True,
+        observe_s=25.0,
+    )
+    fleet = result.fleet
+    assert fleet is not None and fleet.window_s >= 25.0
+    # Four services ticking every 10 s: about 0.4 ticks per second, each one reading the API.
+    assert 0.2 <= fleet.ticks_per_s <= 0.8, fleet
+    assert 0 < fleet.tick_p50_s <= fleet.tick_p99_s
+    assert fleet.api_requests_per_s > 0 and any("inferenceservices" in key for key in fleet.api_requests)
+    assert 0 < fleet.cpu_cores < 2 and fleet.rss_bytes > 0
+    assert "autotuned services at rest" in result.report()
 
 
 def test_a_services_network_policy_admits_its_clients_and_its_own_pods(

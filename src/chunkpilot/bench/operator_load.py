@@ -1,10 +1,16 @@
-"""``chunkpilot operator bench``: how fast the operator reacts and how much memory it holds.
+"""``chunkpilot operator bench``: how fast the operator reacts, what it costs, and how it holds a fleet.
 
-Two figures, printed (never asserted):
+Figures, printed (never asserted):
 
 * apply -> Deployment-exists latency, p50/p99 over N InferenceServices created one after
   another (each waits for its Deployment, so this is reaction time, not queueing);
-* the operator's resident memory once M InferenceServices are reconciled (status written).
+* a burst: the other M - N created at once (``--burst-workers`` clients in parallel) and the time
+  until all are reconciled (status written), with the operator's CPU seconds over it;
+* the operator's resident memory once all M are reconciled;
+* with ``--autotune``, the fleet at rest: every service autotuned against an SLO, the operator
+  given a Prometheus, and over ``--observe`` seconds the operator's CPU (cores), memory, tuner
+  ticks per second with their latency p50/p99 (``chunkpilot_tuner_tick_seconds``) and its API
+  requests per second (``chunkpilot_kube_requests_total``), read from the operator's own metrics.
 
 The operator runs as a real process (``chunkpilot operator``) against a real API server: a
 throw-away local control plane by default, or the cluster of ``--kubeconfig``. Services are
@@ -15,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +42,36 @@ BENCH_NAMESPACE = "chunkpilot-bench"
 
 
 @dataclass(frozen=True)
+class FleetFigures:
+    """The operator over a window with every service reconciled (and, with ``--autotune``, tuned)."""
+
+    window_s: float
+    cpu_cores: float
+    rss_bytes: int
+    ticks_per_s: float
+    tick_p50_s: float
+    tick_p99_s: float
+    api_requests_per_s: float
+    #: API requests by verb and resource over the window, most first.
+    api_requests: dict[str, float]
+
+    def report(self, services: int) -> str:
+        top = ", ".join(
+            f"{key} {value / self.window_s:.1f}/s" for key, value in list(self.api_requests.items())[:5]
+        )
+        return "\n".join(
+            [
+                f"{services} autotuned services at rest, over {self.window_s:.0f} s:",
+                f"  operator CPU {self.cpu_cores:.2f} cores;"
+                f" resident memory {self.rss_bytes / 2**20:.1f} MiB",
+                f"  tuner ticks {self.ticks_per_s:.1f}/s; tick latency p50 {1000 * self.tick_p50_s:.0f} ms,"
+                f" p99 {1000 * self.tick_p99_s:.0f} ms",
+                f"  API requests {self.api_requests_per_s:.1f}/s ({top})",
+            ]
+        )
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """Measured figures of one run."""
 
@@ -42,6 +81,11 @@ class BenchResult:
     rss_peak_bytes: int
     reconciled: int
     reconcile_all_s: float
+    #: Seconds the burst's creates took (the clients' part of ``reconcile_all_s``).
+    create_s: float = 0.0
+    #: The operator's CPU seconds from the burst's first create until all were reconciled.
+    burst_cpu_s: float = 0.0
+    fleet: FleetFigures | None = None
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
@@ -59,25 +103,107 @@ class BenchResult:
                 f"operator resident memory: idle {self.rss_idle_bytes / mib:.1f} MiB;"
                 f" with {self.reconciled} InferenceServices reconciled {self.rss_bytes / mib:.1f} MiB"
                 f" (peak {self.rss_peak_bytes / mib:.1f} MiB)",
-                f"  the last {self.reconciled - len(ms)} created in a burst were all reconciled"
-                f" in {self.reconcile_all_s:.1f} s",
+                f"  the last {self.reconciled - len(ms)} created in a burst"
+                f" ({self.create_s:.1f} s of creates)"
+                f" were all reconciled in {self.reconcile_all_s:.1f} s"
+                f" ({self.burst_rate:.1f} services/s; operator CPU {self.burst_cpu_s:.1f} s)",
+                *([self.fleet.report(self.reconciled)] if self.fleet else []),
             ]
         )
 
+    @property
+    def burst_rate(self) -> float:
+        """Services of the burst reconciled per second."""
+        burst = self.reconciled - len(self.latencies_s)
+        return burst / self.reconcile_all_s if self.reconcile_all_s > 0 else 0.0
 
-def service_manifest(name: str, replicas: int) -> dict[str, Any]:
-    """A small simulator InferenceService."""
+
+def service_manifest(name: str, replicas: int, *, autotune: bool = False) -> dict[str, Any]:
+    """A small simulator InferenceService (``autotune``: tuned against an SLO)."""
+    spec: dict[str, Any] = {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192},
+        "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "replicas": replicas,
+    }
+    if autotune:
+        spec["slo"] = {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}}
+        spec["autotune"] = {"enabled": True}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
         "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192},
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-            "resources": {"accelerator": "h100"},
-            "replicas": replicas,
-        },
+        "spec": spec,
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` and its finished children so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, keyed by name and sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def histogram_quantile(q: float, before: Samples, after: Samples, name: str) -> float:
+    """Prometheus' ``histogram_quantile`` over the increase of ``name`` between two scrapes."""
+    buckets = sorted(
+        (float(dict(labels)["le"]), after[(key, labels)] - before.get((key, labels), 0.0))
+        for key, labels in after
+        if key == f"{name}_bucket"
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
+
+
+def fleet_figures(before: Samples, after: Samples, window_s: float, cpu_s: float, rss: int) -> FleetFigures:
+    """The steady window's figures from two scrapes of the operator's metrics."""
+
+    def increase(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {
+            labels: value - before.get((key, labels), 0.0)
+            for (key, labels), value in after.items()
+            if key == name
+        }
+
+    requests = increase("chunkpilot_kube_requests_total")
+    by_call = {
+        f"{dict(labels)['verb']} {dict(labels)['resource']}": value for labels, value in requests.items()
+    }
+    ticks = sum(increase("chunkpilot_tuner_tick_seconds_count").values())
+    return FleetFigures(
+        window_s=window_s,
+        cpu_cores=cpu_s / window_s,
+        rss_bytes=rss,
+        ticks_per_s=ticks / window_s,
+        tick_p50_s=histogram_quantile(0.5, before, after, "chunkpilot_tuner_tick_seconds"),
+        tick_p99_s=histogram_quantile(0.99, before, after, "chunkpilot_tuner_tick_seconds"),
+        api_requests_per_s=sum(requests.values()) / window_s,
+        api_requests=dict(sorted(by_call.items(), key=lambda item: -item[1])),
+    )
 
 
 class DeploymentWatch:
@@ -166,10 +292,26 @@ def _rss(pid: int) -> tuple[int, int]:
 
 
 def run_bench(
-    *, count: int, total: int, replicas: int, kubeconfig: Path | None, work_dir: Path, log: Any = print
+    *,
+    count: int,
+    total: int,
+    replicas: int,
+    kubeconfig: Path | None,
+    work_dir: Path,
+    log: Any = print,
+    autotune: bool = False,
+    observe_s: float = 60.0,
+    burst_workers: int = 8,
+    prometheus_url: str | None = None,
 ) -> BenchResult:
-    """Run the benchmark; ``kubeconfig`` None starts (and stops) a local control plane."""
+    """Run the benchmark; ``kubeconfig`` None starts (and stops) a local control plane.
+
+    ``autotune``: the services are tuned, the operator gets ``prometheus_url`` (None: a local
+    Prometheus is started) and the fleet is then observed for ``observe_s`` seconds.
+    """
     import kubernetes
+
+    from chunkpilot.devcluster.ports import free_port
 
     if total < count:
         raise ValueError(f"--services ({total}) must be >= --count ({count})")
@@ -188,11 +330,30 @@ def run_bench(
             kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=namespace))
         )
 
+        if autotune and prometheus_url is None:
+            from chunkpilot.devcluster.prometheus import PrometheusServer
+
+            log("starting a local Prometheus ...")
+            prometheus = PrometheusServer(work_dir / "prometheus").start()
+            stack.callback(prometheus.stop)
+            prometheus_url = prometheus.url
+        metrics_port = free_port()
+        flags = ["--prometheus-url", prometheus_url] if autotune and prometheus_url else []
         operator = OperatorProcess(
-            ["-n", namespace, "--standalone", "--metrics-port", "0", "--kubeconfig", str(kubeconfig)],
-            env=operator_env(env),
+            [
+                "-n",
+                namespace,
+                "--standalone",
+                "--metrics-port",
+                str(metrics_port),
+                "--kubeconfig",
+                str(kubeconfig),
+                *flags,
+            ],
+            env=operator_env(env, CHUNKPILOT_AUTOTUNER="on" if autotune else "off"),
             log_path=work_dir / "operator.log",
         )
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         stack.callback(lambda: _cleanup(core, custom, namespace, operator))
         operator.start()
         time.sleep(2.0)
@@ -207,16 +368,21 @@ def run_bench(
             name = f"bench-{index:04d}"
             started = time.monotonic()
             custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, ISVC_PLURAL, service_manifest(name, replicas)
+                GROUP, VERSION, namespace, ISVC_PLURAL, service_manifest(name, replicas, autotune=autotune)
             )
             latencies.append(watch.wait(deployment_name(name, "stable"), timeout=60) - started)
 
-        log(f"creating {total - count} more and waiting until all {total} are reconciled ...")
+        log(f"creating {total - count} more at once and waiting until all {total} are reconciled ...")
+        burst_cpu_before = cpu_seconds(operator.process.pid)
         burst_started = time.monotonic()
-        for index in range(count, total):
-            custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, ISVC_PLURAL, service_manifest(f"bench-{index:04d}", replicas)
-            )
+
+        def create(index: int) -> None:
+            manifest = service_manifest(f"bench-{index:04d}", replicas, autotune=autotune)
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, ISVC_PLURAL, manifest)
+
+        with ThreadPoolExecutor(max_workers=max(1, burst_workers)) as pool:
+            list(pool.map(create, range(count, total)))
+        create_s = time.monotonic() - burst_started
 
         def all_reconciled() -> bool:
             listed = _services(custom, namespace)
@@ -225,9 +391,25 @@ def run_bench(
 
         wait_for(all_reconciled, timeout=max(120.0, total * 2.0), interval=1.0, what=f"{total} reconciled")
         burst_s = time.monotonic() - burst_started
+        burst_cpu = cpu_seconds(operator.process.pid) - burst_cpu_before
         time.sleep(2.0)
         rss, peak = _rss(operator.process.pid)
-        return BenchResult(latencies, rss_idle, rss, peak, total, burst_s)
+        fleet = None
+        if autotune:
+            log(f"observing the {total} autotuned services for {observe_s:.0f} s ...")
+            before, cpu_before, started = (
+                scrape(metrics_url),
+                cpu_seconds(operator.process.pid),
+                time.monotonic(),
+            )
+            time.sleep(observe_s)
+            after, cpu_after = scrape(metrics_url), cpu_seconds(operator.process.pid)
+            window = time.monotonic() - started
+            fleet = fleet_figures(
+                before, after, window, cpu_after - cpu_before, _rss(operator.process.pid)[0]
+            )
+            peak = _rss(operator.process.pid)[1]
+        return BenchResult(latencies, rss_idle, rss, peak, total, burst_s, create_s, burst_cpu, fleet)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -279,6 +461,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument(
         "--kubeconfig", type=Path, help="use this cluster (default: start a throw-away local control plane)"
     )
+    bench.add_argument(
+        "--burst-workers", type=int, default=8, help="clients creating the burst in parallel (default 8)"
+    )
+    bench.add_argument(
+        "--autotune",
+        action="store_true",
+        help="autotune every service against an SLO and observe the fleet at rest (a local Prometheus)",
+    )
+    bench.add_argument("--prometheus-url", help="with --autotune: this Prometheus instead of a local one")
+    bench.add_argument(
+        "--observe",
+        type=float,
+        default=60.0,
+        help="with --autotune: seconds the fleet is observed (default 60)",
+    )
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     bench.set_defaults(func=run_bench_command)
 
@@ -300,6 +497,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             work_dir=Path(folder),
             log=lambda message: print(message, file=sys.stderr),
+            autotune=args.autotune,
+            observe_s=args.observe,
+            burst_workers=args.burst_workers,
+            prometheus_url=args.prometheus_url,
         )
     if args.json:
         figures = {
@@ -312,6 +513,21 @@ def run_bench_command(args: argparse.Namespace) -> int:
             "rss_mib": result.rss_bytes / 2**20,
             "rss_peak_mib": result.rss_peak_bytes / 2**20,
             "burst_reconcile_s": result.reconcile_all_s,
+            "burst_create_s": result.create_s,
+            "burst_per_s": result.burst_rate,
+            "burst_cpu_s": result.burst_cpu_s,
+            "fleet": None
+            if result.fleet is None
+            else {
+                "window_s": result.fleet.window_s,
+                "cpu_cores": result.fleet.cpu_cores,
+                "rss_mib": result.fleet.rss_bytes / 2**20,
+                "ticks_per_s": result.fleet.ticks_per_s,
+                "tick_p50_ms": 1000 * result.fleet.tick_p50_s,
+                "tick_p99_ms": 1000 * result.fleet.tick_p99_s,
+                "api_requests_per_s": result.fleet.api_requests_per_s,
+                "api_requests": result.fleet.api_requests,
+            },
         }
         print(json.dumps(figures, indent=2))
     else:
