@@ -125,15 +125,19 @@ async def write_service_status(
     *,
     skip_terminating: bool = False,
     on_written: Callable[[Mapping[str, Any]], None] | None = None,
+    read: Mapping[str, Any] | None = None,
 ) -> bool:
     """Write what ``patcher`` computes from the fresh object, conditional on its resourceVersion.
 
     Retried on a conflict (``patcher`` sees the newer object); returns False only when every
     attempt conflicted. ``on_written`` gets the object the written patch was computed from.
+    ``read``: the object as the caller read it moments ago, tried first instead of reading it
+    again (a conflict reads it afresh), so a status with nothing to change costs no request.
     """
     path = isvc_path(namespace, name)
-    for _ in range(STATUS_WRITE_ATTEMPTS):
-        fresh = await kube.get(path)
+    for attempt in range(STATUS_WRITE_ATTEMPTS):
+        known = attempt == 0 and read is not None and (read.get("metadata") or {}).get("resourceVersion")
+        fresh = read if known else await kube.get(path)
         if fresh is None or (skip_terminating and fresh.get("metadata", {}).get("deletionTimestamp")):
             return True
         status = patcher(fresh)

@@ -739,3 +739,24 @@ def test_the_twins_bound_is_ranked_for_the_infeasibility_only_from_its_minimum_o
     assert calls == []
     decide(snapshot(trials=[missed(1, 512), missed(2, 2048)]), SETTINGS)
     assert calls == [2]
+
+
+@pytest.mark.parametrize(
+    ("age_s", "itl_ms", "written"),
+    [
+        (20.0, 91.0, False),  # young, the SLO still violated: the status stands (no churn per tick)
+        (70.0, 91.0, True),  # older than the refresh: rewritten
+        (20.0, 30.0, True),  # the SLO state changed: written at once
+    ],
+)
+def test_a_stable_measurement_that_changes_nothing_is_not_rewritten_every_tick(
+    age_s: float, itl_ms: float, written: bool
+) -> None:
+    first = decide(snapshot(), SETTINGS)
+    body = service_body()
+    body["status"] = {k: first.status[k] for k in ("lastMeasurement", "summary")}
+    later = NOW + timedelta(seconds=age_s)
+    reading = Reading(a_measurement("stable", itl_ms, time=later))
+    plan = decide(snapshot(body, stable_reading=reading, now=later), SETTINGS)
+    assert ("lastMeasurement" in plan.status) is written
+    assert ("summary" in plan.status) is written

@@ -188,4 +188,6 @@ class Actor:
                 patch["conditions"] = new_conditions
             return {k: v for k, v in patch.items() if raw.get(k) != v}
 
-        await write_service_status(self.kube, plan.snap.namespace, plan.snap.name, patcher)
+        await write_service_status(
+            self.kube, plan.snap.namespace, plan.snap.name, patcher, read=plan.snap.body
+        )

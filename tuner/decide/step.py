@@ -230,8 +230,29 @@ def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:
     topotrial.remove_orphans(plan, None)
 
 
+#: Seconds a stable measurement that changes no state stands on the status before it is rewritten.
+MEASUREMENT_REFRESH_S = 60.0
+
+
+def measurement_current(snap: Snapshot, state: SLOState) -> bool:
+    """The status's stable measurement is younger than :data:`MEASUREMENT_REFRESH_S` and its SLO state
+    is ``state``: rewriting it (its time, its latest values) would only churn the object.
+
+    Without this every tick of every service wrote its status (its measurement's time at the
+    least), and every write came back to the operator as a watch event: at a thousand tuned services,
+    a hundred writes a second.
+    """
+    previous, summary = snap.status.last_measurement, snap.status.summary
+    if previous is None or previous.time is None or summary is None or summary.slo is not state:
+        return False
+    return timedelta(0) <= snap.now - previous.time < timedelta(seconds=MEASUREMENT_REFRESH_S)
+
+
 def record_stable(plan: Plan) -> None:
-    """SLOMet, lastMeasurement and the summary from the stable reading (MetricsUnavailable if none)."""
+    """SLOMet, lastMeasurement and the summary from the stable reading (MetricsUnavailable if none).
+
+    A measurement that changes no SLO state is written at most every :data:`MEASUREMENT_REFRESH_S`.
+    """
     snap = plan.snap
     reading = snap.stable_reading
     if reading.error is not None:
@@ -244,6 +265,8 @@ def record_stable(plan: Plan) -> None:
     slo, abort = snap.slo, rec.abort_rules(snap.isvc)
     api = m.to_api()
     state = rec.slo_state(api, slo, m.enough_samples(abort.min_samples))
+    if measurement_current(snap, state):
+        return
     itl, ttft = rec.latency_summary(api.itl_ms, slo.itl_ms), rec.latency_summary(api.ttft_ms, slo.ttft_ms)
     plan.status["lastMeasurement"] = api.to_k8s()
     plan.status["summary"] = ServiceSummary(itl=itl, ttft=ttft, slo=state).to_k8s()
