@@ -75,6 +75,7 @@ class TuningController:
         image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
         twin_jobs: TwinJobs | None = None,
+        batch: VectorFn | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -83,7 +84,8 @@ class TuningController:
         #: ``live_adjust``: the installation allows ``autotune.liveAdjust``; ``image_registry``: the one
         #: its default images come from; ``twin_budget``: what one
         #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`);
-        #: ``twin_jobs``: where rankings beyond the operator's CPU budget run (None: all here).
+        #: ``twin_jobs``: where rankings beyond the operator's CPU budget run (None: all here);
+        #: ``batch``: instant-vector queries that measure a track in one request (None: one by one).
         self.observer = Observer(
             kube,
             query,
@@ -93,6 +95,7 @@ class TuningController:
             image_registry=image_registry,
             twin_budget=twin_budget,
             twin_jobs=twin_jobs,
+            batch=batch,
         )
         self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)

@@ -117,6 +117,7 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         kube,
         prometheus.query if prometheus else None,
         vector=prometheus.vector if prometheus and config.twin else None,
+        batch=prometheus.vector if prometheus else None,
         post_event=post_event,
         settings=config.settings,
         mirror=_mirror_to(config.optuna_storage) if config.optuna_storage else None,

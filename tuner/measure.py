@@ -37,6 +37,7 @@ fewer samples than required is not judged (see :class:`TrackMeasurement`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -435,6 +436,56 @@ def measure_track(
 def _latency(query: QueryFn, at: datetime, quantile: str, samples: str) -> tuple[float | None, float]:
     """A histogram's quantile (None without data) and its observations in the window."""
     return query(quantile, at), query(samples, at) or 0.0
+
+
+#: The label by which a batched query (:func:`batched_query`) tells its parts' answers apart.
+BATCH_LABEL: Final = "chunkpilot_query"
+
+
+def batched_query(queries: Sequence[str]) -> str:
+    """One PromQL expression answering every one of ``queries`` (each an aggregated instant vector of at
+    most one series), the answer to the ``i``-th marked ``chunkpilot_query="i"``."""
+    return " or ".join(f'label_replace({q}, "{BATCH_LABEL}", "{i}", "", "")' for i, q in enumerate(queries))
+
+
+def prefetch(vector: VectorFn, query: QueryFn, queries: Sequence[str], at: datetime) -> QueryFn:
+    """A :data:`QueryFn` that answers ``queries`` at ``at`` from one request to Prometheus (``query``
+    answers any other), with :func:`parse_instant_result`'s semantics for each."""
+    parts: dict[str, list[dict[str, Any]]] = {str(i): [] for i in range(len(queries))}
+    for series in vector(batched_query(queries), at):
+        labels = dict(series.get("metric") or {})
+        index = labels.pop(BATCH_LABEL, None)
+        if index in parts:
+            parts[index].append({**series, "metric": labels})
+    answers = {q: parts[str(i)] for i, q in enumerate(queries)}
+
+    def answer(promql: str, when: datetime) -> float | None:
+        if when != at or promql not in answers:
+            return query(promql, when)
+        return parse_instant_result(answers[promql])
+
+    return answer
+
+
+def measure_track_batched(
+    vector: VectorFn,
+    query: QueryFn,
+    selector: Selector,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+    engine: str = "vllm",
+    *,
+    fine: bool | None = None,
+) -> TrackMeasurement:
+    """:func:`measure_track` with every query it may ask (both latency families) in one request."""
+    queries = list(dataclasses.astuple(track_queries(selector, window, itl_quantile, ttft_quantile, engine)))
+    fine_queries = fine_latency_queries(selector, window, itl_quantile, ttft_quantile, engine)
+    if fine_queries is not None:
+        queries += dataclasses.astuple(fine_queries)
+    prefetched = prefetch(vector, query, list(dict.fromkeys(queries)), at)
+    return measure_track(prefetched, selector, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
 
 
 def measure_window(

@@ -36,6 +36,7 @@ from chunkpilot.tuner.measure import (
     fine_latency_queries,
     measure_topology,
     measure_track,
+    measure_track_batched,
     measure_window,
     parse_instant_result,
     quantile_query,
@@ -494,6 +495,25 @@ def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometh
         assert m.itl_source is ItlSource.FINE, m.track
         assert m.itl_ms == pytest.approx(26 + 0.99 * 2, abs=0.01)
         assert m.ttft_ms == pytest.approx(250 + 0.95 * 50, abs=0.1)
+
+    # Every query of a track in one request: the same measurement as one query at a time.
+    at = both_plugin.stable.time
+    for service in (mixed, plugin):
+        for track in (Track.CANARY, Track.STABLE):
+            selector = Selector(service, "default", track)
+            asked: list[str] = []
+
+            def vector(text: str, when: datetime, asked: list[str] = asked) -> list[dict[str, Any]]:
+                asked.append(text)
+                answer: list[dict[str, Any]] = prometheus.query(text, when.timestamp())
+                return answer
+
+            def unexpected(text: str, when: datetime) -> float | None:
+                raise AssertionError(f"asked on its own: {text}")
+
+            one_by_one = measure_track(query, selector, "10s", at, 0.99, 0.95)
+            batched = measure_track_batched(vector, unexpected, selector, "10s", at, 0.99, 0.95)
+            assert batched == one_by_one and len(asked) == 1, (service, track)
 
 
 # --------------------------------------------------------------------------- credentials

@@ -186,8 +186,22 @@ class Actor:
             new_conditions = [c.to_k8s() for c in conditions]
             if new_conditions != [c.to_k8s() for c in current.conditions]:
                 patch["conditions"] = new_conditions
-            return {k: v for k, v in patch.items() if raw.get(k) != v}
+            return {k: v for k, v in patch.items() if _merged(raw.get(k), v) != raw.get(k)}
 
         await write_service_status(
             self.kube, plan.snap.namespace, plan.snap.name, patcher, read=plan.snap.body
         )
+
+
+def _merged(current: Any, patch: Any) -> Any:
+    """``current`` after the JSON merge patch ``patch`` (RFC 7386): a field written as part of a larger
+    object changes nothing when the stored object already holds it, whatever else it holds."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(current) if isinstance(current, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out

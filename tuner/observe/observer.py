@@ -43,6 +43,7 @@ from chunkpilot.tuner.measure import (
     WindowMeasurement,
     measure_topology,
     measure_track,
+    measure_track_batched,
     measure_window,
 )
 from chunkpilot.tuner.observe import canary as live
@@ -127,9 +128,12 @@ class Observer:
         image_registry: str | None = None,
         twin_budget: TwinBudget | None = None,
         twin_jobs: TwinJobs | None = None,
+        batch: VectorFn | None = None,
     ) -> None:
         self.kube = kube
         self.query = query
+        #: Instant-vector queries, to ask all of a track's queries at once (None: one by one).
+        self.batch = batch if query is not None else None
         self._inline = inline  # run blocking calls on the loop itself (tests)
         #: The installation allows ``autotune.liveAdjust`` (the tuner's settings).
         self.live_adjust = live_adjust
@@ -240,17 +244,13 @@ class Observer:
             return snap, None
         slo = snap.slo
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
+        args = (selector, slo_spec.window, snap.now, slo.itl_quantile, slo.ttft_quantile)
+        engine = str(snap.isvc.spec.engine.kind)
         try:
-            stable = await self._blocking(
-                measure_track,
-                self.query,
-                selector,
-                slo_spec.window,
-                snap.now,
-                slo.itl_quantile,
-                slo.ttft_quantile,
-                str(snap.isvc.spec.engine.kind),
-            )
+            if self.batch is not None:  # every query of the track in one request
+                stable = await self._blocking(measure_track_batched, self.batch, self.query, *args, engine)
+            else:
+                stable = await self._blocking(measure_track, self.query, *args, engine)
         except MetricsUnavailableError as error:
             return _replace(snap, stable_reading=Reading(error=str(error))), None
         snap = _replace(snap, stable_reading=Reading(stable))
