@@ -215,22 +215,16 @@ def _load_or_say(path: Path, command: str) -> StepProfile | None:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from chunkpilot.engine.probe.kube import in_cluster_namespace, publish_profile
-    from kubernetes import client, config
+    from chunkpilot.engine.probe.kube import api_client, in_cluster_namespace, publish_profile
+    from kubernetes import client
 
     profile = _load_or_say(args.file, "publish")
     if profile is None:
         return 2
-    if args.kubeconfig:
-        api_client = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]  # untyped in the client
-    else:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]  # untyped in the client
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]  # untyped in the client
-        api_client = None
     namespace = args.namespace or in_cluster_namespace()
-    outcome = publish_profile(profile, args.configmap, namespace, client.CoreV1Api(api_client))
+    outcome = publish_profile(
+        profile, args.configmap, namespace, client.CoreV1Api(api_client(args.kubeconfig))
+    )
     _progress(f"{outcome} ConfigMap {namespace}/{args.configmap}")
     return 0
 

@@ -333,6 +333,21 @@ def profile_from_configmap(configmap: Mapping[str, Any]) -> StepProfile:
     return parse_profile(data, source=f"ConfigMap {name}")
 
 
+def api_client(kubeconfig: Path | None = None) -> Any:
+    """A ``kubernetes`` API client for a Job's container: from ``kubeconfig`` when given, else the
+    pod's own ServiceAccount, else ``~/.kube/config`` (None: the library's default configuration,
+    which the latter two set)."""
+    from kubernetes import config
+
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped in the client
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # untyped in the client
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]  # untyped in the client
+    return None
+
+
 def in_cluster_namespace(default: str = "default") -> str:
     """The pod's own namespace when running in a cluster, else ``default``."""
     try:

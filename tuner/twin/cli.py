@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from chunkpilot.tuner.twin import jobs
 from chunkpilot.tuner.twin.wire import WireError, decode_request, encode_result, rank
@@ -74,19 +73,12 @@ def _work(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace, text: str) -> int:
     """Patch the result into the Job's annotation; a refusal is retried briefly (the Job's Role is
     created just after the Job, so a quick first pod may be early)."""
-    from kubernetes import client, config
+    from chunkpilot.engine.probe.kube import api_client, in_cluster_namespace
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    api_client: Any = None
-    if args.kubeconfig:
-        api_client = config.new_client_from_config(config_file=str(args.kubeconfig))  # type: ignore[no-untyped-call]  # untyped in the client
-    else:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]  # untyped in the client
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]  # untyped in the client
-    namespace = args.namespace or _pod_namespace()
-    api = client.BatchV1Api(api_client)
+    namespace = args.namespace or in_cluster_namespace()
+    api = client.BatchV1Api(api_client(args.kubeconfig))
     for attempt in range(PUBLISH_ATTEMPTS):
         try:
             api.patch_namespaced_job(args.result_job, namespace, jobs.result_patch(text))
@@ -100,10 +92,3 @@ def _publish(args: argparse.Namespace, text: str) -> int:
         break
     _say(f"wrote the result into Job {namespace}/{args.result_job}")
     return 0
-
-
-def _pod_namespace() -> str:
-    try:
-        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
-    except OSError:
-        return "default"
