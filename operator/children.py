@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from chunkpilot.operator import events as ev
@@ -30,7 +30,7 @@ from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resourc
 from chunkpilot.operator.objects import NameConflictError, adopt, owned_by
 from chunkpilot.operator.status import DeploymentState
 
-from chunkpilot.api import InferenceService
+from chunkpilot.api import LABEL_SERVICE, InferenceService
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,29 @@ class ChildWriter:
     config: OperatorConfig
     post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
     _pod_monitor_api: tuple[float, bool] | None = None
+    #: The resourceVersion of each child as this writer last wrote it, per service (namespace,
+    #: name) and child (kind, name).
+    _written: dict[tuple[str, str], dict[tuple[str, str], str]] = field(default_factory=dict)
+
+    def is_echo(self, child: Mapping[str, Any]) -> bool:
+        """Whether ``child`` (a watch event's object) is exactly what this writer last wrote.
+
+        Such an event tells the operator nothing it does not know: the reconcile that wrote the
+        child computed the service's status from the answer to its write.
+        """
+        service, key, version = _child_key(child)
+        return version is not None and self._written.get(service, {}).get(key) == version
+
+    def forget(self, namespace: str, service: str) -> None:
+        """Drop what was recorded of the children of ``service`` (deleted)."""
+        self._written.pop((namespace, service), None)
+
+    def _record(self, written: Mapping[str, Any] | None) -> None:
+        if written is None:
+            return
+        service, key, version = _child_key(written)
+        if version is not None:
+            self._written.setdefault(service, {})[key] = version
 
     async def ensure(self, desired: dict[str, Any], owner: Mapping[str, Any], current: Any) -> Ensured:
         """Apply ``desired`` unless the live object already matches it.
@@ -77,6 +100,7 @@ class ChildWriter:
         if extra:
             # Keys added by another field manager survive an apply: remove them explicitly.
             actual = await self.kube.merge_patch(object_path(desired), {"spec": {"selector": extra}})
+        self._record(actual)
         return Ensured(actual=actual, previous=current, created=current is None, written=True)
 
     async def ensure_stable(
@@ -226,3 +250,15 @@ def service_name(isvc: InferenceService) -> str:
 
 def deployment_state(manifest: Mapping[str, Any] | None) -> DeploymentState | None:
     return DeploymentState.from_manifest(manifest) if manifest is not None else None
+
+
+def _child_key(child: Mapping[str, Any]) -> tuple[tuple[str, str], tuple[str, str], str | None]:
+    """(namespace, service), (kind, name) and the resourceVersion of a child."""
+    meta = child.get("metadata") or {}
+    service = str((meta.get("labels") or {}).get(LABEL_SERVICE, ""))
+    version = meta.get("resourceVersion")
+    return (
+        (str(meta.get("namespace")), service),
+        (str(child.get("kind")), str(meta.get("name"))),
+        None if version is None else str(version),
+    )

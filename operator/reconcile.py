@@ -126,6 +126,8 @@ class Reconciler:
         if not service or not namespace:
             return
         kind = ChildKind(child["kind"])
+        if event_type != "DELETED" and self.children.is_echo(child):
+            return  # the answer to this operator's own write: the reconcile that wrote it saw it
         if kind == ChildKind.DEPLOYMENT and not is_operator_owned(labels):
             # Canary Deployments belong to the tuner; they only count towards the replicas.
             kinds: frozenset[ChildKind] = frozenset()
@@ -146,6 +148,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        self.children.forget(namespace, name)
         telemetry.forget_service(namespace, name)
 
     # ------------------------------------------------------------------ internals
@@ -396,7 +399,7 @@ class Reconciler:
         """Export the gauges and write the status computed from ``observation``."""
         meta = body["metadata"]
         export_metrics(isvc, observation)
-        await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked)
+        await self._write_status(meta["namespace"], meta["name"], observation, live_adjust_blocked, read=body)
         logger.info(
             "reconciled %s%s/%s (generation %s, %s)",
             "disaggregated " if isvc.spec.disaggregated else "",
@@ -407,9 +410,18 @@ class Reconciler:
         )
 
     async def _write_status(
-        self, namespace: str, name: str, observation: Observation, live_adjust_blocked: bool = False
+        self,
+        namespace: str,
+        name: str,
+        observation: Observation,
+        live_adjust_blocked: bool = False,
+        *,
+        read: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write the status computed from ``observation``; conditional on resourceVersion, retried."""
+        """Write the status computed from ``observation``; conditional on resourceVersion, retried.
+
+        ``read``: the service as this reconcile read it, tried first (no second read when it is
+        still current: a conflict reads it afresh)."""
         computed: dict[str, InferenceServiceStatus | None] = {}
 
         def patcher(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -428,7 +440,7 @@ class Reconciler:
                 self.children.emit(fresh, spec)
 
         if not await write_service_status(
-            self.kube, namespace, name, patcher, skip_terminating=True, on_written=written
+            self.kube, namespace, name, patcher, skip_terminating=True, on_written=written, read=read
         ):
             raise kopf.TemporaryError(
                 f"status of {namespace}/{name} kept changing underneath; retrying", delay=1
