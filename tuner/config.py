@@ -113,8 +113,8 @@ class TunerConfig:
             twin_cpu_seconds=parse_cpu_seconds(environ),
             twin_max_evaluations=parse_max_evaluations(environ),
             pod_targets_file=environ.get(ENV_POD_TARGETS) or None,
-            twin_offload=parse_offload(environ),
-            twin_job_image=parse_job_image(environ),
+            twin_offload=(offload := parse_offload(environ)),
+            twin_job_image=parse_job_image(environ, offload.mode),
         )
 
 
@@ -135,10 +135,10 @@ def parse_offload(environ: Mapping[str, str]) -> Offload:
         raise ValueError(f"{ENV_TWIN_LOCAL_CORES}={cores_text!r} is not a number of cores ≥ 0") from None
 
 
-def parse_job_image(environ: Mapping[str, str]) -> str | None:
-    """``CHUNKPILOT_TWIN_JOB_IMAGE``, required when rankings may run as Jobs."""
+def parse_job_image(environ: Mapping[str, str], mode: OffloadMode) -> str | None:
+    """``CHUNKPILOT_TWIN_JOB_IMAGE``, required when rankings may run as Jobs (``mode`` not off)."""
     image = environ.get(ENV_TWIN_JOB_IMAGE, "").strip() or None
-    if image is None and (environ.get(ENV_TWIN_JOBS, "") or "off").lower() != OffloadMode.OFF.value:
+    if image is None and mode is not OffloadMode.OFF:
         raise ValueError(
             f"{ENV_TWIN_JOBS} runs rankings as Jobs: set {ENV_TWIN_JOB_IMAGE} to the operator's image "
             "(the Helm chart does)"

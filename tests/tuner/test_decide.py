@@ -485,31 +485,27 @@ def test_without_step_telemetry_tuning_goes_on_as_before_and_says_why() -> None:
     assert plan.status["twin"]["state"] == "Unavailable"
 
 
-def test_a_twin_settling_after_the_pods_changed_keeps_its_status_and_starts_no_trial(
-    calibration: Calibration,
+@pytest.mark.parametrize(
+    ("waiting", "says"),
+    [
+        ({"settling": "the service's pods changed in the last 40s"}, ("steady traffic", "pods changed")),
+        (
+            {"pending": "the ranking on the twin runs as Job chunkpilot-twin-x"},
+            ("waiting for the twin's ranking", "chunkpilot-twin-x"),
+        ),
+    ],
+    ids=["settling", "ranking-in-a-job"],
+)
+def test_a_twin_that_waits_keeps_its_status_and_starts_no_trial(
+    calibration: Calibration, waiting: dict[str, str], says: tuple[str, str]
 ) -> None:
     body = service_body()
     body["status"] = {"twin": decide(snapshot(twin=fitted(calibration)), SETTINGS).status["twin"]}
-    settling = fitted(calibration, ranked=False, settling="the service's pods changed in the last 40s")
-    plan = decide(snapshot(body, twin=settling), SETTINGS)
+    plan = decide(snapshot(body, twin=fitted(calibration, ranked=False, **waiting)), SETTINGS)
     assert not of_type(plan, CreateTrial)
     assert condition(plan, "Tuning") == ("True", "WaitingForTwin")
     message = next(c.message for c in plan.conditions if c.type == "Tuning")
-    assert "steady traffic" in message and "pods changed" in message
-    assert "twin" not in plan.status and condition(plan, "TwinUnavailable") is None
-
-
-def test_a_ranking_running_as_a_job_keeps_the_status_and_starts_no_trial(calibration: Calibration) -> None:
-    body = service_body()
-    body["status"] = {"twin": decide(snapshot(twin=fitted(calibration)), SETTINGS).status["twin"]}
-    pending = fitted(
-        calibration, ranked=False, pending="the ranking on the twin runs as Job chunkpilot-twin-x"
-    )
-    plan = decide(snapshot(body, twin=pending), SETTINGS)
-    assert not of_type(plan, CreateTrial)
-    assert condition(plan, "Tuning") == ("True", "WaitingForTwin")
-    message = next(c.message for c in plan.conditions if c.type == "Tuning")
-    assert "waiting for the twin's ranking" in message and "chunkpilot-twin-x" in message
+    assert all(part in message for part in says), message
     assert "twin" not in plan.status and condition(plan, "TwinUnavailable") is None
 
 

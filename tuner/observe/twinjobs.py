@@ -58,7 +58,7 @@ class TwinJobs:
         name = jobs.job_name(namespace, service, request.key)
         job = await self.kube.get(resource_path("batch/v1", "jobs", namespace, name))
         if job is None:
-            job = await self._start(namespace, service, service_uid, name, request)
+            await self._start(namespace, service, service_uid, name, request)
             return JobRanking(name, JobState(JobPhase.RUNNING, "Job created"), created=True)
         state = jobs.job_state(job)
         text = jobs.result_of(job)
@@ -78,7 +78,7 @@ class TwinJobs:
 
     async def _start(
         self, namespace: str, service: str, service_uid: str, name: str, request: Request
-    ) -> dict[str, Any]:
+    ) -> None:
         await self._ensure_account(namespace)
         manifest = jobs.build_job(
             name=name,
@@ -97,7 +97,6 @@ class TwinJobs:
             created = await self.kube.get(object_path(manifest)) or {}
         await self._grant(namespace, name, str((created.get("metadata") or {}).get("uid") or ""))
         log.info("ranking on the twin of %s/%s runs as Job %s", namespace, service, name)
-        return created
 
     async def _grant(self, namespace: str, name: str, job_uid: str) -> None:
         """The Job's Role and RoleBinding (patching that one Job), when they do not exist yet."""

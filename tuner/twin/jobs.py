@@ -279,8 +279,6 @@ class JobState:
 
     phase: JobPhase
     message: str = ""
-    #: Pods that failed so far (each one retried until :data:`BACKOFF_LIMIT`).
-    failed_pods: int = 0
 
 
 def job_state(job: Mapping[str, Any]) -> JobState:
@@ -292,14 +290,14 @@ def job_state(job: Mapping[str, Any]) -> JobState:
     status = job.get("status") or {}
     failed = int(status.get("failed") or 0)
     if result_of(job) is not None:
-        return JobState(JobPhase.SUCCEEDED, failed_pods=failed)
+        return JobState(JobPhase.SUCCEEDED)
     for condition in status.get("conditions") or []:
         if condition.get("status") != "True":
             continue
         if condition.get("type") == "Failed":
             why = condition.get("message") or condition.get("reason") or "the Job failed"
-            return JobState(JobPhase.FAILED, str(why), failed)
+            return JobState(JobPhase.FAILED, str(why))
         if condition.get("type") == "Complete":
-            return JobState(JobPhase.FAILED, "the Job completed without writing its result", failed)
+            return JobState(JobPhase.FAILED, "the Job completed without writing its result")
     retried = f"; {failed} failed pod(s) retried" if failed else ""
-    return JobState(JobPhase.RUNNING, f"{status.get('active') or 0} pod(s) active{retried}", failed)
+    return JobState(JobPhase.RUNNING, f"{status.get('active') or 0} pod(s) active{retried}")

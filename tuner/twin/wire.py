@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Final
@@ -138,12 +139,16 @@ def _reasons(error: BaseException) -> list[str]:
         return [str(error)]
     if not isinstance(error, cattrs.BaseValidationError):
         return [str(error)]
-    own = error.subgroup(lambda e: isinstance(e, (WireError, BaseExceptionGroup)))
-    if own is not None:
-        found = [m for e in own.exceptions for m in _reasons(e) if not isinstance(e, KeyError)]
-        if found:
-            return found
-    return list(cattrs.transform_error(error))
+    own = error.subgroup(lambda e: isinstance(e, WireError))
+    return list(_leaves(own)) if own is not None else list(cattrs.transform_error(error))
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[str]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield str(error)
 
 
 def encode_request(request: Request) -> str:
