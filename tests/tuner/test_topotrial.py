@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +16,10 @@ from typing import Any
 import kubernetes
 import pytest
 from aiohttp import web
+from chunkpilot.engine.metrics_names import LABEL_SCHEDULED_TOKENS
+from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
+from chunkpilot.engine.sim.offline import simulate
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.operator.builders import build_canary_topology
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeClient, _Credentials
@@ -43,7 +47,12 @@ from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement, measure_topology
 from chunkpilot.tuner.observe.observer import Observer, parse_service
 from chunkpilot.tuner.observe.snapshot import Reading, Snapshot, TwinReading
+from chunkpilot.tuner.observe.twin import TwinObserver
 from chunkpilot.tuner.policy import Decision, SLOTargets
+from chunkpilot.tuner.topology.pools import PoolCheck, PoolFit
+from chunkpilot.tuner.twin import Twin, TwinFit
+from chunkpilot.tuner.twin.capture import STEP_FIELDS
+from chunkpilot.tuner.twin.online import Calibration
 
 from chunkpilot.api import (
     EngineConfig,
@@ -321,15 +330,17 @@ def window(prefill_ttft: float, decode_itl: float, decode_ttft: float = 60.0) ->
 
 
 def measured(
-    body: dict[str, Any], measured_window: TopologyWindow, progress: TrialProgress = MEASURING
+    body: dict[str, Any], measured_window: TopologyWindow, progress: TrialProgress = MEASURING, **fields: Any
 ) -> Plan:
-    """The step of trial 7 measuring (since ``progress``) whose pools measured ``measured_window``."""
+    """The step of trial 7 measuring (since ``progress``) whose pools measured ``measured_window``;
+    ``fields`` add to the snapshot."""
     trial = topology_trial(body, TrialPhase.MEASURING, progress)
     snap = snapshot(
         body,
         (*INFEASIBLE, trial),
         topology_canary=canary_parts(body),
         topology_window=Reading(measured_window),
+        **fields,
     )
     return decide(snap, SETTINGS)
 
@@ -593,6 +604,86 @@ def test_a_measurement_that_contradicts_the_twin_promotes_nothing_and_the_reason
     assert "contradicts the twin" in reason and "missed by 43%" in reason
     decision, reason = topotrial.judge(window(300.0, 36.0), SLO, 100, topotrial.Prediction(2.1, 2))
     assert decision is Decision.DISCARD and "contradicts" not in reason  # 3% over: within the tolerance
+
+
+def pools_refitted(capacity_req_s: float, trial: str = "chat-trial-7") -> TwinReading:
+    """Observing refitted the twin on the pools' own steps (the decode pool stepping 1.62x the
+    stable's model) and predicted the layout up to ``capacity_req_s``."""
+    fits = (PoolFit("prefill", 900.0, True, 1.02, 0.01), PoolFit("decode", 4000.0, True, 1.62, 0.01))
+    return TwinReading(pools=PoolCheck(trial, capacity_req_s, 30.0, 500.0, fits))
+
+
+def test_the_verdict_judges_the_prediction_refitted_on_the_pools_own_steps() -> None:
+    body = service_body()
+    meets = window(prefill_ttft=300.0, decode_itl=20.0)  # both SLOs met at 1 req/s
+    # The refit says the pools meet both SLOs only up to 0.6 req/s: the measurement contradicts it.
+    status = trial_status(measured(body, meets, twin=pools_refitted(0.6)))
+    assert (status["phase"], status["verdict"]) == ("RolledBack", "Discarded"), status["reason"]
+    assert "contradicts the twin" in status["reason"]
+    assert "refitted on each pool's own steps" in status["reason"]
+    assert "decode: 4,000 steps at 1.62x the stable's model" in status["reason"]
+    twin = status["twin"]
+    assert twin["capacityReqS"] == 0.6
+    assert "up to 2.1 req/s (whole service) on the stable's step model" in twin["message"]
+    assert "up to 0.6 req/s" in twin["message"]
+    # The refit agrees with the measurement: promoted on it.
+    status = trial_status(measured(body, meets, twin=pools_refitted(1.8)))
+    assert (status["phase"], status["verdict"]) == ("Promoted", "Promoted"), status["reason"]
+    assert status["twin"]["capacityReqS"] == 1.8
+    # Another trial's refit is not this one's: the recommendation (2.1 req/s) stands.
+    status = trial_status(measured(body, meets, twin=pools_refitted(0.6, trial="chat-trial-6")))
+    assert status["verdict"] == "Promoted" and status["twin"]["capacityReqS"] == 2.1
+
+
+def step_vectors(telemetry: Mapping[str, StepTotals]) -> dict[str, list[dict[str, Any]]]:
+    """What Prometheus answers to :func:`step_queries` over steps ``telemetry``, by metric name."""
+    return {
+        metric: [
+            {"metric": {LABEL_SCHEDULED_TOKENS: label}, "value": [0, str(getattr(totals, key))]}
+            for label, totals in telemetry.items()
+        ]
+        for key, metric in STEP_FIELDS.items()
+    }
+
+
+def test_at_the_end_of_its_window_observing_refits_the_twin_on_each_pools_own_steps(
+    sim_twin: Callable[[int], tuple[TwinFit, Twin]],
+) -> None:
+    fit, twin = sim_twin(128)
+    scheduler = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=128)
+    telemetry = {"prefill": StepTelemetry(), "decode": StepTelemetry()}
+    simulate(twin.config(scheduler), twin.workload, telemetry=telemetry["prefill"])
+    simulate(twin.slowed(1.5).config(scheduler), twin.workload, telemetry=telemetry["decode"])
+    answers = {role: step_vectors(t.totals()) for role, t in telemetry.items()}
+    asked: list[str] = []
+
+    def vector(query: str, at: datetime) -> list[dict[str, Any]]:
+        asked.append(query)
+        role = next(r for r in answers if f'role="{r}"' in query)
+        metric = next(m for m in answers[role] if f"({m}{{" in query)
+        return answers[role][metric]
+
+    body = service_body()
+    trial = topology_trial(body, TrialPhase.MEASURING, MEASURING)
+    snap = snapshot(
+        body, (*INFEASIBLE, trial), topology_window=Reading(window(prefill_ttft=300.0, decode_itl=20.0))
+    )
+    observer = TwinObserver(vector, inline=True)
+    observer._fits[(snap.namespace, snap.name)] = Calibration("k", fit, twin, (20.0, 300.0), 0.05)
+    check = asyncio.run(observer._pools(snap))
+    assert check is not None and check.key == "chat-trial-7"
+    # Over the window the pools were measured on: since the warm-up, widened up to now (70 s).
+    assert asked and all('track="canary"' in q and "[70s]" in q for q in asked), asked[:1]
+    prefill, decode = check.pools
+    assert prefill.own and decode.own
+    assert prefill.stable_ratio == pytest.approx(1.0, abs=0.05)
+    assert decode.stable_ratio == pytest.approx(1.5, rel=0.05)
+    assert check.capacity_req_s > 0
+    # Computed once a trial: the next step asks Prometheus nothing more.
+    asked.clear()
+    assert asyncio.run(observer._pools(snap)) is check and not asked
+    # No topology trial active: nothing, and the check is forgotten.
+    assert asyncio.run(observer._pools(snapshot(body, INFEASIBLE))) is None
 
 
 def test_the_verdict_records_the_load_per_replica_beside_the_stables() -> None:

@@ -60,6 +60,7 @@ from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, tw
 from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.topology.layouts import decode_pool
+from chunkpilot.tuner.topology.pools import PoolCheck
 
 from chunkpilot.api import (
     LABEL_ROLE,
@@ -561,7 +562,15 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
     pools = {"prefill": window.prefill.to_api().to_k8s(), "decode": window.decode.to_api().to_k8s()}
     plan.do(
         PatchTrial(
-            name, {"status": {**pools, "twin": twin_check(plan.snap.status.recommendation, window).to_k8s()}}
+            name,
+            {
+                "status": {
+                    **pools,
+                    "twin": twin_check(
+                        plan.snap.status.recommendation, window, pool_check(plan, trial)
+                    ).to_k8s(),
+                }
+            },
         )
     )
     lifecycle.finish(plan, trial, phase, verdict, reason, window.window())
@@ -572,10 +581,20 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
         promote(plan, trial, reason)
 
 
+def pool_check(plan: Plan, trial: TuningTrial) -> PoolCheck | None:
+    """The trial's topology predicted on its pools' own steps, when observing computed it."""
+    pools = plan.snap.twin.pools
+    return pools if pools is not None and pools.key == trial.metadata.name else None
+
+
 def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
-    """What the twin predicted for the trial's topology (its recommendation)."""
-    found = plan.snap.status.recommendation
+    """What the twin predicts for the trial's topology: on its pools' own steps once they refit it,
+    else its recommendation (on the stable's step model)."""
     replicas = topology_replicas(trial.spec.topology) if trial.spec.topology is not None else 0
+    pools = pool_check(plan, trial)
+    if pools is not None:
+        return Prediction(pools.capacity_req_s, replicas, basis=pools.describe())
+    found = plan.snap.status.recommendation
     return Prediction(found.capacity_req_s if found is not None else None, replicas)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement
 from chunkpilot.tuner.policy import Decision, SLOCheck, SLOTargets, check_slo
+from chunkpilot.tuner.topology.pools import PoolCheck
 from chunkpilot.tuner.twin.online import TOLERANCE
 
 from chunkpilot.api import TopologyRecommendation, TrialTwin
@@ -60,11 +61,13 @@ class Load:
 
 @dataclass(frozen=True)
 class Prediction:
-    """The twin's word on the topology: both SLOs met up to ``capacity_req_s`` on its ``replicas``."""
+    """The twin's word on the topology: both SLOs met up to ``capacity_req_s`` on its ``replicas``,
+    and what the word rests on (``basis``: its recommendation, or the pools' own steps)."""
 
     capacity_req_s: float | None = None
     replicas: int = 0
     tolerance: float = TOLERANCE
+    basis: str = "on the stable's step model"
 
     def rate(self, load: Load) -> float | None:
         """The whole topology's rate at the canary's load per replica."""
@@ -75,7 +78,10 @@ class Prediction:
         rate, capacity = self.rate(load), self.capacity_req_s
         if rate is None or capacity is None or check.met is None:
             return None
-        said = f"the twin predicted both SLOs met up to {capacity:.3g} req/s, this load is {rate:.3g} req/s"
+        said = (
+            f"the twin, {self.basis}, predicted both SLOs met up to {capacity:.3g} req/s, this load is "
+            f"{rate:.3g} req/s"
+        )
         excess = max(check.relative.values())
         if rate <= capacity and excess > self.tolerance:
             return f"{said}, yet it missed by {excess:.0%} (tolerance {self.tolerance:.0%})"
@@ -131,20 +137,31 @@ def judge(
     )
 
 
-def twin_check(found: TopologyRecommendation | None, window: TopologyWindow) -> TrialTwin:
-    """What the twin predicted for the topology (its recommendation ``found``) beside what its canary
-    measured."""
+def twin_check(
+    found: TopologyRecommendation | None, window: TopologyWindow, pools: PoolCheck | None = None
+) -> TrialTwin:
+    """What the twin predicted for the topology (its recommendation ``found``, and ``pools``: again on
+    its pools' own steps) beside what its canary measured."""
     both = window.combined()
     rate = both.request_rate
+    recommended = found.capacity_req_s if found is not None else None
     predicted = (
-        f"the twin predicted it meets both SLOs up to {found.capacity_req_s:g} req/s (whole service)"
-        if found is not None and found.capacity_req_s is not None
+        f"the twin predicted it meets both SLOs up to {recommended:g} req/s (whole service)"
+        if recommended is not None
         else "no prediction recorded"
     )
+    capacity = recommended
+    if pools is not None:
+        capacity = round(pools.capacity_req_s, 3)
+        predicted = (
+            f"{predicted} on the stable's step model; {pools.describe()}, up to {capacity:g} req/s"
+            if recommended is not None
+            else f"the twin, {pools.describe()}, predicted it meets both SLOs up to {capacity:g} req/s"
+        )
     measured = f"{rate:.2f} req/s" if rate is not None else "an unknown rate"
     measured += f" ({Load.of(window).text()})"
     return TrialTwin(
-        capacity_req_s=found.capacity_req_s if found is not None else None,
+        capacity_req_s=capacity,
         rate_req_s=round(rate, 3) if rate is not None else None,
         measured_itl_ms=both.itl_ms,
         measured_ttft_ms=both.ttft_ms,

@@ -21,6 +21,7 @@ from chunkpilot.tuner.measure import (
     WindowMeasurement,
 )
 from chunkpilot.tuner.policy import AbortRules, Decision, SLOTargets, judge_early, trial_deadline
+from chunkpilot.tuner.topology.pools import PoolCheck
 from chunkpilot.tuner.topology.recommend import RecommendationResult
 from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
 
@@ -117,6 +118,9 @@ class TwinReading:
     #: What the ranking waits for while it runs as a Job ("": nothing); the fit is this step's, the
     #: last ranking's status stands, and no next trial starts until the Job's ranking arrives.
     pending: str = ""
+    #: The active topology trial's layout predicted on its pools' own steps, once its window is final
+    #: (its ``key`` names the trial); None: not (yet) computed.
+    pools: PoolCheck | None = None
 
 
 @dataclass(frozen=True)

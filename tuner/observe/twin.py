@@ -15,7 +15,10 @@ process shared by all services (``inline`` runs them on the loop, for tests):
   that is younger than :data:`RERANK_AFTER_S`; its result is written to ``status.twin`` (durable across
   restarts), so a restart does not search again;
 * a **check** (one simulation) at the end of a trial's window: the twin's quantiles for the canary's
-  config at the canary's live load.
+  config at the canary's live load;
+* a **pool check** (one layout evaluation) at the end of a topology trial's window: each canary
+  pool's own steps refit its step model and the layout's capacity is predicted on the two
+  (:mod:`chunkpilot.tuner.topology.pools`); once a trial, kept in memory.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.operator.kube import KubeError
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMeasurement, VectorFn
-from chunkpilot.tuner.observe.recommendation import recommend_due, request
-from chunkpilot.tuner.observe.snapshot import CanaryWindow, Snapshot, TwinReading
+from chunkpilot.tuner.observe.recommendation import kv_transfer, recommend_due, request
+from chunkpilot.tuner.observe.snapshot import CanaryWindow, Snapshot, TwinReading, window_plan, window_text
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
-from chunkpilot.tuner.space import SpaceError, build_space
+from chunkpilot.tuner.space import SpaceError, TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
+from chunkpilot.tuner.topology.layouts import Layout, Pool
+from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError
@@ -49,7 +54,16 @@ from chunkpilot.tuner.twin.fit import TwinFitError
 from chunkpilot.tuner.twin.jobs import JobPhase
 from chunkpilot.tuner.twin.wire import with_ranking
 
-from chunkpilot.api import EngineConfig, Track, TrialVerdict, TuningTrial, TwinState, parse_duration
+from chunkpilot.api import (
+    EngineConfig,
+    PoolSpec,
+    TopologySpec,
+    Track,
+    TrialVerdict,
+    TuningTrial,
+    TwinState,
+    parse_duration,
+)
 
 if TYPE_CHECKING:
     from chunkpilot.engine.sim.metrics import StepTotals
@@ -101,6 +115,20 @@ def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
     return found[0] if found else None
 
 
+def pool_layout(topology: TopologySpec, stable: TunedConfig) -> Layout:
+    """A topology's pools as the layout search names them (an unset knob is the stable's)."""
+    assert topology.prefill is not None and topology.decode is not None
+
+    def pool(spec: PoolSpec) -> Pool:
+        return Pool(
+            spec.replicas,
+            spec.max_num_batched_tokens or stable.max_num_batched_tokens,
+            spec.max_num_seqs or stable.max_num_seqs,
+        )
+
+    return Layout(pool(topology.prefill), pool(topology.decode))
+
+
 def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
     """No trial is active and the service holds no recent ranking of this key."""
     if snap.active():
@@ -132,9 +160,16 @@ class TwinObserver:
         self._pool: Executor | None = None
         self._fits: dict[tuple[str, str], online.Calibration] = {}
         self._canary_steps: dict[str, dict[str, StepTotals]] = {}
+        self._pool_checks: dict[tuple[str, str], PoolCheck] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
-        """The twin's reading for ``snap`` (nothing when there is nothing to measure with)."""
+        """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
+        active topology trial's pools checked once its window is final."""
+        reading = await self._observe(snap, final)
+        pools = await self._pools(snap)
+        return replace(reading, pools=pools) if pools is not None else reading
+
+    async def _observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
         stable = snap.stable_reading.value
         if self.vector is None or slo_spec is None or not autotune.enabled or autotune.paused:
@@ -211,6 +246,61 @@ class TwinObserver:
             canary_check, stable_check = await self._check(snap, calibration, final)
             reading = replace(reading, check=canary_check, stable_check=stable_check)
         return reading
+
+    async def _pools(self, snap: Snapshot) -> PoolCheck | None:
+        """The active topology trial's layout predicted on its pools' own steps over its final window
+        (computed once a trial, on the service's current fit; None: no such trial, no fit yet, or the
+        pools' steps could not be read or fitted, when the verdict rests on the recommendation)."""
+        active = snap.active()
+        trial = active[0] if active and active[0].spec.is_topology else None
+        service = (snap.namespace, snap.name)
+        cached = self._pool_checks.get(service)
+        if trial is None or trial.spec.topology is None:
+            self._pool_checks.pop(service, None)
+            return None
+        if cached is not None and cached.key == trial.metadata.name:
+            return cached
+        calibration = self._fits.get(service)
+        if self.vector is None or calibration is None or snap.topology_window.value is None:
+            return None
+        window_s = parse_duration(snap.isvc.spec.autotune.trial_window)
+        due = window_plan(rec.trial_progress(trial).measure_from, window_s, snap.now)
+        if due is None or not due.final:
+            return None
+        at = due.widened_at or due.at
+        window = window_text((at - due.measure_from).total_seconds())
+        try:
+            steps = {
+                role: await self._blocking(
+                    online.read_steps,
+                    self.vector,
+                    Selector(snap.name, snap.namespace, Track.CANARY, role=role),
+                    window,
+                    at,
+                )
+                for role in ROLES
+            }
+        except MetricsUnavailableError as error:
+            log.info("pool steps of %s/%s not read: %s", snap.namespace, snap.name, error)
+            return None
+        bandwidth, latency = kv_transfer(snap)
+        job = PoolCheckRequest(
+            key=trial.metadata.name or "",
+            twin=calibration.twin,
+            layout=pool_layout(trial.spec.topology, rec.tuned_config(snap.incumbent)),
+            steps=steps,
+            slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),
+            kv_bandwidth_gbps=bandwidth,
+            kv_latency_ms=latency,
+            max_model_len=rec.service_facts(snap.isvc).max_model_len,
+        )
+        try:
+            check = await self._compute(check_pools, job)
+        except (TwinFitError, ValueError) as error:
+            log.warning("pools of %s/%s not refitted: %s", snap.namespace, snap.name, error)
+            return None
+        self._pool_checks[service] = check
+        return check
 
     async def _calibrate(
         self, snap: Snapshot, request: online.Request, fitted: online.Calibration | None

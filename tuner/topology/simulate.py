@@ -1,7 +1,8 @@
 """Evaluate a disaggregated layout with the simulator (:mod:`chunkpilot.engine.sim.disagg`).
 
 Both pools run the same engine (the twin's fitted step profile, or a truth profile in the
-benchmark); the capacity search is the simulator's own, over the whole service, with the
+benchmark), or each pool its own (:class:`PoolEngines`: a topology trial's pools, each fitted on its
+own steps); the capacity search is the simulator's own, over the whole service, with the
 workload's request lengths repeated so that every replica sees about ``requests_per_replica``
 requests (a shorter horizon per replica reads more capacity, so colocated and disaggregated are
 compared at the same horizon per replica).
@@ -10,7 +11,7 @@ compared at the same horizon per replica).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from chunkpilot.engine.sim.disagg import KVTransfer, PoolConfig, Topology, disaggregated_capacity
@@ -25,6 +26,7 @@ __all__ = [
     "COLOCATED_REQUESTS",
     "REQUESTS_PER_REPLICA",
     "TOLERANCE",
+    "PoolEngines",
     "sim_evaluator",
     "tiled",
     "topology_of",
@@ -63,17 +65,27 @@ def _pool_engine(engine: SimConfig, pool: Pool) -> SimConfig:
     return replace(engine, scheduler=scheduler)
 
 
-def topology_of(engine: SimConfig, layout: Layout, kv: KVTransfer) -> Topology:
-    """The simulator's topology of ``layout``, every replica running ``engine`` with its pool's knobs."""
+@dataclass(frozen=True)
+class PoolEngines:
+    """The engines a layout's pools run when they differ (each pool's own fitted step model)."""
+
+    prefill: SimConfig
+    decode: SimConfig
+
+
+def topology_of(engine: SimConfig | PoolEngines, layout: Layout, kv: KVTransfer) -> Topology:
+    """The simulator's topology of ``layout``, every replica running ``engine`` (or its pool's engine
+    of ``engine``'s two) with its pool's knobs."""
+    engines = engine if isinstance(engine, PoolEngines) else PoolEngines(engine, engine)
     return Topology(
-        PoolConfig(_pool_engine(engine, layout.prefill), layout.prefill.replicas),
-        PoolConfig(_pool_engine(engine, layout.decode), layout.decode.replicas),
+        PoolConfig(_pool_engine(engines.prefill, layout.prefill), layout.prefill.replicas),
+        PoolConfig(_pool_engine(engines.decode, layout.decode), layout.decode.replicas),
         kv,
     )
 
 
 def sim_evaluator(
-    engine: SimConfig,
+    engine: SimConfig | PoolEngines,
     workload: Workload,
     slo: SLO,
     kv: KVTransfer,
@@ -82,7 +94,8 @@ def sim_evaluator(
     tolerance: float = TOLERANCE,
     start_rate: float = 1.0,
 ) -> LayoutEvaluator:
-    """Capacity at SLO of a layout (the whole service) with every replica running ``engine``."""
+    """Capacity at SLO of a layout (the whole service) with every replica running ``engine`` (or, with
+    :class:`PoolEngines`, each pool its own)."""
 
     def evaluate(layout: Layout) -> LayoutCapacity:
         topology = topology_of(engine, layout, kv)
@@ -123,9 +136,17 @@ def twin_evaluator(
     max_model_len: int = 8192,
     requests_per_replica: int = REQUESTS_PER_REPLICA,
     tolerance: float = TOLERANCE,
+    pools: tuple[Twin, Twin] | None = None,
 ) -> LayoutEvaluator:
-    """The twin's capacity at SLO of a layout: its fitted engine and its captured workload."""
-    engine = twin.config(SchedulerConfig(max_model_len=max_model_len))
+    """The twin's capacity at SLO of a layout: its fitted engine and its captured workload.
+
+    ``pools``: the prefill and decode pools' own twins (each fitted on its pool's steps), run
+    instead of ``twin``'s engine on the same workload.
+    """
+    scheduler = SchedulerConfig(max_model_len=max_model_len)
+    engine: SimConfig | PoolEngines = twin.config(scheduler)
+    if pools is not None:
+        engine = PoolEngines(pools[0].config(scheduler), pools[1].config(scheduler))
     arrivals = [r.arrival_s for r in twin.workload.requests]
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
     rate = (len(arrivals) - 1) / span if span > 0 else 1.0

@@ -60,6 +60,7 @@ __all__ = [
     "TwinFitError",
     "fit_steps",
     "scaled_efficiency",
+    "time_ratio",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -223,6 +224,19 @@ def predict_mean_step(model: StepTimeModel, point: _Point) -> float:
         + model.prefill_attention_time(point.pairs, round(point.prefill_context))
         + model.decode_attention_time(round(point.decode_context))
     )
+
+
+def time_ratio(fit: TwinFit, telemetry: Mapping[str, StepTotals]) -> float:
+    """The telemetry's step time over what ``fit`` predicts for the same batches (nan: no steps).
+
+    1 where the fitted model describes the engine that stepped; a pool on slower hardware, or on a
+    busier node, reads above it.
+    """
+    model = fit.step_model()
+    points = _points(telemetry)
+    predicted = sum(p.steps * predict_mean_step(model, p) for p in points)
+    measured = sum(p.steps * p.mean_s for p in points)
+    return measured / predicted if predicted > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)
