@@ -170,7 +170,9 @@ def build_deployment(
 ) -> dict[str, Any]:
     """The Deployment running ``isvc``'s engine on ``track`` with ``config`` (default: the spec's knobs).
 
-    ``replicas`` defaults to ``spec.replicas`` on the stable track and to
+    ``replicas`` defaults to the replicas the service runs on the stable track
+    (:meth:`~chunkpilot.api.InferenceService.running_replicas`: ``spec.replicas``, or the planner's
+    decision in ``scaling.mode: Auto``) and to
     ``spec.autotune.canaryReplicas`` on the canary track. With ``role``, the Deployment of
     that pool of a disaggregated service (``<service>-<role>``, the pool's knobs and replicas,
     pods labelled ``chunkpilot.io/role``). Raises :class:`RenderError` when the engine
@@ -182,7 +184,7 @@ def build_deployment(
     render = render_for(isvc, knobs if role is not None else config, role)
     config_hash = knobs.config_hash()
     if replicas is None:
-        stable = isvc.spec.replicas if role is None else isvc.spec.pool(role).replicas
+        stable = isvc.running_replicas() if role is None else isvc.spec.pool(role).replicas
         replicas = stable if track == Track.STABLE else isvc.spec.autotune.canary_replicas
     labels = {**service_labels(isvc), LABEL_TRACK: track.value, LABEL_CONFIG_HASH: config_hash}
     if role is not None:
@@ -573,7 +575,7 @@ def promoted_topology(isvc: InferenceService) -> TopologySpec | None:
         return None
     if not (spec.autotune.enabled and spec.autotune.allow_topology_change):
         return None
-    if topology_replicas(status.best_topology) != spec.replicas:
+    if topology_replicas(status.best_topology) != isvc.running_replicas():
         return None
     return status.best_topology if with_topology(isvc, status.best_topology) is not None else None
 

@@ -148,6 +148,13 @@ async def follow_topology_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) 
     await reconciler.reconcile(_raw(body))
 
 
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.desiredReplicas")
+async def follow_scaling(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The planner decided the stable replicas: run them in ``scaling.mode: Auto`` (a no-op otherwise)."""
+    reconciler: Reconciler = memo["reconciler"]
+    await reconciler.reconcile(_raw(body))
+
+
 @kopf.on.event(GROUP, VERSION, ISVC_PLURAL)
 def service_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if type == "DELETED" and "reconciler" in memo:

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import kopf
 from chunkpilot.operator import events as ev
-from chunkpilot.operator.builders import build_service
+from chunkpilot.operator.builders import build_service, selector_labels
 from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
@@ -38,7 +38,12 @@ from chunkpilot.operator.objects import (
     parse_status,
     write_service_status,
 )
-from chunkpilot.operator.served import with_best_config, with_best_topology, with_live_adjust_condition
+from chunkpilot.operator.served import (
+    with_best_config,
+    with_best_topology,
+    with_live_adjust_condition,
+    with_scaling,
+)
 from chunkpilot.operator.status import (
     InstallationProblem,
     Observation,
@@ -171,7 +176,7 @@ class Reconciler:
             observation = Observation(int(meta.get("generation") or 0), None, problem=problem)
             await self._write_status(meta["namespace"], meta["name"], observation)
             raise kopf.PermanentError(str(error)) from None
-        isvc = with_best_config(isvc, body.get("status"))
+        isvc = with_scaling(with_best_config(isvc, body.get("status")), body.get("status"))
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
         try:
@@ -275,6 +280,7 @@ class Reconciler:
             problem=desired.problem,
             topology=topology,
             switch=switch if serving_old else None,
+            selector=",".join(f"{k}={v}" for k, v in selector_labels(isvc, Track.STABLE).items()),
         )
 
     async def _ensure_network_policy(

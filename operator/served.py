@@ -27,6 +27,7 @@ from chunkpilot.api import (
     EngineConfig,
     InferenceService,
     InferenceServiceStatus,
+    ScalingStatus,
     TopologySpec,
 )
 
@@ -55,6 +56,16 @@ def with_best_config(isvc: InferenceService, raw_status: Any) -> InferenceServic
     if config is None:
         return isvc
     status = (isvc.status or InferenceServiceStatus()).model_copy(update={"best_config": config})
+    return isvc.model_copy(update={"status": status})
+
+
+def with_scaling(isvc: InferenceService, raw_status: Any) -> InferenceService:
+    """``isvc`` with the planner's decision (``status.scaling``) taken from the raw status, so that it
+    runs :meth:`~chunkpilot.api.InferenceService.running_replicas`; an invalid one is ignored."""
+    scaling = _recorded(isvc, raw_status, "scaling", ScalingStatus)
+    if scaling is None:
+        return isvc
+    status = (isvc.status or InferenceServiceStatus()).model_copy(update={"scaling": scaling})
     return isvc.model_copy(update={"status": status})
 
 

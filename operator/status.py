@@ -45,6 +45,8 @@ OWNED_FIELDS: Final = (
     "replicas",
     "readyReplicas",
     "topology",
+    "stableReplicas",
+    "selector",
 )
 
 
@@ -268,6 +270,8 @@ class Observation:
     problem: RenderProblem | InstallationProblem | None = None
     topology: TopologyObservation | None = None
     switch: TopologySwitch | None = None
+    #: The label selector of the stable engine pods (a colocated service's scale subresource).
+    selector: str | None = None
 
 
 def set_condition(
@@ -512,6 +516,9 @@ def compute_status(
         tracks = [d for d in (obs.stable, obs.canary) if d is not None]
     status.replicas = sum(d.replicas for d in tracks)
     status.ready_replicas = sum(d.ready for d in tracks)
+    colocated = obs.topology is None and obs.stable is not None
+    status.stable_replicas = obs.stable.replicas if colocated and obs.stable is not None else None
+    status.selector = obs.selector if colocated else None
     return status
 
 

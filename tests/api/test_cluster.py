@@ -37,7 +37,10 @@ pytestmark = pytest.mark.cluster
 
 NAMESPACE = "chunkpilot-api-tests"
 REPO = Path(__file__).resolve().parents[2]
-ISVC_COLUMNS = ["NAME", "READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "CAPACITY", "LOAD", "AGE"]
+ISVC_COLUMNS = [
+    "NAME", "READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL",
+    "REPLICAS", "DESIRED", "CAPACITY", "LOAD", "AGE",
+]  # fmt: skip
 TRIAL_COLUMNS = ["NAME", "SERVICE", "PARAMS", "ITL", "TTFT", "VERDICT", "PHASE", "CAPACITY", "TWINERR", "AGE"]
 
 

@@ -118,9 +118,19 @@ def test_names_subresources_and_columns() -> None:
     assert names["shortNames"] == ["cpis"] and "isvc" not in names["shortNames"]
     assert names["categories"] == ["chunkpilot", "all"]
     version = isvc["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.stableReplicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL", "CAPACITY", "LOAD", "AGE"]
+    assert columns == [
+        "READY", "BUDGET", "ITL", "TTFT", "SLO", "PHASE", "TRIAL",
+        "REPLICAS", "DESIRED", "CAPACITY", "LOAD", "AGE",
+    ]  # fmt: skip
 
     trial = _crd(crdgen.TUNING_TRIAL)
     assert trial["spec"]["names"]["shortNames"] == ["cptrial"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,6 +360,83 @@ def test_spec_change_rolls_the_deployment_with_new_arguments(cluster: Any, opera
     ready = wait_ready(cluster, "chat")
     assert ready["status"]["appliedConfig"]["maxNumBatchedTokens"] == 4096
     assert "Rolled" in event_reasons(cluster, "chat")
+
+
+def scale_of(cluster: Any, name: str) -> dict[str, Any]:
+    """The service's ``scale`` subresource, as an HPA reads it."""
+    path = f"/apis/chunkpilot.io/v1alpha1/namespaces/{NS}/inferenceservices/{name}/scale"
+    return dict(json.loads(cluster.kubectl("get", "--raw", path).stdout))
+
+
+def test_kubectl_scale_on_the_service_sets_its_replicas_and_its_scale_subresource_reports_them(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    apply(cluster, small_service("scaled", replicas=1))
+    wait_deployment(cluster, "scaled-stable", lambda d: d["spec"]["replicas"] == 1)
+    cluster.kubectl("scale", "cpis", "scaled", "-n", NS, "--replicas=3")
+    wait_deployment(cluster, "scaled-stable", lambda d: d["spec"]["replicas"] == 3, what="3 stable replicas")
+
+    def reported() -> dict[str, Any] | None:
+        scale = scale_of(cluster, "scaled")
+        return scale if scale.get("status", {}).get("replicas") == 3 else None
+
+    scale = wait_for(reported, timeout=60, what="the scale subresource at 3 replicas")
+    assert scale["spec"]["replicas"] == 3
+    selector = scale["status"]["selector"]
+    assert selector == "chunkpilot.io/service=scaled,chunkpilot.io/track=stable", selector
+    assert len(items(cluster, "pods", selector)) == 3  # what an HPA averages its pod metrics over
+    # Off (the default): the replicas set through the service stick; nothing scales them back.
+    time.sleep(2)
+    assert get(cluster, "deployments", "scaled-stable")["spec"]["replicas"] == 3  # type: ignore[index]
+    line = cluster.kubectl("get", "cpis", "scaled", "-n", NS).stdout.splitlines()
+    assert table_row(line[0], line[1])["REPLICAS"] == "3"
+    cluster.kubectl("delete", "cpis", "scaled", "-n", NS)
+
+
+def test_in_auto_the_planners_decision_runs_and_a_reapplied_spec_replicas_does_not_fight_it(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    slo = {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 600}}
+    manifest = small_service("planned", replicas=1, slo=slo, scaling={"mode": "Auto", "maxReplicas": 4})
+    apply(cluster, manifest)
+    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 1)
+    # The tuner's decision (status.scaling, written through the status subresource as the tuner does).
+    decision = {"status": {"scaling": {"mode": "Auto", "desiredReplicas": 3, "reason": "test"}}}
+    cluster.kubectl(
+        "patch",
+        "cpis",
+        "planned",
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(decision),
+    )
+    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 3, what="the decision run")
+    # A GitOps tool re-applies the manifest with its own spec.replicas: the decision still runs.
+    apply(cluster, {**manifest, "metadata": {**manifest["metadata"], "labels": {"synced": "again"}}})
+    time.sleep(2)
+    assert get(cluster, "deployments", "planned-stable")["spec"]["replicas"] == 3  # type: ignore[index]
+    # A decision beyond maxReplicas runs at maxReplicas; back to Off, spec.replicas runs again.
+    decision["status"]["scaling"]["desiredReplicas"] = 9
+    cluster.kubectl(
+        "patch",
+        "cpis",
+        "planned",
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(decision),
+    )
+    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 4, what="maxReplicas")
+    cluster.kubectl(
+        "patch", "cpis", "planned", "-n", NS, "--type=merge", "-p", '{"spec":{"scaling":{"mode":"Off"}}}'
+    )
+    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 1, what="spec.replicas")
+    cluster.kubectl("delete", "cpis", "planned", "-n", NS)
 
 
 def test_promoted_config_survives_a_deleted_deployment(cluster: Any, operator: OperatorProcess) -> None:

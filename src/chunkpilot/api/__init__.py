@@ -85,6 +85,15 @@ if TYPE_CHECKING:
         TRIAL_PLURAL,
         VERSION,
     )
+    from chunkpilot.api.scaling import (
+        ScalingBehavior,
+        ScalingMode,
+        ScalingPolicy,
+        ScalingRecommendation,
+        ScalingRules,
+        ScalingSpec,
+        ScalingStatus,
+    )
     from chunkpilot.api.tuningtrial import (
         Constraints,
         TokenMix,
@@ -152,6 +161,13 @@ __all__ = [
     "SLOSpec",
     "SLOState",
     "SamplerKind",
+    "ScalingBehavior",
+    "ScalingMode",
+    "ScalingPolicy",
+    "ScalingRecommendation",
+    "ScalingRules",
+    "ScalingSpec",
+    "ScalingStatus",
     "SecretKeyRef",
     "ServicePhase",
     "ServiceSummary",
@@ -183,7 +199,7 @@ __all__ = [
 ]
 
 #: The submodules that define the names of ``__all__``, searched in this order on first use.
-_HOMES = ("names", "common", "inferenceservice", "tuningtrial")
+_HOMES = ("names", "common", "inferenceservice", "scaling", "tuningtrial")
 
 
 def __getattr__(name: str) -> Any:

@@ -58,6 +58,8 @@ class ResourceDefinition:
     short_names: tuple[str, ...]
     categories: tuple[str, ...]
     columns: tuple[PrinterColumn, ...]
+    #: The ``scale`` subresource's paths (None: none).
+    scale: dict[str, str] | None = None
 
     @property
     def kind(self) -> str:
@@ -91,6 +93,13 @@ INFERENCE_SERVICE = ResourceDefinition(
         PrinterColumn("SLO", ".status.summary.slo", description="Met, Violated or Unknown"),
         PrinterColumn("Phase", ".status.phase"),
         PrinterColumn("Trial", ".status.currentTrial", description="Running tuning trial"),
+        PrinterColumn("Replicas", ".status.stableReplicas", "integer", "Stable engine pods"),
+        PrinterColumn(
+            "Desired",
+            ".status.scaling.desiredReplicas",
+            "integer",
+            "Stable replicas the planner asks for (scaling.mode Advise or Auto)",
+        ),
         PrinterColumn(
             "Capacity",
             ".status.twin.capacityReqS",
@@ -102,6 +111,11 @@ INFERENCE_SERVICE = ResourceDefinition(
         ),
         _AGE,
     ),
+    scale={
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.stableReplicas",
+        "labelSelectorPath": ".status.selector",
+    },
 )
 
 TUNING_TRIAL = ResourceDefinition(
@@ -292,7 +306,10 @@ def build_crd(definition: ResourceDefinition) -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {
+                        "status": {},
+                        **({"scale": dict(definition.scale)} if definition.scale else {}),
+                    },
                     "additionalPrinterColumns": [column.to_schema() for column in definition.columns],
                     "schema": {"openAPIV3Schema": _root_schema(definition)},
                 }

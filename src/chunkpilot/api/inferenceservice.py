@@ -49,6 +49,7 @@ from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPol
 from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
 from chunkpilot.api.knobs import EngineKind as EngineKind
 from chunkpilot.api.knobs import summary as knob_summary
+from chunkpilot.api.scaling import ScalingSpec, ScalingStatus
 
 # --------------------------------------------------------------------------- enums
 
@@ -1213,6 +1214,27 @@ class InferenceServiceSpec(ApiModel):
             check=lambda o: not o.autotune.enabled or o.slo is not None,
         ),
         *_TOPOLOGY_RULES,
+        CelRule(
+            rule="!has(self.scaling) || self.scaling.mode == 'Off' || has(self.slo)",
+            message=(
+                "slo is required when scaling.mode is Advise or Auto: declare the itl and ttft targets the"
+                " replicas are sized for"
+            ),
+            field_path=".slo",
+            check=lambda o: not o.scaling.plans or o.slo is not None,
+        ),
+        CelRule(
+            rule=(
+                "!has(self.scaling) || self.scaling.mode == 'Off' || !has(self.topology)"
+                " || self.topology.mode != 'disaggregated'"
+            ),
+            message=(
+                "scaling.mode Advise and Auto size colocated replicas: a disaggregated topology sizes its"
+                " pools in topology.prefill.replicas and topology.decode.replicas; set scaling.mode: Off"
+            ),
+            field_path=".scaling.mode",
+            check=lambda o: not o.scaling.plans or not _disaggregated(o),
+        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -1231,6 +1253,10 @@ class InferenceServiceSpec(ApiModel):
     network_policy: NetworkPolicySpec | None = Field(
         default=None,
         description="Who may reach the service's pods (unset: no policy of its own; the namespace's apply).",
+    )
+    scaling: ScalingSpec = Field(
+        default_factory=ScalingSpec,
+        description="Who decides the stable replicas: spec.replicas (Off), or the planner on the twin.",
     )
 
     @property
@@ -1516,6 +1542,17 @@ class InferenceServiceStatus(StatusModel):
     best_topology_trial: str | None = Field(
         default=None, max_length=253, description="TuningTrial that promoted bestTopology."
     )
+    stable_replicas: int | None = Field(
+        default=None, ge=0, description="Stable engine pods (the scale subresource's replicas)."
+    )
+    selector: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Label selector of the stable engine pods (the scale subresource's, for an HPA).",
+    )
+    scaling: ScalingStatus | None = Field(
+        default=None, description="The planner's decision (scaling.mode Advise or Auto; tuner)."
+    )
 
 
 #: Longest service name: leaves room for the suffixes of the objects the operator creates.
@@ -1554,3 +1591,15 @@ class InferenceService(Resource):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: InferenceServiceSpec
     status: InferenceServiceStatus | None = None
+
+    def running_replicas(self) -> int:
+        """The stable replicas the service runs: in ``scaling.mode: Auto`` the planner's decision
+        (within ``minReplicas`` and ``maxReplicas``) once it has one, else ``spec.replicas``."""
+        scaling = self.spec.scaling
+        decided = self.status.scaling if self.status is not None else None
+        if not scaling.acts or decided is None or decided.desired_replicas is None:
+            return self.spec.replicas
+        return max(
+            scaling.min_replicas,
+            min(scaling.max_replicas or decided.desired_replicas, decided.desired_replicas),
+        )
