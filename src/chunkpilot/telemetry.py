@@ -44,6 +44,18 @@ CURRENT_TRIAL: Final = Gauge(
     ["namespace", "service"],
     registry=REGISTRY,
 )
+DESIRED_REPLICAS: Final = Gauge(
+    "chunkpilot_desired_replicas",
+    "Stable replicas the capacity planner asks for (spec.scaling.mode Advise or Auto).",
+    ["namespace", "service"],
+    registry=REGISTRY,
+)
+CAPACITY_PER_REPLICA: Final = Gauge(
+    "chunkpilot_capacity_per_replica_requests_per_second",
+    "The twin's capacity at SLO of one stable replica, less its error: what the planner sizes with.",
+    ["namespace", "service"],
+    registry=REGISTRY,
+)
 KUBE_REQUESTS: Final = Counter(
     "chunkpilot_kube_requests",
     "Kubernetes API requests the operator and the tuner sent through their own client (Kopf's "
@@ -81,6 +93,15 @@ def record_slo_targets(
         SLO_TARGET_SECONDS.labels(*labels).set(seconds)
 
 
+def record_scaling(namespace: str, service: str, desired: int | None, capacity_req_s: float | None) -> None:
+    """Export the planner's desired replicas and capacity per replica (None: drop the series)."""
+    for gauge, value in ((DESIRED_REPLICAS, desired), (CAPACITY_PER_REPLICA, capacity_req_s)):
+        if value is None:
+            _forget(gauge, namespace, service)
+        else:
+            gauge.labels(namespace, service).set(value)
+
+
 def _forget(
     metric: Gauge | Counter, namespace: str, service: str, keep: Iterable[tuple[str, ...]] = ()
 ) -> None:
@@ -92,7 +113,15 @@ def _forget(
 
 def forget_service(namespace: str, service: str) -> None:
     """Drop every series of a deleted service."""
-    for metric in (TOKEN_BUDGET, MAX_NUM_SEQS, SLO_TARGET_SECONDS, CURRENT_TRIAL, TRIALS_FINISHED):
+    for metric in (
+        TOKEN_BUDGET,
+        MAX_NUM_SEQS,
+        SLO_TARGET_SECONDS,
+        CURRENT_TRIAL,
+        TRIALS_FINISHED,
+        DESIRED_REPLICAS,
+        CAPACITY_PER_REPLICA,
+    ):
         _forget(metric, namespace, service)
 
 

@@ -397,7 +397,8 @@ def test_in_auto_the_planners_decision_runs_and_a_reapplied_spec_replicas_does_n
     cluster: Any, operator: OperatorProcess
 ) -> None:
     slo = {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 600}}
-    manifest = small_service("planned", replicas=1, slo=slo, scaling={"mode": "Auto", "maxReplicas": 4})
+    scaling = {"mode": "Auto", "maxReplicas": 4}
+    manifest = small_service("planned", replicas=1, slo=slo, autotune={"enabled": True}, scaling=scaling)
     apply(cluster, manifest)
     wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 1)
     # The tuner's decision (status.scaling, written through the status subresource as the tuner does).

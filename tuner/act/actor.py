@@ -44,6 +44,7 @@ from chunkpilot.tuner.decide.plan import (
     MirrorStudy,
     PatchTrial,
     Plan,
+    ScalingGauges,
 )
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
@@ -144,6 +145,8 @@ class Actor:
                     self.post_event(snap.body, event)
             case CurrentTrialGauge(number):
                 telemetry.CURRENT_TRIAL.labels(ns, name).set(number)
+            case ScalingGauges(desired, capacity):
+                telemetry.record_scaling(ns, name, desired, capacity)
             case CountFinished(verdict):
                 telemetry.TRIALS_FINISHED.labels(ns, name, verdict.value).inc()
             case MirrorStudy(space, records, attrs):

@@ -104,6 +104,14 @@ class CurrentTrialGauge:
 
 
 @dataclass(frozen=True)
+class ScalingGauges:
+    """The planner's numbers as gauges, for a user's own HPA or KEDA to scale on (None: unknown)."""
+
+    desired: int | None
+    capacity_req_s: float | None
+
+
+@dataclass(frozen=True)
 class CountFinished:
     verdict: TrialVerdict
 
@@ -132,6 +140,7 @@ Action = (
     | AdjustLive
     | Emit
     | CurrentTrialGauge
+    | ScalingGauges
     | CountFinished
     | MirrorStudy
     | Log

@@ -47,6 +47,7 @@ from chunkpilot.tuner.decide.plan import (
 )
 from chunkpilot.tuner.decide.recommendation import disaggregated_note, infeasible_note
 from chunkpilot.tuner.decide.recommendation import record as record_recommendation
+from chunkpilot.tuner.decide.scaling import plan_scaling
 from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.observe.recommendation import is_disaggregated
 from chunkpilot.tuner.observe.snapshot import Snapshot
@@ -140,6 +141,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     record_stable(plan)
     twinplan.record_twin(plan)
     record_recommendation(plan)
+    plan_scaling(plan)
     if current is not None:
         (topotrial.advance if current.spec.is_topology else phases.advance)(plan, current, settings)
         return plan

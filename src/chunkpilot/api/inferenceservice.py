@@ -1215,13 +1215,13 @@ class InferenceServiceSpec(ApiModel):
         ),
         *_TOPOLOGY_RULES,
         CelRule(
-            rule="!has(self.scaling) || self.scaling.mode == 'Off' || has(self.slo)",
+            rule="!has(self.scaling) || self.scaling.mode == 'Off' || self.autotune.enabled",
             message=(
-                "slo is required when scaling.mode is Advise or Auto: declare the itl and ttft targets the"
-                " replicas are sized for"
+                "autotune.enabled must be true when scaling.mode is Advise or Auto: the planner sizes"
+                " replicas with the service's twin, which the tuner fits from the engines' telemetry"
             ),
-            field_path=".slo",
-            check=lambda o: not o.scaling.plans or o.slo is not None,
+            field_path=".autotune.enabled",
+            check=lambda o: not o.scaling.plans or o.autotune.enabled,
         ),
         CelRule(
             rule=(

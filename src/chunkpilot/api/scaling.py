@@ -136,6 +136,7 @@ class ScalingRecommendation(StatusModel):
 
     time: datetime = Field(description="When it was made.")
     replicas: int = Field(ge=0, description="The replicas it asked for.")
+    rate_req_s: float | None = Field(default=None, ge=0, description="The live request rate then, req/s.")
 
 
 class ScalingStatus(StatusModel):

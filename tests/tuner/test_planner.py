@@ -1,0 +1,106 @@
+"""The capacity planner: the fewest replicas for the live load, stabilised as an HPA's, no flapping."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from chunkpilot.tuner.planner import (
+    DOWN_WINDOW_S,
+    Capacity,
+    capacity_of,
+    decide_replicas,
+    needed_replicas,
+    remember,
+    stabilized,
+    trend_rate,
+)
+
+from chunkpilot.api import ScalingRecommendation, ScalingSpec
+from chunkpilot.testing.services import NOW
+
+#: Two requests/s per replica, known to 10%: 1.8 req/s planned per replica.
+TWO = Capacity(2.0, 0.1)
+
+
+def spec(**fields: Any) -> ScalingSpec:
+    return ScalingSpec.model_validate({"mode": "Auto", "maxReplicas": 10, **fields})
+
+
+def ago(seconds: float, replicas: int, rate: float | None = None) -> ScalingRecommendation:
+    return ScalingRecommendation(time=NOW - timedelta(seconds=seconds), replicas=replicas, rate_req_s=rate)
+
+
+def test_the_fewest_replicas_whose_capacity_less_its_error_covers_the_rate() -> None:
+    assert needed_replicas(5.4, TWO, spec()) == 3  # 5.4 / 1.8 = 3 exactly
+    assert needed_replicas(5.5, TWO, spec()) == 4
+    assert needed_replicas(0.1, TWO, spec(minReplicas=2)) == 2
+    assert needed_replicas(100.0, TWO, spec()) == 10  # maxReplicas
+    assert needed_replicas(1.0, Capacity(0.0, 0.1), spec()) == 10  # one replica serves nothing
+
+
+def test_the_twins_error_is_bounded_and_a_missed_slo_caps_the_capacity_at_once() -> None:
+    assert capacity_of(2.0, None, None).error == 0.15  # unmeasured: the tuner's tolerance
+    assert capacity_of(2.0, 0.9, None).error == 0.5
+    corrected = capacity_of(3.0, 0.1, missed_at_req_s=2.0)
+    assert corrected.low == pytest.approx(1.9)  # the load it missed at, less 5%
+    assert "missed an SLO at 2 req/s per replica" in corrected.corrected
+    assert capacity_of(3.0, 0.1, missed_at_req_s=4.0).corrected == ""  # no lower than the twin says
+
+
+def test_a_rising_rate_is_planned_where_its_trend_will_be_once_a_replica_has_started() -> None:
+    rising = [ago(240, 2, 2.0), ago(120, 2, 3.0)]
+    assert trend_rate(rising, NOW, 4.0) == pytest.approx(4.0 + 1.0 / 120 * 120)  # +1 req/s a 2 minutes
+    falling = [ago(240, 2, 6.0), ago(120, 2, 5.0)]
+    assert trend_rate(falling, NOW, 4.0) == 4.0  # never below the live rate
+    assert trend_rate([ago(120, 2, 3.0)], NOW, 4.0) == 4.0  # too few points for a trend
+
+
+def test_up_at_once_down_no_lower_than_the_windows_highest_recommendation() -> None:
+    history = [ago(200, 6), ago(100, 4)]
+    assert stabilized(3, 7, history, NOW, spec()) == 7  # up: at once
+    assert stabilized(6, 2, history, NOW, spec()) == 6  # down: 6 asked for 200 s ago
+    assert stabilized(6, 2, [ago(DOWN_WINDOW_S + 1, 6), ago(100, 4)], NOW, spec()) == 4
+    windowed = spec(behavior={"scaleDown": {"stabilizationWindowSeconds": 60}})
+    assert stabilized(6, 2, history, NOW, windowed) == 2
+
+
+def test_policies_limit_each_step_and_disabled_forbids_a_direction() -> None:
+    pods = spec(behavior={"scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]}})
+    assert stabilized(3, 9, [], NOW, pods) == 5
+    both = spec(
+        behavior={
+            "scaleUp": {
+                "policies": [
+                    {"type": "Pods", "value": 1, "periodSeconds": 60},
+                    {"type": "Percent", "value": 100, "periodSeconds": 60},
+                ],
+                "selectPolicy": "Min",
+            }
+        }
+    )
+    assert stabilized(3, 9, [], NOW, both) == 4
+    never = spec(behavior={"scaleDown": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+                                         "selectPolicy": "Disabled"}})  # fmt: skip
+    assert stabilized(6, 2, [], NOW, never) == 6
+
+
+def test_a_load_wavering_at_a_boundary_does_not_flap() -> None:
+    scaling, current, history = spec(headroom=0.0), 3, list[ScalingRecommendation]()
+    changes = 0
+    for step in range(40):  # 20 minutes, a decision every 30 s, the rate 5.3 / 5.5 req/s in turn
+        now = NOW + timedelta(seconds=30 * step)
+        rate = 5.3 if step % 2 else 5.5
+        decision = decide_replicas(scaling, current, rate, TWO, history, now)
+        changes += decision.desired != current
+        current = decision.desired
+        history = remember(history, now, decision.needed, rate)
+    assert current == 4 and changes == 1  # up once, then held by the scale-down window
+
+
+def test_the_reason_names_the_numbers_and_a_ceiling_short_of_the_load() -> None:
+    decision = decide_replicas(spec(maxReplicas=3), 2, 9.0, TWO, [], NOW)
+    assert decision.desired == 3 and decision.needed == 3
+    assert "9.9 req/s (live 9 req/s, plus 10% headroom) at 1.8 req/s each" in decision.reason
+    assert "maxReplicas 3 is short of the load" in decision.reason

@@ -1,0 +1,109 @@
+"""The planner in the tuning loop: ``status.scaling``, its Events and gauges, in Advise and Auto."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from chunkpilot.tuner.decide.lifecycle import TunerSettings
+from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
+from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S
+from chunkpilot.tuner.decide.step import decide
+from chunkpilot.tuner.observe.snapshot import Reading
+
+from chunkpilot.testing.deployments import a_ready_state
+from chunkpilot.testing.services import NOW, a_service_body
+from chunkpilot.testing.tuner import a_measurement, a_snapshot, events, of_type
+
+SETTINGS = TunerSettings(rollout_timeout_s=120)
+#: The twin's word on the stable config: 2 req/s per replica, within 10%.
+TWIN = {"state": "Fitted", "capacityReqS": 2.0, "error": 0.1}
+
+
+def body(mode: str = "Advise", replicas: int = 2, **status: Any) -> dict[str, Any]:
+    """The chat service on ``replicas`` (ITL p99 50 ms, TTFT p95 600 ms), sized by the planner."""
+    scaling = {"mode": mode, "minReplicas": 1, "maxReplicas": 6}
+    return a_service_body(
+        replicas=replicas,
+        itl_ms=50,
+        ttft_ms=600,
+        spec={"scaling": scaling},
+        status={"twin": TWIN, **status},
+    )
+
+
+def said(plan: Plan) -> list[tuple[str, str]]:
+    """The planner's Events of the step (the tuner's own, a trial starting, left out)."""
+    return [(r, m) for r, m in events(plan) if r in ("ScalingAdvised", "ScaledUp", "ScaledDown")]
+
+
+def step(
+    service: dict[str, Any], rate: float = 8.0, itl_ms: float = 30.0, now: Any = NOW, replicas: int = 2
+) -> Plan:
+    """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``."""
+    stable = a_measurement("stable", itl_ms, 300.0, request_rate=rate, replicas=replicas, time=now)
+    snap = a_snapshot(
+        service, stable=a_ready_state(replicas), prometheus=True, stable_reading=Reading(stable), now=now
+    )
+    return decide(snap, SETTINGS)
+
+
+def test_advise_publishes_the_replicas_the_live_load_needs_and_says_it_would_scale() -> None:
+    plan = step(body())
+    scaling = plan.status["scaling"]
+    # 8 req/s plus 10% headroom over 1.8 req/s per replica (2 less its 10% error): 5 replicas.
+    assert scaling["mode"] == "Advise" and scaling["desiredReplicas"] == 5
+    assert scaling["liveRateReqS"] == 8.0 and scaling["plannedRateReqS"] == 8.8
+    assert (scaling["capacityLowReqS"], scaling["capacityPerReplicaReqS"], scaling["capacityHighReqS"]) == (
+        1.8,
+        2.0,
+        2.2,
+    )
+    assert [(r, m[:21]) for r, m in said(plan)] == [("ScalingAdvised", "would scale 2 -> 5: 5")]
+    assert of_type(plan, ScalingGauges) == [ScalingGauges(5, 1.8)]
+    assert len(scaling["recommendations"]) == 1 and scaling["lastScaleTime"] is not None
+
+
+def test_an_unchanged_decision_is_recorded_every_half_minute_and_says_nothing() -> None:
+    first = step(body())
+    recorded = {"scaling": first.status["scaling"]}
+    soon = step(body(**recorded), now=NOW + timedelta(seconds=RECORD_EVERY_S / 2))
+    assert "scaling" not in soon.status and not said(soon)
+    assert of_type(soon, ScalingGauges) == [ScalingGauges(5, 1.8)]  # the gauges stay current
+    later = step(body(**recorded), now=NOW + timedelta(seconds=RECORD_EVERY_S))
+    assert len(later.status["scaling"]["recommendations"]) == 2 and not said(later)
+
+
+def test_in_auto_a_lighter_load_scales_down_only_after_the_scale_down_window() -> None:
+    up = step(body("Auto"))
+    assert up.status["scaling"]["desiredReplicas"] == 5
+    assert [r for r, _ in said(up)] == ["ScaledUp"]
+    running = {"scaling": up.status["scaling"]}
+    # Now on 5 replicas (the operator runs the decision) at 2 req/s: 2 replicas would do.
+    light = step(body("Auto", **running), rate=2.0, now=NOW + timedelta(seconds=60), replicas=5)
+    assert light.status["scaling"]["desiredReplicas"] == 5 and not said(light)
+    assert "the highest recommendation of the scale-down window" in light.status["scaling"]["reason"]
+    held = {"scaling": light.status["scaling"]}
+    after = step(body("Auto", **held), rate=2.0, now=NOW + timedelta(seconds=400), replicas=5)
+    assert after.status["scaling"]["desiredReplicas"] == 2
+    assert [r for r, _ in said(after)] == ["ScaledDown"]
+
+
+def test_a_missed_slo_corrects_the_twins_capacity_at_once() -> None:
+    # ITL p99 70 ms against 50 at 4 req/s per replica: one replica serves at most 3.8.
+    plan = step(body(), rate=8.0, itl_ms=70.0)
+    scaling = plan.status["scaling"]
+    assert "missed an SLO at 4 req/s per replica" not in scaling["reason"]  # the twin says less: 1.8
+    twin_optimistic = body(twin={"state": "Fitted", "capacityReqS": 6.0, "error": 0.1})
+    plan = step(twin_optimistic, rate=8.0, itl_ms=70.0)
+    scaling = plan.status["scaling"]
+    assert scaling["capacityLowReqS"] == 3.8 and scaling["desiredReplicas"] == 3  # 8.8 / 3.8
+    assert "missed an SLO at 4 req/s per replica" in scaling["reason"]
+
+
+def test_without_the_twins_capacity_it_waits_and_says_why_and_off_removes_the_decision() -> None:
+    waiting = step(body(twin={"state": "Waiting", "message": "too few steps"}))
+    assert waiting.status["scaling"]["reason"] == "waiting: no capacity from the twin yet"
+    assert "desiredReplicas" not in waiting.status["scaling"] and not said(waiting)
+    off = step(body("Off", scaling={"mode": "Advise", "desiredReplicas": 5}))
+    assert off.status["scaling"] is None and of_type(off, ScalingGauges) == [ScalingGauges(None, None)]

@@ -1,0 +1,122 @@
+"""Decide the stable replicas (``spec.scaling.mode`` Advise or Auto): ``status.scaling``, Events.
+
+The tuner is the one writer of the decision. In Advise it is published and nothing acts; in Auto
+the operator runs it (:meth:`~chunkpilot.api.InferenceService.running_replicas`). The numbers are
+the planner's (:mod:`chunkpilot.tuner.planner`) on the twin's capacity of the stable configuration
+and the stable track's live load; a canary is judged at the load per replica it carries, so a change
+of replicas during a trial does not bias its verdict.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+from chunkpilot.operator.events import EventType
+from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
+from chunkpilot.tuner.planner import Capacity, capacity_of, decide_replicas, remember
+from chunkpilot.tuner.policy import check_slo
+
+from chunkpilot.api import ScalingMode, ScalingRecommendation, ScalingStatus, TwinState
+
+__all__ = ["RECORD_EVERY_S", "plan_scaling"]
+
+#: The decision is recorded in the status (and as a recommendation the windows look back over) at
+#: most this often while it does not change: a fleet's status writes stay few.
+RECORD_EVERY_S: Final = 30.0
+
+
+def _twin_capacity(plan: Plan) -> tuple[float, float | None] | None:
+    """One replica's capacity at SLO of the stable config and the twin's error (None: not known)."""
+    reading = plan.snap.twin
+    calibration = reading.calibration
+    if reading.ranked and calibration is not None and calibration.incumbent is not None:
+        return calibration.incumbent.capacity_req_s, calibration.error
+    twin = plan.snap.status.twin
+    if twin is None or twin.state is not TwinState.FITTED or twin.capacity_req_s is None:
+        return None
+    return twin.capacity_req_s, twin.error
+
+
+def plan_scaling(plan: Plan) -> None:
+    """``status.scaling`` from this step's twin and stable measurement; an Event when the decision
+    changes ("would scale 3 -> 5" in Advise)."""
+    snap = plan.snap
+    spec = snap.isvc.spec.scaling
+    if not spec.plans:
+        if snap.status.scaling is not None:
+            plan.status["scaling"] = None
+            plan.do(ScalingGauges(None, None))
+        return
+    before = snap.status.scaling or ScalingStatus()
+    current = snap.isvc.running_replicas() if spec.acts else snap.isvc.spec.replicas
+    stable = snap.stable_reading.value
+    per_replica = stable.per_replica(stable.request_rate) if stable is not None else None
+    found = _twin_capacity(plan)
+    if per_replica is None or found is None or not found[0] > 0:
+        waiting = "no live request rate yet" if per_replica is None else "no capacity from the twin yet"
+        if before.reason != f"waiting: {waiting}" or before.mode != spec.mode:
+            plan.status["scaling"] = _status(before, spec.mode, reason=f"waiting: {waiting}")
+        plan.do(ScalingGauges(before.desired_replicas, before.capacity_low_req_s))
+        return
+    serving = current + len(snap.canary_pods)  # the Service spreads requests over every engine pod
+    live = per_replica * max(serving, 1)
+    check = check_slo(stable, snap.slo) if stable is not None else None
+    missed = per_replica if check is not None and check.met is False else None
+    capacity = capacity_of(found[0], found[1], missed)
+    decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now)
+    previous = before.desired_replicas if before.desired_replicas is not None else current
+    changed = decision.desired != previous
+    plan.do(ScalingGauges(decision.desired, capacity.low))
+    last = before.recommendations[-1].time if before.recommendations else None
+    if not changed and last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S:
+        return  # the status is rewritten every RECORD_EVERY_S, or at once when the decision changes
+    plan.status["scaling"] = _status(
+        before,
+        spec.mode,
+        desired=decision.desired,
+        reason=decision.reason,
+        live=live,
+        planned=decision.planned_req_s,
+        capacity=capacity,
+        now=snap.now if changed else None,
+        history=remember(before.recommendations, snap.now, decision.needed, live),
+    )
+    if changed:
+        verb = "would scale" if spec.mode == ScalingMode.ADVISE else "scaling"
+        reason = (
+            "ScalingAdvised"
+            if spec.mode == ScalingMode.ADVISE
+            else ("ScaledUp" if decision.desired > previous else "ScaledDown")
+        )
+        plan.emit(EventType.NORMAL, reason, f"{verb} {previous} -> {decision.desired}: {decision.reason}")
+
+
+def _status(
+    before: ScalingStatus,
+    mode: ScalingMode,
+    *,
+    reason: str,
+    desired: int | None = None,
+    live: float | None = None,
+    planned: float | None = None,
+    capacity: Capacity | None = None,
+    now: datetime | None = None,
+    history: list[ScalingRecommendation] | None = None,
+) -> dict[str, Any]:
+    scaled = now is not None
+    status = before.model_copy(
+        update={
+            "mode": mode,
+            "desired_replicas": desired if desired is not None else before.desired_replicas,
+            "reason": reason[:1024],
+            "live_rate_req_s": round(live, 4) if live is not None else before.live_rate_req_s,
+            "planned_rate_req_s": round(planned, 4) if planned is not None else before.planned_rate_req_s,
+            "capacity_per_replica_req_s": round(capacity.req_s, 4) if capacity else None,
+            "capacity_low_req_s": round(capacity.low, 4) if capacity else None,
+            "capacity_high_req_s": round(capacity.high, 4) if capacity else None,
+            "last_scale_time": now if scaled else before.last_scale_time,
+            "recommendations": history if history is not None else before.recommendations,
+        }
+    )
+    return status.to_k8s()

@@ -1,0 +1,215 @@
+"""The capacity planner: how many stable replicas the live load needs, by the twin (pure).
+
+One replica serves the twin's capacity at SLO of the stable configuration (requests/s within both
+SLO quantiles). The planner asks for the fewest replicas whose capacity, less the twin's measured
+error, covers the live request rate plus ``headroom`` (and, when the rate is rising, where its
+trend will be once a new replica has started). Live evidence beats the model: when the stable track
+misses an SLO at its load per replica, that load (less a margin) caps the capacity at once.
+Recommendations are stabilised as a HorizontalPodAutoscaler's are: up at once by default, down no
+lower than the highest recommendation of the last five minutes, each step within its policies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from chunkpilot.api import ScalingRecommendation, ScalingRules, ScalingSpec
+
+__all__ = [
+    "DOWN_WINDOW_S",
+    "LOOKAHEAD_S",
+    "Capacity",
+    "Decision",
+    "capacity_of",
+    "decide_replicas",
+    "needed_replicas",
+    "remember",
+    "stabilized",
+    "trend_rate",
+]
+
+#: The stabilization windows when ``behavior`` sets none (the HorizontalPodAutoscaler's defaults).
+UP_WINDOW_S: Final = 0
+DOWN_WINDOW_S: Final = 300
+#: How far ahead a rising rate is projected: about what a new engine replica takes from scheduled
+#: to Ready with its weights cached on the node.
+LOOKAHEAD_S: Final = 120.0
+#: The recent recommendations a rate's trend is fitted over (at least :data:`MIN_TREND_POINTS`).
+TREND_WINDOW_S: Final = 600.0
+MIN_TREND_POINTS: Final = 3
+#: The twin's error taken when it has none measured yet, and the most it is trusted with.
+DEFAULT_ERROR: Final = 0.15
+MAX_ERROR: Final = 0.5
+#: After a missed SLO, one replica's capacity is at most the load it missed at, less this share.
+MISS_MARGIN: Final = 0.05
+#: Recommendations kept in the status (the longest window they serve is an hour).
+KEEP_RECOMMENDATIONS: Final = 64
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One replica's capacity at SLO (req/s), with the twin's relative error around it."""
+
+    req_s: float
+    error: float
+    #: Why live evidence lowered the twin's figure ("": it did not).
+    corrected: str = ""
+
+    @property
+    def low(self) -> float:
+        """The capacity planned with: less the error."""
+        return self.req_s * (1.0 - self.error)
+
+    @property
+    def high(self) -> float:
+        return self.req_s * (1.0 + self.error)
+
+
+def capacity_of(twin_req_s: float, twin_error: float | None, missed_at_req_s: float | None) -> Capacity:
+    """The twin's capacity with its error (:data:`DEFAULT_ERROR` unmeasured, at most
+    :data:`MAX_ERROR`), capped by ``missed_at_req_s``: the load per replica at which the stable
+    track missed an SLO just now (None: it met both)."""
+    error = DEFAULT_ERROR if twin_error is None or not math.isfinite(twin_error) else twin_error
+    error = min(max(error, 0.0), MAX_ERROR)
+    if missed_at_req_s is not None and missed_at_req_s > 0:
+        cap = missed_at_req_s * (1.0 - MISS_MARGIN)
+        if cap < twin_req_s * (1.0 - error):
+            corrected = (
+                f"the stable missed an SLO at {missed_at_req_s:.3g} req/s per replica, below the twin's "
+                f"{twin_req_s:.3g} req/s less its {error:.0%} error: planning with {cap:.3g}"
+            )
+            return Capacity(cap / (1.0 - error), error, corrected)
+    return Capacity(twin_req_s, error)
+
+
+def trend_rate(history: Sequence[ScalingRecommendation], now: datetime, live_req_s: float) -> float:
+    """The live rate, or where its rising trend over :data:`TREND_WINDOW_S` will be
+    :data:`LOOKAHEAD_S` from now (least squares over the recorded rates); never below the live rate."""
+    since = now - timedelta(seconds=TREND_WINDOW_S)
+    points = [(r.time, r.rate_req_s) for r in history if r.time >= since and r.rate_req_s is not None]
+    points.append((now, live_req_s))
+    if len(points) < MIN_TREND_POINTS:
+        return live_req_s
+    xs = [(t - now).total_seconds() for t, _ in points]
+    ys = [float(rate) for _, rate in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread <= 0:
+        return live_req_s
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    return max(live_req_s, live_req_s + slope * LOOKAHEAD_S)
+
+
+def needed_replicas(rate_req_s: float, capacity: Capacity, spec: ScalingSpec) -> int:
+    """The fewest replicas (within ``minReplicas`` and ``maxReplicas``) whose capacity less the
+    error covers ``rate_req_s``; ``maxReplicas`` when one replica serves nothing."""
+    most = spec.max_replicas or spec.min_replicas
+    if capacity.low <= 0:
+        return most
+    return max(spec.min_replicas, min(most, math.ceil(rate_req_s / capacity.low - 1e-9)))
+
+
+def _window(rules: ScalingRules | None, default: int) -> int:
+    if rules is None or rules.stabilization_window_seconds is None:
+        return default
+    return rules.stabilization_window_seconds
+
+
+def _step_limit(rules: ScalingRules | None, current: int) -> int | None:
+    """How far one decision may move from ``current`` (None: unlimited; 0: never this way)."""
+    if rules is None or not rules.policies:
+        return None
+    if rules.select_policy == "Disabled":
+        return 0
+    limits = [
+        p.value if p.type == "Pods" else max(1, math.ceil(current * p.value / 100.0)) for p in rules.policies
+    ]
+    return max(limits) if rules.select_policy == "Max" else min(limits)
+
+
+def stabilized(
+    current: int,
+    recommended: int,
+    history: Sequence[ScalingRecommendation],
+    now: datetime,
+    spec: ScalingSpec,
+) -> int:
+    """``recommended`` as the HorizontalPodAutoscaler would act on it from ``current`` replicas.
+
+    Up: no higher than the lowest recommendation of the scale-up window (none by default: at once);
+    down: no lower than the highest of the scale-down window (five minutes by default, so a dip
+    does not shed replicas a returning load needs); each step within its direction's policies.
+    """
+    behavior = spec.behavior
+    up_rules, down_rules = (behavior.scale_up, behavior.scale_down) if behavior else (None, None)
+
+    def within(seconds: int) -> list[int]:
+        since = now - timedelta(seconds=seconds)
+        return [r.replicas for r in history if r.time > since] + [recommended]
+
+    if recommended > current:
+        target = max(current, min(within(_window(up_rules, UP_WINDOW_S))))
+        limit = _step_limit(up_rules, current)
+        return target if limit is None else min(target, current + limit)
+    if recommended < current:
+        target = min(current, max(within(_window(down_rules, DOWN_WINDOW_S))))
+        limit = _step_limit(down_rules, current)
+        return target if limit is None else max(target, current - limit)
+    return current
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the planner asks for and why."""
+
+    desired: int
+    needed: int
+    planned_req_s: float
+    capacity: Capacity
+    reason: str
+
+
+def decide_replicas(
+    spec: ScalingSpec,
+    current: int,
+    live_req_s: float,
+    capacity: Capacity,
+    history: Sequence[ScalingRecommendation],
+    now: datetime,
+) -> Decision:
+    """The replicas to run from ``current`` at the live rate over the service, with the reason."""
+    rate = trend_rate(history, now, live_req_s)
+    planned = rate * (1.0 + spec.headroom)
+    needed = needed_replicas(planned, capacity, spec)
+    held = stabilized(current, needed, history, now, spec)
+    desired = max(spec.min_replicas, min(spec.max_replicas or needed, held))
+    ahead = f", its trend {rate:.3g} req/s in {LOOKAHEAD_S:.0f} s" if rate > live_req_s else ""
+    reason = (
+        f"{needed} replica(s) serve {planned:.3g} req/s (live {live_req_s:.3g} req/s{ahead}, plus "
+        f"{spec.headroom:.0%} headroom) at {capacity.low:.3g} req/s each (the twin's "
+        f"{capacity.req_s:.3g} less its {capacity.error:.0%} error)"
+    )
+    if capacity.corrected:
+        reason += f"; {capacity.corrected}"
+    if desired > needed:
+        reason += f"; {desired} kept: the highest recommendation of the scale-down window, or its step limit"
+    elif desired < needed:
+        reason += f"; {desired} for now: the scale-up window or its step limit"
+    if needed == spec.max_replicas and planned > capacity.low * needed:
+        reason += f"; maxReplicas {spec.max_replicas} is short of the load"
+    return Decision(desired, needed, planned, capacity, reason)
+
+
+def remember(
+    history: Sequence[ScalingRecommendation], now: datetime, replicas: int, rate_req_s: float
+) -> list[ScalingRecommendation]:
+    """``history`` with this recommendation, the oldest beyond :data:`KEEP_RECOMMENDATIONS` or an
+    hour dropped."""
+    since = now - timedelta(hours=1)
+    kept = [r for r in history if r.time > since]
+    kept.append(ScalingRecommendation(time=now, replicas=replicas, rate_req_s=round(rate_req_s, 4)))
+    return kept[-KEEP_RECOMMENDATIONS:]
