@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -9,7 +12,10 @@ from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
 from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S
 from chunkpilot.tuner.decide.step import decide
-from chunkpilot.tuner.observe.snapshot import Reading
+from chunkpilot.tuner.observe.snapshot import Reading, TwinReading
+from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.twin import Twin, TwinFit
+from chunkpilot.tuner.twin.online import Calibration
 
 from chunkpilot.testing.deployments import a_ready_state
 from chunkpilot.testing.services import NOW, a_service_body
@@ -38,12 +44,22 @@ def said(plan: Plan) -> list[tuple[str, str]]:
 
 
 def step(
-    service: dict[str, Any], rate: float = 8.0, itl_ms: float = 30.0, now: Any = NOW, replicas: int = 2
+    service: dict[str, Any],
+    rate: float = 8.0,
+    itl_ms: float = 30.0,
+    now: Any = NOW,
+    replicas: int = 2,
+    twin: TwinReading | None = None,
 ) -> Plan:
     """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``."""
     stable = a_measurement("stable", itl_ms, 300.0, request_rate=rate, replicas=replicas, time=now)
     snap = a_snapshot(
-        service, stable=a_ready_state(replicas), prometheus=True, stable_reading=Reading(stable), now=now
+        service,
+        stable=a_ready_state(replicas),
+        prometheus=True,
+        stable_reading=Reading(stable),
+        now=now,
+        twin=twin or TwinReading(),
     )
     return decide(snap, SETTINGS)
 
@@ -62,6 +78,20 @@ def test_advise_publishes_the_replicas_the_live_load_needs_and_says_it_would_sca
     assert [(r, m[:21]) for r, m in said(plan)] == [("ScalingAdvised", "would scale 2 -> 5: 5")]
     assert of_type(plan, ScalingGauges) == [ScalingGauges(5, 1.8)]
     assert len(scaling["recommendations"]) == 1 and scaling["lastScaleTime"] is not None
+
+
+def test_the_event_and_status_carry_the_twins_quantiles_at_both_counts() -> None:
+    forecast = {2: (71.0, 900.0), 5: (38.0, 420.0)}
+    plan = step(body(), twin=TwinReading(forecast=forecast))
+    assert said(plan) == [
+        (
+            "ScalingAdvised",
+            "would scale 2 -> 5: predicted ITL p99 71 ms and TTFT p95 900 ms at 2 replicas, 38 ms and 420 ms"
+            " at 5 (targets 50 and 600 ms)",
+        )
+    ]
+    scaling = plan.status["scaling"]
+    assert (scaling["predictedItlMs"], scaling["predictedTtftMs"]) == (38.0, 420.0)
 
 
 def test_an_unchanged_decision_is_recorded_every_half_minute_and_says_nothing() -> None:
@@ -107,3 +137,20 @@ def test_without_the_twins_capacity_it_waits_and_says_why_and_off_removes_the_de
     assert "desiredReplicas" not in waiting.status["scaling"] and not said(waiting)
     off = step(body("Off", scaling={"mode": "Advise", "desiredReplicas": 5}))
     assert off.status["scaling"] is None and of_type(off, ScalingGauges) == [ScalingGauges(None, None)]
+
+
+def test_observing_forecasts_the_quantiles_at_the_counts_the_planner_may_name(
+    sim_twin: Callable[[int], tuple[TwinFit, Twin]],
+) -> None:
+    fit, twin = sim_twin(128)
+    calibration = Calibration("k", fit, twin, (20.0, 300.0), 0.05)
+    stable = a_measurement("stable", 30.0, 300.0, request_rate=8.0, replicas=2)
+    snap = a_snapshot(body(), stable=a_ready_state(2), prometheus=True, stable_reading=Reading(stable))
+    observer = TwinObserver(None, inline=True)
+    forecast = asyncio.run(observer._forecast(snap, TwinReading(calibration=calibration)))
+    assert set(forecast) == {2, 5}  # running, and what the twin's capacity needs for 8 req/s
+    (itl_2, ttft_2), (itl_5, ttft_5) = forecast[2], forecast[5]
+    assert 0 < itl_5 <= itl_2 and 0 < ttft_5 <= ttft_2  # 1.6 req/s per replica against 4
+    # Within half a minute on the same fit, the forecast stands.
+    later = replace(snap, now=NOW + timedelta(seconds=10))
+    assert asyncio.run(observer._forecast(later, TwinReading(calibration=calibration))) is forecast

@@ -121,6 +121,10 @@ class TwinReading:
     #: The active topology trial's layout predicted on its pools' own steps, once its window is final
     #: (its ``key`` names the trial); None: not (yet) computed.
     pools: PoolCheck | None = None
+    #: The twin's ITL and TTFT quantiles (ms) of the stable config at the live rate split over N
+    #: replicas, by N (the planner's decision and the replicas running; computed at most every
+    #: half minute).
+    forecast: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,15 @@ class Snapshot:
     @property
     def slo(self) -> SLOTargets:
         return rec.slo_targets(self.isvc) if self.isvc.spec.slo is not None else SLOTargets(1.0, 1.0)
+
+    def service_rate(self) -> float | None:
+        """The live request rate over the whole service (req/s): the stable's per replica times every
+        engine pod the Service spreads requests over (None: not measured)."""
+        stable = self.stable_reading.value
+        per_replica = stable.per_replica(stable.request_rate) if stable is not None else None
+        if per_replica is None:
+            return None
+        return per_replica * max(self.isvc.running_replicas() + len(self.canary_pods), 1)
 
     def active(self) -> list[TuningTrial]:
         """The active trials, oldest first (at most one, but a crash may have left more)."""

@@ -29,11 +29,11 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from chunkpilot.engine.sim.offline import SLO
@@ -43,6 +43,7 @@ from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, TrackMea
 from chunkpilot.tuner.observe.recommendation import kv_transfer, recommend_due, request
 from chunkpilot.tuner.observe.snapshot import CanaryWindow, Snapshot, TwinReading, window_plan, window_text
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
+from chunkpilot.tuner.planner import capacity_of, needed_replicas
 from chunkpilot.tuner.space import SpaceError, TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
 from chunkpilot.tuner.topology.layouts import Layout, Pool
@@ -79,6 +80,9 @@ RERANK_AFTER_S: Final = 900.0
 
 #: Measured canary windows (newest first, of the latest trial's round) whose steps refit the twin.
 REFIT_WINDOWS: Final = 4
+
+#: How often the planner's forecast (the quantiles at a replica count) is simulated again on one fit.
+FORECAST_EVERY: Final = timedelta(seconds=30)
 
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
@@ -161,13 +165,15 @@ class TwinObserver:
         self._fits: dict[tuple[str, str], online.Calibration] = {}
         self._canary_steps: dict[str, dict[str, StepTotals]] = {}
         self._pool_checks: dict[tuple[str, str], PoolCheck] = {}
+        self._forecasts: dict[tuple[str, str], tuple[str, datetime, dict[int, tuple[float, float]]]] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
         active topology trial's pools checked once its window is final."""
         reading = await self._observe(snap, final)
         pools = await self._pools(snap)
-        return replace(reading, pools=pools) if pools is not None else reading
+        forecast = await self._forecast(snap, reading)
+        return replace(reading, pools=pools or reading.pools, forecast=forecast)
 
     async def _observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
@@ -246,6 +252,42 @@ class TwinObserver:
             canary_check, stable_check = await self._check(snap, calibration, final)
             reading = replace(reading, check=canary_check, stable_check=stable_check)
         return reading
+
+    async def _forecast(self, snap: Snapshot, reading: TwinReading) -> Mapping[int, tuple[float, float]]:
+        """The stable config's ITL and TTFT quantiles at the live rate over the replicas the planner
+        may name (those running, its last decision, what the twin's capacity needs now); redone at
+        most every :data:`~chunkpilot.tuner.decide.scaling.RECORD_EVERY_S` or on a new fit."""
+        scaling = snap.isvc.spec.scaling
+        calibration = reading.calibration or self._fits.get((snap.namespace, snap.name))
+        rate = snap.service_rate()
+        twin = snap.status.twin
+        if not scaling.plans or calibration is None or rate is None or not rate > 0:
+            return {}
+        service = (snap.namespace, snap.name)
+        cached = self._forecasts.get(service)
+        if cached is not None and cached[0] == calibration.key and snap.now - cached[1] < FORECAST_EVERY:
+            return cached[2]
+        counts = {snap.isvc.running_replicas()}
+        if snap.status.scaling is not None and snap.status.scaling.desired_replicas:
+            counts.add(snap.status.scaling.desired_replicas)
+        if twin is not None and twin.capacity_req_s:
+            capacity = capacity_of(twin.capacity_req_s, twin.error, None)
+            counts.add(needed_replicas(rate * (1 + scaling.headroom), capacity, scaling))
+        config = rec.tuned_config(snap.incumbent)
+        max_model_len = rec.service_facts(snap.isvc).max_model_len
+        forecast: dict[int, tuple[float, float]] = {}
+        for count in sorted(c for c in counts if c > 0):
+            forecast[count] = await self._compute(
+                online.predict_ms,
+                calibration.twin,
+                config,
+                rate / count,
+                sim_slo(snap),
+                max_model_len,
+                calibration.offset_ms,
+            )
+        self._forecasts[service] = (calibration.key, snap.now, forecast)
+        return forecast
 
     async def _pools(self, snap: Snapshot) -> PoolCheck | None:
         """The active topology trial's layout predicted on its pools' own steps over its final window
