@@ -401,42 +401,26 @@ def test_in_auto_the_planners_decision_runs_and_a_reapplied_spec_replicas_does_n
     manifest = small_service("planned", replicas=1, slo=slo, autotune={"enabled": True}, scaling=scaling)
     apply(cluster, manifest)
     wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 1)
-    # The tuner's decision (status.scaling, written through the status subresource as the tuner does).
-    decision = {"status": {"scaling": {"mode": "Auto", "desiredReplicas": 3, "reason": "test"}}}
-    cluster.kubectl(
-        "patch",
-        "cpis",
-        "planned",
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(decision),
-    )
+
+    def decide(replicas: int) -> None:
+        """The tuner's decision: status.scaling, written through the status subresource as it does."""
+        decision = {"status": {"scaling": {"mode": "Auto", "desiredReplicas": replicas, "reason": "test"}}}
+        patch = ("--subresource=status", "--type=merge", "-p", json.dumps(decision))
+        cluster.kubectl("patch", "cpis", "planned", "-n", NS, *patch)
+
+    decide(3)
     wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 3, what="the decision run")
-    # A GitOps tool re-applies the manifest with its own spec.replicas: the decision still runs.
-    apply(cluster, {**manifest, "metadata": {**manifest["metadata"], "labels": {"synced": "again"}}})
+    # A GitOps tool re-applies the manifest with a spec.replicas of its own: the decision still runs.
+    apply(cluster, small_service("planned", replicas=2, slo=slo, autotune={"enabled": True}, scaling=scaling))
     time.sleep(2)
     assert get(cluster, "deployments", "planned-stable")["spec"]["replicas"] == 3  # type: ignore[index]
     # A decision beyond maxReplicas runs at maxReplicas; back to Off, spec.replicas runs again.
-    decision["status"]["scaling"]["desiredReplicas"] = 9
-    cluster.kubectl(
-        "patch",
-        "cpis",
-        "planned",
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(decision),
-    )
+    decide(9)
     wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 4, what="maxReplicas")
     cluster.kubectl(
         "patch", "cpis", "planned", "-n", NS, "--type=merge", "-p", '{"spec":{"scaling":{"mode":"Off"}}}'
     )
-    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 1, what="spec.replicas")
+    wait_deployment(cluster, "planned-stable", lambda d: d["spec"]["replicas"] == 2, what="spec.replicas")
     cluster.kubectl("delete", "cpis", "planned", "-n", NS)
 
 

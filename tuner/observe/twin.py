@@ -276,16 +276,20 @@ class TwinObserver:
         config = rec.tuned_config(snap.incumbent)
         max_model_len = rec.service_facts(snap.isvc).max_model_len
         forecast: dict[int, tuple[float, float]] = {}
-        for count in sorted(c for c in counts if c > 0):
-            forecast[count] = await self._compute(
-                online.predict_ms,
-                calibration.twin,
-                config,
-                rate / count,
-                sim_slo(snap),
-                max_model_len,
-                calibration.offset_ms,
-            )
+        try:
+            for count in sorted(c for c in counts if c > 0):
+                forecast[count] = await self._compute(
+                    online.predict_ms,
+                    calibration.twin,
+                    config,
+                    rate / count,
+                    sim_slo(snap),
+                    max_model_len,
+                    calibration.offset_ms,
+                )
+        except (TwinFitError, ValueError) as error:  # the planner goes on without the quantiles
+            log.warning("forecast of %s/%s not simulated: %s", snap.namespace, snap.name, error)
+            return {}
         self._forecasts[service] = (calibration.key, snap.now, forecast)
         return forecast
 
