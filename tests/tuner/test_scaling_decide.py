@@ -151,6 +151,10 @@ def test_observing_forecasts_the_quantiles_at_the_counts_the_planner_may_name(
     assert set(forecast) == {2, 5}  # running, and what the twin's capacity needs for 8 req/s
     (itl_2, ttft_2), (itl_5, ttft_5) = forecast[2], forecast[5]
     assert 0 < itl_5 <= itl_2 and 0 < ttft_5 <= ttft_2  # 1.6 req/s per replica against 4
-    # Within half a minute on the same fit, the forecast stands.
+    # On the same fit the forecast stands; a count it lacks is added, the rest kept.
     later = replace(snap, now=NOW + timedelta(seconds=10))
     assert asyncio.run(observer._forecast(later, TwinReading(calibration=calibration))) is forecast
+    decided = body(scaling={"mode": "Advise", "desiredReplicas": 3})
+    asked = replace(later, isvc=a_snapshot(decided).isvc, status=a_snapshot(decided).status)
+    more = asyncio.run(observer._forecast(asked, TwinReading(calibration=calibration)))
+    assert set(more) == {2, 3, 5} and more[2] == forecast[2] and more[5] == forecast[5]

@@ -81,8 +81,9 @@ RERANK_AFTER_S: Final = 900.0
 #: Measured canary windows (newest first, of the latest trial's round) whose steps refit the twin.
 REFIT_WINDOWS: Final = 4
 
-#: How often the planner's forecast (the quantiles at a replica count) is simulated again on one fit.
-FORECAST_EVERY: Final = timedelta(seconds=30)
+#: How long the planner's forecast (the quantiles at a replica count, at the live rate) stands on one
+#: fit before it is simulated again; a count it lacks is simulated at once.
+FORECAST_EVERY: Final = timedelta(minutes=5)
 
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
@@ -255,29 +256,32 @@ class TwinObserver:
 
     async def _forecast(self, snap: Snapshot, reading: TwinReading) -> Mapping[int, tuple[float, float]]:
         """The stable config's ITL and TTFT quantiles at the live rate over the replicas the planner
-        may name (those running, its last decision, what the twin's capacity needs now); redone at
-        most every :data:`~chunkpilot.tuner.decide.scaling.RECORD_EVERY_S` or on a new fit."""
+        may name (those running, its last decision, what the twin's capacity needs now): a count
+        not yet simulated at once, all of them again after :data:`FORECAST_EVERY` or on a new fit."""
         scaling = snap.isvc.spec.scaling
         calibration = reading.calibration or self._fits.get((snap.namespace, snap.name))
         rate = snap.service_rate()
         twin = snap.status.twin
         if not scaling.plans or calibration is None or rate is None or not rate > 0:
             return {}
-        service = (snap.namespace, snap.name)
-        cached = self._forecasts.get(service)
-        if cached is not None and cached[0] == calibration.key and snap.now - cached[1] < FORECAST_EVERY:
-            return cached[2]
         counts = {snap.isvc.running_replicas()}
         if snap.status.scaling is not None and snap.status.scaling.desired_replicas:
             counts.add(snap.status.scaling.desired_replicas)
         if twin is not None and twin.capacity_req_s:
             capacity = capacity_of(twin.capacity_req_s, twin.error, None)
             counts.add(needed_replicas(rate * (1 + scaling.headroom), capacity, scaling))
+        service = (snap.namespace, snap.name)
+        cached = self._forecasts.get(service)
+        forecast: dict[int, tuple[float, float]] = {}
+        fresh = cached is not None and cached[0] == calibration.key and snap.now - cached[1] < FORECAST_EVERY
+        if cached is not None and fresh:
+            if counts <= cached[2].keys():
+                return cached[2]
+            forecast = dict(cached[2])  # only the counts it lacks are simulated
         config = rec.tuned_config(snap.incumbent)
         max_model_len = rec.service_facts(snap.isvc).max_model_len
-        forecast: dict[int, tuple[float, float]] = {}
         try:
-            for count in sorted(c for c in counts if c > 0):
+            for count in sorted(c for c in counts if c > 0 and c not in forecast):
                 forecast[count] = await self._compute(
                     online.predict_ms,
                     calibration.twin,
@@ -290,7 +294,8 @@ class TwinObserver:
         except (TwinFitError, ValueError) as error:  # the planner goes on without the quantiles
             log.warning("forecast of %s/%s not simulated: %s", snap.namespace, snap.name, error)
             return {}
-        self._forecasts[service] = (calibration.key, snap.now, forecast)
+        since = cached[1] if cached is not None and fresh else snap.now
+        self._forecasts[service] = (calibration.key, since, forecast)
         return forecast
 
     async def _pools(self, snap: Snapshot) -> PoolCheck | None:
