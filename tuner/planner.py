@@ -12,10 +12,10 @@ lower than the highest recommendation of the last five minutes, each step within
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from chunkpilot.api import ScalingRecommendation, ScalingRules, ScalingSpec
 
@@ -29,14 +29,15 @@ __all__ = [
     "needed_replicas",
     "remember",
     "stabilized",
+    "startup_seconds",
     "trend_rate",
 ]
 
 #: The stabilization windows when ``behavior`` sets none (the HorizontalPodAutoscaler's defaults).
 UP_WINDOW_S: Final = 0
 DOWN_WINDOW_S: Final = 300
-#: How far ahead a rising rate is projected: about what a new engine replica takes from scheduled
-#: to Ready with its weights cached on the node.
+#: How far ahead a rising rate is projected until the service's own engine pods have shown how long
+#: one takes from scheduled to Ready (:func:`startup_seconds`): about that with its weights cached.
 LOOKAHEAD_S: Final = 120.0
 #: The recent recommendations a rate's trend is fitted over (at least :data:`MIN_TREND_POINTS`).
 TREND_WINDOW_S: Final = 600.0
@@ -86,9 +87,30 @@ def capacity_of(twin_req_s: float, twin_error: float | None, missed_at_req_s: fl
     return Capacity(twin_req_s, error)
 
 
-def trend_rate(history: Sequence[ScalingRecommendation], now: datetime, live_req_s: float) -> float:
-    """The live rate, or where its rising trend over :data:`TREND_WINDOW_S` will be
-    :data:`LOOKAHEAD_S` from now (least squares over the recorded rates); never below the live rate."""
+def startup_seconds(pods: Iterable[Mapping[str, Any]]) -> float | None:
+    """The longest time from scheduled to Ready of ``pods`` (engine pods of the service that became
+    Ready; None: none did): what a new replica takes before it serves."""
+    found: list[float] = []
+    for pod in pods:
+        conditions = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+        scheduled, ready = conditions.get("PodScheduled"), conditions.get("Ready")
+        if not scheduled or not ready or ready.get("status") != "True":
+            continue
+        try:
+            start = datetime.fromisoformat(str(scheduled["lastTransitionTime"]).replace("Z", "+00:00"))
+            end = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            continue
+        if end >= start:
+            found.append((end - start).total_seconds())
+    return max(found) if found else None
+
+
+def trend_rate(
+    history: Sequence[ScalingRecommendation], now: datetime, live_req_s: float, ahead_s: float = LOOKAHEAD_S
+) -> float:
+    """The live rate, or where its rising trend over :data:`TREND_WINDOW_S` will be ``ahead_s`` from
+    now (least squares over the recorded rates); never below the live rate."""
     since = now - timedelta(seconds=TREND_WINDOW_S)
     points = [(r.time, r.rate_req_s) for r in history if r.time >= since and r.rate_req_s is not None]
     points.append((now, live_req_s))
@@ -101,7 +123,7 @@ def trend_rate(history: Sequence[ScalingRecommendation], now: datetime, live_req
     if spread <= 0:
         return live_req_s
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    return max(live_req_s, live_req_s + slope * LOOKAHEAD_S)
+    return max(live_req_s, live_req_s + slope * ahead_s)
 
 
 def needed_replicas(rate_req_s: float, capacity: Capacity, spec: ScalingSpec) -> int:
@@ -180,16 +202,20 @@ def decide_replicas(
     capacity: Capacity,
     history: Sequence[ScalingRecommendation],
     now: datetime,
+    startup_s: float | None = None,
 ) -> Decision:
-    """The replicas to run from ``current`` at the live rate over the service, with the reason."""
-    rate = trend_rate(history, now, live_req_s)
+    """The replicas to run from ``current`` at the live rate over the service, with the reason;
+    a rising rate is planned where it will be once a new replica has started (``startup_s``, the
+    service's own pods' time from scheduled to Ready; :data:`LOOKAHEAD_S` unmeasured)."""
+    ahead = LOOKAHEAD_S if startup_s is None else startup_s
+    rate = trend_rate(history, now, live_req_s, ahead)
     planned = rate * (1.0 + spec.headroom)
     needed = needed_replicas(planned, capacity, spec)
     held = stabilized(current, needed, history, now, spec)
     desired = max(spec.min_replicas, min(spec.max_replicas or needed, held))
-    ahead = f", its trend {rate:.3g} req/s in {LOOKAHEAD_S:.0f} s" if rate > live_req_s else ""
+    trend = f", its trend {rate:.3g} req/s in {ahead:.0f} s" if rate > live_req_s else ""
     reason = (
-        f"{needed} replica(s) serve {planned:.3g} req/s (live {live_req_s:.3g} req/s{ahead}, plus "
+        f"{needed} replica(s) serve {planned:.3g} req/s (live {live_req_s:.3g} req/s{trend}, plus "
         f"{spec.headroom:.0%} headroom) at {capacity.low:.3g} req/s each (the twin's "
         f"{capacity.req_s:.3g} less its {capacity.error:.0%} error)"
     )

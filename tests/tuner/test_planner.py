@@ -14,6 +14,7 @@ from chunkpilot.tuner.planner import (
     needed_replicas,
     remember,
     stabilized,
+    startup_seconds,
     trend_rate,
 )
 
@@ -104,3 +105,26 @@ def test_the_reason_names_the_numbers_and_a_ceiling_short_of_the_load() -> None:
     assert decision.desired == 3 and decision.needed == 3
     assert "9.9 req/s (live 9 req/s, plus 10% headroom) at 1.8 req/s each" in decision.reason
     assert "maxReplicas 3 is short of the load" in decision.reason
+
+
+def pod(scheduled: str, ready: str | None, status: str = "True") -> dict[str, Any]:
+    conditions = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}]
+    if ready is not None:
+        conditions.append({"type": "Ready", "status": status, "lastTransitionTime": ready})
+    return {"status": {"conditions": conditions}}
+
+
+def test_start_up_is_measured_on_the_services_own_pods_and_sets_the_look_ahead() -> None:
+    pods = [
+        pod("2026-12-05T10:00:00Z", "2026-12-05T10:01:30Z"),
+        pod("2026-12-05T10:00:00Z", "2026-12-05T10:03:00Z"),
+        pod("2026-12-05T10:00:00Z", None),  # not Ready yet
+        pod("2026-12-05T10:00:00Z", "2026-12-05T10:09:00Z", status="False"),  # Ready, then lost
+    ]
+    assert startup_seconds(pods) == 180.0
+    assert startup_seconds([pod("2026-12-05T10:00:00Z", None)]) is None
+    rising = [ago(240, 2, 2.0), ago(120, 2, 3.0)]  # +1 req/s every 2 minutes
+    quick = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=60.0)
+    slow = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=600.0)
+    assert quick.planned_req_s == pytest.approx(4.5) and slow.planned_req_s == pytest.approx(9.0)
+    assert "its trend 9 req/s in 600 s" in slow.reason

@@ -50,6 +50,7 @@ def step(
     now: Any = NOW,
     replicas: int = 2,
     twin: TwinReading | None = None,
+    canary_pods: tuple[dict[str, Any], ...] = (),
 ) -> Plan:
     """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``."""
     stable = a_measurement("stable", itl_ms, 300.0, request_rate=rate, replicas=replicas, time=now)
@@ -60,6 +61,7 @@ def step(
         stable_reading=Reading(stable),
         now=now,
         twin=twin or TwinReading(),
+        canary_pods=canary_pods,
     )
     return decide(snap, SETTINGS)
 
@@ -92,6 +94,20 @@ def test_the_event_and_status_carry_the_twins_quantiles_at_both_counts() -> None
     ]
     scaling = plan.status["scaling"]
     assert (scaling["predictedItlMs"], scaling["predictedTtftMs"]) == (38.0, 420.0)
+
+
+def test_a_canary_pods_start_up_is_recorded_and_counts_its_share_of_the_traffic() -> None:
+    started = {
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-05T10:00:00Z"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-05T10:02:30Z"},
+            ]
+        }
+    }
+    scaling = step(body(), canary_pods=(started,)).status["scaling"]
+    assert scaling["startupSeconds"] == 150.0
+    assert scaling["liveRateReqS"] == 12.0  # 4 req/s per stable replica over the two and the canary
 
 
 def test_an_unchanged_decision_is_recorded_every_half_minute_and_says_nothing() -> None:

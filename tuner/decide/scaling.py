@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
-from chunkpilot.tuner.planner import Capacity, capacity_of, decide_replicas, remember
+from chunkpilot.tuner.planner import Capacity, capacity_of, decide_replicas, remember, startup_seconds
 from chunkpilot.tuner.policy import SLOTargets, check_slo
 
 from chunkpilot.api import ScalingMode, ScalingRecommendation, ScalingStatus, TwinState
@@ -64,12 +64,15 @@ def plan_scaling(plan: Plan) -> None:
     check = check_slo(stable, snap.slo) if stable is not None else None
     missed = per_replica if check is not None and check.met is False else None
     capacity = capacity_of(found[0], found[1], missed)
-    decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now)
+    seen = startup_seconds(snap.canary_pods)  # the engine pods the tuner reads: a canary's
+    startup = seen if seen is not None else before.startup_seconds
+    decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
     previous = before.desired_replicas if before.desired_replicas is not None else current
     changed = decision.desired != previous
     plan.do(ScalingGauges(decision.desired, capacity.low))
     last = before.recommendations[-1].time if before.recommendations else None
-    if not changed and last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S:
+    quiet = not changed and startup == before.startup_seconds
+    if quiet and last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S:
         return  # the status is rewritten every RECORD_EVERY_S, or at once when the decision changes
     plan.status["scaling"] = _status(
         before,
@@ -80,6 +83,7 @@ def plan_scaling(plan: Plan) -> None:
         planned=decision.planned_req_s,
         capacity=capacity,
         predicted=snap.twin.forecast.get(decision.desired),
+        startup=startup,
         now=snap.now if changed else None,
         history=remember(before.recommendations, snap.now, decision.needed, live),
     )
@@ -118,6 +122,7 @@ def _status(
     planned: float | None = None,
     capacity: Capacity | None = None,
     predicted: tuple[float, float] | None = None,
+    startup: float | None = None,
     now: datetime | None = None,
     history: list[ScalingRecommendation] | None = None,
 ) -> dict[str, Any]:
@@ -133,6 +138,7 @@ def _status(
             "capacity_low_req_s": round(capacity.low, 4) if capacity else None,
             "capacity_high_req_s": round(capacity.high, 4) if capacity else None,
             "last_scale_time": now if scaled else before.last_scale_time,
+            "startup_seconds": round(startup, 1) if startup is not None else before.startup_seconds,
             "predicted_itl_ms": round(predicted[0], 1) if predicted else None,
             "predicted_ttft_ms": round(predicted[1], 1) if predicted else None,
             "recommendations": history if history is not None else before.recommendations,

@@ -170,6 +170,14 @@ class ScalingStatus(StatusModel):
     predicted_ttft_ms: float | None = Field(
         default=None, ge=0, description="The twin's TTFT quantile at the desired replicas."
     )
+    startup_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Scheduled to Ready of the service's engine pods, the longest of the newest seen (how far"
+            " ahead a rising rate is planned)."
+        ),
+    )
     last_scale_time: datetime | None = Field(default=None, description="When the decision last changed.")
     recommendations: list[ScalingRecommendation] = Field(
         default_factory=list, max_length=64, description="Recent recommendations, newest last."
