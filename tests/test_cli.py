@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from chunkpilot import kubectl_plugin as plugin
 from chunkpilot.cli import COMMANDS, Command, build_parser, dispatched_command
 from chunkpilot.pipes import EXIT_BROKEN_PIPE
 from chunkpilot.testing.processes import captured, run_cli
@@ -272,3 +273,13 @@ def test_kubectl_status_renders_without_the_client_or_the_models() -> None:
     modules = shown.stderr
     assert "'kubernetes'" not in modules
     assert "'chunkpilot.api.inferenceservice'" not in modules and "'chunkpilot.api.common'" not in modules
+
+
+def test_the_plugin_says_where_the_twins_telemetry_comes_from(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(plugin.PROMETHEUS_ENV, raising=False)
+    assert plugin.main(["whatif", "chat", "--rate", "3"]) == 1
+    assert "give --prometheus-url" in capsys.readouterr().out
+    assert plugin.main(["whatif", "chat", "--rate", "3", "--set", "budget", "--prometheus-url", "x"]) == 1
+    assert "expected KNOB=VALUE" in capsys.readouterr().out

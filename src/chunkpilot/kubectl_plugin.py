@@ -1,4 +1,4 @@
-"""``kubectl chunkpilot``: trials, status, pause and resume for InferenceServices.
+"""``kubectl chunkpilot``: trials, status, pause, resume and what-if for InferenceServices.
 
 Installed as the ``kubectl-chunkpilot`` console script, so kubectl finds it on PATH
 as a plugin. It honours ``$KUBECONFIG`` like kubectl does.
@@ -162,6 +162,45 @@ def _set_paused(args: argparse.Namespace, console: Console, paused: bool) -> int
     return 0
 
 
+def cmd_whatif(args: argparse.Namespace, console: Console) -> int:
+    """The service's twin, fitted on its telemetry, at ``--rate`` over ``--replicas`` with ``--set``."""
+    import os
+    from datetime import UTC, datetime
+
+    url = args.prometheus_url or os.environ.get(PROMETHEUS_ENV)
+    if not url:
+        raise PluginError(
+            "whatif fits the service's twin on its telemetry: give --prometheus-url (the Prometheus the"
+            f" operator reads) or set {PROMETHEUS_ENV}"
+        )
+    settings: dict[str, str] = {}
+    for item in args.set or []:
+        knob, sep, value = item.partition("=")
+        if not sep or not knob:
+            raise PluginError(f"--set {item!r}: expected KNOB=VALUE, e.g. maxNumBatchedTokens=4096")
+        settings[knob.strip()] = value.strip()
+    body = _get_service(args)
+    from chunkpilot.tuner.measure import PrometheusClient
+    from chunkpilot.tuner.whatif import what_if
+
+    client = PrometheusClient(url)
+    answer = what_if(
+        body,
+        client.query,
+        client.vector,
+        datetime.now(UTC),
+        rate_req_s=args.rate,
+        replicas=args.replicas,
+        settings=settings,
+    )
+    console.print(answer.text(), highlight=False)
+    return 0
+
+
+#: Where ``whatif`` finds the Prometheus the operator reads, when ``--prometheus-url`` is not given.
+PROMETHEUS_ENV = "CHUNKPILOT_PROMETHEUS_URL"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The plugin's argument parser."""
     parser = argparse.ArgumentParser(prog="kubectl chunkpilot", description=__doc__.splitlines()[0])
@@ -176,6 +215,22 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("name", help="InferenceService name")
         cmd.add_argument("-n", "--namespace", default="default")
+    whatif = sub.add_parser(
+        "whatif", help="predicted latency and capacity at another rate, replica count or knobs (the twin)"
+    )
+    whatif.add_argument("name", help="InferenceService name")
+    whatif.add_argument("-n", "--namespace", default="default")
+    whatif.add_argument("--rate", type=float, required=True, help="requests/s over the whole service")
+    whatif.add_argument("--replicas", type=int, help="stable replicas (default: those running)")
+    whatif.add_argument(
+        "--set",
+        action="append",
+        metavar="KNOB=VALUE",
+        help="a knob, e.g. maxNumBatchedTokens=4096 (repeatable)",
+    )
+    whatif.add_argument(
+        "--prometheus-url", help=f"the Prometheus the operator reads (default ${PROMETHEUS_ENV})"
+    )
     return parser
 
 
@@ -194,6 +249,7 @@ def _run(argv: Sequence[str] | None) -> int:
         "status": lambda: cmd_status(args, console),
         "pause": lambda: _set_paused(args, console, True),
         "resume": lambda: _set_paused(args, console, False),
+        "whatif": lambda: cmd_whatif(args, console),
     }
     try:
         return handlers[args.command]()

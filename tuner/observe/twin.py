@@ -134,6 +134,51 @@ def pool_layout(topology: TopologySpec, stable: TunedConfig) -> Layout:
     return Layout(pool(topology.prefill), pool(topology.decode))
 
 
+def twin_request(
+    snap: Snapshot,
+    inputs: online.Inputs,
+    key: str,
+    rate: float,
+    *,
+    rank: bool,
+    budget: online.TwinBudget | None = None,
+) -> online.Request:
+    """What the twin of ``snap``'s service is fitted (and, ``rank``, ranked) from: its stable
+    track's ``inputs`` at ``rate`` requests/s per replica, its spec's engine, model, SLO and space."""
+    budget = budget or online.TwinBudget()
+    spec = snap.isvc.spec
+    facts = rec.service_facts(snap.isvc)
+    space = build_space(facts, rec.space_bounds(snap.isvc))
+    tried = [rec.tuned_config(t.spec.params) for t in snap.trials]
+    assert inputs.workload is not None
+    return online.Request(
+        key=key,
+        model=spec.model.name,
+        accelerator=str(spec.resources.accelerator),
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        max_model_len=facts.max_model_len,
+        gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+        steps=dict(inputs.steps),
+        durations=dict(inputs.durations),
+        workload=inputs.workload,
+        slo=sim_slo(snap),
+        space=space,
+        incumbent=rec.tuned_config(snap.incumbent),
+        stable_rate_req_s=rate,
+        measured_ms=inputs.measured_ms,
+        bands=inputs.bands,
+        objective=rec.objective_kind(snap.isvc),
+        seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
+        rank=rank,
+        cpu_budget_s=budget.cpu_s,
+        max_evaluations=budget.max_evaluations,
+        exclude=tuple(dict.fromkeys(tried)),
+        engine=online.engine_semantics(
+            spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len
+        ),
+    )
+
+
 def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
     """No trial is active and the service holds no recent ranking of this key."""
     if snap.active():
@@ -235,7 +280,7 @@ class TwinObserver:
             fitted = calibration if calibration is not None and calibration.key == key else None
             try:
                 calibration, pending = await self._calibrate(
-                    snap, self._request(snap, merged, key, rate, rank), fitted
+                    snap, twin_request(snap, merged, key, rate, rank=rank, budget=self.budget), fitted
                 )
             except (TwinFitError, CaptureError, SpaceError) as error:
                 return replace(base, state=TwinState.WAITING, message=str(error))
@@ -401,41 +446,6 @@ class TwinObserver:
             return RecommendationResult(key, await self._compute(recommend, job))
         except (TwinFitError, ValueError) as error:
             return RecommendationResult(key, error=str(error))
-
-    def _request(
-        self, snap: Snapshot, inputs: online.Inputs, key: str, rate: float, rank: bool
-    ) -> online.Request:
-        spec = snap.isvc.spec
-        facts = rec.service_facts(snap.isvc)
-        space = build_space(facts, rec.space_bounds(snap.isvc))
-        tried = [rec.tuned_config(t.spec.params) for t in snap.trials]
-        assert inputs.workload is not None
-        return online.Request(
-            key=key,
-            model=spec.model.name,
-            accelerator=str(spec.resources.accelerator),
-            tensor_parallel_size=spec.engine.tensor_parallel_size,
-            max_model_len=facts.max_model_len,
-            gpu_memory_utilization=spec.engine.gpu_memory_utilization,
-            steps=dict(inputs.steps),
-            durations=dict(inputs.durations),
-            workload=inputs.workload,
-            slo=sim_slo(snap),
-            space=space,
-            incumbent=rec.tuned_config(snap.incumbent),
-            stable_rate_req_s=rate,
-            measured_ms=inputs.measured_ms,
-            bands=inputs.bands,
-            objective=rec.objective_kind(snap.isvc),
-            seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
-            rank=rank,
-            cpu_budget_s=self.budget.cpu_s,
-            max_evaluations=self.budget.max_evaluations,
-            exclude=tuple(dict.fromkeys(tried)),
-            engine=online.engine_semantics(
-                spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len
-            ),
-        )
 
     async def _trial_steps(self, snap: Snapshot, trial: TuningTrial) -> dict[str, StepTotals]:
         """The canary steps of a finished trial's window (read once per trial)."""

@@ -25,8 +25,7 @@ from chunkpilot.engine.sim.workload import RequestSpec, Workload
 from chunkpilot.cli import main
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
 from chunkpilot.devcluster.processes import terminate_group
-
-from .conftest import run_sim_server
+from chunkpilot.testing.simserver import run_sim_server
 
 SimServer = Any  # the conftest's running server
 KV_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'

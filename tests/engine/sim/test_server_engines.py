@@ -12,7 +12,7 @@ import pytest
 from chunkpilot.engine import metrics_names as names
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import run_sim_server
+from chunkpilot.testing.simserver import run_sim_server
 
 SimServer = Any
 
