@@ -393,6 +393,32 @@ def test_kubectl_scale_on_the_service_sets_its_replicas_and_its_scale_subresourc
     cluster.kubectl("delete", "cpis", "scaled", "-n", NS)
 
 
+def test_a_horizontal_pod_autoscaler_scales_the_service_through_its_scale_subresource(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    apply(cluster, small_service("hpa", replicas=1))
+    wait_deployment(cluster, "hpa-stable", lambda d: d["spec"]["replicas"] == 1)
+    target = {"apiVersion": "chunkpilot.io/v1alpha1", "kind": "InferenceService", "name": "hpa"}
+    cpu = {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+    }
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "hpa", "namespace": NS},
+        "spec": {"scaleTargetRef": target, "minReplicas": 2, "maxReplicas": 3, "metrics": [cpu]},
+    }
+    apply(cluster, hpa)
+    # kube-controller-manager's HPA controller raises a target below its minReplicas without metrics:
+    # it reads and writes the InferenceService's scale subresource, and the operator follows.
+    wait_deployment(cluster, "hpa-stable", lambda d: d["spec"]["replicas"] == 2, what="the HPA's minReplicas")
+    isvc = get(cluster, "inferenceservices", "hpa")
+    assert isvc is not None and isvc["spec"]["replicas"] == 2
+    cluster.kubectl("delete", "hpa", "hpa", "-n", NS)
+    cluster.kubectl("delete", "cpis", "hpa", "-n", NS)
+
+
 def test_in_auto_the_planners_decision_runs_and_a_reapplied_spec_replicas_does_not_fight_it(
     cluster: Any, operator: OperatorProcess
 ) -> None:
