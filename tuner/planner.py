@@ -28,6 +28,7 @@ __all__ = [
     "decide_replicas",
     "needed_replicas",
     "remember",
+    "replicas_for",
     "stabilized",
     "startup_seconds",
     "trend_rate",
@@ -126,13 +127,20 @@ def trend_rate(
     return max(live_req_s, live_req_s + slope * ahead_s)
 
 
-def needed_replicas(rate_req_s: float, capacity: Capacity, spec: ScalingSpec) -> int:
-    """The fewest replicas (within ``minReplicas`` and ``maxReplicas``) whose capacity less the
-    error covers ``rate_req_s``; ``maxReplicas`` when one replica serves nothing."""
-    most = spec.max_replicas or spec.min_replicas
+def replicas_for(rate_req_s: float, capacity: Capacity) -> int | None:
+    """The fewest replicas whose capacity less the error covers ``rate_req_s`` (None: one replica
+    serves nothing, so no count does)."""
     if capacity.low <= 0:
-        return most
-    return max(spec.min_replicas, min(most, math.ceil(rate_req_s / capacity.low - 1e-9)))
+        return None
+    return max(1, math.ceil(rate_req_s / capacity.low - 1e-9))
+
+
+def needed_replicas(rate_req_s: float, capacity: Capacity, spec: ScalingSpec) -> int:
+    """:func:`replicas_for` within ``minReplicas`` and ``maxReplicas``; ``maxReplicas`` when one
+    replica serves nothing."""
+    most = spec.max_replicas or spec.min_replicas
+    found = replicas_for(rate_req_s, capacity)
+    return most if found is None else max(spec.min_replicas, min(most, found))
 
 
 def _window(rules: ScalingRules | None, default: int) -> int:

@@ -18,7 +18,7 @@ from chunkpilot.tuner.measure import QueryFn, Selector, VectorFn, measure_track
 from chunkpilot.tuner.observe.observer import parse_service
 from chunkpilot.tuner.observe.snapshot import Snapshot
 from chunkpilot.tuner.observe.twin import sim_slo, twin_request
-from chunkpilot.tuner.planner import capacity_of, needed_replicas
+from chunkpilot.tuner.planner import capacity_of, replicas_for
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.search import evaluate_on_twin
@@ -152,11 +152,7 @@ def what_if(
         unbounded = ""
     needed = count
     if capacity_req_s is not None:
-        capacity = capacity_of(capacity_req_s, calibration.error, None)
-        planning = isvc.spec.scaling.model_copy(
-            update={"max_replicas": 1000, "min_replicas": 1, "headroom": 0.0}
-        )
-        needed = needed_replicas(rate_req_s, capacity, planning)
+        needed = replicas_for(rate_req_s, capacity_of(capacity_req_s, calibration.error, None)) or count
     return WhatIf(
         service=f"{snap.namespace}/{snap.name}",
         config=config,

@@ -13,6 +13,7 @@ from chunkpilot.tuner.planner import (
     decide_replicas,
     needed_replicas,
     remember,
+    replicas_for,
     stabilized,
     startup_seconds,
     trend_rate,
@@ -39,6 +40,7 @@ def test_the_fewest_replicas_whose_capacity_less_its_error_covers_the_rate() -> 
     assert needed_replicas(0.1, TWO, spec(minReplicas=2)) == 2
     assert needed_replicas(100.0, TWO, spec()) == 10  # maxReplicas
     assert needed_replicas(1.0, Capacity(0.0, 0.1), spec()) == 10  # one replica serves nothing
+    assert replicas_for(100.0, TWO) == 56 and replicas_for(1.0, Capacity(0.0, 0.1)) is None  # unbounded
 
 
 def test_the_twins_error_is_bounded_and_a_missed_slo_caps_the_capacity_at_once() -> None:

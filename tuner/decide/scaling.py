@@ -126,7 +126,6 @@ def _status(
     now: datetime | None = None,
     history: list[ScalingRecommendation] | None = None,
 ) -> dict[str, Any]:
-    scaled = now is not None
     status = before.model_copy(
         update={
             "mode": mode,
@@ -137,7 +136,7 @@ def _status(
             "capacity_per_replica_req_s": round(capacity.req_s, 4) if capacity else None,
             "capacity_low_req_s": round(capacity.low, 4) if capacity else None,
             "capacity_high_req_s": round(capacity.high, 4) if capacity else None,
-            "last_scale_time": now if scaled else before.last_scale_time,
+            "last_scale_time": now or before.last_scale_time,
             "startup_seconds": round(startup, 1) if startup is not None else before.startup_seconds,
             "predicted_itl_ms": round(predicted[0], 1) if predicted else None,
             "predicted_ttft_ms": round(predicted[1], 1) if predicted else None,
