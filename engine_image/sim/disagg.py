@@ -37,8 +37,8 @@ from chunkpilot.engine.sim.offline import (
     Summary,
     _fast_forward,
     _Recorder,
-    _request,
     latency_fields,
+    new_request,
 )
 from chunkpilot.engine.sim.scheduler import (
     Engine,
@@ -333,7 +333,7 @@ def simulate_disaggregated(
     by_prefill: dict[int, _Pair] = {}
     by_decode: dict[int, _Pair] = {}
     for i, spec in enumerate(workload.requests):
-        decode = _request(
+        decode = new_request(
             i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len
         )
         decode.remote_prefill = True
@@ -371,7 +371,7 @@ def simulate_colocated(
     max_len = config.scheduler.max_model_len
     pairs: list[_Pair] = []
     for i, spec in enumerate(workload.requests):
-        request = _request(
+        request = new_request(
             i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len
         )
         pairs.append(_Pair(spec.arrival_s, request, request, engines[0], engines[0]))

@@ -232,7 +232,7 @@ def simulate(
     sched = core.scheduler
     max_len = sched.config.max_model_len
     requests = [
-        _request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
+        new_request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
         for i, spec in enumerate(workload.requests)
     ]
     recorder = _Recorder()
@@ -250,9 +250,10 @@ def simulate(
     return _with_wall(summary, time.perf_counter() - wall_start)
 
 
-def _request(
+def new_request(
     index: int, arrival: float, prompt: int, output: int, hashes: tuple[int, ...], max_len: int
 ) -> Request:
+    """Request ``index`` of a workload, its prompt and output clamped to ``max_len``."""
     prompt = min(prompt, max_len - 1)
     output = max(1, min(output, max_len - prompt))
     return Request(str(index), arrival, prompt, output, hashes[: prompt // 16])
@@ -265,40 +266,96 @@ def _run(
     fast_forward: bool,
     telemetry: StepTelemetry | None = None,
 ) -> int:
-    sched = core.scheduler
-    pending = sorted(requests, key=lambda r: r.arrival_s)
-    next_index, now, steps = 0, 0.0, 0
-    itl = recorder.itl
-    while next_index < len(pending) or sched.has_unfinished():
-        while next_index < len(pending) and pending[next_index].arrival_s <= now:
-            sched.add_request(pending[next_index])
-            next_index += 1
-        next_arrival = pending[next_index].arrival_s if next_index < len(pending) else math.inf
-        if not sched.has_unfinished():
-            now = next_arrival
-            continue
-        if fast_forward:
-            advanced = _fast_forward(core, now, next_arrival, recorder, telemetry)
-            if advanced:
-                now, steps = advanced[0], steps + advanced[1]
+    run = EngineRun(core, fast_forward, telemetry, recorder)
+    run.add(sorted(requests, key=lambda r: r.arrival_s))
+    run.advance()
+    return run.steps
+
+
+class EngineRun:
+    """One engine advanced through simulated time as its requests arrive.
+
+    :func:`simulate` adds every request and runs to the end; a caller that learns of arrivals as it
+    goes (many replicas behind a router, advanced in step) adds them and advances ``until`` a time
+    again and again, taking the ITL samples of each stretch (:meth:`take_itl`).
+    """
+
+    def __init__(
+        self,
+        core: EngineCore,
+        fast_forward: bool = True,
+        telemetry: StepTelemetry | None = None,
+        recorder: _Recorder | None = None,
+    ) -> None:
+        self.core, self.telemetry = core, telemetry
+        self.recorder = recorder if recorder is not None else _Recorder()
+        self.fast_forward = fast_forward
+        self.pending: list[Request] = []
+        self.now = 0.0
+        self.steps = 0
+        self._next = 0
+
+    def add(self, requests: list[Request]) -> None:
+        """Queue arrivals, in order and none before the last one added."""
+        self.pending.extend(requests)
+
+    def advance(self, until: float = math.inf) -> None:
+        """Run steps until the engine is idle with nothing left to arrive before ``until``, or a step
+        ends at or after ``until`` (the last one may end past it)."""
+        core, recorder, telemetry, fast_forward = self.core, self.recorder, self.telemetry, self.fast_forward
+        sched = core.scheduler
+        pending = self.pending
+        count = len(pending)
+        next_index, now, steps = self._next, self.now, self.steps
+        itl = recorder.itl
+        while True:
+            while next_index < count and pending[next_index].arrival_s <= now:
+                sched.add_request(pending[next_index])
+                next_index += 1
+            next_arrival = pending[next_index].arrival_s if next_index < count else math.inf
+            if not sched.has_unfinished():
+                if next_arrival >= until:
+                    break
+                now = next_arrival
                 continue
-        output = sched.schedule(now)
-        if output.is_empty:
-            if next_index < len(pending):
-                now = max(now, next_arrival)
-                continue
-            raise RuntimeError(
-                "no request can be scheduled: a prompt needs more KV blocks than the cache holds"
-            )
-        end = now + core.step_time(output.forward_pass)
-        if all(item.is_prefill for item in output.scheduled) and any(r.is_decoding for r in sched.running):
-            recorder.stalled_steps += 1  # decodes left waiting for a prefill-only pass
-        if telemetry is not None:
-            telemetry.observe(StepShape.of(output), end - now)
-        sched.advance(output, end, itl)
-        now = end
-        steps += 1
-    return steps
+            if now >= until:
+                break
+            if fast_forward:
+                advanced = _fast_forward(core, now, min(next_arrival, until), recorder, telemetry)
+                if advanced:
+                    now, steps = advanced[0], steps + advanced[1]
+                    continue
+            output = sched.schedule(now)
+            if output.is_empty:
+                if next_index < count:
+                    now = max(now, next_arrival)
+                    continue
+                raise RuntimeError(
+                    "no request can be scheduled: a prompt needs more KV blocks than the cache holds"
+                )
+            end = now + core.step_time(output.forward_pass)
+            if all(item.is_prefill for item in output.scheduled) and any(
+                r.is_decoding for r in sched.running
+            ):
+                recorder.stalled_steps += 1  # decodes left waiting for a prefill-only pass
+            if telemetry is not None:
+                telemetry.observe(StepShape.of(output), end - now)
+            sched.advance(output, end, itl)
+            now = end
+            steps += 1
+        self._next, self.now, self.steps = next_index, now, steps
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for their first step (the engine's ``num_requests_waiting``)."""
+        return len(self.core.scheduler.waiting)
+
+    def take_itl(self) -> tuple[FloatArray, FloatArray]:
+        """The ITL samples (seconds) and their weights since the last call, then forgets them."""
+        values, weights = self.recorder.itl_arrays()
+        self.recorder.itl.clear()
+        self.recorder.segments.clear()
+        return values, weights
 
 
 def _fast_forward(
