@@ -168,9 +168,12 @@ class Twin:
         start_rate: float | None = None,
         seed: int = 0,
         growth: float = DEFAULT_GROWTH,
+        min_duration_s: float = 0.0,
     ) -> CapacityResult:
         """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``
-        on one arrival sample (``seed``); the search starts at the captured arrival rate."""
+        on one arrival sample (``seed``); the search starts at the captured arrival rate. With
+        ``min_duration_s`` the capacity is one the replica sustains that long (see
+        :func:`~chunkpilot.engine.sim.capacity.find_capacity`)."""
         workload = self._requests(requests)
         start = start_rate if start_rate is not None else _arrival_rate(self.workload)
         return find_capacity(
@@ -181,6 +184,7 @@ class Twin:
             start_rate=start,
             seed=seed,
             growth=growth,
+            min_duration_s=min_duration_s,
         )
 
     def latency(

@@ -30,9 +30,11 @@ from chunkpilot.api import Objective
 __all__ = [
     "ERROR_POINTS",
     "ROBUST_EVALUATIONS",
+    "SUSTAINED_S",
     "Candidate",
     "Ranking",
     "TwinSearchResult",
+    "planning_capacity",
     "robust_ranking",
     "scheduler_of",
     "search_on_twin",
@@ -49,6 +51,10 @@ STARTUP_TRIALS = 8
 ROBUST_EVALUATIONS = 4
 #: The step-time errors, in standard errors, a robust capacity is also evaluated at (slower, faster).
 ERROR_POINTS = (1.0, -1.0)
+#: How long a capacity the replica planner sizes with must be sustained (seconds of arrivals per
+#: probed rate): a few hundred requests at tens of requests/s arrive within seconds, and the rate at
+#: which a replica absorbs such a burst is up to several times what it serves for minutes.
+SUSTAINED_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,40 @@ def scheduler_of(config: TunedConfig, max_model_len: int = 8192) -> SchedulerCon
     return SchedulerConfig(**config.as_dict(), max_model_len=max_model_len)  # type: ignore[arg-type]
 
 
+def planning_capacity(
+    twin: Twin,
+    config: TunedConfig,
+    slo: SLO,
+    error: float,
+    *,
+    max_model_len: int = 8192,
+    requests: int = CAPACITY_REQUESTS,
+    tolerance: float = CAPACITY_TOLERANCE,
+) -> tuple[float, float]:
+    """What the replica planner sizes with: the capacity one replica of ``config`` sustains
+    (:data:`SUSTAINED_S`) at ``slo``, and at ``slo`` with both targets divided by ``1 + error`` (the
+    twin's relative latency error): the capacity should its latencies be that much longer. Near the
+    targets a small latency error moves the capacity a lot; this carries it over."""
+    error = max(0.0, error) if math.isfinite(error) else 0.0
+
+    def at(target: SLO) -> float:
+        return evaluate_on_twin(
+            twin,
+            config,
+            target,
+            max_model_len=max_model_len,
+            requests=requests,
+            tolerance=tolerance,
+            min_duration_s=SUSTAINED_S,
+        ).capacity_req_s
+
+    nominal = at(slo)
+    if error <= 0 or nominal <= 0:
+        return nominal, nominal
+    tight = replace(slo, itl_ms=slo.itl_ms / (1 + error), ttft_ms=slo.ttft_ms / (1 + error))
+    return nominal, min(nominal, at(tight))
+
+
 def evaluate_on_twin(
     twin: Twin,
     config: TunedConfig,
@@ -108,15 +148,21 @@ def evaluate_on_twin(
     max_model_len: int = 8192,
     requests: int = CAPACITY_REQUESTS,
     tolerance: float = CAPACITY_TOLERANCE,
+    min_duration_s: float = 0.0,
 ) -> Candidate:
-    """One evaluation: the twin's capacity at SLO of ``config``, the mean over its arrival samples.
+    """One evaluation: the twin's capacity at SLO of ``config``, the mean over its arrival samples
+    (sustained for ``min_duration_s`` when given: what a replica serves, not a burst it absorbs).
 
     A sample on which no rate meets the SLO counts 0; the throughput and quantiles are the means
     over the samples that are feasible.
     """
     scheduler = scheduler_of(config, max_model_len)
     first, *others = twin.arrival_seeds
-    samples = [twin.capacity(scheduler, slo, requests=requests, tolerance=tolerance, seed=first)]
+    samples = [
+        twin.capacity(
+            scheduler, slo, requests=requests, tolerance=tolerance, seed=first, min_duration_s=min_duration_s
+        )
+    ]
     near = samples[0].capacity_req_s if samples[0].feasible else None
     samples += [
         twin.capacity(
@@ -127,6 +173,7 @@ def evaluate_on_twin(
             seed=seed,
             start_rate=near,
             growth=SAMPLE_GROWTH if near is not None else DEFAULT_GROWTH,
+            min_duration_s=min_duration_s,
         )
         for seed in others
     ]

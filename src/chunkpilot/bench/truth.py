@@ -280,13 +280,21 @@ class GroundTruth:
 
     A configuration's capacity is the mean over ``arrivals`` Poisson arrival samples of the slice
     (seeds ``settings.seed``, ``+1``, ...; the same seeds for every configuration), 0 where a sample
-    meets the SLOs at no rate: what the configuration serves on the next window, not on one draw.
+    meets the SLOs at no rate: what the configuration serves on the next window, not on one draw;
+    with ``min_duration_s``, a rate sustained that long (the slice repeated).
     """
 
     def __init__(
-        self, sim: SimConfig, lengths: Workload, slo: SLO, settings: BenchSettings, arrivals: int = 1
+        self,
+        sim: SimConfig,
+        lengths: Workload,
+        slo: SLO,
+        settings: BenchSettings,
+        arrivals: int = 1,
+        min_duration_s: float = 0.0,
     ) -> None:
         self._sim, self._lengths, self._slo, self._settings = sim, lengths, slo, settings
+        self._min_duration_s = min_duration_s
         self._seeds = tuple(settings.seed + k for k in range(arrivals))
         self._cache: dict[TunedConfig, float] = {}
 
@@ -301,7 +309,13 @@ class GroundTruth:
         sim = replace(self._sim, scheduler=tuned_scheduler(self._sim.scheduler, config, st.max_model_len))
         results = [
             find_capacity(
-                sim, self._lengths, self._slo, tolerance=st.tolerance, start_rate=st.start_rate, seed=seed
+                sim,
+                self._lengths,
+                self._slo,
+                tolerance=st.tolerance,
+                start_rate=st.start_rate,
+                seed=seed,
+                min_duration_s=self._min_duration_s,
             )
             for seed in self._seeds
         ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chunkpilot.engine.sim.capacity import find_capacity
+from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -32,3 +32,16 @@ def test_growth_must_widen_the_bracket() -> None:
     lengths = load_trace("azure_conv_2023", rate=1.0, limit=20)
     with pytest.raises(ValueError, match="growth"):
         find_capacity(ENGINE, lengths, SLO_, growth=1.0)
+
+
+def test_a_sustained_capacity_repeats_the_requests_and_is_no_higher_than_a_bursts() -> None:
+    lengths = load_trace("azure_conv_2023", rate=1.0, limit=120)
+    stretched = retime(lengths, 5.0, seed=1, min_duration_s=120.0)
+    assert stretched.requests[-1].arrival_s > 110.0 and len(stretched.requests) > 2 * 120
+    assert [r.prompt_tokens for r in stretched.requests[120:125]] == [
+        r.prompt_tokens for r in lengths.requests[:5]
+    ]
+    assert retime(lengths, 5.0, seed=1).requests == stretched.requests[:120]  # the same draws at first
+    burst = find_capacity(ENGINE, lengths, SLO_, tolerance=0.05, start_rate=4.0)
+    sustained = find_capacity(ENGINE, lengths, SLO_, tolerance=0.05, start_rate=4.0, min_duration_s=120.0)
+    assert 0 < sustained.capacity_req_s <= burst.capacity_req_s

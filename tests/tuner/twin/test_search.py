@@ -20,6 +20,7 @@ from chunkpilot.tuner.twin.predict import arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
     evaluate_on_twin,
+    planning_capacity,
     robust_ranking,
     scheduler_of,
     search_on_twin,
@@ -175,3 +176,12 @@ def test_robust_ranking_spends_at_most_its_limit(twin: Twin) -> None:
     ranked = robust_ranking(twin, result.ranked, SLO_, requests=120, tolerance=0.1, limit=1)
     assert sum(c.robust_req_s is not None for c in ranked) <= 1
     assert robust_ranking(twin, [], SLO_, limit=3) == []
+
+
+def test_the_planning_capacity_is_sustained_and_its_low_end_meets_tighter_targets(twin: Twin) -> None:
+    config = TunedConfig(1024, 256)
+    nominal, low = planning_capacity(twin, config, SLO_, 0.25)
+    burst = evaluate_on_twin(twin, config, SLO_).capacity_req_s
+    assert 0 < low < nominal <= burst * 1.05
+    tight = replace(SLO_, itl_ms=SLO_.itl_ms / 1.25, ttft_ms=SLO_.ttft_ms / 1.25)
+    assert planning_capacity(twin, config, tight, 0.0) == (low, low)  # the same search, targets cut
