@@ -26,9 +26,11 @@ __all__ = [
     "Decision",
     "capacity_of",
     "decide_replicas",
+    "learnt_cap",
     "needed_replicas",
     "remember",
     "replicas_for",
+    "settled",
     "stabilized",
     "startup_seconds",
     "trend_rate",
@@ -48,6 +50,16 @@ DEFAULT_ERROR: Final = 0.15
 MAX_ERROR: Final = 0.5
 #: After a missed SLO, one replica's capacity is at most the load it missed at, less this share.
 MISS_MARGIN: Final = 0.05
+#: A planned rate within this share above what the running replicas serve keeps them (the
+#: HorizontalPodAutoscaler's tolerance): a minute's Poisson noise is about 10% at 100 arrivals.
+TOLERANCE: Final = 0.1
+#: How long after the last change of replicas (and their start-up) a missed SLO is not held against
+#: the twin's capacity: two measurement windows.
+SETTLE_S: Final = 120.0
+#: A miss at a load per replica below this share of the planned capacity is not held against it:
+#: that light, the latency is the requests' own (a run of long prompts), and more replicas would not
+#: help.
+MISS_MIN_LOAD: Final = 0.5
 #: Recommendations kept in the status (the longest window they serve is an hour).
 KEEP_RECOMMENDATIONS: Final = 64
 
@@ -61,6 +73,13 @@ class Capacity:
     #: Why live evidence lowered the twin's figure ("": it did not).
     corrected: str = ""
 
+    @classmethod
+    def between(cls, req_s: float, low_req_s: float) -> Capacity:
+        """The capacity with ``low_req_s`` as its low end (the twin's capacity should its latencies
+        be as much longer as its measured error), at most :data:`MAX_ERROR` below."""
+        error = 1.0 - low_req_s / req_s if req_s > 0 else MAX_ERROR
+        return cls(req_s, min(max(error, 0.0), MAX_ERROR))
+
     @property
     def low(self) -> float:
         """The capacity planned with: less the error."""
@@ -71,21 +90,81 @@ class Capacity:
         return self.req_s * (1.0 + self.error)
 
 
-def capacity_of(twin_req_s: float, twin_error: float | None, missed_at_req_s: float | None) -> Capacity:
+def learnt_cap(
+    cap_req_s: float | None,
+    planned_low_req_s: float,
+    per_replica_req_s: float | None,
+    met: bool | None,
+) -> float | None:
+    """What the live service has shown one replica serves, where that is below what the twin plans
+    with (None: nothing below it). A miss at a load per replica (one that counts: settled, and at
+    least :data:`MISS_MIN_LOAD` of the planned capacity) lowers it to that load less
+    :data:`MISS_MARGIN`; both SLOs met at a load above it raise it to that load; at or above the
+    twin's planned capacity it is dropped. Kept from step to step until the twin refits, so a twin
+    that overstates the capacity is corrected once, not at every miss."""
+    if per_replica_req_s is not None and per_replica_req_s > 0 and met is not None:
+        if not met and per_replica_req_s >= MISS_MIN_LOAD * planned_low_req_s:
+            lowered = per_replica_req_s * (1.0 - MISS_MARGIN)
+            cap_req_s = lowered if cap_req_s is None else min(cap_req_s, lowered)
+        elif met and cap_req_s is not None and per_replica_req_s > cap_req_s:
+            cap_req_s = per_replica_req_s
+    if cap_req_s is None or cap_req_s >= planned_low_req_s:
+        return None
+    return cap_req_s
+
+
+def capacity_of(
+    twin_req_s: float,
+    twin_error: float | None,
+    missed_at_req_s: float | None,
+    low_req_s: float | None = None,
+    cap_req_s: float | None = None,
+) -> Capacity:
     """The twin's capacity with its error (:data:`DEFAULT_ERROR` unmeasured, at most
-    :data:`MAX_ERROR`), capped by ``missed_at_req_s``: the load per replica at which the stable
-    track missed an SLO just now (None: it met both)."""
-    error = DEFAULT_ERROR if twin_error is None or not math.isfinite(twin_error) else twin_error
-    error = min(max(error, 0.0), MAX_ERROR)
-    if missed_at_req_s is not None and missed_at_req_s > 0:
+    :data:`MAX_ERROR`; or the one ``low_req_s`` implies, :meth:`Capacity.between`), capped by
+    ``missed_at_req_s``: the load per replica at which the stable track missed an SLO just now
+    (None: it met both, or it was still recovering from a change of replicas, :func:`settled`;
+    ignored below :data:`MISS_MIN_LOAD` of the planned capacity), or by ``cap_req_s``, what the
+    live service showed before (:func:`learnt_cap`)."""
+    if low_req_s is not None and twin_req_s > 0:
+        error = Capacity.between(twin_req_s, low_req_s).error
+    else:
+        error = DEFAULT_ERROR if twin_error is None or not math.isfinite(twin_error) else twin_error
+        error = min(max(error, 0.0), MAX_ERROR)
+    planned_low = twin_req_s * (1.0 - error)
+    found: list[tuple[float, str]] = []
+    if missed_at_req_s is not None and missed_at_req_s >= MISS_MIN_LOAD * planned_low > 0:
         cap = missed_at_req_s * (1.0 - MISS_MARGIN)
-        if cap < twin_req_s * (1.0 - error):
-            corrected = (
+        found.append(
+            (
+                cap,
                 f"the stable missed an SLO at {missed_at_req_s:.3g} req/s per replica, below the twin's "
-                f"{twin_req_s:.3g} req/s less its {error:.0%} error: planning with {cap:.3g}"
+                f"{twin_req_s:.3g} req/s less its {error:.0%} error: planning with {cap:.3g}",
             )
+        )
+    if cap_req_s is not None and cap_req_s > 0:
+        found.append(
+            (
+                cap_req_s,
+                f"the live service showed {cap_req_s:.3g} req/s per replica, below the twin's "
+                f"{planned_low:.3g}: planning with it until the twin refits",
+            )
+        )
+    if found:
+        cap, corrected = min(found)
+        if cap < planned_low:
             return Capacity(cap / (1.0 - error), error, corrected)
     return Capacity(twin_req_s, error)
+
+
+def settled(last_scale: datetime | None, now: datetime, startup_s: float | None) -> bool:
+    """Whether the replicas have served as they are for two windows since the last change (its new
+    replicas' start-up included): before that, a missed SLO may be the backlog of the load before
+    the change rather than a capacity the twin overstates."""
+    if last_scale is None:
+        return True
+    ahead = LOOKAHEAD_S if startup_s is None else startup_s
+    return (now - last_scale).total_seconds() >= ahead + SETTLE_S
 
 
 def startup_seconds(pods: Iterable[Mapping[str, Any]]) -> float | None:
@@ -219,6 +298,8 @@ def decide_replicas(
     rate = trend_rate(history, now, live_req_s, ahead)
     planned = rate * (1.0 + spec.headroom)
     needed = needed_replicas(planned, capacity, spec)
+    if needed > current >= spec.min_replicas and planned <= capacity.low * current * (1.0 + TOLERANCE):
+        needed = current  # within the tolerance of what runs: a rate's noise moves nothing
     held = stabilized(current, needed, history, now, spec)
     desired = max(spec.min_replicas, min(spec.max_replicas or needed, held))
     trend = f", its trend {rate:.3g} req/s in {ahead:.0f} s" if rate > live_req_s else ""

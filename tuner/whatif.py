@@ -21,7 +21,7 @@ from chunkpilot.tuner.observe.twin import sim_slo, twin_request
 from chunkpilot.tuner.planner import capacity_of, replicas_for
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.twin import online
-from chunkpilot.tuner.twin.search import evaluate_on_twin
+from chunkpilot.tuner.twin.search import planning_capacity
 
 from chunkpilot.api import EngineConfig, Track, parse_duration
 from chunkpilot.api.knobs import TUNABLE
@@ -52,6 +52,8 @@ class WhatIf:
     ttft_target: str
     steps: float
     unbounded: str = ""
+    #: The capacity should the latencies be as much longer as the twin's error: what is planned with.
+    capacity_low_req_s: float | None = None
 
     def text(self) -> str:
         error = online.fit_error_text(self.error)
@@ -62,7 +64,8 @@ class WhatIf:
                 f"  predicted {self.itl_target}: {self.itl_ms:.1f} ms",
                 f"  predicted {self.ttft_target}: {self.ttft_ms:.1f} ms",
                 (
-                    f"  one replica's capacity at SLO: {self.capacity_req_s:.3g} req/s; "
+                    f"  one replica's capacity at SLO: {self.capacity_req_s:.3g} req/s sustained, "
+                    f"{self.capacity_low_req_s or 0:.3g} with the twin's error; "
                     f"{self.needed} replica(s) serve {self.rate_req_s:g} req/s"
                     if self.capacity_req_s is not None
                     else f"  one replica's capacity at SLO: not bounded ({self.unbounded})"
@@ -142,17 +145,20 @@ def what_if(
         calibration.twin, config, rate_req_s / count, sim_slo(snap), max_model_len, calibration.offset_ms
     )
     slo_steps = online.offset_slo(sim_slo(snap), calibration.offset_ms)
+    capacity_req_s: float | None = None
+    low: float | None = None
     try:
-        capacity_req_s: float | None = evaluate_on_twin(
-            calibration.twin, config, slo_steps, max_model_len=max_model_len
-        ).capacity_req_s
+        capacity_req_s, low = planning_capacity(
+            calibration.twin, config, slo_steps, calibration.error, max_model_len=max_model_len
+        )
     except ValueError as error:  # no rate the search tried breaks the SLOs: the window's load is light
-        capacity_req_s, unbounded = None, str(error)
+        unbounded = str(error)
     else:
         unbounded = ""
     needed = count
     if capacity_req_s is not None:
-        needed = replicas_for(rate_req_s, capacity_of(capacity_req_s, calibration.error, None)) or count
+        capacity = capacity_of(capacity_req_s, calibration.error, None, low_req_s=low)
+        needed = replicas_for(rate_req_s, capacity) or count
     return WhatIf(
         service=f"{snap.namespace}/{snap.name}",
         config=config,
@@ -161,6 +167,7 @@ def what_if(
         itl_ms=itl,
         ttft_ms=ttft,
         capacity_req_s=capacity_req_s,
+        capacity_low_req_s=low,
         needed=needed,
         unbounded=unbounded,
         error=calibration.error,

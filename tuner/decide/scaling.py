@@ -15,7 +15,15 @@ from typing import Any, Final
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
-from chunkpilot.tuner.planner import Capacity, capacity_of, decide_replicas, remember, startup_seconds
+from chunkpilot.tuner.planner import (
+    Capacity,
+    capacity_of,
+    decide_replicas,
+    learnt_cap,
+    remember,
+    settled,
+    startup_seconds,
+)
 from chunkpilot.tuner.policy import SLOTargets, check_slo
 
 from chunkpilot.api import ScalingMode, ScalingRecommendation, ScalingStatus, TwinState
@@ -28,7 +36,8 @@ RECORD_EVERY_S: Final = 30.0
 
 
 def _twin_capacity(plan: Plan) -> tuple[float, float | None] | None:
-    """One replica's capacity at SLO of the stable config and the twin's error (None: not known)."""
+    """One replica's capacity at SLO of the stable config and the twin's error (None: not known):
+    the ranking's, when the sustained one (:attr:`TwinReading.planning`) is not computed."""
     reading = plan.snap.twin
     calibration = reading.calibration
     if reading.ranked and calibration is not None and calibration.incumbent is not None:
@@ -37,6 +46,17 @@ def _twin_capacity(plan: Plan) -> tuple[float, float | None] | None:
     if twin is None or twin.state is not TwinState.FITTED or twin.capacity_req_s is None:
         return None
     return twin.capacity_req_s, twin.error
+
+
+def _fit_key(plan: Plan) -> str | None:
+    """The twin fit the planner sizes with (a learnt cap is kept while it stands)."""
+    reading = plan.snap.twin
+    if reading.calibration is not None:
+        return reading.calibration.key
+    if reading.key is not None:
+        return reading.key
+    twin = plan.snap.status.twin
+    return None if twin is None or twin.config_hash is None else f"{twin.config_hash}-{twin.refit_trial or 0}"
 
 
 def plan_scaling(plan: Plan) -> None:
@@ -61,17 +81,24 @@ def plan_scaling(plan: Plan) -> None:
             plan.status["scaling"] = _status(before, spec.mode, reason=f"waiting: {waiting}")
         plan.do(ScalingGauges(before.desired_replicas, before.capacity_low_req_s))
         return
-    check = check_slo(stable, snap.slo) if stable is not None else None
-    missed = per_replica if check is not None and check.met is False else None
-    capacity = capacity_of(found[0], found[1], missed)
     seen = startup_seconds(snap.canary_pods)  # the engine pods the tuner reads: a canary's
     startup = seen if seen is not None else before.startup_seconds
+    check = check_slo(stable, snap.slo) if stable is not None else None
+    met = check.met if check is not None and settled(before.last_scale_time, snap.now, startup) else None
+    planning = snap.twin.planning
+    nominal, low = (
+        (planning[0], planning[1]) if planning is not None and planning[0] > 0 else (found[0], None)
+    )
+    fit = _fit_key(plan)
+    kept = before.capacity_cap_req_s if before.capacity_cap_fit == fit else None
+    cap = learnt_cap(kept, capacity_of(nominal, found[1], None, low_req_s=low).low, per_replica, met)
+    capacity = capacity_of(nominal, found[1], None, low_req_s=low, cap_req_s=cap)
     decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
     previous = before.desired_replicas if before.desired_replicas is not None else current
     changed = decision.desired != previous
     plan.do(ScalingGauges(decision.desired, capacity.low))
     last = before.recommendations[-1].time if before.recommendations else None
-    quiet = not changed and startup == before.startup_seconds
+    quiet = not changed and startup == before.startup_seconds and cap == kept
     if quiet and last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S:
         return  # the status is rewritten every RECORD_EVERY_S, or at once when the decision changes
     plan.status["scaling"] = _status(
@@ -86,6 +113,7 @@ def plan_scaling(plan: Plan) -> None:
         startup=startup,
         now=snap.now if changed else None,
         history=remember(before.recommendations, snap.now, decision.needed, live),
+        cap=(cap, fit),
     )
     if changed:
         verb = "would scale" if spec.mode == ScalingMode.ADVISE else "scaling"
@@ -125,9 +153,13 @@ def _status(
     startup: float | None = None,
     now: datetime | None = None,
     history: list[ScalingRecommendation] | None = None,
+    cap: tuple[float | None, str | None] | None = None,
 ) -> dict[str, Any]:
+    learnt, fit = cap if cap is not None else (before.capacity_cap_req_s, before.capacity_cap_fit)
     status = before.model_copy(
         update={
+            "capacity_cap_req_s": round(learnt, 4) if learnt is not None else None,
+            "capacity_cap_fit": fit if learnt is not None else None,
             "mode": mode,
             "desired_replicas": desired if desired is not None else before.desired_replicas,
             "reason": reason[:1024],

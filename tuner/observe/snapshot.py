@@ -125,6 +125,9 @@ class TwinReading:
     #: replicas, by N (the planner's decision and the replicas running; computed at most every
     #: half minute).
     forecast: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    #: One replica's sustained capacity at SLO of the stable config, and at the SLO tightened by the
+    #: twin's error (req/s; once per fit); None: not computed (the planner uses the ranking's).
+    planning: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

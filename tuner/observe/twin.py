@@ -53,6 +53,7 @@ from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError
 from chunkpilot.tuner.twin.fit import TwinFitError
 from chunkpilot.tuner.twin.jobs import JobPhase
+from chunkpilot.tuner.twin.search import planning_capacity
 from chunkpilot.tuner.twin.wire import with_ranking
 
 from chunkpilot.api import (
@@ -212,6 +213,7 @@ class TwinObserver:
         self._canary_steps: dict[str, dict[str, StepTotals]] = {}
         self._pool_checks: dict[tuple[str, str], PoolCheck] = {}
         self._forecasts: dict[tuple[str, str], tuple[str, datetime, dict[int, tuple[float, float]]]] = {}
+        self._planned: dict[tuple[str, str], tuple[str, tuple[float, float]]] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
@@ -219,7 +221,8 @@ class TwinObserver:
         reading = await self._observe(snap, final)
         pools = await self._pools(snap)
         forecast = await self._forecast(snap, reading)
-        return replace(reading, pools=pools or reading.pools, forecast=forecast)
+        planning = await self._planning(snap, reading)
+        return replace(reading, pools=pools or reading.pools, forecast=forecast, planning=planning)
 
     async def _observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
@@ -342,6 +345,31 @@ class TwinObserver:
         since = cached[1] if cached is not None and fresh else snap.now
         self._forecasts[service] = (calibration.key, since, forecast)
         return forecast
+
+    async def _planning(self, snap: Snapshot, reading: TwinReading) -> tuple[float, float] | None:
+        """The stable config's sustained capacity at SLO and at the SLO tightened by the twin's error
+        (:func:`~chunkpilot.tuner.twin.search.planning_capacity`), once per fit, for the planner."""
+        calibration = reading.calibration or self._fits.get((snap.namespace, snap.name))
+        if not snap.isvc.spec.scaling.plans or calibration is None:
+            return None
+        service = (snap.namespace, snap.name)
+        cached = self._planned.get(service)
+        if cached is not None and cached[0] == calibration.key:
+            return cached[1]
+        try:
+            planned = await self._compute(
+                planning_capacity,
+                calibration.twin,
+                rec.tuned_config(snap.incumbent),
+                online.offset_slo(sim_slo(snap), calibration.offset_ms),
+                calibration.error,
+                max_model_len=rec.service_facts(snap.isvc).max_model_len,
+            )
+        except (TwinFitError, ValueError) as error:  # the planner falls back on the ranking's capacity
+            log.warning("planning capacity of %s/%s not simulated: %s", snap.namespace, snap.name, error)
+            return None
+        self._planned[service] = (calibration.key, planned)
+        return planned
 
     async def _pools(self, snap: Snapshot) -> PoolCheck | None:
         """The active topology trial's layout predicted on its pools' own steps over its final window

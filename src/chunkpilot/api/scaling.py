@@ -179,6 +179,17 @@ class ScalingStatus(StatusModel):
         ),
     )
     last_scale_time: datetime | None = Field(default=None, description="When the decision last changed.")
+    capacity_cap_req_s: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "What the live service showed one replica serves, where that is below the twin's capacity:"
+            " lowered by a missed SLO, raised by SLOs met at a higher load; kept until the twin refits."
+        ),
+    )
+    capacity_cap_fit: str | None = Field(
+        default=None, max_length=128, description="The twin fit the cap was learnt against."
+    )
     recommendations: list[ScalingRecommendation] = Field(
         default_factory=list, max_length=64, description="Recent recommendations, newest last."
     )
