@@ -14,9 +14,11 @@ from chunkpilot.localrun.traces import (
     cap_lengths,
     iter_wall_schedule,
     mean_rate,
+    read_rate_schedule,
     read_trace,
     rescale_to_rate,
     scale_load,
+    scheduled_arrivals,
     wall_schedule,
 )
 
@@ -150,3 +152,35 @@ def test_the_real_azure_conversation_trace_reads_as_about_an_hour() -> None:
     assert len(requests) == 19366
     assert 3000 < requests[-1].arrival_s < 4000
     assert 4.0 < mean_rate(requests) < 7.0
+
+
+def test_a_rate_schedule_steps_the_arrivals_and_keeps_the_traces_lengths(tmp_path: Path) -> None:
+    path = tmp_path / "steps.csv"
+    path.write_text(
+        "# one replica's worth, then three, then one\nt_s,rate\n0,2\n300,2\n301,6\n600,6\n601,2\n900,2\n"
+    )
+    schedule = read_rate_schedule(path)
+    lengths = [TraceRequest(0.0, 100 + k, 10 + k) for k in range(7)]
+    arrivals = scheduled_arrivals(lengths, schedule, seed=3)
+    counts = [sum(1 for r in arrivals if lo <= r.arrival_s < lo + 300) for lo in (0, 300, 600)]
+    for count, expected in zip(counts, (600, 1800, 600), strict=True):
+        assert abs(count - expected) < 5 * math.sqrt(expected)
+    assert [r.prompt_tokens for r in arrivals[:8]] == [100, 101, 102, 103, 104, 105, 106, 100]
+    assert arrivals == scheduled_arrivals(lengths, schedule, seed=3) and arrivals[-1].arrival_s < 900
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("t,rate\n0,1\n10,1\n", "the header t_s,rate"),
+        ("t_s,rate\n0,1\n10,x\n", "row 3: '10,x' is not two numbers"),
+        ("t_s,rate\n0,1\n0,1\n", "row 3: times start at 0 and increase"),
+        ("t_s,rate\n0,0\n10,0\n", "a rate above 0 somewhere"),
+    ],
+)
+def test_a_bad_rate_schedule_is_refused_naming_the_row(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=None) as caught:
+        read_rate_schedule(path)
+    assert message in str(caught.value)

@@ -16,7 +16,15 @@ from chunkpilot.devcluster.paths import cache_root
 from chunkpilot.localrun.endpoints import Endpoint, EndpointSource, RoundRobinBalancer, static_source
 from chunkpilot.localrun.loadgen import LoadOptions, run_load
 from chunkpilot.localrun.targets import TargetsFileError, targets_file_source
-from chunkpilot.localrun.traces import TraceError, cap_lengths, iter_wall_schedule, read_trace, scale_load
+from chunkpilot.localrun.traces import (
+    TraceError,
+    cap_lengths,
+    iter_wall_schedule,
+    read_rate_schedule,
+    read_trace,
+    scale_load,
+    scheduled_arrivals,
+)
 
 
 def endpoint_from_url(url: str) -> Endpoint:
@@ -102,6 +110,13 @@ def _register_load(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         "--rate", type=float, help="Poisson arrivals at this many requests/s (needed for length-only traces)"
     )
     parser.add_argument(
+        "--rate-schedule",
+        type=Path,
+        metavar="FILE",
+        help="CSV t_s,rate: Poisson arrivals whose rate (requests/s) follows it, linear between rows, "
+        "the trace's lengths in order; the schedule ends at its last row",
+    )
+    parser.add_argument(
         "--load-factor", type=float, default=1.0, help="offer F times the trace's load (arrivals / F)"
     )
     parser.add_argument("--time-scale", type=float, default=1.0, help="the engines' time scale (default 1)")
@@ -129,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``chunkpilot load``."""
     try:
         source = _source(args)
-        requests = read_trace(args.trace, rate=args.rate, seed=args.seed)
+        lengths_only = args.rate_schedule is not None and args.rate is None
+        requests = read_trace(args.trace, rate=1.0 if lengths_only else args.rate, seed=args.seed)
+        if args.rate_schedule is not None:
+            requests = scheduled_arrivals(requests, read_rate_schedule(args.rate_schedule), seed=args.seed)
         requests = scale_load(requests, args.load_factor)
         requests = cap_lengths(
             requests, max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens

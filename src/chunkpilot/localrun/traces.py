@@ -83,6 +83,57 @@ def poisson_arrivals(samples: Sequence[LengthSample], rate: float, *, seed: int 
     return requests
 
 
+def read_rate_schedule(path: Path | str) -> list[tuple[float, float]]:
+    """A rate schedule: CSV ``t_s,rate`` (trace seconds from 0, requests/s; linear between rows, the
+    last row ends it); lines starting with ``#`` are comments. A bad file is named with its row."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as error:
+        raise TraceError(f"cannot read the rate schedule {path}: {error.strerror}") from None
+    rows = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip() and not line.startswith("#")]
+    if not rows or [c.strip() for c in rows[0][1].split(",")] != ["t_s", "rate"]:
+        raise TraceError(f"{path}: the first row must be the header t_s,rate")
+    points: list[tuple[float, float]] = []
+    for n, line in rows[1:]:
+        try:
+            t_s, rate = (float(c) for c in line.split(","))
+        except ValueError:
+            raise TraceError(f"{path}: row {n}: {line!r} is not two numbers t_s,rate") from None
+        if rate < 0 or (points and t_s <= points[-1][0]) or (not points and t_s != 0):
+            raise TraceError(
+                f"{path}: row {n}: times start at 0 and increase, rates are >= 0 requests/s ({line!r})"
+            )
+        points.append((t_s, rate))
+    if len(points) < 2 or max(rate for _, rate in points) <= 0:
+        raise TraceError(f"{path}: a schedule needs two rows or more and a rate above 0 somewhere")
+    return points
+
+
+def scheduled_arrivals(
+    requests: Sequence[TraceRequest], schedule: Sequence[tuple[float, float]], *, seed: int = 0
+) -> list[TraceRequest]:
+    """The requests' lengths, in order and repeated as needed, arriving as a Poisson process whose
+    rate follows ``schedule`` (:func:`read_rate_schedule`) until its last row."""
+    if not requests:
+        raise TraceError("the trace has no requests to schedule")
+    rng = random.Random(seed)
+    top = max(rate for _, rate in schedule)
+    end = schedule[-1][0]
+    out: list[TraceRequest] = []
+    t, segment = 0.0, 0
+    while True:
+        t += rng.expovariate(top)
+        if t >= end:
+            return out
+        while schedule[segment + 1][0] < t:
+            segment += 1
+        (t0, r0), (t1, r1) = schedule[segment], schedule[segment + 1]
+        rate = r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+        if rng.random() * top < rate:
+            sample = requests[len(out) % len(requests)]
+            out.append(TraceRequest(t, sample.prompt_tokens, sample.output_tokens))
+
+
 def mean_rate(requests: Sequence[TraceRequest]) -> float:
     """Mean arrival rate in requests per trace second (``inf`` when all arrive at once)."""
     if len(requests) < 2:
