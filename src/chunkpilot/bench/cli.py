@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from chunkpilot.bench import autoscale as bench_autoscale
 from chunkpilot.bench import disagg as bench_disagg
 from chunkpilot.bench import sim_peers
 from chunkpilot.bench.command import given_options, run_bench_command
@@ -121,6 +122,7 @@ def register(subparsers: Any) -> None:
     )
     tuner.set_defaults(func=run_tuner_bench)
     bench_disagg.register(inner)
+    bench_autoscale.register(inner)
     sim_peers.register(inner)
 
 

@@ -31,7 +31,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -46,10 +46,12 @@ from chunkpilot.tuner.policy import PROMOTE_MARGIN, SLOTargets, check_slo, objec
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
+from chunkpilot.tuner.twin.online import quantile_error
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, LatencyQuantiles, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
     evaluate_on_twin,
+    planning_capacity,
     robust_ranking,
     scheduler_of,
     search_on_twin,
@@ -69,6 +71,7 @@ __all__ = [
     "run_random_online",
     "run_slack",
     "run_twin",
+    "twin_capacity",
 ]
 
 #: The twin's predicted SLO quantiles at the live load must lie within this relative distance of the
@@ -369,6 +372,30 @@ def run_twin(context: OnlineContext, engine: LiveEngine, settings: TwinSettings)
             trace.predicted_req_s.append(state.capacity(candidate.config))
     trace.cpu_s = clock.total
     return trace
+
+
+def twin_capacity(context: OnlineContext, settings: TwinSettings, stable: Observation) -> tuple[float, float]:
+    """The twin fitted on one track's window (``stable``), as the replica planner sizes with it
+    (:func:`~chunkpilot.tuner.twin.search.planning_capacity`): the capacity the configuration it ran
+    sustains at SLO, and at the SLO tightened by the twin's error on that window (the larger relative
+    error of its ITL and TTFT quantiles at the window's load, as the operator states it)."""
+    context = replace(context, rate_req_s=stable.rate_req_s)
+    with tempfile.TemporaryDirectory(prefix="bench-twin-") as tmp:
+        state = _TwinState(context, settings, Path(tmp), stable)
+        predicted = state.latency(stable.config)
+        measured = stable.quantiles
+        error = quantile_error(
+            (predicted.itl_p99_ms, predicted.ttft_p95_ms), (measured.itl_p99_ms, measured.ttft_p95_ms)
+        )
+        return planning_capacity(
+            state.twin,
+            stable.config,
+            context.slo,
+            error,
+            max_model_len=context.space.max_model_len,
+            requests=settings.requests,
+            tolerance=settings.tolerance,
+        )
 
 
 def _judge(

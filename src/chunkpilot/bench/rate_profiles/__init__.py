@@ -1,0 +1,1 @@
+"""Rate profiles shipped with ``chunkpilot bench autoscale`` (see :mod:`chunkpilot.bench.rate_profile`)."""

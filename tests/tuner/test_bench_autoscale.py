@@ -1,0 +1,157 @@
+"""``chunkpilot bench autoscale``: rate profiles, the fleet on a truth, the baselines, the command."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.tuner.space import TunedConfig
+
+from chunkpilot.bench.autoscale import AUTOSCALE_QUICK, _hpa_queue, average_capacity
+from chunkpilot.bench.fleet import Fleet, FleetRun, View
+from chunkpilot.bench.rate_profile import RateProfileError, read_rate_profile, shipped_profiles
+from chunkpilot.cli import main
+
+CONFIG = TunedConfig(max_num_batched_tokens=512, max_num_seqs=64)
+SIM = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64))
+
+
+def profile_file(tmp_path: Path, text: str, name: str = "p.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_profiles_have_the_shapes_they_are_named_for() -> None:
+    profiles = {name: read_rate_profile(path) for name, path in shipped_profiles().items()}
+    assert set(profiles) == {"diurnal", "flash-crowd", "mix-shift", "drain"}
+    diurnal = profiles["diurnal"]
+    assert diurnal.peak >= 5 * min(p.load for p in diurnal.points)
+    crowd = profiles["flash-crowd"]
+    (step,) = crowd.steps()
+    assert crowd.load_at(step + 60) == pytest.approx(3.5 * crowd.load_at(step))
+    shift = profiles["mix-shift"]
+    assert len(shift.workloads) == 2 and len({p.load for p in shift.points}) == 1
+    drain = profiles["drain"]
+    assert drain.load_at(drain.duration_s) <= 0.05 * drain.load_at(0)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("t,load\n0,1,azure_conv\n60,1\n", "write t_s,load or t_s,load,workload"),
+        ("t_s,load,workload\n0,1,azure_conv\n60,1\n30,2\n", "row 4: t_s 30 is not after"),
+        ("t_s,load,workload\n0,1,chat\n60,1\n", "unknown workload 'chat'; use one of azure_conv"),
+        ("t_s,load,workload\n0,1\n60,1\n", "row 2: the first row must name its workload"),
+        ("t_s,load,workload\n0,-1,azure_conv\n60,1\n", "must be a finite number >= 0"),
+        ("t_s,load,workload\n5,1,azure_conv\n60,1\n", "the first row must be at t_s 0"),
+        ("t_s,load,workload\n0,1,azure_conv\n", "at least two rows"),
+        ("t_s,load,workload\n0,x,azure_conv\n60,1\n", "must be numbers"),
+    ],
+)
+def test_a_bad_profile_is_refused_naming_the_row_and_the_fix(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(RateProfileError, match=None) as caught:
+        read_rate_profile(profile_file(tmp_path, text))
+    assert says in str(caught.value)
+
+
+def test_arrivals_follow_the_load_and_carry_the_workload_in_force(tmp_path: Path) -> None:
+    path = profile_file(
+        tmp_path, "# a comment\nt_s,load,workload\n0,1,azure_conv\n600,3,azure_code\n1200,3\n"
+    )
+    profile = read_rate_profile(path)
+    arrivals = profile.arrivals(unit_req_s=2.0, seed=1)
+    first = [a for a in arrivals if a[0] < 600]
+    second = [a for a in arrivals if a[0] >= 600]
+    # 2 -> 6 req/s over the first ten minutes (2400 expected), 6 req/s over the next (3600).
+    assert abs(len(first) - 2400) < 5 * math.sqrt(2400) and abs(len(second) - 3600) < 5 * math.sqrt(3600)
+    assert {w for _, w in first} == {"azure_conv"} and {w for _, w in second} == {"azure_code"}
+    assert arrivals == profile.arrivals(unit_req_s=2.0, seed=1)  # seeded
+
+
+def test_direction_changes_count_turns_between_scale_events() -> None:
+    run = FleetRun([], 0.0, [(0, 2), (60, 4), (120, 5), (180, 3), (240, 4), (300, 4)])
+    assert run.direction_changes() == 2 and run.max_replicas == 5
+
+
+def test_more_replicas_of_the_fleet_serve_the_same_load_faster_and_new_ones_start_late(
+    tmp_path: Path,
+) -> None:
+    profile = read_rate_profile(profile_file(tmp_path, "t_s,load,workload\n0,1,azure_conv\n300,1\n"))
+    slo = SLO()
+    results = {}
+    for replicas in (1, 3):
+        fleet = Fleet(SIM, 8192, startup_s=0.0, slo=slo)
+        results[replicas] = fleet.run(profile, 12.0, lambda _v, n=replicas: n, CONFIG, replicas, seed=0)
+    one, three = results[1], results[3]
+    assert sum(m.arrivals for m in one.minutes) == sum(m.arrivals for m in three.minutes) > 3000
+    assert three.gpu_seconds == pytest.approx(3 * one.gpu_seconds) == pytest.approx(900.0)
+    assert three.minutes[2].ttft_ms(0.95) < one.minutes[2].ttft_ms(0.95)
+    assert three.minutes[2].itl_ms(0.99) <= one.minutes[2].itl_ms(0.99)
+    # Asked for a second replica after the first tick (15 s), it serves from 135 s on.
+    late = Fleet(SIM, 8192, startup_s=120.0, slo=slo)
+    run = late.run(profile, 1.0, lambda _v: 2, CONFIG, 1, seed=0)
+    assert [(m.replicas, m.ready) for m in run.minutes[:3]] == [(2, 1), (2, 1), (2, 2)]
+    assert run.events == [(0.0, 1), (15.0, 2)]
+
+
+def _view(waiting: float, replicas: int, now: float) -> View:
+    return View(now, replicas, replicas, 1.0, 10.0, 100.0, waiting, "azure_conv", CONFIG)
+
+
+def test_the_hpa_baseline_scales_up_at_most_by_its_policies_and_down_after_five_minutes() -> None:
+    decide = _hpa_queue(max_replicas=50)
+    assert decide(_view(5.0, 2, 15)) == 2  # at target
+    assert decide(_view(5.4, 2, 30)) == 2  # within the 10% tolerance
+    assert decide(_view(100.0, 2, 45)) == 6  # 40 wanted; max(4 pods, 100%) per period
+    assert decide(_view(0.0, 6, 60)) == 6  # held by the scale-down window
+    assert decide(_view(0.0, 6, 400)) == 1  # five minutes later
+
+
+def test_the_average_model_capacity_grows_with_a_looser_target() -> None:
+    wide = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256))
+    tight = average_capacity(wide, 1000.0, 200.0, SLO(itl_ms=30.0, ttft_ms=2000.0))
+    loose = average_capacity(wide, 1000.0, 200.0, SLO(itl_ms=80.0, ttft_ms=2000.0))
+    assert 0 < tight < loose
+    # With a 512-token budget the prefill tokens arriving per step bind first, whatever the target.
+    assert average_capacity(SIM, 1000.0, 200.0, SLO(itl_ms=80.0, ttft_ms=2000.0)) < loose
+
+
+@pytest.mark.slow
+def test_the_command_runs_every_method_on_a_short_profile_and_prints_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = profile_file(tmp_path, "t_s,load,workload\n0,1,azure_conv\n120,1\n121,3\n360,3\n", "step.csv")
+    code = main(["bench", "autoscale", "--quick", "--rate-profile", str(path), "--minutes", "6", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    (scenario,) = data["scenarios"]
+    methods = scenario["methods"]
+    assert list(methods) == list(AUTOSCALE_QUICK.methods)
+    for m in methods.values():
+        assert m["gpu_hours"] > 0 and len(m["minutes"]) == 6 and m["judged_minutes"] <= 6
+    assert methods["static-peak"]["scale_events"] == 0
+    assert methods["oracle"]["gpu_hours"] < methods["static-peak"]["gpu_hours"]
+    # The step to 3 at minute 2 is more than the replicas running can absorb: the minutes of the
+    # start-up plus two windows after it are reported, not judged (the oracle starts at once).
+    assert methods["twin"]["excluded_minutes"] >= 3 and methods["oracle"]["excluded_minutes"] <= 2
+    assert set(scenario["goal"]["checks"]) == {
+        "slo_minutes",
+        "vs_oracle",
+        "vs_static_peak",
+        "beats_hpa-queue",
+        "beats_average-model",
+    }
+    assert scenario["twin"]["canaries"] and scenario["unit_req_s"] > 0
+
+
+def test_the_command_refuses_a_bad_option_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "autoscale", "--rate-profile", "nowhere"]) == 2
+    assert "--rate-profile nowhere: no such file, nor a shipped profile" in capsys.readouterr().err
+    assert main(["bench", "autoscale", "--headroom", "2"]) == 2
+    assert "--headroom must be within 0 and 1" in capsys.readouterr().err
