@@ -12,7 +12,12 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import TunedConfig
 
-from chunkpilot.bench.autoscale import AUTOSCALE_QUICK, _hpa_queue, average_capacity
+from chunkpilot.bench.autoscale import (
+    AUTOSCALE_QUICK,
+    _hpa_queue,
+    average_capacity,
+    format_autoscale_markdown,
+)
 from chunkpilot.bench.fleet import Fleet, FleetRun, View
 from chunkpilot.bench.rate_profile import RateProfileError, read_rate_profile, shipped_profiles
 from chunkpilot.cli import main
@@ -148,6 +153,8 @@ def test_the_command_runs_every_method_on_a_short_profile_and_prints_json(
         "beats_average-model",
     }
     assert scenario["twin"]["canaries"] and scenario["unit_req_s"] > 0
+    rows = format_autoscale_markdown(data).splitlines()
+    assert len(rows) == 2 + len(methods) and rows[2].startswith(f"| {scenario['truth']} | step | twin |")
 
 
 def test_the_command_refuses_a_bad_option_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

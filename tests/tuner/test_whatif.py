@@ -98,6 +98,9 @@ def test_a_heavier_rate_on_the_same_replicas_is_predicted_slower_and_spread_out_
     # One configuration, one capacity; the replicas a rate needs grow with it.
     assert heavy.capacity_req_s == light.capacity_req_s and heavy.needed >= light.needed >= 1
     assert "ITL p99 (target 50 ms)" in heavy.text() and "the twin's error on the stable track" in heavy.text()
+    # What the planner sizes with: sustained, and its low end should the latencies be longer.
+    assert light.capacity_low_req_s is not None and 0 < light.capacity_low_req_s <= light.capacity_req_s
+    assert "req/s sustained" in heavy.text()
 
 
 def test_another_budget_is_simulated_and_a_bad_knob_is_refused_with_the_fix(answers: dict[str, Any]) -> None:

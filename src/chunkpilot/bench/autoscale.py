@@ -693,6 +693,8 @@ def format_autoscale_table(result: AutoscaleResult) -> str:
 
 
 _COLUMNS = (
+    "truth",
+    "profile",
     "method",
     "SLO minutes met",
     "judged",
@@ -705,23 +707,17 @@ _COLUMNS = (
 
 
 def format_autoscale_markdown(data: Mapping[str, Any]) -> str:
-    """One Markdown table per scenario (docs/benchmarks.md)."""
-    out = []
+    """One Markdown table, a row per scenario and method (docs/benchmarks.md)."""
+    out = [f"| {' | '.join(_COLUMNS)} |", "|---" * len(_COLUMNS) + "|"]
     for s in data["scenarios"]:
         oracle = s["methods"].get("oracle", {}).get("gpu_hours")
-        out.append(
-            f"**{s['truth']} x {s['profile']}** (unit {s['unit_req_s']:.2f} req/s; goal "
-            f"{'met' if s['goal']['met'] else 'not met'})\n"
-        )
-        out.append(f"| {' | '.join(_COLUMNS)} |")
-        out.append("|---" * len(_COLUMNS) + "|")
         for name, m in s["methods"].items():
             ratio = f"{m['gpu_hours'] / oracle:.2f}" if oracle else "-"
             out.append(
-                f"| {name} | {_pct(m['slo_minutes_met'])} | {m['judged_minutes']} | {m['gpu_hours']:.2f} | "
-                f"{ratio} | {m['scale_events']} | {m['max_replicas']} | {m['direction_changes']} |"
+                f"| {s['truth']} | {s['profile']} | {name} | {_pct(m['slo_minutes_met'])} | "
+                f"{m['judged_minutes']} | {m['gpu_hours']:.2f} | {ratio} | {m['scale_events']} | "
+                f"{m['max_replicas']} | {m['direction_changes']} |"
             )
-        out.append("")
     return "\n".join(out)
 
 
