@@ -76,7 +76,6 @@ from chunkpilot.bench.truth import (
     family_truths,
     structural_family_truths,
 )
-from chunkpilot.bench.twin_truth import truth_engine
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.steptime import ForwardPass
@@ -398,17 +397,8 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
     default = default_config(grid_st)
     started = time.process_time()
     with tempfile.TemporaryDirectory(prefix="bench-autoscale-") as tmp:
-        sim = truth_engine(
-            None if task.truth.path is None else Path(task.truth.path),
-            Path(tmp),
-            model=grid_st.model,
-            accelerator=grid_st.accelerator,
-            step_profile=None if task.truth.step_profile is None else Path(task.truth.step_profile),
-        )
+        sim = task.truth.engine(Path(tmp), grid_st)
         engine_sim = engine_defaults(grid_st)
-        sim = replace(
-            sim, scheduler=engine_sim.scheduler, gpu_memory_utilization=engine_sim.gpu_memory_utilization
-        )
         lengths = {w: load_trace(WORKLOADS[w], rate=1.0, limit=grid_st.requests) for w in profile.workloads}
         # The ground truth on a long stretch of each trace: its capacities hold for any minute of it.
         long = {w: load_trace(WORKLOADS[w], rate=1.0, limit=TRUTH_REQUESTS) for w in profile.workloads}

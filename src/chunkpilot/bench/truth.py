@@ -122,6 +122,21 @@ class Truth:
         profile = Path(self.step_profile)
         return f"{hardware}; step profile {profile.stem}: {step_profile_label(profile)}"
 
+    def engine(self, directory: Path, settings: BenchSettings) -> SimConfig:
+        """The simulated engine on this truth (files under ``directory``): the benchmark's model, the
+        engine's semantics and own knobs at their defaults (the tuned ones are replaced per run)."""
+        sim = truth_engine(
+            None if self.path is None else Path(self.path),
+            directory,
+            model=settings.model,
+            accelerator=settings.accelerator,
+            step_profile=None if self.step_profile is None else Path(self.step_profile),
+        )
+        defaults = engine_defaults(settings)
+        return replace(
+            sim, scheduler=defaults.scheduler, gpu_memory_utilization=defaults.gpu_memory_utilization
+        )
+
     @classmethod
     def of(cls, gpu: str | None, step_profile: str | None) -> Truth:
         """The truth of ``--truth-gpu`` and ``--truth-step-profile`` (one of them at least)."""
@@ -387,17 +402,8 @@ def run_unit(task: UnitTask) -> list[dict[str, Any]]:
     grid = Grid.over(space, grid_st)
     default = default_config(grid_st)
     with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
-        sim = truth_engine(
-            None if task.truth.path is None else Path(task.truth.path),
-            Path(tmp),
-            model=grid_st.model,
-            accelerator=grid_st.accelerator,
-            step_profile=None if task.truth.step_profile is None else Path(task.truth.step_profile),
-        )
-        engine_sim = engine_defaults(grid_st)  # the engine's semantics and own knobs, on the truth
-        sim = replace(
-            sim, scheduler=engine_sim.scheduler, gpu_memory_utilization=engine_sim.gpu_memory_utilization
-        )
+        sim = task.truth.engine(Path(tmp), grid_st)
+        engine_sim = engine_defaults(grid_st)
         truth = GroundTruth(sim, lengths, slo, grid_st, st.truth_arrivals)
         landscape = {c: truth.capacity(c) for c in (*grid.configs, default)}
         grid_best = max(grid.configs, key=lambda c: (landscape[c], -grid.configs.index(c)))
