@@ -135,6 +135,14 @@ def test_in_auto_a_lighter_load_scales_down_only_after_the_scale_down_window() -
     assert [r for r, _ in said(after)] == ["ScaledDown"]
 
 
+def test_turning_auto_on_after_advise_scales_from_what_ran_and_says_so() -> None:
+    advised = step(body()).status["scaling"]
+    assert advised["desiredReplicas"] == 5 and advised["mode"] == "Advise"
+    auto = step(body("Auto", scaling=advised), now=NOW + timedelta(seconds=5))
+    assert [(r, m[:18]) for r, m in said(auto)] == [("ScaledUp", "scaling 2 -> 5: 5 ")]
+    assert auto.status["scaling"]["mode"] == "Auto" and auto.status["scaling"]["lastScaleTime"] is not None
+
+
 def test_a_missed_slo_corrects_the_twins_capacity_at_once_and_until_it_refits() -> None:
     # ITL p99 70 ms against 50 at 4 req/s per replica: one replica serves at most 3.8.
     plan = step(body(), rate=8.0, itl_ms=70.0)

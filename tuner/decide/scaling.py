@@ -94,7 +94,10 @@ def plan_scaling(plan: Plan) -> None:
     cap = learnt_cap(kept, capacity_of(nominal, found[1], None, low_req_s=low).low, per_replica, met)
     capacity = capacity_of(nominal, found[1], None, low_req_s=low, cap_req_s=cap)
     decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
-    previous = before.desired_replicas if before.desired_replicas is not None else current
+    if spec.acts and before.mode != ScalingMode.AUTO:
+        previous = snap.isvc.spec.replicas  # what ran until the planner acted (Off, Advise)
+    else:
+        previous = before.desired_replicas if before.desired_replicas is not None else current
     changed = decision.desired != previous
     plan.do(ScalingGauges(decision.desired, capacity.low))
     last = before.recommendations[-1].time if before.recommendations else None

@@ -191,13 +191,17 @@ class Snapshot:
         return rec.slo_targets(self.isvc) if self.isvc.spec.slo is not None else SLOTargets(1.0, 1.0)
 
     def service_rate(self) -> float | None:
-        """The live request rate over the whole service (req/s): the stable's per replica times every
-        engine pod the Service spreads requests over (None: not measured)."""
+        """The live request rate over the whole service (req/s): the stable track's, plus a stable
+        replica's share for every canary pod the Service also spreads requests over (None: not
+        measured). Counted on the pods measured, not the replicas asked for: right after a change
+        of replicas they differ."""
         stable = self.stable_reading.value
-        per_replica = stable.per_replica(stable.request_rate) if stable is not None else None
+        if stable is None:
+            return None
+        per_replica = stable.per_replica(stable.request_rate)
         if per_replica is None:
             return None
-        return per_replica * max(self.isvc.running_replicas() + len(self.canary_pods), 1)
+        return per_replica * (stable.replicas + len(self.canary_pods))
 
     def active(self) -> list[TuningTrial]:
         """The active trials, oldest first (at most one, but a crash may have left more)."""
