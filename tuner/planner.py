@@ -31,6 +31,7 @@ __all__ = [
     "remember",
     "replicas_for",
     "settled",
+    "sizing_capacity",
     "stabilized",
     "startup_seconds",
     "trend_rate",
@@ -116,45 +117,39 @@ def learnt_cap(
 def capacity_of(
     twin_req_s: float,
     twin_error: float | None,
-    missed_at_req_s: float | None,
     low_req_s: float | None = None,
     cap_req_s: float | None = None,
 ) -> Capacity:
     """The twin's capacity with its error (:data:`DEFAULT_ERROR` unmeasured, at most
     :data:`MAX_ERROR`; or the one ``low_req_s`` implies, :meth:`Capacity.between`), capped by
-    ``missed_at_req_s``: the load per replica at which the stable track missed an SLO just now
-    (None: it met both, or it was still recovering from a change of replicas, :func:`settled`;
-    ignored below :data:`MISS_MIN_LOAD` of the planned capacity), or by ``cap_req_s``, what the
-    live service showed before (:func:`learnt_cap`)."""
+    ``cap_req_s``: what the live service showed (:func:`learnt_cap`)."""
     if low_req_s is not None and twin_req_s > 0:
         error = Capacity.between(twin_req_s, low_req_s).error
     else:
         error = DEFAULT_ERROR if twin_error is None or not math.isfinite(twin_error) else twin_error
         error = min(max(error, 0.0), MAX_ERROR)
     planned_low = twin_req_s * (1.0 - error)
-    found: list[tuple[float, str]] = []
-    if missed_at_req_s is not None and missed_at_req_s >= MISS_MIN_LOAD * planned_low > 0:
-        cap = missed_at_req_s * (1.0 - MISS_MARGIN)
-        found.append(
-            (
-                cap,
-                f"the stable missed an SLO at {missed_at_req_s:.3g} req/s per replica, below the twin's "
-                f"{twin_req_s:.3g} req/s less its {error:.0%} error: planning with {cap:.3g}",
-            )
+    if cap_req_s is not None and 0 < cap_req_s < planned_low:
+        corrected = (
+            f"the live service showed {cap_req_s:.3g} req/s per replica, below the twin's "
+            f"{planned_low:.3g}: planning with it until the twin refits"
         )
-    if cap_req_s is not None and cap_req_s > 0:
-        found.append(
-            (
-                cap_req_s,
-                f"the live service showed {cap_req_s:.3g} req/s per replica, below the twin's "
-                f"{planned_low:.3g}: planning with it until the twin refits",
-            )
-        )
-    if found:
-        cap, corrected = min(found)
-        if cap < planned_low:
-            return Capacity(cap / (1.0 - error), error, corrected)
+        return Capacity(cap_req_s / (1.0 - error), error, corrected)
     return Capacity(twin_req_s, error)
+
+
+def sizing_capacity(
+    twin_req_s: float,
+    twin_error: float | None,
+    low_req_s: float | None,
+    cap_req_s: float | None,
+    per_replica_req_s: float,
+    met: bool | None,
+) -> tuple[float | None, Capacity]:
+    """The learnt cap after this measurement (:func:`learnt_cap`) and the capacity the planner
+    sizes with (:func:`capacity_of` under that cap)."""
+    cap = learnt_cap(cap_req_s, capacity_of(twin_req_s, twin_error, low_req_s).low, per_replica_req_s, met)
+    return cap, capacity_of(twin_req_s, twin_error, low_req_s, cap)
 
 
 def settled(last_scale: datetime | None, now: datetime, startup_s: float | None) -> bool:

@@ -157,7 +157,7 @@ def what_if(
         unbounded = ""
     needed = count
     if capacity_req_s is not None:
-        capacity = capacity_of(capacity_req_s, calibration.error, None, low_req_s=low)
+        capacity = capacity_of(capacity_req_s, calibration.error, low_req_s=low)
         needed = replicas_for(rate_req_s, capacity) or count
     return WhatIf(
         service=f"{snap.namespace}/{snap.name}",

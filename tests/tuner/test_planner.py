@@ -45,15 +45,13 @@ def test_the_fewest_replicas_whose_capacity_less_its_error_covers_the_rate() -> 
     assert replicas_for(100.0, TWO) == 56 and replicas_for(1.0, Capacity(0.0, 0.1)) is None  # unbounded
 
 
-def test_the_twins_error_is_bounded_and_a_missed_slo_caps_the_capacity_at_once() -> None:
-    assert capacity_of(2.0, None, None).error == 0.15  # unmeasured: the tuner's tolerance
-    assert capacity_of(2.0, 0.9, None).error == 0.5
-    corrected = capacity_of(3.0, 0.1, missed_at_req_s=2.0)
-    assert corrected.low == pytest.approx(1.9)  # the load it missed at, less 5%
-    assert "missed an SLO at 2 req/s per replica" in corrected.corrected
-    assert capacity_of(3.0, 0.1, missed_at_req_s=4.0).corrected == ""  # no lower than the twin says
-    # At a third of what the twin plans with, a miss is the requests' own latency, not the load's.
-    assert capacity_of(3.0, 0.1, missed_at_req_s=0.9).corrected == ""
+def test_the_twins_error_is_bounded_and_what_the_live_service_showed_caps_the_capacity() -> None:
+    assert capacity_of(2.0, None).error == 0.15  # unmeasured: the tuner's tolerance
+    assert capacity_of(2.0, 0.9).error == 0.5
+    corrected = capacity_of(3.0, 0.1, cap_req_s=1.9)
+    assert corrected.low == pytest.approx(1.9)
+    assert "the live service showed 1.9 req/s per replica" in corrected.corrected
+    assert capacity_of(3.0, 0.1, cap_req_s=4.0).corrected == ""  # no higher than the twin says
 
 
 def test_what_the_live_service_showed_is_learnt_down_on_a_miss_and_up_when_met() -> None:
@@ -69,7 +67,7 @@ def test_a_capacity_between_its_nominal_and_its_low_end() -> None:
     assert Capacity.between(2.0, 1.5) == Capacity(2.0, 0.25)
     assert Capacity.between(2.0, 0.2).error == 0.5  # at most MAX_ERROR below
     assert Capacity.between(2.0, 2.4).error == 0.0
-    assert capacity_of(2.0, 0.01, None, low_req_s=1.6).low == pytest.approx(1.6)  # the low end wins
+    assert capacity_of(2.0, 0.01, low_req_s=1.6).low == pytest.approx(1.6)  # the low end wins
 
 
 def test_a_miss_right_after_a_change_of_replicas_is_the_backlog_of_the_load_before() -> None:

@@ -17,11 +17,10 @@ from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
 from chunkpilot.tuner.planner import (
     Capacity,
-    capacity_of,
     decide_replicas,
-    learnt_cap,
     remember,
     settled,
+    sizing_capacity,
     startup_seconds,
 )
 from chunkpilot.tuner.policy import SLOTargets, check_slo
@@ -91,8 +90,7 @@ def plan_scaling(plan: Plan) -> None:
     )
     fit = _fit_key(plan)
     kept = before.capacity_cap_req_s if before.capacity_cap_fit == fit else None
-    cap = learnt_cap(kept, capacity_of(nominal, found[1], None, low_req_s=low).low, per_replica, met)
-    capacity = capacity_of(nominal, found[1], None, low_req_s=low, cap_req_s=cap)
+    cap, capacity = sizing_capacity(nominal, found[1], low, kept, per_replica, met)
     decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
     if spec.acts and before.mode != ScalingMode.AUTO:
         previous = snap.isvc.spec.replicas  # what ran until the planner acted (Off, Advise)

@@ -316,7 +316,7 @@ class TwinObserver:
         if snap.status.scaling is not None and snap.status.scaling.desired_replicas:
             counts.add(snap.status.scaling.desired_replicas)
         if twin is not None and twin.capacity_req_s:
-            capacity = capacity_of(twin.capacity_req_s, twin.error, None)
+            capacity = capacity_of(twin.capacity_req_s, twin.error)
             counts.add(needed_replicas(rate * (1 + scaling.headroom), capacity, scaling))
         service = (snap.namespace, snap.name)
         cached = self._forecasts.get(service)

@@ -80,7 +80,7 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.steptime import ForwardPass
 from chunkpilot.engine.sim.workload import load_trace
-from chunkpilot.tuner.planner import Capacity, capacity_of, decide_replicas, learnt_cap, remember, settled
+from chunkpilot.tuner.planner import Capacity, decide_replicas, remember, settled, sizing_capacity
 from chunkpilot.tuner.space import TunedConfig, build_space
 from chunkpilot.tuner.twin.search import SUSTAINED_S
 
@@ -298,9 +298,7 @@ class _TwinSizing:
         per_replica = view.rate_req_s / max(1, view.ready)
         miss = view.itl_ms > self.targets[0] or view.ttft_ms > self.targets[1]
         met = not miss if settled(self.last_scale, now, self.startup_s) else None
-        planned_low = Capacity.between(*self.capacity).low
-        self.cap = learnt_cap(self.cap, planned_low, per_replica, met)
-        capacity = capacity_of(self.capacity[0], None, None, low_req_s=self.capacity[1], cap_req_s=self.cap)
+        self.cap, capacity = sizing_capacity(*self.capacity, None, self.cap, per_replica, met)
         decision = decide_replicas(
             self.spec, view.replicas, view.rate_req_s, capacity, self.history, now, self.startup_s
         )
