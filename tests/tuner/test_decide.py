@@ -317,6 +317,57 @@ def test_a_metrics_gap_is_noted_restarts_the_window_and_aborts_when_long() -> No
     assert "Prometheus unreachable for more than 60s" in trial_status(decide(snap, SETTINGS))["reason"]
 
 
+def test_a_change_of_stable_replicas_in_auto_restarts_the_window_once_they_have_started() -> None:
+    scaled_at = NOW - timedelta(seconds=15)
+    scaling = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
+    status = {
+        "scaling": {
+            "mode": "Auto",
+            "desiredReplicas": 3,
+            "lastScaleTime": scaled_at.isoformat(),
+            "startupSeconds": 20.0,
+        }
+    }
+    body = a_service_body(
+        engine={"maxNumBatchedTokens": 8192},
+        autotune={"maxTrials": 6},
+        spec={"scaling": scaling},
+        status=status,
+    )
+    open_window = measuring(NOW - timedelta(seconds=61))
+    snap = snapshot(body, [open_window], canary=canary_of(body, open_window), window=window(30.0))
+    plan = decide(snap, SETTINGS)
+    progress = trial_status(plan)["progress"]
+    assert progress["measureFrom"] == "2026-01-01T12:00:30Z"  # start-up 20 s, then the 10-s warm-up
+    assert "WindowRestarted" in events(plan.actions)
+    assert "verdict" not in trial_status(plan)
+
+    # Once restarted the change lies before the window: it is judged as usual.
+    restarted = a_trial(progress=TrialProgress(ready_at=NOW - timedelta(seconds=95), measure_from=NOW))
+    later = replace(snap, trials=[restarted], now=NOW + timedelta(seconds=61))
+    assert "WindowRestarted" not in events(decide(later, SETTINGS).actions)
+
+    # In Advise nothing ran the decision, and a trial four windows old is judged on what it has.
+    advise = {**status, "scaling": {**status["scaling"], "mode": "Advise"}}
+    advised = a_service_body(
+        engine={"maxNumBatchedTokens": 8192},
+        autotune={"maxTrials": 6},
+        spec={"scaling": {**scaling, "mode": "Advise"}},
+        status=advise,
+    )
+    snap_advise = snapshot(
+        advised, [open_window], canary=canary_of(advised, open_window), window=window(30.0)
+    )
+    assert trial_status(decide(snap_advise, SETTINGS))["verdict"] == "Promoted"
+    old = a_trial(
+        progress=TrialProgress(
+            ready_at=NOW - timedelta(seconds=250), measure_from=NOW - timedelta(seconds=61)
+        )
+    )
+    snap_old = snapshot(body, [old], canary=canary_of(body, old), window=window(30.0))
+    assert trial_status(decide(snap_old, SETTINGS))["verdict"] == "Promoted"
+
+
 def test_a_finished_live_trial_parks_its_canary() -> None:
     body = service_body(liveAdjust=True)
     done = measuring(NOW - timedelta(seconds=61), live_adjusted=True)

@@ -225,7 +225,55 @@ def due_measurement(
     if progress.metrics_gap_since is not None:
         restart_window(plan, trial, progress)
         return None
+    rescaled = rescaled_during(plan, progress)
+    if rescaled is not None:
+        restart_after_rescale(plan, trial, progress, rescaled)
+        return None
     return due, reading.value
+
+
+#: A trial older than this many trial windows is judged on the window it has, even if the replica
+#: planner changed the stable replicas in it (a load that moves all the time must not stall tuning).
+MAX_RESCALE_RESTARTS_WINDOWS = 4
+
+
+def rescaled_during(plan: Plan, progress: TrialProgress) -> datetime | None:
+    """When the replica planner (in Auto) changed the stable replicas within the trial's window or
+    its warm-up; None when it did not, or when the trial has waited long enough already.
+
+    The stable track's window then mixes two loads per replica: its latencies and the twin's error
+    on them judge neither, so the window restarts once the new replicas have started."""
+    snap = plan.snap
+    scaling = snap.status.scaling
+    if not snap.isvc.spec.scaling.acts or scaling is None or scaling.last_scale_time is None:
+        return None
+    autotune = snap.isvc.spec.autotune
+    warmup = timedelta(seconds=parse_duration(autotune.warmup))
+    if progress.measure_from is None or scaling.last_scale_time <= progress.measure_from - warmup:
+        return None
+    since = progress.ready_at or progress.measure_from - warmup
+    longest = MAX_RESCALE_RESTARTS_WINDOWS * parse_duration(autotune.trial_window)
+    if (snap.now - since).total_seconds() > longest:
+        return None
+    return scaling.last_scale_time
+
+
+def restart_after_rescale(plan: Plan, trial: TuningTrial, progress: TrialProgress, at: datetime) -> None:
+    """Measure again once the new stable replicas have started and warmed up."""
+    snap = plan.snap
+    scaling = snap.status.scaling
+    startup = scaling.startup_seconds if scaling is not None and scaling.startup_seconds else 0.0
+    warmup = parse_duration(snap.isvc.spec.autotune.warmup)
+    restarted = progress.model_copy(
+        update={"measure_from": snap.now + timedelta(seconds=max(warmup, startup + warmup))}
+    )
+    plan.do(PatchTrial(trial.metadata.name or "", rec.progress_patch(restarted)))
+    plan.emit(
+        EventType.NORMAL,
+        "WindowRestarted",
+        f"trial {trial.spec.number}: the replica planner changed the stable replicas at "
+        f"{at:%H:%M:%S}; restarting the measurement window once they have started",
+    )
 
 
 def abort(plan: Plan, trial: TuningTrial, reason: str) -> None:
