@@ -252,6 +252,14 @@ class PrometheusServer:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def query_range(self, promql: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
+        """Run a range query (Unix seconds) and return its matrix (``[{"metric": {...}, "values": [[t,
+        "v"], ...]}]``)."""
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
+        data = self._get("/api/v1/query_range", params)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
     def active_targets(self) -> list[dict[str, Any]]:
         """The active targets as Prometheus reports them (``labels``, ``health``, ``lastError`` …)."""
         data = self._get("/api/v1/targets", {"state": "active"})

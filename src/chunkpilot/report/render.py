@@ -12,6 +12,7 @@ from rich.table import Table
 
 from chunkpilot.api import InferenceService, SLOSpec
 from chunkpilot.report.history import TrialRow
+from chunkpilot.report.timeline import TIMELINE_PLOT, Timeline, TimelinePoint, plot_timeline
 
 _VERDICT_COLOURS = {
     "Promoted": "tab:green",
@@ -76,8 +77,11 @@ def render_table(service: InferenceService, rows: list[TrialRow]) -> Table:
     return table
 
 
-def render_markdown(service: InferenceService, rows: list[TrialRow], plots: list[Path]) -> str:
-    """The report as Markdown: the service's SLOs and outcome, the trial table, the plots."""
+def render_markdown(
+    service: InferenceService, rows: list[TrialRow], plots: list[Path], timeline: Timeline | None = None
+) -> str:
+    """The report as Markdown: the service's SLOs and outcome, the trial table, the plots, and with a
+    ``timeline`` the load, replicas and latency quantiles over the run."""
     slo = _slo(service)
     status = service.status
     lines = [
@@ -113,21 +117,30 @@ def render_markdown(service: InferenceService, rows: list[TrialRow], plots: list
             f"| {reason} |"
         )
     lines.append("")
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    lines += [f"![{p.stem}]({p.name})" for p in plots if p.stem != TIMELINE_PLOT]
+    if timeline is not None:
+        lines += ["", "## Load, replicas and latency over the run", "", *timeline.summary(slo), ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots if p.stem == TIMELINE_PLOT]
     return "\n".join(lines) + "\n"
 
 
-def _plot(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> list[Path]:
-    """Draw the three report figures; returns the PNG paths."""
+def _plot(
+    service: InferenceService, rows: list[TrialRow], out_dir: Path, timeline: Timeline | None = None
+) -> list[Path]:
+    """Draw the report's figures (three of the trials, one of the timeline); returns the PNG paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     slo = _slo(service)
+    drawn: list[Path] = []
+    if timeline is not None and timeline.points:
+        title = f"{service.metadata.name}: load, replicas and SLO quantiles over the run"
+        drawn.append(plot_timeline(plt, timeline, slo, title, out_dir))
     measured = [r for r in rows if r.itl_ms is not None or r.ttft_ms is not None]
     if not measured:
-        return []  # nothing measured yet: the report is the table alone
+        return drawn  # no trial measured yet: the report is the table (and the timeline)
     colours = [_VERDICT_COLOURS.get(r.verdict, "tab:blue") for r in measured]
     paths: list[Path] = []
 
@@ -188,7 +201,7 @@ def _plot(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> lis
     fig.savefig(path, dpi=110)
     plt.close(fig)
     paths.append(path)
-    return paths
+    return paths + drawn
 
 
 def _per_trial(plt: Any, rows: list[TrialRow], out_dir: Path) -> Path:
@@ -227,12 +240,15 @@ def _per_trial(plt: Any, rows: list[TrialRow], out_dir: Path) -> Path:
     return path
 
 
-def write_report(service: InferenceService, rows: list[TrialRow], out_dir: Path) -> Path:
-    """Write ``report.md``, ``trials.csv`` and the PNG plots to ``out_dir``; return the Markdown path."""
+def write_report(
+    service: InferenceService, rows: list[TrialRow], out_dir: Path, timeline: Timeline | None = None
+) -> Path:
+    """Write ``report.md``, ``trials.csv`` and the PNG plots to ``out_dir`` (with a ``timeline``, its
+    plot and ``timeline.csv`` too); return the Markdown path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     note = ""
     try:
-        plots = _plot(service, rows, out_dir)
+        plots = _plot(service, rows, out_dir, timeline)
     except ImportError:  # matplotlib is the optional ``report`` extra
         plots = []
         note = "Plots skipped: install the `report` extra (`pip install 'chunkpilot[report]'`).\n"
@@ -242,6 +258,11 @@ def write_report(service: InferenceService, rows: list[TrialRow], out_dir: Path)
         writer.writeheader()
         for row in rows:
             writer.writerow(asdict(row))
+    if timeline is not None:
+        with (out_dir / "timeline.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=[*TimelinePoint.__dataclass_fields__])
+            writer.writeheader()
+            writer.writerows(timeline.rows())
     path = out_dir / "report.md"
-    path.write_text(render_markdown(service, rows, plots) + note)
+    path.write_text(render_markdown(service, rows, plots, timeline) + note)
     return path
