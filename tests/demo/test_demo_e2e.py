@@ -1,9 +1,11 @@
 """``chunkpilot demo --fast`` end to end, as a user runs it: a promoted config that meets both SLOs,
-the report written, and no process left behind.
+the replicas following the load surge up and back down, the report written with its timeline, and
+no process left behind.
 """
 
 from __future__ import annotations
 
+import csv
 import signal
 import subprocess
 import time
@@ -27,6 +29,14 @@ def test_fast_demo_promotes_a_config_that_meets_both_slos(demo: DemoRun) -> None
     assert "Report:" in output
     assert "Promoted" in report.read_text()
     assert list(report.parent.glob("*.png"))
+    # The surge: the planner, turned to Auto, added replicas and took them away again.
+    assert "load surge:" in output
+    with (report.parent / "timeline.csv").open() as handle:
+        replicas = [int(r["replicas"]) for r in csv.DictReader(handle) if r["replicas"]]
+    assert max(replicas) >= 2, f"the replicas never rose: {replicas}"
+    assert replicas[-1] < max(replicas), f"the replicas did not come back down: {replicas}"
+    assert "## Load, replicas and latency over the run" in report.read_text()
+    assert (report.parent / "timeline.png").stat().st_size > 0
     left = demo.leftovers()
     assert not left, f"the demo left processes running: {left}"
 

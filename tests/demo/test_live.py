@@ -122,3 +122,16 @@ def test_exit_code_says_how_it_ended() -> None:
     assert DemoResult(outcome=None, report=None, interrupted=True).exit_code == 130
     assert DemoResult(outcome=None, report=None, interrupted=False, failure="operator died").exit_code == 1
     assert DemoResult(outcome=None, report=None, interrupted=False).exit_code == 1
+
+
+def test_the_view_shows_replicas_desired_and_the_load() -> None:
+    manifest = build_inferenceservice(DemoScenario())
+    manifest["status"] = {
+        "stableReplicas": 1,
+        "scaling": {"mode": "Auto", "desiredReplicas": 3, "liveRateReqS": 14.2, "capacityLowReqS": 7.9},
+    }
+    console = Console(width=160, record=True)
+    console.print(render_view(InferenceService.from_manifest(manifest), [], NOW, "load surge: 18 req/s"))
+    text = console.export_text()
+    assert "replicas 1, desired 3 (Auto): live 14.2 req/s, 7.9 req/s per replica planned with" in text
+    assert "load surge: 18 req/s" in text

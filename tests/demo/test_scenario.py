@@ -44,6 +44,8 @@ def test_fast_manifest_is_valid_and_shorter() -> None:
         ({"warmup": "2m", "trial_window": "1m"}, "--warmup (2m) must be shorter than --trial-window (1m)"),
         ({"trial_window": "1 minute"}, "invalid duration '1 minute'"),
         ({"time_scale": 0}, "--time-scale must be > 0"),
+        ({"max_replicas": 0}, "--max-replicas (0) must be >= the starting replicas (1)"),
+        ({"surge_max_factor": 0.5}, "the surge needs"),
     ],
 )
 def test_bad_options_name_the_option(changes: dict[str, object], message: str) -> None:
@@ -103,3 +105,31 @@ def test_engine_services_run_on_the_simulator_in_their_own_dialect(
 def test_an_unknown_demo_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="--engine must be one of sim, sglang, trtllm"):
         DemoScenario(engine="tgi")
+
+
+def test_the_planner_runs_in_auto_up_to_max_replicas_and_one_turns_it_off() -> None:
+    scenario = scenario_from_args(parse("--fast", "--max-replicas", "4"))
+    spec = InferenceService.from_manifest(build_inferenceservice(scenario)).spec.scaling
+    # It advises while the tuner runs; the demo turns it to Auto once the tuning has ended.
+    assert (spec.mode, spec.min_replicas, spec.max_replicas) == ("Advise", 1, 4)
+    assert spec.behavior is not None and spec.behavior.scale_down is not None
+    assert spec.behavior.scale_down.stabilization_window_seconds == scenario.scale_down_window_s
+    off = scenario_from_args(parse("--max-replicas", "1"))
+    assert not off.scales
+    assert "scaling" not in build_inferenceservice(off)["spec"]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "expected"),
+    [(12.0, 24.0), (4.0, 10.0), (1.0, 6.0)],  # capped at 4x the rate; 2.5 replicas' worth; never below it
+)
+def test_the_surge_is_about_two_and_a_half_replicas_worth_within_the_cap(
+    capacity: float, expected: float
+) -> None:
+    assert DemoScenario(rate=6.0).surge_rate(capacity) == pytest.approx(expected)
+
+
+def test_the_surge_length_is_an_option_longer_than_its_ramp() -> None:
+    assert scenario_from_args(parse("--fast", "--surge-s", "90")).surge_s == 90
+    with pytest.raises(ValueError, match="longer than the surge's ramp"):
+        scenario_from_args(parse("--surge-s", "10"))

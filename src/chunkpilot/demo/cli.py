@@ -24,7 +24,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "replayed real trace; watch the autotuner's canary trials; write a report; tear down."
         ),
     )
-    parser.add_argument("--fast", action="store_true", help="four 40-s trials: done in about ten minutes")
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="three 40-s trials, then a two-minute load surge: about ten minutes",
+    )
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--trace", default=_DEFAULTS.trace, help=f"bundled trace or CSV (default {_DEFAULTS.trace})"
@@ -63,6 +67,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--ttft-ms", type=float, default=_DEFAULTS.ttft_max_ms, help="TTFT objective in ms (default 1000)"
     )
     slo.add_argument("--ttft-quantile", type=float, default=_DEFAULTS.ttft_quantile, help="default 0.95")
+    scaling = parser.add_argument_group("replicas")
+    scaling.add_argument(
+        "--max-replicas",
+        type=int,
+        default=_DEFAULTS.max_replicas,
+        help=f"the replica planner's maxReplicas; 1 turns it and the load surge off "
+        f"(default {_DEFAULTS.max_replicas})",
+    )
+    scaling.add_argument(
+        "--surge-s",
+        type=float,
+        help=f"seconds the load surges once the tuning has ended (default {_DEFAULTS.surge_s:g})",
+    )
     timing = parser.add_argument_group("duration")
     timing.add_argument(
         "--max-trials",
@@ -108,6 +125,7 @@ def scenario_from_args(args: argparse.Namespace) -> DemoScenario:
         ttft_max_ms=args.ttft_ms,
         ttft_quantile=args.ttft_quantile,
         engine=args.engine,
+        max_replicas=args.max_replicas,
     )
     if args.fast:
         base = base.fast()
@@ -117,6 +135,7 @@ def scenario_from_args(args: argparse.Namespace) -> DemoScenario:
         "warmup": args.warmup,
         "time_scale": args.time_scale,
         "timeout_s": args.timeout,
+        "surge_s": args.surge_s,
     }
     known = {f.name for f in fields(DemoScenario)}
     return replace(base, **{k: v for k, v in overrides.items() if v is not None and k in known})

@@ -128,6 +128,9 @@ def _config_line(service: InferenceService) -> Text:
         )
         if measured.throughput_tok_s is not None:
             text.append(f"   {measured.throughput_tok_s:.0f} tok/s")
+    scaling = scaling_line(service)
+    if scaling:
+        text.append(f"\n{scaling}", style="cyan")
     for kind in ("Ready", "Tuning", "SLOMet", "MetricsUnavailable", "SLOInfeasible"):
         state, reason, _ = condition(service, kind)
         if state is not None:
@@ -138,9 +141,33 @@ def _config_line(service: InferenceService) -> Text:
     return text
 
 
-def render_view(service: InferenceService, trials: list[TuningTrial], now: datetime) -> RenderableType:
-    """The live view: service line and conditions, the trial table, a progress bar for the trial."""
+def scaling_line(service: InferenceService) -> str:
+    """``replicas 1, desired 3 (Auto): live 14.2 req/s, 7.9 req/s per replica planned with``; empty
+    without a planner."""
+    status = service.status
+    scaling = status.scaling if status else None
+    if scaling is None or scaling.mode is None:
+        return ""
+    replicas = status.stable_replicas if status and status.stable_replicas is not None else "-"
+    desired = "-" if scaling.desired_replicas is None else scaling.desired_replicas
+    line = f"replicas {replicas}, desired {desired} ({scaling.mode})"
+    if scaling.live_rate_req_s is not None:
+        line += f": live {scaling.live_rate_req_s:.3g} req/s"
+    if scaling.capacity_low_req_s is not None:
+        line += f", {scaling.capacity_low_req_s:.3g} req/s per replica planned with"
+    elif scaling.reason:
+        line += f"; {scaling.reason}"
+    return line
+
+
+def render_view(
+    service: InferenceService, trials: list[TuningTrial], now: datetime, load: str = ""
+) -> RenderableType:
+    """The live view: service line, replicas and conditions, the trial table, a progress bar for the
+    trial, and ``load`` (what the replayed load does)."""
     parts: list[RenderableType] = [_config_line(service)]
+    if load:
+        parts.append(Text(load, style="cyan"))
     parts.append(render_table(service, trial_rows(trials)))
     for trial in trials:
         progress = trial_progress(trial, service, now)
@@ -156,4 +183,12 @@ def render_view(service: InferenceService, trials: list[TuningTrial], now: datet
     return Group(*parts)
 
 
-__all__ = ["Outcome", "assess", "condition", "promoted_trial", "render_view", "trial_progress"]
+__all__ = [
+    "Outcome",
+    "assess",
+    "condition",
+    "promoted_trial",
+    "render_view",
+    "scaling_line",
+    "trial_progress",
+]

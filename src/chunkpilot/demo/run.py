@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -22,14 +22,46 @@ from rich.panel import Panel
 from chunkpilot.api import InferenceService, TuningTrial
 from chunkpilot.demo.live import Outcome, assess, condition, render_view
 from chunkpilot.demo.scenario import DEMO_NAMESPACE, DemoScenario, build_inferenceservice
+from chunkpilot.demo.surge import Surge
 from chunkpilot.localrun.stack import LocalStack, StackOptions, print_progress, sigterm_as_interrupt
 from chunkpilot.report.history import load_history, trial_rows
 from chunkpilot.report.render import render_table, write_report
+from chunkpilot.report.timeline import ReplicaSample, Timeline, count_runs, read_timeline, timeline_queries
 
 GROUP, VERSION, PLURAL = "chunkpilot.io", "v1alpha1", "inferenceservices"
 #: How long the service may take to become Ready after it is applied.
 READY_TIMEOUT_S = 180.0
 POLL_S = 1.0
+
+
+@dataclass
+class Recording:
+    """What the demo saw over time: when the load began and the service's replica counts."""
+
+    started_at: float | None = None
+    samples: list[ReplicaSample] = field(default_factory=list)
+
+    def sample(self, service: InferenceService) -> None:
+        status = service.status
+        scaling = status.scaling if status else None
+        self.samples.append(
+            ReplicaSample(
+                time.time(),
+                status.stable_replicas if status else None,
+                scaling.desired_replicas if scaling else None,
+            )
+        )
+
+    def timeline(self, stack: LocalStack, scenario: DemoScenario) -> Timeline | None:
+        """The run's timeline from Prometheus and the samples; None before the load began."""
+        if self.started_at is None or stack.prometheus is None or time.time() - self.started_at < 20:
+            return None
+        queries = timeline_queries(
+            scenario.name, DEMO_NAMESPACE, scenario.engine, scenario.itl_quantile, scenario.ttft_quantile
+        )
+        return read_timeline(
+            stack.prometheus.query_range, queries, self.started_at, time.time(), self.samples
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +102,15 @@ def apply_service(api_client: Any, manifest: dict[str, Any]) -> None:
             "metadata": {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
         }
         custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, manifest)
+
+
+def set_scaling_mode(api_client: Any, name: str, mode: str) -> None:
+    """Turn the replica planner of the demo's service to ``mode`` (``kubectl patch`` would do the same)."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    patch = {"spec": {"scaling": {"mode": mode}}}
+    custom.patch_namespaced_custom_object(GROUP, VERSION, DEMO_NAMESPACE, PLURAL, name, patch)
 
 
 def wait_until_ready(
@@ -120,6 +161,7 @@ def run_demo(
     )
     outcome: Outcome | None = None
     report: Path | None = None
+    recording = Recording()
     interrupted = False
     failure: str | None = None
     try:
@@ -127,22 +169,23 @@ def run_demo(
             api_client = stack.control_plane.api_client() if stack.control_plane else None
             assert api_client is not None
             try:
-                outcome, report = _drive(scenario, stack, api_client, report_dir, console, progress)
+                outcome = _drive(scenario, stack, api_client, recording, console, progress)
+                report = _write_report(api_client, scenario, report_dir, console, stack, recording)
             except KeyboardInterrupt:
                 interrupted = True
                 progress("interrupted: writing the report, then tearing down")
-                report = _write_report(api_client, scenario, report_dir, console)
+                report = _write_report(api_client, scenario, report_dir, console, stack, recording)
             except (RuntimeError, TimeoutError) as error:
                 failure = str(error)
                 console.print(f"[red]the demo failed: {failure}[/]")
                 console.print(f"logs: {state_dir} (operator.log, engines/, cluster/logs/)")
-                report = _write_report(api_client, scenario, report_dir, console)
+                report = _write_report(api_client, scenario, report_dir, console, stack, recording)
             finally:
                 api_client.close()
             progress("tearing down the local stack")
     except KeyboardInterrupt:
         interrupted = True
-    _print_summary(console, scenario, outcome, report, interrupted)
+    _print_summary(console, scenario, outcome, report, interrupted, recording)
     return DemoResult(outcome=outcome, report=report, interrupted=interrupted, failure=failure)
 
 
@@ -150,10 +193,10 @@ def _drive(
     scenario: DemoScenario,
     stack: LocalStack,
     api_client: Any,
-    report_dir: Path,
+    recording: Recording,
     console: Console,
     progress: Callable[[str], None],
-) -> tuple[Outcome, Path | None]:
+) -> Outcome:
     name = scenario.name
     console.print(
         Panel(watch_commands(stack.kubeconfig, name), title="Watch from another shell", expand=False)
@@ -171,6 +214,7 @@ def _drive(
 
     wait_until_ready(read, READY_TIMEOUT_S, progress)
     progress("service Ready: replaying the trace")
+    recording.started_at = time.time()
     stack.start_load(
         name,
         scenario.trace,
@@ -182,24 +226,48 @@ def _drive(
     deadline = time.monotonic() + scenario.timeout_s
     service, trials = load_history(api_client, DEMO_NAMESPACE, name)
     outcome = assess(service, trials)
+    surge = Surge(scenario)
     # On a terminal the view refreshes in place; in a log, each trial transition is one line.
-    live = Live(render_view(service, trials, datetime.now(UTC)), console=console, refresh_per_second=2)
+    live = Live(
+        render_view(service, trials, datetime.now(UTC), surge.describe(time.time())),
+        console=console,
+        refresh_per_second=2,
+    )
     seen: set[str] = set()
+    said = surge.phase
     with live if console.is_terminal else contextlib.nullcontext():
-        while not outcome.finished and time.monotonic() < deadline:
+        while (not outcome.finished or surge.busy) and time.monotonic() < deadline:
             time.sleep(POLL_S)
             stack.check_operator()
             service, trials = _read_quietly(api_client, name, service, trials)
             outcome = assess(service, trials)
+            recording.sample(service)
+            now = time.time()
+            extra = surge.step(now, service, outcome.finished)
+            if extra is not None:
+                if not surge.ramped:  # the surge begins: the planner acts from now on
+                    set_scaling_mode(api_client, name, "Auto")
+                stack.start_load(
+                    name,
+                    scenario.trace,
+                    namespace=DEMO_NAMESPACE,
+                    rate=extra.rate,
+                    duration_s=extra.duration_s,
+                    max_prompt_tokens=scenario.max_prompt_tokens,
+                    seed=2 if surge.ramped else 1,
+                )
             if console.is_terminal:
-                live.update(render_view(service, trials, datetime.now(UTC)))
+                live.update(render_view(service, trials, datetime.now(UTC), surge.describe(now)))
             else:
                 for line in transition_lines(trials, seen):
                     progress(line)
-    if not outcome.finished:
-        progress(f"stopping after --timeout {scenario.timeout_s:.0f}s: {outcome.reason}")
-    report = _write_report(api_client, scenario, report_dir, console)
-    return outcome, report
+            if surge.phase is not said and not console.is_terminal:
+                progress(surge.describe(now))
+            said = surge.phase
+    if not outcome.finished or surge.busy:
+        why = outcome.reason if not outcome.finished else surge.describe(time.time())
+        progress(f"stopping after --timeout {scenario.timeout_s:.0f}s: {why}")
+    return outcome
 
 
 def transition_lines(trials: list[TuningTrial], seen: set[str]) -> list[str]:
@@ -226,7 +294,14 @@ def _read_quietly(
         return service, trials
 
 
-def _write_report(api_client: Any, scenario: DemoScenario, report_dir: Path, console: Console) -> Path | None:
+def _write_report(
+    api_client: Any,
+    scenario: DemoScenario,
+    report_dir: Path,
+    console: Console,
+    stack: LocalStack,
+    recording: Recording,
+) -> Path | None:
     try:
         service, trials = load_history(api_client, DEMO_NAMESPACE, scenario.name)
     except Exception as error:  # the stack may already be failing; say so and go on tearing down
@@ -235,14 +310,24 @@ def _write_report(api_client: Any, scenario: DemoScenario, report_dir: Path, con
     rows = trial_rows(trials)
     console.print(render_table(service, rows))
     try:
-        return write_report(service, rows, report_dir / scenario.name)
+        timeline = recording.timeline(stack, scenario)
+    except Exception as error:  # Prometheus failing too: the report goes without its timeline
+        console.print(f"[yellow]the report has no timeline: Prometheus did not answer ({error})[/]")
+        timeline = None
+    try:
+        return write_report(service, rows, report_dir / scenario.name, timeline)
     except (OSError, ValueError) as error:
         console.print(f"[red]could not write the report to {report_dir / scenario.name}: {error}[/]")
         return None
 
 
 def _print_summary(
-    console: Console, scenario: DemoScenario, outcome: Outcome | None, report: Path | None, interrupted: bool
+    console: Console,
+    scenario: DemoScenario,
+    outcome: Outcome | None,
+    report: Path | None,
+    interrupted: bool,
+    recording: Recording,
 ) -> None:
     lines: list[str] = []
     if interrupted:
@@ -271,6 +356,11 @@ def _print_summary(
             lines.append(f"No configuration meets both SLOs: {outcome.reason}")
         else:
             lines.append(f"No configuration was promoted ({outcome.trials_finished} trials finished).")
+    if scenario.scales and recording.samples:
+        lines.append(
+            f"Stable replicas over the run: {count_runs([s.replicas for s in recording.samples])} "
+            f"(desired: {count_runs([s.desired for s in recording.samples])})."
+        )
     if report is not None:
         lines.append(f"Report: {report}")
     console.print(
@@ -278,4 +368,11 @@ def _print_summary(
     )
 
 
-__all__ = ["DemoResult", "apply_service", "run_demo", "wait_until_ready", "watch_commands"]
+__all__ = [
+    "DemoResult",
+    "apply_service",
+    "run_demo",
+    "set_scaling_mode",
+    "wait_until_ready",
+    "watch_commands",
+]

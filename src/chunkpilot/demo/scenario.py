@@ -11,6 +11,15 @@ objective is missed; a smaller budget meets it at a modest TTFT cost — the tra
 semantics and metric names. SGLang gets ``enableMixedChunk``: with its default separate prefill passes
 the decodes wait for every chunk of a prompt back to back, and no chunk size meets a 50 ms ITL p99 on
 this trace (the simulator's p99 grows from about 70 to 140 ms as the chunk shrinks from 8192 to 256).
+
+The replica planner (``spec.scaling``, 1 to ``max_replicas`` stable replicas) advises while the
+tuner runs: DESIRED shows how many replicas each promoted configuration needs at the live rate (at
+the default budget several, since one replica meets the ITL objective only at a light load), and
+nothing acts, so every trial is judged beside the replicas it started with. Once the tuning has
+ended the demo turns the planner to Auto and surges the replayed rate to about ``surge_replicas``
+replicas' worth of the tuned configuration's capacity for ``surge_s`` seconds, then lets it fall
+back: the replicas rise and come back down, and the report plots the rate, the replicas and both
+SLO quantiles over the run.
 """
 
 from __future__ import annotations
@@ -64,6 +73,19 @@ class DemoScenario:
     max_prompt_tokens: int = 7680
     #: ``spec.engine.kind`` of the service (see the module docstring).
     engine: str = "sim"
+    #: The planner's ``maxReplicas`` (1: scaling off, the service keeps ``replicas``).
+    max_replicas: int = 3
+    #: The surge: about this many replicas' worth of the twin's capacity (what the planner sizes
+    #: with), never above ``surge_max_factor`` times ``rate`` (every engine shares this machine's CPUs).
+    surge_replicas: float = 2.5
+    surge_max_factor: float = 4.0
+    surge_s: float = 120.0
+    #: The surge's rate rises in two steps this far apart (a flash crowd that builds).
+    surge_ramp_s: float = 20.0
+    #: After the surge, how long the demo waits for the replicas to come back down.
+    calm_s: float = 150.0
+    #: The planner's scale-down stabilization window (the HPA's default of five minutes, shortened).
+    scale_down_window_s: int = 30
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -103,7 +125,25 @@ class DemoScenario:
             found.append(f"--timeout must be > 0 seconds, got {self.timeout_s:g}")
         if self.engine not in DEMO_ENGINES:
             found.append(f"--engine must be one of {', '.join(DEMO_ENGINES)}, got {self.engine!r}")
+        if not self.max_replicas >= self.replicas:
+            found.append(
+                f"--max-replicas ({self.max_replicas}) must be >= the starting replicas ({self.replicas}); "
+                "1 turns the replica planner off"
+            )
+        if not (self.surge_replicas > 0 and self.surge_max_factor >= 1 and self.calm_s >= 0):
+            found.append("the surge needs --surge-replicas > 0, a rate factor >= 1 and a calm >= 0 s")
+        if not self.surge_s > self.surge_ramp_s >= 0:
+            found.append(f"--surge-s must be longer than the surge's ramp ({self.surge_ramp_s:g} s)")
         return found
+
+    @property
+    def scales(self) -> bool:
+        """Whether the replica planner runs (in Auto) and the demo surges the load."""
+        return self.max_replicas > 1
+
+    def surge_rate(self, capacity_req_s: float) -> float:
+        """The replayed rate of the surge, given one replica's capacity as the planner sizes with it."""
+        return min(self.rate * self.surge_max_factor, max(self.rate, self.surge_replicas * capacity_req_s))
 
     @property
     def trial_seconds(self) -> float:
@@ -116,8 +156,17 @@ class DemoScenario:
         return parse_duration(self.warmup)
 
     def fast(self) -> DemoScenario:
-        """A variant with four shorter trials: about ten minutes on a laptop (trials run in real time)."""
-        return replace(self, max_trials=4, trial_window="40s", warmup="10s", timeout_s=1200.0)
+        """A variant with three shorter trials and a shorter scale-down window: about ten minutes on
+        a laptop (everything runs in real time)."""
+        return replace(
+            self,
+            max_trials=3,
+            trial_window="40s",
+            warmup="10s",
+            timeout_s=1200.0,
+            calm_s=120.0,
+            scale_down_window_s=20,
+        )
 
 
 def build_inferenceservice(scenario: DemoScenario) -> dict[str, Any]:
@@ -151,7 +200,17 @@ def build_inferenceservice(scenario: DemoScenario) -> dict[str, Any]:
                 "maxTrials": scenario.max_trials,
                 "canaryReplicas": 1,
             },
+            **({"scaling": _scaling(scenario)} if scenario.scales else {}),
         },
+    }
+
+
+def _scaling(scenario: DemoScenario) -> dict[str, Any]:
+    return {
+        "mode": "Advise",  # the demo turns it to Auto once the tuning has ended
+        "minReplicas": scenario.replicas,
+        "maxReplicas": scenario.max_replicas,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": scenario.scale_down_window_s}},
     }
 
 
