@@ -38,7 +38,15 @@ from chunkpilot.tuner.twin import Twin, TwinFit
 from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
 from chunkpilot.tuner.twin.search import Candidate
 
-from chunkpilot.api import EngineConfig, TrialPhase, TrialProgress, TrialTwin, TuningTrial, TwinState
+from chunkpilot.api import (
+    EngineConfig,
+    TokenMix,
+    TrialPhase,
+    TrialProgress,
+    TrialTwin,
+    TuningTrial,
+    TwinState,
+)
 from chunkpilot.testing.deployments import a_ready_state, after_rollout
 from chunkpilot.testing.services import NOW, a_service, a_service_body
 from chunkpilot.testing.trials import STARTED, TRIAL_CONFIG, a_missed_trial, a_trial, with_status
@@ -513,6 +521,32 @@ def test_a_fitted_twin_picks_its_best_candidate_and_records_itself_on_the_servic
     later = decide(snapshot(body, [first], twin=fitted(calibration, ranked=False)), SETTINGS)
     (create,) = of_type(later, CreateTrial)
     assert TuningTrial.from_manifest(dict(create.manifest)).spec.params.max_num_batched_tokens == 1536
+
+
+def test_a_drifted_workload_that_another_config_serves_on_fewer_gpus_starts_a_new_round(
+    calibration: Calibration,
+) -> None:
+    body = service_body(maxTrials=1)
+    done = a_trial(
+        1, TrialPhase.ROLLED_BACK, verdict="Discarded", canary=a_measurement("canary", 40.0).to_api()
+    )
+    done.spec.token_mix = TokenMix(prompt=400.0, output=200.0, note="measured on stable over 60s")
+    # The round was sized for 400 prompt tokens per request; the stable track now sees 800.
+    drifted = a_measurement("stable", 30.0, prompt_tok_s=4000.0, request_rate=5.0)
+    plan = decide(snapshot(body, [done], stable_reading=Reading(drifted), twin=fitted(calibration)), SETTINGS)
+    (create,) = of_type(plan, CreateTrial)
+    assert create.manifest["metadata"]["labels"][rec.LABEL_ROUND] == "1"
+    (said,) = [a.event.message for a in of_type(plan, Emit) if a.event.reason == "Retuning"]
+    assert "prompt 400 -> 800 tokens per request" in said
+    assert "best configuration (budget=2048" in said and "needs 1 GPU(s), the running one 2" in said
+
+    # The same mix, or a drift the running configuration serves as well, starts nothing.
+    same = a_measurement("stable", 30.0, prompt_tok_s=2000.0, request_rate=5.0)
+    steady = decide(snapshot(body, [done], stable_reading=Reading(same), twin=fitted(calibration)), SETTINGS)
+    assert of_type(steady, CreateTrial) == []
+    level = replace(calibration, incumbent=replace(calibration.incumbent, capacity_req_s=11.5))
+    plan = decide(snapshot(body, [done], stable_reading=Reading(drifted), twin=fitted(level)), SETTINGS)
+    assert of_type(plan, CreateTrial) == []
 
 
 def test_a_ranking_of_another_stable_config_is_not_used(calibration: Calibration) -> None:

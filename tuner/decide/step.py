@@ -309,16 +309,20 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
     in_round = [t for t in snap.trials if rec.trial_round(t) == round_]
     reason = stop_reason(plan, records(plan, space, in_round), in_round)
     if reason is not None:
-        if not should_retune(plan, settings):
+        drift = twinplan.drift_retune(plan, in_round)
+        if drift is None and not should_retune(plan, settings):
             if reason is StopReason.INFEASIBLE:
                 topotrial.consider(plan, round_, settings)  # allowTopologyChange: the recommended topology
             return
         round_ += 1
-        plan.emit(
-            EventType.WARNING,
-            "Retuning",
-            f"SLO violated for a sustained window after tuning stopped: starting tuning round {round_}",
-        )
+        if drift is not None:
+            plan.emit(EventType.NORMAL, "Retuning", f"{drift}: starting tuning round {round_}")
+        else:
+            plan.emit(
+                EventType.WARNING,
+                "Retuning",
+                f"SLO violated for a sustained window after tuning stopped: starting tuning round {round_}",
+            )
     if snap.stable is None or not snap.stable.rollout_complete:
         plan.condition(
             ConditionType.TUNING,

@@ -11,17 +11,20 @@ observing (:mod:`chunkpilot.tuner.observe.twin`) and arrive in :attr:`Snapshot.t
 * :func:`evidence` is what :func:`chunkpilot.tuner.policy.judge_capacity` judges a canary with.
 * :func:`unpredicted`, :func:`verdict_twin` and :func:`aborted_twin` give every trial a twin block:
   predicted capacity and the twin's error where they exist, otherwise a ``message`` saying why not.
+* :func:`drift_retune` says when a workload that drifted from the one the tuning round was sized for
+  makes another configuration need fewer GPUs at the live rate (a new round then canaries it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide.plan import Plan
 from chunkpilot.tuner.observe.snapshot import TwinReading
+from chunkpilot.tuner.planner import Capacity, replicas_for
 from chunkpilot.tuner.policy import TwinEvidence
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.online import TOLERANCE, Calibration, capacity_unit
@@ -39,6 +42,9 @@ from chunkpilot.api import (
 
 #: Candidates written to the service status.
 MAX_CANDIDATES = 8
+#: A mean of prompt or output tokens per request this far (relative) from the one the tuning round
+#: was sized for is a drifted workload.
+WORKLOAD_DRIFT = 0.3
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -299,4 +305,46 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         unit=twin.capacity_unit or "",
         fit_error=fit_error if fit_error is not None else math.nan,
         tolerance=twin.tolerance if twin.tolerance is not None else TOLERANCE,
+    )
+
+
+def drift_retune(plan: Plan, round_trials: Sequence[TuningTrial]) -> str | None:
+    """Why a new tuning round pays, or None: the stable track's tokens per request moved more than
+    :data:`WORKLOAD_DRIFT` from the mix the round's first trial recorded, and the twin, ranked on the
+    live workload this step, has a configuration that needs fewer GPUs than the running one at the
+    live request rate (plus the planner's headroom)."""
+    snap = plan.snap
+    reading, stable = snap.twin, snap.stable_reading.value
+    calibration = reading.calibration
+    if not reading.ranked or calibration is None or calibration.incumbent is None or not calibration.ranked:
+        return None
+    first = min(round_trials, key=lambda t: t.spec.number, default=None)
+    if first is None or stable is None:
+        return None
+    mix = rec.token_mix(first)
+    if mix is None:
+        return None
+    moved = [
+        f"{name} {then:.0f} -> {now:.0f}"
+        for name, then, now in (
+            ("prompt", mix.prompt, stable.mean_prompt_tokens),
+            ("output", mix.output, stable.mean_output_tokens),
+        )
+        if then and now and abs(now / then - 1.0) > WORKLOAD_DRIFT
+    ]
+    rate = snap.service_rate()
+    if not moved or rate is None or not rate > 0:
+        return None
+    planned = rate * (1.0 + snap.isvc.spec.scaling.headroom)
+    best = max(calibration.ranked, key=lambda c: c.capacity_req_s)
+    need_best = replicas_for(planned, Capacity(best.capacity_req_s, 0.0))
+    need_now = replicas_for(planned, Capacity(calibration.incumbent.capacity_req_s, 0.0))
+    if need_best is None or (need_now is not None and need_best >= need_now):
+        return None
+    gpus = _gpus(plan)
+    running = "more than any count" if need_now is None else f"{need_now * gpus}"
+    return (
+        f"the workload drifted from the one tuning round {rec.trial_round(first)} was sized for "
+        f"({', '.join(moved)} tokens per request): at the live {rate:.3g} req/s the twin's best "
+        f"configuration ({best.config.summary()}) needs {need_best * gpus} GPU(s), the running one {running}"
     )
