@@ -16,6 +16,7 @@ from chunkpilot.tuner.planner import (
     remember,
     replicas_for,
     settled,
+    sizing_capacity,
     stabilized,
     startup_seconds,
     trend_rate,
@@ -68,6 +69,20 @@ def test_a_capacity_between_its_nominal_and_its_low_end() -> None:
     assert Capacity.between(2.0, 0.2).error == 0.5  # at most MAX_ERROR below
     assert Capacity.between(2.0, 2.4).error == 0.0
     assert capacity_of(2.0, 0.01, low_req_s=1.6).low == pytest.approx(1.6)  # the low end wins
+
+
+def test_the_capacity_sized_with_is_the_low_end_under_what_the_live_service_showed() -> None:
+    cap, capacity = sizing_capacity(2.0, None, low_req_s=1.6, cap_req_s=None, per_replica_req_s=1.0, met=True)
+    assert cap is None and capacity.low == pytest.approx(1.6)
+    cap, capacity = sizing_capacity(
+        2.0, None, low_req_s=1.6, cap_req_s=None, per_replica_req_s=1.2, met=False
+    )
+    assert cap == pytest.approx(1.14) and capacity.low == pytest.approx(1.14)  # a miss at 1.2, less 5%
+    # Met at a load near the cap: it recovers a little at a time, towards the twin's.
+    cap, _ = sizing_capacity(2.0, None, low_req_s=1.6, cap_req_s=1.14, per_replica_req_s=0.8, met=True)
+    assert cap == pytest.approx(1.14 * 1.02)
+    cap, _ = sizing_capacity(2.0, None, low_req_s=1.6, cap_req_s=1.14, per_replica_req_s=0.5, met=True)
+    assert cap == pytest.approx(1.14)  # too light a load to say anything
 
 
 def test_a_miss_right_after_a_change_of_replicas_is_the_backlog_of_the_load_before() -> None:

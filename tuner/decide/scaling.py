@@ -90,7 +90,9 @@ def plan_scaling(plan: Plan) -> None:
     )
     fit = _fit_key(plan)
     kept = before.capacity_cap_req_s if before.capacity_cap_fit == fit else None
-    cap, capacity = sizing_capacity(nominal, found[1], low, kept, per_replica, met)
+    cap, capacity = sizing_capacity(
+        nominal, found[1], low_req_s=low, cap_req_s=kept, per_replica_req_s=per_replica, met=met
+    )
     decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
     if spec.acts and before.mode != ScalingMode.AUTO:
         previous = snap.isvc.spec.replicas  # what ran until the planner acted (Off, Advise)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import time
@@ -178,6 +179,13 @@ def twin_request(
             spec.engine, spec.model.name, str(spec.resources.accelerator), facts.max_model_len
         ),
     )
+
+
+def _planning_errors(calibration: online.Calibration) -> tuple[float, float]:
+    """The twin's error per quantile, or its one error for both where neither compared."""
+    if any(math.isfinite(e) for e in calibration.errors):
+        return calibration.errors
+    return calibration.error, calibration.error
 
 
 def rank_due(snap: Snapshot, key: str, refit: int | None) -> bool:
@@ -362,7 +370,7 @@ class TwinObserver:
                 calibration.twin,
                 rec.tuned_config(snap.incumbent),
                 online.offset_slo(sim_slo(snap), calibration.offset_ms),
-                calibration.error,
+                _planning_errors(calibration),
                 max_model_len=rec.service_facts(snap.isvc).max_model_len,
             )
         except (TwinFitError, ValueError) as error:  # the planner falls back on the ranking's capacity

@@ -124,12 +124,12 @@ def band_quantiles(q: float, samples: float, z: float = 2.0) -> tuple[float, flo
     return max(0.5, q - delta), min(0.9999, q + delta)
 
 
-def quantile_error(
+def quantile_errors(
     predicted: tuple[float, float],
     measured: tuple[float | None, float | None],
     bands: tuple[Band | None, Band | None] = (None, None),
-) -> float:
-    """The larger relative error of (ITL, TTFT); NaN when nothing compares.
+) -> tuple[float, float]:
+    """The relative error of the ITL and of the TTFT quantile; NaN where nothing compares.
 
     Where the measurement's sampling band is known, the error is how far the prediction lies outside
     it (``p / high - 1`` above, ``low / p - 1`` below, 0 inside): a quantile measured from a few
@@ -138,13 +138,23 @@ def quantile_error(
     errors = []
     for p, m, band in zip(predicted, measured, bands, strict=True):
         if m is None or m <= 0 or not math.isfinite(p) or p <= 0:
-            continue
-        if band is None:
+            errors.append(math.nan)
+        elif band is None:
             errors.append(abs(p / m - 1.0))
-            continue
-        low, high = min(band[0], m), max(band[1], m)
-        errors.append(max(0.0, p / high - 1.0, low / p - 1.0))
-    return max(errors) if errors else math.nan
+        else:
+            low, high = min(band[0], m), max(band[1], m)
+            errors.append(max(0.0, p / high - 1.0, low / p - 1.0))
+    return errors[0], errors[1]
+
+
+def quantile_error(
+    predicted: tuple[float, float],
+    measured: tuple[float | None, float | None],
+    bands: tuple[Band | None, Band | None] = (None, None),
+) -> float:
+    """The larger of :func:`quantile_errors`; NaN when nothing compares."""
+    found = [e for e in quantile_errors(predicted, measured, bands) if not math.isnan(e)]
+    return max(found) if found else math.nan
 
 
 # --------------------------------------------------------------------------- reading (observe)
@@ -374,6 +384,9 @@ class Calibration:
     cpu_seconds: float = 0.0
     #: What the engine adds to ITL and TTFT outside its steps (ms), from the stable track.
     offset_ms: tuple[float, float] = (0.0, 0.0)
+    #: ``error`` per quantile (ITL, TTFT; NaN where nothing compares): the replica planner tightens
+    #: each target by its own.
+    errors: tuple[float, float] = (math.nan, math.nan)
 
 
 def predict_ms(
@@ -446,8 +459,9 @@ def calibrate(request: Request) -> Calibration:
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
+    errors = quantile_errors(raw, request.measured_ms, request.bands)
     error = quantile_error(raw, request.measured_ms, request.bands)
-    calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets)
+    calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets, errors=errors)
     if not request.rank:
         return calibration
     slo = offset_slo(request.slo, offsets)

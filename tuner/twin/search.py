@@ -110,17 +110,20 @@ def planning_capacity(
     twin: Twin,
     config: TunedConfig,
     slo: SLO,
-    error: float,
+    error: float | tuple[float, float],
     *,
     max_model_len: int = 8192,
     requests: int = CAPACITY_REQUESTS,
     tolerance: float = CAPACITY_TOLERANCE,
 ) -> tuple[float, float]:
     """What the replica planner sizes with: the capacity one replica of ``config`` sustains
-    (:data:`SUSTAINED_S`) at ``slo``, and at ``slo`` with both targets divided by ``1 + error`` (the
-    twin's relative latency error): the capacity should its latencies be that much longer. Near the
-    targets a small latency error moves the capacity a lot; this carries it over."""
-    error = max(0.0, error) if math.isfinite(error) else 0.0
+    (:data:`SUSTAINED_S`) at ``slo``, and at ``slo`` with each target divided by ``1 + error`` (the
+    twin's relative latency error: one for both, or the ITL's and the TTFT's own): the capacity
+    should its latencies be that much longer. Near the targets a small latency error moves the
+    capacity a lot; this carries it over. A quantile the twin predicts well is not tightened for
+    the other's error."""
+    itl_error, ttft_error = (error, error) if isinstance(error, (int, float)) else error
+    itl_error, ttft_error = (max(0.0, e) if math.isfinite(e) else 0.0 for e in (itl_error, ttft_error))
 
     def at(target: SLO) -> float:
         return evaluate_on_twin(
@@ -134,9 +137,9 @@ def planning_capacity(
         ).capacity_req_s
 
     nominal = at(slo)
-    if error <= 0 or nominal <= 0:
+    if (itl_error <= 0 and ttft_error <= 0) or nominal <= 0:
         return nominal, nominal
-    tight = replace(slo, itl_ms=slo.itl_ms / (1 + error), ttft_ms=slo.ttft_ms / (1 + error))
+    tight = replace(slo, itl_ms=slo.itl_ms / (1 + itl_error), ttft_ms=slo.ttft_ms / (1 + ttft_error))
     return nominal, min(nominal, at(tight))
 
 

@@ -46,7 +46,7 @@ from chunkpilot.tuner.policy import PROMOTE_MARGIN, SLOTargets, check_slo, objec
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
-from chunkpilot.tuner.twin.online import quantile_error
+from chunkpilot.tuner.twin.online import quantile_errors
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, LatencyQuantiles, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
@@ -377,21 +377,21 @@ def run_twin(context: OnlineContext, engine: LiveEngine, settings: TwinSettings)
 def twin_capacity(context: OnlineContext, settings: TwinSettings, stable: Observation) -> tuple[float, float]:
     """The twin fitted on one track's window (``stable``), as the replica planner sizes with it
     (:func:`~chunkpilot.tuner.twin.search.planning_capacity`): the capacity the configuration it ran
-    sustains at SLO, and at the SLO tightened by the twin's error on that window (the larger relative
-    error of its ITL and TTFT quantiles at the window's load, as the operator states it)."""
+    sustains at SLO, and at the SLO with each target tightened by the twin's relative error on that
+    quantile over that window, as the operator does)."""
     context = replace(context, rate_req_s=stable.rate_req_s)
     with tempfile.TemporaryDirectory(prefix="bench-twin-") as tmp:
         state = _TwinState(context, settings, Path(tmp), stable)
         predicted = state.latency(stable.config)
         measured = stable.quantiles
-        error = quantile_error(
+        errors = quantile_errors(
             (predicted.itl_p99_ms, predicted.ttft_p95_ms), (measured.itl_p99_ms, measured.ttft_p95_ms)
         )
         return planning_capacity(
             state.twin,
             stable.config,
             context.slo,
-            error,
+            errors,
             max_model_len=context.space.max_model_len,
             requests=settings.requests,
             tolerance=settings.tolerance,
