@@ -11,23 +11,13 @@ import pytest
 from chunkpilot.engine.metrics_names import FINE_INTER_TOKEN_LATENCY
 
 from chunkpilot.api import InferenceService
+from chunkpilot.demo.scenario import DemoScenario, build_inferenceservice
 from chunkpilot.report import write_report
 from chunkpilot.report.timeline import ReplicaSample, read_timeline, timeline_queries
-from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 START = 1_000_000.0
-SERVICE = InferenceService.from_manifest(
-    a_manifest(
-        "chat",
-        "default",
-        {
-            "model": {"name": LLAMA_8B["name"]},
-            "engine": {"kind": "sim", "maxNumBatchedTokens": 1024, "maxNumSeqs": 128},
-            "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 1000}},
-            "autotune": {"enabled": True},
-        },
-    )
-)
+#: The demo's service (ITL p99 <= 50 ms, TTFT p95 <= 1000 ms): what draws a timeline.
+SERVICE = InferenceService.from_manifest(build_inferenceservice(DemoScenario()))
 
 
 def _matrix(values: dict[int, str]) -> list[dict[str, Any]]:
