@@ -57,11 +57,6 @@ TOLERANCE: Final = 0.1
 #: How long after the last change of replicas (and their start-up) a missed SLO is not held against
 #: the twin's capacity: two measurement windows.
 SETTLE_S: Final = 120.0
-#: Both SLOs met at a load per replica of at least this share of a learnt cap raise the cap by
-#: :data:`CAP_RECOVERY` (towards the twin's capacity): a cap learnt from one bad minute must not stand
-#: for good while the replicas it asks for keep the load per replica below it.
-CAP_PROBE_LOAD: Final = 0.6
-CAP_RECOVERY: Final = 0.02
 #: A miss at a load per replica below this share of the planned capacity is not held against it:
 #: that light, the latency is the requests' own (a run of long prompts), and more replicas would not
 #: help.
@@ -105,19 +100,15 @@ def learnt_cap(
     """What the live service has shown one replica serves, where that is below what the twin plans
     with (None: nothing below it). A miss at a load per replica (one that counts: settled, and at
     least :data:`MISS_MIN_LOAD` of the planned capacity) lowers it to that load less
-    :data:`MISS_MARGIN`; both SLOs met at a load above it raise it to that load, and at a load of at
-    least :data:`CAP_PROBE_LOAD` of it by :data:`CAP_RECOVERY` (the replicas it asks for keep the
-    load below it, so it would otherwise never rise); at or above the twin's planned capacity it is
-    dropped. Kept from step to step until the twin refits, so a twin that overstates the capacity is
-    corrected once, not at every miss."""
+    :data:`MISS_MARGIN`; both SLOs met at a load above it raise it to that load; at or above the
+    twin's planned capacity it is dropped. Kept from step to step until the twin refits, so a twin
+    that overstates the capacity is corrected once, not at every miss."""
     if per_replica_req_s is not None and per_replica_req_s > 0 and met is not None:
         if not met and per_replica_req_s >= MISS_MIN_LOAD * planned_low_req_s:
             lowered = per_replica_req_s * (1.0 - MISS_MARGIN)
             cap_req_s = lowered if cap_req_s is None else min(cap_req_s, lowered)
         elif met and cap_req_s is not None and per_replica_req_s > cap_req_s:
             cap_req_s = per_replica_req_s
-        elif met and cap_req_s is not None and per_replica_req_s >= CAP_PROBE_LOAD * cap_req_s:
-            cap_req_s *= 1.0 + CAP_RECOVERY
     if cap_req_s is None or cap_req_s >= planned_low_req_s:
         return None
     return cap_req_s

@@ -22,7 +22,7 @@ JUDGED = {"Promoted", "Discarded", "Pruned"}
 
 @pytest.mark.parametrize("engine", ["sglang", "trtllm"])
 def test_one_trial_is_measured_and_judged_in_the_engines_own_metrics(engine: str, demo: DemoRun) -> None:
-    result = demo.run("--engine", engine, "--max-trials", "1", timeout=900)
+    result = demo.run("--engine", engine, "--max-trials", "1", "--max-replicas", "1", timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode in (0, 1), output[-6000:]  # 1: the one trial promoted nothing
     with (demo.reports / "code-assist" / "trials.csv").open() as handle:
