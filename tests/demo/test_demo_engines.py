@@ -3,7 +3,7 @@ simulator in that engine's dialect, its metrics reach Prometheus at the engine's
 tuner measures both tracks in that engine's metric names and judges the trial on the measurements.
 
 One trial keeps this at about two minutes per engine; whether a promotion follows is the default
-demo's test (``test_demo_e2e.py``), whose three trials and load surge cost about ten minutes.
+demo's test (``test_demo_e2e.py``), whose four trials and load surge cost about twelve minutes.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--fast",
         action="store_true",
-        help="three 40-s trials, then a two-minute load surge: about ten minutes",
+        help="four 40-s trials, then a two-minute load surge: about twelve minutes",
     )
     workload = parser.add_argument_group("workload")
     workload.add_argument(

@@ -156,11 +156,11 @@ class DemoScenario:
         return parse_duration(self.warmup)
 
     def fast(self) -> DemoScenario:
-        """A variant with three shorter trials and a shorter scale-down window: about ten minutes on
-        a laptop (everything runs in real time)."""
+        """A variant with four shorter trials and a shorter scale-down window: about twelve minutes
+        on a laptop (everything runs in real time)."""
         return replace(
             self,
-            max_trials=3,
+            max_trials=4,
             trial_window="40s",
             warmup="10s",
             timeout_s=1200.0,
