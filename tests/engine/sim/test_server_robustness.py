@@ -106,39 +106,34 @@ def test_405_names_the_allowed_methods_and_413_is_typed(sim_server: SimServer) -
     assert _error(payload)["type"] == "RequestEntityTooLarge"
 
 
-def _health_probes(server: SimServer, stop: threading.Event, out: list[tuple[float, float]]) -> None:
-    """Probe ``/health`` until ``stop``; each probe's (start, end) on the monotonic clock."""
+def _health_latencies(server: SimServer, stop: threading.Event, out: list[float]) -> None:
     while not stop.is_set():
         started = time.monotonic()
         status, _, _ = request(server, "/health", None, None, method="GET", timeout=30)
         assert status == 200
-        out.append((started, time.monotonic()))
+        out.append(time.monotonic() - started)
         time.sleep(0.05)
 
 
 def test_health_answers_while_a_60_mb_prompt_is_refused(sim_server: SimServer) -> None:
     body = json.dumps({"prompt": "hello world " * 5_000_000, "max_tokens": 4}).encode()
     assert len(body) > 60_000_000
-    probes: list[tuple[float, float]] = []
+    latencies: list[float] = []
     stop = threading.Event()
-    prober = threading.Thread(target=_health_probes, args=(sim_server, stop, probes))
+    prober = threading.Thread(target=_health_latencies, args=(sim_server, stop, latencies))
     prober.start()
     try:
         time.sleep(0.2)
         started = time.monotonic()
         status, _, payload = request(sim_server, "/v1/completions", body)
-        refused = time.monotonic()
+        refused_after = time.monotonic() - started
     finally:
         stop.set()
         prober.join()
     assert status == 400 and "maximum context length" in _error(payload)["message"]
-    latencies = [end - begin for begin, end in probes]
-    print(f"\n60 MB prompt refused after {refused - started:.2f} s; /health max {max(latencies):.3f} s "
+    print(f"\n60 MB prompt refused after {refused_after:.2f} s; /health max {max(latencies):.3f} s "
           f"over {len(latencies)} probes")  # fmt: skip
-    # Liveness, relative to the request: a server blocked on the prompt keeps a probe waiting for most
-    # of the time the prompt takes; one that is live answers within a second, or within half of that
-    # time on a machine so busy that the prompt itself takes seconds.
-    assert latencies and max(latencies) < max(1.0, 0.5 * (refused - started))
+    assert latencies and max(latencies) < 1.0  # the liveness bound of the issue, not a speed figure
 
 
 def _metrics(server: SimServer) -> dict[str, Any]:
