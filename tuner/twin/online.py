@@ -460,7 +460,7 @@ def calibrate(request: Request) -> Calibration:
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
     errors = quantile_errors(raw, request.measured_ms, request.bands)
-    error = quantile_error(raw, request.measured_ms, request.bands)
+    error = max((e for e in errors if not math.isnan(e)), default=math.nan)
     calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets, errors=errors)
     if not request.rank:
         return calibration
