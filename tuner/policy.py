@@ -244,6 +244,12 @@ def judge_final(
     )
 
 
+#: A quantile whose prediction lies within this share of its SLO target of the measurement agrees
+#: with it whatever its relative error (``CanaryCheck.confirms`` in the twin's online module): a few
+#: milliseconds either way at a latency far below its target say nothing of the capacity at it.
+AGREEMENT_FLOOR = 0.1
+
+
 @dataclass(frozen=True)
 class TwinEvidence:
     """What the twin says about a canary: its quantiles at the canary's live load and capacities.
@@ -265,14 +271,32 @@ class TwinEvidence:
     fit_error: float
     tolerance: float
     robust_capacity: float | None = None
+    #: Whether the canary, and the stable track in the same window, confirm the twin
+    #: (:meth:`~chunkpilot.tuner.twin.online.CanaryCheck.confirms`: within the tolerance, or within a
+    #: small share of the target); None: judged by ``error`` and ``fit_error`` against the tolerance.
+    confirmed: bool | None = None
+    fit_confirmed: bool | None = None
+
+    @property
+    def canary_agrees(self) -> bool:
+        return self.confirmed if self.confirmed is not None else self.error <= self.tolerance
+
+    @property
+    def stable_agrees(self) -> bool:
+        return self.fit_confirmed if self.fit_confirmed is not None else self.fit_error <= self.tolerance
 
     def agreement(self, slo: SLOTargets) -> str:
         (p_itl, p_ttft), (m_itl, m_ttft) = self.predicted_ms, self.measured_ms
         shown = "/".join("-" if m is None else f"{m:.0f}" for m in (m_itl, m_ttft))
+        floor = (
+            f", each within {AGREEMENT_FLOOR:.0%} of its target"
+            if self.confirmed and not self.error <= self.tolerance
+            else ""
+        )
         return (
             f"twin predicted ITL p{slo.itl_quantile * 100:g}/TTFT p{slo.ttft_quantile * 100:g} "
             f"{p_itl:.0f}/{p_ttft:.0f}ms at {self.rate_req_s:.2f} req/s, canary measured {shown}ms "
-            f"(error {_percent(self.error)}, tolerance {self.tolerance:.0%})"
+            f"(error {_percent(self.error)}, tolerance {self.tolerance:.0%}{floor})"
         )
 
 
@@ -314,13 +338,13 @@ def judge_capacity(
         return verdict(
             Decision.PROMOTE, f"{met} where stable violates it ({_fmt(s_check, stable, slo)}); {agreement}"
         )
-    if not twin.error <= twin.tolerance:
+    if not twin.canary_agrees:
         return verdict(
             Decision.DISCARD,
             f"{met}, but the twin and the canary disagree: {agreement}; no promotion on the prediction "
             "alone: refitting the twin with this canary's steps and re-ranking",
         )
-    if not twin.fit_error <= twin.tolerance:
+    if not twin.stable_agrees:
         return verdict(
             Decision.DISCARD,
             f"{met} and confirms the twin ({agreement}), but the twin's error on the stable track is "

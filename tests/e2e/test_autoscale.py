@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from chunkpilot.engine.sim.engine import SimConfig
 
-from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, Track
+from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION, InferenceService, Track
 from chunkpilot.bench.twin_truth import Perturbation, write_truth
+from chunkpilot.demo.surge import planned_capacity
 from chunkpilot.localrun.loadgen import BackgroundLoad
 from chunkpilot.localrun.podrunner import ENV_SIM_GPU, ENV_SIM_STEP_PROFILE
 from chunkpilot.localrun.stack import LocalStack
@@ -88,6 +89,12 @@ def stable_replicas(cluster: ServiceObjects) -> tuple[int, int]:
     return deployment.spec.replicas, deployment.status.ready_replicas or 0
 
 
+def tuning_ended(cluster: ServiceObjects) -> bool:
+    """Whether every trial of the tuning run has its verdict (the manifest allows one)."""
+    verdicts = cluster.verdicts()
+    return len(verdicts) == 1 and all(verdict is not None for _, verdict, _ in verdicts)
+
+
 def _seconds(stamp: datetime | None) -> float:
     return stamp.timestamp() if stamp is not None else 0.0
 
@@ -112,13 +119,17 @@ def test_the_planner_advises_then_scales_up_and_back_down_with_the_load(stack: L
     cluster = serve_service(stack, manifest(name, namespace))
     running = load(stack, name, namespace, LOW)
     try:
-        # 1. At the low load the twin fits and the planner decides, in Advise, one replica or two.
+        # 1. At the low load the twin fits, the one trial runs, and the planner decides, in Advise
+        # and for the configuration that runs, one replica or two. (A promotion during the steps
+        # below would change one replica's capacity, and the replicas would rightly follow it.)
         first = wait_until(
-            "the planner's first decision",
-            lambda: scaling(cluster).get("desiredReplicas"),
-            300,
+            "the trial's verdict and the planner's decision for the configuration that runs",
+            lambda: (
+                tuning_ended(cluster) and planned_capacity(InferenceService.from_manifest(cluster.service()))
+            ),
+            360,
             cluster,
-        )
+        )[1]
         assert 1 <= first <= 2, scaling(cluster)
         assert scaling(cluster)["capacityLowReqS"] <= scaling(cluster)["capacityPerReplicaReqS"]
 

@@ -62,6 +62,19 @@ def test_points_merge_the_series_with_the_last_replica_sample_before_them() -> N
     assert timeline.points[1].itl_ms is None  # NaN: no tokens in the window
 
 
+def test_samples_after_the_last_step_end_the_timeline_with_their_counts() -> None:
+    def answers(promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        return _answers(promql, start, START + 40, step)
+
+    samples = [ReplicaSample(START + 5, 2, 2), ReplicaSample(START + 44, 1, 1)]
+    timeline = read_timeline(answers, {"rate": "rate"}, START, START + 46, samples)
+    assert [p.t_s for p in timeline.points] == [0, 10, 20, 30, 40, 46]
+    assert [p.replicas for p in timeline.points] == [None, 2, 2, 2, 2, 1]
+    assert timeline.points[-1].rate_req_s is None
+    # Without a sample after the last step, the steps are all there is.
+    assert len(read_timeline(answers, {}, START, START + 46, samples[:1]).points) == 5
+
+
 def test_summary_names_the_counts_in_order_and_how_often_each_slo_held() -> None:
     lines = "\n".join(_timeline().summary(SERVICE.spec.slo))
     assert "6.0 req/s at the start, 15.5 at the peak" in lines

@@ -687,6 +687,18 @@ def test_a_canary_that_contradicts_the_twin_is_not_promoted_on_the_prediction(
     assert "disagree" in status["reason"] and "refitting the twin" in status["reason"]
 
 
+def test_a_canary_a_few_ms_off_far_below_its_target_confirms_the_twin(calibration: Calibration) -> None:
+    # ITL p99 predicted 10 ms, measured 7 (43% off, tolerance 25%), but 3 ms from the prediction
+    # where the target is 50 ms: within 10% of the target, it says nothing of the capacity at it.
+    done = twin_trial(NOW - timedelta(seconds=61))
+    status = judged_at_window_end(calibration, done, check=CanaryCheck(2.5, (10.0, 450.0), (7.0, 500.0)))
+    assert status["verdict"] == "Promoted", status["reason"]
+    assert "error 43%, tolerance 25%, each within 10% of its target" in status["reason"]
+    # 6 ms off is more than 10% of the target: a disagreement, as before.
+    off = judged_at_window_end(calibration, done, check=CanaryCheck(2.5, (13.0, 450.0), (7.0, 500.0)))
+    assert off["verdict"] == "Discarded" and "disagree" in off["reason"]
+
+
 def test_a_twin_the_stable_track_contradicts_in_the_same_window_promotes_nothing_on_its_word(
     calibration: Calibration,
 ) -> None:

@@ -294,6 +294,9 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         return None
     # The twin's error on the stable track in the canary's own window (else: when it was chosen).
     fit_error = stable.error if stable is not None else twin.fit_error
+    tolerance = twin.tolerance if twin.tolerance is not None else TOLERANCE
+    slo = plan.snap.slo
+    targets = (slo.itl_ms, slo.ttft_ms)
     return TwinEvidence(
         predicted_ms=check.predicted_ms,
         measured_ms=check.measured_ms,
@@ -304,7 +307,9 @@ def evidence(plan: Plan, trial: TuningTrial) -> TwinEvidence | None:
         incumbent_capacity=twin.incumbent_capacity,
         unit=twin.capacity_unit or "",
         fit_error=fit_error if fit_error is not None else math.nan,
-        tolerance=twin.tolerance if twin.tolerance is not None else TOLERANCE,
+        tolerance=tolerance,
+        confirmed=check.confirms(targets, tolerance),
+        fit_confirmed=stable.confirms(targets, tolerance) if stable is not None else None,
     )
 
 

@@ -35,6 +35,7 @@ from chunkpilot.engine.sim.scheduler import (
 )
 from chunkpilot.operator.engines import support
 from chunkpilot.tuner.measure import Selector, VectorFn
+from chunkpilot.tuner.policy import AGREEMENT_FLOOR
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.capture import (
     MIN_REQUESTS,
@@ -506,6 +507,20 @@ class CanaryCheck:
     @property
     def error(self) -> float:
         return quantile_error(self.predicted_ms, self.measured_ms, self.bands)
+
+    def confirms(self, targets_ms: tuple[float, float], tolerance: float = TOLERANCE) -> bool:
+        """Whether the measurement confirms the prediction: at least one quantile compared, and each
+        within ``tolerance`` of it (:func:`quantile_errors`) or closer to it than
+        :data:`~chunkpilot.tuner.policy.AGREEMENT_FLOOR` times its target (``targets_ms``: ITL, TTFT)."""
+        errors = quantile_errors(self.predicted_ms, self.measured_ms, self.bands)
+        compared = False
+        for error, p, m, target in zip(errors, self.predicted_ms, self.measured_ms, targets_ms, strict=True):
+            if math.isnan(error) or m is None:
+                continue
+            compared = True
+            if not (error <= tolerance or abs(p - m) <= AGREEMENT_FLOOR * target):
+                return False
+        return compared
 
 
 def check_canary(

@@ -42,7 +42,7 @@ from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.measure import TrackMeasurement
-from chunkpilot.tuner.policy import PROMOTE_MARGIN, SLOTargets, check_slo, objective_value
+from chunkpilot.tuner.policy import AGREEMENT_FLOOR, PROMOTE_MARGIN, SLOTargets, check_slo, objective_value
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
@@ -75,9 +75,8 @@ __all__ = [
 ]
 
 #: The twin's predicted SLO quantiles at the live load must lie within this relative distance of the
-#: canary's measured ones (or within :data:`AGREEMENT_FLOOR` of the target, for tiny latencies).
+#: canary's measured ones (or within the tuner's ``AGREEMENT_FLOOR`` of the target, for tiny latencies).
 AGREEMENT = 0.25
-AGREEMENT_FLOOR = 0.1
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ class TimelinePoint:
 
 @dataclass(frozen=True)
 class Timeline:
-    """Points every ``step_s`` from ``start`` (Unix seconds); ``t_s`` counts from it."""
+    """Points every ``step_s`` from ``start`` (Unix seconds), ``t_s`` counting from it, and a last
+    one at the range's end where replica samples were taken after the last step."""
 
     start: float
     step_s: float
@@ -147,7 +148,9 @@ def read_timeline(
 ) -> Timeline:
     """The timeline from ``start`` to ``end``: ``queries`` (``rate``, ``itl``, ``ttft``, as
     :func:`timeline_queries` gives them) asked over the range, each point's replica counts the last
-    sample taken at or before it."""
+    sample taken at or before it. Samples taken after the last step give one more point at ``end``
+    with their counts and no measurement (Prometheus answers on the steps only): what the replicas
+    did in a run's last seconds is not cut off."""
     if not end > start:
         raise ValueError(f"the timeline's end ({end:.0f}) must come after its start ({start:.0f})")
     series = {
@@ -172,6 +175,10 @@ def read_timeline(
                 ttft_ms=None if ttft is None else ttft * 1000.0,
             )
         )
+    last_step = start + (len(points) - 1) * step_s
+    if ordered and ordered[-1].at > last_step and end > last_step:
+        final = ordered[-1]
+        points.append(TimelinePoint(end - start, None, final.replicas, final.desired, None, None))
     return Timeline(start, step_s, tuple(points))
 
 

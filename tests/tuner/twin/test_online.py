@@ -171,6 +171,18 @@ def test_quantile_error_is_the_larger_relative_error_beyond_the_sampling_band() 
     assert online.band_quantiles(0.95, 1e6)[0] == pytest.approx(0.95, abs=0.001)
 
 
+def test_a_check_confirms_within_the_tolerance_or_a_tenth_of_each_target_of_the_prediction() -> None:
+    targets = (50.0, 1000.0)
+    # ITL 25% off but 4 ms from the prediction under a 50 ms target; TTFT 5% off.
+    assert online.CanaryCheck(2.0, (20.0, 420.0), (16.0, 400.0)).confirms(targets, 0.15)
+    # ITL 6 ms off (over 5 ms) and 37% off: the twin and the canary disagree.
+    assert not online.CanaryCheck(2.0, (22.0, 420.0), (16.0, 400.0)).confirms(targets, 0.15)
+    # TTFT 150 ms (over 100 ms) and 37% off: one quantile out is enough.
+    assert not online.CanaryCheck(2.0, (16.0, 550.0), (16.0, 400.0)).confirms(targets, 0.15)
+    # Nothing measured: nothing confirmed.
+    assert not online.CanaryCheck(2.0, (16.0, 400.0), (None, None)).confirms(targets, 0.15)
+
+
 def test_merged_steps_sum_per_bucket() -> None:
     a = {"64": StepTotals(steps=2, duration_s=0.02), "128": StepTotals(steps=1, duration_s=0.02)}
     b = {"64": StepTotals(steps=3, duration_s=0.03)}
