@@ -11,10 +11,10 @@ capacity at SLO of the space is about 0.35 req/s per replica, the live load 0.75
 engine). One prefill plus one decode replica meets both up to about 2 req/s on the twin: decode
 steps never carry a prompt, and the prefill replica computes a prompt in one or two large steps.
 
-The tuner's twin predicts the infeasibility; two canaries confirm it and the tuner declares
-``SLOInfeasible`` (after six without a twin), then evaluates the prefill/decode split on the twin and
-writes it into the condition, an Event and ``status.recommendation``, all of which
-``kubectl describe`` shows. About 2.5 minutes on a 2-core machine.
+The tuner's twin predicts the infeasibility; two canaries (three on a busy machine) confirm it and
+the tuner declares ``SLOInfeasible`` (after six without a twin), then evaluates the prefill/decode
+split on the twin and writes it into the condition, an Event and ``status.recommendation``, all of
+which ``kubectl describe`` shows. About 2.5 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -106,10 +106,14 @@ def test_an_infeasible_colocated_service_gets_the_disaggregation_recommendation_
         load.stop(timeout_s=60)
         load = None
 
-        # Declared on the twin's evidence after two canaries, not after six.
-        assert "no configuration of 2 measured meets both SLOs" in declared["message"], declared
+        # Declared on the twin's evidence after two canaries, or three when the second one's error
+        # read above the tolerance (the twin must be confirmed on the newest canary; on two busy
+        # cores one CI run measured its ITL p99 at 45 ms against 54 predicted, 15.x% off): never
+        # after six, which the four trials allowed cannot reach.
+        measured = len(trials)
+        assert measured in (2, 3) and all(v in ("Pruned", "Discarded") for _, v, _ in trials), trials
+        assert f"no configuration of {measured} measured meets both SLOs" in declared["message"], declared
         assert "the twin predicts at most" in declared["message"], declared
-        assert len(trials) == 2 and all(v in ("Pruned", "Discarded") for _, v, _ in trials), trials
         assert (recommendation["prefillReplicas"], recommendation["decodeReplicas"]) == (1, 1)
         assert recommendation["meetsSlo"] is True, recommendation
         capacity, colocated = recommendation["capacityReqS"], recommendation["colocatedCapacityReqS"]

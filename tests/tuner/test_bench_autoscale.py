@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chunkpilot.engine.sim.engine import SimConfig
@@ -15,6 +16,7 @@ from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.bench.autoscale import (
     AUTOSCALE_QUICK,
     _hpa_queue,
+    _settle_oracle,
     average_capacity,
     format_autoscale_markdown,
 )
@@ -116,6 +118,37 @@ def test_the_hpa_baseline_scales_up_at_most_by_its_policies_and_down_after_five_
     assert decide(_view(100.0, 2, 45)) == 6  # 40 wanted; max(4 pods, 100%) per period
     assert decide(_view(0.0, 6, 60)) == 6  # held by the scale-down window
     assert decide(_view(0.0, 6, 400)) == 1  # five minutes later
+
+
+class _Minute:
+    def __init__(self, met: bool) -> None:
+        self._met = met
+
+    def met(self, _slo: SLO) -> bool:
+        return self._met
+
+
+def test_the_oracle_gives_each_minute_the_fleet_missed_one_replica_more_until_all_are_met() -> None:
+    needs = [1, 3, 2, 5]  # what each minute takes in the fleet; minute 3 is not judged
+    flown: list[list[int]] = []
+
+    def fly(decide: Any, _initial: int) -> FleetRun:
+        counts = [decide(_view(0.0, 1, 60.0 * m + 15)) for m in range(len(needs))]
+        flown.append(counts)
+        return FleetRun([_Minute(c >= n) for c, n in zip(counts, needs, strict=True)], 0.0, [])
+
+    def judge(_run: FleetRun) -> list[bool]:
+        return [True, True, True, False]
+
+    run, runs = _settle_oracle(fly, judge, [1, 1, 1, 1], SLO(), most=8)
+    assert flown == [[1, 1, 1, 1], [1, 2, 2, 1], [1, 3, 2, 1]] and runs == 3
+    assert all(m.met(SLO()) for m in run.minutes[:3])
+    # At most ``rounds`` more runs, and never past ``most``: what is still missed is reported.
+    flown.clear()
+    run, runs = _settle_oracle(fly, judge, [1, 1, 1, 1], SLO(), most=2, rounds=3)
+    assert flown == [[1, 1, 1, 1], [1, 2, 2, 1]] and runs == 2 and not run.minutes[1].met(SLO())
+    flown.clear()
+    assert _settle_oracle(fly, judge, [1, 1, 1, 1], SLO(), most=8, rounds=1)[1] == 2
 
 
 def test_the_average_model_capacity_grows_with_a_looser_target() -> None:

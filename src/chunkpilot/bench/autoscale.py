@@ -21,7 +21,9 @@ runs a fleet of simulated replicas on the truth through the whole profile
   profiled on the truth itself, default knobs;
 - ``oracle``: per minute the fewest replicas of the truth's best knobs (on the first workload) that
   meet both SLO quantiles over that minute's own requests, each minute from empty engines, Ready at
-  once: a lower bound of GPU-hours.
+  once; then flown as a fleet, where a minute inherits the queues of the one before, and each judged
+  minute the fleet missed given one replica more (up to :data:`ORACLE_ROUNDS` more runs): about the
+  fewest GPU-hours that meet the SLOs, no start-up time paid.
 
 The twin methods see what the operator sees (the engine's measurements and step telemetry); the
 truth reaches them only through the simulated engines. Each minute is judged on both SLO quantiles;
@@ -104,6 +106,8 @@ METHODS = ("twin", "twin-replicas", "static-peak", "hpa-queue", "average-model",
 GOAL_SLO_MINUTES = 0.99
 GOAL_GPU_VS_ORACLE = 1.15
 GOAL_GPU_VS_STATIC = 0.75
+#: Fleet runs the oracle may add to settle its per-minute counts (:func:`_settle_oracle`).
+ORACLE_ROUNDS = 3
 #: ``hpa-queue``'s target: waiting requests per replica (the value autoscaling guides for vLLM use).
 HPA_TARGET = 5.0
 HPA_TOLERANCE = 0.1
@@ -497,14 +501,25 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                 counts = _oracle_counts(sim, grid_st.max_model_len, config, profile, unit, slo, st.seed, most)
                 decide = _per_minute(counts)
                 initial = counts[0]
-            fleet = Fleet(sim, grid_st.max_model_len, startup, slo, seed=st.seed)
-            run = fleet.run(profile, unit, decide, config, max(1, initial), st.seed, startup_s=startup)
             chosen_config = config
 
             def true_capacity(workload: str, chosen_config: TunedConfig = chosen_config) -> float:
                 return landscape.capacity(workload, chosen_config)
 
-            judged = _judged(profile, run, unit, true_capacity, startup)
+            def fly(
+                decide: Decide, initial: int, config: TunedConfig = config, startup: float = startup
+            ) -> FleetRun:
+                fleet = Fleet(sim, grid_st.max_model_len, startup, slo, seed=st.seed)
+                return fleet.run(profile, unit, decide, config, max(1, initial), st.seed, startup_s=startup)
+
+            def judge(run: FleetRun, startup: float = startup) -> list[bool]:
+                return _judged(profile, run, unit, true_capacity, startup)
+
+            if name == "oracle":
+                run, oracle_rounds = _settle_oracle(fly, judge, counts, slo, most)
+            else:
+                run = fly(decide, initial)
+            judged = judge(run)
             methods[name] = {
                 **_fleet_summary(run, judged, slo, profile.duration_s),
                 "config": config.as_dict(),
@@ -512,6 +527,8 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                 "cpu_s": time.process_time() - cpu,
                 "minutes": per_minute(run, slo),
             }
+            if name == "oracle":
+                methods[name]["rounds"] = oracle_rounds
             if sizing is not None:
                 methods[name]["twin_capacity_req_s"] = capacity[0]
                 methods[name]["twin_capacity_low_req_s"] = capacity[1]
@@ -559,6 +576,35 @@ def _oracle_counts(
         start = max(1, math.floor(0.75 * len(chunk) / 60.0 / capacity))
         counts.append(fewest_replicas(engine, max_model_len, chunk, slo, start, seed + m, most))
     return counts
+
+
+def _settle_oracle(
+    fly: Callable[[Decide, int], FleetRun],
+    judge: Callable[[FleetRun], list[bool]],
+    counts: list[int],
+    slo: SLO,
+    most: int,
+    rounds: int = ORACLE_ROUNDS,
+) -> tuple[FleetRun, int]:
+    """The oracle's run: its per-minute counts (from empty engines, :func:`_oracle_counts`) flown as
+    a fleet, and every judged minute the fleet missed given one replica more, up to ``rounds`` more
+    runs. From empty engines each count sits at the SLOs' edge, and in the fleet a minute inherits
+    the last one's queues and a different spread of its requests: unsettled, the oracle met 70-97.5%
+    of its judged minutes, a bound no method can be held to. Answers the last run and the runs it
+    took."""
+    counts, flown = list(counts), 0
+    while True:
+        run, flown = fly(_per_minute(counts), counts[0]), flown + 1
+        judged = judge(run)
+        missed = [
+            m
+            for m, minute in enumerate(run.minutes)
+            if judged[m] and not minute.met(slo) and counts[m] < most
+        ]
+        if not missed or flown > rounds:
+            return run, flown
+        for m in missed:
+            counts[m] += 1
 
 
 def _per_minute(counts: Sequence[int]) -> Decide:
