@@ -63,6 +63,10 @@ def manifest(name: str, namespace: str) -> dict[str, Any]:
     )
     spec = body["spec"]
     spec["engine"].update({"maxNumBatchedTokens": 512, "maxNumSeqs": 64})
+    # The one trial stays near the budget this test is sized for: unbounded, it promoted budgets of
+    # about 1,260 whose ITL p99 read 89 ms at a third of a replica's load, so on two busy cores a
+    # fleet sized right still missed the 100 ms target in most windows.
+    spec["autotune"]["bounds"] = {"maxNumBatchedTokens": {"min": 384, "max": 640}}
     spec["slo"]["itl"]["maxMs"], spec["slo"]["ttft"]["maxMs"] = ITL_MS, TTFT_MS
     spec["scaling"] = {
         "mode": "Advise",

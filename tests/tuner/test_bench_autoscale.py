@@ -13,10 +13,12 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import TunedConfig
 
+from chunkpilot.api import ScalingMode, ScalingSpec
 from chunkpilot.bench.autoscale import (
     AUTOSCALE_QUICK,
     _hpa_queue,
     _settle_oracle,
+    _TwinSizing,
     average_capacity,
     format_autoscale_markdown,
 )
@@ -105,6 +107,54 @@ def test_more_replicas_of_the_fleet_serve_the_same_load_faster_and_new_ones_star
     run = late.run(profile, 1.0, lambda _v: 2, CONFIG, 1, seed=0)
     assert [(m.replicas, m.ready) for m in run.minutes[:3]] == [(2, 1), (2, 1), (2, 2)]
     assert run.events == [(0.0, 1), (15.0, 2)]
+
+
+def test_a_new_configuration_rolls_out_with_the_old_replicas_serving_until_the_new_ones_are_ready(
+    tmp_path: Path,
+) -> None:
+    profile = read_rate_profile(profile_file(tmp_path, "t_s,load,workload\n0,1,azure_conv\n300,1\n"))
+    other = TunedConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+    fleet = Fleet(SIM, 8192, startup_s=60.0, slo=SLO())
+    run = fleet.run(
+        profile, 2.0, lambda _v: 2, CONFIG, 2, seed=0, knobs=lambda v: other if v.now_s >= 60 else CONFIG
+    )
+    assert run.events == [(0.0, 2), (60.0, 2)]
+    # The old pair served until the new pair was Ready (120 s): four replicas' GPU time overlapped.
+    assert run.gpu_seconds == pytest.approx(2 * 120.0 + 2 * (300.0 - 60.0))
+    assert [m.ready for m in run.minutes] == [2, 2, 2, 2, 2] and all(m.replicas == 2 for m in run.minutes)
+    assert sum(m.arrivals for m in run.minutes) > 400 and all(r.config == other for r in fleet.active)
+
+
+def test_the_twin_method_retunes_on_a_drifted_workload_and_sizes_with_the_promoted_knobs() -> None:
+    tuned = TunedConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+    capacities = {CONFIG: (1.0, 0.9), tuned: (2.0, 1.8)}
+    rounds: list[tuple[str, TunedConfig]] = []
+
+    def refit(_workload: str, _per_replica: float, knobs: TunedConfig) -> tuple[float, float]:
+        return capacities[knobs]
+
+    def retune(workload: str, _per_replica: float, knobs: TunedConfig) -> tuple[TunedConfig, float]:
+        rounds.append((workload, knobs))
+        return tuned, 300.0
+
+    spec = ScalingSpec(mode=ScalingMode.AUTO, min_replicas=1, max_replicas=20)
+    sizing = _TwinSizing(spec, 60.0, refit, "chat", capacities[CONFIG], (100.0, 2000.0), CONFIG, retune)
+    seen: dict[float, tuple[int, TunedConfig]] = {}
+    replicas = 5
+    for tick in range(1, 80):
+        now = 15.0 * tick
+        view = View(
+            now, replicas, replicas, 4.0, 50.0, 500.0, 0.0, "chat" if now < 300 else "code", sizing.config
+        )
+        replicas = sizing(view)
+        seen[now] = (replicas, sizing.knobs(view))
+    # The workload changed at 300 s; two minutes later the twin refits and the round starts from the
+    # running knobs; its promotion lands 300 s on, and the replicas follow the doubled capacity.
+    assert rounds == [("code", CONFIG)]
+    assert sizing.retunes[0]["t_s"] == 420.0 and sizing.retunes[0]["promoted_at_s"] == 720.0
+    assert seen[705.0][1] == CONFIG and seen[720.0][1] == tuned
+    # (down once the scale-down window has passed since the promotion)
+    assert seen[705.0][0] >= 5 and seen[1185.0][0] < seen[705.0][0]
 
 
 def _view(waiting: float, replicas: int, now: float) -> View:

@@ -10,7 +10,10 @@ runs a fleet of simulated replicas on the truth through the whole profile
 - ``twin``: the knobs the twin method promotes after its canary trials
   (:func:`~chunkpilot.bench.online.run_twin`, before the profile starts), replicas from the
   operator's planner (:func:`chunkpilot.tuner.planner.decide_replicas`) on the twin's capacity of
-  those knobs and its measured error, corrected at once by a missed SLO;
+  those knobs and its measured error, corrected at once by a missed SLO; when the captured
+  workload changes, the twin refits and a tuning round starts from the running knobs on the new
+  workload, as the operator's drift re-tune does: its promotion lands after its trials (start-up
+  plus :data:`RETUNE_TRIAL_S` each) and rolls out to every replica;
 - ``twin-replicas``: the engine's default knobs, the same planner;
 - ``static-peak``: the replicas the profile's peak needs at the default knobs, all the time;
 - ``hpa-queue``: a HorizontalPodAutoscaler on ``vllm:num_requests_waiting`` per replica (target
@@ -106,6 +109,9 @@ METHODS = ("twin", "twin-replicas", "static-peak", "hpa-queue", "average-model",
 GOAL_SLO_MINUTES = 0.99
 GOAL_GPU_VS_ORACLE = 1.15
 GOAL_GPU_VS_STATIC = 0.75
+#: What one canary trial of a tuning round takes besides its pods' start-up: the operator's default
+#: warm-up (60 s) and trial window (5 min). A drifted workload's round promotes after its trials.
+RETUNE_TRIAL_S = 360.0
 #: Fleet runs the oracle may add to settle its per-minute counts (:func:`_settle_oracle`).
 ORACLE_ROUNDS = 3
 #: ``hpa-queue``'s target: waiting requests per replica (the value autoscaling guides for vLLM use).
@@ -269,17 +275,26 @@ def _average_model(capacity: Mapping[str, float], max_replicas: int) -> Decide:
 
 @dataclass
 class _TwinSizing:
-    """The operator's planner on the twin's capacity; refits when the captured workload changes."""
+    """The operator's planner on the twin's capacity; refits when the captured workload changes and,
+    given ``retune``, runs a tuning round on the new workload whose promotion rolls out its knobs."""
 
     spec: ScalingSpec
     startup_s: float
-    refit: Callable[[str, float], tuple[float, float]]
+    refit: Callable[[str, float, TunedConfig], tuple[float, float]]
     workload: str
     #: One replica's sustained capacity and its low end (the twin's error carried over).
     capacity: tuple[float, float]
     #: The SLO targets (ITL, TTFT ms) a missed minute is judged on.
     targets: tuple[float, float]
+    #: The knobs the replicas run.
+    config: TunedConfig
+    #: ``(workload, rate per replica, knobs) -> (promoted knobs, seconds until the promotion)``: the
+    #: tuning round a drifted workload starts (None: the knobs stay).
+    retune: Callable[[str, float, TunedConfig], tuple[TunedConfig, float]] | None = None
     changed_s: float | None = None
+    #: A promotion the round made, and when it lands (seconds into the profile).
+    promotion: tuple[float, TunedConfig] | None = None
+    retunes: list[dict[str, Any]] = field(default_factory=list)
     history: list[ScalingRecommendation] = field(default_factory=list)
     refits: list[dict[str, Any]] = field(default_factory=list)
     last_record: datetime | None = None
@@ -294,11 +309,28 @@ class _TwinSizing:
             if self.changed_s is None:
                 self.changed_s = view.now_s
             elif view.now_s - self.changed_s >= REFIT_AFTER_S and view.ready:
-                self.capacity = self.refit(view.workload, view.rate_req_s / view.ready)
+                per_replica = view.rate_req_s / view.ready
+                self.capacity = self.refit(view.workload, per_replica, self.config)
                 self.refits.append(
                     {"t_s": view.now_s, "workload": view.workload, "capacity_req_s": self.capacity[0]}
                 )
                 self.workload, self.changed_s, self.cap = view.workload, None, None
+                if self.retune is not None:
+                    promoted, after_s = self.retune(view.workload, per_replica, self.config)
+                    if promoted != self.config:
+                        self.promotion = (view.now_s + after_s, promoted)
+                    self.retunes.append(
+                        {
+                            "t_s": view.now_s,
+                            "workload": view.workload,
+                            "config": promoted.as_dict(),
+                            "promoted_at_s": view.now_s + after_s if promoted != self.config else None,
+                        }
+                    )
+        if self.promotion is not None and view.now_s >= self.promotion[0] and view.ready:
+            self.config = self.promotion[1]
+            self.capacity = self.refit(self.workload, view.rate_req_s / view.ready, self.config)
+            self.promotion, self.cap = None, None
         per_replica = view.rate_req_s / max(1, view.ready)
         miss = view.itl_ms > self.targets[0] or view.ttft_ms > self.targets[1]
         met = not miss if settled(self.last_scale, now, self.startup_s) else None
@@ -321,6 +353,10 @@ class _TwinSizing:
             self.history = remember(self.history, now, decision.needed, view.rate_req_s)
             self.last_record = now
         return decision.desired
+
+    def knobs(self, _view: View) -> TunedConfig:
+        """The knobs the fleet runs (the Fleet rolls out a change)."""
+        return self.config
 
 
 # --------------------------------------------------------------------------- one scenario
@@ -472,17 +508,38 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                 config = tuned if name == "twin" else default
                 chosen = config
 
-                def refit(
-                    workload: str, per_replica: float, chosen: TunedConfig = chosen
-                ) -> tuple[float, float]:
-                    stable = engine(workload).serve(chosen, max(per_replica, 0.05 * unit))
+                def refit(workload: str, per_replica: float, knobs: TunedConfig) -> tuple[float, float]:
+                    stable = engine(workload).serve(knobs, max(per_replica, 0.05 * unit))
                     return twin_capacity(context(workload, stable.rate_req_s), st.twin, stable)
 
-                capacity = refit(first, rate)
+                def retune(
+                    workload: str, per_replica: float, knobs: TunedConfig
+                ) -> tuple[TunedConfig, float]:
+                    found = context(workload, max(per_replica, 0.05 * unit))
+                    found = replace(found, facts=replace(found.facts, incumbent=knobs))
+                    trace = run_twin(found, engine(workload), st.twin)
+                    promoted = trace.incumbents[-1] if trace.incumbents else knobs
+                    trials = (
+                        next(i for i, c in enumerate(trace.incumbents) if c == promoted) + 1
+                        if trace.incumbents
+                        else 0
+                    )
+                    return promoted, trials * (st.startup_s + RETUNE_TRIAL_S)
+
+                capacity = refit(first, rate, chosen)
                 spec = ScalingSpec(
                     mode=ScalingMode.AUTO, min_replicas=1, max_replicas=most, headroom=st.headroom
                 )
-                sizing = _TwinSizing(spec, st.startup_s, refit, first, capacity, (slo.itl_ms, slo.ttft_ms))
+                sizing = _TwinSizing(
+                    spec,
+                    st.startup_s,
+                    refit,
+                    first,
+                    capacity,
+                    (slo.itl_ms, slo.ttft_ms),
+                    chosen,
+                    retune if name == "twin" else None,
+                )
                 decide = sizing
                 low = Capacity.between(*capacity).low
                 initial = max(1, math.ceil(initial_load * (1 + st.headroom) / low)) if low > 0 else most
@@ -517,6 +574,18 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
 
             if name == "oracle":
                 run, oracle_rounds = _settle_oracle(fly, judge, counts, slo, most)
+            elif sizing is not None:
+                fleet = Fleet(sim, grid_st.max_model_len, startup, slo, seed=st.seed)
+                run = fleet.run(
+                    profile,
+                    unit,
+                    decide,
+                    config,
+                    max(1, initial),
+                    st.seed,
+                    startup_s=startup,
+                    knobs=sizing.knobs,
+                )
             else:
                 run = fly(decide, initial)
             judged = judge(run)
@@ -533,6 +602,7 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                 methods[name]["twin_capacity_req_s"] = capacity[0]
                 methods[name]["twin_capacity_low_req_s"] = capacity[1]
                 methods[name]["refits"] = sizing.refits
+                methods[name]["retunes"] = sizing.retunes
     return {
         "truth": task.truth.name,
         "truth_profile": task.truth.label(),

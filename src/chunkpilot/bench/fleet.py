@@ -134,7 +134,7 @@ class _Replica:
     removed_s: float | None = None
 
     def serving(self, now: float) -> bool:
-        return self.removed_s is None and self.ready_s <= now
+        return (self.removed_s is None or now < self.removed_s) and self.ready_s <= now
 
 
 @dataclass
@@ -228,6 +228,17 @@ class Fleet:
             replica.removed_s = now
         self.events.append((now, replicas))
 
+    def roll(self, replicas: int, config: TunedConfig, now: float, *, startup_s: float | None = None) -> None:
+        """Replace every replica with ``replicas`` of ``config`` (a promotion's roll-out): the new ones
+        Ready after the start-up time, the old ones serving until then."""
+        replicas = max(1, replicas)
+        ready = now + (self._startup_s if startup_s is None else startup_s)
+        for replica in self.active:
+            replica.removed_s = ready
+        for _ in range(replicas):
+            self._replicas.append(_Replica(self._build(config), config, now, ready))
+        self.events.append((now, replicas))
+
     def run(
         self,
         profile: RateProfile,
@@ -238,9 +249,11 @@ class Fleet:
         seed: int,
         *,
         startup_s: float | None = None,
+        knobs: Callable[[View], TunedConfig] | None = None,
     ) -> FleetRun:
-        """Serve ``profile`` (``load x unit_req_s`` requests/s), asking ``decide`` every tick; the
-        first ``initial`` replicas are Ready at once."""
+        """Serve ``profile`` (``load x unit_req_s`` requests/s), asking ``decide`` every tick for the
+        replicas and ``knobs`` (if given) for their configuration, a new one rolled out at once
+        (:meth:`roll`); the first ``initial`` replicas are Ready at once."""
         self.scale(initial, config, 0.0, startup_s=0.0)
         arrivals = profile_requests(profile, unit_req_s, seed)
         minutes = [Minute(i) for i in range(math.ceil(profile.duration_s / 60.0))]
@@ -268,10 +281,15 @@ class Fleet:
             minute.arrivals = len(minute.requests)
             active = self.active
             minute.replicas = max(minute.replicas, len(active))
-            minute.ready = max(minute.ready, sum(1 for r in active if r.serving(end)))
+            minute.ready = max(minute.ready, sum(1 for r in self._replicas if r.serving(end)))
             view = self._view(end, config, profile.workload_at(end))
             wanted = decide(view)
-            self.scale(wanted, config, end, startup_s=startup_s)
+            chosen = knobs(view) if knobs is not None else config
+            if chosen != config:
+                config = chosen
+                self.roll(wanted, config, end, startup_s=startup_s)
+            else:
+                self.scale(wanted, config, end, startup_s=startup_s)
             t = end
         for replica in self._replicas:
             replica.run.advance()
