@@ -22,6 +22,10 @@ from chunkpilot.engine.sim.workload import RequestSpec, Workload
 DEFAULT_TOLERANCE = 0.025
 #: The bracket's factor per probe while it grows (or shrinks) to hold the capacity.
 DEFAULT_GROWTH = 2.0
+#: Bracket probes at a small ``growth`` before the bracket grows by :data:`DEFAULT_GROWTH` instead:
+#: a start near the capacity brackets it within these, and a start far from it (or a configuration
+#: that meets the SLOs at no rate) is not walked off in small steps.
+NEAR_PROBES = 3
 MIN_RATE = 1e-3
 MAX_RATE = 1e6
 
@@ -128,7 +132,8 @@ def search_capacity(
     """:func:`find_capacity` over any simulation: ``run`` summarises the workload retimed to a rate.
 
     The bracket grows (or shrinks) from ``start_rate`` by ``growth`` per probe until it holds the
-    capacity; a start known to lie near the answer brackets it in fewer probes with a small growth.
+    capacity; a start known to lie near the answer brackets it in fewer probes with a small growth
+    (after :data:`NEAR_PROBES` probes without a bracket, by :data:`DEFAULT_GROWTH` at least).
     """
     if not 0 < tolerance < 1:
         raise ValueError("--tolerance must be in (0, 1)")
@@ -148,11 +153,14 @@ def search_capacity(
         )
         return summary.slo_met
 
+    def step() -> float:
+        return growth if len(probes) < NEAR_PROBES else max(growth, DEFAULT_GROWTH)
+
     rate = max(MIN_RATE, start_rate)
     if met(rate):
         lower, upper = rate, rate * growth
         while met(upper):
-            lower, upper = upper, upper * growth
+            lower, upper = upper, upper * step()
             if upper > MAX_RATE:
                 raise ValueError(
                     f"the SLOs are met even at {lower:g} req/s; the workload is too light to bound"
@@ -160,7 +168,7 @@ def search_capacity(
     else:
         lower, upper = rate / growth, rate
         while not met(lower):
-            lower, upper = lower / growth, lower
+            lower, upper = lower / step(), lower
             if lower < MIN_RATE:
                 return CapacityResult(
                     0.0, 0.0, upper, tolerance, len(workload.requests), False, tuple(probes),

@@ -154,8 +154,12 @@ def quantile_error(
     bands: tuple[Band | None, Band | None] = (None, None),
 ) -> float:
     """The larger of :func:`quantile_errors`; NaN when nothing compares."""
-    found = [e for e in quantile_errors(predicted, measured, bands) if not math.isnan(e)]
-    return max(found) if found else math.nan
+    return largest_error(quantile_errors(predicted, measured, bands))
+
+
+def largest_error(errors: tuple[float, float]) -> float:
+    """The larger of two quantiles' errors; NaN when neither compares (both NaN)."""
+    return max((e for e in errors if not math.isnan(e)), default=math.nan)
 
 
 # --------------------------------------------------------------------------- reading (observe)
@@ -461,7 +465,7 @@ def calibrate(request: Request) -> Calibration:
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
     errors = quantile_errors(raw, request.measured_ms, request.bands)
-    error = max((e for e in errors if not math.isnan(e)), default=math.nan)
+    error = largest_error(errors)
     calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets, errors=errors)
     if not request.rank:
         return calibration

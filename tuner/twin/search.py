@@ -12,16 +12,17 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import optuna
-from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH
+from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, CapacityResult
 from chunkpilot.engine.sim.offline import SLO, Summary
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.predict import CAPACITY_REQUESTS, CAPACITY_TOLERANCE, SAMPLE_GROWTH, Twin
+from optuna.distributions import BaseDistribution
 from optuna.samplers import TPESampler
 from optuna.trial import TrialState
 
@@ -29,11 +30,13 @@ from chunkpilot.api import Objective
 
 __all__ = [
     "ERROR_POINTS",
+    "NEAR_GROWTH",
     "ROBUST_EVALUATIONS",
     "SUSTAINED_S",
     "Candidate",
     "Ranking",
     "TwinSearchResult",
+    "nearest_capacity",
     "planning_capacity",
     "robust_ranking",
     "scheduler_of",
@@ -51,6 +54,10 @@ STARTUP_TRIALS = 8
 ROBUST_EVALUATIONS = 4
 #: The step-time errors, in standard errors, a robust capacity is also evaluated at (slower, faster).
 ERROR_POINTS = (1.0, -1.0)
+#: The bracket's factor per probe of a capacity search started at a neighbour's capacity: one
+#: bisection fewer than doubling's when the neighbour is within it (a 20% bracket halves to the 3%
+#: tolerance in three probes), a few probes more when it is far off.
+NEAR_GROWTH = 1.2
 #: How long a capacity the replica planner sizes with must be sustained (seconds of arrivals per
 #: probed rate): a few hundred requests at tens of requests/s arrive within seconds, and the rate at
 #: which a replica absorbs such a burst is up to several times what it serves for minutes.
@@ -125,7 +132,7 @@ def planning_capacity(
     itl_error, ttft_error = (error, error) if isinstance(error, (int, float)) else error
     itl_error, ttft_error = (max(0.0, e) if math.isfinite(e) else 0.0 for e in (itl_error, ttft_error))
 
-    def at(target: SLO) -> float:
+    def at(target: SLO, near: float | None = None) -> float:
         return evaluate_on_twin(
             twin,
             config,
@@ -134,52 +141,53 @@ def planning_capacity(
             requests=requests,
             tolerance=tolerance,
             min_duration_s=SUSTAINED_S,
+            near_req_s=near,
         ).capacity_req_s
 
     nominal = at(slo)
     if (itl_error <= 0 and ttft_error <= 0) or nominal <= 0:
         return nominal, nominal
     tight = replace(slo, itl_ms=slo.itl_ms / (1 + itl_error), ttft_ms=slo.ttft_ms / (1 + ttft_error))
-    return nominal, min(nominal, at(tight))
+    return nominal, min(nominal, at(tight, near=nominal))
 
 
-def evaluate_on_twin(
+def _sample_capacities(
     twin: Twin,
-    config: TunedConfig,
+    scheduler: SchedulerConfig,
     slo: SLO,
+    seeds: Sequence[int],
     *,
-    max_model_len: int = 8192,
-    requests: int = CAPACITY_REQUESTS,
-    tolerance: float = CAPACITY_TOLERANCE,
-    min_duration_s: float = 0.0,
-) -> Candidate:
-    """One evaluation: the twin's capacity at SLO of ``config``, the mean over its arrival samples
-    (sustained for ``min_duration_s`` when given: what a replica serves, not a burst it absorbs).
+    requests: int,
+    tolerance: float,
+    min_duration_s: float,
+    start_rate: float | None = None,
+    growth: float = DEFAULT_GROWTH,
+) -> list[CapacityResult]:
+    """The capacity on each arrival sample of ``seeds``: the first searched from ``start_rate`` (the
+    captured arrival rate when None) by ``growth``, the others from the first's capacity by
+    :data:`SAMPLE_GROWTH` (or as the first, when it found none)."""
+    found: list[CapacityResult] = []
+    for seed in seeds:
+        first = found[0] if found else None
+        near = first is not None and first.feasible
+        found.append(
+            twin.capacity(
+                scheduler,
+                slo,
+                requests=requests,
+                tolerance=tolerance,
+                seed=seed,
+                start_rate=first.capacity_req_s if first is not None and near else start_rate,
+                growth=SAMPLE_GROWTH if near else growth,
+                min_duration_s=min_duration_s,
+            )
+        )
+    return found
 
-    A sample on which no rate meets the SLO counts 0; the throughput and quantiles are the means
-    over the samples that are feasible.
-    """
-    scheduler = scheduler_of(config, max_model_len)
-    first, *others = twin.arrival_seeds
-    samples = [
-        twin.capacity(
-            scheduler, slo, requests=requests, tolerance=tolerance, seed=first, min_duration_s=min_duration_s
-        )
-    ]
-    near = samples[0].capacity_req_s if samples[0].feasible else None
-    samples += [
-        twin.capacity(
-            scheduler,
-            slo,
-            requests=requests,
-            tolerance=tolerance,
-            seed=seed,
-            start_rate=near,
-            growth=SAMPLE_GROWTH if near is not None else DEFAULT_GROWTH,
-            min_duration_s=min_duration_s,
-        )
-        for seed in others
-    ]
+
+def _candidate(config: TunedConfig, samples: Sequence[CapacityResult]) -> Candidate:
+    """The mean over ``samples``: a sample on which no rate meets the SLO counts 0; the throughput
+    and quantiles are the means over the feasible ones."""
     capacities: list[float] = []
     at: list[Summary] = []
     for sample in samples:
@@ -197,6 +205,73 @@ def evaluate_on_twin(
     )
 
 
+def evaluate_on_twin(
+    twin: Twin,
+    config: TunedConfig,
+    slo: SLO,
+    *,
+    max_model_len: int = 8192,
+    requests: int = CAPACITY_REQUESTS,
+    tolerance: float = CAPACITY_TOLERANCE,
+    min_duration_s: float = 0.0,
+    near_req_s: float | None = None,
+) -> Candidate:
+    """One evaluation: the twin's capacity at SLO of ``config``, the mean over its arrival samples
+    (sustained for ``min_duration_s`` when given: what a replica serves, not a burst it absorbs).
+    ``near_req_s``: a rate the capacity is expected near, where the search starts (with brackets of
+    :data:`NEAR_GROWTH`); else at the captured arrival rate.
+
+    A sample on which no rate meets the SLO counts 0; the throughput and quantiles are the means
+    over the samples that are feasible.
+    """
+    near = near_req_s is not None and near_req_s > 0
+    samples = _sample_capacities(
+        twin,
+        scheduler_of(config, max_model_len),
+        slo,
+        twin.arrival_seeds,
+        requests=requests,
+        tolerance=tolerance,
+        min_duration_s=min_duration_s,
+        start_rate=near_req_s if near else None,
+        growth=NEAR_GROWTH if near else DEFAULT_GROWTH,
+    )
+    return _candidate(config, samples)
+
+
+def _position(distribution: BaseDistribution, value: float) -> float:
+    """``value`` within its knob's range as a share of it (on a log scale where sampled so)."""
+    low, high = getattr(distribution, "low", None), getattr(distribution, "high", None)
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)) or high <= low:
+        return float(value)
+    if getattr(distribution, "log", False) and low > 0 and value > 0:
+        return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
+    return (value - low) / (high - low)
+
+
+def nearest_capacity(
+    distributions: Mapping[str, BaseDistribution],
+    params: Mapping[str, float],
+    evaluated: Iterable[tuple[Mapping[str, float], float]],
+) -> float | None:
+    """The capacity of the evaluated parameters nearest ``params`` (each knob as a share of its
+    range) among those that meet the SLO at some rate; None: none does."""
+
+    def at(point: Mapping[str, float]) -> dict[str, float]:
+        return {n: _position(d, point[n]) for n, d in distributions.items() if n in point}
+
+    here = at(params)
+    best: tuple[float, float] | None = None
+    for point, capacity in evaluated:
+        if not capacity > 0:
+            continue
+        there = at(point)
+        distance = sum((here[n] - there[n]) ** 2 for n in here.keys() & there.keys())
+        if best is None or distance < best[0]:
+            best = (distance, capacity)
+    return None if best is None else best[1]
+
+
 def search_on_twin(
     twin: Twin,
     space: SearchSpace,
@@ -212,12 +287,16 @@ def search_on_twin(
 ) -> TwinSearchResult:
     """TPE on the twin's predicted capacity; warm configurations are evaluated first.
 
-    Excluded configurations (already tried on a canary) may be evaluated to inform the sampler but
-    never appear in the ranking.
+    Each configuration's capacity search starts at the capacity of the nearest configuration
+    evaluated so far (:func:`nearest_capacity`): a bracket of :data:`NEAR_GROWTH` holds it in a
+    probe or two where doubling from the captured arrival rate takes several. Excluded
+    configurations (already tried on a canary) may be evaluated to inform the sampler but never
+    appear in the ranking.
     """
     started = time.process_time()
     excluded = set(exclude)
     known: dict[TunedConfig, Candidate] = {}
+    points: list[tuple[Mapping[str, float], float]] = []
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         direction="maximize", sampler=TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
@@ -242,9 +321,16 @@ def search_on_twin(
             continue
         repeats = 0
         candidate = evaluate_on_twin(
-            twin, config, slo, max_model_len=space.max_model_len, requests=requests, tolerance=tolerance
+            twin,
+            config,
+            slo,
+            max_model_len=space.max_model_len,
+            requests=requests,
+            tolerance=tolerance,
+            near_req_s=nearest_capacity(distributions, trial.params, points),
         )
         known[config] = candidate
+        points.append((trial.params, candidate.capacity_req_s))
         study.tell(trial, candidate.capacity_req_s, state=TrialState.COMPLETE)
     order = list(known)
     ranked = sorted(
@@ -299,6 +385,7 @@ def robust_ranking(
                 max_model_len=max_model_len,
                 requests=requests,
                 tolerance=tolerance,
+                near_req_s=first.capacity_req_s,
             ).capacity_req_s
             for z in ERROR_POINTS
         ]

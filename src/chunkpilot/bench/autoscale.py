@@ -564,10 +564,16 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                 return landscape.capacity(workload, chosen_config)
 
             def fly(
-                decide: Decide, initial: int, config: TunedConfig = config, startup: float = startup
+                decide: Decide,
+                initial: int,
+                config: TunedConfig = config,
+                startup: float = startup,
+                knobs: Callable[[View], TunedConfig] | None = None,
             ) -> FleetRun:
                 fleet = Fleet(sim, grid_st.max_model_len, startup, slo, seed=st.seed)
-                return fleet.run(profile, unit, decide, config, max(1, initial), st.seed, startup_s=startup)
+                return fleet.run(
+                    profile, unit, decide, config, max(1, initial), st.seed, startup_s=startup, knobs=knobs
+                )
 
             def judge(run: FleetRun, startup: float = startup) -> list[bool]:
                 return _judged(profile, run, unit, true_capacity, startup)
@@ -575,17 +581,7 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
             if name == "oracle":
                 run, oracle_rounds = _settle_oracle(fly, judge, counts, slo, most)
             elif sizing is not None:
-                fleet = Fleet(sim, grid_st.max_model_len, startup, slo, seed=st.seed)
-                run = fleet.run(
-                    profile,
-                    unit,
-                    decide,
-                    config,
-                    max(1, initial),
-                    st.seed,
-                    startup_s=startup,
-                    knobs=sizing.knobs,
-                )
+                run = fly(decide, initial, knobs=sizing.knobs)
             else:
                 run = fly(decide, initial)
             judged = judge(run)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from chunkpilot.engine.sim.capacity import find_capacity, retime
+from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, NEAR_PROBES, find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -26,6 +26,21 @@ def test_a_start_near_the_answer_with_a_small_growth_needs_fewer_probes() -> Non
     assert len(near.probes) < len(wide.probes)
     # Each step of the bracket is the growth: consecutive probes before bisection differ by 1.1x.
     assert near.probes[1].rate_req_s == pytest.approx(near.probes[0].rate_req_s * 1.1)
+
+
+def test_a_start_far_from_the_answer_is_not_walked_off_in_small_steps() -> None:
+    lengths = load_trace("azure_conv_2023", rate=1.0, limit=100)
+    wide = find_capacity(ENGINE, lengths, SLO_, tolerance=0.03, start_rate=1.0)
+    far = find_capacity(
+        ENGINE, lengths, SLO_, tolerance=0.03, start_rate=wide.capacity_req_s * 200, growth=1.1
+    )
+    assert far.capacity_req_s == pytest.approx(wide.capacity_req_s, rel=0.03)
+    rates = [p.rate_req_s for p in far.probes]
+    # The first steps are the small growth's, then the bracket shrinks by the default growth: 1.1x
+    # steps alone would take 56 probes to come down 200x.
+    assert rates[1] == pytest.approx(rates[0] / 1.1)
+    assert rates[NEAR_PROBES] == pytest.approx(rates[NEAR_PROBES - 1] / DEFAULT_GROWTH)
+    assert len(rates) < 20
 
 
 def test_growth_must_widen_the_bracket() -> None:

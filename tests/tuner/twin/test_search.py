@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from chunkpilot.engine.sim.capacity import CapacityResult, retime
@@ -16,10 +16,11 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import Twin, fit_steps, synthesize
-from chunkpilot.tuner.twin.predict import arrival_seeds
+from chunkpilot.tuner.twin.predict import CAPACITY_TOLERANCE, arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
     evaluate_on_twin,
+    nearest_capacity,
     planning_capacity,
     robust_ranking,
     scheduler_of,
@@ -75,6 +76,65 @@ def test_seeded_search_is_deterministic_and_honours_warm_and_exclude(twin: Twin)
     )
     assert warm not in {c.config for c in excluded.ranked}
     assert excluded.evaluations == 8 and len(excluded.ranked) == 7
+
+
+class _Counting(Twin):
+    """A twin that records each capacity search: the configuration's budget, the arrival sample, the
+    start and the capacity found."""
+
+    searches: ClassVar[list[tuple[int, int, float | None, float]]] = []
+
+    def capacity(self, scheduler: SchedulerConfig, slo: SLO, **options: Any) -> CapacityResult:
+        found = super().capacity(scheduler, slo, **options)
+        self.searches.append(
+            (
+                scheduler.max_num_batched_tokens,
+                options["seed"],
+                options.get("start_rate"),
+                found.capacity_req_s,
+            )
+        )
+        return found
+
+
+def test_each_search_starts_at_a_capacity_already_found(twin: Twin) -> None:
+    counting = _Counting(**{f.name: getattr(twin, f.name) for f in fields(twin)} | {"arrival_seeds": (1, 2)})
+    _Counting.searches.clear()
+    result = search_on_twin(counting, SPACE, SLO_, seed=4, max_evaluations=8, requests=120)
+    first = [s for s in _Counting.searches if s[1] == 1]
+    second = [s for s in _Counting.searches if s[1] == 2]
+    assert len(first) == len(second) == result.evaluations == 8
+    # The first configuration starts at the captured rate; each later one at a capacity found before
+    # (the mean over the two samples of a configuration evaluated earlier).
+    means = [(a[3] + b[3]) / 2 for a, b in zip(first, second, strict=True)]
+    assert first[0][2] is None and all(means)
+    assert all(s[2] in means[:i] for i, s in enumerate(first) if i)
+    # A second arrival sample starts where the first found the configuration's capacity, and the
+    # ranking holds the mean of the two.
+    by_budget = {c.config.max_num_batched_tokens: c.capacity_req_s for c in result.ranked}
+    for (budget, _, _, sampled), (again, _, start, capacity) in zip(first, second, strict=True):
+        assert again == budget and start == sampled
+        assert by_budget[budget] == pytest.approx((sampled + capacity) / 2)
+
+
+def test_the_nearest_capacity_is_the_closest_feasible_configurations() -> None:
+    distributions = SPACE.distributions()
+    evaluated = [({"max_num_batched_tokens": 4096, "max_num_seqs": 512}, 9.0),
+                 ({"max_num_batched_tokens": 1024, "max_num_seqs": 64}, 0.0),
+                 ({"max_num_batched_tokens": 512, "max_num_seqs": 256}, 3.0)]  # fmt: skip
+    # 1024/64 is nearest but meets the SLO at no rate; 512/256 is next.
+    assert (
+        nearest_capacity(distributions, {"max_num_batched_tokens": 1024, "max_num_seqs": 64}, evaluated)
+        == 3.0
+    )
+    assert (
+        nearest_capacity(distributions, {"max_num_batched_tokens": 4000, "max_num_seqs": 500}, evaluated)
+        == 9.0
+    )
+    assert (
+        nearest_capacity(distributions, {"max_num_batched_tokens": 512, "max_num_seqs": 16}, evaluated[1:2])
+        is None
+    )
 
 
 def test_cpu_budget_stops_the_search(twin: Twin) -> None:
@@ -184,4 +244,7 @@ def test_the_planning_capacity_is_sustained_and_its_low_end_meets_tighter_target
     burst = evaluate_on_twin(twin, config, SLO_).capacity_req_s
     assert 0 < low < nominal <= burst * 1.05
     tight = replace(SLO_, itl_ms=SLO_.itl_ms / 1.25, ttft_ms=SLO_.ttft_ms / 1.25)
-    assert planning_capacity(twin, config, tight, 0.0) == (low, low)  # the same search, targets cut
+    # The same capacity at the targets cut, within the search's tolerance: the low end's search
+    # starts at the nominal capacity, this one at the captured rate.
+    again, _ = planning_capacity(twin, config, tight, 0.0)
+    assert again == pytest.approx(low, rel=CAPACITY_TOLERANCE)
