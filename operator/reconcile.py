@@ -180,7 +180,9 @@ class Reconciler:
         live_adjust_blocked = self.config.live_adjust_blocked(isvc)
         isvc = with_best_topology(self.config.served(isvc), body.get("status"))
         try:
-            await self._check_service_name(body, isvc)
+            read = await self._check_service_name(body, isvc)
+            if read is not UNKNOWN and ChildKind.SERVICE not in known:
+                known = {**known, ChildKind.SERVICE: read}  # the Service's apply needs no second read
             observation = await self._reconcile_children(body, isvc, kinds, known, repair)
         except NameConflictError as conflict:
             generation = int(body["metadata"].get("generation") or 0)
@@ -191,10 +193,11 @@ class Reconciler:
             raise kopf.TemporaryError(str(conflict), delay=NAME_CONFLICT_RETRY_S) from None
         await self._report(body, isvc, observation, live_adjust_blocked, kinds)
 
-    async def _check_service_name(self, body: Mapping[str, Any], isvc: InferenceService) -> None:
+    async def _check_service_name(self, body: Mapping[str, Any], isvc: InferenceService) -> Any:
         """Before a new service (or one in conflict) writes anything: its Service's name, the one a
         foreign object most likely holds (it is the service's own), must be free or the service's.
 
+        Returns the Service as read (None: there is none), or ``UNKNOWN`` when it was not read.
         Raises :class:`NameConflictError`, so no engine pod starts for a service that cannot serve.
         Later a conflict is found by the write itself (:meth:`ChildWriter.ensure`).
         """
@@ -202,10 +205,11 @@ class Reconciler:
         if status is not None and status.observed_generation is not None:
             ready = get_condition(status.conditions, ConditionType.READY)
             if ready is None or ready.reason != Reason.NAME_CONFLICT:
-                return
+                return UNKNOWN
         current = await self.kube.get(object_path(build_service(isvc)))
         if current is not None and not owned_by(current, body):
             raise NameConflictError(current)
+        return current
 
     async def _reconcile_children(
         self,
@@ -291,8 +295,8 @@ class Reconciler:
         for policy in wanted:
             ensured = await self.children.ensure(policy, body, UNKNOWN)
             self.children.note(body, "NetworkPolicy", policy["metadata"]["name"], ensured, repair, created)
-        if repair:
-            return
+        if repair or (not wanted and int(body["metadata"].get("generation") or 0) <= 1):
+            return  # a spec never changed that wants none never had any to remove
         kept = {policy["metadata"]["name"] for policy in wanted}
         for name in network_policy_names(isvc):
             if name not in kept:

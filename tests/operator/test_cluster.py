@@ -786,6 +786,11 @@ def test_bench_prints_latency_and_memory(cluster: Any, tmp_path: Path) -> None:
     report = result.report()
     assert "p50" in report and "p99" in report and "MiB" in report
     assert 0 < result.create_s <= result.reconcile_all_s and result.burst_cpu_s > 0
+    # The burst's two services each cost the operator API requests, its Deployments among them.
+    assert result.requests_per_service > 1 and any("deployments" in key for key in result.burst_requests)
+    # New services that want no NetworkPolicy never had one: none is looked up to be removed.
+    assert not any("networkpolicies" in key for key in result.burst_requests), result.burst_requests
+    assert "API requests per service of the burst" in report
 
 
 def test_bench_observes_an_autotuned_fleet_from_the_operators_own_metrics(

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,16 @@ class BenchResult:
     create_s: float = 0.0
     #: The operator's CPU seconds from the burst's first create until all were reconciled.
     burst_cpu_s: float = 0.0
+    #: The operator's API requests from the burst's first create until all were reconciled, by
+    #: ``verb resource`` (the client's own requests; Kopf's watches and patches are not counted).
+    burst_requests: dict[str, float] = field(default_factory=dict)
     fleet: FleetFigures | None = None
+
+    @property
+    def requests_per_service(self) -> float:
+        """The operator's API requests per service of the burst."""
+        burst = self.reconciled - len(self.latencies_s)
+        return sum(self.burst_requests.values()) / burst if burst > 0 else 0.0
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
@@ -107,9 +116,15 @@ class BenchResult:
                 f" ({self.create_s:.1f} s of creates)"
                 f" were all reconciled in {self.reconcile_all_s:.1f} s"
                 f" ({self.burst_rate:.1f} services/s; operator CPU {self.burst_cpu_s:.1f} s)",
+                f"  {self.requests_per_service:.1f} API requests per service of the burst"
+                f" ({self._top_calls()})",
                 *([self.fleet.report(self.reconciled)] if self.fleet else []),
             ]
         )
+
+    def _top_calls(self) -> str:
+        burst = max(1, self.reconciled - len(self.latencies_s))
+        return ", ".join(f"{key} {value / burst:.2f}" for key, value in list(self.burst_requests.items())[:6])
 
     @property
     def burst_rate(self) -> float:
@@ -179,21 +194,29 @@ def histogram_quantile(q: float, before: Samples, after: Samples, name: str) -> 
     return lower
 
 
+def increase(before: Samples, after: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Each series of ``name``: how much it grew between two scrapes."""
+    return {
+        labels: value - before.get((key, labels), 0.0)
+        for (key, labels), value in after.items()
+        if key == name
+    }
+
+
+def api_requests(before: Samples, after: Samples) -> dict[str, float]:
+    """The operator's API requests between two scrapes by ``verb resource``, most first."""
+    by_call = {
+        f"{dict(labels)['verb']} {dict(labels)['resource']}": value
+        for labels, value in increase(before, after, "chunkpilot_kube_requests_total").items()
+        if value > 0
+    }
+    return dict(sorted(by_call.items(), key=lambda item: -item[1]))
+
+
 def fleet_figures(before: Samples, after: Samples, window_s: float, cpu_s: float, rss: int) -> FleetFigures:
     """The steady window's figures from two scrapes of the operator's metrics."""
-
-    def increase(name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        return {
-            labels: value - before.get((key, labels), 0.0)
-            for (key, labels), value in after.items()
-            if key == name
-        }
-
-    requests = increase("chunkpilot_kube_requests_total")
-    by_call = {
-        f"{dict(labels)['verb']} {dict(labels)['resource']}": value for labels, value in requests.items()
-    }
-    ticks = sum(increase("chunkpilot_tuner_tick_seconds_count").values())
+    by_call = api_requests(before, after)
+    ticks = sum(increase(before, after, "chunkpilot_tuner_tick_seconds_count").values())
     return FleetFigures(
         window_s=window_s,
         cpu_cores=cpu_s / window_s,
@@ -201,8 +224,8 @@ def fleet_figures(before: Samples, after: Samples, window_s: float, cpu_s: float
         ticks_per_s=ticks / window_s,
         tick_p50_s=histogram_quantile(0.5, before, after, "chunkpilot_tuner_tick_seconds"),
         tick_p99_s=histogram_quantile(0.99, before, after, "chunkpilot_tuner_tick_seconds"),
-        api_requests_per_s=sum(requests.values()) / window_s,
-        api_requests=dict(sorted(by_call.items(), key=lambda item: -item[1])),
+        api_requests_per_s=sum(by_call.values()) / window_s,
+        api_requests=by_call,
     )
 
 
@@ -374,6 +397,7 @@ def run_bench(
 
         log(f"creating {total - count} more at once and waiting until all {total} are reconciled ...")
         burst_cpu_before = cpu_seconds(operator.process.pid)
+        burst_scrape = scrape(metrics_url)
         burst_started = time.monotonic()
 
         def create(index: int) -> None:
@@ -392,6 +416,7 @@ def run_bench(
         wait_for(all_reconciled, timeout=max(120.0, total * 2.0), interval=1.0, what=f"{total} reconciled")
         burst_s = time.monotonic() - burst_started
         burst_cpu = cpu_seconds(operator.process.pid) - burst_cpu_before
+        burst_requests = api_requests(burst_scrape, scrape(metrics_url))
         time.sleep(2.0)
         rss, peak = _rss(operator.process.pid)
         fleet = None
@@ -409,7 +434,9 @@ def run_bench(
                 before, after, window, cpu_after - cpu_before, _rss(operator.process.pid)[0]
             )
             peak = _rss(operator.process.pid)[1]
-        return BenchResult(latencies, rss_idle, rss, peak, total, burst_s, create_s, burst_cpu, fleet)
+        return BenchResult(
+            latencies, rss_idle, rss, peak, total, burst_s, create_s, burst_cpu, burst_requests, fleet
+        )
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -516,6 +543,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
             "burst_create_s": result.create_s,
             "burst_per_s": result.burst_rate,
             "burst_cpu_s": result.burst_cpu_s,
+            "burst_requests_per_service": result.requests_per_service,
+            "burst_requests": result.burst_requests,
             "fleet": None
             if result.fleet is None
             else {
