@@ -100,8 +100,13 @@ def find_capacity(
     seed: int = 0,
     growth: float = DEFAULT_GROWTH,
     min_duration_s: float = 0.0,
+    stop_on_miss: bool = False,
 ) -> CapacityResult:
     """Bisect the Poisson rate until ``(upper - lower) / lower <= tolerance``.
+
+    ``stop_on_miss``: a probe ends once its TTFT quantile has missed for certain (see
+    :func:`~chunkpilot.engine.sim.offline.simulate`): the same capacity and verdicts for less
+    simulation; a failed probe's summary then covers part of its requests.
 
     Each probe runs the workload's requests at least once; with ``min_duration_s`` they repeat until
     the arrivals span that long, so the capacity is one the engine sustains, not the rate at which it
@@ -109,7 +114,7 @@ def find_capacity(
     within seconds, and a queue that grows all the while still meets the SLOs).
     """
     return search_capacity(
-        lambda retimed: simulate(config, retimed, slo),
+        lambda retimed: simulate(config, retimed, slo, stop_on_miss=stop_on_miss),
         workload,
         tolerance=tolerance,
         start_rate=start_rate,

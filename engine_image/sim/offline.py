@@ -221,10 +221,15 @@ def simulate(
     fast_forward: bool = True,
     keep_records: bool = False,
     telemetry: StepTelemetry | None = None,
+    stop_on_miss: bool = False,
 ) -> Summary:
     """Run ``workload`` on the engine ``config`` describes and summarise the latencies.
 
     ``telemetry``, when given, records every step the way the server's ``/metrics`` does.
+    ``stop_on_miss``: end the run once it can no longer meet ``slo`` (:class:`MissWatch`): the
+    summary then covers the requests completed so far and ``slo_met`` is False (the quantiles are
+    those of what ran; the TTFT's at least that of every request's TTFT so far). A run that meets
+    the SLO is the same with or without it.
     """
     wall_start = time.perf_counter()
     slo = slo or SLO()
@@ -241,12 +246,26 @@ def simulate(
     # passes over them find nothing, so it rests until the run is over.
     collecting = gc.isenabled()
     gc.disable()
+    run = EngineRun(core, fast_forward and not core.steps_spread, telemetry, recorder)
+    arrivals = sorted(requests, key=lambda r: r.arrival_s)
+    run.add(arrivals)
+    if stop_on_miss:
+        run.watch = MissWatch(arrivals, slo, recorder)
     try:
-        steps = _run(core, requests, recorder, fast_forward and not core.steps_spread, telemetry)
+        run.advance()
     finally:
         if collecting:
             gc.enable()
-    summary = _summarise(core, config, requests, recorder, steps, slo, keep_records)
+    summary = _summarise(core, config, requests, recorder, run.steps, slo, keep_records)
+    if run.watch is not None and run.watch.missed:
+        # The quantiles over what ran: the ITL's of the gaps so far, the TTFT's a lower bound.
+        summary = replace(
+            summary,
+            slo_met=False,
+            ttft_at_slo_quantile_ms=max(
+                summary.ttft_at_slo_quantile_ms, run.watch.bound_quantile_ms(run.now)
+            ),
+        )
     return _with_wall(summary, time.perf_counter() - wall_start)
 
 
@@ -259,17 +278,98 @@ def new_request(
     return Request(str(index), arrival, prompt, output, hashes[: prompt // 16])
 
 
-def _run(
-    core: EngineCore,
-    requests: list[Request],
-    recorder: _Recorder,
-    fast_forward: bool,
-    telemetry: StepTelemetry | None = None,
-) -> int:
-    run = EngineRun(core, fast_forward, telemetry, recorder)
-    run.add(sorted(requests, key=lambda r: r.arrival_s))
-    run.advance()
-    return run.steps
+#: Steps between two checks of :class:`MissWatch` (a check visits the requests still waiting and
+#: the gaps recorded since the last).
+WATCH_EVERY_STEPS = 32
+
+
+class MissWatch:
+    """Whether a run has missed its SLO for certain, by its TTFT or its ITL quantile.
+
+    Offline every request completes. The TTFT quantile (inverted CDF over every request) misses
+    once fewer than ``q`` of the requests can still get their first token within the target: one
+    whose first token came later than the target after its arrival, or that has waited longer than
+    that without one, is late whatever happens next. The ITL quantile (over every gap between a
+    request's tokens) misses once more gaps are above its target than ``1 - q`` of the most gaps
+    the run can have (one per output token after the first; fewer when speculative tokens are
+    accepted several at a time), whatever the remaining gaps are.
+    """
+
+    def __init__(self, arrivals: list[Request], slo: SLO, recorder: _Recorder) -> None:
+        self.arrivals = arrivals
+        self.slo = slo
+        self.recorder = recorder
+        self.late = 0
+        self.waiting: list[Request] = []
+        self.seen = 0
+        self.most_gaps = float(sum(r.max_output_tokens - 1 for r in arrivals))
+        self.slow_gaps = 0.0
+        self.singles = 0
+        self.segments = 0
+        self.missed = False
+
+    def check(self, arrived: int, now: float) -> bool:
+        """Whether the SLO has missed, with the first ``arrived`` requests arrived by ``now``."""
+        self.missed = self._ttft_missed(arrived, now) or self._itl_missed()
+        return self.missed
+
+    def _ttft_missed(self, arrived: int, now: float) -> bool:
+        if arrived > self.seen:
+            self.waiting.extend(self.arrivals[self.seen : arrived])
+            self.seen = arrived
+        target_ms = self.slo.ttft_ms
+        still: list[Request] = []
+        overdue = 0
+        for request in self.waiting:
+            first = request.first_token_s
+            if first is not None:
+                if (first - request.arrival_s) * 1e3 > target_ms:
+                    self.late += 1
+                continue
+            still.append(request)
+            if (now - request.arrival_s) * 1e3 > target_ms:
+                overdue += 1
+        self.waiting = still
+        total = len(self.arrivals)
+        # The summary's test: the requests within the target reach q of all of them.
+        return total - (self.late + overdue) < self.slo.ttft_quantile * total
+
+    def _itl_missed(self) -> bool:
+        target_ms = self.slo.itl_ms
+        singles = self.recorder.itl
+        for index in range(self.singles, len(singles)):
+            if singles[index] * 1e3 > target_ms:
+                self.slow_gaps += 1.0
+        self.singles = len(singles)
+        segments = self.recorder.segments
+        for index in range(self.segments, len(segments)):
+            first, increment, count, batch = segments[index]
+            self.slow_gaps += batch * (count - _first_above(first, increment, count, target_ms))
+        self.segments = len(segments)
+        most = self.most_gaps
+        return most - self.slow_gaps < self.slo.itl_quantile * most
+
+    def bound_quantile_ms(self, now: float) -> float:
+        """The TTFT quantile over every request's TTFT so far (those still waiting: their wait;
+        those yet to arrive: 0), a lower bound of the run's."""
+        bounds = np.zeros(len(self.arrivals), dtype=np.float64)
+        for index, request in enumerate(self.arrivals[: self.seen]):
+            first = request.first_token_s
+            bounds[index] = (first if first is not None else now) - request.arrival_s
+        return quantile(bounds, self.slo.ttft_quantile) * 1e3
+
+
+def _first_above(first: float, increment: float, count: int, target_ms: float) -> int:
+    """The first ``i`` below ``count`` whose gap ``first + increment * i`` (as the summary computes
+    it) is above ``target_ms``; ``count`` when none is (the gaps grow with ``i``)."""
+    low, high = 0, count
+    while low < high:
+        middle = (low + high) // 2
+        if (first + increment * float(middle)) * 1e3 > target_ms:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 class EngineRun:
@@ -294,6 +394,9 @@ class EngineRun:
         self.now = 0.0
         self.steps = 0
         self._next = 0
+        #: Ends the run once the SLO has missed for certain (:func:`simulate`'s
+        #: ``stop_on_miss``); None: runs to the end.
+        self.watch: MissWatch | None = None
 
     def add(self, requests: list[Request]) -> None:
         """Queue arrivals, in order and none before the last one added."""
@@ -308,7 +411,13 @@ class EngineRun:
         count = len(pending)
         next_index, now, steps = self._next, self.now, self.steps
         itl = recorder.itl
+        watch = self.watch
+        next_check = steps + WATCH_EVERY_STEPS
         while True:
+            if watch is not None and steps >= next_check:
+                next_check = steps + WATCH_EVERY_STEPS
+                if watch.check(next_index, now):
+                    break
             while next_index < count and pending[next_index].arrival_s <= now:
                 sched.add_request(pending[next_index])
                 next_index += 1

@@ -173,7 +173,8 @@ class Twin:
         """Predicted capacity at SLO (requests/s for one replica) of configuration ``scheduler``
         on one arrival sample (``seed``); the search starts at the captured arrival rate. With
         ``min_duration_s`` the capacity is one the replica sustains that long (see
-        :func:`~chunkpilot.engine.sim.capacity.find_capacity`)."""
+        :func:`~chunkpilot.engine.sim.capacity.find_capacity`). A probe whose TTFT quantile has
+        missed for certain stops there (the same verdicts, less simulation)."""
         workload = self._requests(requests)
         start = start_rate if start_rate is not None else _arrival_rate(self.workload)
         return find_capacity(
@@ -185,6 +186,7 @@ class Twin:
             seed=seed,
             growth=growth,
             min_duration_s=min_duration_s,
+            stop_on_miss=True,
         )
 
     def latency(

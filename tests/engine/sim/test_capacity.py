@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, NEAR_PROBES, find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 
@@ -41,6 +41,35 @@ def test_a_start_far_from_the_answer_is_not_walked_off_in_small_steps() -> None:
     assert rates[1] == pytest.approx(rates[0] / 1.1)
     assert rates[NEAR_PROBES] == pytest.approx(rates[NEAR_PROBES - 1] / DEFAULT_GROWTH)
     assert len(rates) < 20
+
+
+@pytest.mark.parametrize(
+    ("slo", "missed"),
+    [
+        (SLO_, "ttft_at_slo_quantile_ms"),  # above its capacity the queue grows: first tokens late
+        (SLO(itl_ms=30.0, ttft_ms=60_000.0), "itl_at_slo_quantile_ms"),  # long chunks slow the gaps
+    ],
+)
+def test_a_probe_stops_once_its_slo_has_missed_and_the_search_finds_the_same_capacity(
+    slo: SLO, missed: str
+) -> None:
+    lengths = load_trace("azure_conv_2023", rate=1.0, limit=300)
+    full = find_capacity(ENGINE, lengths, slo, tolerance=0.03, start_rate=5.0)
+    stopping = find_capacity(ENGINE, lengths, slo, tolerance=0.03, start_rate=5.0, stop_on_miss=True)
+    assert full.feasible and stopping.capacity_req_s == full.capacity_req_s
+    assert [(p.rate_req_s, p.slo_met) for p in stopping.probes] == [
+        (p.rate_req_s, p.slo_met) for p in full.probes
+    ]
+    overloaded = retime(lengths, full.capacity_req_s * 1.5)
+    whole, cut = simulate(ENGINE, overloaded, slo), simulate(ENGINE, overloaded, slo, stop_on_miss=True)
+    target = slo.ttft_ms if missed.startswith("ttft") else slo.itl_ms
+    assert not whole.slo_met and getattr(whole, missed) > target
+    assert not cut.slo_met and cut.steps < whole.steps and cut.completed < cut.requests == whole.completed
+    # Below the capacity nothing changes.
+    served = retime(lengths, full.capacity_req_s * 0.8)
+    assert simulate(ENGINE, served, slo, stop_on_miss=True).to_dict() | {"wall_s": 0} == simulate(
+        ENGINE, served, slo
+    ).to_dict() | {"wall_s": 0}
 
 
 def test_growth_must_widen_the_bracket() -> None:
