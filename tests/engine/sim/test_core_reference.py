@@ -5,7 +5,8 @@ server would export) is compared with ``core_reference.json``, recorded from the
 hot paths were rewritten for speed. The cases span the three engines' scheduling semantics, budgets
 from 256 to 8192 tokens, the bundled traces and the features that change the scheduler's path
 (prefix caching, preemption, speculative decoding, partial-prefill limits, step-time spread, the
-step-by-step path, disaggregated pools).
+step-by-step path, disaggregated pools, a run stopped once its SLO has missed). The two stopped runs
+were recorded later than the rest, on the Python core, and the compiled core answers the same.
 
 Regenerate only after an intended change of the simulator's *answers*, never to make a speed-up pass:
 ``CHUNKPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/engine/sim/test_core_reference.py``.
@@ -157,6 +158,14 @@ CASES: dict[str, Case] = {
     ),
     "vllm-step-by-step": _offline(
         _config(max_num_batched_tokens=1024, max_num_seqs=128), _conv(800), fast_forward=False
+    ),
+    # The twin's probes stop once the SLO has missed: at a rate the TTFT quantile misses, and at
+    # one only the ITL quantile misses (a budget of 8192 tokens).
+    "vllm-stop-on-ttft-miss": _offline(
+        _config(max_num_batched_tokens=2048, max_num_seqs=256), _conv(1500, rate=40.0), stop_on_miss=True
+    ),
+    "vllm-stop-on-itl-miss": _offline(
+        _config(max_num_batched_tokens=8192, max_num_seqs=1024), _conv(rate=12.0), stop_on_miss=True
     ),
     "vllm-telemetry": _with_telemetry(_config(max_num_batched_tokens=768, max_num_seqs=96), _code(800)),
     "vllm-spread": _spread(_config(max_num_batched_tokens=1024, max_num_seqs=128), _conv(800)),
