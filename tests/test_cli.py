@@ -147,6 +147,10 @@ def test_a_dispatched_command_imports_only_what_it_needs() -> None:
     data = probe("chunkpilot.cli", "sim", "--help")
     assert data["code"] == 0
     assert imported(data["modules"], ("kopf", "aiohttp", "kubernetes", "optuna")) == []
+    # The simulator's flags take their defaults from the knob table, not the API's pydantic models
+    # (building those was a third of a short run's start-up), and YAML is read only when asked.
+    run = probe("chunkpilot.cli", "sim", "run", "--help")
+    assert imported(run["modules"], ("pydantic", "yaml")) == []
     sim = next(c.module for c in COMMANDS if c.name == "sim")
     others = tuple(m for c in COMMANDS for m in (c.module, *c.extensions) if m != sim)
     assert imported(data["modules"], others) == []

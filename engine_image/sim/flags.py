@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import yaml
 from chunkpilot.engine.sim.engine import SimConfig, default_limits
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
 from chunkpilot.engine.sim.kvtransfer import (
@@ -46,7 +45,6 @@ from chunkpilot.engine.sim.scheduler import (
     TrtllmSchedulerConfig,
 )
 
-from chunkpilot.api import EngineSpec
 from chunkpilot.api.engines import dialects
 from chunkpilot.api.knobs import KNOBS, VLLM, KnobSpec
 
@@ -108,7 +106,7 @@ def _add_knob_flag(group: argparse._ArgumentGroup, knob: KnobSpec) -> None:
     """The knob's vLLM flag (parsed into the attribute argparse names after the flag)."""
     names = [knob.flag(VLLM).flag, *_SHORT_FLAGS.get(knob.name, ())]
     # The API's default is vLLM's, except where vLLM picks one from the hardware (see default_limits).
-    default = None if knob.hardware_default else EngineSpec.model_fields[knob.name].get_default()
+    default = None if knob.hardware_default else knob.default
     if knob.kind == "bool":
         group.add_argument(*names, action=_Switch, default=bool(default), help=_help(knob))
     else:
@@ -387,6 +385,8 @@ def load_trtllm_options(path: str) -> dict[str, Any]:
     Where the file does not exist but :data:`TRTLLM_OPTIONS_ENV` is set (a pod run outside its
     container, whose launch script would have written the file from it), its value is read instead.
     """
+    import yaml  # only TensorRT-LLM's options file is YAML: not imported by every simulator run
+
     inline = os.environ.get(TRTLLM_OPTIONS_ENV)
     try:
         if inline and not os.path.exists(path):

@@ -11,14 +11,17 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
+    GetJsonSchemaHandler,
     ModelWrapValidatorHandler,
     PrivateAttr,
     SerializerFunctionWrapHandler,
     model_serializer,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from chunkpilot.api import options
 from chunkpilot.api.common import (
@@ -43,7 +46,7 @@ from chunkpilot.api.engines import (
     kinds,
     version_field_doc,
 )
-from chunkpilot.api.knobs import DIALECTS, TUNABLE_NAMES, EngineKindName, doc, knob
+from chunkpilot.api.knobs import DIALECTS, TUNABLE_NAMES, doc, knob, registered_kind
 from chunkpilot.api.knobs import MANAGED_FLAGS as MANAGED_FLAGS  # re-exported for the tests
 from chunkpilot.api.knobs import CapacitySchedulerPolicy as CapacitySchedulerPolicy  # the table's enums
 from chunkpilot.api.knobs import ContextChunkingPolicy as ContextChunkingPolicy
@@ -57,6 +60,25 @@ from chunkpilot.api.scaling import ScalingSpec, ScalingStatus
 #: The engine version rendered when ``spec.engine.version`` is unset, per kind (the registry's; the
 #: simulator speaks the vLLM release's command line).
 DEFAULT_ENGINE_VERSIONS: dict[str, str] = {e.kind: e.default_version for e in ENGINES.values()}
+
+
+class _RegisteredKinds:
+    """The JSON schema of a kind field: a string, one of the registered kinds (the CRD's enum)."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema: dict[str, Any] = handler(core_schema)
+        return {**schema, "enum": list(ENGINES)}
+
+
+#: ``spec.engine.kind``: a registered engine kind (:data:`~chunkpilot.api.engines.ENGINES`).
+EngineKindName = Annotated[str, AfterValidator(registered_kind), _RegisteredKinds()]
+
+
+def _default(name: str) -> Any:
+    """``spec.engine.<name>``'s default: the knob table's."""
+    return knob(name).default
 
 
 def _default_version(kind: str) -> str:
@@ -471,27 +493,32 @@ class EngineSpec(ApiModel):
         description=version_field_doc(),
     )
     max_num_batched_tokens: int = Field(
-        default=8192,
+        default=_default("max_num_batched_tokens"),
         ge=1,
         le=1_048_576,
         description=doc("max_num_batched_tokens"),
     )
-    max_num_seqs: int = Field(default=256, ge=1, le=65_536, description=doc("max_num_seqs"))
+    max_num_seqs: int = Field(
+        default=_default("max_num_seqs"), ge=1, le=65_536, description=doc("max_num_seqs")
+    )
     max_num_active_seqs: int | None = Field(
         default=None,
         ge=1,
         le=65_536,
         description=doc("max_num_active_seqs"),
     )
-    enable_chunked_prefill: bool = Field(default=True, description=doc("enable_chunked_prefill"))
+    enable_chunked_prefill: bool = Field(
+        default=_default("enable_chunked_prefill"), description=doc("enable_chunked_prefill")
+    )
     long_prefill_token_threshold: int = Field(
-        default=0,
+        default=_default("long_prefill_token_threshold"),
         ge=0,
         le=4_194_304,
         description=doc("long_prefill_token_threshold"),
     )
     long_prefill_token_threshold_adaptive: bool = Field(
-        default=False, description=doc("long_prefill_token_threshold_adaptive")
+        default=_default("long_prefill_token_threshold_adaptive"),
+        description=doc("long_prefill_token_threshold_adaptive"),
     )
     max_num_partial_prefills: int | None = Field(
         default=None,
@@ -505,16 +532,18 @@ class EngineSpec(ApiModel):
         le=1024,
         description=doc("max_long_partial_prefills"),
     )
-    enable_prefix_caching: bool = Field(default=True, description=doc("enable_prefix_caching"))
+    enable_prefix_caching: bool = Field(
+        default=_default("enable_prefix_caching"), description=doc("enable_prefix_caching")
+    )
     speculative: SpeculativeSpec | None = Field(default=None, description=doc("speculative"))
     gpu_memory_utilization: float = Field(
-        default=0.92,
+        default=_default("gpu_memory_utilization"),
         gt=0,
         le=1,
         description=doc("gpu_memory_utilization"),
     )
     tensor_parallel_size: int = Field(
-        default=1,
+        default=_default("tensor_parallel_size"),
         ge=1,
         le=64,
         description=doc("tensor_parallel_size"),
@@ -523,7 +552,9 @@ class EngineSpec(ApiModel):
         default=None, ge=1, le=4_194_304, description=doc("max_prefill_tokens")
     )
     schedule_policy: SchedulePolicy | None = Field(default=None, description=doc("schedule_policy"))
-    enable_mixed_chunk: bool = Field(default=False, description=doc("enable_mixed_chunk"))
+    enable_mixed_chunk: bool = Field(
+        default=_default("enable_mixed_chunk"), description=doc("enable_mixed_chunk")
+    )
     capacity_scheduler_policy: CapacitySchedulerPolicy | None = Field(
         default=None, description=doc("capacity_scheduler_policy")
     )
@@ -1311,7 +1342,10 @@ class EngineConfig(ApiModel):
         default=None, ge=1, le=65_536, description=doc("max_num_active_seqs")
     )
     long_prefill_token_threshold: int = Field(
-        default=0, ge=0, le=4_194_304, description=doc("long_prefill_token_threshold")
+        default=_default("long_prefill_token_threshold"),
+        ge=0,
+        le=4_194_304,
+        description=doc("long_prefill_token_threshold"),
     )
     max_num_partial_prefills: int | None = Field(
         default=None, ge=1, le=1024, description=doc("max_num_partial_prefills")

@@ -31,11 +31,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
-
-from pydantic import AfterValidator, GetJsonSchemaHandler
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema
+from typing import Final, Literal
 
 from chunkpilot.api.engines import (
     ENGINES,
@@ -124,25 +120,11 @@ class EngineKind(StrEnum):
     SIM = SIM_ENGINE.kind
 
 
-def _registered_kind(kind: str) -> str:
+def registered_kind(kind: str) -> str:
     """``kind`` if registered (as its :class:`EngineKind` member when it has one); ValueError otherwise."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINES)}")
     return EngineKind(kind) if kind in EngineKind._value2member_map_ else kind
-
-
-class _RegisteredKinds:
-    """The JSON schema of a kind field: a string, one of the registered kinds (the CRD's enum)."""
-
-    def __get_pydantic_json_schema__(
-        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        schema: dict[str, Any] = handler(core_schema)
-        return {**schema, "enum": list(ENGINES)}
-
-
-#: ``spec.engine.kind``: a registered engine kind (:data:`~chunkpilot.api.engines.ENGINES`).
-EngineKindName = Annotated[str, AfterValidator(_registered_kind), _RegisteredKinds()]
 
 
 class CapacitySchedulerPolicy(StrEnum):
@@ -223,6 +205,8 @@ class KnobSpec:
     hardware_default: bool = False
     #: Note added to the ``spec.autotune.bounds`` field's documentation.
     bounds_note: str = ""
+    #: ``spec.engine``'s default, vLLM's where it has one (the CRD's default and the simulator's flag).
+    default: object = None
 
     def flag(self, dialect: str = VLLM) -> EngineFlag:
         """The flag in ``dialect``; KeyError when that engine family has no such setting."""
@@ -290,6 +274,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         tunable=True,
         live=True,
         hardware_default=True,
+        default=8192,
     ),
     KnobSpec(
         "max_num_seqs",
@@ -304,6 +289,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         tunable=True,
         live=True,
         hardware_default=True,
+        default=256,
     ),
     KnobSpec(
         "max_num_active_seqs",
@@ -327,6 +313,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
             **_vllm("--enable-chunked-prefill"),
             **_flags(sglang="--chunked-prefill-size", trtllm="enable_chunked_prefill", trtllm_yaml=True),
         },
+        default=True,
     ),
     KnobSpec(
         "long_prefill_token_threshold",
@@ -338,6 +325,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         tunable=True,
         off=0,
         bounds_note="0 = off is allowed",
+        default=0,
     ),
     KnobSpec(
         "long_prefill_token_threshold_adaptive",
@@ -346,6 +334,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         "Adapt the threshold to load (--long-prefill-token-threshold-adaptive).",
         _vllm("--long-prefill-token-threshold-adaptive", since=VLLM_0_33),
         off=False,
+        default=False,
     ),
     KnobSpec(
         "max_num_partial_prefills",
@@ -384,6 +373,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
                 sglang="--disable-radix-cache", trtllm="kv_cache_config.enable_block_reuse", trtllm_yaml=True
             ),
         },
+        default=True,
     ),
     KnobSpec(
         "speculative",
@@ -409,6 +399,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
                 trtllm_yaml=True,
             ),
         },
+        default=0.92,
     ),
     KnobSpec(
         "tensor_parallel_size",
@@ -419,6 +410,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
             " TensorRT-LLM --tp_size."
         ),
         {**_vllm("--tensor-parallel-size"), **_flags(sglang="--tp-size", trtllm="--tp_size")},
+        default=1,
     ),
     KnobSpec(
         "max_prefill_tokens",
@@ -447,6 +439,7 @@ KNOBS: Final[tuple[KnobSpec, ...]] = (
         ),
         _flags(sglang="--enable-mixed-chunk"),
         off=False,
+        default=False,
     ),
     KnobSpec(
         "capacity_scheduler_policy",
@@ -572,7 +565,6 @@ __all__ = [
     "Dialect",
     "EngineFlag",
     "EngineKind",
-    "EngineKindName",
     "EngineVersion",
     "KnobSpec",
     "change",
@@ -582,5 +574,6 @@ __all__ = [
     "honoured_natively",
     "knob",
     "managed_flags",
+    "registered_kind",
     "summary",
 ]
