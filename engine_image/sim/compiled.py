@@ -40,6 +40,7 @@ COMPILED_MODULES = (
     "engine",
     "offline",
     "disagg",
+    "workload",
 )
 MODE_ENV = "CHUNKPILOT_SIM_CORE"
 CACHE_ENV = "CHUNKPILOT_SIM_CORE_CACHE"

@@ -99,9 +99,13 @@ def quantile(values: FloatArray, q: float, weights: FloatArray | None = None) ->
     return SortedSample(values, weights).quantile(q)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class RequestRecord:
-    """Latencies of one finished request (seconds)."""
+    """Latencies of one finished request (seconds; never changed once made).
+
+    One per request: not frozen and with its own ``__init__``, which the compiled core compiles (it
+    runs a generated one as Python).
+    """
 
     arrival_s: float
     prompt_tokens: int
@@ -112,6 +116,28 @@ class RequestRecord:
     e2e_s: float
     tpot_s: float
     preemptions: int
+
+    def __init__(
+        self,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        cached_tokens: int,
+        queue_s: float,
+        ttft_s: float,
+        e2e_s: float,
+        tpot_s: float,
+        preemptions: int,
+    ) -> None:
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.cached_tokens = cached_tokens
+        self.queue_s = queue_s
+        self.ttft_s = ttft_s
+        self.e2e_s = e2e_s
+        self.tpot_s = tpot_s
+        self.preemptions = preemptions
 
     @classmethod
     def timed(
@@ -133,16 +159,16 @@ class RequestRecord:
         """
         first_scheduled = first_scheduled_s if first_scheduled_s is not None else arrival_s
         tpot = (finish_s - first_token_s) / (output_tokens - 1) if output_tokens > 1 else 0.0
-        return cls(
-            arrival_s=arrival_s,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-            queue_s=first_scheduled - arrival_s,
-            ttft_s=first_token_s - arrival_s,
-            e2e_s=finish_s - arrival_s,
-            tpot_s=tpot,
-            preemptions=preemptions,
+        return RequestRecord(
+            arrival_s,
+            prompt_tokens,
+            output_tokens,
+            cached_tokens,
+            first_scheduled - arrival_s,
+            first_token_s - arrival_s,
+            finish_s - arrival_s,
+            tpot,
+            preemptions,
         )
 
 
@@ -233,30 +259,29 @@ def simulate(
     """
     wall_start = time.perf_counter()
     slo = slo or SLO()
-    core = config.build()
-    sched = core.scheduler
-    max_len = sched.config.max_model_len
-    requests = [
-        new_request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
-        for i, spec in enumerate(workload.requests)
-    ]
-    recorder = _Recorder()
-    # Bulk decode advances identical steps in closed form: not when each step draws its own time.
-    # The run allocates millions of short-lived, acyclic per-step records; the cyclic collector's
-    # passes over them find nothing, so it rests until the run is over.
+    # The run allocates a request per arrival and millions of short-lived, acyclic per-step records;
+    # the cyclic collector's passes over them find nothing, so it rests until the summary is made.
     collecting = gc.isenabled()
     gc.disable()
-    run = EngineRun(core, fast_forward and not core.steps_spread, telemetry, recorder)
-    arrivals = sorted(requests, key=lambda r: r.arrival_s)
-    run.add(arrivals)
-    if stop_on_miss:
-        run.watch = MissWatch(arrivals, slo, recorder)
     try:
+        core = config.build()
+        max_len = core.scheduler.config.max_model_len
+        requests = [
+            new_request(i, spec.arrival_s, spec.prompt_tokens, spec.output_tokens, spec.block_hashes, max_len)
+            for i, spec in enumerate(workload.requests)
+        ]
+        recorder = _Recorder()
+        # Bulk decode advances identical steps in closed form: not when each step draws its own time.
+        run = EngineRun(core, fast_forward and not core.steps_spread, telemetry, recorder)
+        arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        run.add(arrivals)
+        if stop_on_miss:
+            run.watch = MissWatch(arrivals, slo, recorder)
         run.advance()
+        summary = _summarise(core, config, requests, recorder, run.steps, slo, keep_records)
     finally:
         if collecting:
             gc.enable()
-    summary = _summarise(core, config, requests, recorder, run.steps, slo, keep_records)
     if run.watch is not None and run.watch.missed:
         # The quantiles over what ran: the ITL's of the gaps so far, the TTFT's a lower bound.
         summary = replace(

@@ -275,7 +275,7 @@ def scheduler_config_class(engine: Engine | str) -> type[SchedulerConfig]:
     return SCHEDULER_CONFIGS[Engine(engine)]
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Request:
     """One generation request and its progress (times in simulated seconds)."""
 
@@ -307,6 +307,52 @@ class Request:
     #: Prompt tokens whose KV came from a remote engine (vLLM's ``num_external_computed_tokens``).
     num_external_tokens: int = 0
 
+    def __init__(
+        self,
+        request_id: str,
+        arrival_s: float,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        block_hashes: tuple[int, ...] = (),
+        status: RequestStatus = RequestStatus.WAITING,
+        num_computed_tokens: int = 0,
+        num_output_tokens: int = 0,
+        num_cached_tokens: int = 0,
+        plain_blocks: int = 0,
+        cached_hashes: list[int] | None = None,
+        num_preemptions: int = 0,
+        first_scheduled_s: float | None = None,
+        first_token_s: float | None = None,
+        last_token_s: float | None = None,
+        finish_s: float | None = None,
+        finish_reason: FinishReason | None = None,
+        kv_hold: bool = False,
+        remote_prefill: bool = False,
+        kv_ready_s: float | None = None,
+        num_external_tokens: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.block_hashes = block_hashes
+        self.status = status
+        self.num_computed_tokens = num_computed_tokens
+        self.num_output_tokens = num_output_tokens
+        self.num_cached_tokens = num_cached_tokens
+        self.plain_blocks = plain_blocks
+        self.cached_hashes = [] if cached_hashes is None else cached_hashes
+        self.num_preemptions = num_preemptions
+        self.first_scheduled_s = first_scheduled_s
+        self.first_token_s = first_token_s
+        self.last_token_s = last_token_s
+        self.finish_s = finish_s
+        self.finish_reason = finish_reason
+        self.kv_hold = kv_hold
+        self.remote_prefill = remote_prefill
+        self.kv_ready_s = kv_ready_s
+        self.num_external_tokens = num_external_tokens
+
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens known so far."""
@@ -326,12 +372,12 @@ class Request:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ScheduledRequest:
     """Tokens one request computes in this step.
 
-    A plain slotted dataclass, not a frozen one or a named tuple: one is built per request per step
-    (a capacity search builds millions), and the compiled core builds these natively.
+    One is built per request per step (a capacity search builds millions): a slotted dataclass with
+    its own ``__init__``, which the compiled core compiles (a generated one it runs as Python).
     """
 
     request: Request
@@ -340,8 +386,22 @@ class ScheduledRequest:
     num_draft_tokens: int
     is_prefill: bool
 
+    def __init__(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_computed_before: int,
+        num_draft_tokens: int,
+        is_prefill: bool,
+    ) -> None:
+        self.request = request
+        self.num_new_tokens = num_new_tokens
+        self.num_computed_before = num_computed_before
+        self.num_draft_tokens = num_draft_tokens
+        self.is_prefill = is_prefill
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class SchedulerOutput:
     """The batch of one step (never changed once built; not frozen for :class:`ForwardPass`'s reason)."""
 
@@ -350,13 +410,25 @@ class SchedulerOutput:
     num_scheduled_tokens: int
     forward_pass: ForwardPass
 
+    def __init__(
+        self,
+        scheduled: tuple[ScheduledRequest, ...],
+        preempted: tuple[Request, ...],
+        num_scheduled_tokens: int,
+        forward_pass: ForwardPass,
+    ) -> None:
+        self.scheduled = scheduled
+        self.preempted = preempted
+        self.num_scheduled_tokens = num_scheduled_tokens
+        self.forward_pass = forward_pass
+
     @property
     def is_empty(self) -> bool:
         """True when nothing was scheduled."""
         return not self.scheduled
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RequestOutput:
     """What one request produced in one step (built like :class:`ScheduledRequest`, for its reason)."""
 
@@ -365,6 +437,20 @@ class RequestOutput:
     is_first_token: bool
     finished: bool
     previous_token_s: float | None
+
+    def __init__(
+        self,
+        request: Request,
+        new_tokens: int,
+        is_first_token: bool,
+        finished: bool,
+        previous_token_s: float | None,
+    ) -> None:
+        self.request = request
+        self.new_tokens = new_tokens
+        self.is_first_token = is_first_token
+        self.finished = finished
+        self.previous_token_s = previous_token_s
 
 
 class Scheduler:

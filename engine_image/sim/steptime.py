@@ -84,12 +84,13 @@ def _calibrated_constants() -> dict[str, Any]:
     return data
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ForwardPass:
     """Shape of one batched forward pass, as the step-time model needs it.
 
-    Built once per simulated step and never changed; not frozen, because the compiled core builds
-    plain dataclasses natively but runs a frozen one's generated ``__init__`` as Python.
+    Built once per simulated step and never changed. Not frozen, and with its own ``__init__``:
+    the compiled core compiles an ``__init__`` written in the class but runs the one a dataclass
+    generates as Python (a frozen one's through the slow generic attribute setter).
     """
 
     num_tokens: int
@@ -98,6 +99,22 @@ class ForwardPass:
     prefill_attention_pairs: float = 0.0
     prefill_context_tokens: int = 0
     decode_context_tokens: int = 0
+
+    def __init__(
+        self,
+        num_tokens: int,
+        num_sequences: int,
+        num_sampled: int,
+        prefill_attention_pairs: float = 0.0,
+        prefill_context_tokens: int = 0,
+        decode_context_tokens: int = 0,
+    ) -> None:
+        self.num_tokens = num_tokens
+        self.num_sequences = num_sequences
+        self.num_sampled = num_sampled
+        self.prefill_attention_pairs = prefill_attention_pairs
+        self.prefill_context_tokens = prefill_context_tokens
+        self.decode_context_tokens = decode_context_tokens
 
     @staticmethod
     def prefill_pairs(new_tokens: int, cached_tokens: int) -> float:

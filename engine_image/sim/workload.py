@@ -10,6 +10,7 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
+from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.kvcache import BLOCK_SIZE
 
 BUNDLED_TRACES = ("azure_conv_2023", "azure_code_2023", "arxiv_summarization_lengths")
@@ -196,3 +197,6 @@ def _range(text: str, name: str) -> tuple[int, int]:
     if lo < 1 or hi < lo:
         raise ValueError(f"{name} must be N or A-B with 1 <= A <= B")
     return lo, hi
+
+
+picklable(RequestSpec, Workload)
