@@ -116,6 +116,15 @@ def test_a_surge_the_running_replicas_would_absorb_waits_then_is_skipped() -> No
     assert "more than the surge may replay" in surge.describe(150.0)
 
 
+def test_a_capacity_too_low_to_surge_above_the_demos_own_rate_replays_nothing_then_is_skipped() -> None:
+    surge = Surge(SCENARIO)  # 6 req/s; 2.5 replicas of 2 req/s are 5: no extra load to replay
+    assert surge.step(0.0, service(desired=3, capacity=2.0), tuning_finished=True) is None
+    assert surge.phase is SurgePhase.WAITING
+    surge.step(150.0, service(desired=3, capacity=2.0), tuning_finished=True)
+    assert surge.phase is SurgePhase.SKIPPED
+    assert "nothing to surge" in surge.describe(150.0)
+
+
 def test_with_the_planner_off_there_is_no_surge() -> None:
     surge = Surge(DemoScenario(max_replicas=1))
     assert surge.phase is SurgePhase.SKIPPED and not surge.busy

@@ -124,6 +124,13 @@ class Surge:
 
     def _start(self, now: float, capacity: float, headroom: float, replicas: int) -> ExtraLoad | None:
         rate = self.scenario.surge_rate(capacity)
+        if rate <= self.scenario.rate:  # no more than the demo's own load: nothing to add
+            self.note = (
+                f"{self.scenario.surge_replicas:g} replicas' worth of one replica's capacity "
+                f"({capacity:.3g} req/s) is no more than the demo's own {self.scenario.rate:g} req/s: "
+                "nothing to surge"
+            )
+            return None
         if rate * (1 + headroom) <= capacity * replicas:  # not now; the capacity may still change
             self.note = (
                 f"{replicas} replica(s) serve {capacity * replicas:.3g} req/s, more than the surge "
