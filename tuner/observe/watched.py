@@ -30,7 +30,7 @@ from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
 __all__ = ["PENDING_S", "WATCHED", "Kube", "ObjectIndex", "WatchedKube", "index_object"]
 
-#: Longest a written object is read from the API rather than the index (seconds).
+#: Longest a written Deployment is read from the API rather than the index (seconds).
 PENDING_S: Final = 120.0
 
 #: The kinds the tick reads from the watch: plural -> its API group/version.
