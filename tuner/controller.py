@@ -25,14 +25,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from chunkpilot.operator.kube import KubeError
-from chunkpilot.tuner.act.actor import Actor, Mirror, PostEvent
+from chunkpilot.tuner.act.actor import Actor, Kube, Mirror, PostEvent
 from chunkpilot.tuner.act.live_adjust import LiveAdjuster
 from chunkpilot.tuner.decide.lifecycle import TunerSettings, crash_message
 from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.observe.observer import Observer
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
-from chunkpilot.tuner.observe.watched import Kube, WatchedKube
+from chunkpilot.tuner.observe.watched import WatchedKube
 from chunkpilot.tuner.twin.online import TwinBudget
 
 Clock = Callable[[], datetime]

@@ -28,7 +28,7 @@ from chunkpilot.operator.kube import KubeError, object_path
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 
-__all__ = ["PENDING_S", "WATCHED", "Kube", "ObjectIndex", "WatchedKube", "index_object"]
+__all__ = ["PENDING_S", "WATCHED", "ObjectIndex", "WatchedKube", "index_object"]
 
 #: Longest a written Deployment is read from the API rather than the index (seconds).
 PENDING_S: Final = 120.0
@@ -49,7 +49,7 @@ _Key = tuple[str, str, str]
 
 
 class Kube(Protocol):
-    """The API verbs the tuning loop needs (``chunkpilot.operator.kube.KubeClient`` has them)."""
+    """The API verbs the tuner uses (``chunkpilot.operator.kube.KubeClient`` has them)."""
 
     async def get(self, path: str) -> dict[str, Any] | None: ...
     async def apply(self, manifest: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]: ...
