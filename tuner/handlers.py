@@ -42,7 +42,7 @@ from chunkpilot.tuner.config import ENV_TWIN, TunerConfig
 from chunkpilot.tuner.controller import Mirror, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
-from chunkpilot.tuner.observe.watched import index_object
+from chunkpilot.tuner.observe.watched import index_deployment
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 from chunkpilot.tuner.twin.jobs import OffloadMode
@@ -55,8 +55,8 @@ logger = logging.getLogger(__name__)
 FIELD_MANAGER: Final = "chunkpilot-tuner"
 #: Memo key of the :class:`TuningController`.
 MEMO_KEY: Final = "tuner"
-#: The Kopf indices of the objects the tick reads, by plural (:mod:`chunkpilot.tuner.observe.watched`).
-INDICES: Final[Mapping[str, str]] = {"deployments": "tuner_deployments", ISVC_PLURAL: "tuner_services"}
+#: The Kopf index of the operator's Deployments the tick reads (:mod:`chunkpilot.tuner.observe.watched`).
+DEPLOYMENT_INDEX: Final = "tuner_deployments"
 #: Memo key of the tuner's :class:`TunerConfig`.
 MEMO_CONFIG: Final = "tuner_config"
 
@@ -83,15 +83,14 @@ def register_timer(interval_s: float) -> None:
         return
     _timer_registered = True
     # Kopf fills its indices from the first listing before it starts any handler or timer.
-    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id=INDICES["deployments"])(_index)
-    kopf.index(GROUP, VERSION, ISVC_PLURAL, id=INDICES[ISVC_PLURAL])(_index)
+    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id=DEPLOYMENT_INDEX)(_index_deployment)
     kopf.timer(
         GROUP, VERSION, ISVC_PLURAL, id="tune", interval=interval_s, backoff=interval_s, when=_tuning_wanted
     )(tune)
 
 
-def _index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    return index_object(body)
+def _index_deployment(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return index_deployment(body)
 
 
 def _mirror_to(url: str) -> Mirror:
@@ -178,8 +177,6 @@ async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **kwarg
     controller: TuningController | None = memo.get(MEMO_KEY)
     if controller is None or name is None or namespace is None:
         return
-    controller.watched.indices = {
-        plural: kwargs[index] for plural, index in INDICES.items() if index in kwargs
-    }
+    controller.watched.index = kwargs.get(DEPLOYMENT_INDEX)
     with telemetry.TUNER_TICK_SECONDS.time():
         await controller.step(namespace, name)

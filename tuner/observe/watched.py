@@ -1,19 +1,18 @@
-"""The tick's reads of watched objects served from the operator's watch, its own writes read back.
+"""Deployment reads served from the operator's watch, with the tuner's own writes read back.
 
-Each tick reads the InferenceService and its stable and canary Deployments (and a topology trial's
-canary pools). The operator already watches all of them; :func:`index_object` keeps the last body
-of each in a Kopf index (``managedFields`` left out), which Kopf fills from its first listing before
-it starts any handler or timer, so an object missing from it does not exist (as far as the watch
-has seen). :class:`WatchedKube` answers those GETs from the indices and sends every other verb to
-the API.
+Each tick reads the service's stable and canary Deployments (and a topology trial's canary pools).
+The operator already watches every Deployment it labels; :func:`index_deployment` keeps the last
+body of each in a Kopf index (``managedFields`` left out), which Kopf fills from its first listing
+before it starts any handler or timer, so a Deployment missing from it does not exist (as far as
+the watch has seen). :class:`WatchedKube` answers those GETs from the index and sends every other
+verb to the API.
 
-What the watch has not shown yet is read from the API instead: after the tuner writes a watched
-object (apply, patch, create, delete; a subresource such as ``status`` too) its path is *pending*
-until the index holds the resourceVersion the write returned (or, for a delete, no longer holds the
-object), so a tick never reads back an older object than it wrote. A write refused for a conflict
-makes the object pending too (someone else changed it; the index may not show that yet). A pending
-write the index never matches (another writer changed the object again in between) is settled by
-the read that finds the index and the API agreeing, and at the latest after :data:`PENDING_S`.
+What the watch has not shown yet is read from the API instead: after the tuner writes a Deployment
+(apply, patch, create, delete) its path is *pending* until the index holds the resourceVersion the
+write returned (or, for a delete, no longer holds the object), so a tick never reads back an older
+Deployment than it wrote. A pending write the index never matches (another writer changed the object
+again in between) is settled by the read that finds the index and the API agreeing, and at the latest
+after :data:`PENDING_S`.
 """
 
 from __future__ import annotations
@@ -24,28 +23,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from chunkpilot.operator.kube import KubeError, object_path
+from chunkpilot.operator.kube import object_path
 
-from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
-
-__all__ = ["PENDING_S", "WATCHED", "ObjectIndex", "WatchedKube", "index_object"]
+__all__ = ["PENDING_S", "DeploymentIndex", "WatchedKube", "index_deployment"]
 
 #: Longest a written Deployment is read from the API rather than the index (seconds).
 PENDING_S: Final = 120.0
 
-#: The kinds the tick reads from the watch: plural -> its API group/version.
-WATCHED: Final[Mapping[str, str]] = {"deployments": "apps/v1", ISVC_PLURAL: f"{GROUP}/{VERSION}"}
+_DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/?]+)(/[a-z]+)?$")
+_DEPLOYMENTS = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/?$")
 
-_OBJECT = re.compile(r"^/apis/([^/]+/[^/]+)/namespaces/([^/]+)/([^/]+)/([^/?]+)(/[a-z]+)?$")
-_COLLECTION = re.compile(r"^/apis/([^/]+/[^/]+)/namespaces/([^/]+)/([^/]+)/?$")
-#: A write whose resourceVersion is not known (refused for a conflict): settled when the index and
-#: the API agree.
-_UNKNOWN: Final = "?"
-
-#: Kopf's index of one kind: ``(namespace, name)`` -> the stores of the bodies (one each).
-ObjectIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
-#: Key of a watched object: plural, namespace, name.
-_Key = tuple[str, str, str]
+#: Kopf's index of Deployments: ``(namespace, name)`` -> the stores of the bodies (one each).
+DeploymentIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
 
 
 class Kube(Protocol):
@@ -59,20 +48,19 @@ class Kube(Protocol):
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]: ...
 
 
-def index_object(body: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The index entry of one watched object: its body without ``metadata.managedFields``."""
+def index_deployment(body: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The index entry of one watched Deployment: its body without ``metadata.managedFields``."""
     meta = body.get("metadata") or {}
     kept = {k: v for k, v in meta.items() if k != "managedFields"}
     return {(str(meta.get("namespace")), str(meta.get("name"))): {**body, "metadata": kept}}
 
 
-def _key(path: str, *, subresource: bool = False) -> _Key | None:
-    """The watched object ``path`` names (a subresource's too, with ``subresource``); None: not one."""
-    match = _OBJECT.match(path)
-    if match is None or (match.group(5) and not subresource):
+def _key(path: str, *, subresource: bool = False) -> tuple[str, str] | None:
+    """The Deployment ``path`` names (a subresource's too, with ``subresource``); None: not one."""
+    match = _DEPLOYMENT.match(path)
+    if match is None or (match.group(3) and not subresource):
         return None
-    api_version, namespace, plural, name = match.group(1, 2, 3, 4)
-    return (plural, namespace, name) if WATCHED.get(plural) == api_version else None
+    return match.group(1), match.group(2)
 
 
 def _version(body: Mapping[str, Any] | None) -> str | None:
@@ -80,27 +68,27 @@ def _version(body: Mapping[str, Any] | None) -> str | None:
 
 
 class WatchedKube:
-    """``kube`` with GETs of :data:`WATCHED` kinds answered from the watch's :attr:`indices`.
+    """``kube`` with Deployment GETs answered from the watch's :attr:`index` where it is current.
 
-    :attr:`indices` (plural -> index) is set by the tuner's timer from Kopf's; a kind without one
-    (all of them in tests and tools that run no watch) is read from the API.
+    Without an index (set by the tuner's timer from Kopf's; None in tests and tools that run no
+    watch) every read goes to the API.
     """
 
     def __init__(self, kube: Kube, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
-        self.indices: dict[str, ObjectIndex] = {}
+        self.index: DeploymentIndex | None = None
         self._clock = clock
         #: Deployments written and not yet seen by the watch: key -> (resourceVersion or None for
         #: deleted, when written).
-        self._pending: dict[_Key, tuple[str | None, float]] = {}
+        self._pending: dict[tuple[str, str], tuple[str | None, float]] = {}
         #: Reads answered from the index and from the API (what the benchmark and tests look at).
         self.reads = {"index": 0, "api": 0}
 
     # ---------------------------------------------------------------- reads
 
     async def get(self, path: str) -> dict[str, Any] | None:
-        key = _key(path)
-        if key is None or key[0] not in self.indices:
+        key = _key(path) if self.index is not None else None
+        if key is None or self.index is None:
             return await self.kube.get(path)
         watched = self._watched(key)
         pending = self._pending.get(key)
@@ -120,9 +108,9 @@ class WatchedKube:
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
         return await self.kube.list(path, label_selector=label_selector)
 
-    def _watched(self, key: _Key) -> dict[str, Any] | None:
-        plural, namespace, name = key
-        store = self.indices[plural].get((namespace, name))
+    def _watched(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        assert self.index is not None
+        store = self.index.get(key)
         for body in store or ():
             return dict(body)
         return None
@@ -135,20 +123,14 @@ class WatchedKube:
         return result
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            result = await self.kube.merge_patch(path, patch)
-        except KubeError as error:
-            if error.conflict:  # changed by someone else, maybe not yet in the index
-                self._wrote(path, {"metadata": {"resourceVersion": _UNKNOWN}})
-            raise
+        result = await self.kube.merge_patch(path, patch)
         self._wrote(path, result)
         return result
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         result = await self.kube.create(path, body)
-        meta = result.get("metadata") or {}
-        if _COLLECTION.match(path) and meta.get("name"):
-            self._wrote(f"{path.rstrip('/')}/{meta['name']}", result)
+        if _DEPLOYMENTS.match(path):
+            self._wrote(object_path({"apiVersion": "apps/v1", "kind": "Deployment", **result}), result)
         return result
 
     async def delete(self, path: str) -> None:

@@ -7,9 +7,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-import pytest
-from chunkpilot.operator.kube import KubeError, object_path
-from chunkpilot.tuner.observe.watched import PENDING_S, WatchedKube, index_object
+from chunkpilot.operator.kube import object_path
+from chunkpilot.tuner.observe.watched import PENDING_S, WatchedKube, index_deployment
 
 NS, NAME = "team", "chat-canary"
 PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
@@ -72,7 +71,7 @@ class Watch:
         self.index: dict[tuple[str, str], list[dict[str, Any]]] = {}
 
     def saw(self, body: Mapping[str, Any]) -> None:
-        for key, value in index_object(body).items():
+        for key, value in index_deployment(body).items():
             self.index[key] = [value]
 
     def deleted(self) -> None:
@@ -82,7 +81,7 @@ class Watch:
 def watched(kube: RecordingKube, watch: Watch, clock: list[float] | None = None) -> WatchedKube:
     now = clock or [0.0]
     view = WatchedKube(kube, clock=lambda: now[0])
-    view.indices = {"deployments": watch.index}
+    view.index = watch.index
     return view
 
 
@@ -91,7 +90,7 @@ def gets(kube: RecordingKube) -> int:
 
 
 def test_the_index_keeps_each_deployment_without_its_managed_fields() -> None:
-    entry = index_object(deployment("7"))
+    entry = index_deployment(deployment("7"))
     assert list(entry) == [(NS, NAME)]
     assert "managedFields" not in entry[(NS, NAME)]["metadata"]
     assert entry[(NS, NAME)]["metadata"]["resourceVersion"] == "7"
@@ -193,58 +192,3 @@ def test_a_pending_write_stops_costing_reads_after_its_time() -> None:
     assert body is not None and body["metadata"]["resourceVersion"] == "5"
     assert gets(kube) == 1
     assert view.reads == {"index": 1, "api": 1}
-
-
-SERVICE = f"/apis/chunkpilot.io/v1alpha1/namespaces/{NS}/inferenceservices/chat"
-
-
-def service(version: str, phase: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "chunkpilot.io/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"namespace": NS, "name": "chat", "resourceVersion": version},
-        "status": {"phase": phase},
-    }
-
-
-class ConflictingKube(RecordingKube):
-    """Refuses the next conditional patch: someone else wrote the object first."""
-
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        self.calls.append(("patch", path))
-        raise KubeError(409, "PATCH", path, "the object has been modified")
-
-
-def test_the_service_is_read_from_its_index_and_its_status_write_read_back_from_the_api() -> None:
-    kube, services = RecordingKube(), Watch()
-    services.saw(service("5", "Pending"))
-    kube.objects[SERVICE] = service("5", "Pending")
-    view = WatchedKube(kube)
-    view.indices = {"inferenceservices": services.index}
-    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Pending"}
-    assert kube.calls == []
-    kube.objects[f"{SERVICE}/status"] = service("5", "Pending")
-    written = asyncio.run(view.merge_patch(f"{SERVICE}/status", {"status": {"phase": "Running"}}))
-    kube.objects[SERVICE] = written
-    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Running"}
-    assert ("get", SERVICE) in kube.calls
-    services.saw(written)
-    kube.calls.clear()
-    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Running"}
-    assert kube.calls == []
-
-
-def test_a_conflict_reads_the_object_from_the_api_until_the_index_agrees() -> None:
-    kube, services = ConflictingKube(), Watch()
-    services.saw(service("5", "Pending"))
-    kube.objects[SERVICE] = service("6", "Running")  # written by someone else; not watched yet
-    view = WatchedKube(kube)
-    view.indices = {"inferenceservices": services.index}
-    with pytest.raises(KubeError):
-        asyncio.run(view.merge_patch(f"{SERVICE}/status", {"status": {"phase": "Degraded"}}))
-    assert (asyncio.run(view.get(SERVICE)) or {})["metadata"]["resourceVersion"] == "6"
-    services.saw(service("6", "Running"))
-    asyncio.run(view.get(SERVICE))
-    kube.calls.clear()
-    assert (asyncio.run(view.get(SERVICE)) or {})["metadata"]["resourceVersion"] == "6"
-    assert kube.calls == [], "settled once the API and the index agreed"
