@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from chunkpilot.localrun.endpoints import Endpoint, RandomBalancer, RoundRobinBalancer, static_source
+from chunkpilot.cli import build_parser
+from chunkpilot.localrun.endpoints import (
+    DEFAULT_ROUTING,
+    Endpoint,
+    RandomBalancer,
+    RoundRobinBalancer,
+    balancer_for,
+    static_source,
+)
 from chunkpilot.localrun.targets import (
     FileSDTargets,
     TargetsFileError,
@@ -57,6 +65,20 @@ def test_random_split_gives_shares_per_pod_without_a_fixed_rotation() -> None:
     assert any(a == b for a, b in itertools.pairwise(picks))
     assert RandomBalancer(static_source(pods), seed=7).pick() == picks[0]  # the seed reproduces the split
     assert RandomBalancer(static_source([])).pick() is None
+
+
+def test_routing_is_named_and_random_by_default_as_kube_proxy() -> None:
+    pods = [endpoint(f"s-{port}", port=port) for port in (1, 2)]
+    assert DEFAULT_ROUTING == "random"
+    assert isinstance(balancer_for(DEFAULT_ROUTING, static_source(pods), seed=3), RandomBalancer)
+    rotation = balancer_for("round-robin", static_source(pods))
+    assert [rotation.pick() for _ in range(4)] == pods * 2
+    with pytest.raises(ValueError, match="use one of random, round-robin"):
+        balancer_for("least-loaded", static_source(pods))
+    load = build_parser(load=("load",)).parse_args(["load", "--trace", "azure_conv_2023"])
+    assert load.routing == DEFAULT_ROUTING
+    with pytest.raises(SystemExit):
+        build_parser(load=("load",)).parse_args(["load", "--trace", "x", "--routing", "least-loaded"])
 
 
 def test_targets_file_lists_registered_endpoints_with_their_labels(tmp_path: Path) -> None:

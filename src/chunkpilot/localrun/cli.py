@@ -13,7 +13,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from chunkpilot.devcluster.paths import cache_root
-from chunkpilot.localrun.endpoints import Endpoint, EndpointSource, RoundRobinBalancer, static_source
+from chunkpilot.localrun.endpoints import (
+    DEFAULT_ROUTING,
+    ROUTINGS,
+    Endpoint,
+    EndpointSource,
+    balancer_for,
+    static_source,
+)
 from chunkpilot.localrun.loadgen import LoadOptions, run_load
 from chunkpilot.localrun.targets import TargetsFileError, targets_file_source
 from chunkpilot.localrun.traces import (
@@ -92,7 +99,8 @@ def _register_load(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         description=(
             "Replay a trace (Azure TIMESTAMP,ContextTokens,GeneratedTokens or length-only "
             "num_prefill_tokens,num_decode_tokens with Poisson arrivals) as streaming completions, "
-            "round-robin over the service's Ready endpoints, and print client-side TTFT/ITL."
+            "spread over the service's Ready endpoints as kube-proxy does (at random by default), and "
+            "print client-side TTFT/ITL."
         ),
     )
     parser.add_argument(
@@ -128,6 +136,13 @@ def _register_load(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--concurrency", type=int, default=256, help="most requests in flight (default 256)")
     parser.add_argument("--model", help="model name to send (default: ask each endpoint's /v1/models)")
     parser.add_argument("--seed", type=int, default=0, help="seed for Poisson arrivals and prompts")
+    parser.add_argument(
+        "--routing",
+        choices=tuple(ROUTINGS),
+        default=DEFAULT_ROUTING,
+        help="how requests are spread over the Ready endpoints: random (kube-proxy's iptables and "
+        "nftables modes, the default) or round-robin (its IPVS mode)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(func=run)
 
@@ -166,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             seed=args.seed,
         )
-        summary = asyncio.run(run_load(schedule, RoundRobinBalancer(source), options))
+        summary = asyncio.run(run_load(schedule, balancer_for(args.routing, source, args.seed), options))
     except (TraceError, TargetsFileError, ValueError) as error:
         print(f"chunkpilot load: {error}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 SERVICE_LABEL = "chunkpilot.io/service"
 TRACK_LABEL = "chunkpilot.io/track"
@@ -124,6 +124,25 @@ class RandomBalancer(_ReadyEndpointBalancer):
 
     def _choose(self, endpoints: Sequence[Endpoint]) -> Endpoint:
         return self._random.choice(endpoints)
+
+
+#: How a client spreads requests over a service's Ready endpoints, by the name ``--routing`` takes.
+ROUTINGS: Final[dict[str, Callable[[EndpointSource, int], Balancer]]] = {
+    "random": lambda source, seed: RandomBalancer(source, seed),
+    "round-robin": lambda source, seed: RoundRobinBalancer(source),
+}
+#: kube-proxy's default (iptables and nftables modes pick an endpoint at random); ``round-robin`` is
+#: its IPVS mode's default, under which each engine's arrivals are more regular than the Poisson
+#: arrivals the tuner's twin assumes, so the twin over-predicts its latency quantiles.
+DEFAULT_ROUTING: Final = "random"
+
+
+def balancer_for(routing: str, source: EndpointSource, seed: int = 0) -> Balancer:
+    """The balancer ``routing`` names (one of :data:`ROUTINGS`) over ``source``."""
+    try:
+        return ROUTINGS[routing](source, seed)
+    except KeyError:
+        raise ValueError(f"routing {routing!r}: use one of {', '.join(ROUTINGS)}") from None
 
 
 def static_source(endpoints: Sequence[Endpoint]) -> EndpointSource:

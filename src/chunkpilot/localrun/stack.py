@@ -32,7 +32,7 @@ from chunkpilot.devcluster.ports import free_port
 from chunkpilot.devcluster.processes import ManagedProcess, start_or_undo
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.chart import chart_dir, install_operator_identity, watch_values
-from chunkpilot.localrun.endpoints import RoundRobinBalancer
+from chunkpilot.localrun.endpoints import DEFAULT_ROUTING, balancer_for
 from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions
 from chunkpilot.localrun.podrunner import PodRunner, RunnerSettings, core_api_from_kubeconfig
 from chunkpilot.localrun.targets import FileSDTargets
@@ -344,8 +344,10 @@ class LocalStack:
         max_prompt_tokens: int | None = None,
         max_output_tokens: int | None = None,
         seed: int = 0,
+        routing: str = DEFAULT_ROUTING,
     ) -> BackgroundLoad:
-        """Replay ``trace`` against ``service``'s Ready engines (or routers) in the background."""
+        """Replay ``trace`` against ``service``'s Ready engines (or routers) in the background, spread
+        over them as ``routing`` says (:data:`~chunkpilot.localrun.endpoints.ROUTINGS`)."""
         if self.runner is None:
             raise RuntimeError("the local stack is not started")
         time_scale = self.options.time_scale or 1.0
@@ -358,7 +360,7 @@ class LocalStack:
         )
         load = BackgroundLoad(
             schedule,
-            RoundRobinBalancer(self.runner.endpoint_source(service, namespace)),
+            balancer_for(routing, self.runner.endpoint_source(service, namespace), seed),
             LoadOptions(time_scale=time_scale, duration_s=duration_s, seed=seed),
         )
         self._loads.append(load)

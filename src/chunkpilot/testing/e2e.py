@@ -19,11 +19,9 @@ import aiohttp
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION, Track
 from chunkpilot.devcluster.controlplane import ControlPlane
-from chunkpilot.localrun.endpoints import RandomBalancer
-from chunkpilot.localrun.loadgen import BackgroundLoad, LoadOptions, word_prompt
+from chunkpilot.localrun.loadgen import BackgroundLoad, word_prompt
 from chunkpilot.localrun.podrunner import PodRunner
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.localrun.traces import cap_lengths, iter_wall_schedule, read_trace
 from chunkpilot.testing.services import LLAMA_8B, a_manifest
 
 #: Long prompts, outputs capped low to keep the CPU cost of replay small.
@@ -84,19 +82,17 @@ def start_poisson_load(
     max_output_tokens: int,
     duration_s: float,
 ) -> BackgroundLoad:
-    """Poisson arrivals of :data:`TRACE`'s lengths at ``rate``, split at random over the Ready engines.
-
-    At random rather than in turn: a random split leaves each engine the Poisson arrivals the twin
-    assumes; a strict rotation makes them more regular, and the twin's predictions for a canary
-    sharing the load would run high by more than its tolerance.
-    """
-    assert stack.runner is not None
-    requests = cap_lengths(
-        read_trace(TRACE, rate=rate), max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens
+    """Poisson arrivals of :data:`TRACE`'s lengths at ``rate``, split at random over the Ready engines
+    (the local stack's default routing: each engine then sees the Poisson arrivals the twin assumes)."""
+    return stack.start_load(
+        name,
+        TRACE,
+        namespace=namespace,
+        rate=rate,
+        duration_s=duration_s,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
     )
-    schedule = iter_wall_schedule(requests, duration_s=duration_s, repeat=True)
-    balancer = RandomBalancer(stack.runner.endpoint_source(name, namespace))
-    return BackgroundLoad(schedule, balancer, LoadOptions(duration_s=duration_s)).start()
 
 
 #: The infeasible scenario's targets on an L40S: ITL p99 and TTFT p95, in milliseconds.
