@@ -25,13 +25,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from chunkpilot.operator.kube import KubeError
-from chunkpilot.tuner.act.actor import Actor, Kube, Mirror, PostEvent
+from chunkpilot.tuner.act.actor import Actor, Mirror, PostEvent
 from chunkpilot.tuner.act.live_adjust import LiveAdjuster
 from chunkpilot.tuner.decide.lifecycle import TunerSettings, crash_message
 from chunkpilot.tuner.decide.step import TuningReason, decide, round_token_mix, with_token_mix
 from chunkpilot.tuner.measure import QueryFn, VectorFn
 from chunkpilot.tuner.observe.observer import Observer
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
+from chunkpilot.tuner.observe.watched import Kube, WatchedKube
 from chunkpilot.tuner.twin.online import TwinBudget
 
 Clock = Callable[[], datetime]
@@ -86,8 +87,10 @@ class TuningController:
         #: ranking on the twin may spend (the tuner's settings, :class:`chunkpilot.tuner.config.TunerConfig`);
         #: ``twin_jobs``: where rankings beyond the operator's CPU budget run (None: all here);
         #: ``batch``: instant-vector queries that measure a track in one request (None: one by one).
+        #: Deployment reads from the operator's watch (its index is handed over by the timer).
+        self.watched = WatchedKube(kube)
         self.observer = Observer(
-            kube,
+            self.watched,
             query,
             inline=inline,
             vector=vector,
@@ -97,7 +100,7 @@ class TuningController:
             twin_jobs=twin_jobs,
             batch=batch,
         )
-        self.actor = Actor(kube, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
+        self.actor = Actor(self.watched, post_event=post_event, mirror=mirror, live_adjuster=live_adjuster)
         self._inline = inline  # decide on the loop itself (tests); else in a thread (the sampler is slow)
 
     @property

@@ -34,6 +34,7 @@ from typing import Any, Final
 import kopf
 from chunkpilot.operator.config import OperatorConfig, redacted_url
 from chunkpilot.operator.events import post_event
+from chunkpilot.operator.handlers import CHILD_LABELS
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.tuner.act import mirror
 from chunkpilot.tuner.act.live_adjust import HttpLiveAdjuster, pod_ip_endpoint, targets_file_resolver
@@ -41,6 +42,7 @@ from chunkpilot.tuner.config import ENV_TWIN, TunerConfig
 from chunkpilot.tuner.controller import Mirror, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
+from chunkpilot.tuner.observe.watched import index_object
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 from chunkpilot.tuner.twin.jobs import OffloadMode
@@ -53,6 +55,8 @@ logger = logging.getLogger(__name__)
 FIELD_MANAGER: Final = "chunkpilot-tuner"
 #: Memo key of the :class:`TuningController`.
 MEMO_KEY: Final = "tuner"
+#: The Kopf indices of the objects the tick reads, by plural (:mod:`chunkpilot.tuner.observe.watched`).
+INDICES: Final[Mapping[str, str]] = {"deployments": "tuner_deployments", ISVC_PLURAL: "tuner_services"}
 #: Memo key of the tuner's :class:`TunerConfig`.
 MEMO_CONFIG: Final = "tuner_config"
 
@@ -78,9 +82,16 @@ def register_timer(interval_s: float) -> None:
     if _timer_registered:
         return
     _timer_registered = True
+    # Kopf fills its indices from the first listing before it starts any handler or timer.
+    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id=INDICES["deployments"])(_index)
+    kopf.index(GROUP, VERSION, ISVC_PLURAL, id=INDICES[ISVC_PLURAL])(_index)
     kopf.timer(
         GROUP, VERSION, ISVC_PLURAL, id="tune", interval=interval_s, backoff=interval_s, when=_tuning_wanted
     )(tune)
+
+
+def _index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return index_object(body)
 
 
 def _mirror_to(url: str) -> Mirror:
@@ -162,10 +173,13 @@ async def stop_tuner(memo: kopf.Memo, **_: Any) -> None:
         await controller.kube.close()
 
 
-async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def tune(name: str | None, namespace: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
     """One step of the service's tuning loop (a timer, :func:`register_timer`)."""
     controller: TuningController | None = memo.get(MEMO_KEY)
     if controller is None or name is None or namespace is None:
         return
+    controller.watched.indices = {
+        plural: kwargs[index] for plural, index in INDICES.items() if index in kwargs
+    }
     with telemetry.TUNER_TICK_SECONDS.time():
         await controller.step(namespace, name)

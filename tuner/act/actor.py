@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from chunkpilot.operator.events import EventSpec
 from chunkpilot.operator.kube import KubeError, object_path
@@ -46,6 +46,7 @@ from chunkpilot.tuner.decide.plan import (
     Plan,
     ScalingGauges,
 )
+from chunkpilot.tuner.observe.watched import Kube
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 
@@ -53,17 +54,6 @@ from chunkpilot import telemetry
 from chunkpilot.api import ConditionOwner, InferenceServiceStatus, Track
 
 logger = logging.getLogger(__name__)
-
-
-class Kube(Protocol):
-    """The API verbs the loop needs (``chunkpilot.operator.kube.KubeClient`` has them)."""
-
-    async def get(self, path: str) -> dict[str, Any] | None: ...
-    async def apply(self, manifest: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]: ...
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
-    async def delete(self, path: str) -> None: ...
-    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]: ...
 
 
 PostEvent = Callable[[Mapping[str, Any], EventSpec], None]

@@ -1,0 +1,250 @@
+"""Deployment reads from the watch's index, and the tuner's own writes read back from the API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from chunkpilot.operator.kube import KubeError, object_path
+from chunkpilot.tuner.observe.watched import PENDING_S, WatchedKube, index_object
+
+NS, NAME = "team", "chat-canary"
+PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
+
+
+def deployment(version: str, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"namespace": NS, "name": NAME, "resourceVersion": version, "managedFields": [{}]},
+        "spec": {"replicas": replicas},
+    }
+
+
+class RecordingKube:
+    """The API: objects by path, each write a new resourceVersion, every call recorded."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self._version = 100
+
+    def _stamp(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._version += 1
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self.objects[path] = obj
+        return copy.deepcopy(obj)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.calls.append(("get", path))
+        obj = self.objects.get(path)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def apply(self, manifest: Mapping[str, Any], *, force: bool = True) -> dict[str, Any]:
+        self.calls.append(("apply", object_path(manifest)))
+        return self._stamp(object_path(manifest), manifest)
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", path))
+        return self._stamp(path, {**self.objects[path], **patch})
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", path))
+        return self._stamp(f"{path}/{body['metadata']['name']}", body)
+
+    async def delete(self, path: str) -> None:
+        self.calls.append(("delete", path))
+        self.objects.pop(path, None)
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.calls.append(("list", path))
+        return []
+
+
+class Watch:
+    """What Kopf's index holds: the last body the watch delivered per Deployment."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def saw(self, body: Mapping[str, Any]) -> None:
+        for key, value in index_object(body).items():
+            self.index[key] = [value]
+
+    def deleted(self) -> None:
+        self.index.pop((NS, NAME), None)
+
+
+def watched(kube: RecordingKube, watch: Watch, clock: list[float] | None = None) -> WatchedKube:
+    now = clock or [0.0]
+    view = WatchedKube(kube, clock=lambda: now[0])
+    view.indices = {"deployments": watch.index}
+    return view
+
+
+def gets(kube: RecordingKube) -> int:
+    return sum(1 for verb, path in kube.calls if verb == "get" and path == PATH)
+
+
+def test_the_index_keeps_each_deployment_without_its_managed_fields() -> None:
+    entry = index_object(deployment("7"))
+    assert list(entry) == [(NS, NAME)]
+    assert "managedFields" not in entry[(NS, NAME)]["metadata"]
+    assert entry[(NS, NAME)]["metadata"]["resourceVersion"] == "7"
+
+
+def test_without_an_index_every_read_goes_to_the_api() -> None:
+    kube = RecordingKube()
+    kube.objects[PATH] = deployment("1")
+    view = WatchedKube(kube)
+    assert asyncio.run(view.get(PATH)) == deployment("1")
+    assert gets(kube) == 1
+
+
+def test_a_watched_deployment_is_read_from_the_index_as_a_copy() -> None:
+    kube, watch = RecordingKube(), Watch()
+    watch.saw(deployment("5", replicas=3))
+    view = watched(kube, watch)
+    body = asyncio.run(view.get(PATH))
+    assert body is not None and body["spec"] == {"replicas": 3}
+    body["spec"]["replicas"] = 0
+    again = asyncio.run(view.get(PATH))
+    assert again is not None and again["spec"] == {"replicas": 3}
+    # Absent from a complete index: absent, without asking the API.
+    assert asyncio.run(view.get(f"/apis/apps/v1/namespaces/{NS}/deployments/other")) is None
+    assert kube.calls == []
+    # Anything but a Deployment goes to the API.
+    asyncio.run(view.get(f"/api/v1/namespaces/{NS}/secrets/token"))
+    assert kube.calls == [("get", f"/api/v1/namespaces/{NS}/secrets/token")]
+
+
+def test_a_written_deployment_is_read_from_the_api_until_the_watch_shows_the_write() -> None:
+    kube, watch = RecordingKube(), Watch()
+    watch.saw(deployment("5"))
+    kube.objects[PATH] = deployment("5")
+    view = watched(kube, watch)
+    written = asyncio.run(view.apply(deployment("5", replicas=2)))
+    body = asyncio.run(view.get(PATH))
+    assert body is not None and body["spec"] == {"replicas": 2}, "the index still holds the old one"
+    assert gets(kube) == 1
+    watch.saw(written)  # the watch delivers the write
+    body = asyncio.run(view.get(PATH))
+    assert body is not None and body["spec"] == {"replicas": 2}
+    assert gets(kube) == 1
+    # A patch is a write too.
+    asyncio.run(view.merge_patch(PATH, {"spec": {"replicas": 4}}))
+    asyncio.run(view.get(PATH))
+    assert gets(kube) == 2
+
+
+def test_a_created_deployment_is_read_from_the_api_until_the_watch_shows_it() -> None:
+    kube, watch = RecordingKube(), Watch()
+    view = watched(kube, watch)
+    created = asyncio.run(view.create(f"/apis/apps/v1/namespaces/{NS}/deployments", deployment("0")))
+    assert asyncio.run(view.get(PATH)) is not None
+    assert gets(kube) == 1
+    watch.saw(created)
+    assert asyncio.run(view.get(PATH)) is not None
+    assert gets(kube) == 1
+
+
+def test_a_deleted_deployment_is_read_from_the_api_until_the_watch_drops_it() -> None:
+    kube, watch = RecordingKube(), Watch()
+    watch.saw(deployment("5"))
+    kube.objects[PATH] = deployment("5")
+    view = watched(kube, watch)
+    asyncio.run(view.delete(PATH))
+    assert asyncio.run(view.get(PATH)) is None
+    assert gets(kube) == 1
+    watch.deleted()
+    assert asyncio.run(view.get(PATH)) is None
+    assert gets(kube) == 1
+
+
+def test_a_write_the_watch_never_shows_is_settled_when_the_api_and_the_index_agree() -> None:
+    kube, watch = RecordingKube(), Watch()
+    kube.objects[PATH] = deployment("5")
+    view = watched(kube, watch)
+    asyncio.run(view.apply(deployment("5", replicas=2)))
+    # Another writer changed it again before the watch delivered the tuner's version.
+    later = asyncio.run(kube.apply(deployment("x", replicas=7)))
+    watch.saw(later)
+    body = asyncio.run(view.get(PATH))
+    assert body is not None and body["spec"] == {"replicas": 7}
+    assert gets(kube) == 1
+    asyncio.run(view.get(PATH))
+    assert gets(kube) == 1, "settled: the index serves it again"
+
+
+def test_a_pending_write_stops_costing_reads_after_its_time() -> None:
+    kube, watch = RecordingKube(), Watch()
+    watch.saw(deployment("5"))
+    clock = [0.0]
+    view = watched(kube, watch, clock)
+    asyncio.run(view.apply(deployment("5", replicas=2)))
+    asyncio.run(view.get(PATH))
+    assert gets(kube) == 1
+    clock[0] = PENDING_S + 1
+    body = asyncio.run(view.get(PATH))
+    assert body is not None and body["metadata"]["resourceVersion"] == "5"
+    assert gets(kube) == 1
+    assert view.reads == {"index": 1, "api": 1}
+
+
+SERVICE = f"/apis/chunkpilot.io/v1alpha1/namespaces/{NS}/inferenceservices/chat"
+
+
+def service(version: str, phase: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"namespace": NS, "name": "chat", "resourceVersion": version},
+        "status": {"phase": phase},
+    }
+
+
+class ConflictingKube(RecordingKube):
+    """Refuses the next conditional patch: someone else wrote the object first."""
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", path))
+        raise KubeError(409, "PATCH", path, "the object has been modified")
+
+
+def test_the_service_is_read_from_its_index_and_its_status_write_read_back_from_the_api() -> None:
+    kube, services = RecordingKube(), Watch()
+    services.saw(service("5", "Pending"))
+    kube.objects[SERVICE] = service("5", "Pending")
+    view = WatchedKube(kube)
+    view.indices = {"inferenceservices": services.index}
+    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Pending"}
+    assert kube.calls == []
+    kube.objects[f"{SERVICE}/status"] = service("5", "Pending")
+    written = asyncio.run(view.merge_patch(f"{SERVICE}/status", {"status": {"phase": "Running"}}))
+    kube.objects[SERVICE] = written
+    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Running"}
+    assert ("get", SERVICE) in kube.calls
+    services.saw(written)
+    kube.calls.clear()
+    assert (asyncio.run(view.get(SERVICE)) or {})["status"] == {"phase": "Running"}
+    assert kube.calls == []
+
+
+def test_a_conflict_reads_the_object_from_the_api_until_the_index_agrees() -> None:
+    kube, services = ConflictingKube(), Watch()
+    services.saw(service("5", "Pending"))
+    kube.objects[SERVICE] = service("6", "Running")  # written by someone else; not watched yet
+    view = WatchedKube(kube)
+    view.indices = {"inferenceservices": services.index}
+    with pytest.raises(KubeError):
+        asyncio.run(view.merge_patch(f"{SERVICE}/status", {"status": {"phase": "Degraded"}}))
+    assert (asyncio.run(view.get(SERVICE)) or {})["metadata"]["resourceVersion"] == "6"
+    services.saw(service("6", "Running"))
+    asyncio.run(view.get(SERVICE))
+    kube.calls.clear()
+    assert (asyncio.run(view.get(SERVICE)) or {})["metadata"]["resourceVersion"] == "6"
+    assert kube.calls == [], "settled once the API and the index agreed"
