@@ -119,6 +119,7 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "children carry ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
     ),
     _call(GROUP, "tuningtrials", "list create patch", TUNER, "the durable trial history"),
+    _call(GROUP, "tuningtrials", "list watch", KOPF, "the tick's trial list, from the watch"),
     _call(GROUP, "tuningtrials/status", "patch", TUNER, "a trial's phase, verdict and measurements"),
     _call("apps", "deployments", "list watch", KOPF, "child events (drift, readiness)"),
     _call(

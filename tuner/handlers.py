@@ -42,13 +42,13 @@ from chunkpilot.tuner.config import ENV_TWIN, TunerConfig
 from chunkpilot.tuner.controller import Mirror, TuningController
 from chunkpilot.tuner.measure import PrometheusClient
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
-from chunkpilot.tuner.observe.watched import index_object
+from chunkpilot.tuner.observe.watched import LISTED, index_by_label, index_object
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
 from chunkpilot.tuner.twin.jobs import OffloadMode
 
 from chunkpilot import telemetry
-from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
+from chunkpilot.api import GROUP, ISVC_PLURAL, TRIAL_PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,11 @@ FIELD_MANAGER: Final = "chunkpilot-tuner"
 #: Memo key of the :class:`TuningController`.
 MEMO_KEY: Final = "tuner"
 #: The Kopf indices of the objects the tick reads, by plural (:mod:`chunkpilot.tuner.observe.watched`).
-INDICES: Final[Mapping[str, str]] = {"deployments": "tuner_deployments", ISVC_PLURAL: "tuner_services"}
+INDICES: Final[Mapping[str, str]] = {
+    "deployments": "tuner_deployments",
+    ISVC_PLURAL: "tuner_services",
+    TRIAL_PLURAL: "tuner_trials",
+}
 #: Memo key of the tuner's :class:`TunerConfig`.
 MEMO_CONFIG: Final = "tuner_config"
 
@@ -85,6 +89,7 @@ def register_timer(interval_s: float) -> None:
     # Kopf fills its indices from the first listing before it starts any handler or timer.
     kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id=INDICES["deployments"])(_index)
     kopf.index(GROUP, VERSION, ISVC_PLURAL, id=INDICES[ISVC_PLURAL])(_index)
+    kopf.index(GROUP, VERSION, TRIAL_PLURAL, id=INDICES[TRIAL_PLURAL])(_index_trial)
     kopf.timer(
         GROUP, VERSION, ISVC_PLURAL, id="tune", interval=interval_s, backoff=interval_s, when=_tuning_wanted
     )(tune)
@@ -92,6 +97,10 @@ def register_timer(interval_s: float) -> None:
 
 def _index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return index_object(body)
+
+
+def _index_trial(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return index_by_label(body, LISTED[TRIAL_PLURAL])
 
 
 def _mirror_to(url: str) -> Mirror:

@@ -69,7 +69,7 @@ fails on a call without a rule and on a rule without a call). */}}
   verbs: ["update"]
 - apiGroups: ["chunkpilot.io"]
   resources: ["tuningtrials"]
-  verbs: ["list", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["chunkpilot.io"]
   resources: ["tuningtrials/status"]
   verbs: ["patch"]

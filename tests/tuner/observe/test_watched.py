@@ -1,4 +1,5 @@
-"""Deployment reads from the watch's index, and the tuner's own writes read back from the API."""
+"""Deployment reads and trial lists from the watch's indices, and the tuner's own writes read back
+from the API."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 from chunkpilot.operator.kube import KubeError, object_path
-from chunkpilot.tuner.observe.watched import PENDING_S, WatchedKube, index_object
+from chunkpilot.tuner.observe.watched import PENDING_S, WatchedKube, index_by_label, index_object
+
+from chunkpilot.api import LABEL_SERVICE
 
 NS, NAME = "team", "chat-canary"
 PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
@@ -50,6 +53,7 @@ class RecordingKube:
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("patch", path))
+        path = path.removesuffix("/status")  # a status write changes the object
         return self._stamp(path, {**self.objects[path], **patch})
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,7 +66,12 @@ class RecordingKube:
 
     async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
         self.calls.append(("list", path))
-        return []
+        label, _, value = (label_selector or "").partition("=")
+        return [
+            copy.deepcopy(obj)
+            for key, obj in self.objects.items()
+            if key.startswith(f"{path}/") and (not label or obj["metadata"]["labels"].get(label) == value)
+        ]
 
 
 class Watch:
@@ -248,3 +257,129 @@ def test_a_conflict_reads_the_object_from_the_api_until_the_index_agrees() -> No
     kube.calls.clear()
     assert (asyncio.run(view.get(SERVICE)) or {})["metadata"]["resourceVersion"] == "6"
     assert kube.calls == [], "settled once the API and the index agreed"
+
+
+TRIALS = f"/apis/chunkpilot.io/v1alpha1/namespaces/{NS}/tuningtrials"
+SELECTOR = f"{LABEL_SERVICE}=chat"
+
+
+def trial(name: str, service: str = "chat", version: str = "1", phase: str = "Pending") -> dict[str, Any]:
+    return {
+        "apiVersion": "chunkpilot.io/v1alpha1",
+        "kind": "TuningTrial",
+        "metadata": {
+            "namespace": NS,
+            "name": name,
+            "labels": {LABEL_SERVICE: service},
+            "resourceVersion": version,
+            "managedFields": [{}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+class TrialWatch:
+    """Kopf's index of TuningTrials by their service's label: the last body of each."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def saw(self, body: Mapping[str, Any]) -> None:
+        for key, value in index_by_label(body, LABEL_SERVICE).items():
+            store = [b for b in self.index.get(key, []) if b["metadata"]["name"] != value["metadata"]["name"]]
+            self.index[key] = [*store, value]
+
+
+def trial_view(kube: RecordingKube, watch: TrialWatch, clock: list[float] | None = None) -> WatchedKube:
+    now = clock or [0.0]
+    view = WatchedKube(kube, clock=lambda: now[0])
+    view.indices = {"tuningtrials": watch.index}
+    return view
+
+
+def lists(kube: RecordingKube) -> int:
+    return sum(1 for verb, _ in kube.calls if verb == "list")
+
+
+def names(bodies: list[dict[str, Any]]) -> list[str]:
+    return sorted(b["metadata"]["name"] for b in bodies)
+
+
+def test_a_service_trials_are_listed_from_the_index_by_its_label_as_copies() -> None:
+    kube, watch = RecordingKube(), TrialWatch()
+    for body in (trial("chat-trial-1"), trial("chat-trial-2"), trial("code-trial-1", service="code")):
+        watch.saw(body)
+    assert index_by_label({"metadata": {"namespace": NS, "name": "x"}}, LABEL_SERVICE) == {}
+    view = trial_view(kube, watch)
+    listed = asyncio.run(view.list(TRIALS, label_selector=SELECTOR))
+    assert names(listed) == ["chat-trial-1", "chat-trial-2"]
+    assert all("managedFields" not in b["metadata"] for b in listed)
+    listed[0]["status"]["phase"] = "Changed"
+    assert {b["status"]["phase"] for b in asyncio.run(view.list(TRIALS, label_selector=SELECTOR))} == {
+        "Pending"
+    }
+    assert asyncio.run(view.list(TRIALS, label_selector=f"{LABEL_SERVICE}=none")) == []
+    assert lists(kube) == 0
+    # Any other selector, or none, is the API's to answer.
+    asyncio.run(view.list(TRIALS, label_selector=f"{SELECTOR},track=canary"))
+    asyncio.run(view.list(TRIALS))
+    assert lists(kube) == 2
+
+
+def test_a_trial_the_tuner_wrote_is_listed_from_the_api_until_the_watch_shows_the_write() -> None:
+    kube, watch = RecordingKube(), TrialWatch()
+    view = trial_view(kube, watch)
+    created = asyncio.run(view.create(TRIALS, trial("chat-trial-1")))
+    listed = asyncio.run(view.list(TRIALS, label_selector=SELECTOR))
+    assert names(listed) == ["chat-trial-1"] and lists(kube) == 1
+    # Another service's list is not held back by this one's write.
+    assert asyncio.run(view.list(TRIALS, label_selector=f"{LABEL_SERVICE}=code")) == []
+    assert lists(kube) == 1
+    watch.saw(created)
+    assert names(asyncio.run(view.list(TRIALS, label_selector=SELECTOR))) == ["chat-trial-1"]
+    assert lists(kube) == 1
+    # A status write: the list is the API's until the index holds the version the write returned.
+    patched = asyncio.run(view.merge_patch(f"{TRIALS}/chat-trial-1/status", {"status": {"phase": "Running"}}))
+    listed = asyncio.run(view.list(TRIALS, label_selector=SELECTOR))
+    assert listed[0]["status"]["phase"] == "Running" and lists(kube) == 2
+    watch.saw(patched)
+    assert asyncio.run(view.list(TRIALS, label_selector=SELECTOR))[0]["status"]["phase"] == "Running"
+    assert lists(kube) == 2
+
+
+def test_a_trial_write_the_watch_never_shows_is_settled_by_agreement_or_time() -> None:
+    kube, watch = RecordingKube(), TrialWatch()
+    clock = [0.0]
+    view = trial_view(kube, watch, clock)
+    asyncio.run(view.create(TRIALS, trial("chat-trial-1")))
+    # Someone else wrote it again and the watch shows that later version: index and API agree.
+    kube.objects[f"{TRIALS}/chat-trial-1"]["metadata"]["resourceVersion"] = "500"
+    watch.saw(kube.objects[f"{TRIALS}/chat-trial-1"])
+    asyncio.run(view.list(TRIALS, label_selector=SELECTOR))
+    asyncio.run(view.list(TRIALS, label_selector=SELECTOR))
+    assert lists(kube) == 1
+    asyncio.run(view.create(TRIALS, trial("chat-trial-2")))
+    clock[0] = PENDING_S + 1
+    assert names(asyncio.run(view.list(TRIALS, label_selector=SELECTOR))) == ["chat-trial-1"]
+    assert lists(kube) == 1
+
+
+def test_a_trial_write_refused_for_a_conflict_lists_from_the_api_until_the_watch_agrees() -> None:
+    kube, watch = RecordingKube(), TrialWatch()
+    current = trial("chat-trial-1", version="9", phase="Running")
+    kube.objects[f"{TRIALS}/chat-trial-1"] = current
+    watch.saw(trial("chat-trial-1", version="8"))
+
+    async def refuse(path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        raise KubeError(409, "PATCH", path, "the object has been modified")
+
+    kube.merge_patch = refuse  # type: ignore[method-assign]
+    view = trial_view(kube, watch)
+    with pytest.raises(KubeError):
+        asyncio.run(view.merge_patch(f"{TRIALS}/chat-trial-1/status", {"status": {"phase": "Failed"}}))
+    assert asyncio.run(view.list(TRIALS, label_selector=SELECTOR))[0]["status"]["phase"] == "Running"
+    assert lists(kube) == 1
+    watch.saw(current)
+    asyncio.run(view.list(TRIALS, label_selector=SELECTOR))  # agrees: settled
+    assert asyncio.run(view.list(TRIALS, label_selector=SELECTOR))[0]["metadata"]["resourceVersion"] == "9"
+    assert lists(kube) == 2
