@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +39,10 @@ from chunkpilot.operator.builders import deployment_name
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 
 BENCH_NAMESPACE = "chunkpilot-bench"
+#: Seconds between the burst's last reconcile and the window at rest: a new service's first minute
+#: holds its first measurements' status writes (a measurement that changes nothing is rewritten at
+#: most once a minute), which are the burst's, not the fleet's at rest.
+SETTLE_S = 70.0
 
 
 @dataclass(frozen=True)
@@ -229,43 +233,75 @@ def fleet_figures(before: Samples, after: Samples, window_s: float, cpu_s: float
     )
 
 
-class DeploymentWatch:
-    """Records when each Deployment of a namespace is first seen (a watch in a thread)."""
+class FirstSeen:
+    """Records when each object of a namespace is first seen meeting ``ready`` (a watch in a thread).
 
-    def __init__(self, api_client: Any, namespace: str) -> None:
+    A watch costs the API server what it sends the operator anyway; polling a list of a thousand
+    services every second would load the machine the operator is measured on.
+    """
+
+    def __init__(
+        self, what: str, lister: Callable[..., Any], *args: Any, ready: Callable[[Any], bool] = bool
+    ) -> None:
         import kubernetes
 
-        self._apps = kubernetes.client.AppsV1Api(api_client)
+        self._what, self._lister, self._args, self._ready = what, lister, args, ready
         self._watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-        self._namespace = namespace
         self._seen: dict[str, float] = {}
         self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="deployment-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{what}-watch", daemon=True)
         self._started = threading.Event()
         self._stopping = False
 
-    def start(self) -> DeploymentWatch:
+    @classmethod
+    def deployments(cls, api_client: Any, namespace: str) -> FirstSeen:
+        """Deployments of ``namespace``, when each first exists."""
+        import kubernetes
+
+        return cls(
+            "Deployment", kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment, namespace
+        )
+
+    @classmethod
+    def reconciled(cls, custom: Any, namespace: str) -> FirstSeen:
+        """InferenceServices of ``namespace``, when the operator first wrote each one's status."""
+        return cls(
+            "InferenceService",
+            custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            ISVC_PLURAL,
+            ready=lambda body: bool((body.get("status") or {}).get("observedGeneration")),
+        )
+
+    def start(self) -> FirstSeen:
         self._thread.start()
         self._started.wait(30)
         return self
 
     def _run(self) -> None:
-        listed = self._apps.list_namespaced_deployment(self._namespace)
+        listed = self._lister(*self._args)
+        for item in _items(listed):
+            self._saw(item)
         self._started.set()
         stream = self._watch.stream(  # type: ignore[no-untyped-call]
-            self._apps.list_namespaced_deployment,
-            self._namespace,
-            resource_version=listed.metadata.resource_version if listed.metadata else None,
+            self._lister, *self._args, resource_version=_list_version(listed)
         )
         try:
             for event in stream:
-                name = event["object"].metadata.name
-                with self._changed:
-                    self._seen.setdefault(name, time.monotonic())
-                    self._changed.notify_all()
+                self._saw(event["object"])
         except Exception:
             if not self._stopping:
                 raise  # a broken stream while measuring; closing the client ends it otherwise
+
+    def _saw(self, item: Any) -> None:
+        if not self._ready(item):
+            return
+        name = item["metadata"]["name"] if isinstance(item, dict) else item.metadata.name
+        with self._changed:
+            self._seen.setdefault(name, time.monotonic())
+            self._changed.notify_all()
 
     def wait(self, name: str, timeout: float) -> float:
         """The monotonic time ``name`` was first seen; raises TimeoutError."""
@@ -274,13 +310,34 @@ class DeploymentWatch:
             while name not in self._seen:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"Deployment {name} did not appear within {timeout:.0f}s")
+                    raise TimeoutError(f"{self._what} {name} did not appear within {timeout:.0f}s")
                 self._changed.wait(left)
             return self._seen[name]
+
+    def wait_count(self, count: int, timeout: float) -> float:
+        """The monotonic time the ``count``-th object was first seen; raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._seen) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(self._seen)} of {count} {self._what}s within {timeout:.0f}s")
+                self._changed.wait(left)
+            return max(self._seen.values())
 
     def stop(self) -> None:
         self._stopping = True
         self._watch.stop()  # type: ignore[no-untyped-call]
+
+
+def _items(listed: Any) -> list[Any]:
+    return list(listed["items"] if isinstance(listed, dict) else listed.items)
+
+
+def _list_version(listed: Any) -> str | None:
+    if isinstance(listed, dict):
+        return (listed.get("metadata") or {}).get("resourceVersion")
+    return listed.metadata.resource_version if listed.metadata else None
 
 
 @contextmanager
@@ -324,13 +381,15 @@ def run_bench(
     log: Any = print,
     autotune: bool = False,
     observe_s: float = 60.0,
+    settle_s: float = SETTLE_S,
     burst_workers: int = 8,
     prometheus_url: str | None = None,
 ) -> BenchResult:
     """Run the benchmark; ``kubeconfig`` None starts (and stops) a local control plane.
 
     ``autotune``: the services are tuned, the operator gets ``prometheus_url`` (None: a local
-    Prometheus is started) and the fleet is then observed for ``observe_s`` seconds.
+    Prometheus is started) and the fleet is then observed for ``observe_s`` seconds, ``settle_s``
+    after the burst was reconciled.
     """
     import kubernetes
 
@@ -382,8 +441,10 @@ def run_bench(
         time.sleep(2.0)
         assert operator.process is not None
         rss_idle, _ = _rss(operator.process.pid)
-        watch = DeploymentWatch(api_client, namespace).start()
+        watch = FirstSeen.deployments(api_client, namespace).start()
         stack.callback(watch.stop)
+        reconciled = FirstSeen.reconciled(custom, namespace).start()
+        stack.callback(reconciled.stop)
 
         log(f"measuring apply -> Deployment over {count} InferenceServices ...")
         latencies: list[float] = []
@@ -408,19 +469,16 @@ def run_bench(
             list(pool.map(create, range(count, total)))
         create_s = time.monotonic() - burst_started
 
-        def all_reconciled() -> bool:
-            listed = _services(custom, namespace)
-            done = [item for item in listed if (item.get("status") or {}).get("observedGeneration")]
-            return len(done) >= total
-
-        wait_for(all_reconciled, timeout=max(120.0, total * 2.0), interval=1.0, what=f"{total} reconciled")
-        burst_s = time.monotonic() - burst_started
+        burst_s = reconciled.wait_count(total, timeout=max(120.0, total * 2.0)) - burst_started
         burst_cpu = cpu_seconds(operator.process.pid) - burst_cpu_before
         burst_requests = api_requests(burst_scrape, scrape(metrics_url))
         time.sleep(2.0)
         rss, peak = _rss(operator.process.pid)
         fleet = None
         if autotune:
+            if settle_s > 0:
+                log(f"letting the burst settle for {settle_s:.0f} s ...")
+                time.sleep(settle_s)
             log(f"observing the {total} autotuned services for {observe_s:.0f} s ...")
             before, cpu_before, started = (
                 scrape(metrics_url),
@@ -503,6 +561,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=60.0,
         help="with --autotune: seconds the fleet is observed (default 60)",
     )
+    bench.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"with --autotune: seconds between the burst and the window at rest (default {SETTLE_S:g})",
+    )
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     bench.set_defaults(func=run_bench_command)
 
@@ -526,6 +590,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             log=lambda message: print(message, file=sys.stderr),
             autotune=args.autotune,
             observe_s=args.observe,
+            settle_s=args.settle,
             burst_workers=args.burst_workers,
             prometheus_url=args.prometheus_url,
         )
