@@ -83,6 +83,7 @@ __all__ = [
     "read_steps",
     "unsteady_reason",
     "waiting_reason",
+    "widened",
 ]
 
 #: The twin's error (the larger relative error of its ITL and TTFT quantiles beyond the measurement's
@@ -123,6 +124,26 @@ def band_quantiles(q: float, samples: float, z: float = 2.0) -> tuple[float, flo
     """The quantiles ``q -/+ z * sqrt(q (1 - q) / n)`` bracketing what ``n`` samples can tell apart."""
     delta = z * math.sqrt(q * (1 - q) / samples) if samples > 0 else 0.5
     return max(0.5, q - delta), min(0.9999, q + delta)
+
+
+def widened(
+    bands: tuple[Band | None, Band | None],
+    measured: tuple[float | None, float | None],
+    spread: tuple[tuple[float, float], tuple[float, float]],
+) -> tuple[Band | None, Band | None]:
+    """Each measured quantile's band widened by how far a window's quantile strays from the long
+    run's (``spread``: :meth:`~chunkpilot.tuner.twin.predict.Twin.window_spread`, per quantile the
+    low and high ratio of a window's value to the long run's): a long run that shows ``m / high``
+    to ``m / low`` may show ``m`` in one window, so a prediction (of the long run) in that range
+    cannot be told from it."""
+    out: list[Band | None] = []
+    for band, m, (low, high) in zip(bands, measured, spread, strict=True):
+        if m is None or m <= 0 or (low, high) == (1.0, 1.0):
+            out.append(band)
+            continue
+        lowest, highest = band if band is not None else (m, m)
+        out.append((min(lowest, m / high), max(highest, m / low)))
+    return out[0], out[1]
 
 
 def quantile_errors(
@@ -362,6 +383,9 @@ class Request:
     engine: SchedulerConfig | None = None
     #: The stable track's step-duration histograms (the twin's dispersion; empty: none).
     durations: StepDurations = field(default_factory=dict)
+    #: Seconds of the window ``measured_ms`` was measured over (its quantiles' spread,
+    #: :func:`widened`); 0: none stated.
+    window_s: float = 0.0
 
 
 def engine_semantics(
@@ -464,7 +488,13 @@ def calibrate(request: Request) -> Calibration:
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
-    errors = quantile_errors(raw, request.measured_ms, request.bands)
+    spread = twin.window_spread(
+        scheduler_of(request.incumbent, request.max_model_len),
+        request.stable_rate_req_s,
+        request.slo,
+        request.window_s,
+    )
+    errors = quantile_errors(raw, request.measured_ms, widened(request.bands, request.measured_ms, spread))
     error = largest_error(errors)
     calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets, errors=errors)
     if not request.rank:
@@ -535,10 +565,13 @@ def check_canary(
     slo: SLO,
     max_model_len: int,
     bands: tuple[Band | None, Band | None] = (None, None),
+    window_s: float = 0.0,
 ) -> CanaryCheck:
-    """Predict ``config`` at the canary's live load with the calibrated twin."""
+    """Predict ``config`` at the canary's live load with the calibrated twin; ``window_s``: the
+    seconds it was measured over, whose spread widens ``bands`` (:func:`widened`)."""
     predicted = predict_ms(calibration.twin, config, rate_req_s, slo, max_model_len, calibration.offset_ms)
-    return CanaryCheck(rate_req_s, predicted, measured_ms, bands)
+    spread = calibration.twin.window_spread(scheduler_of(config, max_model_len), rate_req_s, slo, window_s)
+    return CanaryCheck(rate_req_s, predicted, measured_ms, widened(bands, measured_ms, spread))
 
 
 def fit_error_text(error: float) -> str:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Final
 
+import numpy as np
 from chunkpilot.engine.sim.capacity import DEFAULT_GROWTH, CapacityResult, find_capacity, retime
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
-from chunkpilot.engine.sim.offline import SLO, Summary, simulate
+from chunkpilot.engine.sim.offline import SLO, EngineRun, Summary, new_request, quantile, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload
 from chunkpilot.tuner.twin.fit import TwinFit, step_spread
@@ -47,6 +48,12 @@ ARRIVAL_SAMPLES: Final = 2
 OWN_SEEDS: Final = 1000
 #: The bracket's growth per probe on the samples after the first, which start at the first's capacity.
 SAMPLE_GROWTH: Final = 1.1
+#: Windows of a measurement's length :meth:`Twin.window_spread` simulates (after one to warm up), and
+#: the share of them left out at each end of the range it states.
+SPREAD_WINDOWS: Final = 12
+SPREAD_TAIL: Final = 0.1
+#: The arrival seed of those windows (none of a benchmark's ground truth uses it).
+SPREAD_SEED: Final = 2000
 #: The fitted profile with the dispersion of single step times, beside the twin's own.
 SPREAD_PROFILE: Final = "twin-step-profile-spread.json"
 
@@ -204,6 +211,63 @@ class Twin:
             self.config(scheduler, spread=True), retime(self._requests(requests), rate, seed), slo
         )
         return LatencyQuantiles.of(summary)
+
+    def window_spread(
+        self, scheduler: SchedulerConfig, rate: float, slo: SLO, window_s: float
+    ) -> tuple[tuple[float, float], tuple[float, float]]:
+        """How far the SLO quantiles a window of ``window_s`` seconds shows stray from those of a
+        long run, at a Poisson load of ``rate`` requests/s: per quantile (ITL, TTFT), the
+        :data:`SPREAD_TAIL` and ``1 -`` :data:`SPREAD_TAIL` quantiles of the windows' values over the
+        value of all of them together, from :data:`SPREAD_WINDOWS` consecutive windows on the twin.
+
+        A window's ITL p99 rests on the few steps that carried a long prompt's prefill in it, and its
+        TTFT quantile on a hundred or so requests, so a window's value strays from the long run far
+        more than counting its tokens suggests. ``(1, 1)`` where too little arrived to tell.
+        """
+        none = ((1.0, 1.0), (1.0, 1.0))
+        if not (rate > 0 and window_s > 0):
+            return none
+        workload = retime(self.workload, rate, SPREAD_SEED, min_duration_s=(SPREAD_WINDOWS + 1) * window_s)
+        core = self.config(scheduler, spread=True).build()
+        run = EngineRun(core, not core.steps_spread)
+        max_len = core.scheduler.config.max_model_len
+        requests = [
+            new_request(i, r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes, max_len)
+            for i, r in enumerate(workload.requests)
+        ]
+        run.add(requests)
+        run.advance(window_s)
+        run.take_itl()  # the first window warms the engine up
+        itl: list[tuple[np.ndarray, np.ndarray]] = []
+        for k in range(2, SPREAD_WINDOWS + 2):
+            run.advance(k * window_s)
+            itl.append(run.take_itl())
+        run.advance()
+        end = (SPREAD_WINDOWS + 1) * window_s
+        firsts = [
+            (r.first_token_s, r.first_token_s - r.arrival_s) for r in requests if r.first_token_s is not None
+        ]
+        ttft = [
+            np.asarray([t for at, t in firsts if (k + 1) * window_s <= at < (k + 2) * window_s])
+            for k in range(SPREAD_WINDOWS)
+        ]
+        whole_itl = quantile(
+            np.concatenate([v for v, _ in itl]), slo.itl_quantile, np.concatenate([w for _, w in itl])
+        )
+        whole_ttft = quantile(np.asarray([t for at, t in firsts if window_s <= at < end]), slo.ttft_quantile)
+        return (
+            _spread([quantile(v, slo.itl_quantile, w) for v, w in itl], whole_itl),
+            _spread([quantile(t, slo.ttft_quantile) for t in ttft], whole_ttft),
+        )
+
+
+def _spread(values: Sequence[float], whole: float) -> tuple[float, float]:
+    """The :data:`SPREAD_TAIL` range of ``values`` relative to ``whole``; ``(1, 1)`` if unknown."""
+    known = np.asarray([v for v in values if math.isfinite(v)])
+    if known.size < SPREAD_WINDOWS // 2 or not (math.isfinite(whole) and whole > 0):
+        return 1.0, 1.0
+    low, high = np.quantile(known, (SPREAD_TAIL, 1 - SPREAD_TAIL))
+    return min(1.0, float(low) / whole), max(1.0, float(high) / whole)
 
 
 def arrival_seeds(samples: int) -> tuple[int, ...]:

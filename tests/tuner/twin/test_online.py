@@ -158,6 +158,40 @@ def test_a_canary_check_agrees_on_the_truth_and_flags_a_different_engine(
     assert online.check_canary(calibration, other, RATE / 2, slower, SLO_, 8192).error > online.TOLERANCE
 
 
+def test_a_window_spread_widens_the_check_but_not_past_an_engine_twice_as_slow(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    calibration = online.calibrate(replace(built, window_s=60.0))
+    other = TunedConfig(1024, 128)
+    canary, _ = serve(truth, other, lengths, RATE / 2)
+    quantiles, bands = measured(canary)
+    plain = online.check_canary(calibration, other, RATE / 2, quantiles, SLO_, 8192, bands)
+    spread = online.check_canary(calibration, other, RATE / 2, quantiles, SLO_, 8192, bands, 60.0)
+    assert spread.error <= plain.error <= online.TOLERANCE
+    for narrow, wide, m in zip(plain.bands, spread.bands, quantiles, strict=True):
+        low, high = narrow if narrow is not None else (m, m)
+        assert wide is not None and wide[0] <= low and wide[1] >= high
+    assert spread.bands != plain.bands
+    slower = (quantiles[0] * 2, quantiles[1] * 2)
+    assert online.check_canary(calibration, other, RATE / 2, slower, SLO_, 8192, (None, None), 60.0).error > (
+        online.TOLERANCE
+    )
+
+
+def test_widened_bands_hold_every_long_run_a_window_could_have_come_from() -> None:
+    spread = ((0.8, 1.25), (0.7, 1.5))
+    itl, ttft = online.widened(((20.0, 24.0), None), (22.0, 200.0), spread)
+    assert itl == pytest.approx((22.0 / 1.25, 22.0 / 0.8))
+    assert ttft == pytest.approx((200.0 / 1.5, 200.0 / 0.7))
+    # A prediction of the long run at 27 ms is within what a 22 ms window allows, 29 ms is not.
+    assert online.quantile_error((27.0, 200.0), (22.0, 200.0), (itl, ttft)) == 0.0
+    assert online.quantile_error((29.0, 200.0), (22.0, 200.0), (itl, ttft)) > 0.0
+    assert online.quantile_error((27.0, 200.0), (22.0, 200.0), ((20.0, 24.0), None)) > 0.0
+    # No spread, or nothing measured: the band stays as it was.
+    assert online.widened(((20.0, 24.0), None), (22.0, None), ((1.0, 1.0), spread[1])) == ((20.0, 24.0), None)
+
+
 def test_quantile_error_is_the_larger_relative_error_beyond_the_sampling_band() -> None:
     assert online.quantile_error((30.0, 440.0), (25.0, 400.0)) == pytest.approx(0.2)
     assert online.quantile_error((30.0, 440.0), (None, 400.0)) == pytest.approx(0.1)
