@@ -41,7 +41,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
@@ -571,14 +571,18 @@ class PrometheusClient:
             url=url, headers=dict(self._headers), disable_ssl=False, session=session
         )
 
+    def _authorise(self) -> None:
+        """The credentials as their files hold them now (a rotated token is picked up)."""
+        self._connect.headers = {**self._headers, **self._auth.headers()}
+        self._connect.auth = self._auth.basic()
+
     def _instant(self, promql: str, at: datetime | None) -> Any:
         """The raw answer to the instant query ``promql`` at ``at`` (now when None)."""
         params: dict[str, str] = {}
         if at is not None:
             params["time"] = f"{at.timestamp():.3f}"
         try:
-            self._connect.headers = {**self._headers, **self._auth.headers()}
-            self._connect.auth = self._auth.basic()
+            self._authorise()
             return self._connect.custom_query(query=promql, params=params, timeout=self._timeout)
         except Exception as exc:  # requests errors, PrometheusApiClientException and unreadable files
             raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
@@ -586,6 +590,24 @@ class PrometheusClient:
     def query(self, promql: str, at: datetime | None = None) -> float | None:
         """Evaluate ``promql`` at ``at`` (now when None); None for no data."""
         return parse_instant_result(self._instant(promql, at))
+
+    def matrix(self, promql: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
+        """Evaluate ``promql`` every ``step_s`` from ``start`` to ``end`` (Unix seconds); every series
+        of the answer (``metric`` and ``values``)."""
+        try:
+            self._authorise()
+            result = self._connect.custom_query_range(
+                query=promql,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step_s:g}",
+                timeout=self._timeout,
+            )
+        except Exception as exc:  # requests errors, PrometheusApiClientException and unreadable files
+            raise MetricsUnavailableError(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        if not isinstance(result, list):
+            raise MetricsUnavailableError(f"unexpected Prometheus answer {result!r}: expected a matrix")
+        return [item for item in result if isinstance(item, dict)]
 
     def vector(self, promql: str, at: datetime | None = None) -> list[dict[str, Any]]:
         """Evaluate ``promql`` at ``at``; every series of the answer (``metric`` and ``value``)."""

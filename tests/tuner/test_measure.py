@@ -9,14 +9,6 @@ from typing import Any, Final
 
 import pytest
 from chunkpilot.engine.metrics_names import (
-    FINE_INTER_TOKEN_LATENCY,
-    FINE_ITL_BUCKETS,
-    FINE_TIME_TO_FIRST_TOKEN,
-    FINE_TTFT_BUCKETS,
-    INTER_TOKEN_LATENCY,
-    ITL_BUCKETS,
-    TIME_TO_FIRST_TOKEN,
-    TTFT_BUCKETS,
     tuner_metrics,
 )
 from chunkpilot.operator.config import PrometheusAuth, redacted_url
@@ -48,7 +40,7 @@ from chunkpilot.tuner.measure import (
 from chunkpilot.api import Track
 from chunkpilot.devcluster.certs import generate_ca, issue_serving_cert
 from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
-from chunkpilot.testing.metrics import ExpositionServer, histogram_lines
+from chunkpilot.testing.metrics import ExpositionServer, LatencyExporter, histogram_lines
 
 SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -417,48 +409,13 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
     assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
 
 
-class _LatencyExporter(ExpositionServer):
-    """Two scrape paths of engines whose every token takes 27 ms and every first token 290 ms:
-    ``/plugin`` exports vLLM's histograms and Chunkpilot's fine ones, ``/stock`` vLLM's only."""
-
-    ITL_S: Final = 0.027
-    TTFT_S: Final = 0.29
-    TOKENS_PER_S: Final = 100.0
-    REQUESTS_PER_S: Final = 5.0
-
-    def __init__(self) -> None:
-        own = (
-            (INTER_TOKEN_LATENCY, ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
-            (TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
-        )
-        fine = (
-            (FINE_INTER_TOKEN_LATENCY, FINE_ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
-            (FINE_TIME_TO_FIRST_TOKEN, FINE_TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
-        )
-        paths = {"/plugin": own + fine, "/stock": own}
-        requests_per_s = self.REQUESTS_PER_S
-
-        def render(path: str, elapsed: float) -> str | None:
-            if path not in paths:
-                return None
-            success = tuner_metrics("vllm").request_success
-            lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
-            for family, buckets, value, rate in paths[path]:
-                lines += histogram_lines(
-                    family, (*(f"{b:g}" for b in buckets), "+Inf"), value, rate * elapsed
-                )
-            return "\n".join(lines) + "\n"
-
-        super().__init__(render)
-
-
 @pytest.mark.prometheus
 def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometheus: Any) -> None:
     """A plugin canary beside a stock-vLLM stable reads vLLM's histograms for both (tokens of 27 ms:
     p99 49.75 ms inside the 25-50 ms bucket); with the plugin on both, the fine ones (27.98 ms)."""
     suffix = uuid.uuid4().hex[:8]  # the session's Prometheus is shared: labels of its own
     mixed, plugin = f"mixed-{suffix}", f"plugin-{suffix}"
-    exporter = _LatencyExporter()
+    exporter = LatencyExporter()
     groups = [
         TargetGroup([exporter.address], {"service": service, "namespace": "default", "track": track}, path)
         for service, track, path in (

@@ -4,7 +4,9 @@ The request rate and both SLO quantiles come from Prometheus (range queries over
 the service, in the engine's own metric names, Chunkpilot's fine latency histograms first where the
 pods export them: what the tuner reads); the stable and desired replica counts from the samples the
 caller took of the InferenceService's status (the REPLICAS and DESIRED columns of ``kubectl get
-cpis``). Pure apart from the range-query callable it is given.
+cpis``), or, for a run nobody sampled, from Prometheus too (:func:`replica_samples`: the stable
+engines it scrapes and the operator's ``chunkpilot_desired_replicas``). Pure apart from the
+range-query callable it is given.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.api import SLOSpec
+from chunkpilot.api import SLOSpec, Track
 from chunkpilot.tuner.measure import Selector, fine_latency_queries, track_queries
 
 #: ``(promql, start, end, step_s) -> matrix``: :meth:`PrometheusServer.query_range`'s shape.
@@ -128,6 +130,44 @@ def timeline_queries(
     return {"rate": engine_own.request_rate, "itl": latency.itl, "ttft": latency.ttft}
 
 
+def replica_queries(service: str, namespace: str) -> dict[str, str]:
+    """PromQL of the service's stable engines that Prometheus scrapes (0 when none) and the replicas
+    the capacity planner asks for (the operator's gauge; its own ``namespace`` label is
+    ``exported_namespace`` where the operator's target carries a ``namespace`` label of its own)."""
+    stable = Selector(service, namespace, Track.STABLE).render()
+    desired = [
+        f'chunkpilot_desired_replicas{{{label}="{namespace}",service="{service}"}}'
+        for label in ("namespace", "exported_namespace")
+    ]
+    return {
+        "replicas": f"count(up{stable} == 1) or vector(0)",
+        "desired": f"max({desired[0]} or {desired[1]})",
+    }
+
+
+def replica_samples(
+    range_query: RangeQuery,
+    queries: Mapping[str, str],
+    start: float,
+    end: float,
+    step_s: float = TIMELINE_STEP_S,
+) -> list[ReplicaSample]:
+    """A replica sample at each step Prometheus answered ``queries`` (:func:`replica_queries`) for."""
+    series = {
+        name: _series(range_query(promql, start, end, step_s), start, step_s)
+        for name, promql in queries.items()
+    }
+    replicas, desired = series.get("replicas", {}), series.get("desired", {})
+    return [
+        ReplicaSample(start + k * step_s, _count(replicas.get(k)), _count(desired.get(k)))
+        for k in sorted(replicas.keys() | desired.keys())
+    ]
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
 def _series(matrix: list[dict[str, Any]], start: float, step_s: float) -> dict[int, float]:
     """The first series of a range answer by step index (NaN and infinities dropped)."""
     values: dict[int, float] = {}
@@ -235,5 +275,7 @@ __all__ = [
     "count_runs",
     "plot_timeline",
     "read_timeline",
+    "replica_queries",
+    "replica_samples",
     "timeline_queries",
 ]

@@ -6,10 +6,21 @@ import http.server
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from chunkpilot.devcluster.ports import LOOPBACK
 from chunkpilot.devcluster.prometheus import PrometheusServer
+from chunkpilot.engine.metrics_names import (
+    FINE_INTER_TOKEN_LATENCY,
+    FINE_ITL_BUCKETS,
+    FINE_TIME_TO_FIRST_TOKEN,
+    FINE_TTFT_BUCKETS,
+    INTER_TOKEN_LATENCY,
+    ITL_BUCKETS,
+    TIME_TO_FIRST_TOKEN,
+    TTFT_BUCKETS,
+    tuner_metrics,
+)
 
 
 def histogram_lines(family: str, les: Iterable[str], value: float, count: float) -> list[str]:
@@ -59,3 +70,38 @@ class ExpositionServer:
         """Stop serving and close the socket."""
         self.server.shutdown()
         self.server.server_close()
+
+
+class LatencyExporter(ExpositionServer):
+    """Two scrape paths of engines whose every token takes 27 ms and every first token 290 ms:
+    ``/plugin`` exports vLLM's histograms and Chunkpilot's fine ones, ``/stock`` vLLM's only."""
+
+    ITL_S: Final = 0.027
+    TTFT_S: Final = 0.29
+    TOKENS_PER_S: Final = 100.0
+    REQUESTS_PER_S: Final = 5.0
+
+    def __init__(self) -> None:
+        own = (
+            (INTER_TOKEN_LATENCY, ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
+            (TIME_TO_FIRST_TOKEN, TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
+        )
+        fine = (
+            (FINE_INTER_TOKEN_LATENCY, FINE_ITL_BUCKETS, self.ITL_S, self.TOKENS_PER_S),
+            (FINE_TIME_TO_FIRST_TOKEN, FINE_TTFT_BUCKETS, self.TTFT_S, self.REQUESTS_PER_S),
+        )
+        paths = {"/plugin": own + fine, "/stock": own}
+        requests_per_s = self.REQUESTS_PER_S
+
+        def render(path: str, elapsed: float) -> str | None:
+            if path not in paths:
+                return None
+            success = tuner_metrics("vllm").request_success
+            lines = [f"# TYPE {success} counter", f"{success} {requests_per_s * elapsed}"]
+            for family, buckets, value, rate in paths[path]:
+                lines += histogram_lines(
+                    family, (*(f"{b:g}" for b in buckets), "+Inf"), value, rate * elapsed
+                )
+            return "\n".join(lines) + "\n"
+
+        super().__init__(render)
