@@ -52,6 +52,10 @@ SAMPLE_GROWTH: Final = 1.1
 #: the share of them left out at each end of the range it states.
 SPREAD_WINDOWS: Final = 12
 SPREAD_TAIL: Final = 0.1
+#: Requests those windows may simulate in all: fewer windows (never under :data:`MIN_SPREAD_WINDOWS`)
+#: at a high rate over long windows, so a check stays within a fraction of a CPU second.
+SPREAD_REQUESTS: Final = 20_000
+MIN_SPREAD_WINDOWS: Final = 4
 #: The arrival seed of those windows (none of a benchmark's ground truth uses it).
 SPREAD_SEED: Final = 2000
 #: The fitted profile with the dispersion of single step times, beside the twin's own.
@@ -218,7 +222,8 @@ class Twin:
         """How far the SLO quantiles a window of ``window_s`` seconds shows stray from those of a
         long run, at a Poisson load of ``rate`` requests/s: per quantile (ITL, TTFT), the
         :data:`SPREAD_TAIL` and ``1 -`` :data:`SPREAD_TAIL` quantiles of the windows' values over the
-        value of all of them together, from :data:`SPREAD_WINDOWS` consecutive windows on the twin.
+        value of all of them together, from :data:`SPREAD_WINDOWS` consecutive windows on the twin
+        (fewer where they would simulate more than :data:`SPREAD_REQUESTS` requests).
 
         A window's ITL p99 rests on the few steps that carried a long prompt's prefill in it, and its
         TTFT quantile on a hundred or so requests, so a window's value strays from the long run far
@@ -227,7 +232,9 @@ class Twin:
         none = ((1.0, 1.0), (1.0, 1.0))
         if not (rate > 0 and window_s > 0):
             return none
-        workload = retime(self.workload, rate, SPREAD_SEED, min_duration_s=(SPREAD_WINDOWS + 1) * window_s)
+        affordable = int(SPREAD_REQUESTS / (rate * window_s)) - 1
+        windows = max(MIN_SPREAD_WINDOWS, min(SPREAD_WINDOWS, affordable))
+        workload = retime(self.workload, rate, SPREAD_SEED, min_duration_s=(windows + 1) * window_s)
         core = self.config(scheduler, spread=True).build()
         run = EngineRun(core, not core.steps_spread)
         max_len = core.scheduler.config.max_model_len
@@ -239,17 +246,17 @@ class Twin:
         run.advance(window_s)
         run.take_itl()  # the first window warms the engine up
         itl: list[tuple[np.ndarray, np.ndarray]] = []
-        for k in range(2, SPREAD_WINDOWS + 2):
+        for k in range(2, windows + 2):
             run.advance(k * window_s)
             itl.append(run.take_itl())
         run.advance()
-        end = (SPREAD_WINDOWS + 1) * window_s
+        end = (windows + 1) * window_s
         firsts = [
             (r.first_token_s, r.first_token_s - r.arrival_s) for r in requests if r.first_token_s is not None
         ]
         ttft = [
             np.asarray([t for at, t in firsts if (k + 1) * window_s <= at < (k + 2) * window_s])
-            for k in range(SPREAD_WINDOWS)
+            for k in range(windows)
         ]
         whole_itl = quantile(
             np.concatenate([v for v, _ in itl]), slo.itl_quantile, np.concatenate([w for _, w in itl])
@@ -264,7 +271,7 @@ class Twin:
 def _spread(values: Sequence[float], whole: float) -> tuple[float, float]:
     """The :data:`SPREAD_TAIL` range of ``values`` relative to ``whole``; ``(1, 1)`` if unknown."""
     known = np.asarray([v for v in values if math.isfinite(v)])
-    if known.size < SPREAD_WINDOWS // 2 or not (math.isfinite(whole) and whole > 0):
+    if known.size < MIN_SPREAD_WINDOWS or not (math.isfinite(whole) and whole > 0):
         return 1.0, 1.0
     low, high = np.quantile(known, (SPREAD_TAIL, 1 - SPREAD_TAIL))
     return min(1.0, float(low) / whole), max(1.0, float(high) / whole)
