@@ -169,7 +169,6 @@ def twin_request(
         stable_rate_req_s=rate,
         measured_ms=inputs.measured_ms,
         bands=inputs.bands,
-        window_s=float(parse_duration(spec.slo.window)) if spec.slo is not None else 0.0,
         objective=rec.objective_kind(snap.isvc),
         seed=seed_for(snap.isvc.metadata.uid or snap.name, len(snap.trials) + 1),
         rank=rank,

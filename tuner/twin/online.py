@@ -383,9 +383,6 @@ class Request:
     engine: SchedulerConfig | None = None
     #: The stable track's step-duration histograms (the twin's dispersion; empty: none).
     durations: StepDurations = field(default_factory=dict)
-    #: Seconds of the window ``measured_ms`` was measured over (its quantiles' spread,
-    #: :func:`widened`); 0: none stated.
-    window_s: float = 0.0
 
 
 def engine_semantics(
@@ -488,13 +485,9 @@ def calibrate(request: Request) -> Calibration:
     raw = predict_ms(twin, request.incumbent, request.stable_rate_req_s, request.slo, request.max_model_len)
     offsets = latency_offsets(raw, request.measured_ms, request.slo)
     predicted = (raw[0] + offsets[0], raw[1] + offsets[1])
-    spread = twin.window_spread(
-        scheduler_of(request.incumbent, request.max_model_len),
-        request.stable_rate_req_s,
-        request.slo,
-        request.window_s,
-    )
-    errors = quantile_errors(raw, request.measured_ms, widened(request.bands, request.measured_ms, spread))
+    # The sampling band only, not a window's spread (:func:`check_canary`): the planner sizes with
+    # this error as its headroom, where a twin "within what a window can show" is no margin at all.
+    errors = quantile_errors(raw, request.measured_ms, request.bands)
     error = largest_error(errors)
     calibration = Calibration(request.key, fit, twin, predicted, error, offset_ms=offsets, errors=errors)
     if not request.rank:
@@ -568,7 +561,9 @@ def check_canary(
     window_s: float = 0.0,
 ) -> CanaryCheck:
     """Predict ``config`` at the canary's live load with the calibrated twin; ``window_s``: the
-    seconds it was measured over, whose spread widens ``bands`` (:func:`widened`)."""
+    seconds it was measured over, whose spread widens ``bands`` (:func:`widened`): a verdict asks
+    whether the measurement contradicts the prediction, and one window's quantile cannot contradict
+    what the twin predicts within that spread."""
     predicted = predict_ms(calibration.twin, config, rate_req_s, slo, max_model_len, calibration.offset_ms)
     spread = calibration.twin.window_spread(scheduler_of(config, max_model_len), rate_req_s, slo, window_s)
     return CanaryCheck(rate_req_s, predicted, measured_ms, widened(bands, measured_ms, spread))

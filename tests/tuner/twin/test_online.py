@@ -162,7 +162,7 @@ def test_a_window_spread_widens_the_check_but_not_past_an_engine_twice_as_slow(
     truth: SimConfig, lengths: Workload, tmp_path: Path
 ) -> None:
     built, _ = request(truth, lengths, tmp_path, rank=False)
-    calibration = online.calibrate(replace(built, window_s=60.0))
+    calibration = online.calibrate(built)
     other = TunedConfig(1024, 128)
     canary, _ = serve(truth, other, lengths, RATE / 2)
     quantiles, bands = measured(canary)
