@@ -51,8 +51,9 @@ DEFAULT_ERROR: Final = 0.15
 MAX_ERROR: Final = 0.5
 #: After a missed SLO, one replica's capacity is at most the load it missed at, less this share.
 MISS_MARGIN: Final = 0.05
-#: A planned rate within this share above what the running replicas serve keeps them (the
-#: HorizontalPodAutoscaler's tolerance): a minute's Poisson noise is about 10% at 100 arrivals.
+#: A planned rate within this share above what the running replicas serve keeps them, and fewer
+#: replicas must serve it with this share to spare (the HorizontalPodAutoscaler's tolerance, both
+#: ways): a minute's Poisson noise is about 10% at 100 arrivals.
 TOLERANCE: Final = 0.1
 #: How long after the last change of replicas (and their start-up) a missed SLO is not held against
 #: the twin's capacity: two measurement windows.
@@ -296,6 +297,10 @@ def decide_replicas(
     needed = needed_replicas(planned, capacity, spec)
     if needed > current >= spec.min_replicas and planned <= capacity.low * current * (1.0 + TOLERANCE):
         needed = current  # within the tolerance of what runs: a rate's noise moves nothing
+    elif needed < current:
+        # Fewer replicas only where they serve the rate with the tolerance to spare: a count that
+        # serves it only just is one a rate's noise (or a capacity a few percent high) moves back up.
+        needed = min(current, needed_replicas(planned * (1.0 + TOLERANCE), capacity, spec))
     held = stabilized(current, needed, history, now, spec)
     desired = max(spec.min_replicas, min(spec.max_replicas or needed, held))
     trend = f", its trend {rate:.3g} req/s in {ahead:.0f} s" if rate > live_req_s else ""

@@ -143,6 +143,15 @@ def test_a_load_wavering_at_a_boundary_does_not_flap() -> None:
         assert (current, changes) == (expected, moves), rates
 
 
+def test_fewer_replicas_only_where_they_serve_the_rate_with_the_tolerance_to_spare() -> None:
+    # 5.3 req/s on 4 replicas of 1.8 each: 3 serve it (5.4) but only just, so 4 stay; at 4.8 req/s
+    # 3 serve it with 10% to spare (5.28 <= 5.4) and the count comes down.
+    scaling = spec(headroom=0.0, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    assert decide_replicas(scaling, 4, 5.3, TWO, [], NOW).desired == 4
+    assert decide_replicas(scaling, 4, 4.8, TWO, [], NOW).desired == 3
+    assert decide_replicas(scaling, 4, 1.0, TWO, [], NOW).desired == 1  # far below: all the way
+
+
 def test_the_reason_names_the_numbers_and_a_ceiling_short_of_the_load() -> None:
     decision = decide_replicas(spec(maxReplicas=3), 2, 9.0, TWO, [], NOW)
     assert decision.desired == 3 and decision.needed == 3
