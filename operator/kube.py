@@ -60,9 +60,24 @@ class KubeError(RuntimeError):
         return self.status == 404
 
     @property
+    def transient(self) -> bool:
+        """The API server was overloaded or failed (429, 5xx): the same request may succeed soon."""
+        return self.status == 429 or self.status >= 500
+
+    @property
     def namespace_terminating(self) -> bool:
         """The write was refused because its namespace is being deleted (not an RBAC denial)."""
         return self.status == 403 and NAMESPACE_TERMINATING_CAUSE in self.causes
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is the API server's load or the network's, not the request's: an overloaded
+    or failing server (:attr:`KubeError.transient`), a time-out, a dropped connection."""
+    if isinstance(error, KubeError):
+        return error.transient
+    return isinstance(
+        error, asyncio.TimeoutError | aiohttp.ClientConnectionError | aiohttp.ClientPayloadError
+    )
 
 
 def resource_path(
@@ -175,7 +190,10 @@ class KubeClient:
     ) -> None:
         self._credentials = credentials
         self.field_manager = field_manager
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # Each request's connect and each read are timed, not its wait for one of the pool's
+        # connections: under a burst, handlers queue for the pool far longer than any request takes,
+        # and a total time-out failed hundreds of them there without a request sent.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
         #: Refuse calls missing from :data:`~chunkpilot.operator.apicalls.API_CALLS` (tests turn it on).

@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import aiohttp
 import kopf
 from chunkpilot.operator import events as ev
 from chunkpilot.operator.builders import build_service, selector_labels
 from chunkpilot.operator.children import UNKNOWN, ChildWriter, deployment_state
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.drift import ALL_KINDS, ChildKind, is_operator_owned, is_terminating, restored_name
-from chunkpilot.operator.kube import KubeClient, KubeError, object_path, resource_path
+from chunkpilot.operator.kube import KubeClient, KubeError, is_transient, object_path, resource_path
 from chunkpilot.operator.networkpolicy import (
     build_network_policies,
     network_policy_names,
@@ -79,6 +81,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between reconciles of a service whose child's name is taken by an object it does not own.
 NAME_CONFLICT_RETRY_S: Final = 30
+#: A reconcile the API server's load or the network failed (:func:`is_transient`) is retried after
+#: this many seconds, each retry at a random point of the range so that a burst's failures do not
+#: all come back together (any other error waits for Kopf's minute).
+TRANSIENT_RETRY_S: Final = (2.0, 8.0)
 
 
 @dataclass
@@ -117,10 +123,16 @@ class Reconciler:
             try:
                 await self._reconcile_locked(body, kinds, dict(known or {}), repair)
             except KubeError as error:
+                if error.transient:
+                    raise _retry_soon(error) from error
                 if not error.namespace_terminating:
                     raise
                 # The namespace is being deleted and takes the service with it: nothing to restore.
                 logger.info("not reconciling %s/%s: its namespace is being deleted", *key)
+            except (TimeoutError, aiohttp.ClientError) as error:
+                if not is_transient(error):
+                    raise
+                raise _retry_soon(error) from error
 
     async def child_changed(self, event_type: str | None, child: Mapping[str, Any]) -> None:
         """A labelled child changed or vanished: restore it if needed and refresh the parent's status."""
@@ -455,6 +467,14 @@ class Reconciler:
             raise kopf.TemporaryError(
                 f"status of {namespace}/{name} kept changing underneath; retrying", delay=1
             )
+
+
+def _retry_soon(error: BaseException) -> kopf.TemporaryError:
+    delay = random.uniform(*TRANSIENT_RETRY_S)
+    what = str(error) or type(error).__name__
+    return kopf.TemporaryError(
+        f"the API server did not answer ({what}); retrying in {delay:.0f} s", delay=delay
+    )
 
 
 def export_metrics(isvc: InferenceService, observation: Observation) -> None:
