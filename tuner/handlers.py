@@ -120,7 +120,11 @@ def _mirror_to(url: str) -> Mirror:
 
 
 def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    """Tick for services that autotune, and for those with a trial left to clean up."""
+    """Tick for services that autotune, and for those with a trial left to clean up; none before the
+    operator has reconciled it (there is nothing to measure yet, and the tick's status write would
+    race the operator's first one: both conditional, the loser reads and writes again)."""
+    if status.get("observedGeneration") is None:
+        return False
     autotune = spec.get("autotune") or {}
     return bool(autotune.get("enabled")) or bool(status.get("currentTrial"))
 

@@ -132,3 +132,19 @@ def test_start_up_hands_the_settings_to_the_controller_through_the_memo() -> Non
         assert controller.settings == config.settings and controller.actor.mirror is not None
     finally:
         controller.observer.twins.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "ticks"),
+    [
+        ({"autotune": {"enabled": True}}, {}, False),  # the operator has not reconciled it yet
+        ({"autotune": {"enabled": True}}, {"observedGeneration": 1}, True),
+        ({"autotune": {"enabled": False}}, {"observedGeneration": 1}, False),
+        ({}, {"observedGeneration": 2, "currentTrial": {"number": 3}}, True),  # a trial to clean up
+    ],
+)
+def test_a_service_ticks_once_reconciled_while_it_tunes_or_has_a_trial(
+    spec: dict[str, Any], status: dict[str, Any], ticks: bool
+) -> None:
+    body = kopf.Body({"spec": spec, "status": status})
+    assert handlers._tuning_wanted(spec=body.spec, status=body.status) is ticks
