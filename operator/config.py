@@ -57,6 +57,9 @@ ENV_PROBE_IMAGE_ANNOTATION: Final = "CHUNKPILOT_PROBE_IMAGE_ANNOTATION"
 FIELD_MANAGER: Final = "chunkpilot-operator"
 #: Prefix of the annotations Kopf keeps its handler progress and diff base in.
 PERSISTENCE_PREFIX: Final = "chunkpilot.io"
+#: Kopf's diff base: the spec as the operator last handled it, written once its handlers succeeded.
+DIFFBASE_KEY: Final = "last-handled-configuration"
+HANDLED_ANNOTATION: Final = f"{PERSISTENCE_PREFIX}/{DIFFBASE_KEY}"
 FINALIZER: Final = "chunkpilot.io/finalizer"
 
 #: Reason of the ``LiveAdjust`` condition on a service that asks for ``autotune.liveAdjust`` while the

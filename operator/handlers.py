@@ -22,7 +22,13 @@ from typing import Any
 import kopf
 from chunkpilot.operator import ha
 from chunkpilot.operator.builders import ANNOTATION_ROTATE_TOKENS, LABEL_MANAGED_BY, MANAGED_BY
-from chunkpilot.operator.config import FIELD_MANAGER, FINALIZER, PERSISTENCE_PREFIX, OperatorConfig
+from chunkpilot.operator.config import (
+    DIFFBASE_KEY,
+    FIELD_MANAGER,
+    FINALIZER,
+    PERSISTENCE_PREFIX,
+    OperatorConfig,
+)
 from chunkpilot.operator.events import post_event
 from chunkpilot.operator.kube import KubeClient, load_credentials
 from chunkpilot.operator.reconcile import Reconciler
@@ -40,7 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: ko
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PERSISTENCE_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PERSISTENCE_PREFIX, key="last-handled-configuration"
+        prefix=PERSISTENCE_PREFIX, key=DIFFBASE_KEY
     )
     # Serve what exists at startup; no cluster-wide CRD/namespace watches (least privilege).
     settings.scanning.disabled = True

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import kopf
-from chunkpilot.operator.config import OperatorConfig, redacted_url
+from chunkpilot.operator.config import HANDLED_ANNOTATION, OperatorConfig, redacted_url
 from chunkpilot.operator.events import post_event
 from chunkpilot.operator.handlers import CHILD_LABELS
 from chunkpilot.operator.kube import KubeClient
@@ -119,11 +119,12 @@ def _mirror_to(url: str) -> Mirror:
     return copy
 
 
-def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+def _tuning_wanted(spec: kopf.Spec, status: kopf.Status, annotations: kopf.Annotations, **_: Any) -> bool:
     """Tick for services that autotune, and for those with a trial left to clean up; none before the
-    operator has reconciled it (there is nothing to measure yet, and the tick's status write would
-    race the operator's first one: both conditional, the loser reads and writes again)."""
-    if status.get("observedGeneration") is None:
+    operator has handled its creation: reconciled it and recorded so (there is nothing to measure
+    before, and the tick's status write would race the operator's and Kopf's writes: the status
+    write is conditional, so the loser reads the service and writes again)."""
+    if status.get("observedGeneration") is None or HANDLED_ANNOTATION not in annotations:
         return False
     autotune = spec.get("autotune") or {}
     return bool(autotune.get("enabled")) or bool(status.get("currentTrial"))

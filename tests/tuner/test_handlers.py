@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 import pytest
-from chunkpilot.operator.config import OperatorConfig
+from chunkpilot.operator.config import HANDLED_ANNOTATION, OperatorConfig
 from chunkpilot.tuner import handlers
 from chunkpilot.tuner.config import (
     DEFAULT_INTERVAL_S,
@@ -134,17 +134,24 @@ def test_start_up_hands_the_settings_to_the_controller_through_the_memo() -> Non
         controller.observer.twins.close()
 
 
+HANDLED = {HANDLED_ANNOTATION: "{}"}
+
+
 @pytest.mark.parametrize(
-    ("spec", "status", "ticks"),
+    ("spec", "status", "annotations", "ticks"),
     [
-        ({"autotune": {"enabled": True}}, {}, False),  # the operator has not reconciled it yet
-        ({"autotune": {"enabled": True}}, {"observedGeneration": 1}, True),
-        ({"autotune": {"enabled": False}}, {"observedGeneration": 1}, False),
-        ({}, {"observedGeneration": 2, "currentTrial": {"number": 3}}, True),  # a trial to clean up
+        ({"autotune": {"enabled": True}}, {}, {}, False),  # the operator has not reconciled it yet
+        ({"autotune": {"enabled": True}}, {"observedGeneration": 1}, {}, False),  # nor recorded so
+        ({"autotune": {"enabled": True}}, {"observedGeneration": 1}, HANDLED, True),
+        ({"autotune": {"enabled": False}}, {"observedGeneration": 1}, HANDLED, False),
+        ({}, {"observedGeneration": 2, "currentTrial": {"number": 3}}, HANDLED, True),  # a trial to clean up
     ],
 )
-def test_a_service_ticks_once_reconciled_while_it_tunes_or_has_a_trial(
-    spec: dict[str, Any], status: dict[str, Any], ticks: bool
+def test_a_service_ticks_once_handled_while_it_tunes_or_has_a_trial(
+    spec: dict[str, Any], status: dict[str, Any], annotations: dict[str, str], ticks: bool
 ) -> None:
-    body = kopf.Body({"spec": spec, "status": status})
-    assert handlers._tuning_wanted(spec=body.spec, status=body.status) is ticks
+    body = kopf.Body({"metadata": {"annotations": annotations}, "spec": spec, "status": status})
+    wanted = handlers._tuning_wanted(
+        spec=body.spec, status=body.status, annotations=body.metadata.annotations
+    )
+    assert wanted is ticks
