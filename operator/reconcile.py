@@ -286,8 +286,10 @@ class Reconciler:
 
         serving_old = switch is not None and not switched
         stable, topology = old.observe(leftovers) if serving_old else new.observe(states)
-        canary = await self.kube.get(
-            deployment_path(isvc.metadata.namespace or "", meta["name"], Track.CANARY)
+        canary = (
+            await self.kube.get(deployment_path(isvc.metadata.namespace or "", meta["name"], Track.CANARY))
+            if _reconciled_before(body)
+            else None  # the tuner runs a canary only for a service the operator has reconciled
         )
         return Observation(
             generation=int(meta.get("generation") or 0),
@@ -467,6 +469,12 @@ class Reconciler:
             raise kopf.TemporaryError(
                 f"status of {namespace}/{name} kept changing underneath; retrying", delay=1
             )
+
+
+def _reconciled_before(body: Mapping[str, Any]) -> bool:
+    """Whether the operator has written this service's status before (its ``observedGeneration``)."""
+    status = body.get("status")
+    return isinstance(status, Mapping) and status.get("observedGeneration") is not None
 
 
 def _retry_soon(error: BaseException) -> kopf.TemporaryError:
