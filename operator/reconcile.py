@@ -85,6 +85,13 @@ NAME_CONFLICT_RETRY_S: Final = 30
 #: this many seconds, each retry at a random point of the range so that a burst's failures do not
 #: all come back together (any other error waits for Kopf's minute).
 TRANSIENT_RETRY_S: Final = (2.0, 8.0)
+#: Tries of a child's event before it is given up (Kopf retries no event handler: a drift repair
+#: the API server's load failed is retried here).
+CHILD_EVENT_TRIES: Final = 5
+
+
+class ApiUnavailable(kopf.TemporaryError):
+    """A reconcile the API server's load or the network failed; retried after ``delay`` seconds."""
 
 
 @dataclass
@@ -135,7 +142,29 @@ class Reconciler:
                 raise _retry_soon(error) from error
 
     async def child_changed(self, event_type: str | None, child: Mapping[str, Any]) -> None:
-        """A labelled child changed or vanished: restore it if needed and refresh the parent's status."""
+        """A labelled child changed or vanished: restore it if needed and refresh the parent's status.
+
+        Kopf retries no event handler, so a repair the API server's load or the network failed is
+        tried again here (:data:`CHILD_EVENT_TRIES` in all, :data:`TRANSIENT_RETRY_S` apart)."""
+        for tried in range(1, CHILD_EVENT_TRIES + 1):
+            try:
+                await self._child_changed(event_type, child)
+                return
+            except ApiUnavailable as unavailable:
+                if tried == CHILD_EVENT_TRIES:
+                    raise
+                delay = unavailable.delay or TRANSIENT_RETRY_S[0]
+            except (KubeError, TimeoutError, aiohttp.ClientError) as error:
+                if not is_transient(error) or tried == CHILD_EVENT_TRIES:
+                    raise
+                delay = random.uniform(*TRANSIENT_RETRY_S)
+            name = child.get("metadata", {}).get("name")
+            logger.info(
+                "the API server did not answer: %s event of %s retried in %.0f s", event_type, name, delay
+            )
+            await asyncio.sleep(delay)
+
+    async def _child_changed(self, event_type: str | None, child: Mapping[str, Any]) -> None:
         meta = child.get("metadata", {})
         labels = meta.get("labels") or {}
         service = labels.get(LABEL_SERVICE)
@@ -477,12 +506,10 @@ def _reconciled_before(body: Mapping[str, Any]) -> bool:
     return isinstance(status, Mapping) and status.get("observedGeneration") is not None
 
 
-def _retry_soon(error: BaseException) -> kopf.TemporaryError:
+def _retry_soon(error: BaseException) -> ApiUnavailable:
     delay = random.uniform(*TRANSIENT_RETRY_S)
     what = str(error) or type(error).__name__
-    return kopf.TemporaryError(
-        f"the API server did not answer ({what}); retrying in {delay:.0f} s", delay=delay
-    )
+    return ApiUnavailable(f"the API server did not answer ({what}); retrying in {delay:.0f} s", delay=delay)
 
 
 def export_metrics(isvc: InferenceService, observation: Observation) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -13,12 +14,16 @@ import kubernetes.client
 import pytest
 import yaml
 from aiohttp import web
+from chunkpilot.operator import reconcile
+from chunkpilot.operator.builders import LABEL_MANAGED_BY, MANAGED_BY
 from chunkpilot.operator.config import OperatorConfig
 from chunkpilot.operator.kube import KubeClient, KubeError, _Credentials, is_transient
 from chunkpilot.operator.reconcile import TRANSIENT_RETRY_S, Reconciler
 
+from chunkpilot.api import LABEL_SERVICE, LABEL_TRACK
 from chunkpilot.devcluster.ports import free_port
-from tests.operator.test_kube_cluster import EXAMPLE
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-llama-8b-sim.yaml"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -165,3 +170,79 @@ def test_a_new_services_first_reconcile_reads_no_canary(reconciled_before: bool)
     canary_reads = [a for a in asked if a.startswith("GET") and a.endswith("-canary")]
     assert len(canary_reads) == (1 if reconciled_before else 0), asked
     assert any(a.startswith("PATCH") and a.endswith("/status") for a in asked), asked
+
+
+def test_a_drift_repair_the_api_servers_load_failed_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf retries no event handler: a deleted stable Deployment whose repair met an overloaded API
+    server (503 twice) is restored on a later try."""
+    monkeypatch.setattr(reconcile, "TRANSIENT_RETRY_S", (0.01, 0.02))
+    service = _service()
+    service["status"] = {"observedGeneration": 1}
+    name = service["metadata"]["name"]
+    asked: list[str] = []
+
+    async def api(request: web.Request) -> web.Response:
+        asked.append(f"{request.method} {request.path}")
+        if len(asked) <= 2:
+            return web.json_response({"kind": "Status", "message": "overloaded"}, status=503)
+        if request.method == "GET":
+            if request.path.endswith(f"/inferenceservices/{name}"):
+                return web.json_response(service)
+            return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+        answer = await request.json()
+        answer.setdefault("metadata", {})["resourceVersion"] = "2"
+        return web.json_response(answer)
+
+    deleted = {
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"{name}-stable",
+            "namespace": "default",
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: name, LABEL_TRACK: "stable"},
+        },
+    }
+
+    async def run() -> None:
+        async with api_server(api) as kube:
+            await Reconciler(kube=kube, config=OperatorConfig()).child_changed("DELETED", deleted)
+
+    asyncio.run(run())
+    assert (
+        sum(
+            a == f"GET /apis/chunkpilot.io/v1alpha1/namespaces/default/inferenceservices/{name}"
+            for a in asked
+        )
+        == 3
+    )
+    assert f"PATCH /apis/apps/v1/namespaces/default/deployments/{name}-stable" in asked, asked
+
+
+def test_a_repair_the_api_server_keeps_refusing_is_given_up_after_its_tries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reconcile, "TRANSIENT_RETRY_S", (0.01, 0.02))
+    asked: list[str] = []
+
+    async def overloaded(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response({"kind": "Status", "message": "overloaded"}, status=503)
+
+    child = {
+        "kind": "Deployment",
+        "metadata": {
+            "name": "s-stable",
+            "namespace": "default",
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: "s"},
+        },
+    }
+
+    async def run() -> BaseException:
+        async with api_server(overloaded) as kube:
+            try:
+                await Reconciler(kube=kube, config=OperatorConfig()).child_changed("DELETED", child)
+            except KubeError as error:
+                return error
+        raise AssertionError("an API server that always answers 503 let the repair through")
+
+    assert asyncio.run(run()).status == 503
+    assert len(asked) == reconcile.CHILD_EVENT_TRIES
