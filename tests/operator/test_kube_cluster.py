@@ -22,6 +22,7 @@ from chunkpilot.operator.config import FINALIZER, OperatorConfig
 from chunkpilot.operator.kube import KubeClient, KubeError
 from chunkpilot.operator.reconcile import Reconciler
 
+from chunkpilot import telemetry
 from chunkpilot.testing.processes import captured
 
 pytestmark = pytest.mark.cluster
@@ -110,6 +111,49 @@ def test_reconciling_into_a_terminating_namespace_stops_quietly(
     with caplog.at_level(logging.INFO, logger="chunkpilot.operator.reconcile"):
         asyncio.run(reconcile())
     assert f"not reconciling {terminating_namespace}/{body['metadata']['name']}" in caplog.text
+
+
+def _deployment_reads() -> float:
+    return (
+        telemetry.REGISTRY.get_sample_value(
+            "chunkpilot_kube_requests_total", {"verb": "get", "resource": "apps/deployments"}
+        )
+        or 0.0
+    )
+
+
+def test_a_new_services_first_reconcile_reads_no_canary(control_plane: Any) -> None:
+    """The tuner runs a canary only for a service the operator has reconciled: the first reconcile
+    reads the stable Deployment alone, a later one the canary too."""
+    control_plane.apply_manifests([REPO / "crds"])
+    namespace = f"canary-reads-{uuid.uuid4().hex[:6]}"
+    kubectl(control_plane, "create", "namespace", namespace)
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["namespace"] = namespace
+    kubectl(control_plane, "apply", "-f", "-", stdin=json.dumps(manifest))
+    name = manifest["metadata"]["name"]
+
+    def service() -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(
+            kubectl(control_plane, "get", "cpis", name, "-n", namespace, "-o", "json").stdout
+        )
+        return found
+
+    async def reconcile(body: dict[str, Any]) -> float:
+        kube = client(control_plane)
+        before = _deployment_reads()
+        try:
+            await Reconciler(kube=kube, config=OperatorConfig()).reconcile(body)
+        finally:
+            await kube.close()
+        return _deployment_reads() - before
+
+    first = service()
+    assert "observedGeneration" not in (first.get("status") or {})
+    assert asyncio.run(reconcile(first)) == 1  # the stable Deployment, to apply it
+    again = service()
+    assert again["status"]["observedGeneration"] == 1
+    assert asyncio.run(reconcile(again)) == 2  # the stable Deployment and the canary
 
 
 def test_release_frees_services_from_an_uninstalled_operators_finalizer(control_plane: Any) -> None:
