@@ -98,24 +98,39 @@ class FineSamples:
     #: Whether the comparison reads this track's ITL (a prefill pool's is not read: its clients'
     #: tokens after the first come from the decode pool).
     judges_itl: bool = True
+    #: Requests in the engine's own TTFT histogram over the window; read only for a track short of
+    #: fine samples (None: not read).
+    engine_ttft: float | None = None
 
     def enough(self, minimum: int) -> bool:
         """At least ``minimum`` (and at least one) observations in every histogram compared."""
         least = max(1, minimum)
         return self.ttft >= least and (self.itl >= least or not self.judges_itl)
 
+    def short_on_both(self, minimum: int) -> bool:
+        """Too few requests to be judged on either family: the track compares with nothing."""
+        return (
+            not self.enough(minimum) and self.engine_ttft is not None and self.engine_ttft < max(1, minimum)
+        )
+
 
 def window_source(tracks: Sequence[FineSamples | None], minimum: int, engine: str) -> ItlSource:
     """The one latency family every compared track is judged on in a window.
 
     The fine histograms when every track has at least ``minimum`` fine samples (the threshold a
-    quantile is judged on, :meth:`TrackMeasurement.enough_samples`); otherwise the engine's own
-    for all of them (:func:`engine_source`). A track is None where the engine's fine histograms
-    are not read at all. Never one track's quantile from one family against another's from the
-    other: a vLLM canary whose tokens take 26-28 ms reads p99 49.75 ms by interpolation inside
-    vLLM's 25-50 ms bucket and 32 ms on the fine histogram, a difference of measurement only.
+    quantile is judged on, :meth:`TrackMeasurement.enough_samples`), or is too short of requests to
+    be judged on the engine's own either (:meth:`FineSamples.short_on_both`: a quiet stable beside a
+    busy canary; it is compared with nothing, so it cannot send the others to the coarser family);
+    otherwise the engine's own for all of them (:func:`engine_source`). A track is None where the
+    engine's fine histograms are not read at all. Never one track's quantile from one family against
+    another's from the other: a vLLM canary whose tokens take 26-28 ms reads p99 49.75 ms by
+    interpolation inside vLLM's 25-50 ms bucket and 32 ms on the fine histogram, a difference of
+    measurement only.
     """
-    if tracks and all(t is not None and t.enough(minimum) for t in tracks):
+    present = [t for t in tracks if t is not None]
+    if len(present) < len(tracks) or not any(t.enough(minimum) for t in present):
+        return engine_source(engine)
+    if all(t.enough(minimum) or t.short_on_both(minimum) for t in present):
         return ItlSource.FINE
     return engine_source(engine)
 
@@ -379,6 +394,22 @@ def fine_samples(
     return FineSamples(itl_count or 0.0, ttft_count or 0.0, itl)
 
 
+def _with_engine_requests(
+    query: QueryFn,
+    samples: FineSamples | None,
+    selector: Selector,
+    window: str,
+    at: datetime,
+    engine: str,
+    minimum: int,
+) -> FineSamples | None:
+    """``samples`` with the engine's own request count where the fine ones fall short of ``minimum``."""
+    if samples is None or samples.enough(minimum):
+        return samples
+    requests = query(count_query(tuner_metrics(engine).ttft_histogram, selector, window), at)
+    return dataclasses.replace(samples, engine_ttft=requests or 0.0)
+
+
 def measure_track(
     query: QueryFn,
     selector: Selector,
@@ -516,6 +547,11 @@ def measure_window(
         for track in (Track.CANARY, Track.STABLE)
     }
     counts = [fine_samples(query, sel, window, at, engine) for sel in selectors.values()]
+    if any(c is not None and c.enough(min_samples) for c in counts):
+        counts = [
+            _with_engine_requests(query, c, sel, window, at, engine, min_samples)
+            for c, sel in zip(counts, selectors.values(), strict=True)
+        ]
     fine = window_source(counts, min_samples, engine) is ItlSource.FINE
     results = {
         track: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=fine)

@@ -243,7 +243,7 @@ def test_trtllm_without_a_per_token_histogram_judges_itl_conservatively_from_tpo
 # --------------------------------------------------------------------------- one latency family per window
 
 
-def test_window_source_is_fine_only_when_every_track_has_enough_fine_samples() -> None:
+def test_window_source_is_fine_when_every_judgeable_track_has_enough_fine_samples() -> None:
     both = [FineSamples(5000.0, 120.0), FineSamples(4000.0, 100.0)]
     assert window_source(both, 100, "vllm") is ItlSource.FINE
     # A stable on stock vLLM (no plugin: no fine series) beside a plugin canary: engine for both.
@@ -261,6 +261,13 @@ def test_window_source_is_fine_only_when_every_track_has_enough_fine_samples() -
     assert window_source([prefill, *both], 100, "vllm") is ItlSource.FINE
     assert window_source([], 100, "vllm") is ItlSource.ENGINE
     assert window_source([FineSamples(0.0, 0.0)], 0, "vllm") is ItlSource.ENGINE
+    # A track short of requests on the engine's own histogram too is judged on neither: it keeps
+    # nobody off the fine family. Short of fine samples only (no plugin), it still does.
+    quiet = FineSamples(900.0, 40.0, engine_ttft=41.0)
+    assert quiet.short_on_both(100) and not FineSamples(0.0, 0.0, engine_ttft=150.0).short_on_both(100)
+    assert window_source([both[0], quiet], 100, "trtllm") is ItlSource.FINE
+    assert window_source([both[0], FineSamples(0.0, 0.0, engine_ttft=150.0)], 100, "vllm") is ItlSource.ENGINE
+    assert window_source([quiet, quiet], 100, "vllm") is ItlSource.ENGINE
 
 
 def _tracks(values: dict[str, dict[str, tuple[float, float]]]) -> QueryFn:
@@ -311,6 +318,29 @@ def test_a_window_judges_canary_and_stable_on_one_family(
     w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95, min_samples=100)
     assert w.canary.itl_source is w.stable.itl_source is expected
     assert w.canary.itl_ms == pytest.approx(itl_ms) and w.stable.itl_ms == pytest.approx(itl_ms)
+
+
+def test_a_quiet_stable_leaves_a_tensorrt_canary_on_the_fine_family() -> None:
+    """A stable with too few requests to judge is compared with nothing; the canary's ITL stays per token."""
+    trtllm = {
+        "trtllm_time_per_output_token_seconds": (0.0103, 200.0),
+        "trtllm_time_to_first_token_seconds": (0.5, 200.0),
+    }
+    quiet = {
+        "trtllm_time_per_output_token_seconds": (0.0103, 40.0),
+        "trtllm_time_to_first_token_seconds": (0.5, 40.0),
+        "chunkpilot:inter_token_latency_seconds": (0.032, 900.0),
+        "chunkpilot:time_to_first_token_seconds": (0.46, 40.0),
+    }
+    query = _tracks({"canary": {**trtllm, **FINE_FAMILIES}, "stable": quiet})
+    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95, engine="trtllm", min_samples=100)
+    assert w.canary.itl_source is w.stable.itl_source is ItlSource.FINE
+    assert w.canary.itl_note is None and w.canary.itl_ms == pytest.approx(32.0)
+    assert w.canary.enough_samples(100) and not w.stable.enough_samples(100)
+    # A stable as busy on TensorRT-LLM's own histograms but without fine ones sends both to TPOT.
+    query = _tracks({"canary": {**trtllm, **FINE_FAMILIES}, "stable": trtllm})
+    w = measure_window(query, "chat", "default", "2m", T0, 0.99, 0.95, engine="trtllm", min_samples=100)
+    assert w.canary.itl_source is ItlSource.TPOT and w.canary.itl_ms == pytest.approx(41.2)
 
 
 def test_a_topologys_pools_are_judged_on_one_family() -> None:
