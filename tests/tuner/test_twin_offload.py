@@ -100,3 +100,51 @@ def test_within_the_budget_it_ranks_here_and_counts_the_cost(request_: online.Re
     offload.spent(time.monotonic(), offload.allowance_s)
     _, pending = calibrate(observer, replace(request_, cpu_budget_s=60.0))
     assert pending is not None and "Job" in pending
+
+
+class CountingStore(Store):
+    """A :class:`Store` that records each call as ``verb kind`` (the path's resource)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        await asyncio.sleep(0)  # let the other rankings of the tick interleave, as on the wire
+        self.calls.append(f"get {path.split('/')[-2]}")
+        return await super().get(path)
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        self.calls.append(f"create {body['kind']}")
+        return await super().create(path, body)
+
+
+def test_a_ticks_rankings_share_one_account_and_a_running_job_is_read_alone(
+    request_: online.Request,
+) -> None:
+    store = CountingStore()
+    twin_jobs = TwinJobs(store, "img:1", Offload(OffloadMode.ALWAYS))
+
+    async def tick() -> None:
+        await asyncio.gather(
+            *(twin_jobs.ranking("ns", f"svc-{i}", f"uid-svc-{i}", request_) for i in range(20))
+        )
+
+    asyncio.run(tick())
+    # Twenty Jobs started at once in one namespace: the workers' account looked up and made once.
+    assert store.calls.count("get serviceaccounts") == 1 and store.calls.count("create ServiceAccount") == 1
+    assert store.calls.count("create Job") == 20 and store.calls.count("create Role") == 20
+    assert "get roles" not in store.calls  # a Job just made has no Role yet: none looked up
+    store.calls.clear()
+    asyncio.run(tick())
+    # Still running: each later tick reads its Job and nothing else (its Role is known to exist).
+    assert store.calls == ["get jobs"] * 20
+    # A restarted operator checks each running Job's Role once, then reads the Job alone again.
+    store.calls.clear()
+    twin_jobs = TwinJobs(store, "img:1", Offload(OffloadMode.ALWAYS))
+    asyncio.run(tick())
+    assert store.calls.count("get roles") == 20 and store.calls.count("get rolebindings") == 20
+    store.calls.clear()
+    asyncio.run(tick())
+    assert store.calls == ["get jobs"] * 20

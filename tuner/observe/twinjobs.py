@@ -10,6 +10,7 @@ ran is still there (until the Job's time-to-live ends)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,6 +53,10 @@ class TwinJobs:
         #: When a ranking runs here rather than as a Job (the operator's CPU budget for twin work).
         self.offload = offload
         self._accounts: set[str] = set()
+        self._account_locks: dict[str, asyncio.Lock] = {}
+        #: The Jobs (by uid) whose Role and RoleBinding this process made or found: a later tick
+        #: reads the Job alone.
+        self._granted: set[str] = set()
 
     async def ranking(self, namespace: str, service: str, service_uid: str, request: Request) -> JobRanking:
         """The ranking of ``request`` for ``service``: started now, running, failed or done."""
@@ -62,9 +67,12 @@ class TwinJobs:
             return JobRanking(name, JobState(JobPhase.RUNNING, "Job created"), created=True)
         state = jobs.job_state(job)
         text = jobs.result_of(job)
+        if state.phase is not JobPhase.RUNNING:
+            self._granted.discard(str(job["metadata"].get("uid") or ""))  # no tick asks again
         if text is None:
             if state.phase is JobPhase.RUNNING:
-                # The operator may have stopped between creating the Job and its Role: finish that.
+                # The operator may have stopped between creating the Job and its Role: finish that
+                # (once per Job and process).
                 await self._grant(namespace, name, str(job["metadata"].get("uid") or ""))
             return JobRanking(name, state)
         try:
@@ -89,29 +97,42 @@ class TwinJobs:
             cpu_budget_s=request.cpu_budget_s,
             request_json=encode_request(request),
         )
+        fresh = True
         try:
             created = await self.kube.create(resource_path("batch/v1", "jobs", namespace), manifest)
         except KubeError as error:
             if not error.conflict:
                 raise
-            created = await self.kube.get(object_path(manifest)) or {}
-        await self._grant(namespace, name, str((created.get("metadata") or {}).get("uid") or ""))
+            created, fresh = await self.kube.get(object_path(manifest)) or {}, False
+        # A Job this call created has no Role yet (they are its own): made without a look first.
+        uid = str((created.get("metadata") or {}).get("uid") or "")
+        await self._grant(namespace, name, uid, look=not fresh)
         log.info("ranking on the twin of %s/%s runs as Job %s", namespace, service, name)
 
-    async def _grant(self, namespace: str, name: str, job_uid: str) -> None:
-        """The Job's Role and RoleBinding (patching that one Job), when they do not exist yet."""
+    async def _grant(self, namespace: str, name: str, job_uid: str, *, look: bool = True) -> None:
+        """The Job's Role and RoleBinding (patching that one Job), when they do not exist yet; looked
+        up (with ``look``) once per Job and process."""
+        if job_uid and job_uid in self._granted:
+            return
         for manifest in jobs.build_job_rbac(name, namespace, job_uid):
-            await self._create_absent(manifest)
+            await self._create_absent(manifest, look=look)
+        if job_uid:
+            self._granted.add(job_uid)
 
     async def _ensure_account(self, namespace: str) -> None:
-        """The worker's ServiceAccount (looked up once per namespace and process)."""
-        if namespace not in self._accounts:
-            await self._create_absent(jobs.build_worker_account(namespace))
-            self._accounts.add(namespace)
+        """The worker's ServiceAccount, looked up once per namespace and process: the rankings a tick
+        starts at once in one namespace wait for the first to make it."""
+        if namespace in self._accounts:
+            return
+        async with self._account_locks.setdefault(namespace, asyncio.Lock()):
+            if namespace not in self._accounts:
+                await self._create_absent(jobs.build_worker_account(namespace))
+                self._accounts.add(namespace)
 
-    async def _create_absent(self, manifest: dict[str, Any]) -> None:
+    async def _create_absent(self, manifest: dict[str, Any], *, look: bool = True) -> None:
+        """Create ``manifest`` unless it exists (``look``: read it first; else a conflict says so)."""
         path = object_path(manifest)
-        if await self.kube.get(path) is not None:
+        if look and await self.kube.get(path) is not None:
             return
         try:
             await self.kube.create(path.rsplit("/", 1)[0], manifest)
