@@ -791,6 +791,10 @@ def test_bench_prints_latency_and_memory(cluster: Any, tmp_path: Path) -> None:
     # New services that want no NetworkPolicy never had one: none is looked up to be removed.
     assert not any("networkpolicies" in key for key in result.burst_requests), result.burst_requests
     assert "API requests per service of the burst" in report
+    # The machine's CPU over the burst, the control plane's processes named.
+    machine = result.burst_machine
+    assert machine is not None and machine.busy_s > 0 and machine.by_component["API server"] > 0
+    assert {"etcd", "operator"} <= set(machine.by_component) and "machine CPU over the burst" in report
 
 
 def test_bench_observes_an_autotuned_fleet_from_the_operators_own_metrics(

@@ -5,7 +5,9 @@ Figures, printed (never asserted):
 * apply -> Deployment-exists latency, p50/p99 over N InferenceServices created one after
   another (each waits for its Deployment, so this is reaction time, not queueing);
 * a burst: the other M - N created at once (``--burst-workers`` clients in parallel) and the time
-  until all are reconciled (status written), with the operator's CPU seconds over it;
+  until all are reconciled (status written), with the operator's CPU seconds over it and the
+  whole machine's, by process (the API server, etcd, the controllers, ...): what the burst costs
+  outside the operator bounds how fast any operator could reconcile it on this machine;
 * the operator's resident memory once all M are reconciled;
 * with ``--autotune``, the fleet at rest: every service autotuned against an SLO, the operator
   given a Prometheus, and over ``--observe`` seconds the operator's CPU (cores), memory, tuner
@@ -32,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from chunkpilot.api import GROUP, ISVC_PLURAL, VERSION
 from chunkpilot.operator.builders import deployment_name
@@ -78,6 +80,109 @@ class FleetFigures:
         )
 
 
+#: The processes of the local control plane (and its Prometheus), by their ``/proc`` command name
+#: (the kernel keeps 15 characters of it), as the burst's CPU accounting names them.
+COMPONENTS: Final = {
+    "kube-apiserver": "API server",
+    "etcd": "etcd",
+    "kube-controller": "controller manager",
+    "kube-scheduler": "scheduler",
+    "kwok": "KWOK",
+    "prometheus": "Prometheus",
+}
+OPERATOR = "operator"
+CLIENTS = "benchmark clients"
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class MachineCpu:
+    """The machine's CPU over a window: busy CPU seconds in all, and by process."""
+
+    window_s: float
+    cores: int
+    busy_s: float
+    #: CPU seconds by component (:data:`COMPONENTS`, the operator with its worker processes, this
+    #: benchmark's clients, and everything else), most first.
+    by_component: dict[str, float]
+
+    @property
+    def outside_operator_s(self) -> float:
+        """CPU seconds the machine spent on everything but the operator's own processes."""
+        return max(0.0, self.busy_s - self.by_component.get(OPERATOR, 0.0))
+
+    def fastest_s(self) -> float:
+        """The least time the work outside the operator takes on these cores, spread perfectly: no
+        operator making the same API requests can finish the window's work sooner on this machine."""
+        return self.outside_operator_s / self.cores if self.cores > 0 else 0.0
+
+    def report(self, services: int) -> str:
+        parts = ", ".join(f"{name} {value:.1f}" for name, value in self.by_component.items() if value >= 0.05)
+        fastest = self.fastest_s()
+        bound = (
+            f"; the work outside the operator alone takes {fastest:.1f} s on {self.cores} cores: at most"
+            f" {services / fastest:.1f} services/s for an operator that made the same API requests at no"
+            " CPU cost of its own"
+            if fastest > 0
+            else ""
+        )
+        return (
+            f"  machine CPU over the burst: {self.busy_s:.1f} CPU s of {self.cores * self.window_s:.1f}"
+            f" ({self.cores} cores x {self.window_s:.1f} s): {parts}{bound}"
+        )
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (``/proc/stat``: all but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    guest = sum(values[8:10]) if len(values) > 9 else 0  # already counted in user and nice
+    return (sum(values) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+
+def component_cpu_s(operator_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each live process by component: :data:`COMPONENTS` by name, the operator
+    and its children (its twin worker), this process (the benchmark's clients)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # gone since listed
+            continue
+        head, _, rest = text.rpartition(")")
+        comm, fields = head.partition("(")[2], rest.split()
+        pid, ppid = int(entry.name), int(fields[1])
+        if pid == operator_pid or ppid == operator_pid:
+            name = OPERATOR
+        elif pid == me:
+            name = CLIENTS
+        else:
+            name = next((label for prefix, label in COMPONENTS.items() if comm.startswith(prefix)), "")
+        if name:
+            totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return totals
+
+
+def machine_cpu(
+    window_s: float,
+    busy_before: float,
+    busy_after: float,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+) -> MachineCpu:
+    """The window's :class:`MachineCpu` from two readings of :func:`machine_busy_s` and
+    :func:`component_cpu_s` (a process that ended within the window takes its CPU with it)."""
+    by = {name: max(0.0, after.get(name, 0.0) - before.get(name, 0.0)) for name in after}
+    busy = max(0.0, busy_after - busy_before)
+    by[OTHER] = max(0.0, busy - sum(by.values()))
+    ordered = dict(sorted(by.items(), key=lambda item: -item[1]))
+    return MachineCpu(window_s, os.cpu_count() or 1, busy, ordered)
+
+
 @dataclass(frozen=True)
 class BenchResult:
     """Measured figures of one run."""
@@ -96,6 +201,8 @@ class BenchResult:
     #: ``verb resource`` (the client's own requests; Kopf's watches and patches are not counted).
     burst_requests: dict[str, float] = field(default_factory=dict)
     fleet: FleetFigures | None = None
+    #: The whole machine's CPU over the burst, by process.
+    burst_machine: MachineCpu | None = None
 
     @property
     def requests_per_service(self) -> float:
@@ -125,6 +232,7 @@ class BenchResult:
                 f" ({self.burst_rate:.1f} services/s; operator CPU {self.burst_cpu_s:.1f} s)",
                 f"  {self.requests_per_service:.1f} API requests per service of the burst"
                 f" ({self._top_calls()})",
+                *([self.burst_machine.report(self.reconciled - len(ms))] if self.burst_machine else []),
                 *([self.fleet.report(self.reconciled)] if self.fleet else []),
             ]
         )
@@ -344,7 +452,8 @@ def _list_version(listed: Any) -> str | None:
 
 
 @contextmanager
-def _local_cluster(state_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+def local_cluster(state_dir: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A throw-away local control plane (one GPU node) with the CRDs applied: its kubeconfig and env."""
     from chunkpilot.devcluster import binaries
     from chunkpilot.devcluster.controlplane import ControlPlane, ControlPlaneConfig
     from chunkpilot.devcluster.fakenodes import gpu_node_specs
@@ -403,7 +512,7 @@ def run_bench(
     with ExitStack() as stack:
         if kubeconfig is None:
             log("starting a local control plane ...")
-            kubeconfig, env = stack.enter_context(_local_cluster(work_dir / "control-plane"))
+            kubeconfig, env = stack.enter_context(local_cluster(work_dir / "control-plane"))
         else:
             env = operator_env(KUBECONFIG=str(kubeconfig))
         api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
@@ -462,6 +571,7 @@ def run_bench(
         log(f"creating {total - count} more at once and waiting until all {total} are reconciled ...")
         burst_cpu_before = cpu_seconds(operator.process.pid)
         burst_scrape = scrape(metrics_url)
+        machine_before = machine_busy_s(), component_cpu_s(operator.process.pid)
         burst_started = time.monotonic()
 
         def create(index: int) -> None:
@@ -478,6 +588,13 @@ def run_bench(
         done = max(created, reconciled.wait_count(total, timeout=max(120.0, total * 2.0)))
         burst_s = done - burst_started
         burst_cpu = cpu_seconds(operator.process.pid) - burst_cpu_before
+        burst_machine = machine_cpu(
+            burst_s,
+            machine_before[0],
+            machine_busy_s(),
+            machine_before[1],
+            component_cpu_s(operator.process.pid),
+        )
         burst_requests = api_requests(burst_scrape, scrape(metrics_url))
         time.sleep(2.0)
         rss, peak = _rss(operator.process.pid)
@@ -500,7 +617,17 @@ def run_bench(
             )
             peak = _rss(operator.process.pid)[1]
         return BenchResult(
-            latencies, rss_idle, rss, peak, total, burst_s, create_s, burst_cpu, burst_requests, fleet
+            latencies,
+            rss_idle,
+            rss,
+            peak,
+            total,
+            burst_s,
+            create_s,
+            burst_cpu,
+            burst_requests,
+            fleet,
+            burst_machine,
         )
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -617,6 +744,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
             "burst_cpu_s": result.burst_cpu_s,
             "burst_requests_per_service": result.requests_per_service,
             "burst_requests": result.burst_requests,
+            "burst_machine": None
+            if result.burst_machine is None
+            else {
+                "cores": result.burst_machine.cores,
+                "busy_cpu_s": result.burst_machine.busy_s,
+                "cpu_s_by_component": result.burst_machine.by_component,
+                "outside_operator_cpu_s": result.burst_machine.outside_operator_s,
+                "fastest_without_operator_cpu_s": result.burst_machine.fastest_s(),
+            },
             "fleet": None
             if result.fleet is None
             else {
