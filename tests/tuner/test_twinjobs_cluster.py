@@ -196,3 +196,32 @@ def test_a_ranking_job_is_retried_survives_a_restart_and_delivers(
         what="the Job Complete",
     )
     assert finished["status"].get("failed") == 1  # the one retried pod
+
+
+def test_the_twin_jobs_benchmark_runs_every_ranking_through_a_job(cluster: Any, tmp_path: Path) -> None:
+    """``chunkpilot bench twin-jobs`` on the real control plane: each ranking a Job, run by the played
+    kubelet with the worker's own credentials, collected by a tick."""
+    from chunkpilot.bench.twin_jobs import run_twin_jobs
+
+    result = run_twin_jobs(
+        services=3,
+        workers=2,
+        kubeconfig=cluster.kubeconfig,
+        work_dir=tmp_path,
+        log=lambda _: None,
+        interval_s=1.0,
+        max_evaluations=1,
+        timeout_s=240.0,
+    )
+    assert result.collected == 3, result.report()
+    assert all(t.exit_code == 0 and not t.failed and t.worker_cpu_s > 0 for t in result.times.values())
+    spans = result.spans()
+    assert all(len(spans[stage]) == 3 for stage in ("job_to_pod", "queue", "worker", "total"))
+    # The whole way holds each stage of it.
+    assert min(spans["total"]) >= min(spans["worker"]) > 0
+    # Per ranking: the Job and its Role and RoleBinding made once, the Job read on each tick.
+    assert result.api_requests["create batch/jobs"] == 3
+    assert result.api_requests["create rbac.authorization.k8s.io/roles"] == 3
+    assert result.api_requests.get("get rbac.authorization.k8s.io/roles", 0) == 0
+    assert result.api_requests["create serviceaccounts"] == 1
+    assert "rankings as Jobs" in result.report() and result.figures()["collected"] == 3

@@ -9,7 +9,7 @@ from typing import Any
 
 from chunkpilot.bench import autoscale as bench_autoscale
 from chunkpilot.bench import disagg as bench_disagg
-from chunkpilot.bench import sim_peers
+from chunkpilot.bench import sim_peers, twin_jobs
 from chunkpilot.bench.command import given_options, run_bench_command
 from chunkpilot.bench.exhaustive import ENGINES, BenchError
 from chunkpilot.bench.truth import (
@@ -124,6 +124,7 @@ def register(subparsers: Any) -> None:
     bench_disagg.register(inner)
     bench_autoscale.register(inner)
     sim_peers.register(inner)
+    twin_jobs.register(inner)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
