@@ -274,6 +274,14 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     _call(
         "batch",
         "jobs",
+        "list watch",
+        KOPF,
+        "the twin Jobs' progress and results, read from the watch",
+        feature=Feature.TWIN_JOBS,
+    ),
+    _call(
+        "batch",
+        "jobs",
         "patch",
         APISERVER,
         "each twin Job's Role lets its worker patch that Job; a Role can only grant what its creator holds",

@@ -89,6 +89,8 @@ class TuningController:
         #: ``batch``: instant-vector queries that measure a track in one request (None: one by one).
         #: Deployment reads from the operator's watch (its index is handed over by the timer).
         self.watched = WatchedKube(kube)
+        if twin_jobs is not None:
+            twin_jobs.kube = self.watched  # a ranking Job's progress from the watch too
         self.observer = Observer(
             self.watched,
             query,

@@ -45,6 +45,8 @@ from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.observe.watched import LISTED, index_by_label, index_object
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TrialRecord
+from chunkpilot.tuner.twin.jobs import COMPONENT as TWIN_COMPONENT
+from chunkpilot.tuner.twin.jobs import LABEL_COMPONENT as TWIN_LABEL_COMPONENT
 from chunkpilot.tuner.twin.jobs import OffloadMode
 
 from chunkpilot import telemetry
@@ -60,6 +62,7 @@ INDICES: Final[Mapping[str, str]] = {
     "deployments": "tuner_deployments",
     ISVC_PLURAL: "tuner_services",
     TRIAL_PLURAL: "tuner_trials",
+    "jobs": "tuner_twin_jobs",
 }
 #: Memo key of the tuner's :class:`TunerConfig`.
 MEMO_CONFIG: Final = "tuner_config"
@@ -75,19 +78,28 @@ def load(operator: OperatorConfig, environ: Mapping[str, str], memo: kopf.Memo) 
     :class:`ValueError` naming the variable of a value it cannot use.
     """
     config = TunerConfig.from_env(environ, operator)
-    register_timer(config.interval_s)
+    register_timer(config.interval_s, twin_jobs=twin_jobs_run(config))
     memo[MEMO_CONFIG] = config
     return config
 
 
-def register_timer(interval_s: float) -> None:
-    """Register :func:`tune` as a Kopf timer ticking every ``interval_s`` seconds (once per process)."""
+def twin_jobs_run(config: TunerConfig) -> bool:
+    """Whether rankings may run as Jobs (an image to run them with, and not ``CHUNKPILOT_TWIN_JOBS=off``)."""
+    return bool(config.twin_job_image) and config.twin_offload.mode is not OffloadMode.OFF
+
+
+def register_timer(interval_s: float, *, twin_jobs: bool = False) -> None:
+    """Register :func:`tune` as a Kopf timer ticking every ``interval_s`` seconds (once per process);
+    with ``twin_jobs``, the ranking Jobs' index too (their progress read from the watch)."""
     global _timer_registered
     if _timer_registered:
         return
     _timer_registered = True
     # Kopf fills its indices from the first listing before it starts any handler or timer.
     kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id=INDICES["deployments"])(_index)
+    if twin_jobs:
+        labels = {TWIN_LABEL_COMPONENT: TWIN_COMPONENT}
+        kopf.index("batch", "v1", "jobs", labels=labels, id=INDICES["jobs"])(_index)
     kopf.index(GROUP, VERSION, ISVC_PLURAL, id=INDICES[ISVC_PLURAL])(_index)
     kopf.index(GROUP, VERSION, TRIAL_PLURAL, id=INDICES[TRIAL_PLURAL])(_index_trial)
     kopf.timer(
@@ -152,7 +164,7 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         twin_budget=config.twin_budget,
         twin_jobs=(
             TwinJobs(kube, config.twin_job_image, config.twin_offload)
-            if config.twin_job_image and config.twin_offload.mode is not OffloadMode.OFF
+            if config.twin_job_image and twin_jobs_run(config)
             else None
         ),
     )

@@ -1,13 +1,13 @@
 """The tick's reads of watched objects served from the operator's watch, its own writes read back.
 
 Each tick reads the InferenceService and its stable and canary Deployments (and a topology trial's
-canary pools), and lists the service's TuningTrials. The operator already watches the first two
-kinds and watches TuningTrials for this; :func:`index_object` keeps the last body of each object in
-a Kopf index by name, :func:`index_by_label` each TuningTrial under its service's label
-(``managedFields`` left out). Kopf fills its indices from its first listing before it starts any
-handler or timer, so an object missing from one does not exist (as far as the watch has seen).
-:class:`WatchedKube` answers those GETs and lists from the indices and sends every other call to the
-API.
+canary pools; where rankings run as Jobs, its ranking's Job), and lists the service's TuningTrials.
+The operator already watches the first two kinds and watches TuningTrials and the twin's Jobs for
+this; :func:`index_object` keeps the last body of each object in a Kopf index by name,
+:func:`index_by_label` each TuningTrial under its service's label (``managedFields`` left out).
+Kopf fills its indices from its first listing before it starts any handler or timer, so an object
+missing from one does not exist (as far as the watch has seen). :class:`WatchedKube` answers those
+GETs and lists from the indices and sends every other call to the API.
 
 What the watch has not shown yet is read from the API instead: after the tuner writes a watched
 object (apply, patch, create, delete; a subresource such as ``status`` too) its path is *pending*
@@ -47,8 +47,13 @@ __all__ = [
 #: Longest a written object is read from the API rather than the index (seconds).
 PENDING_S: Final = 120.0
 
-#: The kinds the tick reads from the watch: plural -> its API group/version.
-WATCHED: Final[Mapping[str, str]] = {"deployments": "apps/v1", ISVC_PLURAL: f"{GROUP}/{VERSION}"}
+#: The kinds the tick reads from the watch: plural -> its API group/version (the twin's ranking Jobs
+#: only where they run: their index is then handed over with the others).
+WATCHED: Final[Mapping[str, str]] = {
+    "deployments": "apps/v1",
+    ISVC_PLURAL: f"{GROUP}/{VERSION}",
+    "jobs": "batch/v1",
+}
 
 #: The kinds the tick lists from the watch, by the one label its lists select on: plural -> label.
 LISTED: Final[Mapping[str, str]] = {TRIAL_PLURAL: LABEL_SERVICE}
@@ -233,7 +238,13 @@ class WatchedKube:
         return result
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        result = await self.kube.create(path, body)
+        try:
+            result = await self.kube.create(path, body)
+        except KubeError as error:
+            name = (body.get("metadata") or {}).get("name")
+            if error.conflict and name and _COLLECTION.match(path):  # it exists: maybe not in the index
+                await self._conflicted(f"{path.rstrip('/')}/{name}")
+            raise
         meta = result.get("metadata") or {}
         if _COLLECTION.match(path) and meta.get("name"):
             self._wrote(f"{path.rstrip('/')}/{meta['name']}", result)

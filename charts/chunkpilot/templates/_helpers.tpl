@@ -130,11 +130,11 @@ fails on a call without a rule and on a rule without a call). */}}
 {{- if .Values.twinJobs.enabled }}
 # Twin Jobs (twinJobs.enabled): rankings on the twin beyond the operator's CPU budget run as Jobs.
 # The operator creates each Job (its request in the pod template) and reads the result its worker
-# patches into it; each Job's Role lets the Jobs' ServiceAccount patch that one Job, which the
-# operator can grant because it holds the verb. No ConfigMap or Secret is written.
+# patches into it from its watch of them; each Job's Role lets the Jobs' ServiceAccount patch that
+# one Job, which the operator can grant because it holds the verb. No ConfigMap or Secret is written.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "create"]

@@ -383,3 +383,67 @@ def test_a_trial_write_refused_for_a_conflict_lists_from_the_api_until_the_watch
     asyncio.run(view.list(TRIALS, label_selector=SELECTOR))  # agrees: settled
     assert asyncio.run(view.list(TRIALS, label_selector=SELECTOR))[0]["metadata"]["resourceVersion"] == "9"
     assert lists(kube) == 2
+
+
+# --------------------------------------------------------------------------- the twin's ranking Jobs
+
+
+class ExistingKube(RecordingKube):
+    """:class:`RecordingKube` whose creates of an existing object are refused, as the API server's."""
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if f"{path}/{body['metadata']['name']}" in self.objects:
+            self.calls.append(("create", path))
+            raise KubeError(409, "POST", path, '{"reason": "AlreadyExists"}')
+        return await super().create(path, body)
+
+
+def test_a_ranking_jobs_progress_is_read_from_the_watch_once_it_shows_the_job(
+    ranking_request: Any,
+) -> None:
+    from chunkpilot.tuner.observe.twinjobs import TwinJobs
+    from chunkpilot.tuner.twin import jobs, wire
+    from chunkpilot.tuner.twin.jobs import JobPhase, Offload, OffloadMode
+
+    kube, jobs_index = ExistingKube(), Watch()
+    view = WatchedKube(kube)
+    view.indices = {"jobs": jobs_index.index}
+    twin_jobs = TwinJobs(view, "img:1", Offload(OffloadMode.ALWAYS))
+    name = jobs.job_name(NS, "chat", ranking_request.key)
+    path = f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"
+
+    def rank() -> Any:
+        return asyncio.run(twin_jobs.ranking(NS, "chat", "uid-1", ranking_request))
+
+    def job_gets() -> int:
+        return sum(1 for verb, p in kube.calls if verb == "get" and p == path)
+
+    assert rank().created and job_gets() == 0  # absent from the index: not there, so made
+    assert rank().state.phase is JobPhase.RUNNING and job_gets() == 1  # the watch has not shown it yet
+    jobs_index.saw(kube.objects[path])
+    rank(), rank()
+    assert job_gets() == 1  # the watch shows the Job: its ticks read the index alone
+    # The worker writes its result into the Job; the watch delivers it, and a tick collects it.
+    done = wire.rank(ranking_request)
+    kube.objects[path] = {
+        **kube.objects[path],
+        "metadata": {**kube.objects[path]["metadata"], "resourceVersion": "900"},
+    }
+    kube.objects[path]["metadata"]["annotations"] = {jobs.ANNOTATION_RESULT: wire.encode_result(done)}
+    jobs_index.saw(kube.objects[path])
+    found = rank()
+    assert found.result is not None and found.result.ranked == done.ranked and job_gets() == 1
+
+
+def test_a_create_refused_for_a_job_the_watch_has_not_shown_reads_it_from_the_api() -> None:
+    kube, jobs_index = ExistingKube(), Watch()
+    view = WatchedKube(kube)
+    view.indices = {"jobs": jobs_index.index}
+    body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": NS, "name": "ranking"}}
+    collection, path = f"/apis/batch/v1/namespaces/{NS}/jobs", f"/apis/batch/v1/namespaces/{NS}/jobs/ranking"
+    kube.objects[path] = {**body, "metadata": {**body["metadata"], "resourceVersion": "3"}}
+    with pytest.raises(KubeError):
+        asyncio.run(view.create(collection, body))
+    # Not in the index, yet it exists: read from the API until the watch agrees.
+    assert asyncio.run(view.get(path)) is not None
+    assert ("get", path) in kube.calls
