@@ -48,7 +48,8 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.operator.kube import KubeClient
 from chunkpilot.operator.testing import token_kubeconfig
-from chunkpilot.tuner.observe.twinjobs import TwinJobs
+from chunkpilot.tuner.observe.twinjobs import JobsApi, TwinJobs
+from chunkpilot.tuner.observe.watched import WatchedKube, index_object
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import jobs, online
 from chunkpilot.tuner.twin.jobs import JobPhase, Offload, OffloadMode
@@ -134,6 +135,9 @@ class JobsResult:
     #: The operator side's CPU seconds (its event loop's thread) and API requests by verb and resource.
     operator_cpu_s: float
     api_requests: dict[str, float] = field(default_factory=dict)
+    watch_reads: bool = True
+    #: What went wrong playing the kubelet (the first few).
+    errors: tuple[str, ...] = ()
 
     def spans(self) -> dict[str, list[float]]:
         """Each stage's durations over the rankings that reached its end."""
@@ -175,7 +179,8 @@ class JobsResult:
         return "\n".join(
             [
                 f"{self.services} rankings as Jobs, {self.workers} worker(s), a tick every"
-                f" {self.interval_s:g} s: {self.collected} collected in {self.wall_s:.1f} s",
+                f" {self.interval_s:g} s, Jobs read from {'a watch' if self.watch_reads else 'the API'}:"
+                f" {self.collected} collected in {self.wall_s:.1f} s",
                 f"  Job -> pod (the Job controller): {_quantiles(spans['job_to_pod'])}",
                 f"  pod -> worker started (the queue): {_quantiles(spans['queue'])}",
                 f"  worker run: {_quantiles(spans['worker'])};"
@@ -185,6 +190,7 @@ class JobsResult:
                 f"  operator: {self.operator_cpu_s / max(1, self.services) * 1000:.1f} ms CPU and"
                 f" {self.requests_per_ranking:.1f} API requests per ranking ({top})",
                 *([f"  failed: {'; '.join(failed)}"] if failed else []),
+                *([f"  kubelet errors: {'; '.join(self.errors[:3])}"] if self.errors else []),
             ]
         )
 
@@ -203,6 +209,7 @@ class JobsResult:
             "services": self.services,
             "workers": self.workers,
             "interval_s": self.interval_s,
+            "watch_reads": self.watch_reads,
             "wall_s": self.wall_s,
             "collected": self.collected,
             "failed": sum(1 for t in self.times.values() if t.failed),
@@ -242,9 +249,12 @@ class _Operator:
         request: online.Request,
         times: dict[str, JobTimes],
         interval_s: float,
+        jobs_index: dict[tuple[str, str], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.kubeconfig, self.namespace, self.uids = kubeconfig, namespace, uids
         self.request, self.times, self.interval_s = request, times, interval_s
+        #: The Jobs as a watch shows them (the operator's Kopf index); None: every read from the API.
+        self.jobs_index = jobs_index
         self.cpu_s = 0.0
         self.error: BaseException | None = None
 
@@ -260,7 +270,12 @@ class _Operator:
     async def _ticks(self, deadline: float) -> None:
         kube = KubeClient.from_environment(field_manager="chunkpilot-bench", kubeconfig=str(self.kubeconfig))
         try:
-            twin_jobs = TwinJobs(kube, IMAGE, Offload(OffloadMode.ALWAYS))
+            reads: JobsApi = kube
+            if self.jobs_index is not None:
+                watched = WatchedKube(kube)
+                watched.indices = {"jobs": self.jobs_index}
+                reads = watched
+            twin_jobs = TwinJobs(reads, IMAGE, Offload(OffloadMode.ALWAYS))
             pending = set(self.uids)
             gate = asyncio.Semaphore(CONCURRENT)
 
@@ -285,6 +300,55 @@ class _Operator:
             await kube.close()
 
 
+class _JobWatch:
+    """The twin Jobs of a namespace as a watch shows them, kept as the operator's Kopf index keeps them
+    (filled from a first listing before any tick, then from the watch's events)."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        import kubernetes
+
+        self.batch: Any = kubernetes.client.BatchV1Api(api_client)
+        self.namespace = namespace
+        self.index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.stop = threading.Event()
+        self.selector = f"{jobs.LABEL_COMPONENT}={jobs.COMPONENT}"
+
+    def start(self) -> _JobWatch:
+        listed = self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)
+        for item in self.batch.api_client.sanitize_for_serialization(listed)["items"]:
+            self._saw(item)
+        version = listed.metadata.resource_version
+        threading.Thread(target=self._run, args=(version,), daemon=True).start()
+        return self
+
+    def _saw(self, body: dict[str, Any]) -> None:
+        self.index.update({key: [value] for key, value in index_object(body).items()})
+
+    def _run(self, version: str) -> None:
+        import kubernetes
+
+        while not self.stop.is_set():
+            watch: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+            try:
+                for event in watch.stream(
+                    self.batch.list_namespaced_job,
+                    self.namespace,
+                    label_selector=self.selector,
+                    resource_version=version,
+                    timeout_seconds=60,
+                ):
+                    body = event["raw_object"]
+                    version = body["metadata"]["resourceVersion"]
+                    if event["type"] == "DELETED":
+                        self.index.pop((self.namespace, body["metadata"]["name"]), None)
+                    else:
+                        self._saw(body)
+                    if self.stop.is_set():
+                        break
+            except Exception:  # a dropped watch is started again from the last version seen
+                time.sleep(POLL_S)
+
+
 class _Kubelet:
     """The Jobs' pods' kubelet: each pod's command run with its request and the workers' token."""
 
@@ -300,11 +364,17 @@ class _Kubelet:
         self.seen: set[str] = set()
         self.token_config: Path | None = None
         self.lock = threading.Lock()
+        self.errors: list[str] = []
 
     def poll(self) -> None:
         selector = f"{jobs.LABEL_TWIN_WORKER}=true"
         while not self.stop.is_set():
-            listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+            try:
+                listed = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+            except Exception as error:  # a refused or dropped list: the next poll tries again
+                self.errors.append(f"listing the Jobs' pods: {error}")
+                self.stop.wait(POLL_S)
+                continue
             now = time.monotonic()
             for pod in listed.to_dict()["items"]:
                 name = pod["metadata"]["name"]
@@ -337,7 +407,10 @@ class _Kubelet:
             pod = self.queue.get()
             if pod is None:
                 return
-            self._run(pod)
+            try:
+                self._run(pod)
+            except Exception as error:  # the pod stays unfinished; its Job's deadline ends it
+                self.errors.append(f"running pod {pod['metadata']['name']}: {error}")
 
     def _run(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -403,8 +476,13 @@ def run_twin_jobs(
     interval_s: float = TICK_S,
     max_evaluations: int = 4,
     timeout_s: float | None = None,
+    watch_reads: bool = True,
 ) -> JobsResult:
-    """Run the benchmark; ``kubeconfig`` None starts (and stops) a local control plane."""
+    """Run the benchmark; ``kubeconfig`` None starts (and stops) a local control plane.
+
+    ``watch_reads``: the ticks read the Jobs from a watch, as the operator does (its Kopf index);
+    False: every read from the API (as before the operator watched them).
+    """
     import kubernetes
 
     if services < 1 or workers < 1:
@@ -433,7 +511,12 @@ def run_twin_jobs(
         times = {jobs.job_name(namespace, name, request.key): JobTimes() for name in uids}
         by_service = {name: times[jobs.job_name(namespace, name, request.key)] for name in uids}
         kubelet = _Kubelet(api_client, kubeconfig, namespace, work_dir, times)
-        operator = _Operator(kubeconfig, namespace, uids, request, by_service, interval_s)
+        watch = _JobWatch(api_client, namespace).start() if watch_reads else None
+        if watch is not None:
+            stack.callback(watch.stop.set)
+        operator = _Operator(
+            kubeconfig, namespace, uids, request, by_service, interval_s, watch.index if watch else None
+        )
         deadline_s = timeout_s if timeout_s is not None else max(600.0, 3.0 * services)
         log(f"ticking {services} rankings as Jobs, {workers} worker(s) playing their pods ...")
         counted = _kube_requests()  # the process's counter: what this run adds to it is its own
@@ -459,6 +542,8 @@ def run_twin_jobs(
             times=by_service,
             operator_cpu_s=operator.cpu_s,
             api_requests=_increase(counted, _kube_requests()),
+            errors=tuple(kubelet.errors[:10]),
+            watch_reads=watch_reads,
         )
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -484,6 +569,12 @@ def register(inner: Any) -> None:
         "--max-evaluations", type=int, default=4, help="evaluations each ranking makes (default 4)"
     )
     parser.add_argument(
+        "--api-reads",
+        action="store_true",
+        help="read each Job from the API on every tick instead of from a watch (as before the operator "
+        "watched them)",
+    )
+    parser.add_argument(
         "--kubeconfig", type=Path, help="use this cluster (default: start a throw-away local control plane)"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -507,6 +598,7 @@ def run_command(args: argparse.Namespace) -> int:
             log=lambda message: print(message, file=sys.stderr),
             interval_s=args.interval,
             max_evaluations=args.max_evaluations,
+            watch_reads=not args.api_reads,
         )
     print(json.dumps(result.figures(), indent=2) if args.json else result.report())
     return 0 if result.collected == result.services else 1
