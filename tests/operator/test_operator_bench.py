@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+
 from chunkpilot.bench.operator_load import (
     CLIENTS,
     OPERATOR,

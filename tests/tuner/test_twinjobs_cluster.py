@@ -27,6 +27,7 @@ from chunkpilot.tuner.observe.twinjobs import JobRanking, TwinJobs
 from chunkpilot.tuner.twin import jobs, online, wire
 from chunkpilot.tuner.twin.jobs import JobPhase, Offload, OffloadMode
 
+from chunkpilot.bench.twin_jobs import terminated_status
 from chunkpilot.testing.kube import get_object
 
 pytestmark = pytest.mark.cluster
@@ -74,28 +75,7 @@ def pods(cluster: Any, job: str) -> list[dict[str, Any]]:
 
 def finish_pod(cluster: Any, pod: dict[str, Any], exit_code: int, message: str) -> None:
     """The kubelet's last word on a pod: its container terminated with ``exit_code``."""
-    now = "2026-01-01T00:00:00Z"
-    status = {
-        "phase": "Succeeded" if exit_code == 0 else "Failed",
-        "containerStatuses": [
-            {
-                "name": "twin",
-                "image": IMAGE,
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {
-                    "terminated": {
-                        "exitCode": exit_code,
-                        "reason": "Completed" if exit_code == 0 else "Error",
-                        "message": message,
-                        "startedAt": now,
-                        "finishedAt": now,
-                    }
-                },
-            }
-        ],
-    }
+    status = terminated_status(exit_code, message, IMAGE)
     cluster.kubectl(
         "patch",
         "pod",

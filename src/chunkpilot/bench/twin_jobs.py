@@ -54,7 +54,7 @@ from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import jobs, online
 from chunkpilot.tuner.twin.jobs import JobPhase, Offload, OffloadMode
 
-__all__ = ["JobTimes", "JobsResult", "ranking_request", "run_twin_jobs"]
+__all__ = ["JobTimes", "JobsResult", "ranking_request", "run_twin_jobs", "terminated_status"]
 
 NAMESPACE_PREFIX: Final = "chunkpilot-twin-jobs"
 #: The worker's image as the Jobs name it (the benchmark runs the command itself).
@@ -443,27 +443,32 @@ class _Kubelet:
         self._finish(meta["name"], code)
 
     def _finish(self, name: str, exit_code: int) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        terminated = {
-            "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
-            "startedAt": now,
-            "finishedAt": now,
-        }
-        status = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "containerStatuses": [
-                {
-                    "name": "twin",
-                    "image": IMAGE,
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {"terminated": terminated},
-                }
-            ],
-        }
-        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": terminated_status(exit_code)})
+
+
+def terminated_status(exit_code: int, message: str = "", image: str = IMAGE) -> dict[str, Any]:
+    """A twin Job pod's status once the kubelet saw its container end with ``exit_code``."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated = {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+        "message": message,
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    return {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [
+            {
+                "name": "twin",
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
 
 
 def run_twin_jobs(
