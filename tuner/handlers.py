@@ -150,6 +150,7 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         else None
     )
     targets = config.pod_targets_file
+    job_image = config.twin_job_image if twin_jobs_run(config) else None
     return TuningController(
         kube,
         prometheus.query if prometheus else None,
@@ -162,11 +163,7 @@ def controller_for(config: TunerConfig, kube: KubeClient) -> TuningController:
         live_adjust=config.live_adjust,
         image_registry=config.image_registry,
         twin_budget=config.twin_budget,
-        twin_jobs=(
-            TwinJobs(kube, config.twin_job_image, config.twin_offload)
-            if config.twin_job_image and twin_jobs_run(config)
-            else None
-        ),
+        twin_jobs=TwinJobs(kube, job_image, config.twin_offload) if job_image else None,
     )
 
 

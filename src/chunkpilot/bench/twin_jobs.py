@@ -115,12 +115,20 @@ class JobTimes:
     failed: str = ""
 
 
-def _quantiles(values: list[float]) -> str:
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """p50, p99 and max of ``values`` (None without any)."""
     if not values:
-        return "none"
+        return None
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"p50 {statistics.median(ordered):.1f} s, p99 {p99:.1f} s, max {ordered[-1]:.1f} s"
+    return {"p50_s": statistics.median(ordered), "p99_s": p99, "max_s": ordered[-1]}
+
+
+def _quantiles(values: list[float]) -> str:
+    found = _spread(values)
+    if found is None:
+        return "none"
+    return f"p50 {found['p50_s']:.1f} s, p99 {found['p99_s']:.1f} s, max {found['max_s']:.1f} s"
 
 
 @dataclass(frozen=True)
@@ -196,14 +204,6 @@ class JobsResult:
 
     def figures(self) -> dict[str, Any]:
         """The JSON the command prints with ``--json``."""
-
-        def summary(values: list[float]) -> dict[str, float] | None:
-            if not values:
-                return None
-            ordered = sorted(values)
-            p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-            return {"p50_s": statistics.median(ordered), "p99_s": p99, "max_s": ordered[-1]}
-
         cpu = [t.worker_cpu_s for t in self.times.values() if t.finished is not None]
         return {
             "services": self.services,
@@ -213,7 +213,7 @@ class JobsResult:
             "wall_s": self.wall_s,
             "collected": self.collected,
             "failed": sum(1 for t in self.times.values() if t.failed),
-            "spans": {name: summary(values) for name, values in self.spans().items()},
+            "spans": {name: _spread(values) for name, values in self.spans().items()},
             "worker_cpu_s_mean": statistics.fmean(cpu) if cpu else None,
             "operator_cpu_ms_per_ranking": self.operator_cpu_s / max(1, self.services) * 1000,
             "api_requests_per_ranking": self.requests_per_ranking,
@@ -381,15 +381,11 @@ class _Kubelet:
                 if name in self.seen or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
                 self.seen.add(name)
-                service = pod["metadata"]["labels"].get(jobs.JOB_NAME_LABEL, "")
-                entry = self._entry(service)
+                entry = self.times.get(pod["metadata"]["labels"].get(jobs.JOB_NAME_LABEL, ""))
                 if entry is not None and entry.pod_seen is None:
                     entry.pod_seen = now
                 self.queue.put(pod)
             self.stop.wait(POLL_S)
-
-    def _entry(self, job: str) -> JobTimes | None:
-        return self.times.get(job)
 
     def _credentials(self) -> Path:
         with self.lock:
@@ -414,7 +410,7 @@ class _Kubelet:
 
     def _run(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
-        entry = self._entry(meta["labels"].get(jobs.JOB_NAME_LABEL, ""))
+        entry = self.times.get(meta["labels"].get(jobs.JOB_NAME_LABEL, ""))
         request_file = self.work_dir / f"{meta['name']}.json"
         request_file.write_text(meta["annotations"][jobs.ANNOTATION_REQUEST])
         command = [
@@ -423,17 +419,14 @@ class _Kubelet:
         command[0] = str(Path(sys.executable).with_name("chunkpilot"))
         if entry is not None:
             entry.started = time.monotonic()
-        process = subprocess.Popen(
-            [*command, "--kubeconfig", str(self._credentials())],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        _pid, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
-        if process.stderr:
-            process.stderr.close()
-        code = process.returncode
+        log_file = self.work_dir / f"{meta['name']}.log"  # a file: no pipe to fill while it runs
+        with log_file.open("wb") as log:
+            process = subprocess.Popen(
+                [*command, "--kubeconfig", str(self._credentials())], stdout=log, stderr=log
+            )
+            _pid, status, usage = os.wait4(process.pid, 0)  # its own CPU, as the kubelet's cgroup
+        process.returncode = code = os.waitstatus_to_exitcode(status)
+        stderr = log_file.read_text(errors="replace")
         if entry is not None:
             entry.finished = time.monotonic()
             entry.worker_cpu_s = usage.ru_utime + usage.ru_stime
