@@ -184,7 +184,7 @@ def build_deployment(
     render = render_for(isvc, knobs if role is not None else config, role)
     config_hash = knobs.config_hash()
     if replicas is None:
-        stable = isvc.running_replicas() if role is None else isvc.spec.pool(role).replicas
+        stable = isvc.running_replicas() if role is None else isvc.running_pool_replicas(role)
         replicas = stable if track == Track.STABLE else isvc.spec.autotune.canary_replicas
     labels = {**service_labels(isvc), LABEL_TRACK: track.value, LABEL_CONFIG_HASH: config_hash}
     if role is not None:

@@ -654,36 +654,73 @@ class PrometheusClient:
 
 
 @dataclass(frozen=True)
-class TopologyWindow:
-    """A topology trial's canary pools and the stable track over the same window."""
+class PoolsMeasurement:
+    """The prefill and decode pools of one track of a disaggregated service over the same window."""
 
     prefill: TrackMeasurement
     decode: TrackMeasurement
-    stable: TrackMeasurement
 
     def combined(self) -> TrackMeasurement:
-        """The canary topology as its clients see it.
+        """The pools as their clients see them.
 
         ITL: the decode pool's (every token after the first comes from a decode step). TTFT: the
         prefill pool's TTFT quantile plus the decode pool's (the prompt's wait and prefill, then
         the KV hop, the decode replica's admission and its first step); the sum of two quantiles
         is at least the quantile of the sum when the two grow together, so it errs high.
-        Throughput and requests: the decode pool's; prompt tokens: the prefill pool's.
+        Throughput and requests: the decode pool's; prompt tokens: the prefill pool's; replicas:
+        both pools'.
         """
         p, d = self.prefill, self.decode
         ttft = p.ttft_ms + d.ttft_ms if p.ttft_ms is not None and d.ttft_ms is not None else None
         return replace(
             d,
-            track=Track.CANARY.value,
+            track=p.track,
             ttft_ms=ttft,
             ttft_samples=min(p.ttft_samples, d.ttft_samples),
             prompt_tok_s=p.prompt_tok_s,
             replicas=p.replicas + d.replicas,
         )
 
+
+@dataclass(frozen=True)
+class TopologyWindow(PoolsMeasurement):
+    """A topology trial's canary pools and the stable track over the same window."""
+
+    stable: TrackMeasurement
+
     def window(self) -> WindowMeasurement:
         """The combined canary topology against stable, as a colocated trial's window."""
         return WindowMeasurement(self.combined(), self.stable)
+
+
+def measure_pools(
+    query: QueryFn,
+    service: str,
+    namespace: str | None,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+    engine: str = "vllm",
+    *,
+    min_samples: int,
+    track: Track = Track.STABLE,
+) -> PoolsMeasurement:
+    """Measure the prefill and decode pools of ``track`` (``track`` and ``role`` labels), both on
+    one family (:func:`window_source`): the fine histograms when the prefill pool's TTFT and the
+    decode pool's ITL and TTFT have ``min_samples`` fine samples (the prefill pool's ITL is no
+    part of what its clients see), the engine's own otherwise."""
+    parts = {role: Selector(service, namespace, track, role=role) for role in ("prefill", "decode")}
+    counts = {
+        role: fine_samples(query, sel, window, at, engine, itl=role != "prefill")
+        for role, sel in parts.items()
+    }
+    fine = window_source([counts["prefill"], counts["decode"]], min_samples, engine) is ItlSource.FINE
+    found = {
+        role: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+        for role, sel in parts.items()
+    }
+    return PoolsMeasurement(prefill=found["prefill"], decode=found["decode"])
 
 
 def measure_topology(
@@ -706,20 +743,21 @@ def measure_topology(
     part of what its clients see), the engine's own otherwise. The stable, only reported beside them,
     is read on the same family where it has as many fine samples itself, on the engine's otherwise.
     """
-    parts = {
-        "prefill": Selector(service, namespace, Track.CANARY, role="prefill"),
-        "decode": Selector(service, namespace, Track.CANARY, role="decode"),
-        "stable": Selector(service, namespace, Track.STABLE, config_hash=stable_hash),
-    }
-    counts = {
-        part: fine_samples(query, sel, window, at, engine, itl=part != "prefill")
-        for part, sel in parts.items()
-    }
-    fine = window_source([counts["prefill"], counts["decode"]], min_samples, engine) is ItlSource.FINE
-    families = {part: fine for part in parts}
-    families["stable"] = fine and window_source([counts["stable"]], min_samples, engine) is ItlSource.FINE
-    found = {
-        part: measure_track(query, sel, window, at, itl_quantile, ttft_quantile, engine, fine=families[part])
-        for part, sel in parts.items()
-    }
-    return TopologyWindow(prefill=found["prefill"], decode=found["decode"], stable=found["stable"])
+    pools = measure_pools(
+        query,
+        service,
+        namespace,
+        window,
+        at,
+        itl_quantile,
+        ttft_quantile,
+        engine,
+        min_samples=min_samples,
+        track=Track.CANARY,
+    )
+    fine = pools.decode.itl_source is ItlSource.FINE
+    selector = Selector(service, namespace, Track.STABLE, config_hash=stable_hash)
+    counted = fine_samples(query, selector, window, at, engine, itl=True)
+    fine = fine and window_source([counted], min_samples, engine) is ItlSource.FINE
+    stable = measure_track(query, selector, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+    return TopologyWindow(prefill=pools.prefill, decode=pools.decode, stable=stable)

@@ -8,17 +8,21 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
+from chunkpilot.operator.builders import build_deployment
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
 from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S
 from chunkpilot.tuner.decide.step import decide
+from chunkpilot.tuner.measure import PoolsMeasurement
 from chunkpilot.tuner.observe.snapshot import Reading, TwinReading
 from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.topology.sizing import PoolCapacities
 from chunkpilot.tuner.twin import Twin, TwinFit
 from chunkpilot.tuner.twin.online import Calibration
 
 from chunkpilot.testing.deployments import a_ready_state
-from chunkpilot.testing.services import NOW, a_service_body
+from chunkpilot.testing.services import NOW, a_service, a_service_body
 from chunkpilot.testing.tuner import a_measurement, a_snapshot, events, of_type
 
 SETTINGS = TunerSettings(rollout_timeout_s=120)
@@ -234,3 +238,106 @@ def test_observing_computes_the_sustained_capacity_once_per_fit(
     assert 0 < low < nominal  # latencies 20% longer would be met at a lower rate
     again = asyncio.run(observer._planning(snap, TwinReading(calibration=calibration)))
     assert again == (nominal, low)
+
+
+# --------------------------------------------------------------------------- disaggregated pools
+
+#: One prefill replica serves 6 req/s, one decode replica 2 (the twin's, unmeasured error: 15%).
+SIZES = PoolCapacities("pools-8192x64-2048x64", 6.0, 2.0, ())
+
+
+def pools_body(mode: str = "Advise", prefill: int = 1, decode: int = 1, **status: Any) -> dict[str, Any]:
+    """The chat service on ``prefill`` + ``decode`` replicas, sized by the planner (at most 8 a pool)."""
+    topology = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": prefill, "maxNumBatchedTokens": 8192, "maxNumSeqs": 64},
+        "decode": {"replicas": decode, "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+    }
+    return a_service_body(
+        itl_ms=50,
+        ttft_ms=600,
+        spec={"scaling": {"mode": mode, "minReplicas": 1, "maxReplicas": 8}, "topology": topology},
+        status=status,
+    )
+
+
+def pools_step(
+    service: dict[str, Any],
+    rate: float = 8.0,
+    *,
+    itl_ms: float = 30.0,
+    ttft_ms: float = 200.0,
+    replicas: tuple[int, int] = (1, 1),
+    now: Any = NOW,
+    sizes: PoolCapacities | None = SIZES,
+) -> Plan:
+    """A step at ``rate`` req/s through the pools (ITL p99 ``itl_ms``; TTFT p95 ``ttft_ms`` in all,
+    a quarter of it the decode pool's admission)."""
+    prefill = a_measurement("stable", 5.0, ttft_ms * 0.75, request_rate=rate, replicas=replicas[0], time=now)
+    decode = a_measurement(
+        "stable", itl_ms, ttft_ms * 0.25, request_rate=rate, replicas=replicas[1], time=now
+    )
+    snap = a_snapshot(
+        service,
+        prometheus=True,
+        pools_reading=Reading(PoolsMeasurement(prefill, decode)),
+        now=now,
+        twin=TwinReading(pool_capacities=sizes),
+    )
+    return decide(snap, SETTINGS)
+
+
+def test_advise_sizes_each_pool_on_its_own_capacity_and_says_it_would_scale_both() -> None:
+    plan = pools_step(pools_body())
+    scaling = plan.status["scaling"]
+    prefill, decode = scaling["pools"]
+    # 8 req/s plus 10% headroom: 8.8 over 5.1 req/s per prefill replica (6 less 15%), 1.7 per decode one.
+    assert (prefill["role"], prefill["desiredReplicas"], prefill["capacityLowReqS"]) == ("prefill", 2, 5.1)
+    assert (decode["role"], decode["desiredReplicas"], decode["capacityLowReqS"]) == ("decode", 6, 1.7)
+    assert scaling["desiredReplicas"] == 8 and scaling["liveRateReqS"] == 8.0
+    [(reason, message)] = said(plan)
+    assert reason == "ScalingAdvised"
+    assert message.startswith("would scale prefill 1 -> 2, decode 1 -> 6: one prefill replica serves 6")
+    assert of_type(plan, ScalingGauges) == [ScalingGauges(8, None)]
+    service = a_service(pools_body(scaling=scaling))
+    assert [service.running_pool_replicas(r) for r in ("prefill", "decode")] == [
+        1,
+        1,
+    ]  # Advise acts on nothing
+
+
+def test_the_pd_ratio_follows_what_one_replica_of_each_pool_serves() -> None:
+    prefill_bound = PoolCapacities("pools-8192x64-2048x64", 1.5, 6.0, ())
+    prefill, decode = pools_step(pools_body(), sizes=prefill_bound).status["scaling"]["pools"]
+    assert (prefill["desiredReplicas"], decode["desiredReplicas"]) == (7, 2)
+
+
+def test_auto_runs_each_pools_decision_within_the_bounds_and_renders_it() -> None:
+    scaling = pools_step(pools_body("Auto")).status["scaling"]
+    service = a_service(pools_body("Auto", scaling=scaling))
+    assert [service.running_pool_replicas(r) for r in ("prefill", "decode")] == [2, 6]
+    assert build_deployment(service, "stable", role="decode")["spec"]["replicas"] == 6
+    assert service.running_replicas() == service.spec.replicas  # the colocated count is not the pools' sum
+    beyond = {**scaling, "pools": [{**scaling["pools"][1], "desiredReplicas": 12}]}
+    capped = a_service(pools_body("Auto", scaling=beyond))
+    assert capped.running_pool_replicas("decode") == 8 and capped.running_pool_replicas("prefill") == 1
+
+
+def test_a_missed_itl_caps_the_decode_replicas_capacity_and_not_the_prefill_ones() -> None:
+    plan = pools_step(pools_body(prefill=2, decode=6), rate=8.0, itl_ms=70.0, replicas=(2, 6))
+    prefill, decode = plan.status["scaling"]["pools"]
+    assert "capacityCapReqS" not in prefill and prefill["capacityLowReqS"] == 5.1
+    # 8 req/s over 6 decode replicas missed ITL: 1.33 req/s each, less 5%, is what one serves.
+    assert decode["capacityCapReqS"] == pytest.approx(8 / 6 * 0.95, abs=1e-3)
+    assert decode["capacityCapFit"] == SIZES.key and decode["desiredReplicas"] == 7
+    missed_ttft = pools_step(pools_body(prefill=2, decode=6), ttft_ms=900.0, replicas=(2, 6)).status[
+        "scaling"
+    ]
+    assert missed_ttft["pools"][0]["capacityCapReqS"] == pytest.approx(4 * 0.95, abs=1e-3)
+    assert "capacityCapReqS" not in missed_ttft["pools"][1]
+
+
+def test_without_the_pools_capacities_it_waits_and_says_why() -> None:
+    plan = pools_step(pools_body(), sizes=None)
+    assert plan.status["scaling"]["reason"] == "waiting: no capacity of the pools from the twin yet"
+    assert plan.status["scaling"]["pools"] == [] and said(plan) == []

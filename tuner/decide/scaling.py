@@ -5,6 +5,11 @@ the operator runs it (:meth:`~chunkpilot.api.InferenceService.running_replicas`)
 the planner's (:mod:`chunkpilot.tuner.planner`) on the twin's capacity of the stable configuration
 and the stable track's live load; a canary is judged at the load per replica it carries, so a change
 of replicas during a trial does not bias its verdict.
+
+A disaggregated service's pools are decided each on its own (``status.scaling.pools``): the
+prefill pool on one prefill replica's capacity, the decode pool on one decode replica's, both at
+the live request rate over the service (:mod:`chunkpilot.tuner.topology.sizing`); a missed TTFT
+caps the prefill replica's capacity at its load, a missed ITL the decode replica's.
 """
 
 from __future__ import annotations
@@ -24,8 +29,15 @@ from chunkpilot.tuner.planner import (
     startup_seconds,
 )
 from chunkpilot.tuner.policy import SLOTargets, check_slo
+from chunkpilot.tuner.topology.pools import ROLES
 
-from chunkpilot.api import ScalingMode, ScalingRecommendation, ScalingStatus, TwinState
+from chunkpilot.api import (
+    PoolScalingStatus,
+    ScalingMode,
+    ScalingRecommendation,
+    ScalingStatus,
+    TwinState,
+)
 
 __all__ = ["RECORD_EVERY_S", "plan_scaling"]
 
@@ -67,6 +79,9 @@ def plan_scaling(plan: Plan) -> None:
         if snap.status.scaling is not None:
             plan.status["scaling"] = None
             plan.do(ScalingGauges(None, None))
+        return
+    if snap.isvc.spec.disaggregated:
+        _plan_pools(plan)
         return
     before = snap.status.scaling or ScalingStatus()
     current = snap.isvc.running_replicas() if spec.acts else snap.isvc.spec.replicas
@@ -127,6 +142,103 @@ def plan_scaling(plan: Plan) -> None:
         )
         said = _predicted(snap.twin.forecast, snap.slo, previous, decision.desired) or decision.reason
         plan.emit(EventType.NORMAL, reason, f"{verb} {previous} -> {decision.desired}: {said}"[:1024])
+
+
+#: The SLO quantile that caps each pool's capacity when it is missed (its share of the latency).
+_POOL_SLO: Final = {"prefill": "ttft", "decode": "itl"}
+
+
+def _plan_pools(plan: Plan) -> None:
+    """``status.scaling`` of a disaggregated service: each pool's replicas at the live rate, on one
+    replica's capacity of that pool; an Event when a pool's decision changes."""
+    snap = plan.snap
+    spec, isvc = snap.isvc.spec.scaling, snap.isvc
+    before = snap.status.scaling or ScalingStatus()
+    pools = snap.pools_reading.value
+    sizes = snap.twin.pool_capacities
+    live = pools.decode.request_rate if pools is not None else None
+    if pools is None or live is None or not live > 0 or sizes is None:
+        waiting = "no live request rate of the pools yet" if live is None or not live else None
+        reason = f"waiting: {waiting or 'no capacity of the pools from the twin yet'}"
+        if before.reason != reason or before.mode != spec.mode:
+            plan.status["scaling"] = _status(before, spec.mode, reason=reason)
+        plan.do(ScalingGauges(before.desired_replicas, None))
+        return
+    check = check_slo(pools.combined(), snap.slo)
+    measured = {"prefill": pools.prefill.replicas, "decode": pools.decode.replicas}
+    decided: list[PoolScalingStatus] = []
+    moves: list[str] = []
+    up = quiet = False
+    quiet = before.mode == spec.mode and bool(before.pools)
+    for role in ROLES:
+        old = before.pool(role) or PoolScalingStatus(role=role)
+        current = isvc.running_pool_replicas(role) if spec.acts else isvc.spec.pool(role).replicas
+        if spec.acts and before.mode != ScalingMode.AUTO:
+            previous = isvc.spec.pool(role).replicas  # what ran until the planner acted (Off, Advise)
+        else:
+            previous = old.desired_replicas if old.desired_replicas is not None else current
+        per_replica = live / max(1, measured[role] or current)
+        relative = check.relative.get(_POOL_SLO[role])
+        own_met = None if relative is None else relative <= 0
+        met = own_met if settled(old.last_scale_time, snap.now, before.startup_seconds) else None
+        kept = old.capacity_cap_req_s if old.capacity_cap_fit == sizes.key else None
+        cap, capacity = sizing_capacity(
+            sizes.per_replica(role),
+            None,
+            low_req_s=None,
+            cap_req_s=kept,
+            per_replica_req_s=per_replica,
+            met=met,
+        )
+        decision = decide_replicas(
+            spec, current, live, capacity, old.recommendations, snap.now, before.startup_seconds
+        )
+        if decision.desired != previous:
+            moves.append(f"{role} {previous} -> {decision.desired}")
+            up = up or decision.desired > previous
+        last = old.recommendations[-1].time if old.recommendations else None
+        recent = last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S
+        quiet = quiet and decision.desired == previous and cap == kept and recent
+        decided.append(
+            PoolScalingStatus(
+                role=role,
+                desired_replicas=decision.desired,
+                reason=f"{role}: {decision.reason}"[:1024],
+                capacity_per_replica_req_s=round(capacity.req_s, 4),
+                capacity_low_req_s=round(capacity.low, 4),
+                capacity_cap_req_s=round(cap, 4) if cap is not None else None,
+                capacity_cap_fit=sizes.key if cap is not None else None,
+                last_scale_time=snap.now if decision.desired != previous else old.last_scale_time,
+                recommendations=remember(old.recommendations, snap.now, decision.needed, live),
+            )
+        )
+    total = sum(p.desired_replicas or 0 for p in decided)
+    plan.do(ScalingGauges(total, None))
+    if quiet:
+        return  # rewritten every RECORD_EVERY_S, or at once when a pool's decision changes
+    reason = "; ".join(p.reason for p in decided)
+    status = before.model_copy(
+        update={
+            "mode": spec.mode,
+            "desired_replicas": total,
+            "reason": reason[:1024],
+            "live_rate_req_s": round(live, 4),
+            "planned_rate_req_s": None,
+            "capacity_per_replica_req_s": None,
+            "capacity_low_req_s": None,
+            "capacity_high_req_s": None,
+            "predicted_itl_ms": None,
+            "predicted_ttft_ms": None,
+            "last_scale_time": snap.now if moves else before.last_scale_time,
+            "pools": decided,
+        }
+    )
+    plan.status["scaling"] = status.to_k8s()
+    if moves:
+        verb = "would scale" if spec.mode == ScalingMode.ADVISE else "scaling"
+        event = "ScalingAdvised" if spec.mode == ScalingMode.ADVISE else ("ScaledUp" if up else "ScaledDown")
+        said = f"{verb} {', '.join(moves)}: {sizes.describe()}; {reason}"
+        plan.emit(EventType.NORMAL, event, said[:1024])
 
 
 def _predicted(

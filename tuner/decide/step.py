@@ -206,7 +206,8 @@ def name_conflict(plan: Plan, current: TuningTrial | None) -> None:
 
 
 def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
-    """A disaggregated service: no colocated canary runs against it (and none is left running)."""
+    """A disaggregated service: no colocated canary runs against it (and none is left running);
+    with ``scaling`` its pools are sized."""
     note = disaggregated_note(plan)
     if current is not None:
         lifecycle.abort(plan, current, note)
@@ -216,6 +217,7 @@ def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
     plan.status["currentTrial"] = None
     plan.do(CurrentTrialGauge(0))
     record_stable(plan)
+    plan_scaling(plan)
 
 
 def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:

@@ -41,6 +41,7 @@ from chunkpilot.tuner.measure import (
     Selector,
     VectorFn,
     WindowMeasurement,
+    measure_pools,
     measure_topology,
     measure_track,
     measure_track_batched,
@@ -254,6 +255,8 @@ class Observer:
         except MetricsUnavailableError as error:
             return _replace(snap, stable_reading=Reading(error=str(error))), None
         snap = _replace(snap, stable_reading=Reading(stable))
+        if snap.isvc.spec.disaggregated and snap.isvc.spec.scaling.plans:
+            return await self._pools(snap), None
         active = snap.active()
         trial = active[0] if active else None
         if trial is not None and trial.spec.is_topology:
@@ -277,6 +280,28 @@ class Observer:
         checked = twin_checks(plan, snap.window.value, snap.slo, rec.abort_rules(snap.isvc))
         final = CanaryWindow(trial, plan.span_s, plan.at) if checked else None
         return snap, final
+
+    async def _pools(self, snap: Snapshot) -> Snapshot:
+        """A disaggregated service's stable pools over the SLO window (what the planner sizes on)."""
+        slo_spec = snap.isvc.spec.slo
+        assert self.query is not None and slo_spec is not None
+        slo = snap.slo
+        try:
+            pools = await self._blocking(
+                measure_pools,
+                self.query,
+                snap.name,
+                snap.namespace,
+                slo_spec.window,
+                snap.now,
+                slo.itl_quantile,
+                slo.ttft_quantile,
+                str(snap.isvc.spec.engine.kind),
+                min_samples=rec.abort_rules(snap.isvc).min_samples,
+            )
+        except MetricsUnavailableError as error:
+            return _replace(snap, pools_reading=Reading(error=str(error)))
+        return _replace(snap, pools_reading=Reading(pools))
 
     async def _topology_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
         """A measuring topology trial's pools and stable over its window (widened past its end)."""

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import (
+    PoolsMeasurement,
     TopologyWindow,
     TrackMeasurement,
     WindowMeasurement,
@@ -23,6 +24,7 @@ from chunkpilot.tuner.measure import (
 from chunkpilot.tuner.policy import AbortRules, Decision, SLOTargets, judge_early, trial_deadline
 from chunkpilot.tuner.topology.pools import PoolCheck
 from chunkpilot.tuner.topology.recommend import RecommendationResult
+from chunkpilot.tuner.topology.sizing import PoolCapacities
 from chunkpilot.tuner.twin.online import Calibration, CanaryCheck
 
 from chunkpilot.api import (
@@ -128,6 +130,9 @@ class TwinReading:
     #: One replica's sustained capacity at SLO of the stable config, and at the SLO tightened by the
     #: twin's error (req/s; once per fit); None: not computed (the planner uses the ranking's).
     planning: tuple[float, float] | None = None
+    #: A disaggregated service's pools: one replica's capacity of each, on a twin fitted to their
+    #: own telemetry (refitted at most every few minutes); None: not computed.
+    pool_capacities: PoolCapacities | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class Snapshot:
     prometheus: bool = False
     #: Stable over the SLO window (not asked without Prometheus, SLO or autotuning).
     stable_reading: Reading[TrackMeasurement] = Reading()
+    #: A disaggregated service's stable pools over the SLO window (asked only while it is sized).
+    pools_reading: Reading[PoolsMeasurement] = Reading()
     #: The active trial's window, and the widened one past its end (asked only when due).
     window: Reading[WindowMeasurement] = Reading()
     widened: Reading[WindowMeasurement] = Reading()

@@ -50,8 +50,9 @@ from chunkpilot.tuner.study import seed_for
 from chunkpilot.tuner.topology.layouts import Layout, Pool
 from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
+from chunkpilot.tuner.topology.sizing import PoolCapacities, PoolSizingRequest, pool_capacities
 from chunkpilot.tuner.twin import online
-from chunkpilot.tuner.twin.capture import CaptureError
+from chunkpilot.tuner.twin.capture import CaptureError, WorkloadWindow
 from chunkpilot.tuner.twin.fit import TwinFitError
 from chunkpilot.tuner.twin.jobs import JobPhase
 from chunkpilot.tuner.twin.search import planning_capacity
@@ -86,6 +87,8 @@ REFIT_WINDOWS: Final = 4
 #: How long the planner's forecast (the quantiles at a replica count, at the live rate) stands on one
 #: fit before it is simulated again; a count it lacks is simulated at once.
 FORECAST_EVERY: Final = timedelta(minutes=5)
+#: A disaggregated service's pools are refitted (their capacities read again) at most this often.
+POOL_SIZING_EVERY: Final = timedelta(minutes=10)
 
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
@@ -120,6 +123,22 @@ def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
     """The latest finished trial whose canary served a measured window (it names the refit)."""
     found = refit_trials(trials, 1)
     return found[0] if found else None
+
+
+def pool_workload(prefill: WorkloadWindow, decode: WorkloadWindow) -> WorkloadWindow:
+    """A disaggregated service's workload: the request lengths the decode pool served (every request
+    whole; the prefill pool serves each for one token), the prefix-cache hits of the prefill pool
+    (where the prompts are computed)."""
+    return replace(
+        decode, prefix_cache_queries=prefill.prefix_cache_queries, prefix_cache_hits=prefill.prefix_cache_hits
+    )
+
+
+def pool_sizing_key(layout: Layout) -> str:
+    """The fit a disaggregated service's pools are sized on (a learnt cap stands while it does):
+    the pools' knobs, ``pools-<prefill budget>x<seqs>-<decode budget>x<seqs>``."""
+    p, d = layout.prefill, layout.decode
+    return f"pools-{p.max_num_batched_tokens}x{p.max_num_seqs}-{d.max_num_batched_tokens}x{d.max_num_seqs}"
 
 
 def pool_layout(topology: TopologySpec, stable: TunedConfig) -> Layout:
@@ -222,6 +241,7 @@ class TwinObserver:
         self._pool_checks: dict[tuple[str, str], PoolCheck] = {}
         self._forecasts: dict[tuple[str, str], tuple[str, datetime, dict[int, tuple[float, float]]]] = {}
         self._planned: dict[tuple[str, str], tuple[str, tuple[float, float]]] = {}
+        self._pool_sizes: dict[tuple[str, str], tuple[datetime, PoolCapacities]] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
@@ -230,7 +250,10 @@ class TwinObserver:
         pools = await self._pools(snap)
         forecast = await self._forecast(snap, reading)
         planning = await self._planning(snap, reading)
-        return replace(reading, pools=pools or reading.pools, forecast=forecast, planning=planning)
+        sizes = await self._pool_sizing(snap)
+        return replace(
+            reading, pools=pools or reading.pools, forecast=forecast, planning=planning, pool_capacities=sizes
+        )
 
     async def _observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
@@ -378,6 +401,83 @@ class TwinObserver:
             return None
         self._planned[service] = (calibration.key, planned)
         return planned
+
+    async def _pool_sizing(self, snap: Snapshot) -> PoolCapacities | None:
+        """A sized disaggregated service's pools: one replica's capacity of each, on a twin fitted to
+        their own steps and their workload (:func:`pool_workload`) over the SLO window; read again after
+        :data:`POOL_SIZING_EVERY` or when the pools' knobs change (None: not sized, or nothing to fit
+        yet; the last reading stands while a refit fails)."""
+        isvc, service = snap.isvc, (snap.namespace, snap.name)
+        slo_spec, topology = isvc.spec.slo, isvc.spec.topology
+        if not (isvc.spec.disaggregated and isvc.spec.scaling.plans) or slo_spec is None or topology is None:
+            self._pool_sizes.pop(service, None)
+            return None
+        layout = pool_layout(topology, rec.tuned_config(snap.incumbent))
+        key = pool_sizing_key(layout)
+        cached = self._pool_sizes.get(service)
+        if cached is not None and cached[1].key == key and snap.now - cached[0] < POOL_SIZING_EVERY:
+            return cached[1]
+        last = cached[1] if cached is not None and cached[1].key == key else None
+        if self.vector is None or not isvc.spec.autotune.enabled or isvc.spec.autotune.paused:
+            return last
+        window_s = float(parse_duration(slo_spec.window))
+        engine = str(isvc.spec.engine.kind)
+        try:
+            steps = {
+                role: await self._blocking(
+                    online.read_steps,
+                    self.vector,
+                    Selector(snap.name, snap.namespace, Track.STABLE, role=role),
+                    slo_spec.window,
+                    snap.now,
+                )
+                for role in ROLES
+            }
+            served = {
+                role: await self._blocking(
+                    online.read_workload,
+                    self.vector,
+                    Selector(snap.name, snap.namespace, Track.STABLE, role=role),
+                    slo_spec.window,
+                    window_s,
+                    snap.now,
+                    engine,
+                )
+                for role in ROLES
+            }
+        except (MetricsUnavailableError, CaptureError) as error:
+            log.info("pools of %s/%s not sized: %s", snap.namespace, snap.name, error)
+            return last
+        facts = rec.service_facts(isvc)
+        bandwidth, latency = kv_transfer(snap)
+        job = PoolSizingRequest(
+            key=key,
+            model=isvc.spec.model.name,
+            accelerator=str(isvc.spec.resources.accelerator),
+            tensor_parallel_size=isvc.spec.engine.tensor_parallel_size,
+            max_model_len=facts.max_model_len,
+            gpu_memory_utilization=isvc.spec.engine.gpu_memory_utilization,
+            steps=steps,
+            workload=pool_workload(served["prefill"], served["decode"]),
+            layout=layout,
+            slo=sim_slo(snap),
+            kv_bandwidth_gbps=bandwidth,
+            kv_latency_ms=latency,
+            engine=online.engine_semantics(
+                isvc.spec.engine,
+                isvc.spec.model.name,
+                str(isvc.spec.resources.accelerator),
+                facts.max_model_len,
+            ),
+            seed=seed_for(isvc.metadata.uid or snap.name, 0),
+        )
+        try:
+            found = await self._compute(pool_capacities, job)
+        except (TwinFitError, CaptureError, ValueError) as error:
+            log.info("pools of %s/%s not sized: %s", snap.namespace, snap.name, error)
+            return last
+        self._pool_sizes[service] = (snap.now, found)
+        return found
 
     async def _pools(self, snap: Snapshot) -> PoolCheck | None:
         """The active topology trial's layout predicted on its pools' own steps over its final window

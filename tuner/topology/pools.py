@@ -24,7 +24,7 @@ from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, 
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps, time_ratio
 from chunkpilot.tuner.twin.predict import Twin
 
-__all__ = ["ROLES", "PoolCheck", "PoolCheckRequest", "PoolFit", "check_pools"]
+__all__ = ["ROLES", "PoolCheck", "PoolCheckRequest", "PoolFit", "check_pools", "pool_twins"]
 
 #: The pools of a disaggregated layout, in the order :class:`PoolCheck` reports them.
 ROLES: Final = ("prefill", "decode")
@@ -101,19 +101,19 @@ def _pool_fit(
     return fit, PoolFit(role, count, True, ratio, fit.rms_relative_error)
 
 
-def check_pools(request: PoolCheckRequest) -> PoolCheck:
-    """Fit each pool on its own steps and predict the layout's capacity on the two fits.
-
-    Raises :class:`~chunkpilot.tuner.twin.fit.TwinFitError` when a pool's steps cannot be fitted.
-    """
-    started = time.process_time()
-    twin = request.twin
+def pool_twins(
+    twin: Twin, steps: Mapping[str, Mapping[str, StepTotals]], min_steps: int, name: str
+) -> tuple[tuple[Twin, Twin], tuple[PoolFit, ...]]:
+    """The prefill and decode pools' twins, each fitted on its own ``steps`` (``twin`` itself for a
+    pool with fewer than ``min_steps``), on ``twin``'s workload; their profiles under
+    ``pool-<name>-<role>`` beside ``twin``'s. Raises :class:`TwinFitError` when a pool's steps
+    cannot be fitted."""
     fits: list[PoolFit] = []
     twins: list[Twin] = []
     for role in ROLES:
-        fit, pool = _pool_fit(twin.fit, role, request.steps.get(role, {}), request.min_steps)
+        fit, pool = _pool_fit(twin.fit, role, steps.get(role, {}), min_steps)
         fits.append(pool)
-        directory = twin.profile_path.parent / f"pool-{request.key}-{role}"
+        directory = twin.profile_path.parent / f"pool-{name}-{role}"
         twins.append(
             twin
             if not pool.own
@@ -125,6 +125,17 @@ def check_pools(request: PoolCheckRequest) -> PoolCheck:
                 engine=twin.engine,
             )
         )
+    return (twins[0], twins[1]), tuple(fits)
+
+
+def check_pools(request: PoolCheckRequest) -> PoolCheck:
+    """Fit each pool on its own steps and predict the layout's capacity on the two fits.
+
+    Raises :class:`~chunkpilot.tuner.twin.fit.TwinFitError` when a pool's steps cannot be fitted.
+    """
+    started = time.process_time()
+    twin = request.twin
+    twins, fits = pool_twins(twin, request.steps, request.min_steps, request.key)
     evaluate = twin_evaluator(
         twin,
         request.slo,
@@ -133,7 +144,7 @@ def check_pools(request: PoolCheckRequest) -> PoolCheck:
         max_model_len=request.max_model_len,
         requests_per_replica=request.requests_per_replica,
         tolerance=request.tolerance,
-        pools=(twins[0], twins[1]),
+        pools=twins,
     )
     found = evaluate(request.layout)
     return PoolCheck(
@@ -141,6 +152,6 @@ def check_pools(request: PoolCheckRequest) -> PoolCheck:
         found.capacity_req_s,
         found.itl_ms,
         found.ttft_ms,
-        tuple(fits),
+        fits,
         time.process_time() - started,
     )

@@ -81,6 +81,7 @@ __all__ = [
     "quantile_error",
     "read_inputs",
     "read_steps",
+    "read_workload",
     "unsteady_reason",
     "waiting_reason",
     "widened",
@@ -248,6 +249,17 @@ def read_steps(vector: VectorFn, selector: Selector, window: str, at: datetime) 
     return steps_from_vectors({key: vector(q, at) for key, q in queries.items()})
 
 
+def read_workload(
+    vector: VectorFn, selector: Selector, window: str, window_s: float, at: datetime, engine: str = "vllm"
+) -> WorkloadWindow:
+    """The workload ``selector``'s pods served over ``window`` (``window_s`` seconds) ending at ``at``.
+
+    Raises :class:`CaptureError` when its histograms cannot describe one.
+    """
+    queries = workload_queries(selector.render()[1:-1], window, engine)
+    return workload_from_vectors({key: vector(q, at) for key, q in queries.items()}, window_s)
+
+
 def read_inputs(
     vector: VectorFn,
     selector: Selector,
@@ -270,10 +282,8 @@ def read_inputs(
         seen = vector(f"count({names.REQUEST_SUCCESS}{selector.render()})", at)
         return Inputs(exported=False, seen=bool(seen))
     steps = read_steps(vector, selector, window, at)
-    queries = workload_queries(selector.render()[1:-1], window, engine)
-    results = {key: vector(q, at) for key, q in queries.items()}
     try:
-        workload: WorkloadWindow | None = workload_from_vectors(results, window_s)
+        workload: WorkloadWindow | None = read_workload(vector, selector, window, window_s, at, engine)
         error = None
     except CaptureError as exc:
         workload, error = None, str(exc)

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
         VERSION,
     )
     from chunkpilot.api.scaling import (
+        PoolScalingStatus,
         ScalingBehavior,
         ScalingMode,
         ScalingPolicy,
@@ -152,6 +153,7 @@ __all__ = [
     "ObjectMeta",
     "Objective",
     "PoolRole",
+    "PoolScalingStatus",
     "PoolSpec",
     "PoolStatus",
     "ResourcesSpec",

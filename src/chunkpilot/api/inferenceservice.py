@@ -1254,18 +1254,6 @@ class InferenceServiceSpec(ApiModel):
             field_path=".autotune.enabled",
             check=lambda o: not o.scaling.plans or o.autotune.enabled,
         ),
-        CelRule(
-            rule=(
-                "!has(self.scaling) || self.scaling.mode == 'Off' || !has(self.topology)"
-                " || self.topology.mode != 'disaggregated'"
-            ),
-            message=(
-                "scaling.mode Advise and Auto size colocated replicas: a disaggregated topology sizes its"
-                " pools in topology.prefill.replicas and topology.decode.replicas; set scaling.mode: Off"
-            ),
-            field_path=".scaling.mode",
-            check=lambda o: not o.scaling.plans or not _disaggregated(o),
-        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -1631,9 +1619,22 @@ class InferenceService(Resource):
         (within ``minReplicas`` and ``maxReplicas``) once it has one, else ``spec.replicas``."""
         scaling = self.spec.scaling
         decided = self.status.scaling if self.status is not None else None
-        if not scaling.acts or decided is None or decided.desired_replicas is None:
+        if not scaling.acts or decided is None or decided.desired_replicas is None or self.spec.disaggregated:
             return self.spec.replicas
         return max(
             scaling.min_replicas,
             min(scaling.max_replicas or decided.desired_replicas, decided.desired_replicas),
         )
+
+    def running_pool_replicas(self, role: PoolRole | str) -> int:
+        """The replicas a disaggregated service's pool of ``role`` runs: in ``scaling.mode: Auto``
+        the planner's decision for it (within ``minReplicas`` and ``maxReplicas``) once it has one,
+        else ``topology.<role>.replicas``."""
+        declared = self.spec.pool(role).replicas
+        scaling = self.spec.scaling
+        decided = self.status.scaling if self.status is not None else None
+        found = decided.pool(PoolRole(role).value) if decided is not None else None
+        if not scaling.acts or found is None or found.desired_replicas is None:
+            return declared
+        most = scaling.max_replicas or found.desired_replicas
+        return max(scaling.min_replicas, min(most, found.desired_replicas))

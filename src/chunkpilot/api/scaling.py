@@ -7,6 +7,8 @@ Events, gauges) without acting. ``Auto`` runs them: the tuner is the one writer 
 (``status.scaling.desiredReplicas``) and the operator renders it, so a manifest re-applied with its
 own ``spec.replicas`` never fights it (``spec.replicas`` is the count before the first decision and
 whenever the planner has none). ``behavior`` has the shape of the HorizontalPodAutoscaler's.
+A disaggregated service's pools are decided each on its own (``status.scaling.pools``), within
+``minReplicas`` and ``maxReplicas`` per pool.
 """
 
 from __future__ import annotations
@@ -103,9 +105,19 @@ class ScalingSpec(ApiModel):
             " them (spec.replicas is then the count until its first decision)."
         ),
     )
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="The fewest stable replicas it decides.")
+    min_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="The fewest stable replicas it decides (a disaggregated service: per pool).",
+    )
     max_replicas: int | None = Field(
-        default=None, ge=1, le=1000, description="The most stable replicas it decides (required unless Off)."
+        default=None,
+        ge=1,
+        le=1000,
+        description=(
+            "The most stable replicas it decides (a disaggregated service: per pool); required unless Off."
+        ),
     )
     headroom: float = Field(
         default=0.1,
@@ -137,6 +149,41 @@ class ScalingRecommendation(StatusModel):
     time: datetime = Field(description="When it was made.")
     replicas: int = Field(ge=0, description="The replicas it asked for.")
     rate_req_s: float | None = Field(default=None, ge=0, description="The live request rate then, req/s.")
+
+
+class PoolScalingStatus(StatusModel):
+    """One pool of a disaggregated service: what the planner decided for it and why (tuner-owned)."""
+
+    role: Literal["prefill", "decode"] = Field(description="The pool.")
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="The pool's replicas it asks for (Auto: the ones that run)."
+    )
+    reason: str = Field(default="", max_length=1024, description="Why, in words.")
+    capacity_per_replica_req_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="The twin's capacity at SLO of one replica of the pool, the other pool ample, req/s.",
+    )
+    capacity_low_req_s: float | None = Field(
+        default=None, ge=0, description="That capacity less the twin's error (the one planned with), req/s."
+    )
+    capacity_cap_req_s: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "What the live pool showed one replica serves, where that is below the twin's capacity"
+            " (prefill: lowered by a missed TTFT, decode: by a missed ITL); kept until the twin refits."
+        ),
+    )
+    capacity_cap_fit: str | None = Field(
+        default=None, max_length=128, description="The twin fit the cap was learnt against."
+    )
+    last_scale_time: datetime | None = Field(
+        default=None, description="When the pool's decision last changed."
+    )
+    recommendations: list[ScalingRecommendation] = Field(
+        default_factory=list, max_length=64, description="Recent recommendations for the pool, newest last."
+    )
 
 
 class ScalingStatus(StatusModel):
@@ -193,3 +240,14 @@ class ScalingStatus(StatusModel):
     recommendations: list[ScalingRecommendation] = Field(
         default_factory=list, max_length=64, description="Recent recommendations, newest last."
     )
+    pools: list[PoolScalingStatus] = Field(
+        default_factory=list,
+        max_length=2,
+        description=(
+            "A disaggregated service's pools, each sized on its own (desiredReplicas is then their sum)."
+        ),
+    )
+
+    def pool(self, role: str) -> PoolScalingStatus | None:
+        """The decision for the pool of ``role`` (None: none yet)."""
+        return next((p for p in self.pools if p.role == role), None)

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from chunkpilot.api import TuningTrial, TwinState
+from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.engine import SimConfig
-from chunkpilot.engine.sim.metrics import StepTelemetry
+from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
-from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.operator.builders import incumbent
 from chunkpilot.testing.services import NOW, a_service, a_service_body
 from chunkpilot.tuner.decide.plan import Action, Emit, PatchTrial, Plan
@@ -23,6 +25,7 @@ from chunkpilot.tuner.observe.snapshot import Snapshot, TwinReading
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.study import RecordState, TrialRecord
 from chunkpilot.tuner.twin import Twin, TwinFit, fit_steps
+from chunkpilot.tuner.twin.capture import WorkloadWindow, histogram_of
 from chunkpilot.tuner.twin.online import Calibration
 
 A = TypeVar("A")
@@ -135,6 +138,44 @@ def a_sim_twin(directory: Path, *, max_num_seqs: int = 256) -> tuple[TwinFit, Tw
     simulate(engine, workload, telemetry=telemetry)
     fit = fit_steps(telemetry.totals(), "llama-3.1-8b", "h100")
     return fit, Twin.build(fit, workload, directory)
+
+
+def pool_steps(
+    truth: Twin, *, decode_only: bool = False, requests: int | None = None
+) -> dict[str, StepTotals]:
+    """The steps ``truth`` takes serving its twin's workload (1024 tokens a step, 64 sequences): as
+    a prefill pool's stand-in, all of it; ``decode_only``, as a decode pool's, its prompts cut to 16
+    tokens (almost every step decodes); ``requests``: only that many of them."""
+    workload = truth.workload
+    if decode_only:
+        workload = replace(workload, requests=tuple(replace(r, prompt_tokens=16) for r in workload.requests))
+    if requests is not None:
+        workload = replace(workload, requests=workload.requests[:requests])
+    telemetry = StepTelemetry()
+    scheduler = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+    simulate(truth.config(scheduler), workload, telemetry=telemetry)
+    return telemetry.totals()
+
+
+def a_workload_window(
+    prompts: Sequence[int], outputs: Sequence[int], rate: float, hit_rate: float = 0.0, max_len: int = 8192
+) -> WorkloadWindow:
+    """What the engine's request-length histograms show over a window of these requests at ``rate``."""
+    bounds = names.request_tokens_buckets(max_len)
+    queried = float(sum(prompts))
+    return WorkloadWindow(
+        duration_s=len(prompts) / rate,
+        prompt_tokens=histogram_of(prompts, bounds),
+        generation_tokens=histogram_of(outputs, bounds),
+        prefix_cache_queries=queried,
+        prefix_cache_hits=queried * hit_rate,
+    )
+
+
+def window_of(workload: Workload, rate: float) -> WorkloadWindow:
+    """:func:`a_workload_window` of ``workload``'s requests."""
+    requests = workload.requests
+    return a_workload_window([r.prompt_tokens for r in requests], [r.output_tokens for r in requests], rate)
 
 
 def a_fitted_reading(calibration: Calibration, **fields: Any) -> TwinReading:

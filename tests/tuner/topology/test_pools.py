@@ -6,35 +6,21 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
-from chunkpilot.engine.sim.offline import SLO, simulate
-from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner.topology.layouts import Layout, Pool
 from chunkpilot.tuner.topology.pools import PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.simulate import twin_evaluator
 from chunkpilot.tuner.twin import Twin, TwinFit
+
+from chunkpilot.testing.tuner import pool_steps
 
 SLO_ = SLO(25.0, 0.99, 600.0, 0.95)
 LAYOUT = Layout(Pool(1, 4096, 64), Pool(1, 1024, 64))
 REQUESTS_PER_REPLICA = 60
 
 
-def steps_of(truth: Twin, *, decode_only: bool = False, requests: int | None = None) -> dict[str, StepTotals]:
-    """The steps ``truth`` takes serving the twin's workload: as the prefill pool's stand-in, all of
-    it; as the decode pool's, its prompts cut to 16 tokens (almost every step decodes)."""
-    workload = truth.workload
-    if decode_only:
-        workload = replace(workload, requests=tuple(replace(r, prompt_tokens=16) for r in workload.requests))
-    if requests is not None:
-        workload = replace(workload, requests=workload.requests[:requests])
-    telemetry = StepTelemetry()
-    scheduler = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64)
-    simulate(truth.config(scheduler), workload, telemetry=telemetry)
-    return telemetry.totals()
-
-
 def request(twin: Twin, prefill: Twin, decode: Twin, **fields: object) -> PoolCheckRequest:
-    steps = {"prefill": steps_of(prefill), "decode": steps_of(decode, decode_only=True)}
+    steps = {"prefill": pool_steps(prefill), "decode": pool_steps(decode, decode_only=True)}
     values: dict[str, object] = {
         "key": "chat-trial-3",
         "twin": twin,
@@ -86,7 +72,7 @@ def test_a_pool_that_ran_too_few_steps_is_predicted_on_the_stables_model(stable:
     few = request(twin, twin, twin.slowed(1.6))
     thin = {
         "prefill": few.steps["prefill"],
-        "decode": steps_of(twin.slowed(1.6), decode_only=True, requests=1),
+        "decode": pool_steps(twin.slowed(1.6), decode_only=True, requests=1),
     }
     check = check_pools(replace(few, steps=thin))
     assert check.pools[0].own and not check.pools[1].own

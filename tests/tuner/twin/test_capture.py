@@ -32,19 +32,14 @@ from chunkpilot.tuner.twin.capture import (
     workload_queries,
 )
 
+from chunkpilot.testing.tuner import a_workload_window
+
 MAX_LEN = 8192
 BOUNDS = names.request_tokens_buckets(MAX_LEN)
 
 
 def _window(prompts: list[int], outputs: list[int], rate: float, hit_rate: float = 0.0) -> WorkloadWindow:
-    queried = float(sum(prompts))
-    return WorkloadWindow(
-        duration_s=len(prompts) / rate,
-        prompt_tokens=histogram_of(prompts, BOUNDS),
-        generation_tokens=histogram_of(outputs, BOUNDS),
-        prefix_cache_queries=queried,
-        prefix_cache_hits=queried * hit_rate,
-    )
+    return a_workload_window(prompts, outputs, rate, hit_rate, MAX_LEN)
 
 
 def test_synthetic_workload_reproduces_bucket_shares_means_and_rate() -> None:

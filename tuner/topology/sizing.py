@@ -1,0 +1,169 @@
+"""One replica's capacity of each pool of a running disaggregated service, for the planner (pure).
+
+The planner sizes a disaggregated service's pools separately: the prefill pool's replicas from what
+one prefill replica serves within the SLOs, the decode pool's from what one decode replica serves
+(:mod:`chunkpilot.tuner.decide.scaling`). Both come from one twin of the running pools, fitted on
+their own telemetry: the step model on the steps of both pools (they run on the same hardware),
+then each pool's own where it ran enough steps (:func:`~chunkpilot.tuner.topology.pools.pool_twins`);
+the workload captured on the decode pool, which serves every request whole (the prefill pool serves
+each with one output token). A pool's capacity per replica is the layout's capacity with that pool
+at one replica and the other one ample (:func:`pool_capacities`): so the P:D ratio follows the
+workload's mix of prompt and output lengths, as the twin models them. Runs in the twin's worker.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+
+from chunkpilot.engine.sim.metrics import StepTotals
+from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
+from chunkpilot.tuner.topology.pools import ROLES, PoolFit, pool_twins
+from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
+from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
+from chunkpilot.tuner.twin.fit import MIN_STEPS, fit_steps
+from chunkpilot.tuner.twin.online import merge_steps
+from chunkpilot.tuner.twin.predict import Twin
+
+__all__ = ["AMPLE", "PoolCapacities", "PoolSizingRequest", "pool_capacities", "single_pool_capacities"]
+
+#: The other pool's replicas when one pool's capacity is read at one replica, to begin with; more
+#: when the other pool may have bound it (up to :data:`MAX_AMPLE`).
+AMPLE: Final = 2
+MAX_AMPLE: Final = 8
+#: Requests the captured workload is synthesized into (each layout tiles them to its replicas).
+WORKLOAD_REQUESTS: Final = 400
+
+
+@dataclass(frozen=True)
+class PoolSizingRequest:
+    """Everything one sizing needs (picklable): the running pools' steps per role and layout, the
+    decode pool's captured workload, the service's model and SLO (``key``: the fit it is for)."""
+
+    key: str
+    model: str
+    accelerator: str
+    tensor_parallel_size: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    steps: Mapping[str, Mapping[str, StepTotals]]
+    workload: WorkloadWindow
+    layout: Layout
+    slo: SLO
+    kv_bandwidth_gbps: float
+    kv_latency_ms: float
+    engine: SchedulerConfig | None = None
+    seed: int = 0
+    directory: str | None = None
+    requests_per_replica: int = REQUESTS_PER_REPLICA
+    tolerance: float = TOLERANCE
+    min_steps: int = MIN_STEPS
+
+
+@dataclass(frozen=True)
+class PoolCapacities:
+    """One replica's capacity at SLO of each pool (req/s of the whole service's requests; 0: no
+    rate meets the SLOs), and the fits they rest on."""
+
+    key: str
+    prefill_req_s: float
+    decode_req_s: float
+    pools: tuple[PoolFit, ...]
+    #: Layouts simulated to read them, and the CPU seconds that took.
+    evaluations: int = 0
+    cpu_seconds: float = 0.0
+
+    def per_replica(self, role: str) -> float:
+        """The capacity of one replica of the pool of ``role``."""
+        return self.prefill_req_s if role == "prefill" else self.decode_req_s
+
+    def describe(self) -> str:
+        """``one prefill replica serves 6.1 req/s, one decode replica 2.3 (prefill: ...; decode: ...)``."""
+        fits = "; ".join(p.describe() for p in self.pools)
+        return (
+            f"one prefill replica serves {self.prefill_req_s:.3g} req/s, one decode replica "
+            f"{self.decode_req_s:.3g} ({fits})"
+        )
+
+
+def single_pool_capacities(
+    evaluate: LayoutEvaluator, layout: Layout, tolerance: float = TOLERANCE
+) -> tuple[tuple[float, float], int]:
+    """What one replica of each pool of ``layout``'s knobs serves with the other pool ample, and the
+    layouts evaluated to find it.
+
+    Each pool is read at one replica beside :data:`AMPLE` of the other; where the reading comes
+    within ``tolerance`` of what those replicas of the other pool serve, the other pool may have
+    bound it, and it is read again beside enough of them (at most :data:`MAX_AMPLE`).
+    """
+    ample = {role: AMPLE for role in ROLES}
+    evaluations = 0
+
+    def read(role: str) -> float:
+        nonlocal evaluations
+        prefill = 1 if role == "prefill" else ample[role]
+        decode = 1 if role == "decode" else ample[role]
+        evaluations += 1
+        return evaluate(
+            Layout(replace(layout.prefill, replicas=prefill), replace(layout.decode, replicas=decode))
+        ).capacity_req_s
+
+    found = {role: read(role) for role in ROLES}
+    for _ in range(3):
+        again = False
+        for role, other in (("prefill", "decode"), ("decode", "prefill")):
+            beside = ample[role] * found[other]
+            if found[role] <= 0 or found[other] <= 0 or ample[role] >= MAX_AMPLE:
+                continue
+            if found[role] >= beside * (1.0 - tolerance):
+                ample[role] = min(MAX_AMPLE, math.ceil(1.5 * found[role] / found[other]) + 1)
+                found[role] = read(role)
+                again = True
+        if not again:
+            break
+    return (found["prefill"], found["decode"]), evaluations
+
+
+def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
+    """Fit the running pools' twin and read one replica's capacity of each pool on it.
+
+    Raises :class:`~chunkpilot.tuner.twin.fit.TwinFitError` (too few steps, or steps that cannot be
+    fitted) or :class:`~chunkpilot.tuner.twin.capture.CaptureError` (a workload that cannot be
+    synthesized).
+    """
+    started = time.process_time()
+    merged = merge_steps(*request.steps.values())
+    fit = fit_steps(
+        merged, request.model, request.accelerator, request.tensor_parallel_size, min_steps=request.min_steps
+    )
+    workload = synthesize(
+        request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed
+    )
+    directory = Path(request.directory or tempfile.mkdtemp(prefix="chunkpilot-pools-"))
+    twin = Twin.build(
+        fit,
+        workload,
+        directory / request.key.replace("/", "-"),
+        gpu_memory_utilization=request.gpu_memory_utilization,
+        engine=request.engine,
+    )
+    twins, fits = pool_twins(twin, request.steps, request.min_steps, "stable")
+    evaluate = twin_evaluator(
+        twin,
+        request.slo,
+        request.kv_bandwidth_gbps,
+        request.kv_latency_ms,
+        max_model_len=request.max_model_len,
+        requests_per_replica=request.requests_per_replica,
+        tolerance=request.tolerance,
+        pools=twins,
+    )
+    (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
+    return PoolCapacities(request.key, prefill, decode, fits, evaluations, time.process_time() - started)
