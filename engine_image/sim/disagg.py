@@ -30,6 +30,7 @@ from chunkpilot.engine.sim.capacity import DEFAULT_TOLERANCE, CapacityResult, se
 from chunkpilot.engine.sim.compiled import picklable
 from chunkpilot.engine.sim.engine import EngineCore, SimConfig
 from chunkpilot.engine.sim.kvtransfer import DEFAULT_ABORT_TIMEOUT_S, KVTransfer
+from chunkpilot.engine.sim.metrics import StepShape, StepTelemetry
 from chunkpilot.engine.sim.offline import (
     SLO,
     Percentiles,
@@ -241,9 +242,11 @@ class DisaggregatedSummary(Summary):
 class _Replica:
     """One engine of a pool inside the event loop."""
 
-    def __init__(self, role: str, core: EngineCore) -> None:
+    def __init__(self, role: str, core: EngineCore, telemetry: StepTelemetry | None = None) -> None:
         self.role = role
         self.core = core
+        #: Records the replica's steps as its ``/metrics`` would (None: not recorded).
+        self.telemetry = telemetry
         self.sched = core.scheduler
         self.pending: SchedulerOutput | None = None
         self.wake = math.inf
@@ -268,6 +271,11 @@ class _Replica:
     def add(self, request: Request, now: float) -> None:
         self.sched.add_request(request)
         self.requests += 1
+        self.nudge(now)
+
+    def nudge(self, now: float) -> None:
+        """Something it may be waiting for changed (a request came, held blocks were freed): act
+        again as soon as it is idle."""
         if self.pending is None:
             self.wake = min(self.wake, max(now, self.free_at))
 
@@ -311,15 +319,25 @@ def simulate_disaggregated(
     *,
     fast_forward: bool = True,
     keep_records: bool = False,
+    telemetry: Mapping[str, StepTelemetry] | None = None,
 ) -> DisaggregatedSummary:
-    """Run ``workload`` through ``topology`` and summarise it as the client sees it."""
+    """Run ``workload`` through ``topology`` and summarise it as the client sees it.
+
+    ``telemetry``: per role (``prefill``, ``decode``), where every step of that pool's replicas is
+    recorded the way their ``/metrics`` would.
+    """
     wall_start = time.perf_counter()
     slo = slo or SLO()
     link = topology.kv_transfer
+    telemetry = telemetry or {}
     prefills = [
-        _Replica("prefill", topology.prefill.config.build()) for _ in range(topology.prefill.replicas)
+        _Replica("prefill", topology.prefill.config.build(), telemetry.get("prefill"))
+        for _ in range(topology.prefill.replicas)
     ]
-    decodes = [_Replica("decode", topology.decode.config.build()) for _ in range(topology.decode.replicas)]
+    decodes = [
+        _Replica("decode", topology.decode.config.build(), telemetry.get("decode"))
+        for _ in range(topology.decode.replicas)
+    ]
     per_token = prefills[0].core.model.kv_bytes_per_token
     for replica in decodes:
         replica.sched.kv_transfer_s = lambda tokens: link.seconds(per_token * tokens)
@@ -462,7 +480,7 @@ def _act(
         advanced = (
             _decode_fast_forward(replica, now, bound, recorder)
             if replica.role == "decode"
-            else _fast_forward(replica.core, now, bound, recorder)
+            else _fast_forward(replica.core, now, bound, recorder, replica.telemetry)
         )
         if advanced is not None:
             replica.busy_s += advanced[0] - now
@@ -477,6 +495,7 @@ def _act(
         pair.received_s = now
         pair.prefill_replica.sched.release_held(pair.prefill.request_id)
         pair.prefill_replica.sample_kv(now)
+        pair.prefill_replica.nudge(now)  # a prefill stalled on held blocks may admit its next prompt
     sched.received.clear()
     replica.sample_kv(now)
     if output.is_empty:
@@ -484,6 +503,8 @@ def _act(
         replica.wake = ready if ready > now else math.inf  # nothing can run until something arrives
         return
     duration = replica.core.step_time(output.forward_pass)
+    if replica.telemetry is not None:
+        replica.telemetry.observe(StepShape.of(output), duration)
     replica.pending = output
     replica.busy_s += duration
     replica.steps += 1
@@ -504,7 +525,7 @@ def _decode_fast_forward(
     limit = min(bound, sched.next_kv_ready_s())
     sched.waiting = deque()  # in-flight requests are not schedulable until their KV arrives
     try:
-        return _fast_forward(replica.core, now, limit, recorder)
+        return _fast_forward(replica.core, now, limit, recorder, replica.telemetry)
     finally:
         sched.waiting = waiting
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from chunkpilot.engine.sim.disagg import (
@@ -18,6 +19,7 @@ from chunkpilot.engine.sim.disagg import (
     simulate_disaggregated,
 )
 from chunkpilot.engine.sim.engine import SimConfig
+from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, simulate
 from chunkpilot.engine.sim.scheduler import Request, RequestStatus, Scheduler, SchedulerConfig
 from chunkpilot.engine.sim.workload import RequestSpec, Workload, parse_workload_spec, poisson
@@ -191,6 +193,36 @@ def test_tokens_are_counted_per_role() -> None:
     assert decode.generation_tokens == sum(r.output_tokens for r in workload.requests)
     assert prefill.requests == decode.requests == len(workload.requests)
     assert prefill.tokens_per_step > 100 * decode.tokens_per_step > 0  # prompts there, decodes here
+
+
+def test_each_pools_steps_are_recorded_as_its_metrics_would() -> None:
+    workload = _bimodal(60, 4.0)
+    telemetry = {"prefill": StepTelemetry(), "decode": StepTelemetry()}
+    summary = simulate_disaggregated(Topology.of("1P2D", BASE), workload, telemetry=telemetry)
+    plain = simulate_disaggregated(Topology.of("1P2D", BASE), workload)
+    assert summary.itl_ms == plain.itl_ms and summary.ttft_ms == plain.ttft_ms  # recording changes nothing
+    for role in ("prefill", "decode"):
+        totals = telemetry[role].totals().values()
+        steps = sum(t.steps for t in totals)
+        assert steps == summary.pool(role).steps > 0
+        assert sum(t.duration_s for t in totals) > 0
+    prefilled = sum(t.prefill_tokens for t in telemetry["prefill"].totals().values())
+    assert prefilled == sum(r.prompt_tokens for r in workload.requests)
+    # The prompts' KV came from the prefill pool: the decode pool computes one token of each.
+    assert sum(t.prefill_tokens for t in telemetry["decode"].totals().values()) == len(workload.requests)
+
+
+@pytest.mark.parametrize("gbps", [0.5, 5.0])
+def test_a_prefill_replica_full_of_held_blocks_admits_again_once_they_are_released(gbps: float) -> None:
+    # A burst fills the prefill replica's cache with prompts whose KV waits for the decode side;
+    # when the decode replica takes them, the freed blocks must let the next prompts in (the
+    # replica used to wait for an arrival that never came, its queue stranded).
+    small = replace(BASE, num_kv_blocks=600)  # 9,600 tokens: four 2,000-token prompts held at once
+    burst = poisson([(2000, 32)] * 40, 200.0, seed=1)
+    summary = simulate_disaggregated(
+        Topology(PoolConfig(small, 1), PoolConfig(BASE, 1), KVTransfer(gbps, 1.0)), burst
+    )
+    assert summary.pool("decode").requests == 40 and summary.ttft_ms.p50 > 0
 
 
 # ---- the phenomena ----------------------------------------------------------------------------------
