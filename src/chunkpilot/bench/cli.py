@@ -9,6 +9,7 @@ from typing import Any
 
 from chunkpilot.bench import autoscale as bench_autoscale
 from chunkpilot.bench import disagg as bench_disagg
+from chunkpilot.bench import pool_sizing as bench_pool_sizing
 from chunkpilot.bench import sim_peers, twin_jobs
 from chunkpilot.bench.command import given_options, run_bench_command
 from chunkpilot.bench.exhaustive import ENGINES, BenchError
@@ -122,6 +123,7 @@ def register(subparsers: Any) -> None:
     )
     tuner.set_defaults(func=run_tuner_bench)
     bench_disagg.register(inner)
+    bench_pool_sizing.register(inner)
     bench_autoscale.register(inner)
     sim_peers.register(inner)
     twin_jobs.register(inner)
