@@ -19,10 +19,15 @@ import pytest
 
 from chunkpilot.devcluster.prometheus import PrometheusServer
 from chunkpilot.localrun.stack import LocalStack
-from chunkpilot.testing.e2e import apply_service, fresh_service, stream_completions, wait_until
+from chunkpilot.testing.e2e import (
+    apply_service,
+    disaggregated_service_manifest,
+    fresh_service,
+    stream_completions,
+    wait_until,
+)
 from chunkpilot.testing.kube import get_json
 from chunkpilot.testing.metrics import query_value
-from chunkpilot.testing.services import LLAMA_8B, a_manifest
 from chunkpilot.testing.stack import StartStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -30,24 +35,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pyte
 MODEL = "llama-8b"
 #: (prompt words, output tokens): short chats and a few longer prompts, kept cheap to replay.
 REQUESTS = [(60 + 37 * (i % 7), 4 + i % 9) for i in range(24)]
-
-
-def disaggregated_manifest(name: str, namespace: str) -> dict[str, Any]:
-    """Llama-3.1-8B on simulated H100s: 1 prefill + 1 decode replica, vllm-router in front."""
-    spec = {
-        "model": {**LLAMA_8B, "servedName": MODEL},
-        "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
-        "resources": {"accelerator": "h100"},
-        "topology": {
-            "mode": "disaggregated",
-            "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 16},
-            "decode": {"replicas": 1, "maxNumBatchedTokens": 512, "maxNumSeqs": 64},
-            "kvTransfer": {"connector": "NixlConnector", "bandwidthGBps": 25, "latencyMs": 1},
-            "router": {"policy": "round_robin"},
-        },
-        "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
-    }
-    return a_manifest(name, namespace, spec)
 
 
 @pytest.fixture
@@ -60,7 +47,7 @@ def test_disaggregated_service_streams_through_the_router_with_both_pools_counti
 ) -> None:
     started = time.monotonic()
     plane, runner, namespace, name = fresh_service(stack, "disagg", "pd")
-    cluster = apply_service(stack, disaggregated_manifest(name, namespace))
+    cluster = apply_service(stack, disaggregated_service_manifest(name, namespace, MODEL))
     try:
         # The Service's traffic goes to the router, the only endpoint of a disaggregated service.
         if not runner.wait_for(lambda: bool(runner.ready_endpoints(name, namespace)), 180):

@@ -158,6 +158,45 @@ def test_a_hand_deleted_router_is_restored(cluster: Any, operator: OperatorProce
     wait_for(restored, timeout=60, what="the router Deployment restored")
 
 
+def test_in_auto_each_pool_runs_the_planners_decision_for_it(cluster: Any, operator: OperatorProcess) -> None:
+    name = "sized-pd"
+    document = manifest()
+    document["metadata"]["name"] = name
+    document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))  # the API server accepts it
+
+    def pool(role: str, replicas: int) -> dict[str, Any] | None:
+        deployment = get(cluster, "deployments", f"{name}-{role}")
+        return deployment if deployment is not None and deployment["spec"]["replicas"] == replicas else None
+
+    wait_for(lambda: pool("decode", 3), timeout=TIMEOUT, what="the declared decode pool")
+    # The tuner's decision, written through the status subresource as it does; 6 is beyond maxReplicas.
+    decided = [{"role": "prefill", "desiredReplicas": 2}, {"role": "decode", "desiredReplicas": 6}]
+    status = {
+        "status": {"scaling": {"mode": "Auto", "desiredReplicas": 8, "reason": "test", "pools": decided}}
+    }
+    kubectl(
+        cluster,
+        "patch",
+        "cpis",
+        name,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(status),
+    )
+    wait_for(lambda: pool("prefill", 2), timeout=TIMEOUT, what="the prefill pool's decision run")
+    wait_for(lambda: pool("decode", 4), timeout=TIMEOUT, what="the decode pool at maxReplicas")
+    # Off: the declared pools run again.
+    kubectl(
+        cluster, "patch", "cpis", name, "-n", NS, "--type=merge", "-p", '{"spec":{"scaling":{"mode":"Off"}}}'
+    )
+    wait_for(lambda: pool("prefill", 1) and pool("decode", 3), timeout=TIMEOUT, what="the declared pools")
+    kubectl(cluster, "delete", "cpis", name, "-n", NS)
+
+
 def test_back_to_colocated_removes_the_pools_and_the_router(cluster: Any, operator: OperatorProcess) -> None:
     remove = json.dumps([{"op": "remove", "path": "/spec/topology"}])
     kubectl(cluster, "patch", "inferenceservices", NAME, "-n", NS, "--type=json", "-p", remove)

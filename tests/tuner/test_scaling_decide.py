@@ -294,7 +294,11 @@ def test_advise_sizes_each_pool_on_its_own_capacity_and_says_it_would_scale_both
     # 8 req/s plus 10% headroom: 8.8 over 5.1 req/s per prefill replica (6 less 15%), 1.7 per decode one.
     assert (prefill["role"], prefill["desiredReplicas"], prefill["capacityLowReqS"]) == ("prefill", 2, 5.1)
     assert (decode["role"], decode["desiredReplicas"], decode["capacityLowReqS"]) == ("decode", 6, 1.7)
-    assert scaling["desiredReplicas"] == 8 and scaling["liveRateReqS"] == 8.0
+    assert (
+        scaling["desiredReplicas"] == 8
+        and scaling["liveRateReqS"] == 8.0
+        and scaling["plannedRateReqS"] == 8.8
+    )
     [(reason, message)] = said(plan)
     assert reason == "ScalingAdvised"
     assert message.startswith("would scale prefill 1 -> 2, decode 1 -> 6: one prefill replica serves 6")

@@ -168,7 +168,7 @@ def _plan_pools(plan: Plan) -> None:
     measured = {"prefill": pools.prefill.replicas, "decode": pools.decode.replicas}
     decided: list[PoolScalingStatus] = []
     moves: list[str] = []
-    up = quiet = False
+    up, planned = False, live
     quiet = before.mode == spec.mode and bool(before.pools)
     for role in ROLES:
         old = before.pool(role) or PoolScalingStatus(role=role)
@@ -193,6 +193,7 @@ def _plan_pools(plan: Plan) -> None:
         decision = decide_replicas(
             spec, current, live, capacity, old.recommendations, snap.now, before.startup_seconds
         )
+        planned = decision.planned_req_s  # the same rate for both pools: the service's
         if decision.desired != previous:
             moves.append(f"{role} {previous} -> {decision.desired}")
             up = up or decision.desired > previous
@@ -223,7 +224,7 @@ def _plan_pools(plan: Plan) -> None:
             "desired_replicas": total,
             "reason": reason[:1024],
             "live_rate_req_s": round(live, 4),
-            "planned_rate_req_s": None,
+            "planned_rate_req_s": round(planned, 4),
             "capacity_per_replica_req_s": None,
             "capacity_low_req_s": None,
             "capacity_high_req_s": None,

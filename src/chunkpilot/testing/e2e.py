@@ -59,6 +59,27 @@ def sim_service_manifest(
     return a_manifest(name, namespace, spec)
 
 
+def disaggregated_service_manifest(
+    name: str, namespace: str, served_name: str = "llama-8b"
+) -> dict[str, Any]:
+    """Llama-3.1-8B on simulated H100s: 1 prefill + 1 decode replica, vllm-router in front, ITL p99
+    <= 50 ms and TTFT p95 <= 2 s (served as ``served_name``)."""
+    spec = {
+        "model": {**LLAMA_8B, "servedName": served_name},
+        "engine": {"kind": "sim", "maxNumBatchedTokens": 2048, "maxNumSeqs": 64},
+        "resources": {"accelerator": "h100"},
+        "topology": {
+            "mode": "disaggregated",
+            "prefill": {"replicas": 1, "maxNumBatchedTokens": 4096, "maxNumSeqs": 16},
+            "decode": {"replicas": 1, "maxNumBatchedTokens": 512, "maxNumSeqs": 64},
+            "kvTransfer": {"connector": "NixlConnector", "bandwidthGBps": 25, "latencyMs": 1},
+            "router": {"policy": "round_robin"},
+        },
+        "slo": {"itl": {"quantile": 0.99, "maxMs": 50}, "ttft": {"quantile": 0.95, "maxMs": 2000}},
+    }
+    return a_manifest(name, namespace, spec)
+
+
 def start_scenario_load(stack: LocalStack, name: str, namespace: str, duration_s: float) -> BackgroundLoad:
     """Replay the scenario's trace against ``name`` at :data:`RATE` for up to ``duration_s``."""
     return stack.start_load(
