@@ -402,6 +402,22 @@ class TwinObserver:
         self._planned[service] = (calibration.key, planned)
         return planned
 
+    async def _steps_by_role(
+        self, snap: Snapshot, track: Track, window: str, at: datetime
+    ) -> dict[str, dict[str, StepTotals]]:
+        """Each pool's step telemetry of ``track`` over ``window`` ending at ``at``."""
+        assert self.vector is not None
+        return {
+            role: await self._blocking(
+                online.read_steps,
+                self.vector,
+                Selector(snap.name, snap.namespace, track, role=role),
+                window,
+                at,
+            )
+            for role in ROLES
+        }
+
     async def _pool_sizing(self, snap: Snapshot) -> PoolCapacities | None:
         """A sized disaggregated service's pools: one replica's capacity of each, on a twin fitted to
         their own steps and their workload (:func:`pool_workload`) over the SLO window; read again after
@@ -423,16 +439,7 @@ class TwinObserver:
         window_s = float(parse_duration(slo_spec.window))
         engine = str(isvc.spec.engine.kind)
         try:
-            steps = {
-                role: await self._blocking(
-                    online.read_steps,
-                    self.vector,
-                    Selector(snap.name, snap.namespace, Track.STABLE, role=role),
-                    slo_spec.window,
-                    snap.now,
-                )
-                for role in ROLES
-            }
+            steps = await self._steps_by_role(snap, Track.STABLE, slo_spec.window, snap.now)
             served = {
                 role: await self._blocking(
                     online.read_workload,
@@ -457,7 +464,7 @@ class TwinObserver:
             tensor_parallel_size=isvc.spec.engine.tensor_parallel_size,
             max_model_len=facts.max_model_len,
             gpu_memory_utilization=isvc.spec.engine.gpu_memory_utilization,
-            steps=steps,
+            steps_by_role=steps,
             workload=pool_workload(served["prefill"], served["decode"]),
             layout=layout,
             slo=sim_slo(snap),
@@ -502,16 +509,7 @@ class TwinObserver:
         at = due.widened_at or due.at
         window = window_text((at - due.measure_from).total_seconds())
         try:
-            steps = {
-                role: await self._blocking(
-                    online.read_steps,
-                    self.vector,
-                    Selector(snap.name, snap.namespace, Track.CANARY, role=role),
-                    window,
-                    at,
-                )
-                for role in ROLES
-            }
+            steps = await self._steps_by_role(snap, Track.CANARY, window, at)
         except MetricsUnavailableError as error:
             log.info("pool steps of %s/%s not read: %s", snap.namespace, snap.name, error)
             return None
@@ -520,7 +518,7 @@ class TwinObserver:
             key=trial.metadata.name or "",
             twin=calibration.twin,
             layout=pool_layout(trial.spec.topology, rec.tuned_config(snap.incumbent)),
-            steps=steps,
+            steps_by_role=steps,
             slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),
             kv_bandwidth_gbps=bandwidth,
             kv_latency_ms=latency,

@@ -15,16 +15,25 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
-from chunkpilot.tuner.topology.layouts import Layout
+from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
 from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps, time_ratio
 from chunkpilot.tuner.twin.predict import Twin
 
-__all__ = ["ROLES", "PoolCheck", "PoolCheckRequest", "PoolFit", "check_pools", "pool_twins"]
+__all__ = [
+    "ROLES",
+    "PoolCheck",
+    "PoolCheckRequest",
+    "PoolFit",
+    "PoolsJob",
+    "check_pools",
+    "pool_twins",
+    "pools_evaluator",
+]
 
 #: The pools of a disaggregated layout, in the order :class:`PoolCheck` reports them.
 ROLES: Final = ("prefill", "decode")
@@ -35,13 +44,13 @@ class PoolCheckRequest:
     """Everything one check needs (picklable): the stable's twin, the layout, each pool's steps.
 
     ``key``: the trial it is for; ``slo``: the SLO the simulated steps must meet (the twin's offsets
-    taken off, as the recommendation's); ``steps``: each role's step telemetry over the window.
+    taken off, as the recommendation's); ``steps_by_role``: each role's step telemetry over the window.
     """
 
     key: str
     twin: Twin
     layout: Layout
-    steps: Mapping[str, Mapping[str, StepTotals]]
+    steps_by_role: Mapping[str, Mapping[str, StepTotals]]
     slo: SLO
     kv_bandwidth_gbps: float
     kv_latency_ms: float
@@ -128,6 +137,44 @@ def pool_twins(
     return (twins[0], twins[1]), tuple(fits)
 
 
+class PoolsJob(Protocol):
+    """What a layout is evaluated with on its pools' own models: each role's steps, the SLO (the
+    twin's offsets taken off), the KV hop and the capacity search's sizes."""
+
+    @property
+    def steps_by_role(self) -> Mapping[str, Mapping[str, StepTotals]]: ...
+    @property
+    def slo(self) -> SLO: ...
+    @property
+    def kv_bandwidth_gbps(self) -> float: ...
+    @property
+    def kv_latency_ms(self) -> float: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def requests_per_replica(self) -> int: ...
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def min_steps(self) -> int: ...
+
+
+def pools_evaluator(twin: Twin, job: PoolsJob, name: str) -> tuple[LayoutEvaluator, tuple[PoolFit, ...]]:
+    """Layouts evaluated with each pool on its own fit (:func:`pool_twins`) and ``twin``'s workload."""
+    twins, fits = pool_twins(twin, job.steps_by_role, job.min_steps, name)
+    evaluate = twin_evaluator(
+        twin,
+        job.slo,
+        job.kv_bandwidth_gbps,
+        job.kv_latency_ms,
+        max_model_len=job.max_model_len,
+        requests_per_replica=job.requests_per_replica,
+        tolerance=job.tolerance,
+        pools=twins,
+    )
+    return evaluate, fits
+
+
 def check_pools(request: PoolCheckRequest) -> PoolCheck:
     """Fit each pool on its own steps and predict the layout's capacity on the two fits.
 
@@ -135,17 +182,7 @@ def check_pools(request: PoolCheckRequest) -> PoolCheck:
     """
     started = time.process_time()
     twin = request.twin
-    twins, fits = pool_twins(twin, request.steps, request.min_steps, request.key)
-    evaluate = twin_evaluator(
-        twin,
-        request.slo,
-        request.kv_bandwidth_gbps,
-        request.kv_latency_ms,
-        max_model_len=request.max_model_len,
-        requests_per_replica=request.requests_per_replica,
-        tolerance=request.tolerance,
-        pools=twins,
-    )
+    evaluate, fits = pools_evaluator(twin, request, request.key)
     found = evaluate(request.layout)
     return PoolCheck(
         request.key,

@@ -14,23 +14,20 @@ workload's mix of prompt and output lengths, as the twin models them. Runs in th
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Final
 
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
-from chunkpilot.tuner.topology.pools import ROLES, PoolFit, pool_twins
-from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
-from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
-from chunkpilot.tuner.twin.fit import MIN_STEPS, fit_steps
-from chunkpilot.tuner.twin.online import merge_steps
-from chunkpilot.tuner.twin.predict import Twin
+from chunkpilot.tuner.topology.pools import ROLES, PoolFit, pools_evaluator
+from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE
+from chunkpilot.tuner.twin.capture import WorkloadWindow
+from chunkpilot.tuner.twin.fit import MIN_STEPS
+from chunkpilot.tuner.twin.online import build_twin, merge_steps
 
 __all__ = ["AMPLE", "PoolCapacities", "PoolSizingRequest", "pool_capacities", "single_pool_capacities"]
 
@@ -53,7 +50,7 @@ class PoolSizingRequest:
     tensor_parallel_size: int
     max_model_len: int
     gpu_memory_utilization: float
-    steps: Mapping[str, Mapping[str, StepTotals]]
+    steps_by_role: Mapping[str, Mapping[str, StepTotals]]
     workload: WorkloadWindow
     layout: Layout
     slo: SLO
@@ -65,6 +62,11 @@ class PoolSizingRequest:
     requests_per_replica: int = REQUESTS_PER_REPLICA
     tolerance: float = TOLERANCE
     min_steps: int = MIN_STEPS
+
+    @property
+    def steps(self) -> dict[str, StepTotals]:
+        """Both pools' steps together: the hardware's, which the joint step model is fitted on."""
+        return merge_steps(*self.steps_by_role.values())
 
 
 @dataclass(frozen=True)
@@ -139,31 +141,7 @@ def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
     synthesized).
     """
     started = time.process_time()
-    merged = merge_steps(*request.steps.values())
-    fit = fit_steps(
-        merged, request.model, request.accelerator, request.tensor_parallel_size, min_steps=request.min_steps
-    )
-    workload = synthesize(
-        request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed
-    )
-    directory = Path(request.directory or tempfile.mkdtemp(prefix="chunkpilot-pools-"))
-    twin = Twin.build(
-        fit,
-        workload,
-        directory / request.key.replace("/", "-"),
-        gpu_memory_utilization=request.gpu_memory_utilization,
-        engine=request.engine,
-    )
-    twins, fits = pool_twins(twin, request.steps, request.min_steps, "stable")
-    evaluate = twin_evaluator(
-        twin,
-        request.slo,
-        request.kv_bandwidth_gbps,
-        request.kv_latency_ms,
-        max_model_len=request.max_model_len,
-        requests_per_replica=request.requests_per_replica,
-        tolerance=request.tolerance,
-        pools=twins,
-    )
+    twin = build_twin(request, min_steps=request.min_steps)
+    evaluate, fits = pools_evaluator(twin, request, "stable")
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
     return PoolCapacities(request.key, prefill, decode, fits, evaluations, time.process_time() - started)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.engine.sim.capacity import retime
@@ -71,6 +71,7 @@ __all__ = [
     "Request",
     "TwinBudget",
     "band_quantiles",
+    "build_twin",
     "calibrate",
     "capacity_unit",
     "check_canary",
@@ -468,24 +469,60 @@ def offset_slo(slo: SLO, offset_ms: tuple[float, float]) -> SLO:
     )
 
 
+class TwinJob(Protocol):
+    """What a twin is built from: the steps and workload a window showed, and the service's facts."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def accelerator(self) -> str: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def gpu_memory_utilization(self) -> float: ...
+    @property
+    def steps(self) -> Mapping[str, StepTotals]: ...
+    @property
+    def workload(self) -> WorkloadWindow: ...
+    @property
+    def engine(self) -> SchedulerConfig | None: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def directory(self) -> str | None: ...
+
+
+def build_twin(job: TwinJob, seeds: tuple[int, ...] = (0,), min_steps: int = MIN_STEPS) -> Twin:
+    """The step model fitted to ``job``'s steps (the datasheet as its prior) and its workload
+    synthesized from the window's histograms, written under ``job.directory`` (a temporary one when
+    unset); ``seeds``: the Poisson arrival samples each prediction averages over.
+
+    Raises :class:`TwinFitError` or :class:`CaptureError` when the data cannot be fitted.
+    """
+    fit = fit_steps(job.steps, job.model, job.accelerator, job.tensor_parallel_size, min_steps=min_steps)
+    workload = synthesize(job.workload, WORKLOAD_REQUESTS, max_model_len=job.max_model_len, seed=job.seed)
+    directory = Path(job.directory or tempfile.mkdtemp(prefix="chunkpilot-twin-"))
+    return Twin.build(
+        fit,
+        workload,
+        directory / job.key.replace("/", "-"),
+        gpu_memory_utilization=job.gpu_memory_utilization,
+        engine=job.engine,
+        arrival_seeds=seeds,
+    )
+
+
 def calibrate(request: Request) -> Calibration:
     """Fit, predict the stable track, and (``request.rank``) rank the space on the twin.
 
     Raises :class:`TwinFitError` or :class:`CaptureError` when the data cannot be fitted.
     """
-    fit = fit_steps(request.steps, request.model, request.accelerator, request.tensor_parallel_size)
-    workload = synthesize(
-        request.workload, WORKLOAD_REQUESTS, max_model_len=request.max_model_len, seed=request.seed
-    )
-    directory = Path(request.directory or tempfile.mkdtemp(prefix="chunkpilot-twin-"))
-    twin = Twin.build(
-        fit,
-        workload,
-        directory / request.key.replace("/", "-"),
-        gpu_memory_utilization=request.gpu_memory_utilization,
-        engine=request.engine,
-        arrival_seeds=arrival_seeds(ARRIVAL_SAMPLES),
-    )
+    twin = build_twin(request, arrival_seeds(ARRIVAL_SAMPLES))
+    fit, workload = twin.fit, twin.workload
     if request.durations and request.stable_rate_req_s > 0:
         twin = twin.with_dispersion(
             request.durations,

@@ -287,7 +287,7 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
                 tensor_parallel_size=1,
                 max_model_len=MAX_MODEL_LEN,
                 gpu_memory_utilization=truth.gpu_memory_utilization,
-                steps={role: t.totals() for role, t in telemetry.items()},
+                steps_by_role={role: t.totals() for role, t in telemetry.items()},
                 workload=observe_window(observed, MAX_MODEL_LEN),
                 layout=running,
                 slo=settings.slo,

@@ -25,7 +25,7 @@ def request(twin: Twin, prefill: Twin, decode: Twin, **fields: object) -> PoolCh
         "key": "chat-trial-3",
         "twin": twin,
         "layout": LAYOUT,
-        "steps": steps,
+        "steps_by_role": steps,
         "slo": SLO_,
         "kv_bandwidth_gbps": 25.0,
         "kv_latency_ms": 1.0,
@@ -71,9 +71,9 @@ def test_a_pool_that_ran_too_few_steps_is_predicted_on_the_stables_model(stable:
     twin, _before = stable
     few = request(twin, twin, twin.slowed(1.6))
     thin = {
-        "prefill": few.steps["prefill"],
+        "prefill": few.steps_by_role["prefill"],
         "decode": pool_steps(twin.slowed(1.6), decode_only=True, requests=1),
     }
-    check = check_pools(replace(few, steps=thin))
+    check = check_pools(replace(few, steps_by_role=thin))
     assert check.pools[0].own and not check.pools[1].own
     assert "fewer than" in check.pools[1].describe()

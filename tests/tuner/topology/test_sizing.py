@@ -73,7 +73,7 @@ def request(twin: Twin, decode: Twin, outputs: float = 1.0) -> PoolSizingRequest
         tensor_parallel_size=1,
         max_model_len=8192,
         gpu_memory_utilization=0.9,
-        steps={"prefill": pool_steps(twin), "decode": pool_steps(decode, decode_only=True)},
+        steps_by_role={"prefill": pool_steps(twin), "decode": pool_steps(decode, decode_only=True)},
         workload=window_of(workload, 2.0),
         layout=LAYOUT,
         slo=SLO_,
