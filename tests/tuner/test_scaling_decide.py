@@ -345,3 +345,20 @@ def test_without_the_pools_capacities_it_waits_and_says_why() -> None:
     plan = pools_step(pools_body(), sizes=None)
     assert plan.status["scaling"]["reason"] == "waiting: no capacity of the pools from the twin yet"
     assert plan.status["scaling"]["pools"] == [] and said(plan) == []
+
+
+def test_observing_pools_with_nothing_to_fit_tries_again_only_after_a_minute() -> None:
+    asked: list[str] = []
+
+    def vector(query: str, at: Any) -> list[dict[str, Any]]:
+        asked.append(query)
+        return []  # nothing scraped yet
+
+    observer = TwinObserver(vector, inline=True)
+    snap = a_snapshot(pools_body(), prometheus=True)
+    assert asyncio.run(observer._pool_sizing(snap)) is None and asked
+    tried = len(asked)
+    assert asyncio.run(observer._pool_sizing(replace(snap, now=NOW + timedelta(seconds=30)))) is None
+    assert len(asked) == tried  # no query within the minute
+    assert asyncio.run(observer._pool_sizing(replace(snap, now=NOW + timedelta(seconds=61)))) is None
+    assert len(asked) == 2 * tried

@@ -87,8 +87,10 @@ REFIT_WINDOWS: Final = 4
 #: How long the planner's forecast (the quantiles at a replica count, at the live rate) stands on one
 #: fit before it is simulated again; a count it lacks is simulated at once.
 FORECAST_EVERY: Final = timedelta(minutes=5)
-#: A disaggregated service's pools are refitted (their capacities read again) at most this often.
+#: A disaggregated service's pools are refitted (their capacities read again) at most this often,
+#: and tried again no sooner than this after a try that found nothing to fit or failed.
 POOL_SIZING_EVERY: Final = timedelta(minutes=10)
+POOL_SIZING_RETRY: Final = timedelta(minutes=1)
 
 NO_TELEMETRY: Final = (
     "the stable engine exports no step telemetry (chunkpilot:step_duration_seconds): an engine "
@@ -242,6 +244,7 @@ class TwinObserver:
         self._forecasts: dict[tuple[str, str], tuple[str, datetime, dict[int, tuple[float, float]]]] = {}
         self._planned: dict[tuple[str, str], tuple[str, tuple[float, float]]] = {}
         self._pool_sizes: dict[tuple[str, str], tuple[datetime, PoolCapacities]] = {}
+        self._pool_sizing_failed: dict[tuple[str, str], datetime] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
@@ -422,11 +425,12 @@ class TwinObserver:
         """A sized disaggregated service's pools: one replica's capacity of each, on a twin fitted to
         their own steps and their workload (:func:`pool_workload`) over the SLO window; read again after
         :data:`POOL_SIZING_EVERY` or when the pools' knobs change (None: not sized, or nothing to fit
-        yet; the last reading stands while a refit fails)."""
+        yet; the last reading stands while a refit fails, tried again after :data:`POOL_SIZING_RETRY`)."""
         isvc, service = snap.isvc, (snap.namespace, snap.name)
         slo_spec, topology = isvc.spec.slo, isvc.spec.topology
         if not (isvc.spec.disaggregated and isvc.spec.scaling.plans) or slo_spec is None or topology is None:
             self._pool_sizes.pop(service, None)
+            self._pool_sizing_failed.pop(service, None)
             return None
         layout = pool_layout(topology, rec.tuned_config(snap.incumbent))
         key = pool_sizing_key(layout)
@@ -436,6 +440,10 @@ class TwinObserver:
         last = cached[1] if cached is not None and cached[1].key == key else None
         if self.vector is None or not isvc.spec.autotune.enabled or isvc.spec.autotune.paused:
             return last
+        failed = self._pool_sizing_failed.get(service)
+        if failed is not None and snap.now - failed < POOL_SIZING_RETRY:
+            return last
+        self._pool_sizing_failed[service] = snap.now  # until this try succeeds
         window_s = float(parse_duration(slo_spec.window))
         engine = str(isvc.spec.engine.kind)
         try:
@@ -484,6 +492,7 @@ class TwinObserver:
             log.info("pools of %s/%s not sized: %s", snap.namespace, snap.name, error)
             return last
         self._pool_sizes[service] = (snap.now, found)
+        self._pool_sizing_failed.pop(service, None)
         return found
 
     async def _pools(self, snap: Snapshot) -> PoolCheck | None:
