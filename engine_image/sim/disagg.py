@@ -638,14 +638,17 @@ def disaggregated_capacity(
     tolerance: float = DEFAULT_TOLERANCE,
     start_rate: float = 1.0,
     seed: int = 0,
+    min_duration_s: float = 0.0,
 ) -> CapacityResult:
-    """The highest Poisson rate at which ``topology`` meets ``slo`` (as :func:`find_capacity`)."""
+    """The highest Poisson rate at which ``topology`` meets ``slo`` (as :func:`find_capacity`;
+    ``min_duration_s``: each probe's arrivals span at least that long, the requests repeated)."""
     return search_capacity(
         lambda retimed: simulate_disaggregated(topology, retimed, slo),
         workload,
         tolerance=tolerance,
         start_rate=start_rate,
         seed=seed,
+        min_duration_s=min_duration_s,
     )
 
 

@@ -58,6 +58,9 @@ class PoolCheckRequest:
     requests_per_replica: int = REQUESTS_PER_REPLICA
     tolerance: float = TOLERANCE
     min_steps: int = MIN_STEPS
+    #: Each probe's arrivals span at least this long (0: ``requests_per_replica`` a replica, as the
+    #: recommendation it is compared with was searched).
+    sustained_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class PoolsJob(Protocol):
     def tolerance(self) -> float: ...
     @property
     def min_steps(self) -> int: ...
+    @property
+    def sustained_s(self) -> float: ...
 
 
 def pools_evaluator(twin: Twin, job: PoolsJob, name: str) -> tuple[LayoutEvaluator, tuple[PoolFit, ...]]:
@@ -171,6 +176,7 @@ def pools_evaluator(twin: Twin, job: PoolsJob, name: str) -> tuple[LayoutEvaluat
         requests_per_replica=job.requests_per_replica,
         tolerance=job.tolerance,
         pools=twins,
+        min_duration_s=job.sustained_s,
     )
     return evaluate, fits
 

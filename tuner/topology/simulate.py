@@ -93,9 +93,11 @@ def sim_evaluator(
     requests_per_replica: int = REQUESTS_PER_REPLICA,
     tolerance: float = TOLERANCE,
     start_rate: float = 1.0,
+    min_duration_s: float = 0.0,
 ) -> LayoutEvaluator:
     """Capacity at SLO of a layout (the whole service) with every replica running ``engine`` (or, with
-    :class:`PoolEngines`, each pool its own)."""
+    :class:`PoolEngines`, each pool its own); ``min_duration_s``: each probe's arrivals span at
+    least that long (a sustained load: the requests repeat), else ``requests_per_replica`` a replica."""
 
     def evaluate(layout: Layout) -> LayoutCapacity:
         topology = topology_of(engine, layout, kv)
@@ -107,6 +109,7 @@ def sim_evaluator(
             tolerance=tolerance,
             start_rate=start_rate * layout.replicas,
             seed=LAYOUT_SEED,
+            min_duration_s=min_duration_s,
         )
         at = result.at_capacity
         transfer = getattr(at, "transfer_ms", None)
@@ -137,6 +140,7 @@ def twin_evaluator(
     requests_per_replica: int = REQUESTS_PER_REPLICA,
     tolerance: float = TOLERANCE,
     pools: tuple[Twin, Twin] | None = None,
+    min_duration_s: float = 0.0,
 ) -> LayoutEvaluator:
     """The twin's capacity at SLO of a layout: its fitted engine and its captured workload.
 
@@ -158,4 +162,5 @@ def twin_evaluator(
         requests_per_replica=requests_per_replica,
         tolerance=tolerance,
         start_rate=rate,
+        min_duration_s=min_duration_s,
     )

@@ -28,6 +28,7 @@ from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE
 from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.fit import MIN_STEPS
 from chunkpilot.tuner.twin.online import build_twin, merge_steps
+from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 __all__ = ["AMPLE", "PoolCapacities", "PoolSizingRequest", "pool_capacities", "single_pool_capacities"]
 
@@ -62,6 +63,9 @@ class PoolSizingRequest:
     requests_per_replica: int = REQUESTS_PER_REPLICA
     tolerance: float = TOLERANCE
     min_steps: int = MIN_STEPS
+    #: Each capacity probe's arrivals span at least this long, as the colocated planner's do: the
+    #: rate the pools sustain, not the rate at which they absorb a burst of a few hundred requests.
+    sustained_s: float = SUSTAINED_S
 
     @property
     def steps(self) -> dict[str, StepTotals]:

@@ -16,6 +16,7 @@ from chunkpilot.tuner.topology.sizing import (
     single_pool_capacities,
 )
 from chunkpilot.tuner.twin import Twin, TwinFit
+from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 from chunkpilot.testing.tuner import pool_steps, window_of
 
@@ -80,6 +81,7 @@ def request(twin: Twin, decode: Twin, outputs: float = 1.0) -> PoolSizingRequest
         kv_bandwidth_gbps=25.0,
         kv_latency_ms=1.0,
         requests_per_replica=60,
+        sustained_s=0.0,  # a burst of 60 requests a replica: the logic, not the horizon, is tested here
     )
 
 
@@ -115,3 +117,16 @@ def test_longer_outputs_shift_the_ratio_towards_decode(twin: Twin, alike: PoolCa
     assert longer.decode_req_s < 0.7 * alike.decode_req_s
     ratio_before = alike.prefill_req_s / alike.decode_req_s
     assert longer.prefill_req_s / longer.decode_req_s > 1.3 * ratio_before
+
+
+def test_by_default_a_pool_is_read_at_what_it_sustains_not_what_it_absorbs_in_a_burst(
+    twin: Twin, alike: PoolCapacities
+) -> None:
+    sustained = pool_capacities(replace(request(twin, twin), sustained_s=SUSTAINED_S))
+    assert PoolSizingRequest.__dataclass_fields__["sustained_s"].default == SUSTAINED_S
+    # Three minutes of arrivals build the queues a burst of 60 requests a replica never does.
+    assert sustained.decode_req_s <= alike.decode_req_s and sustained.prefill_req_s <= alike.prefill_req_s
+    assert (
+        sustained.decode_req_s < 0.95 * alike.decode_req_s
+        or sustained.prefill_req_s < 0.95 * alike.prefill_req_s
+    )
