@@ -362,3 +362,53 @@ def test_observing_pools_with_nothing_to_fit_tries_again_only_after_a_minute() -
     assert len(asked) == tried  # no query within the minute
     assert asyncio.run(observer._pool_sizing(replace(snap, now=NOW + timedelta(seconds=61)))) is None
     assert len(asked) == 2 * tried
+
+
+def test_a_colocated_service_is_told_once_when_prefill_and_decode_pools_would_take_far_fewer_replicas() -> (
+    None
+):
+    # 8 req/s + 10%: 5 colocated replicas at 1.8 req/s each; one prefill replica serves 18, one decode 10.8.
+    split = TwinReading(pool_capacities=PoolCapacities("k", 20.0, 12.0, ()))
+    plan = step(body(), twin=split)
+    proposal = plan.status["scaling"]["proposal"]
+    assert (proposal["topology"], proposal["replicas"], proposal["currentReplicas"]) == (
+        "disaggregated",
+        2,
+        5,
+    )
+    assert (proposal["prefillReplicas"], proposal["decodeReplicas"]) == (1, 1)
+    [message] = [m for r, m in events(plan) if r == "TopologyProposed"]
+    assert message.startswith(
+        "prefill/decode pools would serve 8.8 req/s on 1 + 1 replicas where colocated takes 5"
+    )
+    again = step(body(scaling=plan.status["scaling"]), twin=split, now=NOW + timedelta(seconds=10))
+    assert [r for r, _ in events(again) if r == "TopologyProposed"] == []  # said once
+    close = TwinReading(pool_capacities=PoolCapacities("k", 6.0, 4.0, ()))  # 2 + 3: not far enough below 5
+    assert "proposal" not in step(body(), twin=close).status["scaling"]
+
+
+def test_a_disaggregated_service_is_told_when_colocated_replicas_would_take_far_fewer() -> None:
+    colocated = replace(SIZES, colocated_req_s=3.0)  # 2.55 req/s less its 15% error: 4 for 8.8 req/s
+    plan = pools_step(pools_body(), sizes=colocated)
+    proposal = plan.status["scaling"]["proposal"]
+    assert (proposal["topology"], proposal["replicas"], proposal["currentReplicas"]) == ("colocated", 4, 8)
+    assert [r for r, _ in events(plan)].count("TopologyProposed") == 1
+    assert (
+        "proposal"
+        not in pools_step(pools_body(), sizes=replace(SIZES, colocated_req_s=1.5)).status["scaling"]
+    )
+
+
+def test_observing_splits_a_sized_colocated_service_into_pools_once_per_fit(
+    sim_twin: Callable[[int], tuple[TwinFit, Twin]],
+) -> None:
+    fit, twin = sim_twin(128)
+    calibration = Calibration("k", fit, twin, (20.0, 300.0), 0.1)
+    snap = a_snapshot(body(), stable=a_ready_state(2), prometheus=True)
+    observer = TwinObserver(None, inline=True)
+    split = asyncio.run(observer._split(snap, TwinReading(calibration=calibration)))
+    assert split is not None and split.key == "k" and split.prefill_req_s > 0 and split.decode_req_s > 0
+    assert split.describe().endswith("(on the service's twin)")
+    assert asyncio.run(observer._split(snap, TwinReading(calibration=calibration))) is split
+    unsized = a_snapshot(body("Off"), stable=a_ready_state(2), prometheus=True)
+    assert asyncio.run(observer._split(unsized, TwinReading(calibration=calibration))) is None

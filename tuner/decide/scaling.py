@@ -21,19 +21,23 @@ from typing import Any, Final
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
 from chunkpilot.tuner.planner import (
+    DEFAULT_ERROR,
     Capacity,
     decide_replicas,
     remember,
+    replicas_for,
     settled,
     sizing_capacity,
     startup_seconds,
 )
 from chunkpilot.tuner.policy import SLOTargets, check_slo
 from chunkpilot.tuner.topology.pools import ROLES
+from chunkpilot.tuner.topology.sizing import PoolCapacities
 
 from chunkpilot.api import (
     PoolScalingStatus,
     ScalingMode,
+    ScalingProposal,
     ScalingRecommendation,
     ScalingStatus,
     TwinState,
@@ -116,7 +120,11 @@ def plan_scaling(plan: Plan) -> None:
     changed = decision.desired != previous
     plan.do(ScalingGauges(decision.desired, capacity.low))
     last = before.recommendations[-1].time if before.recommendations else None
-    quiet = not changed and startup == before.startup_seconds and cap == kept
+    proposal = _split_proposal(
+        decision.planned_req_s, decision.needed, capacity.error, snap.twin.pool_capacities
+    )
+    _propose(plan, before.proposal, proposal)
+    quiet = not changed and startup == before.startup_seconds and cap == kept and proposal == before.proposal
     if quiet and last is not None and (snap.now - last).total_seconds() < RECORD_EVERY_S:
         return  # the status is rewritten every RECORD_EVERY_S, or at once when the decision changes
     plan.status["scaling"] = _status(
@@ -132,6 +140,7 @@ def plan_scaling(plan: Plan) -> None:
         now=snap.now if changed else None,
         history=remember(before.recommendations, snap.now, decision.needed, live),
         cap=(cap, fit),
+        proposal=proposal,
     )
     if changed:
         verb = "would scale" if spec.mode == ScalingMode.ADVISE else "scaling"
@@ -168,7 +177,7 @@ def _plan_pools(plan: Plan) -> None:
     measured = {"prefill": pools.prefill.replicas, "decode": pools.decode.replicas}
     decided: list[PoolScalingStatus] = []
     moves: list[str] = []
-    up, planned = False, live
+    up, planned, needed = False, live, 0
     quiet = before.mode == spec.mode and bool(before.pools)
     for role in ROLES:
         old = before.pool(role) or PoolScalingStatus(role=role)
@@ -194,6 +203,7 @@ def _plan_pools(plan: Plan) -> None:
             spec, current, live, capacity, old.recommendations, snap.now, before.startup_seconds
         )
         planned = decision.planned_req_s  # the same rate for both pools: the service's
+        needed += decision.needed
         if decision.desired != previous:
             moves.append(f"{role} {previous} -> {decision.desired}")
             up = up or decision.desired > previous
@@ -215,7 +225,9 @@ def _plan_pools(plan: Plan) -> None:
         )
     total = sum(p.desired_replicas or 0 for p in decided)
     plan.do(ScalingGauges(total, None))
-    if quiet:
+    proposal = _colocated_proposal(planned, needed, DEFAULT_ERROR, sizes.colocated_req_s)
+    _propose(plan, before.proposal, proposal)
+    if quiet and proposal == before.proposal:
         return  # rewritten every RECORD_EVERY_S, or at once when a pool's decision changes
     reason = "; ".join(p.reason for p in decided)
     status = before.model_copy(
@@ -232,6 +244,7 @@ def _plan_pools(plan: Plan) -> None:
             "predicted_ttft_ms": None,
             "last_scale_time": snap.now if moves else before.last_scale_time,
             "pools": decided,
+            "proposal": proposal,
         }
     )
     plan.status["scaling"] = status.to_k8s()
@@ -240,6 +253,75 @@ def _plan_pools(plan: Plan) -> None:
         event = "ScalingAdvised" if spec.mode == ScalingMode.ADVISE else ("ScaledUp" if up else "ScaledDown")
         said = f"{verb} {', '.join(moves)}: {sizes.describe()}; {reason}"
         plan.emit(EventType.NORMAL, event, said[:1024])
+
+
+#: The other topology is proposed when it takes at most this share of the replicas the running one
+#: takes at the rate planned for (and at least one fewer): well past the twin's error either way.
+PROPOSE_AT: Final = 0.75
+
+
+def _fewer(proposed: int, current: int) -> bool:
+    return proposed <= current * PROPOSE_AT and proposed < current
+
+
+def _split_proposal(
+    planned_req_s: float, needed: int, error: float, split: PoolCapacities | None
+) -> ScalingProposal | None:
+    """Prefill/decode pools, when the twin says they serve ``planned_req_s`` on far fewer replicas
+    than the ``needed`` colocated ones (each pool's capacity less the same ``error``)."""
+    if split is None:
+        return None
+    prefill = replicas_for(planned_req_s, Capacity(split.prefill_req_s, error))
+    decode = replicas_for(planned_req_s, Capacity(split.decode_req_s, error))
+    if prefill is None or decode is None or not _fewer(prefill + decode, needed):
+        return None
+    return ScalingProposal(
+        topology="disaggregated",
+        replicas=prefill + decode,
+        prefill_replicas=prefill,
+        decode_replicas=decode,
+        current_replicas=needed,
+        message=(
+            f"prefill/decode pools would serve {planned_req_s:.3g} req/s on {prefill} + {decode} "
+            f"replicas where colocated takes {needed}: {split.describe()}; to switch, declare "
+            "spec.topology (mode disaggregated, both pools)"
+        )[:1024],
+    )
+
+
+def _colocated_proposal(
+    planned_req_s: float, needed: int, error: float, colocated_req_s: float | None
+) -> ScalingProposal | None:
+    """Colocated replicas, when the pools' twin says they serve ``planned_req_s`` on far fewer
+    replicas than the ``needed`` of both pools together."""
+    if colocated_req_s is None or not needed:
+        return None
+    replicas = replicas_for(planned_req_s, Capacity(colocated_req_s, error))
+    if replicas is None or not _fewer(replicas, needed):
+        return None
+    return ScalingProposal(
+        topology="colocated",
+        replicas=replicas,
+        current_replicas=needed,
+        message=(
+            f"colocated replicas would serve {planned_req_s:.3g} req/s on {replicas} where the pools take "
+            f"{needed}: one colocated replica sustains {colocated_req_s:.3g} req/s on the pools' twin; to "
+            "switch, set spec.topology.mode: colocated"
+        )[:1024],
+    )
+
+
+def _propose(plan: Plan, before: ScalingProposal | None, proposal: ScalingProposal | None) -> None:
+    """An Event when a proposal appears or its replicas change (not at every step)."""
+    if proposal is None:
+        return
+    if before is not None and (before.topology, before.replicas, before.current_replicas) == (
+        proposal.topology,
+        proposal.replicas,
+        proposal.current_replicas,
+    ):
+        return
+    plan.emit(EventType.NORMAL, "TopologyProposed", proposal.message)
 
 
 def _predicted(
@@ -270,6 +352,7 @@ def _status(
     now: datetime | None = None,
     history: list[ScalingRecommendation] | None = None,
     cap: tuple[float | None, str | None] | None = None,
+    proposal: ScalingProposal | None = None,
 ) -> dict[str, Any]:
     learnt, fit = cap if cap is not None else (before.capacity_cap_req_s, before.capacity_cap_fit)
     status = before.model_copy(
@@ -289,6 +372,7 @@ def _status(
             "predicted_itl_ms": round(predicted[0], 1) if predicted else None,
             "predicted_ttft_ms": round(predicted[1], 1) if predicted else None,
             "recommendations": history if history is not None else before.recommendations,
+            "proposal": proposal,
         }
     )
     return status.to_k8s()

@@ -130,8 +130,9 @@ class TwinReading:
     #: One replica's sustained capacity at SLO of the stable config, and at the SLO tightened by the
     #: twin's error (req/s; once per fit); None: not computed (the planner uses the ranking's).
     planning: tuple[float, float] | None = None
-    #: A disaggregated service's pools: one replica's capacity of each, on a twin fitted to their
-    #: own telemetry (refitted at most every few minutes); None: not computed.
+    #: One replica's capacity of each pool: a sized disaggregated service's running pools, on a twin
+    #: fitted to their own telemetry (refitted at most every few minutes); a sized colocated
+    #: service's replicas split into pools, on its twin (once per fit); None: not computed.
     pool_capacities: PoolCapacities | None = None
 
 

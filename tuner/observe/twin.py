@@ -47,10 +47,16 @@ from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.planner import capacity_of, needed_replicas
 from chunkpilot.tuner.space import SpaceError, TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
-from chunkpilot.tuner.topology.layouts import Layout, Pool
+from chunkpilot.tuner.topology.layouts import PREFILL_BUDGETS, Layout, Pool, decode_pool
 from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
-from chunkpilot.tuner.topology.sizing import PoolCapacities, PoolSizingRequest, pool_capacities
+from chunkpilot.tuner.topology.sizing import (
+    LayoutSizingRequest,
+    PoolCapacities,
+    PoolSizingRequest,
+    layout_capacities,
+    pool_capacities,
+)
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError, WorkloadWindow
 from chunkpilot.tuner.twin.fit import TwinFitError
@@ -245,6 +251,7 @@ class TwinObserver:
         self._planned: dict[tuple[str, str], tuple[str, tuple[float, float]]] = {}
         self._pool_sizes: dict[tuple[str, str], tuple[datetime, PoolCapacities]] = {}
         self._pool_sizing_failed: dict[tuple[str, str], datetime] = {}
+        self._splits: dict[tuple[str, str], tuple[str, PoolCapacities | None]] = {}
 
     async def observe(self, snap: Snapshot, final: CanaryWindow | None) -> TwinReading:
         """The twin's reading for ``snap`` (nothing when there is nothing to measure with), with the
@@ -253,7 +260,7 @@ class TwinObserver:
         pools = await self._pools(snap)
         forecast = await self._forecast(snap, reading)
         planning = await self._planning(snap, reading)
-        sizes = await self._pool_sizing(snap)
+        sizes = await self._pool_sizing(snap) or await self._split(snap, reading)
         return replace(
             reading, pools=pools or reading.pools, forecast=forecast, planning=planning, pool_capacities=sizes
         )
@@ -405,6 +412,41 @@ class TwinObserver:
         self._planned[service] = (calibration.key, planned)
         return planned
 
+    async def _split(self, snap: Snapshot, reading: TwinReading) -> PoolCapacities | None:
+        """A sized colocated service's replicas split into prefill and decode pools: one replica's
+        capacity of each on the service's twin (the pools' knobs as the topology search starts
+        them), once per fit; None: not sized, no fit yet, or not simulated."""
+        calibration = reading.calibration or self._fits.get((snap.namespace, snap.name))
+        isvc, service = snap.isvc, (snap.namespace, snap.name)
+        if not isvc.spec.scaling.plans or isvc.spec.disaggregated or calibration is None:
+            self._splits.pop(service, None)
+            return None
+        cached = self._splits.get(service)
+        if cached is not None and cached[0] == calibration.key:
+            return cached[1]  # the same fit: its split (or its failure) stands
+        stable = rec.tuned_config(snap.incumbent)
+        bandwidth, latency = kv_transfer(snap)
+        job = LayoutSizingRequest(
+            key=calibration.key,
+            twin=calibration.twin,
+            layout=Layout(
+                Pool(1, PREFILL_BUDGETS[0], stable.max_num_seqs),
+                decode_pool(1, stable.max_num_seqs, stable.max_num_batched_tokens),
+            ),
+            slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),
+            kv_bandwidth_gbps=bandwidth,
+            kv_latency_ms=latency,
+            max_model_len=rec.service_facts(isvc).max_model_len,
+        )
+        try:
+            found = await self._compute(layout_capacities, job)
+        except (TwinFitError, ValueError, RuntimeError) as error:
+            log.warning("pools of %s/%s not simulated: %s", snap.namespace, snap.name, error)
+            self._splits[service] = (calibration.key, None)
+            return None
+        self._splits[service] = (calibration.key, found)
+        return found
+
     async def _steps_by_role(
         self, snap: Snapshot, track: Track, window: str, at: datetime
     ) -> dict[str, dict[str, StepTotals]]:
@@ -484,6 +526,7 @@ class TwinObserver:
                 str(isvc.spec.resources.accelerator),
                 facts.max_model_len,
             ),
+            colocated=rec.tuned_config(snap.incumbent),
             seed=seed_for(isvc.metadata.uid or snap.name, 0),
         )
         try:

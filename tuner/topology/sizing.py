@@ -22,15 +22,25 @@ from typing import Final
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
 from chunkpilot.tuner.topology.pools import ROLES, PoolFit, pools_evaluator
-from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE
+from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
 from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.fit import MIN_STEPS
 from chunkpilot.tuner.twin.online import build_twin, merge_steps
-from chunkpilot.tuner.twin.search import SUSTAINED_S
+from chunkpilot.tuner.twin.predict import Twin
+from chunkpilot.tuner.twin.search import SUSTAINED_S, planning_capacity
 
-__all__ = ["AMPLE", "PoolCapacities", "PoolSizingRequest", "pool_capacities", "single_pool_capacities"]
+__all__ = [
+    "AMPLE",
+    "LayoutSizingRequest",
+    "PoolCapacities",
+    "PoolSizingRequest",
+    "layout_capacities",
+    "pool_capacities",
+    "single_pool_capacities",
+]
 
 #: The other pool's replicas when one pool's capacity is read at one replica, to begin with; more
 #: when the other pool may have bound it (up to :data:`MAX_AMPLE`).
@@ -58,6 +68,9 @@ class PoolSizingRequest:
     kv_bandwidth_gbps: float
     kv_latency_ms: float
     engine: SchedulerConfig | None = None
+    #: The service's colocated configuration, whose sustained capacity per replica on the same twin
+    #: is read too (None: not read): what running colocated would take instead.
+    colocated: TunedConfig | None = None
     seed: int = 0
     directory: str | None = None
     requests_per_replica: int = REQUESTS_PER_REPLICA
@@ -85,6 +98,8 @@ class PoolCapacities:
     #: Layouts simulated to read them, and the CPU seconds that took.
     evaluations: int = 0
     cpu_seconds: float = 0.0
+    #: What one colocated replica would sustain on the same twin (None: not read).
+    colocated_req_s: float | None = None
 
     def per_replica(self, role: str) -> float:
         """The capacity of one replica of the pool of ``role``."""
@@ -92,11 +107,12 @@ class PoolCapacities:
 
     def describe(self) -> str:
         """``one prefill replica serves 6.1 req/s, one decode replica 2.3 (prefill: ...; decode: ...)``."""
-        fits = "; ".join(p.describe() for p in self.pools)
-        return (
+        said = (
             f"one prefill replica serves {self.prefill_req_s:.3g} req/s, one decode replica "
-            f"{self.decode_req_s:.3g} ({fits})"
+            f"{self.decode_req_s:.3g}"
         )
+        fits = "; ".join(p.describe() for p in self.pools)
+        return f"{said} ({fits})" if fits else f"{said} (on the service's twin)"
 
 
 def single_pool_capacities(
@@ -148,4 +164,45 @@ def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
     twin = build_twin(request, min_steps=request.min_steps)
     evaluate, fits = pools_evaluator(twin, request, "stable")
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
-    return PoolCapacities(request.key, prefill, decode, fits, evaluations, time.process_time() - started)
+    colocated = None
+    if request.colocated is not None:
+        colocated, _ = planning_capacity(
+            twin, request.colocated, request.slo, 0.0, max_model_len=request.max_model_len
+        )
+    return PoolCapacities(
+        request.key, prefill, decode, fits, evaluations, time.process_time() - started, colocated
+    )
+
+
+@dataclass(frozen=True)
+class LayoutSizingRequest:
+    """One replica's capacity of each pool of ``layout`` on a colocated service's twin (picklable):
+    what splitting the service into prefill and decode pools would take."""
+
+    key: str
+    twin: Twin
+    layout: Layout
+    slo: SLO
+    kv_bandwidth_gbps: float
+    kv_latency_ms: float
+    max_model_len: int
+    requests_per_replica: int = REQUESTS_PER_REPLICA
+    tolerance: float = TOLERANCE
+    sustained_s: float = SUSTAINED_S
+
+
+def layout_capacities(request: LayoutSizingRequest) -> PoolCapacities:
+    """Each pool's capacity per replica on the twin (its one step model in both pools)."""
+    started = time.process_time()
+    evaluate = twin_evaluator(
+        request.twin,
+        request.slo,
+        request.kv_bandwidth_gbps,
+        request.kv_latency_ms,
+        max_model_len=request.max_model_len,
+        requests_per_replica=request.requests_per_replica,
+        tolerance=request.tolerance,
+        min_duration_s=request.sustained_s,
+    )
+    (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
+    return PoolCapacities(request.key, prefill, decode, (), evaluations, time.process_time() - started)

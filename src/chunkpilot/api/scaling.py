@@ -186,6 +186,18 @@ class PoolScalingStatus(StatusModel):
     )
 
 
+class ScalingProposal(StatusModel):
+    """The other topology, where the twin says it serves the live rate on far fewer replicas
+    (tuner-owned; advice: nothing acts on it)."""
+
+    topology: Literal["colocated", "disaggregated"] = Field(description="The topology proposed.")
+    replicas: int = Field(ge=1, description="The replicas it would take at the rate planned for.")
+    prefill_replicas: int | None = Field(default=None, ge=1, description="Of them, the prefill pool's.")
+    decode_replicas: int | None = Field(default=None, ge=1, description="Of them, the decode pool's.")
+    current_replicas: int = Field(ge=1, description="What the running topology takes at the same rate.")
+    message: str = Field(default="", max_length=1024, description="Why, in words, and how to switch.")
+
+
 class ScalingStatus(StatusModel):
     """What the planner decided and why (tuner-owned)."""
 
@@ -239,6 +251,13 @@ class ScalingStatus(StatusModel):
     )
     recommendations: list[ScalingRecommendation] = Field(
         default_factory=list, max_length=64, description="Recent recommendations, newest last."
+    )
+    proposal: ScalingProposal | None = Field(
+        default=None,
+        description=(
+            "The other topology (colocated or prefill/decode pools), when the twin says it serves the"
+            " rate planned for on at most three quarters of the replicas the running one takes."
+        ),
     )
     pools: list[PoolScalingStatus] = Field(
         default_factory=list,

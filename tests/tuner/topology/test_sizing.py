@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from chunkpilot.engine.sim.offline import SLO
+from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, Pool
 from chunkpilot.tuner.topology.sizing import (
     MAX_AMPLE,
@@ -122,7 +123,11 @@ def test_longer_outputs_shift_the_ratio_towards_decode(twin: Twin, alike: PoolCa
 def test_by_default_a_pool_is_read_at_what_it_sustains_not_what_it_absorbs_in_a_burst(
     twin: Twin, alike: PoolCapacities
 ) -> None:
-    sustained = pool_capacities(replace(request(twin, twin), sustained_s=SUSTAINED_S))
+    colocated = TunedConfig(1024, 64)  # the service's own knobs, read on the same twin
+    sustained = pool_capacities(replace(request(twin, twin), sustained_s=SUSTAINED_S, colocated=colocated))
+    assert alike.colocated_req_s is None and sustained.colocated_req_s is not None
+    # One colocated GPU serves less than a prefill and a decode GPU together.
+    assert 0 < sustained.colocated_req_s < sustained.prefill_req_s + sustained.decode_req_s
     assert PoolSizingRequest.__dataclass_fields__["sustained_s"].default == SUSTAINED_S
     # Three minutes of arrivals build the queues a burst of 60 requests a replica never does.
     assert sustained.decode_req_s <= alike.decode_req_s and sustained.prefill_req_s <= alike.prefill_req_s
