@@ -45,6 +45,16 @@ def test_the_ratio_follows_the_mix_and_each_sizing_is_judged_on_the_truth(quick:
     assert "decode:" in code.fit and "steps" in code.fit  # each pool fitted on what it ran
 
 
+def test_at_a_quarter_of_one_pair_s_capacity_colocated_is_proposed_as_the_truth_agrees() -> None:
+    light = run_pool_sizing_benchmark(replace(POOL_SIZING_QUICK, mixes=("chat",), loads=(0.25,), jobs=1))
+    [mix] = light.mixes
+    [sizing] = mix.sizings
+    assert (sizing.prefill, sizing.decode) == (1, 1)  # a pool never has fewer than one replica
+    assert mix.colocated_twin_req_s is not None and sizing.colocated_twin == 1 and sizing.colocated_truth == 1
+    assert sizing.proposed == "colocated" and sizing.colocated_wins
+    assert light.to_dict()["summary"]["proposals_the_truth_agrees_with"] == 1
+
+
 def test_the_json_and_the_table_carry_every_sizing(quick: PoolSizingResult) -> None:
     data = json.loads(json.dumps(quick.to_dict()))
     assert [m["mix"] for m in data["mixes"]] == ["chat", "code"]

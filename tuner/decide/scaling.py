@@ -43,7 +43,7 @@ from chunkpilot.api import (
     TwinState,
 )
 
-__all__ = ["RECORD_EVERY_S", "plan_scaling"]
+__all__ = ["PROPOSE_AT", "RECORD_EVERY_S", "colocated_proposal", "plan_scaling", "split_proposal"]
 
 #: The decision is recorded in the status (and as a recommendation the windows look back over) at
 #: most this often while it does not change: a fleet's status writes stay few.
@@ -120,7 +120,7 @@ def plan_scaling(plan: Plan) -> None:
     changed = decision.desired != previous
     plan.do(ScalingGauges(decision.desired, capacity.low))
     last = before.recommendations[-1].time if before.recommendations else None
-    proposal = _split_proposal(
+    proposal = split_proposal(
         decision.planned_req_s, decision.needed, capacity.error, snap.twin.pool_capacities
     )
     _propose(plan, before.proposal, proposal)
@@ -225,7 +225,7 @@ def _plan_pools(plan: Plan) -> None:
         )
     total = sum(p.desired_replicas or 0 for p in decided)
     plan.do(ScalingGauges(total, None))
-    proposal = _colocated_proposal(planned, needed, DEFAULT_ERROR, sizes.colocated_req_s)
+    proposal = colocated_proposal(planned, needed, DEFAULT_ERROR, sizes.colocated_req_s)
     _propose(plan, before.proposal, proposal)
     if quiet and proposal == before.proposal:
         return  # rewritten every RECORD_EVERY_S, or at once when a pool's decision changes
@@ -264,7 +264,7 @@ def _fewer(proposed: int, current: int) -> bool:
     return proposed <= current * PROPOSE_AT and proposed < current
 
 
-def _split_proposal(
+def split_proposal(
     planned_req_s: float, needed: int, error: float, split: PoolCapacities | None
 ) -> ScalingProposal | None:
     """Prefill/decode pools, when the twin says they serve ``planned_req_s`` on far fewer replicas
@@ -289,7 +289,7 @@ def _split_proposal(
     )
 
 
-def _colocated_proposal(
+def colocated_proposal(
     planned_req_s: float, needed: int, error: float, colocated_req_s: float | None
 ) -> ScalingProposal | None:
     """Colocated replicas, when the pools' twin says they serve ``planned_req_s`` on far fewer

@@ -7,7 +7,7 @@ serve one window at 70% of that layout's true capacity, and what their ``/metric
 (each pool's step telemetry, the decode pool's request lengths) is all the tuner is given: it
 fits the pools' twin on that (the datasheet H100 as its prior, never the truth) and reads one
 replica's capacity of each pool (:func:`chunkpilot.tuner.topology.sizing.pool_capacities`), then
-sizes each pool for rates of 0.75, 1.5 and 3 times that layout's true capacity with the
+sizes each pool for rates of 0.25, 0.75, 1.5 and 3 times that layout's true capacity with the
 operator's planner (:func:`chunkpilot.tuner.planner.needed_replicas`, its 10% headroom and 15%
 unmeasured error). Each sizing is judged on the truth: a simulation of the sized layout at that
 rate, both SLO quantiles; beside it, found on the truth with the same 10% headroom (at 1.1 times
@@ -19,7 +19,10 @@ the rate):
   scaled as a whole, its declared 1:1 ratio kept).
 
 The mixes (chat, chat with 30% summarisation prompts, code completion) ask whether the P:D ratio
-follows the workload.
+follows the workload. For the **proposal** of the other topology, the truth's best colocated budget
+(sustained capacity per replica, three minutes of arrivals) is given to the twin as the service's
+colocated knobs; the colocated replicas the twin would plan are set beside those the truth needs,
+and the proposal the planner makes (colocated instead of the pools, or none) is reported.
 """
 
 from __future__ import annotations
@@ -36,21 +39,24 @@ from typing import Any
 from chunkpilot.api import ScalingMode, ScalingSpec
 from chunkpilot.bench.command import given_options, run_bench_command
 from chunkpilot.bench.disagg import bimodal_workload
-from chunkpilot.bench.disagg_truth import DATASHEET, MAX_MODEL_LEN, MODEL, truth_path
+from chunkpilot.bench.disagg_truth import DATASHEET, MAX_MODEL_LEN, MODEL, scheduler_with, truth_path
 from chunkpilot.bench.exhaustive import BenchError
 from chunkpilot.bench.twin_truth import family, truth_engine
 from chunkpilot.bench.twin_validate import observe_window
-from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.capacity import find_capacity, retime
 from chunkpilot.engine.sim.disagg import KVTransfer, simulate_disaggregated
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.planner import DEFAULT_ERROR, Capacity, needed_replicas
+from chunkpilot.tuner.decide.scaling import PROPOSE_AT, colocated_proposal
+from chunkpilot.tuner.planner import DEFAULT_ERROR, Capacity, needed_replicas, replicas_for
+from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, Pool
 from chunkpilot.tuner.topology.simulate import sim_evaluator, tiled, topology_of
 from chunkpilot.tuner.topology.sizing import PoolSizingRequest, pool_capacities
+from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 __all__ = ["POOL_SIZING_FULL", "POOL_SIZING_QUICK", "PoolSizingSettings", "run_pool_sizing_benchmark"]
 
@@ -62,7 +68,7 @@ class PoolSizingSettings:
     truth: str = "h100-c075-m085-o2"
     mixes: tuple[str, ...] = ("chat", "chat+summaries", "code")
     #: Rates sized for, in multiples of the running 1 + 1 layout's true capacity.
-    loads: tuple[float, ...] = (0.75, 1.5, 3.0)
+    loads: tuple[float, ...] = (0.25, 0.75, 1.5, 3.0)
     itl_ms: float = 20.0
     ttft_ms: float = 400.0
     prefill_budget: int = 8192
@@ -78,6 +84,9 @@ class PoolSizingSettings:
     observed_requests: int = 600
     headroom: float = 0.1
     max_replicas: int = 12
+    #: The colocated budgets the truth's best is searched over (``max_num_seqs`` as the pools'):
+    #: the service's colocated knobs, which the twin reads too, for the proposal.
+    colocated_budgets: tuple[int, ...] = (256, 320, 384, 512, 768)
     tolerance: float = 0.05
     jobs: int = 2
     seed: int = 0
@@ -125,7 +134,7 @@ def mix_workload(name: str, count: int, seed: int = 0) -> Workload:
 
 POOL_SIZING_FULL = PoolSizingSettings()
 POOL_SIZING_QUICK = PoolSizingSettings(
-    mixes=("chat", "code"), loads=(1.5,), requests=600, observed_requests=300
+    mixes=("chat", "code"), loads=(1.5,), requests=600, observed_requests=300, colocated_budgets=(320,)
 )
 
 
@@ -145,10 +154,22 @@ class Sizing:
     fewest_splits: tuple[tuple[int, int], ...]
     #: The fewest m + m replicas meeting both SLOs on the truth.
     fixed_ratio: int | None
+    #: Colocated replicas of the best budget: as the twin sizes them, and as the truth needs them
+    #: (at 1.1 times the rate, each sustaining the truth's capacity); the topology the planner
+    #: proposes instead of the pools ("": none).
+    colocated_twin: int | None = None
+    colocated_truth: int | None = None
+    proposed: str = ""
 
     @property
     def replicas(self) -> int:
         return self.prefill + self.decode
+
+    @property
+    def colocated_wins(self) -> bool:
+        """The truth's colocated replicas are as far below its fewest pools as a proposal asks."""
+        truth, pools = self.colocated_truth, self.fewest
+        return truth is not None and pools is not None and truth <= pools * PROPOSE_AT and truth < pools
 
     @property
     def twin_fixed_ratio(self) -> int:
@@ -170,6 +191,10 @@ class MixResult:
     fit: str
     sizings: tuple[Sizing, ...]
     cpu_s: float
+    #: The best colocated budget on the truth, one replica's sustained capacity there and on the twin.
+    colocated_budget: int = 0
+    colocated_true_req_s: float = 0.0
+    colocated_twin_req_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +228,11 @@ class PoolSizingResult:
                 "twin_fixed_ratio_replicas": sum(s.twin_fixed_ratio for s in sizings),
                 "fewest_replicas": sum(s.fewest or 0 for s in sizings),
                 "fixed_ratio_replicas": sum(s.fixed_ratio or 0 for s in sizings),
+                "proposals": sum(bool(s.proposed) for s in sizings),
+                "proposals_the_truth_agrees_with": sum(
+                    bool(s.proposed) and s.colocated_wins for s in sizings
+                ),
+                "proposals_missed": sum(not s.proposed and s.colocated_wins for s in sizings),
             },
             "wall_s": round(self.wall_s, 1),
         }
@@ -279,6 +309,18 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
             keep_records=True,
             telemetry=telemetry,
         )
+        colocated = {
+            budget: find_capacity(
+                replace(truth, scheduler=scheduler_with(truth.scheduler, budget, settings.max_num_seqs)),
+                lengths,
+                settings.slo,
+                tolerance=settings.tolerance,
+                seed=settings.seed,
+                min_duration_s=SUSTAINED_S,
+            ).capacity_req_s
+            for budget in settings.colocated_budgets
+        }
+        budget = max(colocated, key=lambda b: colocated[b])
         sizes = pool_capacities(
             PoolSizingRequest(
                 key="bench",
@@ -295,6 +337,7 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
                 kv_latency_ms=settings.latency_ms,
                 seed=settings.seed,
                 directory=str(root / "twin"),
+                colocated=TunedConfig(budget, min(settings.max_num_seqs, budget)),
             )
         )
         spec = ScalingSpec(
@@ -310,6 +353,13 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
             served = rate * (1 + settings.headroom)
             fewest, splits = _truth_fewest(truth, settings, served, max(2, math.ceil(load)))
             fixed = _fixed_ratio(truth, settings, served, max(1, (fewest or 2) // 2))
+            twin_colocated = (
+                replicas_for(planned, Capacity(sizes.colocated_req_s, DEFAULT_ERROR))
+                if sizes.colocated_req_s
+                else None
+            )
+            true_colocated = math.ceil(served / colocated[budget] - 1e-9) if colocated[budget] > 0 else None
+            proposal = colocated_proposal(planned, prefill + decode, DEFAULT_ERROR, sizes.colocated_req_s)
             sizings.append(
                 Sizing(
                     load,
@@ -322,6 +372,9 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
                     fewest,
                     splits,
                     fixed,
+                    twin_colocated,
+                    true_colocated,
+                    proposal.topology if proposal is not None else "",
                 )
             )
     prompts = [r.prompt_tokens for r in lengths.requests]
@@ -336,6 +389,9 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
         fit="; ".join(p.describe() for p in sizes.pools),
         sizings=tuple(sizings),
         cpu_s=round(time.process_time() - started, 1),
+        colocated_budget=budget,
+        colocated_true_req_s=round(colocated[budget], 3),
+        colocated_twin_req_s=round(sizes.colocated_req_s, 3) if sizes.colocated_req_s else None,
     )
 
 
@@ -361,22 +417,30 @@ def run_pool_sizing_benchmark(
     )
 
 
+def _number(value: float | None, spec: str = "g") -> str:
+    return "none" if value is None else format(value, spec)
+
+
 def format_pool_sizing_table(result: PoolSizingResult) -> str:
     """The Markdown tables docs/benchmarks.md shows."""
     lines = [
-        "| mix | mean prompt / output | 1+1 true req/s | twin: one prefill / decode replica req/s |",
-        "|---|---|---:|---|",
+        "| mix | mean prompt / output | 1+1 true req/s | twin: one prefill / decode replica req/s | "
+        "colocated budget: one replica true / twin req/s |",
+        "|---|---|---:|---|---|",
     ]
     for mix in result.mixes:
         lines.append(
             f"| {mix.mix} | {mix.mean_prompt_tokens:,.0f} / {mix.mean_output_tokens:,.0f} | "
-            f"{mix.running_true_req_s:.2f} | {mix.prefill_req_s:.2f} / {mix.decode_req_s:.2f} |"
+            f"{mix.running_true_req_s:.2f} | {mix.prefill_req_s:.2f} / {mix.decode_req_s:.2f} | "
+            f"{mix.colocated_budget}: {mix.colocated_true_req_s:.2f} / "
+            f"{_number(mix.colocated_twin_req_s, '.2f')} |"
         )
     lines += [
         "",
         "| mix | rate (x 1+1) | req/s | twin sizes P + D | on the truth: ITL / TTFT ms | met | "
-        "twin at 1:1 | truth's fewest (splits) | truth's fewest at 1:1 |",
-        "|---|---:|---:|---|---|---|---:|---|---:|",
+        "twin at 1:1 | truth's fewest (splits) | truth's fewest at 1:1 | colocated: twin / truth | "
+        "proposed |",
+        "|---|---:|---:|---|---|---|---:|---|---:|---|---|",
     ]
     for mix in result.mixes:
         for s in mix.sizings:
@@ -386,7 +450,8 @@ def format_pool_sizing_table(result: PoolSizingResult) -> str:
             lines.append(
                 f"| {mix.mix} | {s.load:g} | {s.rate_req_s:.2f} | {s.prefill} + {s.decode} = "
                 f"{s.replicas} | {s.itl_ms:.1f} / {s.ttft_ms:.0f} | {'yes' if s.met else 'no'} | "
-                f"{s.twin_fixed_ratio} | {fewest} | {fixed} |"
+                f"{s.twin_fixed_ratio} | {fewest} | {fixed} | {_number(s.colocated_twin)} / "
+                f"{_number(s.colocated_truth)} | {s.proposed or '-'} |"
             )
     summary = result.to_dict()["summary"]
     lines += [
@@ -394,7 +459,10 @@ def format_pool_sizing_table(result: PoolSizingResult) -> str:
         f"{summary['met']} of {summary['sizings']} sizings meet both SLOs on the truth; "
         f"{summary['replicas']} replicas in all ({summary['twin_fixed_ratio_replicas']} with the ratio "
         f"kept at 1:1), against the truth's fewest {summary['fewest_replicas']} "
-        f"({summary['fixed_ratio_replicas']} at 1:1) ({result.wall_s:.0f} s wall, {result.cpu_s:.0f} CPU s).",
+        f"({summary['fixed_ratio_replicas']} at 1:1); {summary['proposals']} colocated proposal(s), "
+        f"{summary['proposals_the_truth_agrees_with']} of them where the truth's colocated replicas are "
+        f"that far below its fewest pools, {summary['proposals_missed']} such sizing(s) without one "
+        f"({result.wall_s:.0f} s wall, {result.cpu_s:.0f} CPU s).",
     ]
     return "\n".join(lines)
 
@@ -429,7 +497,7 @@ def register(benchmarks: Any) -> None:
         action="append",
         default=None,
         help="a rate to size for, in multiples of the 1 + 1 layout's true capacity (repeatable; default "
-        "0.75 1.5 3)",
+        "0.25 0.75 1.5 3)",
     )
     parser.add_argument(
         "--requests", type=int, default=None, help="requests of each simulation on the truth (default 2000)"
