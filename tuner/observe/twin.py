@@ -51,7 +51,6 @@ from chunkpilot.tuner.topology.layouts import PREFILL_BUDGETS, Layout, Pool, dec
 from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.topology.sizing import (
-    LayoutSizingRequest,
     PoolCapacities,
     PoolSizingRequest,
     layout_capacities,
@@ -61,7 +60,7 @@ from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import CaptureError, WorkloadWindow
 from chunkpilot.tuner.twin.fit import TwinFitError
 from chunkpilot.tuner.twin.jobs import JobPhase
-from chunkpilot.tuner.twin.search import planning_capacity
+from chunkpilot.tuner.twin.search import SUSTAINED_S, planning_capacity
 from chunkpilot.tuner.twin.wire import with_ranking
 
 from chunkpilot.api import (
@@ -426,17 +425,19 @@ class TwinObserver:
             return cached[1]  # the same fit: its split (or its failure) stands
         stable = rec.tuned_config(snap.incumbent)
         bandwidth, latency = kv_transfer(snap)
-        job = LayoutSizingRequest(
+        job = PoolCheckRequest(
             key=calibration.key,
             twin=calibration.twin,
             layout=Layout(
                 Pool(1, PREFILL_BUDGETS[0], stable.max_num_seqs),
                 decode_pool(1, stable.max_num_seqs, stable.max_num_batched_tokens),
             ),
+            steps_by_role={},  # no pools run: both on the service's step model
             slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),
             kv_bandwidth_gbps=bandwidth,
             kv_latency_ms=latency,
             max_model_len=rec.service_facts(isvc).max_model_len,
+            sustained_s=SUSTAINED_S,
         )
         try:
             found = await self._compute(layout_capacities, job)

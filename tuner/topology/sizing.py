@@ -24,17 +24,15 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
-from chunkpilot.tuner.topology.pools import ROLES, PoolFit, pools_evaluator
-from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
+from chunkpilot.tuner.topology.pools import ROLES, PoolCheckRequest, PoolFit, pools_evaluator
+from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE
 from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.fit import MIN_STEPS
 from chunkpilot.tuner.twin.online import build_twin, merge_steps
-from chunkpilot.tuner.twin.predict import Twin
 from chunkpilot.tuner.twin.search import SUSTAINED_S, planning_capacity
 
 __all__ = [
     "AMPLE",
-    "LayoutSizingRequest",
     "PoolCapacities",
     "PoolSizingRequest",
     "layout_capacities",
@@ -174,35 +172,11 @@ def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
     )
 
 
-@dataclass(frozen=True)
-class LayoutSizingRequest:
-    """One replica's capacity of each pool of ``layout`` on a colocated service's twin (picklable):
-    what splitting the service into prefill and decode pools would take."""
-
-    key: str
-    twin: Twin
-    layout: Layout
-    slo: SLO
-    kv_bandwidth_gbps: float
-    kv_latency_ms: float
-    max_model_len: int
-    requests_per_replica: int = REQUESTS_PER_REPLICA
-    tolerance: float = TOLERANCE
-    sustained_s: float = SUSTAINED_S
-
-
-def layout_capacities(request: LayoutSizingRequest) -> PoolCapacities:
-    """Each pool's capacity per replica on the twin (its one step model in both pools)."""
+def layout_capacities(request: PoolCheckRequest) -> PoolCapacities:
+    """Each pool's capacity per replica of ``request.layout`` on ``request.twin`` (its one step
+    model in both pools, where ``steps_by_role`` has too few steps of a pool's own): what splitting
+    a colocated service into prefill and decode pools would take."""
     started = time.process_time()
-    evaluate = twin_evaluator(
-        request.twin,
-        request.slo,
-        request.kv_bandwidth_gbps,
-        request.kv_latency_ms,
-        max_model_len=request.max_model_len,
-        requests_per_replica=request.requests_per_replica,
-        tolerance=request.tolerance,
-        min_duration_s=request.sustained_s,
-    )
+    evaluate, _ = pools_evaluator(request.twin, request, request.key)
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
     return PoolCapacities(request.key, prefill, decode, (), evaluations, time.process_time() - started)
