@@ -532,7 +532,7 @@ class TwinObserver:
         )
         try:
             found = await self._compute(pool_capacities, job)
-        except (TwinFitError, CaptureError, ValueError) as error:
+        except (TwinFitError, CaptureError, ValueError, RuntimeError) as error:
             log.info("pools of %s/%s not sized: %s", snap.namespace, snap.name, error)
             return last
         self._pool_sizes[service] = (snap.now, found)

@@ -239,21 +239,17 @@ class PoolSizingResult:
 
 
 def _meets(
-    truth: SimConfig, settings: PoolSizingSettings, layout: Layout, rate: float
+    truth: SimConfig, lengths: Workload, settings: PoolSizingSettings, layout: Layout, rate: float
 ) -> tuple[bool, float, float]:
     """Both SLO quantiles of ``layout`` at ``rate`` on the truth (met, ITL ms, TTFT ms)."""
-    arrivals = retime(tiled(_LENGTHS[0], settings.requests), rate, settings.seed)
+    arrivals = retime(tiled(lengths, settings.requests), rate, settings.seed)
     summary = simulate_disaggregated(topology_of(truth, layout, settings.kv), arrivals, settings.slo)
     itl, ttft = summary.itl_at_slo_quantile_ms, summary.ttft_at_slo_quantile_ms
     return itl <= settings.itl_ms and ttft <= settings.ttft_ms, itl, ttft
 
 
-#: The mix's request lengths (set once per worker process by :func:`_run_mix`).
-_LENGTHS: list[Workload] = []
-
-
 def _truth_fewest(
-    truth: SimConfig, settings: PoolSizingSettings, rate: float, start: int
+    truth: SimConfig, lengths: Workload, settings: PoolSizingSettings, rate: float, start: int
 ) -> tuple[int | None, tuple[tuple[int, int], ...]]:
     """The fewest replicas (from ``start``) of any split meeting both SLOs at ``rate`` on the truth."""
     for total in range(max(2, start), 2 * settings.max_replicas + 1):
@@ -262,17 +258,19 @@ def _truth_fewest(
             for p in range(1, total)
             if p <= settings.max_replicas
             and total - p <= settings.max_replicas
-            and _meets(truth, settings, settings.layout(p, total - p), rate)[0]
+            and _meets(truth, lengths, settings, settings.layout(p, total - p), rate)[0]
         )
         if met:
             return total, met
     return None, ()
 
 
-def _fixed_ratio(truth: SimConfig, settings: PoolSizingSettings, rate: float, start: int) -> int | None:
+def _fixed_ratio(
+    truth: SimConfig, lengths: Workload, settings: PoolSizingSettings, rate: float, start: int
+) -> int | None:
     """The fewest m + m replicas meeting both SLOs at ``rate`` on the truth (from ``start`` each)."""
     for m in range(max(1, start), settings.max_replicas + 1):
-        if _meets(truth, settings, settings.layout(m, m), rate)[0]:
+        if _meets(truth, lengths, settings, settings.layout(m, m), rate)[0]:
             return 2 * m
     return None
 
@@ -281,7 +279,6 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
     """Observe the running 1 + 1 pools on the truth, fit the twin, size each rate, judge on the truth."""
     started = time.process_time()
     lengths = mix_workload(mix, max(settings.observed_requests, settings.requests), settings.seed)
-    _LENGTHS[:] = [lengths]
     with tempfile.TemporaryDirectory(prefix="bench-pool-sizing-") as tmp:
         root = Path(tmp)
         scheduler = SchedulerConfig(max_num_seqs=settings.max_num_seqs, max_model_len=MAX_MODEL_LEN)
@@ -349,10 +346,10 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
             planned = rate * (1 + settings.headroom)
             prefill = needed_replicas(planned, Capacity(sizes.prefill_req_s, DEFAULT_ERROR), spec)
             decode = needed_replicas(planned, Capacity(sizes.decode_req_s, DEFAULT_ERROR), spec)
-            met, itl, ttft = _meets(truth, settings, settings.layout(prefill, decode), rate)
+            met, itl, ttft = _meets(truth, lengths, settings, settings.layout(prefill, decode), rate)
             served = rate * (1 + settings.headroom)
-            fewest, splits = _truth_fewest(truth, settings, served, max(2, math.ceil(load)))
-            fixed = _fixed_ratio(truth, settings, served, max(1, (fewest or 2) // 2))
+            fewest, splits = _truth_fewest(truth, lengths, settings, served, max(2, math.ceil(load)))
+            fixed = _fixed_ratio(truth, lengths, settings, served, max(1, (fewest or 2) // 2))
             twin_colocated = (
                 replicas_for(planned, Capacity(sizes.colocated_req_s, DEFAULT_ERROR))
                 if sizes.colocated_req_s
