@@ -2,8 +2,9 @@
 
 The operator with the tuner, the pod runner's simulator engines in both roles behind the real
 vllm-router, a real Prometheus selecting each pool by its ``role`` label, load in real time. In
-Advise the tuner fits the pools' twin on their own telemetry and publishes each pool's decision
-with one replica's capacity of that pool, acting on nothing; in Auto (with two replicas a pool at
+Advise the tuner judges the service's SLOs on its pools, fits the pools' twin on their own
+telemetry and publishes each pool's decision with one replica's capacity of that pool, acting on
+nothing; in Auto (with two replicas a pool at
 least) the operator renders each pool's decision and the runner starts the new engines.
 """
 
@@ -72,6 +73,14 @@ def test_advise_publishes_each_pools_decision_and_auto_runs_it(stack: LocalStack
         scaling = cluster.status()["scaling"]
         assert scaling["mode"] == "Advise" and scaling["liveRateReqS"] > 0
         assert scaling["desiredReplicas"] == prefill["desiredReplicas"] + decode["desiredReplicas"]
+        # The service's SLO state is read from its pools, as its clients see them.
+        slo_met = wait_until(
+            "SLOMet judged from the pools",
+            lambda: (c := cluster.condition("SLOMet")) and c.get("reason") != "InsufficientData" and c,
+            60,
+            cluster,
+        )
+        assert slo_met["status"] in ("True", "False") and "ITL" in slo_met["message"]
         for role in ("prefill", "decode"):  # Advise acts on nothing
             assert (
                 plane.kubectl(

@@ -66,7 +66,7 @@ from chunkpilot.api import (
     TuningTrialStatus,
 )
 from chunkpilot.testing.deployments import a_ready_state, after_rollout
-from chunkpilot.testing.kube import someone_elses_role_binding
+from chunkpilot.testing.kube import MemoryKube, someone_elses_role_binding
 from chunkpilot.testing.services import NOW, a_condition, a_service_body
 from chunkpilot.testing.trials import a_trial, missed_trials
 from chunkpilot.testing.tuner import a_measurement, a_snapshot, condition, events, of_type, trial_status
@@ -735,25 +735,6 @@ def test_the_tuner_sees_the_topology_the_operator_runs() -> None:
 
 
 # --------------------------------------------------------------------------- observing a topology trial
-
-
-class MemoryKube:
-    """Read verbs over a dict of objects by path; pods listed by their labels."""
-
-    def __init__(self, objects: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        self.objects, self.pods = dict(objects), pods
-        self.listed: list[tuple[str, str | None]] = []
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        return self.objects.get(path)
-
-    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
-        self.listed.append((path, label_selector))
-        if path.endswith("/pods"):
-            return self.pods
-        if path == trial_path("default"):
-            return [o for p, o in self.objects.items() if p.startswith(trial_path("default") + "/")]
-        return []
 
 
 class Recorder:

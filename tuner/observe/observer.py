@@ -243,6 +243,8 @@ class Observer:
         autotune, slo_spec = snap.isvc.spec.autotune, snap.isvc.spec.slo
         if self.query is None or slo_spec is None or not autotune.enabled:
             return snap, None
+        if snap.isvc.spec.disaggregated:  # its stable engines are its pools, with knobs of their own
+            return await self._pools(snap), None
         slo = snap.slo
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
         args = (selector, slo_spec.window, snap.now, slo.itl_quantile, slo.ttft_quantile)
@@ -255,8 +257,6 @@ class Observer:
         except MetricsUnavailableError as error:
             return _replace(snap, stable_reading=Reading(error=str(error))), None
         snap = _replace(snap, stable_reading=Reading(stable))
-        if snap.isvc.spec.disaggregated and snap.isvc.spec.scaling.plans:
-            return await self._pools(snap), None
         active = snap.active()
         trial = active[0] if active else None
         if trial is not None and trial.spec.is_topology:
@@ -282,7 +282,9 @@ class Observer:
         return snap, final
 
     async def _pools(self, snap: Snapshot) -> Snapshot:
-        """A disaggregated service's stable pools over the SLO window (what the planner sizes on)."""
+        """A disaggregated service's stable pools over the SLO window, each by its ``role`` (what the
+        planner sizes on), and the stable reading they make together as its clients see them (what
+        ``SLOMet`` and the status summary report)."""
         slo_spec = snap.isvc.spec.slo
         assert self.query is not None and slo_spec is not None
         slo = snap.slo
@@ -300,8 +302,9 @@ class Observer:
                 min_samples=rec.abort_rules(snap.isvc).min_samples,
             )
         except MetricsUnavailableError as error:
-            return _replace(snap, pools_reading=Reading(error=str(error)))
-        return _replace(snap, pools_reading=Reading(pools))
+            down: Reading[Any] = Reading(error=str(error))
+            return _replace(snap, pools_reading=down, stable_reading=down)
+        return _replace(snap, pools_reading=Reading(pools), stable_reading=Reading(pools.combined()))
 
     async def _topology_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
         """A measuring topology trial's pools and stable over its window (widened past its end)."""

@@ -163,7 +163,8 @@ class Snapshot:
     prometheus: bool = False
     #: Stable over the SLO window (not asked without Prometheus, SLO or autotuning).
     stable_reading: Reading[TrackMeasurement] = Reading()
-    #: A disaggregated service's stable pools over the SLO window (asked only while it is sized).
+    #: A disaggregated service's stable pools over the SLO window (``stable_reading`` is then the
+    #: two together, as clients see them).
     pools_reading: Reading[PoolsMeasurement] = Reading()
     #: The active trial's window, and the widened one past its end (asked only when due).
     window: Reading[WindowMeasurement] = Reading()

@@ -269,6 +269,8 @@ class TwinObserver:
         stable = snap.stable_reading.value
         if self.vector is None or slo_spec is None or not autotune.enabled or autotune.paused:
             return TwinReading()
+        if snap.isvc.spec.disaggregated:  # its pools have a twin of their own (:meth:`_pool_sizing`)
+            return TwinReading()
         if stable is None:
             return TwinReading()
         minimum = rec.abort_rules(snap.isvc).min_samples

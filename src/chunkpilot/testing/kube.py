@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from chunkpilot.devcluster.controlplane import ControlPlane
+from chunkpilot.operator.objects import trial_path
 
 
 class Kubectl(Protocol):
@@ -106,3 +107,25 @@ def someone_elses_role_binding(name: str, namespace: str, role: str = "view") ->
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
     }
+
+
+class MemoryKube:
+    """The read verbs of the tuner's API client over a dict of objects by path (namespace
+    ``default``); pods listed whatever the selector, every call remembered."""
+
+    def __init__(
+        self, objects: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]] | None = None
+    ) -> None:
+        self.objects, self.pods = dict(objects), list(pods or [])
+        self.listed: list[tuple[str, str | None]] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        self.listed.append((path, label_selector))
+        if path.endswith("/pods"):
+            return self.pods
+        if path == trial_path("default"):
+            return [o for p, o in self.objects.items() if p.startswith(trial_path("default") + "/")]
+        return []
