@@ -167,8 +167,12 @@ def _plan_pools(plan: Plan) -> None:
     sizes = snap.twin.pool_capacities
     live = pools.decode.request_rate if pools is not None else None
     if pools is None or live is None or not live > 0 or sizes is None:
-        waiting = "no live request rate of the pools yet" if live is None or not live else None
-        reason = f"waiting: {waiting or 'no capacity of the pools from the twin yet'}"
+        waiting = (
+            "no live request rate of the pools yet"
+            if not live
+            else "no capacity of the pools from the twin yet"
+        )
+        reason = f"waiting: {waiting}"
         if before.reason != reason or before.mode != spec.mode:
             plan.status["scaling"] = _status(before, spec.mode, reason=reason)
         plan.do(ScalingGauges(before.desired_replicas, None))

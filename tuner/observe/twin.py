@@ -47,7 +47,7 @@ from chunkpilot.tuner.observe.twinjobs import TwinJobs
 from chunkpilot.tuner.planner import capacity_of, needed_replicas
 from chunkpilot.tuner.space import SpaceError, TunedConfig, build_space
 from chunkpilot.tuner.study import seed_for
-from chunkpilot.tuner.topology.layouts import PREFILL_BUDGETS, Layout, Pool, decode_pool
+from chunkpilot.tuner.topology.layouts import Layout, Pool, starting_layout
 from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.topology.sizing import (
@@ -430,10 +430,7 @@ class TwinObserver:
         job = PoolCheckRequest(
             key=calibration.key,
             twin=calibration.twin,
-            layout=Layout(
-                Pool(1, PREFILL_BUDGETS[0], stable.max_num_seqs),
-                decode_pool(1, stable.max_num_seqs, stable.max_num_batched_tokens),
-            ),
+            layout=starting_layout(1, 1, stable.max_num_seqs, stable.max_num_batched_tokens),
             steps_by_role={},  # no pools run: both on the service's step model
             slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),
             kv_bandwidth_gbps=bandwidth,

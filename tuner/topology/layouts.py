@@ -129,6 +129,15 @@ def decode_pool(replicas: int, seqs: int, budget: int) -> Pool:
     return Pool(replicas, max(budget, seqs), seqs)
 
 
+def starting_layout(
+    prefill: int, decode: int, seqs: int, budget: int, prefill_budget: int = PREFILL_BUDGETS[0]
+) -> Layout:
+    """``prefill`` + ``decode`` replicas with the knobs a layout search starts from: the prefill
+    pool at ``prefill_budget`` tokens, both pools at the stable config's ``seqs``, the decode pool
+    at its ``budget`` (:func:`decode_pool`)."""
+    return Layout(Pool(prefill, prefill_budget, seqs), decode_pool(decode, seqs, budget))
+
+
 def _key(result: LayoutCapacity, order: Sequence[Layout]) -> tuple[float, float, int]:
     # Most capacity; then the lower ITL quantile (more headroom); then the order evaluated.
     itl = result.itl_ms if math.isfinite(result.itl_ms) else math.inf
@@ -169,9 +178,9 @@ def search_topologies(
             order.append(layout)
             known[layout] = evaluate(layout)
 
-    first_budget = prefill_budgets[0] if prefill_budgets else 8192
+    first_budget = prefill_budgets[0] if prefill_budgets else PREFILL_BUDGETS[0]
     run(
-        Layout(Pool(p, first_budget, decode_seqs), decode_pool(d, decode_seqs, decode_budget))
+        starting_layout(p, d, decode_seqs, decode_budget, first_budget)
         for p, d in sorted(splits(replicas), key=lambda s: (s[0] > s[1], abs(s[0] * 3 - s[1])))
     )
     best = min(known.values(), key=lambda r: _key(r, order)).layout

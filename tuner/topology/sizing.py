@@ -5,8 +5,8 @@ one prefill replica serves within the SLOs, the decode pool's from what one deco
 (:mod:`chunkpilot.tuner.decide.scaling`). Both come from one twin of the running pools, fitted on
 their own telemetry: the step model on the steps of both pools (they run on the same hardware),
 then each pool's own where it ran enough steps (:func:`~chunkpilot.tuner.topology.pools.pool_twins`);
-the workload captured on the decode pool, which serves every request whole (the prefill pool serves
-each with one output token). A pool's capacity per replica is the layout's capacity with that pool
+the request lengths the decode pool served, as it serves every request whole (the prefill pool
+serves each with one output token). A pool's capacity per replica is the layout's capacity with that pool
 at one replica and the other one ample (:func:`pool_capacities`): so the P:D ratio follows the
 workload's mix of prompt and output lengths, as the twin models them. Runs in the twin's worker.
 """
@@ -44,8 +44,6 @@ __all__ = [
 #: when the other pool may have bound it (up to :data:`MAX_AMPLE`).
 AMPLE: Final = 2
 MAX_AMPLE: Final = 8
-#: Requests the captured workload is synthesized into (each layout tiles them to its replicas).
-WORKLOAD_REQUESTS: Final = 400
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +205,6 @@ class PoolSizingResult:
     mixes: tuple[MixResult, ...]
     wall_s: float
     cpu_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         mixes = []

@@ -97,6 +97,5 @@ def test_the_pools_are_fitted_on_their_own_steps_and_the_decode_pools_workload(
     assert [p.role for p in sizes.pools] == ["prefill", "decode"]
     assert sizes.pools[1].own and sizes.pools[1].steps >= 50  # the decode pool ran enough steps of its own
     assert sizes.prefill_req_s > 0 and sizes.decode_req_s > 0, sizes.describe()
-    print(sizes.describe())
     # Refitted only after a while or on new knobs: the next step reads the same sizes.
     assert asyncio.run(observer._pool_sizing(snap)) is sizes
