@@ -22,6 +22,7 @@ from chunkpilot.api import ScalingRecommendation, ScalingRules, ScalingSpec
 __all__ = [
     "DOWN_WINDOW_S",
     "LOOKAHEAD_S",
+    "STARTUP_WATCH_S",
     "Capacity",
     "Decision",
     "capacity_of",
@@ -35,6 +36,7 @@ __all__ = [
     "stabilized",
     "startup_seconds",
     "trend_rate",
+    "watches_startup",
 ]
 
 #: The stabilization windows when ``behavior`` sets none (the HorizontalPodAutoscaler's defaults).
@@ -43,6 +45,9 @@ DOWN_WINDOW_S: Final = 300
 #: How far ahead a rising rate is projected until the service's own engine pods have shown how long
 #: one takes from scheduled to Ready (:func:`startup_seconds`): about that with its weights cached.
 LOOKAHEAD_S: Final = 120.0
+#: How long after a change of replicas in ``Auto`` the stable engine pods are read for the start-up
+#: time of those it started (:func:`watches_startup`).
+STARTUP_WATCH_S: Final = 900.0
 #: The recent recommendations a rate's trend is fitted over (at least :data:`MIN_TREND_POINTS`).
 TREND_WINDOW_S: Final = 600.0
 MIN_TREND_POINTS: Final = 3
@@ -164,9 +169,10 @@ def settled(last_scale: datetime | None, now: datetime, startup_s: float | None)
     return (now - last_scale).total_seconds() >= ahead + SETTLE_S
 
 
-def startup_seconds(pods: Iterable[Mapping[str, Any]]) -> float | None:
+def startup_seconds(pods: Iterable[Mapping[str, Any]], since: datetime | None = None) -> float | None:
     """The longest time from scheduled to Ready of ``pods`` (engine pods of the service that became
-    Ready; None: none did): what a new replica takes before it serves."""
+    Ready, scheduled at or after ``since`` when given; None: none did): what a new replica takes
+    before it serves."""
     found: list[float] = []
     for pod in pods:
         conditions = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
@@ -178,9 +184,18 @@ def startup_seconds(pods: Iterable[Mapping[str, Any]]) -> float | None:
             end = datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
         except (KeyError, ValueError):
             continue
-        if end >= start:
+        if end >= start and (since is None or start >= since):
             found.append((end - start).total_seconds())
     return max(found) if found else None
+
+
+def watches_startup(startup_s: float | None, last_scale: datetime | None, acts: bool, now: datetime) -> bool:
+    """Whether the service's stable engine pods are read for their start-up time: until one has been
+    measured, and in ``Auto`` for :data:`STARTUP_WATCH_S` after a change of replicas (the pods it
+    started). Otherwise they are not read at all: a fleet's API requests stay few."""
+    if startup_s is None:
+        return True
+    return acts and last_scale is not None and (now - last_scale).total_seconds() <= STARTUP_WATCH_S
 
 
 def trend_rate(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from chunkpilot.tuner.planner import (
     DOWN_WINDOW_S,
+    STARTUP_WATCH_S,
     Capacity,
     capacity_of,
     decide_replicas,
@@ -20,6 +21,7 @@ from chunkpilot.tuner.planner import (
     stabilized,
     startup_seconds,
     trend_rate,
+    watches_startup,
 )
 
 from chunkpilot.api import ScalingRecommendation, ScalingSpec
@@ -175,8 +177,21 @@ def test_start_up_is_measured_on_the_services_own_pods_and_sets_the_look_ahead()
     ]
     assert startup_seconds(pods) == 180.0
     assert startup_seconds([pod("2026-12-05T10:00:00Z", None)]) is None
+    # Only the pods a change of replicas started, when asked so: not the first ones' cold start.
+    since = datetime(2026, 12, 5, 10, 0, 30, tzinfo=UTC)
+    assert startup_seconds([*pods, pod("2026-12-05T10:01:00Z", "2026-12-05T10:01:45Z")], since) == 45.0
+    assert startup_seconds(pods, since) is None
     rising = [ago(240, 2, 2.0), ago(120, 2, 3.0)]  # +1 req/s every 2 minutes
     quick = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=60.0)
     slow = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=600.0)
     assert quick.planned_req_s == pytest.approx(4.5) and slow.planned_req_s == pytest.approx(9.0)
     assert "its trend 9 req/s in 600 s" in slow.reason
+
+
+def test_the_stable_pods_are_read_for_their_start_up_until_measured_and_after_an_auto_scale() -> None:
+    assert watches_startup(None, None, acts=False, now=NOW)  # not measured yet
+    assert not watches_startup(150.0, None, acts=True, now=NOW)
+    recent = NOW - timedelta(seconds=STARTUP_WATCH_S - 1)
+    assert watches_startup(150.0, recent, acts=True, now=NOW)
+    assert not watches_startup(150.0, recent, acts=False, now=NOW)  # Advise starts no pods
+    assert not watches_startup(150.0, NOW - timedelta(seconds=STARTUP_WATCH_S + 1), acts=True, now=NOW)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from chunkpilot.operator.builders import build_deployment
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
-from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
+from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
 from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import PoolsMeasurement
@@ -55,6 +55,7 @@ def step(
     replicas: int = 2,
     twin: TwinReading | None = None,
     canary_pods: tuple[dict[str, Any], ...] = (),
+    stable_pods: tuple[dict[str, Any], ...] = (),
 ) -> Plan:
     """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``."""
     stable = a_measurement("stable", itl_ms, 300.0, request_rate=rate, replicas=replicas, time=now)
@@ -66,6 +67,7 @@ def step(
         now=now,
         twin=twin or TwinReading(),
         canary_pods=canary_pods,
+        stable_pods=stable_pods,
     )
     return decide(snap, SETTINGS)
 
@@ -112,6 +114,46 @@ def test_a_canary_pods_start_up_is_recorded_and_counts_its_share_of_the_traffic(
     scaling = step(body(), canary_pods=(started,)).status["scaling"]
     assert scaling["startupSeconds"] == 150.0
     assert scaling["liveRateReqS"] == 12.0  # 4 req/s per stable replica over the two and the canary
+
+
+def started(at: Any, seconds: float) -> dict[str, Any]:
+    """An engine pod scheduled at ``at`` and Ready ``seconds`` later."""
+    ready = at + timedelta(seconds=seconds)
+    return {
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": at.isoformat()},
+                {"type": "Ready", "status": "True", "lastTransitionTime": ready.isoformat()},
+            ]
+        }
+    }
+
+
+def test_in_auto_the_start_up_of_the_stable_pods_the_last_scale_started_is_recorded() -> None:
+    first = step(body("Auto"), stable_pods=(started(NOW - timedelta(hours=1), 600.0),))
+    assert first.status["scaling"]["startupSeconds"] == 600.0  # the service's first pods: a cold start
+    scaled = first.status["scaling"]  # 2 -> 5 at NOW
+    later = NOW + timedelta(minutes=5)
+    pods = (started(NOW - timedelta(hours=1), 600.0), started(NOW + timedelta(seconds=5), 95.0))
+    scaling = step(body("Auto", scaling=scaled), now=later, stable_pods=pods).status["scaling"]
+    assert scaling["startupSeconds"] == 95.0  # the pods the scale started, not the first ones
+    advised = step(body("Advise", scaling=scaled), now=later, stable_pods=pods).status["scaling"]
+    assert advised["startupSeconds"] == 600.0  # Advise starts none: every pod counts
+
+
+def test_a_pools_start_up_is_measured_on_its_pods_and_sets_how_long_a_miss_is_not_held() -> None:
+    pods = (started(NOW - timedelta(hours=1), 400.0),)
+    first = pools_step(pools_body("Auto"), stable_pods=pods).status["scaling"]
+    assert first["startupSeconds"] == 400.0
+    # Five minutes after both pools scaled, a missed ITL is the backlog still: 400 s + two windows.
+    later = pools_step(
+        pools_body("Auto", prefill=2, decode=6, scaling=first),
+        itl_ms=70.0,
+        replicas=(2, 6),
+        now=NOW + timedelta(minutes=5),
+    ).status["scaling"]
+    assert "capacityCapReqS" not in later["pools"][1]
+    assert later["startupSeconds"] == 400.0
 
 
 def test_an_unchanged_decision_is_recorded_every_half_minute_and_says_nothing() -> None:
@@ -270,6 +312,7 @@ def pools_step(
     replicas: tuple[int, int] = (1, 1),
     now: Any = NOW,
     sizes: PoolCapacities | None = SIZES,
+    stable_pods: tuple[dict[str, Any], ...] = (),
 ) -> Plan:
     """A step at ``rate`` req/s through the pools (ITL p99 ``itl_ms``; TTFT p95 ``ttft_ms`` in all,
     a quarter of it the decode pool's admission)."""
@@ -283,6 +326,7 @@ def pools_step(
         pools_reading=Reading(PoolsMeasurement(prefill, decode)),
         now=now,
         twin=TwinReading(pool_capacities=sizes),
+        stable_pods=stable_pods,
     )
     return decide(snap, SETTINGS)
 
@@ -412,3 +456,38 @@ def test_observing_splits_a_sized_colocated_service_into_pools_once_per_fit(
     assert asyncio.run(observer._split(snap, TwinReading(calibration=calibration))) is split
     unsized = a_snapshot(body("Off"), stable=a_ready_state(2), prometheus=True)
     assert asyncio.run(observer._split(unsized, TwinReading(calibration=calibration))) is None
+
+
+def test_a_switch_of_topology_starts_the_planner_afresh_and_runs_no_decision_of_the_other() -> None:
+    # Colocated in Auto: 5 replicas decided, then the user declares pools (as a proposal says).
+    colocated = step(body("Auto")).status["scaling"]
+    assert colocated["topology"] == "colocated" and colocated["desiredReplicas"] == 5
+    switched = a_service(pools_body("Auto", scaling=colocated))
+    assert [switched.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
+    plan = pools_step(
+        pools_body("Auto", scaling={**colocated, "capacityCapReqS": 1.0, "capacityCapFit": "k"})
+    )
+    pools = plan.status["scaling"]
+    assert pools["topology"] == "disaggregated" and pools["desiredReplicas"] == 8
+    assert "capacityCapReqS" not in pools and "capacityLowReqS" not in pools
+    assert not pools.get("recommendations")  # the colocated history is not the pools'
+    assert any("planning the disaggregated one afresh" in a.message for a in of_type(plan, Log))
+    # ... and back: the pools' sum is not run as colocated replicas, nor are their pools kept.
+    back = a_service(body("Auto", scaling=pools))
+    assert back.running_replicas() == back.spec.replicas == 2
+    again = step(body("Auto", scaling=pools)).status["scaling"]
+    assert again["topology"] == "colocated" and again["desiredReplicas"] == 5 and not again.get("pools")
+    assert [m for _, m in said(step(body("Auto", scaling=pools)))] == [
+        m for _, m in said(step(body("Auto")))
+    ]  # "scaling 2 -> 5", from what runs, as for a service never sized
+
+
+def test_a_waiting_planner_after_a_switch_keeps_no_decision_of_the_other_topology() -> None:
+    pools = pools_step(pools_body("Auto")).status["scaling"]
+    service = {**body("Auto", scaling=pools), "status": {"scaling": pools}}  # no twin: it waits
+    scaling = step(service).status["scaling"]
+    assert scaling["reason"] == "waiting: no capacity from the twin yet"
+    assert (
+        scaling["topology"] == "colocated" and "desiredReplicas" not in scaling and not scaling.get("pools")
+    )
+    assert a_service(body("Auto", scaling=scaling)).running_replicas() == 2

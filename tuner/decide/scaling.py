@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from chunkpilot.operator.events import EventType
-from chunkpilot.tuner.decide.plan import Plan, ScalingGauges
+from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
 from chunkpilot.tuner.planner import (
     DEFAULT_ERROR,
     Capacity,
@@ -74,6 +74,36 @@ def _fit_key(plan: Plan) -> str | None:
     return None if twin is None or twin.config_hash is None else f"{twin.config_hash}-{twin.refit_trial or 0}"
 
 
+def _previous(plan: Plan, *, disaggregated: bool) -> ScalingStatus:
+    """The decision this step starts from: the recorded one, or none when it was computed for the
+    other topology (its replicas, caps and history are another layout's). The engines' start-up time
+    is kept: the same pods start either way."""
+    before = plan.snap.status.scaling or ScalingStatus()
+    topology = "disaggregated" if disaggregated else "colocated"
+    if not before.decided_for(disaggregated):
+        plan.do(
+            Log(
+                f"scaling: the recorded decision was for a {before.topology} service; planning the "
+                f"{topology} one afresh"
+            )
+        )
+        before = ScalingStatus(mode=before.mode, startup_seconds=before.startup_seconds)
+    return before.model_copy(update={"topology": topology})
+
+
+def _startup(plan: Plan, before: ScalingStatus) -> float | None:
+    """How long the service's engine pods take from scheduled to Ready: a canary's, and the stable
+    ones the last change of replicas started (in Advise, which starts none, any), else as recorded."""
+    snap = plan.snap
+    since = before.last_scale_time if snap.isvc.spec.scaling.acts else None
+    seen = [
+        found
+        for found in (startup_seconds(snap.canary_pods), startup_seconds(snap.stable_pods, since))
+        if found is not None
+    ]
+    return round(max(seen), 1) if seen else before.startup_seconds
+
+
 def plan_scaling(plan: Plan) -> None:
     """``status.scaling`` from this step's twin and stable measurement; an Event when the decision
     changes ("would scale 3 -> 5" in Advise)."""
@@ -85,9 +115,9 @@ def plan_scaling(plan: Plan) -> None:
             plan.do(ScalingGauges(None, None))
         return
     if snap.isvc.spec.disaggregated:
-        _plan_pools(plan)
+        _plan_pools(plan, _previous(plan, disaggregated=True))
         return
-    before = snap.status.scaling or ScalingStatus()
+    before = _previous(plan, disaggregated=False)
     current = snap.isvc.running_replicas() if spec.acts else snap.isvc.spec.replicas
     stable = snap.stable_reading.value
     per_replica = stable.per_replica(stable.request_rate) if stable is not None else None
@@ -99,8 +129,7 @@ def plan_scaling(plan: Plan) -> None:
             plan.status["scaling"] = _status(before, spec.mode, reason=f"waiting: {waiting}")
         plan.do(ScalingGauges(before.desired_replicas, before.capacity_low_req_s))
         return
-    seen = startup_seconds(snap.canary_pods)  # the engine pods the tuner reads: a canary's
-    startup = seen if seen is not None else before.startup_seconds
+    startup = _startup(plan, before)
     check = check_slo(stable, snap.slo) if stable is not None else None
     met = check.met if check is not None and settled(before.last_scale_time, snap.now, startup) else None
     planning = snap.twin.planning
@@ -157,12 +186,11 @@ def plan_scaling(plan: Plan) -> None:
 _POOL_SLO: Final = {"prefill": "ttft", "decode": "itl"}
 
 
-def _plan_pools(plan: Plan) -> None:
+def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
     """``status.scaling`` of a disaggregated service: each pool's replicas at the live rate, on one
     replica's capacity of that pool; an Event when a pool's decision changes."""
     snap = plan.snap
     spec, isvc = snap.isvc.spec.scaling, snap.isvc
-    before = snap.status.scaling or ScalingStatus()
     pools = snap.pools_reading.value
     sizes = snap.twin.pool_capacities
     live = pools.decode.request_rate if pools is not None else None
@@ -178,11 +206,12 @@ def _plan_pools(plan: Plan) -> None:
         plan.do(ScalingGauges(before.desired_replicas, None))
         return
     check = check_slo(pools.combined(), snap.slo)
+    startup = _startup(plan, before)
     measured = {"prefill": pools.prefill.replicas, "decode": pools.decode.replicas}
     decided: list[PoolScalingStatus] = []
     moves: list[str] = []
     up, planned, needed = False, live, 0
-    quiet = before.mode == spec.mode and bool(before.pools)
+    quiet = before.mode == spec.mode and bool(before.pools) and startup == before.startup_seconds
     for role in ROLES:
         old = before.pool(role) or PoolScalingStatus(role=role)
         current = isvc.running_pool_replicas(role) if spec.acts else isvc.spec.pool(role).replicas
@@ -193,7 +222,7 @@ def _plan_pools(plan: Plan) -> None:
         per_replica = live / max(1, measured[role] or current)
         relative = check.relative.get(_POOL_SLO[role])
         own_met = None if relative is None else relative <= 0
-        met = own_met if settled(old.last_scale_time, snap.now, before.startup_seconds) else None
+        met = own_met if settled(old.last_scale_time, snap.now, startup) else None
         kept = old.capacity_cap_req_s if old.capacity_cap_fit == sizes.key else None
         cap, capacity = sizing_capacity(
             sizes.per_replica(role),
@@ -203,9 +232,7 @@ def _plan_pools(plan: Plan) -> None:
             per_replica_req_s=per_replica,
             met=met,
         )
-        decision = decide_replicas(
-            spec, current, live, capacity, old.recommendations, snap.now, before.startup_seconds
-        )
+        decision = decide_replicas(spec, current, live, capacity, old.recommendations, snap.now, startup)
         planned = decision.planned_req_s  # the same rate for both pools: the service's
         needed += decision.needed
         if decision.desired != previous:
@@ -247,6 +274,7 @@ def _plan_pools(plan: Plan) -> None:
             "predicted_itl_ms": None,
             "predicted_ttft_ms": None,
             "last_scale_time": snap.now if moves else before.last_scale_time,
+            "startup_seconds": round(startup, 1) if startup is not None else None,
             "pools": decided,
             "proposal": proposal,
         }

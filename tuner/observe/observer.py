@@ -59,6 +59,7 @@ from chunkpilot.tuner.observe.snapshot import (
 )
 from chunkpilot.tuner.observe.twin import TwinObserver
 from chunkpilot.tuner.observe.twinjobs import TwinJobs
+from chunkpilot.tuner.planner import watches_startup
 from chunkpilot.tuner.twin.online import TwinBudget
 
 from chunkpilot.api import (
@@ -175,6 +176,7 @@ class Observer:
             stable=DeploymentState.from_manifest(stable) if stable is not None else None,
             canary=canary,
             canary_pods=tuple(pods),
+            stable_pods=tuple(await self._stable_pods(snap)),
         )
         snap = await self._topology(snap)
         foreign = [c for c in (canary, *snap.topology_canary.values()) if c and not owned_by(c, body)]
@@ -183,6 +185,21 @@ class Observer:
         snap = await self._token(snap)
         snap, final = await self._measure(snap)
         return _replace(snap, twin=await self.twins.observe(snap, final))
+
+    async def _stable_pods(self, snap: Snapshot) -> list[dict[str, Any]]:
+        """The stable engine pods, while the planner looks for their start-up time (else none)."""
+        scaling, decided = snap.isvc.spec.scaling, snap.status.scaling
+        if not scaling.plans or not watches_startup(
+            decided.startup_seconds if decided is not None else None,
+            decided.last_scale_time if decided is not None else None,
+            scaling.acts,
+            snap.now,
+        ):
+            return []
+        return await self.kube.list(
+            resource_path("v1", "pods", snap.namespace),
+            label_selector=f"{LABEL_SERVICE}={snap.name},{LABEL_TRACK}={Track.STABLE.value}",
+        )
 
     async def _trials(self, namespace: str, service: str) -> list[TuningTrial]:
         items = await self.kube.list(trial_path(namespace), label_selector=f"{LABEL_SERVICE}={service}")

@@ -159,6 +159,9 @@ class Snapshot:
     stable: DeploymentState | None = None
     canary: Mapping[str, Any] | None = None
     canary_pods: tuple[Mapping[str, Any], ...] = ()
+    #: The stable engine pods (every pool's), read only while the planner looks for their start-up
+    #: time (:func:`~chunkpilot.tuner.planner.watches_startup`).
+    stable_pods: tuple[Mapping[str, Any], ...] = ()
     #: A Prometheus is configured.
     prometheus: bool = False
     #: Stable over the SLO window (not asked without Prometheus, SLO or autotuning).

@@ -1619,7 +1619,13 @@ class InferenceService(Resource):
         (within ``minReplicas`` and ``maxReplicas``) once it has one, else ``spec.replicas``."""
         scaling = self.spec.scaling
         decided = self.status.scaling if self.status is not None else None
-        if not scaling.acts or decided is None or decided.desired_replicas is None or self.spec.disaggregated:
+        if (
+            not scaling.acts
+            or decided is None
+            or decided.desired_replicas is None
+            or self.spec.disaggregated
+            or not decided.decided_for(disaggregated=False)
+        ):
             return self.spec.replicas
         return max(
             scaling.min_replicas,
@@ -1633,7 +1639,11 @@ class InferenceService(Resource):
         declared = self.spec.pool(role).replicas
         scaling = self.spec.scaling
         decided = self.status.scaling if self.status is not None else None
-        found = decided.pool(PoolRole(role).value) if decided is not None else None
+        found = (
+            decided.pool(PoolRole(role).value)
+            if decided is not None and decided.decided_for(disaggregated=True)
+            else None
+        )
         if not scaling.acts or found is None or found.desired_replicas is None:
             return declared
         most = scaling.max_replicas or found.desired_replicas

@@ -202,6 +202,13 @@ class ScalingStatus(StatusModel):
     """What the planner decided and why (tuner-owned)."""
 
     mode: ScalingMode | None = Field(default=None, description="The mode it was computed in.")
+    topology: Literal["colocated", "disaggregated"] | None = Field(
+        default=None,
+        description=(
+            "The topology it was computed for: a decision for the other one is not run, and the planner"
+            " starts afresh when the service changes topology."
+        ),
+    )
     desired_replicas: int | None = Field(
         default=None, ge=0, description="The stable replicas it asks for (Auto: the ones that run)."
     )
@@ -266,6 +273,11 @@ class ScalingStatus(StatusModel):
             "A disaggregated service's pools, each sized on its own (desiredReplicas is then their sum)."
         ),
     )
+
+    def decided_for(self, disaggregated: bool) -> bool:
+        """Whether the decision was computed for the topology the service runs (one that records no
+        topology, written by an earlier version, is taken to be)."""
+        return self.topology is None or (self.topology == "disaggregated") == disaggregated
 
     def pool(self, role: str) -> PoolScalingStatus | None:
         """The decision for the pool of ``role`` (None: none yet)."""

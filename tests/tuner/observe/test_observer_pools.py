@@ -51,3 +51,22 @@ def test_a_disaggregated_services_stable_reading_is_its_pools_as_clients_see_the
     assert stable.itl_ms == pytest.approx(30.0) and stable.ttft_ms == pytest.approx(230.0)
     assert stable.track == "stable" and stable.request_rate == pytest.approx(0.03)
     assert all('role="' in q for q in asked), [q for q in asked if 'role="' not in q][:1]
+
+
+def test_the_stable_pods_are_read_for_their_start_up_only_while_the_planner_looks_for_it() -> None:
+    pod = {"metadata": {"name": "chat-decode-0", "labels": {}}, "status": {}}
+    spec = {"topology": TOPOLOGY, "scaling": {"mode": "Auto", "maxReplicas": 4}}
+
+    def observed(status: dict[str, Any]) -> tuple[int, list[str | None]]:
+        body = a_service_body(itl_ms=50, ttft_ms=600, spec=spec, status=status)
+        kube = MemoryKube({isvc_path("default", "chat"): body}, pods=[pod])
+        snap = asyncio.run(Observer(kube, pools_answer, inline=True).observe("default", "chat", NOW))
+        assert snap is not None
+        return len(snap.stable_pods), [s for p, s in kube.listed if p.endswith("/pods")]
+
+    count, selectors = observed({})
+    assert count == 1 and selectors == ["chunkpilot.io/service=chat,chunkpilot.io/track=stable"]
+    measured = {"scaling": {"startupSeconds": 90.0, "lastScaleTime": "2026-01-01T10:00:00Z"}}
+    assert observed(measured) == (0, [])  # measured, and no scale in the last 15 minutes
+    recent = {"scaling": {"startupSeconds": 90.0, "lastScaleTime": "2026-01-01T11:55:00Z"}}
+    assert observed(recent)[0] == 1
