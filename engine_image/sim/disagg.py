@@ -40,6 +40,7 @@ from chunkpilot.engine.sim.offline import (
     _Recorder,
     latency_fields,
     new_request,
+    quantile,
 )
 from chunkpilot.engine.sim.scheduler import (
     Engine,
@@ -230,8 +231,10 @@ class DisaggregatedSummary(Summary):
     pools: tuple[PoolStats, ...] = ()
     #: From the prefill replica's first token to the decode replica's KV having arrived.
     transfer_ms: Percentiles | None = None
-    #: From the arrival to the prefill replica's (discarded) first token.
+    #: From the arrival to the prefill replica's (discarded) first token: the prefill pool's own TTFT,
+    #: and its quantile at the SLO's TTFT quantile.
     prefill_ttft_ms: Percentiles | None = None
+    prefill_ttft_at_slo_quantile_ms: float = math.nan
     kv_bytes_per_request: float = 0.0
 
     def pool(self, role: str) -> PoolStats:
@@ -566,6 +569,7 @@ def _build(
         pools=pools,
         transfer_ms=Percentiles.of(transfer),
         prefill_ttft_ms=Percentiles.of(prefill_ttft),
+        prefill_ttft_at_slo_quantile_ms=quantile(prefill_ttft, slo.ttft_quantile) * 1e3,
         kv_bytes_per_request=kv_bytes_per_token * prompt_tokens / len(pairs) if pairs else 0.0,
     )
 

@@ -491,3 +491,11 @@ def test_a_waiting_planner_after_a_switch_keeps_no_decision_of_the_other_topolog
         scaling["topology"] == "colocated" and "desiredReplicas" not in scaling and not scaling.get("pools")
     )
     assert a_service(body("Auto", scaling=scaling)).running_replicas() == 2
+
+
+def test_each_pool_is_planned_with_the_twins_measured_error_on_its_own_quantile() -> None:
+    measured = replace(SIZES, prefill_error=0.4, decode_error=0.05)
+    prefill, decode = pools_step(pools_body(), sizes=measured).status["scaling"]["pools"]
+    # 8.8 req/s over 6 x 0.6 = 3.6 per prefill replica, 2 x 0.95 = 1.9 per decode replica.
+    assert (prefill["capacityLowReqS"], prefill["desiredReplicas"]) == (3.6, 3)
+    assert (decode["capacityLowReqS"], decode["desiredReplicas"]) == (1.9, 5)

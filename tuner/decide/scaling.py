@@ -7,9 +7,11 @@ and the stable track's live load; a canary is judged at the load per replica it 
 of replicas during a trial does not bias its verdict.
 
 A disaggregated service's pools are decided each on its own (``status.scaling.pools``): the
-prefill pool on one prefill replica's capacity, the decode pool on one decode replica's, both at
-the live request rate over the service (:mod:`chunkpilot.tuner.topology.sizing`); a missed TTFT
-caps the prefill replica's capacity at its load, a missed ITL the decode replica's.
+prefill pool on one prefill replica's capacity, the decode pool on one decode replica's, each less
+the twin's error on that pool, both at the live request rate over the service
+(:mod:`chunkpilot.tuner.topology.sizing`); a missed TTFT caps the prefill replica's capacity at its
+load, a missed ITL the decode replica's. A decision is for one topology
+(``status.scaling.topology``): when the service changes topology the planner starts afresh.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
         kept = old.capacity_cap_req_s if old.capacity_cap_fit == sizes.key else None
         cap, capacity = sizing_capacity(
             sizes.per_replica(role),
-            None,
+            sizes.error(role),
             low_req_s=None,
             cap_req_s=kept,
             per_replica_req_s=per_replica,

@@ -51,6 +51,7 @@ from chunkpilot.tuner.topology.layouts import Layout, Pool, starting_layout
 from chunkpilot.tuner.topology.pools import ROLES, PoolCheck, PoolCheckRequest, check_pools
 from chunkpilot.tuner.topology.recommend import RecommendationResult, recommend
 from chunkpilot.tuner.topology.sizing import (
+    MeasuredPools,
     PoolCapacities,
     PoolSizingRequest,
     layout_capacities,
@@ -130,6 +131,18 @@ def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
     """The latest finished trial whose canary served a measured window (it names the refit)."""
     found = refit_trials(trials, 1)
     return found[0] if found else None
+
+
+def measured_pools(snap: Snapshot) -> MeasuredPools | None:
+    """What the running pools measured over the SLO window, for the twin's error on them (None:
+    not measured)."""
+    pools = snap.pools_reading.value
+    rate = pools.decode.request_rate if pools is not None else None
+    if pools is None or rate is None or not rate > 0:
+        return None
+    return MeasuredPools(
+        rate, pools.prefill.replicas, pools.decode.replicas, pools.prefill.ttft_ms, pools.decode.itl_ms
+    )
 
 
 def pool_workload(prefill: WorkloadWindow, decode: WorkloadWindow) -> WorkloadWindow:
@@ -528,6 +541,7 @@ class TwinObserver:
             ),
             colocated=rec.tuned_config(snap.incumbent),
             seed=seed_for(isvc.metadata.uid or snap.name, 0),
+            measured=measured_pools(snap),
         )
         try:
             found = await self._compute(pool_capacities, job)

@@ -17,10 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from chunkpilot.engine.sim.disagg import KVTransfer
 from chunkpilot.engine.sim.metrics import StepTotals
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
-from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE, twin_evaluator
+from chunkpilot.tuner.topology.simulate import (
+    REQUESTS_PER_REPLICA,
+    TOLERANCE,
+    LayoutLatencies,
+    twin_evaluator,
+    twin_latencies,
+)
 from chunkpilot.tuner.twin.fit import MIN_STEPS, TwinFit, fit_steps, time_ratio
 from chunkpilot.tuner.twin.predict import Twin
 
@@ -33,6 +40,7 @@ __all__ = [
     "check_pools",
     "pool_twins",
     "pools_evaluator",
+    "pools_latencies",
 ]
 
 #: The pools of a disaggregated layout, in the order :class:`PoolCheck` reports them.
@@ -164,10 +172,9 @@ class PoolsJob(Protocol):
     def sustained_s(self) -> float: ...
 
 
-def pools_evaluator(twin: Twin, job: PoolsJob, name: str) -> tuple[LayoutEvaluator, tuple[PoolFit, ...]]:
-    """Layouts evaluated with each pool on its own fit (:func:`pool_twins`) and ``twin``'s workload."""
-    twins, fits = pool_twins(twin, job.steps_by_role, job.min_steps, name)
-    evaluate = twin_evaluator(
+def pools_evaluator(twin: Twin, job: PoolsJob, pools: tuple[Twin, Twin]) -> LayoutEvaluator:
+    """Layouts evaluated with each pool on its own twin (:func:`pool_twins`) and ``twin``'s workload."""
+    return twin_evaluator(
         twin,
         job.slo,
         job.kv_bandwidth_gbps,
@@ -175,10 +182,27 @@ def pools_evaluator(twin: Twin, job: PoolsJob, name: str) -> tuple[LayoutEvaluat
         max_model_len=job.max_model_len,
         requests_per_replica=job.requests_per_replica,
         tolerance=job.tolerance,
-        pools=twins,
+        pools=pools,
         min_duration_s=job.sustained_s,
     )
-    return evaluate, fits
+
+
+def pools_latencies(
+    twin: Twin, job: PoolsJob, pools: tuple[Twin, Twin], layout: Layout, rate_req_s: float
+) -> LayoutLatencies:
+    """``layout``'s latencies at ``rate_req_s`` with each pool on its own twin, as
+    :func:`pools_evaluator` reads its capacity."""
+    return twin_latencies(
+        twin,
+        layout,
+        rate_req_s,
+        job.slo,
+        KVTransfer(job.kv_bandwidth_gbps, job.kv_latency_ms),
+        max_model_len=job.max_model_len,
+        requests_per_replica=job.requests_per_replica,
+        pools=pools,
+        min_duration_s=job.sustained_s,
+    )
 
 
 def check_pools(request: PoolCheckRequest) -> PoolCheck:
@@ -188,8 +212,8 @@ def check_pools(request: PoolCheckRequest) -> PoolCheck:
     """
     started = time.process_time()
     twin = request.twin
-    evaluate, fits = pools_evaluator(twin, request, request.key)
-    found = evaluate(request.layout)
+    twins, fits = pool_twins(twin, request.steps_by_role, request.min_steps, request.key)
+    found = pools_evaluator(twin, request, twins)(request.layout)
     return PoolCheck(
         request.key,
         found.capacity_req_s,

@@ -14,7 +14,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final
 
-from chunkpilot.engine.sim.disagg import KVTransfer, PoolConfig, Topology, disaggregated_capacity
+from chunkpilot.engine.sim.capacity import retime
+from chunkpilot.engine.sim.disagg import (
+    KVTransfer,
+    PoolConfig,
+    Topology,
+    disaggregated_capacity,
+    simulate_disaggregated,
+)
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
@@ -26,11 +33,13 @@ __all__ = [
     "COLOCATED_REQUESTS",
     "REQUESTS_PER_REPLICA",
     "TOLERANCE",
+    "LayoutLatencies",
     "PoolEngines",
     "sim_evaluator",
     "tiled",
     "topology_of",
     "twin_evaluator",
+    "twin_latencies",
 ]
 
 #: Requests per replica of one disaggregated capacity probe in the tuner, and the bisection width
@@ -130,6 +139,47 @@ def sim_evaluator(
     return evaluate
 
 
+def _twin_engine(twin: Twin, max_model_len: int, pools: tuple[Twin, Twin] | None) -> SimConfig | PoolEngines:
+    scheduler = SchedulerConfig(max_model_len=max_model_len)
+    if pools is not None:
+        return PoolEngines(pools[0].config(scheduler), pools[1].config(scheduler))
+    return twin.config(scheduler)
+
+
+@dataclass(frozen=True)
+class LayoutLatencies:
+    """What a layout shows at one rate, at the SLO's quantiles: the decode pool's ITL, the client's
+    TTFT, and the prefill pool's own TTFT (arrival to its first token, as its engines report it)."""
+
+    itl_ms: float
+    ttft_ms: float
+    prefill_ttft_ms: float
+
+
+def twin_latencies(
+    twin: Twin,
+    layout: Layout,
+    rate_req_s: float,
+    slo: SLO,
+    kv: KVTransfer,
+    *,
+    max_model_len: int = 8192,
+    requests_per_replica: int = REQUESTS_PER_REPLICA,
+    pools: tuple[Twin, Twin] | None = None,
+    min_duration_s: float = 0.0,
+) -> LayoutLatencies:
+    """The twin's latencies of ``layout`` serving ``rate_req_s`` (Poisson, the captured workload's
+    lengths; ``pools`` as in :func:`twin_evaluator`)."""
+    topology = topology_of(_twin_engine(twin, max_model_len, pools), layout, kv)
+    lengths = tiled(twin.workload, requests_per_replica * layout.replicas)
+    summary = simulate_disaggregated(topology, retime(lengths, rate_req_s, LAYOUT_SEED, min_duration_s), slo)
+    return LayoutLatencies(
+        summary.itl_at_slo_quantile_ms,
+        summary.ttft_at_slo_quantile_ms,
+        summary.prefill_ttft_at_slo_quantile_ms,
+    )
+
+
 def twin_evaluator(
     twin: Twin,
     slo: SLO,
@@ -147,10 +197,7 @@ def twin_evaluator(
     ``pools``: the prefill and decode pools' own twins (each fitted on its pool's steps), run
     instead of ``twin``'s engine on the same workload.
     """
-    scheduler = SchedulerConfig(max_model_len=max_model_len)
-    engine: SimConfig | PoolEngines = twin.config(scheduler)
-    if pools is not None:
-        engine = PoolEngines(pools[0].config(scheduler), pools[1].config(scheduler))
+    engine = _twin_engine(twin, max_model_len, pools)
     arrivals = [r.arrival_s for r in twin.workload.requests]
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
     rate = (len(arrivals) - 1) / span if span > 0 else 1.0

@@ -8,7 +8,10 @@ then each pool's own where it ran enough steps (:func:`~chunkpilot.tuner.topolog
 the request lengths the decode pool served, as it serves every request whole (the prefill pool
 serves each with one output token). A pool's capacity per replica is the layout's capacity with that pool
 at one replica and the other one ample (:func:`pool_capacities`): so the P:D ratio follows the
-workload's mix of prompt and output lengths, as the twin models them. Runs in the twin's worker.
+workload's mix of prompt and output lengths, as the twin models them. Given what the running
+pools measured, the twin's error on each is read on that pool's own quantile (the prefill pool's
+TTFT, the decode pool's ITL) at the rate they served, and the planner plans that pool with it.
+Runs in the twin's worker.
 """
 
 from __future__ import annotations
@@ -24,15 +27,24 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutEvaluator
-from chunkpilot.tuner.topology.pools import ROLES, PoolCheckRequest, PoolFit, pools_evaluator
+from chunkpilot.tuner.topology.pools import (
+    ROLES,
+    PoolCheckRequest,
+    PoolFit,
+    pool_twins,
+    pools_evaluator,
+    pools_latencies,
+)
 from chunkpilot.tuner.topology.simulate import REQUESTS_PER_REPLICA, TOLERANCE
 from chunkpilot.tuner.twin.capture import WorkloadWindow
 from chunkpilot.tuner.twin.fit import MIN_STEPS
-from chunkpilot.tuner.twin.online import build_twin, merge_steps
+from chunkpilot.tuner.twin.online import build_twin, merge_steps, quantile_errors
+from chunkpilot.tuner.twin.predict import Twin
 from chunkpilot.tuner.twin.search import SUSTAINED_S, planning_capacity
 
 __all__ = [
     "AMPLE",
+    "MeasuredPools",
     "PoolCapacities",
     "PoolSizingRequest",
     "layout_capacities",
@@ -44,6 +56,19 @@ __all__ = [
 #: when the other pool may have bound it (up to :data:`MAX_AMPLE`).
 AMPLE: Final = 2
 MAX_AMPLE: Final = 8
+
+
+@dataclass(frozen=True)
+class MeasuredPools:
+    """What the running pools showed over the window: the service's request rate, each pool's
+    replicas, and at the SLO's quantiles the prefill pool's own TTFT and the decode pool's ITL (ms;
+    None: no data). The twin's error on the pools is read against these."""
+
+    rate_req_s: float
+    prefill_replicas: int
+    decode_replicas: int
+    prefill_ttft_ms: float | None
+    decode_itl_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -75,6 +100,8 @@ class PoolSizingRequest:
     #: Each capacity probe's arrivals span at least this long, as the colocated planner's do: the
     #: rate the pools sustain, not the rate at which they absorb a burst of a few hundred requests.
     sustained_s: float = SUSTAINED_S
+    #: What the running pools measured (None: the twin's error on them is not read).
+    measured: MeasuredPools | None = None
 
     @property
     def steps(self) -> dict[str, StepTotals]:
@@ -96,10 +123,18 @@ class PoolCapacities:
     cpu_seconds: float = 0.0
     #: What one colocated replica would sustain on the same twin (None: not read).
     colocated_req_s: float | None = None
+    #: The twin's relative error on each running pool's own quantile at the measured rate: the
+    #: prefill pool's TTFT, the decode pool's ITL (None: not measured).
+    prefill_error: float | None = None
+    decode_error: float | None = None
 
     def per_replica(self, role: str) -> float:
         """The capacity of one replica of the pool of ``role``."""
         return self.prefill_req_s if role == "prefill" else self.decode_req_s
+
+    def error(self, role: str) -> float | None:
+        """The twin's error on the pool of ``role`` (None: not measured)."""
+        return self.prefill_error if role == "prefill" else self.decode_error
 
     def describe(self) -> str:
         """``one prefill replica serves 6.1 req/s, one decode replica 2.3 (prefill: ...; decode: ...)``."""
@@ -108,7 +143,13 @@ class PoolCapacities:
             f"{self.decode_req_s:.3g}"
         )
         fits = "; ".join(p.describe() for p in self.pools)
-        return f"{said} ({fits})" if fits else f"{said} (on the service's twin)"
+        said = f"{said} ({fits})" if fits else f"{said} (on the service's twin)"
+        errors = [
+            f"{what} {error:.0%}"
+            for what, error in (("prefill TTFT", self.prefill_error), ("decode ITL", self.decode_error))
+            if error is not None
+        ]
+        return f"{said}; the twin's error on the running pools: {', '.join(errors)}" if errors else said
 
 
 def single_pool_capacities(
@@ -158,16 +199,45 @@ def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
     """
     started = time.process_time()
     twin = build_twin(request, min_steps=request.min_steps)
-    evaluate, fits = pools_evaluator(twin, request, "stable")
+    twins, fits = pool_twins(twin, request.steps_by_role, request.min_steps, "stable")
+    evaluate = pools_evaluator(twin, request, twins)
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
     colocated = None
     if request.colocated is not None:
         colocated, _ = planning_capacity(
             twin, request.colocated, request.slo, 0.0, max_model_len=request.max_model_len
         )
+    prefill_error, decode_error = _errors(twin, twins, request)
     return PoolCapacities(
-        request.key, prefill, decode, fits, evaluations, time.process_time() - started, colocated
+        request.key,
+        prefill,
+        decode,
+        fits,
+        evaluations,
+        time.process_time() - started,
+        colocated,
+        prefill_error,
+        decode_error,
     )
+
+
+def _errors(
+    twin: Twin, twins: tuple[Twin, Twin], request: PoolSizingRequest
+) -> tuple[float | None, float | None]:
+    """The twin's relative error on the running pools' own quantiles at their measured rate: the
+    prefill pool's TTFT, the decode pool's ITL (None where nothing compares)."""
+    measured = request.measured
+    if measured is None or not measured.rate_req_s > 0:
+        return None, None
+    running = Layout(
+        replace(request.layout.prefill, replicas=max(1, measured.prefill_replicas)),
+        replace(request.layout.decode, replicas=max(1, measured.decode_replicas)),
+    )
+    at = pools_latencies(twin, request, twins, running, measured.rate_req_s)
+    itl, ttft = quantile_errors(
+        (at.itl_ms, at.prefill_ttft_ms), (measured.decode_itl_ms, measured.prefill_ttft_ms)
+    )
+    return (None if math.isnan(ttft) else ttft), (None if math.isnan(itl) else itl)
 
 
 def layout_capacities(request: PoolCheckRequest) -> PoolCapacities:
@@ -175,6 +245,7 @@ def layout_capacities(request: PoolCheckRequest) -> PoolCapacities:
     model in both pools, where ``steps_by_role`` has too few steps of a pool's own): what splitting
     a colocated service into prefill and decode pools would take."""
     started = time.process_time()
-    evaluate, _ = pools_evaluator(request.twin, request, request.key)
+    twins, _ = pool_twins(request.twin, request.steps_by_role, request.min_steps, request.key)
+    evaluate = pools_evaluator(request.twin, request, twins)
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
     return PoolCapacities(request.key, prefill, decode, (), evaluations, time.process_time() - started)

@@ -8,10 +8,11 @@ serve one window at 70% of that layout's true capacity, and what their ``/metric
 fits the pools' twin on that (the datasheet H100 as its prior, never the truth) and reads one
 replica's capacity of each pool (:func:`chunkpilot.tuner.topology.sizing.pool_capacities`), then
 sizes each pool for rates of 0.25, 0.75, 1.5 and 3 times that layout's true capacity with the
-operator's planner (:func:`chunkpilot.tuner.planner.needed_replicas`, its 10% headroom and 15%
-unmeasured error). Each sizing is judged on the truth: a simulation of the sized layout at that
-rate, both SLO quantiles; beside it, found on the truth with the same 10% headroom (at 1.1 times
-the rate):
+operator's planner (:func:`chunkpilot.tuner.planner.needed_replicas`, its 10% headroom, and each
+pool's error as the operator reads it: the prefill pool's own TTFT and the decode pool's ITL on the
+twin against the observed window's). Each sizing is judged on the truth: a simulation of the sized
+layout at that rate, both SLO quantiles; beside it, found on the truth with the same 10% headroom
+(at 1.1 times the rate):
 
 * the **truth's fewest**: the fewest replicas of any P:D split that meets both SLOs (every split
   of 2, 3, ... replicas simulated), and
@@ -51,11 +52,11 @@ from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
 from chunkpilot.tuner.decide.scaling import PROPOSE_AT, colocated_proposal
-from chunkpilot.tuner.planner import DEFAULT_ERROR, Capacity, needed_replicas, replicas_for
+from chunkpilot.tuner.planner import DEFAULT_ERROR, Capacity, capacity_of, needed_replicas, replicas_for
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, Pool
 from chunkpilot.tuner.topology.simulate import sim_evaluator, tiled, topology_of
-from chunkpilot.tuner.topology.sizing import PoolSizingRequest, pool_capacities
+from chunkpilot.tuner.topology.sizing import MeasuredPools, PoolSizingRequest, pool_capacities
 from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 __all__ = ["POOL_SIZING_FULL", "POOL_SIZING_QUICK", "PoolSizingSettings", "run_pool_sizing_benchmark"]
@@ -195,6 +196,10 @@ class MixResult:
     colocated_budget: int = 0
     colocated_true_req_s: float = 0.0
     colocated_twin_req_s: float | None = None
+    #: The twin's error on the running 1 + 1 pools' own quantiles (prefill TTFT, decode ITL), read
+    #: as the operator reads it and planned with (None: nothing compared).
+    prefill_error: float | None = None
+    decode_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -334,8 +339,16 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
                 seed=settings.seed,
                 directory=str(root / "twin"),
                 colocated=TunedConfig(budget, min(settings.max_num_seqs, budget)),
+                measured=MeasuredPools(
+                    settings.observed_load * unit,
+                    running.prefill.replicas,
+                    running.decode.replicas,
+                    observed.prefill_ttft_at_slo_quantile_ms,
+                    observed.itl_at_slo_quantile_ms,
+                ),
             )
         )
+        errors = {role: sizes.error(role) for role in ("prefill", "decode")}
         spec = ScalingSpec(
             mode=ScalingMode.ADVISE, max_replicas=settings.max_replicas, headroom=settings.headroom
         )
@@ -343,8 +356,8 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
         for load in settings.loads:
             rate = load * unit
             planned = rate * (1 + settings.headroom)
-            prefill = needed_replicas(planned, Capacity(sizes.prefill_req_s, DEFAULT_ERROR), spec)
-            decode = needed_replicas(planned, Capacity(sizes.decode_req_s, DEFAULT_ERROR), spec)
+            prefill = needed_replicas(planned, capacity_of(sizes.prefill_req_s, errors["prefill"]), spec)
+            decode = needed_replicas(planned, capacity_of(sizes.decode_req_s, errors["decode"]), spec)
             met, itl, ttft = _meets(truth, lengths, settings, settings.layout(prefill, decode), rate)
             served = rate * (1 + settings.headroom)
             fewest, splits = _truth_fewest(truth, lengths, settings, served, max(2, math.ceil(load)))
@@ -388,7 +401,13 @@ def _run_mix(settings: PoolSizingSettings, mix: str) -> MixResult:
         colocated_budget=budget,
         colocated_true_req_s=round(colocated[budget], 3),
         colocated_twin_req_s=round(sizes.colocated_req_s, 3) if sizes.colocated_req_s else None,
+        prefill_error=_rounded(errors["prefill"]),
+        decode_error=_rounded(errors["decode"]),
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 4) if value is not None else None
 
 
 def run_pool_sizing_benchmark(
@@ -421,13 +440,14 @@ def format_pool_sizing_table(result: PoolSizingResult) -> str:
     """The Markdown tables docs/benchmarks.md shows."""
     lines = [
         "| mix | mean prompt / output | 1+1 true req/s | twin: one prefill / decode replica req/s | "
-        "colocated budget: one replica true / twin req/s |",
-        "|---|---|---:|---|---|",
+        "twin's error: prefill TTFT / decode ITL | colocated budget: one replica true / twin req/s |",
+        "|---|---|---:|---|---|---|",
     ]
     for mix in result.mixes:
         lines.append(
             f"| {mix.mix} | {mix.mean_prompt_tokens:,.0f} / {mix.mean_output_tokens:,.0f} | "
             f"{mix.running_true_req_s:.2f} | {mix.prefill_req_s:.2f} / {mix.decode_req_s:.2f} | "
+            f"{_number(mix.prefill_error, '.1%')} / {_number(mix.decode_error, '.1%')} | "
             f"{mix.colocated_budget}: {mix.colocated_true_req_s:.2f} / "
             f"{_number(mix.colocated_twin_req_s, '.2f')} |"
         )

@@ -13,10 +13,12 @@ from typing import Any
 import openai
 import pytest
 from chunkpilot.engine import metrics_names as names
+from chunkpilot.tuner.measure import measure_pools, parse_instant_result
+from chunkpilot.tuner.observe.snapshot import Reading
 from chunkpilot.tuner.observe.twin import TwinObserver
 
 from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
-from chunkpilot.testing.services import a_service_body
+from chunkpilot.testing.services import a_service, a_service_body
 from chunkpilot.testing.simserver import run_sim_server
 from chunkpilot.testing.tuner import a_snapshot
 
@@ -89,10 +91,21 @@ def test_the_pools_are_fitted_on_their_own_steps_and_the_decode_pools_workload(
     def vector(query: str, at: datetime) -> list[dict[str, Any]]:
         return prometheus.query(query, at.timestamp())
 
+    def query(promql: str, at: datetime) -> float | None:
+        return parse_instant_result(vector(promql, at))
+
+    now, spec = datetime.now(UTC), a_service(service_body(name)).spec
+    assert spec.slo is not None
+    engine = str(spec.engine.kind)
+    measured = measure_pools(query, name, "default", spec.slo.window, now, 0.99, 0.95, engine, min_samples=10)
     observer = TwinObserver(vector, inline=True)
-    snap = a_snapshot(service_body(name), prometheus=True, now=datetime.now(UTC))
+    snap = a_snapshot(service_body(name), prometheus=True, now=now, pools_reading=Reading(measured))
     sizes = asyncio.run(observer._pool_sizing(snap))
     assert sizes is not None
+    # The twin's error on each running pool's own quantile, at the rate they served: measured.
+    assert measured.prefill.ttft_ms and measured.decode.itl_ms, measured
+    assert sizes.error("prefill") is not None and sizes.error("decode") is not None, sizes.describe()
+    assert "the twin's error on the running pools: prefill TTFT" in sizes.describe()
     assert sizes.key == "pools-4096x128-1024x64"  # the pools' knobs (the unset maxNumSeqs: the spec's)
     assert [p.role for p in sizes.pools] == ["prefill", "decode"]
     assert sizes.pools[1].own and sizes.pools[1].steps >= 50  # the decode pool ran enough steps of its own

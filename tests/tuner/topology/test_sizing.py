@@ -9,14 +9,17 @@ import pytest
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner.space import TunedConfig
 from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, Pool
+from chunkpilot.tuner.topology.pools import pool_twins, pools_latencies
 from chunkpilot.tuner.topology.sizing import (
     MAX_AMPLE,
+    MeasuredPools,
     PoolCapacities,
     PoolSizingRequest,
     pool_capacities,
     single_pool_capacities,
 )
 from chunkpilot.tuner.twin import Twin, TwinFit
+from chunkpilot.tuner.twin.online import build_twin
 from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 from chunkpilot.testing.tuner import pool_steps, window_of
@@ -135,3 +138,24 @@ def test_by_default_a_pool_is_read_at_what_it_sustains_not_what_it_absorbs_in_a_
         sustained.decode_req_s < 0.95 * alike.decode_req_s
         or sustained.prefill_req_s < 0.95 * alike.prefill_req_s
     )
+
+
+def test_the_twins_error_is_read_on_each_running_pools_own_quantile(
+    twin: Twin, alike: PoolCapacities
+) -> None:
+    asked = request(twin, twin)
+    rate = 0.5 * min(alike.prefill_req_s, alike.decode_req_s)
+    # What the sizing's twin predicts for the running pools at that rate, as the sizing reads it.
+    fitted = build_twin(asked, min_steps=asked.min_steps)
+    pools, _ = pool_twins(fitted, asked.steps_by_role, asked.min_steps, "stable")
+    predicted = pools_latencies(fitted, asked, pools, LAYOUT, rate)
+    assert 0 < predicted.prefill_ttft_ms < predicted.ttft_ms  # the prefill pool's share of the client's
+    # The prefill pool measured 25% slower than predicted, the decode pool as predicted.
+    measured = MeasuredPools(rate, 1, 1, predicted.prefill_ttft_ms * 1.25, predicted.itl_ms)
+    sizes = pool_capacities(replace(asked, measured=measured))
+    assert sizes.error("prefill") == pytest.approx(0.2, abs=1e-6)  # |1 / 1.25 - 1|
+    assert sizes.error("decode") == pytest.approx(0.0, abs=1e-6)
+    assert "the twin's error on the running pools: prefill TTFT 20%, decode ITL 0%" in sizes.describe()
+    unknown = pool_capacities(replace(asked, measured=MeasuredPools(rate, 1, 1, None, predicted.itl_ms)))
+    assert unknown.error("prefill") is None and unknown.error("decode") == pytest.approx(0.0, abs=1e-6)
+    assert alike.error("prefill") is None and alike.error("decode") is None  # nothing measured
