@@ -561,21 +561,28 @@ def topology_replicas(topology: TopologySpec) -> int:
     return sum(pool.replicas for pool in (topology.prefill, topology.decode) if pool is not None)
 
 
+def runs_at_its_replicas(isvc: InferenceService, topology: TopologySpec) -> bool:
+    """Whether a promoted ``topology`` runs at the service's replicas: in ``scaling.mode: Auto``
+    always (the planner sizes its pools from then on), else when ``spec.replicas`` is the topology's
+    replicas (it was measured on those)."""
+    return isvc.spec.scaling.acts or topology_replicas(topology) == isvc.spec.replicas
+
+
 def promoted_topology(isvc: InferenceService) -> TopologySpec | None:
     """The topology a topology trial promoted (``status.bestTopology``), when the service runs it.
 
     It runs while ``spec.autotune.enabled`` and ``allowTopologyChange`` are true, the spec
-    declares no disaggregated topology of its own (a declared one wins) and ``spec.replicas`` is
-    the topology's replicas (it was measured on those: an edit of ``spec.replicas`` takes effect,
-    colocated, and the topology runs again once it is set back); one the spec cannot run (see
-    :func:`with_topology`) is ignored, as an unrunnable ``bestConfig`` is.
+    declares no disaggregated topology of its own (a declared one wins) and it runs at the
+    service's replicas (:func:`runs_at_its_replicas`: outside ``Auto``, an edit of ``spec.replicas``
+    takes effect, colocated, and the topology runs again once it is set back); one the spec cannot
+    run (see :func:`with_topology`) is ignored, as an unrunnable ``bestConfig`` is.
     """
     status, spec = isvc.status, isvc.spec
     if status is None or status.best_topology is None or spec.disaggregated:
         return None
     if not (spec.autotune.enabled and spec.autotune.allow_topology_change):
         return None
-    if topology_replicas(status.best_topology) != isvc.running_replicas():
+    if not runs_at_its_replicas(isvc, status.best_topology):
         return None
     return status.best_topology if with_topology(isvc, status.best_topology) is not None else None
 

@@ -28,7 +28,10 @@ from chunkpilot.api import (
     LABEL_TRACK,
     InferenceService,
     InferenceServiceStatus,
+    PoolScalingStatus,
     PoolSpec,
+    ScalingMode,
+    ScalingStatus,
     TopologySpec,
 )
 from chunkpilot.testing.kube import merge_into
@@ -126,6 +129,29 @@ def test_a_promoted_topology_runs_only_on_the_replicas_it_was_measured_on() -> N
     assert promoted_topology(isvc(replicas=3)) is None  # 1 + 1 is two replicas
     assert not effective_topology(isvc(replicas=3)).spec.disaggregated
     assert promoted_topology(isvc(replicas=2)) == TOPOLOGY
+
+
+def sized(decided: ScalingStatus) -> InferenceService:
+    """The service in ``scaling.mode: Auto`` on 3 declared replicas, 1 + 1 promoted, ``decided``."""
+    service = isvc(replicas=3, scaling={"mode": "Auto", "maxReplicas": 8})
+    return service.model_copy(
+        update={"status": InferenceServiceStatus(best_topology=TOPOLOGY, scaling=decided)}
+    )
+
+
+def test_in_auto_a_promoted_topology_runs_whatever_the_replicas_and_its_pools_are_the_planners() -> None:
+    colocated = ScalingStatus(mode=ScalingMode.AUTO, topology="colocated", desired_replicas=5)
+    running = effective_topology(sized(colocated))
+    assert running.spec.disaggregated  # 1 + 1 promoted where 5 ran colocated and 3 are declared
+    assert [running.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
+    decided = [
+        PoolScalingStatus(role="prefill", desired_replicas=3),
+        PoolScalingStatus(role="decode", desired_replicas=1),
+    ]
+    pools = ScalingStatus(mode=ScalingMode.AUTO, topology="disaggregated", desired_replicas=4, pools=decided)
+    manifests = build_children(effective_topology(sized(pools)), pod_monitor=False).manifests()
+    replicas = {m["metadata"]["name"]: m["spec"]["replicas"] for m in manifests if m["kind"] == "Deployment"}
+    assert (replicas["chat-prefill"], replicas["chat-decode"]) == (3, 1) and "chat-stable" not in replicas
 
 
 def test_a_spec_replicas_edit_returns_a_promoted_topology_to_colocated_on_the_new_replicas() -> None:

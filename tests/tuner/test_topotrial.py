@@ -57,6 +57,7 @@ from chunkpilot.tuner.twin.online import Calibration
 from chunkpilot.api import (
     EngineConfig,
     InferenceService,
+    ScalingProposal,
     TopologySpec,
     Track,
     TrialPhase,
@@ -1068,3 +1069,113 @@ def test_a_promoted_topology_on_other_replicas_than_spec_replicas_is_said_not_to
     assert of_type(tuning, CreateTrial)  # a colocated trial on the three replicas
     found = condition(tuning, "TopologyChange")
     assert found is not None and found[1] == "TopologyPromotedNotRunning", found
+
+
+# --------------------------------------------------------------------------- the planner's proposal (Auto)
+
+#: The planner's proposal: 1 + 1 pools would serve the rate where colocated takes 4 replicas.
+PROPOSAL = {
+    "topology": "disaggregated",
+    "replicas": 2,
+    "prefillReplicas": 1,
+    "decodeReplicas": 1,
+    "currentReplicas": 4,
+    "message": "prefill/decode pools would serve 3.3 req/s on 1 + 1 replicas where colocated takes 4",
+}
+#: Six colocated trials that met both SLOs: tuning stopped at maxTrials, feasible.
+MET = missed_trials([(b, 20.0, 300.0) for b in (128, 256, 384, 512, 768, 1024)])
+
+
+def proposing_body(mode: str = "Auto", allow: bool = True, **status: Any) -> dict[str, Any]:
+    """The chat service, sized by the planner in ``mode`` on 4 replicas, told pools would take 2."""
+    scaling = {"mode": mode, "topology": "colocated", "desiredReplicas": 4, "proposal": PROPOSAL}
+    return a_service_body(
+        replicas=2,
+        engine={"maxNumBatchedTokens": 512},
+        itl_ms=35,
+        ttft_ms=600,
+        spec={"scaling": {"mode": mode, "minReplicas": 1, "maxReplicas": 8}},
+        autotune={"maxTrials": 6, "allowTopologyChange": allow},
+        status={"scaling": scaling, **status},
+    )
+
+
+def test_in_auto_the_planners_proposed_pools_are_tried_as_a_topology_trial_once_tuning_stopped() -> None:
+    plan = decide(snapshot(proposing_body(), MET), SETTINGS)
+    (created,) = of_type(plan, CreateTrial)
+    topology = created.manifest["spec"]["topology"]
+    assert (topology["prefill"]["replicas"], topology["decode"]["replicas"]) == (1, 1)
+    assert topology["decode"]["maxNumBatchedTokens"] == 512 and topology["decode"]["maxNumSeqs"] == 128
+    found = condition(plan, "TopologyChange")
+    assert found is not None and found[:2] == ("True", "TopologyTrialRunning")
+    assert found[2].startswith("trying the proposed 1 prefill + 1 decode") and PROPOSAL["message"] in found[2]
+    # Fewer replicas than run colocated (4) or are declared (2 is a coincidence: 3 changes nothing).
+    three = proposing_body()
+    three["spec"]["replicas"] = 3
+    assert of_type(decide(snapshot(three, MET), SETTINGS), CreateTrial)
+
+
+@pytest.mark.parametrize(
+    ("body", "trials"),
+    [
+        (proposing_body("Advise"), MET),  # Advise acts on nothing: the replicas stay the user's
+        (proposing_body(allow=False), MET),
+        (proposing_body(), MET[:3]),  # tuning goes on: one trial at a time, knobs first
+    ],
+    ids=["advise", "not-allowed", "tuning"],
+)
+def test_the_proposal_is_not_tried_outside_auto_without_the_flag_or_while_tuning(
+    body: dict[str, Any], trials: Sequence[TuningTrial]
+) -> None:
+    plan = decide(snapshot(body, trials), SETTINGS)
+    assert not [c for c in of_type(plan, CreateTrial) if c.manifest["spec"].get("topology")]
+    found = condition(plan, "TopologyChange")
+    assert found is None or found[1] != "TopologyTrialRunning"
+
+
+def test_a_proposal_is_tried_once_a_round_and_judged_without_an_unrelated_recommendation() -> None:
+    body = proposing_body(recommendation={**RECOMMENDATION, "prefillMaxNumBatchedTokens": 2048})
+    (created,) = of_type(decide(snapshot(body, MET), SETTINGS), CreateTrial)
+    trial = TuningTrial.model_validate(created.manifest).model_copy(
+        update={"status": TuningTrialStatus(phase=TrialPhase.ROLLED_BACK, verdict=TrialVerdict.DISCARDED)}
+    )
+    assert not of_type(decide(snapshot(body, (*MET, trial)), SETTINGS), CreateTrial)
+    plan = Plan(snapshot(body, (*MET, trial)))
+    assert topotrial.recommended(plan, trial) is None  # 2048 tokens recommended, 8192 proposed
+    assert topotrial.prediction(plan, trial).capacity_req_s is None
+
+
+def test_in_auto_a_promoted_topology_runs_whatever_the_colocated_replicas_and_the_planner_sizes_it() -> None:
+    topology = topotrial.proposal_layout(
+        ScalingProposal.model_validate(PROPOSAL), EngineConfig(max_num_batched_tokens=512, max_num_seqs=128)
+    )
+    assert topology is not None
+    body = proposing_body(bestTopology=topology.to_k8s(), bestTopologyTrial="chat-trial-7")
+    isvc = with_best_topology(parse_service(body) or pytest.fail("invalid"), body["status"])
+    assert isvc.spec.disaggregated  # 2 replicas promoted, 4 colocated were running, 2 declared
+    # The colocated decision is not the pools': they run as promoted until the planner sizes them.
+    assert [isvc.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
+    plan = decide(snapshot(body, MET), SETTINGS)
+    found = condition(plan, "TopologyChange")
+    assert found is None or found[1] != "TopologyPromotedNotRunning"
+    scaling = plan.status["scaling"]  # the planner starts on the pools (their first window is to come)
+    assert scaling["topology"] == "disaggregated" and scaling["reason"].startswith("waiting: ")
+    outside = proposing_body("Advise", bestTopology=topology.to_k8s(), bestTopologyTrial="chat-trial-7")
+    outside["spec"]["replicas"] = 3
+    assert not with_best_topology(
+        parse_service(outside) or pytest.fail("invalid"), outside["status"]
+    ).spec.disaggregated
+
+
+def test_in_auto_a_change_of_spec_replicas_does_not_abort_a_topology_trial() -> None:
+    body = proposing_body()
+    (created,) = of_type(decide(snapshot(body, MET), SETTINGS), CreateTrial)
+    trial = TuningTrial.model_validate(created.manifest)
+    isvc = parse_service(body)
+    assert isvc is not None and topotrial.spec_changed(trial, isvc) is None
+    body["spec"]["replicas"] = 5
+    edited = parse_service(body)
+    assert edited is not None and topotrial.spec_changed(trial, edited) is None
+    body["spec"]["scaling"]["mode"] = "Off"
+    off = parse_service(body)
+    assert off is not None and "spec.replicas changed to 5" in (topotrial.spec_changed(trial, off) or "")

@@ -318,7 +318,8 @@ def split_proposal(
         message=(
             f"prefill/decode pools would serve {planned_req_s:.3g} req/s on {prefill} + {decode} "
             f"replicas where colocated takes {needed}: {split.describe()}; to switch, declare "
-            "spec.topology (mode disaggregated, both pools)"
+            "spec.topology (mode disaggregated, both pools), or in scaling.mode Auto allow "
+            "autotune.allowTopologyChange and it is tried as a topology trial"
         )[:1024],
     )
 
@@ -340,7 +341,8 @@ def colocated_proposal(
         message=(
             f"colocated replicas would serve {planned_req_s:.3g} req/s on {replicas} where the pools take "
             f"{needed}: one colocated replica sustains {colocated_req_s:.3g} req/s on the pools' twin; to "
-            "switch, set spec.topology.mode: colocated"
+            "switch, set spec.topology.mode: colocated (for a topology a trial promoted: "
+            "autotune.allowTopologyChange false)"
         )[:1024],
     )
 

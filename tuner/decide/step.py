@@ -10,6 +10,8 @@ trial's phases are in :mod:`chunkpilot.tuner.decide.phases`:
     a trial is active                   -> phases.advance (roll out, warm up, measure, judge);
                                            a topology trial: topotrial.advance
     stopped infeasible, allowTopologyChange -> topotrial.consider (the recommended topology)
+    stopped otherwise, allowTopologyChange, scaling Auto -> topotrial.consider (the planner's
+                                           proposal of prefill/decode pools)
     a promotion awaits the operator     -> wait (stable must run it before the next trial)
     stopped (max trials, converged, infeasible, exhausted) -> keep stopped; retune on a
                                            sustained SLO violation
@@ -313,8 +315,8 @@ def idle(plan: Plan, settings: TunerSettings) -> None:
     if reason is not None:
         drift = twinplan.drift_retune(plan, in_round)
         if drift is None and not should_retune(plan, settings):
-            if reason is StopReason.INFEASIBLE:
-                topotrial.consider(plan, round_, settings)  # allowTopologyChange: the recommended topology
+            # allowTopologyChange: the recommended topology, or (in Auto) the planner's proposed pools
+            topotrial.consider(plan, round_, settings, proposal=reason is not StopReason.INFEASIBLE)
             return
         round_ += 1
         if drift is not None:

@@ -2,7 +2,10 @@
 
 With ``spec.autotune.allowTopologyChange``, once colocated tuning is ``SLOInfeasible`` and the
 twin's recommendation (``status.recommendation``) meets both SLOs, the tuner tries that topology
-at the live load, once per tuning round:
+at the live load, once per tuning round. In ``scaling.mode: Auto``, once tuning stopped otherwise,
+the planner's proposal of prefill/decode pools (``status.scaling.proposal``: they would serve the
+rate on far fewer replicas) is tried the same way (:func:`proposal_gate`); promoted, its pools are
+sized by the planner from then on, whatever the colocated replicas were:
 
 .. code-block:: text
 
@@ -19,7 +22,8 @@ at the live load, once per tuning round:
                 -- misses one, a lighter load, or a twin the measurement contradicts -->  RolledBack
                 -- too few samples -->  the window widens up to its deadline, then Failed (Aborted)
                 -- Prometheus silent -->  a metrics gap, as for a colocated trial
-    any phase   -- allowTopologyChange off, or spec.replicas, engine or model changed -->  Failed
+    any phase   -- allowTopologyChange off, or spec.replicas (outside Auto), engine or model
+                   changed -->  Failed
 
 The canary router's pods carry the service label, so the service's Service sends them a share of
 the live traffic beside the stable pods. The topology is judged as its clients see it
@@ -39,7 +43,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from chunkpilot.operator.builders import build_canary_topology, topology_replicas, with_topology
+from chunkpilot.operator.builders import (
+    build_canary_topology,
+    runs_at_its_replicas,
+    topology_replicas,
+    with_topology,
+)
 from chunkpilot.operator.events import EventType
 from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart, get_condition
@@ -59,7 +68,7 @@ from chunkpilot.tuner.decide.recommendation import current as current_recommenda
 from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, twin_check
 from chunkpilot.tuner.measure import TopologyWindow
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
-from chunkpilot.tuner.topology.layouts import decode_pool
+from chunkpilot.tuner.topology.layouts import decode_pool, starting_layout
 from chunkpilot.tuner.topology.pools import PoolCheck
 
 from chunkpilot.api import (
@@ -70,6 +79,7 @@ from chunkpilot.api import (
     InferenceService,
     ObjectMeta,
     PoolSpec,
+    ScalingProposal,
     TopologyMode,
     TopologyRecommendation,
     TopologySpec,
@@ -99,6 +109,8 @@ __all__ = [
     "judge",
     "layout",
     "note_not_running",
+    "proposal_gate",
+    "proposal_layout",
     "remove_orphans",
 ]
 
@@ -169,11 +181,13 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
 
 @dataclass(frozen=True)
 class Gate:
-    """Roll ``topology`` out, or (``topology`` None) why not: a ``TopologyChange`` reason and message."""
+    """Roll ``topology`` out, or (``topology`` None) why not: a ``TopologyChange`` reason and message.
+    ``proposed``: the planner's proposal it comes from ("": the twin's recommendation)."""
 
     topology: TopologySpec | None
     reason: TopologyReason | None = None
     message: str = ""
+    proposed: str = ""
 
 
 def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate | None:
@@ -227,22 +241,66 @@ def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate
             f"({need} replicas), the service has {spec.replicas * tp} (spec.replicas {spec.replicas}); "
             f"a topology is tried only on the service's own replicas: raise spec.replicas to {need}",
         )
+    return _runnable(snap, topology, f"the recommended {described}", settings) or Gate(topology)
+
+
+def _runnable(
+    snap: Snapshot, topology: TopologySpec, what: str, settings: TunerSettings | None
+) -> Gate | None:
+    """None when the installation and the spec can run ``topology``; else why not."""
     if settings is not None and not settings.disaggregation:
         return Gate(
             None,
             TopologyReason.UNSUPPORTED,
-            f"not trying the recommended {described}: this installation runs no disaggregated topologies "
+            f"not trying {what}: this installation runs no disaggregated topologies "
             "(set the chart value disaggregation.enabled=true)",
         )
     if with_topology(snap.isvc, topology) is None:
         return Gate(
             None,
             TopologyReason.UNSUPPORTED,
-            f"not trying the recommended {described}: the spec cannot run a disaggregated topology "
+            f"not trying {what}: the spec cannot run a disaggregated topology "
             "(it needs engine.kind vllm 0.9.0 or later, or sim; autotune.liveAdjust false; no "
             "--kv-transfer-config in engine.extraArgs)",
         )
-    return Gate(topology)
+    return None
+
+
+def proposal_layout(proposal: ScalingProposal, stable: EngineConfig) -> TopologySpec | None:
+    """The planner's proposal of prefill/decode pools as a topology (None: it proposes colocated):
+    its replicas, with the knobs the twin split the service with (the layout search's start,
+    :func:`~chunkpilot.tuner.topology.layouts.starting_layout`)."""
+    p, d = proposal.prefill_replicas, proposal.decode_replicas
+    if proposal.topology != TopologyMode.DISAGGREGATED.value or not p or not d:
+        return None
+    start = starting_layout(p, d, stable.max_num_seqs, stable.max_num_batched_tokens)
+    return TopologySpec(
+        mode=TopologyMode.DISAGGREGATED,
+        prefill=_pool(stable, p, start.prefill.max_num_batched_tokens, start.prefill.max_num_seqs),
+        decode=_pool(stable, d, start.decode.max_num_batched_tokens, start.decode.max_num_seqs),
+    )
+
+
+def proposal_gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate | None:
+    """Whether the planner's proposal of prefill/decode pools (``status.scaling.proposal``) is tried
+    as a canary topology now; None: nothing to say.
+
+    Tried in ``scaling.mode: Auto`` only, where the planner sizes the pools once the topology is
+    promoted (so it may take fewer replicas than run colocated), with ``allowTopologyChange``, once
+    a tuning round (the same round's recommended topology counts), on pools the spec can run.
+    """
+    snap = plan.snap
+    spec = snap.isvc.spec
+    if not spec.autotune.allow_topology_change or spec.disaggregated or not spec.scaling.acts:
+        return None
+    proposal = snap.status.scaling.proposal if snap.status.scaling is not None else None
+    topology = proposal_layout(proposal, snap.incumbent) if proposal is not None else None
+    if proposal is None or topology is None:
+        return None
+    if any(t.spec.is_topology and rec.trial_round(t) == round_ for t in snap.trials):
+        return None
+    what = f"the proposed {rec.describe_topology(topology)}"
+    return _runnable(snap, topology, what, settings) or Gate(topology, proposed=proposal.message)
 
 
 def pays(found: TopologyRecommendation, snap: Snapshot, described: str) -> Gate | None:
@@ -273,10 +331,11 @@ def pays(found: TopologyRecommendation, snap: Snapshot, described: str) -> Gate 
     return None
 
 
-def consider(plan: Plan, round_: int, settings: TunerSettings) -> None:
-    """Once tuning stopped ``SLOInfeasible``: start the round's topology trial, or say why not."""
+def consider(plan: Plan, round_: int, settings: TunerSettings, *, proposal: bool = False) -> None:
+    """Once tuning stopped ``SLOInfeasible`` (``proposal``: stopped otherwise, with the planner's
+    proposal of pools in ``Auto``): start the round's topology trial, or say why not."""
     report(plan, round_)
-    found = gate(plan, round_, settings)
+    found = (proposal_gate if proposal else gate)(plan, round_, settings)
     if found is None:
         return
     if found.topology is None:
@@ -288,7 +347,7 @@ def consider(plan: Plan, round_: int, settings: TunerSettings) -> None:
             ConditionType.TOPOLOGY_CHANGE, ConditionStatus.FALSE, found.reason.value, found.message
         )
         return
-    create(plan, found.topology, round_)
+    create(plan, found.topology, round_, found.proposed)
 
 
 def report(plan: Plan, round_: int) -> None:
@@ -303,7 +362,7 @@ def report(plan: Plan, round_: int) -> None:
     status, reason = VERDICT_REASONS[last.status.verdict]
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
     promoted = last.spec.topology if reason is TopologyReason.PROMOTED else None
-    if promoted is not None and topology_replicas(promoted) != snap.isvc.spec.replicas:
+    if promoted is not None and not runs_at_its_replicas(snap.isvc, promoted):
         return  # not running: note_not_running says so
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
 
@@ -313,7 +372,7 @@ def note_not_running(plan: Plan) -> None:
     other replicas than ``spec.replicas`` (the service runs colocated on those)."""
     status, replicas = plan.snap.status, plan.snap.isvc.spec.replicas
     promoted = status.best_topology
-    if promoted is None or topology_replicas(promoted) == replicas:
+    if promoted is None or runs_at_its_replicas(plan.snap.isvc, promoted):
         return
     need = topology_replicas(promoted)
     plan.condition(
@@ -343,8 +402,9 @@ def complete_promotion(plan: Plan) -> bool:
     return True
 
 
-def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
-    """The round's topology trial: the pools to try, over the stable config."""
+def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") -> None:
+    """The round's topology trial: the pools to try, over the stable config (``proposed``: the
+    planner's proposal it tries, else the twin's recommendation)."""
     snap = plan.snap
     number = max((t.spec.number for t in snap.trials), default=0) + 1
     trial = TuningTrial(
@@ -371,11 +431,12 @@ def create(plan: Plan, topology: TopologySpec, round_: int) -> None:
     plan.condition(
         ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {described}"
     )
+    what = f"the proposed {described}" if proposed else f"the recommended {described}"
+    said = f"trying {what} as a canary topology (trial {number}); stable stays colocated"
+    if proposed:
+        said += f" (the planner: {proposed})"
     plan.condition(
-        ConditionType.TOPOLOGY_CHANGE,
-        ConditionStatus.TRUE,
-        TopologyReason.RUNNING.value,
-        f"trying the recommended {described} as a canary topology (trial {number}); stable stays colocated",
+        ConditionType.TOPOLOGY_CHANGE, ConditionStatus.TRUE, TopologyReason.RUNNING.value, said[:2048]
     )
     plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {described}"))
 
@@ -449,7 +510,12 @@ def spec_changed(trial: TuningTrial, isvc: InferenceService) -> str | None:
     """Why the spec the trial started on changed under it (replicas, engine, model, resources); None: not.
     The topology was chosen for those replicas and the twin's fit of that engine, model and GPU."""
     topology, replicas = trial.spec.topology, isvc.spec.replicas
-    if topology is not None and (had := topology_replicas(topology)) != replicas:
+    # In Auto the planner sizes a promoted topology's pools: the replicas may change under it.
+    if (
+        topology is not None
+        and not isvc.spec.scaling.acts
+        and (had := topology_replicas(topology)) != replicas
+    ):
         return f"spec.replicas changed to {replicas} mid-trial: the topology was chosen for {had} replicas"
     now, before, recorded = basis(isvc), basis(isvc, defaults=True), trial.metadata.annotations
     for name in BASIS_FIELDS:
@@ -566,9 +632,7 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
             {
                 "status": {
                     **pools,
-                    "twin": twin_check(
-                        plan.snap.status.recommendation, window, pool_check(plan, trial)
-                    ).to_k8s(),
+                    "twin": twin_check(recommended(plan, trial), window, pool_check(plan, trial)).to_k8s(),
                 }
             },
         )
@@ -594,8 +658,16 @@ def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
     pools = pool_check(plan, trial)
     if pools is not None:
         return Prediction(pools.capacity_req_s, replicas, basis=pools.describe())
-    found = plan.snap.status.recommendation
+    found = recommended(plan, trial)
     return Prediction(found.capacity_req_s if found is not None else None, replicas)
+
+
+def recommended(plan: Plan, trial: TuningTrial) -> TopologyRecommendation | None:
+    """The twin's recommendation, when it is the topology the trial tries (not for a proposal)."""
+    found = plan.snap.status.recommendation
+    if found is None or trial.spec.topology is None:
+        return None
+    return found if layout(found, plan.stable_config) == trial.spec.topology else None
 
 
 def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
