@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -154,9 +155,30 @@ async def follow_topology_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) 
     await reconciler.reconcile(_raw(body))
 
 
+def pool_decisions(pools: Any) -> list[tuple[Any, Any]]:
+    """Each pool's role and decided replicas in ``status.scaling.pools`` (what the operator runs)."""
+    return [(p.get("role"), p.get("desiredReplicas")) for p in pools or () if isinstance(p, Mapping)]
+
+
+def _pools_of(body: Any) -> Any:
+    status = body.get("status") if isinstance(body, Mapping) else None
+    scaling = status.get("scaling") if isinstance(status, Mapping) else None
+    return scaling.get("pools") if isinstance(scaling, Mapping) else None
+
+
+def pool_decisions_changed(old: Any, new: Any, **_: Any) -> bool:
+    """Whether a pool's decided replicas changed between the ``old`` and ``new`` service bodies (a
+    ``when`` filter: Kopf hands it the whole bodies), not every rewrite of the pools: their
+    recommendations change every half minute."""
+    return pool_decisions(_pools_of(old)) != pool_decisions(_pools_of(new))
+
+
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.desiredReplicas")
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.topology")
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.pools", when=pool_decisions_changed)
 async def follow_scaling(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """The planner decided the stable replicas: run them in ``scaling.mode: Auto`` (a no-op otherwise)."""
+    """The planner decided the stable replicas, a pool's, or for another topology: run them in
+    ``scaling.mode: Auto`` (a no-op otherwise). A pool's decision may change with their sum."""
     reconciler: Reconciler = memo["reconciler"]
     await reconciler.reconcile(_raw(body))
 

@@ -103,6 +103,9 @@ class Reconciler:
     post_event: Callable[[Mapping[str, Any], ev.EventSpec], None] | None = None
     children: ChildWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    #: Services whose Service this operator just turned to a topology's new side: the echo of that
+    #: write is the pass that prunes the old side (no other event may follow).
+    _switched: set[tuple[str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.children = ChildWriter(self.kube, self.config, self.post_event)
@@ -172,7 +175,10 @@ class Reconciler:
         if not service or not namespace:
             return
         kind = ChildKind(child["kind"])
-        if event_type != "DELETED" and self.children.is_echo(child):
+        switching = kind == ChildKind.SERVICE and (namespace, service) in self._switched
+        if switching:
+            self._switched.discard((namespace, service))
+        if event_type != "DELETED" and not switching and self.children.is_echo(child):
             return  # the answer to this operator's own write: the reconcile that wrote it saw it
         if kind == ChildKind.DEPLOYMENT and not is_operator_owned(labels):
             # Canary Deployments belong to the tuner; they only count towards the replicas.
@@ -194,6 +200,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        self._switched.discard((namespace, name))
         self.children.forget(namespace, name)
         telemetry.forget_service(namespace, name)
 
@@ -412,6 +419,8 @@ class Reconciler:
                 self.children.note(body, "Service", service["metadata"]["name"], ensured, repair, created)
             return False
         ensured = await self.children.ensure(build_service(isvc, via_router=new.via_router), body, UNKNOWN)
+        if ensured.written:  # the old side goes on the next pass: the echo of this write starts it
+            self._switched.add((body["metadata"]["namespace"], body["metadata"]["name"]))
         return not ensured.written
 
     def _note_switch_started(

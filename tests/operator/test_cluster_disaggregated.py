@@ -197,6 +197,55 @@ def test_in_auto_each_pool_runs_the_planners_decision_for_it(cluster: Any, opera
     kubectl(cluster, "delete", "cpis", name, "-n", NS)
 
 
+def test_in_auto_a_promoted_topology_of_other_replicas_runs_and_its_pools_follow_the_planner(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    name = "proposed-pd"
+    document: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    document["metadata"].update(name=name, namespace=NS)
+    document["spec"]["autotune"] = {"enabled": True, "allowTopologyChange": True}
+    document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
+
+    def patch_status(status: dict[str, Any]) -> None:
+        body = json.dumps({"status": status})
+        kubectl(cluster, "patch", "cpis", name, "-n", NS, "--subresource=status", "--type=merge", "-p", body)
+
+    def replicas(part: str, count: int | None) -> bool:
+        deployment = get(cluster, "deployments", f"{name}-{part}")
+        return (
+            deployment is None
+            if count is None
+            else bool(deployment and deployment["spec"]["replicas"] == count)
+        )
+
+    patch_status(
+        {"scaling": {"mode": "Auto", "topology": "colocated", "desiredReplicas": 3, "reason": "test"}}
+    )
+    wait_for(lambda: replicas("stable", 3), timeout=TIMEOUT, what="the planner's three colocated replicas")
+    # A topology trial promoted 1 + 1 pools (the planner's proposal): two GPUs where three ran.
+    topology = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 1, "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+        "decode": {"replicas": 1, "maxNumBatchedTokens": 2048, "maxNumSeqs": 128},
+    }
+    patch_status({"bestTopology": topology, "bestTopologyTrial": f"{name}-trial-7"})
+    wait_for(
+        lambda: replicas("prefill", 1) and replicas("decode", 1) and replicas("stable", None),
+        timeout=TIMEOUT,
+        what="the promoted pools in place of the colocated Deployment",
+    )
+    # The planner sizes the pools from then on.
+    decided = [{"role": "prefill", "desiredReplicas": 2}, {"role": "decode", "desiredReplicas": 1}]
+    patch_status({"scaling": {"topology": "disaggregated", "desiredReplicas": 3, "pools": decided}})
+    wait_for(lambda: replicas("prefill", 2), timeout=TIMEOUT, what="the prefill pool's decision run")
+    # A new split of the same three replicas: only the pools' decisions change, and they run.
+    decided = [{"role": "prefill", "desiredReplicas": 1}, {"role": "decode", "desiredReplicas": 2}]
+    patch_status({"scaling": {"pools": decided}})
+    wait_for(lambda: replicas("decode", 2), timeout=TIMEOUT, what="the decode pool's new decision run")
+    kubectl(cluster, "delete", "cpis", name, "-n", NS)
+
+
 def test_back_to_colocated_removes_the_pools_and_the_router(cluster: Any, operator: OperatorProcess) -> None:
     remove = json.dumps([{"op": "remove", "path": "/spec/topology"}])
     kubectl(cluster, "patch", "inferenceservices", NAME, "-n", NS, "--type=json", "-p", remove)

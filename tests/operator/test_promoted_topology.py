@@ -346,6 +346,23 @@ def test_a_promoted_topology_takes_over_only_once_its_pools_and_router_are_ready
     assert "TopologySwitched" in cluster.reasons()
 
 
+def test_the_echo_of_the_services_switch_is_the_pass_that_removes_the_old_side() -> None:
+    # No other event may follow the Service's own write once every Deployment is Ready: its echo,
+    # otherwise ignored as what the operator already knows, must finish the switch.
+    cluster = promoted_cluster()
+    cluster.reconcile()
+    mark_ready(cluster.kube, "chat-prefill", "chat-decode", "chat-router")
+    cluster.reconcile(kinds=frozenset())
+    assert cluster.selector() == ROUTER_SELECTOR and "chat-stable" in deployments(cluster.kube)
+    service = copy.deepcopy(cluster.kube.objects[object_path(build_service(cluster.service))])
+    assert cluster.reconciler.children.is_echo(service)
+    asyncio.run(cluster.reconciler.child_changed("MODIFIED", service))
+    assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
+    # Once: a later echo of an unchanged Service is ignored again.
+    asyncio.run(cluster.reconciler.child_changed("MODIFIED", service))
+    assert not cluster.reconciler._switched
+
+
 def test_back_to_colocated_the_pools_serve_until_the_stable_deployment_is_ready() -> None:
     cluster = switched_cluster()
     # allowTopologyChange turned off: the service returns to colocated.
