@@ -7,6 +7,8 @@
 * a new ``status.bestTopology`` (a topology trial promoted): the same, so the pools and the
   router replace the colocated Deployment once they are Ready (their own events, then the
   Service's, carry the switch-over on);
+* a new decision of the planner (``status.scaling``: the desired replicas, a pool's, or the
+  topology it is for): the same, so ``scaling.mode: Auto`` runs it;
 * any event of a labelled child (stable Deployment, a disaggregated service's pool and
   router Deployments, Service, PodMonitor): restore it when it was edited or deleted by
   hand, and refresh the parent's status from the Deployments. Drift is corrected by
