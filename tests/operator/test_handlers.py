@@ -10,7 +10,10 @@ from chunkpilot.operator.handlers import pool_decisions_changed
 def body(*pools: tuple[str, int], reason: str = "") -> dict[str, Any]:
     """A service whose planner decided ``pools`` (role, replicas), each with ``reason``."""
     decided = [{"role": r, "desiredReplicas": n, "reason": reason, "recommendations": []} for r, n in pools]
-    return {"spec": {}, "status": {"scaling": {"desiredReplicas": sum(n for _, n in pools), "pools": decided}}}
+    return {
+        "spec": {},
+        "status": {"scaling": {"desiredReplicas": sum(n for _, n in pools), "pools": decided}},
+    }
 
 
 def test_a_new_split_of_the_same_replicas_is_a_change_a_rewritten_reason_is_not() -> None:

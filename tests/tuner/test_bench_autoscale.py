@@ -21,6 +21,7 @@ from chunkpilot.bench.autoscale import (
     _TwinSizing,
     average_capacity,
     format_autoscale_markdown,
+    held_counts,
 )
 from chunkpilot.bench.fleet import Fleet, FleetRun, View
 from chunkpilot.bench.rate_profile import RateProfileError, read_rate_profile, shipped_profiles
@@ -201,6 +202,16 @@ def test_the_oracle_gives_each_minute_the_fleet_missed_one_replica_more_until_al
     assert _settle_oracle(fly, judge, [1, 1, 1, 1], SLO(), most=8, rounds=1)[1] == 2
 
 
+def test_the_oracles_counts_held_by_the_rules_cost_the_lead_and_the_window() -> None:
+    counts = [1, 1, 3, 1, 1, 1, 1, 1, 1, 1]
+    # Asked two minutes ahead (start-up 120 s): minutes 0-2 pay for the 3 of minute 2.
+    assert held_counts(counts, 120.0, 0.0) == [3, 3, 3, 1, 1, 1, 1, 1, 1, 1]
+    # And held for a 300 s scale-down window: five more minutes at 3.
+    assert held_counts(counts, 120.0, 300.0) == [3, 3, 3, 3, 3, 3, 3, 3, 1, 1]
+    assert held_counts(counts, 0.0, 0.0) == counts  # a planner with no lead and no window: the oracle
+    assert held_counts(counts, 90.0, 60.0)[:4] == [3, 3, 3, 3]  # 90 s is two minutes ahead; 60 s one
+
+
 def test_the_average_model_capacity_grows_with_a_looser_target() -> None:
     wide = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256))
     tight = average_capacity(wide, 1000.0, 200.0, SLO(itl_ms=30.0, ttft_ms=2000.0))
@@ -236,6 +247,8 @@ def test_the_command_runs_every_method_on_a_short_profile_and_prints_json(
         "beats_average-model",
     }
     assert scenario["twin"]["canaries"] and scenario["unit_req_s"] > 0
+    held = scenario["goal"]["held_oracle_x_oracle"]
+    assert held >= scenario["goal"]["held_oracle_no_window_x_oracle"] >= 1.0
     rows = format_autoscale_markdown(data).splitlines()
     assert len(rows) == 2 + len(methods) and rows[2].startswith(f"| {scenario['truth']} | step | twin |")
 
