@@ -562,10 +562,16 @@ def topology_replicas(topology: TopologySpec) -> int:
 
 
 def runs_at_its_replicas(isvc: InferenceService, topology: TopologySpec) -> bool:
-    """Whether a promoted ``topology`` runs at the service's replicas: in ``scaling.mode: Auto``
-    always (the planner sizes its pools from then on), else when ``spec.replicas`` is the topology's
-    replicas (it was measured on those)."""
-    return isvc.spec.scaling.acts or topology_replicas(topology) == isvc.spec.replicas
+    """Whether a promoted ``topology`` runs at the service's replicas: those it was measured on
+    (``spec.replicas``; in ``scaling.mode: Auto`` the planner's colocated decision), or in ``Auto``
+    once the planner's decision is for its pools (a promotion in ``Auto`` writes one, and the planner
+    sizes the pools from then on)."""
+    if not isvc.spec.scaling.acts:
+        return topology_replicas(topology) == isvc.spec.replicas
+    decided = isvc.status.scaling if isvc.status is not None else None
+    if decided is not None and decided.topology == TopologyMode.DISAGGREGATED.value:
+        return True
+    return topology_replicas(topology) == isvc.running_replicas()
 
 
 def promoted_topology(isvc: InferenceService) -> TopologySpec | None:

@@ -7,8 +7,8 @@
 * a new ``status.bestTopology`` (a topology trial promoted): the same, so the pools and the
   router replace the colocated Deployment once they are Ready (their own events, then the
   Service's, carry the switch-over on);
-* a new decision of the planner (``status.scaling``: the desired replicas, a pool's, or the
-  topology it is for): the same, so ``scaling.mode: Auto`` runs it;
+* a new decision of the planner (``status.scaling.desiredReplicas`` or ``decision``, which
+  names a pool's too): the same, so ``scaling.mode: Auto`` runs it;
 * any event of a labelled child (stable Deployment, a disaggregated service's pool and
   router Deployments, Service, PodMonitor): restore it when it was edited or deleted by
   hand, and refresh the parent's status from the Deployments. Drift is corrected by
@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -157,30 +156,13 @@ async def follow_topology_promotion(body: kopf.Body, memo: kopf.Memo, **_: Any) 
     await reconciler.reconcile(_raw(body))
 
 
-def pool_decisions(pools: Any) -> list[tuple[Any, Any]]:
-    """Each pool's role and decided replicas in ``status.scaling.pools`` (what the operator runs)."""
-    return [(p.get("role"), p.get("desiredReplicas")) for p in pools or () if isinstance(p, Mapping)]
-
-
-def _pools_of(body: Any) -> Any:
-    status = body.get("status") if isinstance(body, Mapping) else None
-    scaling = status.get("scaling") if isinstance(status, Mapping) else None
-    return scaling.get("pools") if isinstance(scaling, Mapping) else None
-
-
-def pool_decisions_changed(old: Any, new: Any, **_: Any) -> bool:
-    """Whether a pool's decided replicas changed between the ``old`` and ``new`` service bodies (a
-    ``when`` filter: Kopf hands it the whole bodies), not every rewrite of the pools: their
-    recommendations change every half minute."""
-    return pool_decisions(_pools_of(old)) != pool_decisions(_pools_of(new))
-
-
 @kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.desiredReplicas")
-@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.topology")
-@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.pools", when=pool_decisions_changed)
+@kopf.on.update(GROUP, VERSION, ISVC_PLURAL, field="status.scaling.decision")
 async def follow_scaling(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """The planner decided the stable replicas, a pool's, or for another topology: run them in
-    ``scaling.mode: Auto`` (a no-op otherwise). A pool's decision may change with their sum."""
+    """The planner decided the stable replicas, or a pool's (``decision``: a new split of the same
+    replicas changes it, not their sum): run them in ``scaling.mode: Auto`` (a no-op otherwise).
+    Scalar fields only: Kopf keeps every watched field in its diff base annotation, and the rest of
+    ``status.scaling`` is rewritten every half minute."""
     reconciler: Reconciler = memo["reconciler"]
     await reconciler.reconcile(_raw(body))
 

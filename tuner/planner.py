@@ -191,11 +191,13 @@ def startup_seconds(pods: Iterable[Mapping[str, Any]], since: datetime | None = 
 
 def watches_startup(startup_s: float | None, last_scale: datetime | None, acts: bool, now: datetime) -> bool:
     """Whether the service's stable engine pods are read for their start-up time: until one has been
-    measured, and in ``Auto`` for :data:`STARTUP_WATCH_S` after a change of replicas (the pods it
-    started). Otherwise they are not read at all: a fleet's API requests stay few."""
+    measured, and in ``Auto`` after a change of replicas (the pods it started) for
+    :data:`STARTUP_WATCH_S`, or twice the start-up measured last when that is longer. Otherwise they
+    are not read at all: a fleet's API requests stay few."""
     if startup_s is None:
         return True
-    return acts and last_scale is not None and (now - last_scale).total_seconds() <= STARTUP_WATCH_S
+    watch = max(STARTUP_WATCH_S, 2.0 * startup_s)
+    return acts and last_scale is not None and (now - last_scale).total_seconds() <= watch
 
 
 def trend_rate(

@@ -229,7 +229,15 @@ def test_in_auto_a_promoted_topology_of_other_replicas_runs_and_its_pools_follow
         "prefill": {"replicas": 1, "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
         "decode": {"replicas": 1, "maxNumBatchedTokens": 2048, "maxNumSeqs": 128},
     }
-    patch_status({"bestTopology": topology, "bestTopologyTrial": f"{name}-trial-7"})
+    pools = [{"role": "prefill", "desiredReplicas": 1}, {"role": "decode", "desiredReplicas": 1}]
+    promoted = {"topology": "disaggregated", "desiredReplicas": 2, "decision": "prefill 1 + decode 1"}
+    patch_status(
+        {
+            "bestTopology": topology,
+            "bestTopologyTrial": f"{name}-trial-7",
+            "scaling": {**promoted, "pools": pools},
+        }
+    )
     wait_for(
         lambda: replicas("prefill", 1) and replicas("decode", 1) and replicas("stable", None),
         timeout=TIMEOUT,
@@ -237,11 +245,11 @@ def test_in_auto_a_promoted_topology_of_other_replicas_runs_and_its_pools_follow
     )
     # The planner sizes the pools from then on.
     decided = [{"role": "prefill", "desiredReplicas": 2}, {"role": "decode", "desiredReplicas": 1}]
-    patch_status({"scaling": {"topology": "disaggregated", "desiredReplicas": 3, "pools": decided}})
+    patch_status({"scaling": {"desiredReplicas": 3, "decision": "prefill 2 + decode 1", "pools": decided}})
     wait_for(lambda: replicas("prefill", 2), timeout=TIMEOUT, what="the prefill pool's decision run")
-    # A new split of the same three replicas: only the pools' decisions change, and they run.
+    # A new split of the same three replicas: the sum stays, the decision changes, and it runs.
     decided = [{"role": "prefill", "desiredReplicas": 1}, {"role": "decode", "desiredReplicas": 2}]
-    patch_status({"scaling": {"pools": decided}})
+    patch_status({"scaling": {"decision": "prefill 1 + decode 2", "pools": decided}})
     wait_for(lambda: replicas("decode", 2), timeout=TIMEOUT, what="the decode pool's new decision run")
     kubectl(cluster, "delete", "cpis", name, "-n", NS)
 

@@ -139,17 +139,18 @@ def sized(decided: ScalingStatus) -> InferenceService:
     )
 
 
-def test_in_auto_a_promoted_topology_runs_whatever_the_replicas_and_its_pools_are_the_planners() -> None:
+def test_in_auto_a_promoted_topology_runs_once_the_planners_decision_is_for_its_pools() -> None:
     colocated = ScalingStatus(mode=ScalingMode.AUTO, topology="colocated", desired_replicas=5)
-    running = effective_topology(sized(colocated))
-    assert running.spec.disaggregated  # 1 + 1 promoted where 5 ran colocated and 3 are declared
-    assert [running.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
+    assert not effective_topology(sized(colocated)).spec.disaggregated  # 1 + 1 measured, 5 run
+    assert effective_topology(sized(colocated.model_copy(update={"desired_replicas": 2}))).spec.disaggregated
     decided = [
         PoolScalingStatus(role="prefill", desired_replicas=3),
         PoolScalingStatus(role="decode", desired_replicas=1),
     ]
     pools = ScalingStatus(mode=ScalingMode.AUTO, topology="disaggregated", desired_replicas=4, pools=decided)
-    manifests = build_children(effective_topology(sized(pools)), pod_monitor=False).manifests()
+    running = effective_topology(sized(pools))  # a promotion in Auto wrote the pools' decision
+    assert running.spec.disaggregated
+    manifests = build_children(running, pod_monitor=False).manifests()
     replicas = {m["metadata"]["name"]: m["spec"]["replicas"] for m in manifests if m["kind"] == "Deployment"}
     assert (replicas["chat-prefill"], replicas["chat-decode"]) == (3, 1) and "chat-stable" not in replicas
 
@@ -358,9 +359,17 @@ def test_the_echo_of_the_services_switch_is_the_pass_that_removes_the_old_side()
     assert cluster.reconciler.children.is_echo(service)
     asyncio.run(cluster.reconciler.child_changed("MODIFIED", service))
     assert deployments(cluster.kube) == {"chat-prefill", "chat-decode", "chat-router"}
-    # Once: a later echo of an unchanged Service is ignored again.
+    # Once: a later echo of an unchanged Service is ignored again (nothing is even read).
+    reads: list[str] = []
+    get = cluster.kube.get
+
+    async def counted(path: str) -> dict[str, Any] | None:
+        reads.append(path)
+        return await get(path)
+
+    cluster.kube.get = counted  # type: ignore[method-assign]
     asyncio.run(cluster.reconciler.child_changed("MODIFIED", service))
-    assert not cluster.reconciler._switched
+    assert reads == []
 
 
 def test_back_to_colocated_the_pools_serve_until_the_stable_deployment_is_ready() -> None:

@@ -195,3 +195,5 @@ def test_the_stable_pods_are_read_for_their_start_up_until_measured_and_after_an
     assert watches_startup(150.0, recent, acts=True, now=NOW)
     assert not watches_startup(150.0, recent, acts=False, now=NOW)  # Advise starts no pods
     assert not watches_startup(150.0, NOW - timedelta(seconds=STARTUP_WATCH_S + 1), acts=True, now=NOW)
+    slow = NOW - timedelta(seconds=STARTUP_WATCH_S + 600)  # engines that took 15 minutes last time
+    assert watches_startup(900.0, slow, acts=True, now=NOW)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -22,6 +23,7 @@ from chunkpilot.tuner.twin import Twin, TwinFit
 from chunkpilot.tuner.twin.online import Calibration
 
 from chunkpilot.testing.deployments import a_ready_state
+from chunkpilot.testing.kube import merge_into
 from chunkpilot.testing.services import NOW, a_service, a_service_body
 from chunkpilot.testing.tuner import a_measurement, a_snapshot, events, of_type
 
@@ -243,7 +245,7 @@ def test_the_sustained_capacity_and_its_low_end_are_planned_with_when_observed()
 def test_without_the_twins_capacity_it_waits_and_says_why_and_off_removes_the_decision() -> None:
     waiting = step(body(twin={"state": "Waiting", "message": "too few steps"}))
     assert waiting.status["scaling"]["reason"] == "waiting: no capacity from the twin yet"
-    assert "desiredReplicas" not in waiting.status["scaling"] and not said(waiting)
+    assert waiting.status["scaling"]["desiredReplicas"] is None and not said(waiting)
     off = step(body("Off", scaling={"mode": "Advise", "desiredReplicas": 5}))
     assert off.status["scaling"] is None and of_type(off, ScalingGauges) == [ScalingGauges(None, None)]
 
@@ -428,7 +430,7 @@ def test_a_colocated_service_is_told_once_when_prefill_and_decode_pools_would_ta
     again = step(body(scaling=plan.status["scaling"]), twin=split, now=NOW + timedelta(seconds=10))
     assert [r for r, _ in events(again) if r == "TopologyProposed"] == []  # said once
     close = TwinReading(pool_capacities=PoolCapacities("k", 6.0, 4.0, ()))  # 2 + 3: not far enough below 5
-    assert "proposal" not in step(body(), twin=close).status["scaling"]
+    assert step(body(), twin=close).status["scaling"]["proposal"] is None
 
 
 def test_a_disaggregated_service_is_told_when_colocated_replicas_would_take_far_fewer() -> None:
@@ -438,8 +440,8 @@ def test_a_disaggregated_service_is_told_when_colocated_replicas_would_take_far_
     assert (proposal["topology"], proposal["replicas"], proposal["currentReplicas"]) == ("colocated", 4, 8)
     assert [r for r, _ in events(plan)].count("TopologyProposed") == 1
     assert (
-        "proposal"
-        not in pools_step(pools_body(), sizes=replace(SIZES, colocated_req_s=1.5)).status["scaling"]
+        pools_step(pools_body(), sizes=replace(SIZES, colocated_req_s=1.5)).status["scaling"]["proposal"]
+        is None
     )
 
 
@@ -458,24 +460,32 @@ def test_observing_splits_a_sized_colocated_service_into_pools_once_per_fit(
     assert asyncio.run(observer._split(unsized, TwinReading(calibration=calibration))) is None
 
 
+def stored(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """``status.scaling`` as the API server keeps it once the step's merge patch is applied to ``before``."""
+    kept = copy.deepcopy(before)
+    merge_into(kept, plan.status["scaling"])
+    return kept
+
+
 def test_a_switch_of_topology_starts_the_planner_afresh_and_runs_no_decision_of_the_other() -> None:
     # Colocated in Auto: 5 replicas decided, then the user declares pools (as a proposal says).
-    colocated = step(body("Auto")).status["scaling"]
+    colocated = stored({}, step(body("Auto")))
     assert colocated["topology"] == "colocated" and colocated["desiredReplicas"] == 5
+    assert colocated["decision"] == "5"
     switched = a_service(pools_body("Auto", scaling=colocated))
     assert [switched.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
-    plan = pools_step(
-        pools_body("Auto", scaling={**colocated, "capacityCapReqS": 1.0, "capacityCapFit": "k"})
-    )
-    pools = plan.status["scaling"]
+    capped = {**colocated, "capacityCapReqS": 1.0, "capacityCapFit": "k"}
+    plan = pools_step(pools_body("Auto", scaling=capped))
+    pools = stored(capped, plan)  # merged into what the colocated planner left
     assert pools["topology"] == "disaggregated" and pools["desiredReplicas"] == 8
+    assert pools["decision"] == "prefill 2 + decode 6"
     assert "capacityCapReqS" not in pools and "capacityLowReqS" not in pools
     assert not pools.get("recommendations")  # the colocated history is not the pools'
     assert any("planning the disaggregated one afresh" in a.message for a in of_type(plan, Log))
     # ... and back: the pools' sum is not run as colocated replicas, nor are their pools kept.
     back = a_service(body("Auto", scaling=pools))
     assert back.running_replicas() == back.spec.replicas == 2
-    again = step(body("Auto", scaling=pools)).status["scaling"]
+    again = stored(pools, step(body("Auto", scaling=pools)))
     assert again["topology"] == "colocated" and again["desiredReplicas"] == 5 and not again.get("pools")
     assert [m for _, m in said(step(body("Auto", scaling=pools)))] == [
         m for _, m in said(step(body("Auto")))
@@ -483,13 +493,12 @@ def test_a_switch_of_topology_starts_the_planner_afresh_and_runs_no_decision_of_
 
 
 def test_a_waiting_planner_after_a_switch_keeps_no_decision_of_the_other_topology() -> None:
-    pools = pools_step(pools_body("Auto")).status["scaling"]
+    pools = stored({}, pools_step(pools_body("Auto")))
     service = {**body("Auto", scaling=pools), "status": {"scaling": pools}}  # no twin: it waits
-    scaling = step(service).status["scaling"]
+    scaling = stored(pools, step(service))
     assert scaling["reason"] == "waiting: no capacity from the twin yet"
-    assert (
-        scaling["topology"] == "colocated" and "desiredReplicas" not in scaling and not scaling.get("pools")
-    )
+    assert scaling["topology"] == "colocated" and not scaling.get("pools")
+    assert "desiredReplicas" not in scaling and "decision" not in scaling  # the pools' sum is gone
     assert a_service(body("Auto", scaling=scaling)).running_replicas() == 2
 
 

@@ -57,7 +57,6 @@ from chunkpilot.tuner.twin.online import Calibration
 from chunkpilot.api import (
     EngineConfig,
     InferenceService,
-    ScalingProposal,
     TopologySpec,
     Track,
     TrialPhase,
@@ -1116,21 +1115,32 @@ def test_in_auto_the_planners_proposed_pools_are_tried_as_a_topology_trial_once_
 
 
 @pytest.mark.parametrize(
-    ("body", "trials"),
+    ("body", "trials", "stable"),
     [
-        (proposing_body("Advise"), MET),  # Advise acts on nothing: the replicas stay the user's
-        (proposing_body(allow=False), MET),
-        (proposing_body(), MET[:3]),  # tuning goes on: one trial at a time, knobs first
+        (proposing_body("Advise"), MET, READY),  # Advise acts on nothing: the replicas stay the user's
+        (proposing_body(allow=False), MET, READY),
+        (proposing_body(), MET[:3], READY),  # tuning goes on: one trial at a time, knobs first
+        (proposing_body(), MET, None),  # the stable track is not rolled out
     ],
-    ids=["advise", "not-allowed", "tuning"],
+    ids=["advise", "not-allowed", "tuning", "no-stable"],
 )
 def test_the_proposal_is_not_tried_outside_auto_without_the_flag_or_while_tuning(
-    body: dict[str, Any], trials: Sequence[TuningTrial]
+    body: dict[str, Any], trials: Sequence[TuningTrial], stable: Any
 ) -> None:
-    plan = decide(snapshot(body, trials), SETTINGS)
+    plan = decide(snapshot(body, trials, stable=stable), SETTINGS)
     assert not [c for c in of_type(plan, CreateTrial) if c.manifest["spec"].get("topology")]
     found = condition(plan, "TopologyChange")
     assert found is None or found[1] != "TopologyTrialRunning"
+
+
+def test_the_proposal_tried_is_the_one_this_step_left_not_a_withdrawn_one() -> None:
+    plan = Plan(snapshot(proposing_body(), MET))
+    recorded = topotrial.current_proposal(plan)
+    assert recorded is not None and recorded.prefill_replicas == 1  # nothing written yet: the status's
+    plan.status["scaling"] = {"proposal": None, "reason": "..."}  # the planner withdrew it this step
+    assert topotrial.current_proposal(plan) is None and topotrial.proposal_gate(plan, 0) is None
+    plan.status["scaling"] = None  # scaling turned off
+    assert topotrial.current_proposal(plan) is None
 
 
 def test_a_proposal_is_tried_once_a_round_and_judged_without_an_unrelated_recommendation() -> None:
@@ -1141,29 +1151,44 @@ def test_a_proposal_is_tried_once_a_round_and_judged_without_an_unrelated_recomm
     )
     assert not of_type(decide(snapshot(body, (*MET, trial)), SETTINGS), CreateTrial)
     plan = Plan(snapshot(body, (*MET, trial)))
+    assert created.manifest["metadata"]["annotations"][topotrial.ANNOTATION_PROPOSED] == "true"
     assert topotrial.recommended(plan, trial) is None  # 2048 tokens recommended, 8192 proposed
     assert topotrial.prediction(plan, trial).capacity_req_s is None
+    # A trial of the recommendation is judged on it, as it stands (refreshed or not).
+    tried = topology_trial(service_body(), TrialPhase.MEASURING)
+    found = topotrial.recommended(Plan(snapshot(body, (*MET, tried))), tried)
+    assert found is not None and found.prefill_max_num_batched_tokens == 2048
 
 
-def test_in_auto_a_promoted_topology_runs_whatever_the_colocated_replicas_and_the_planner_sizes_it() -> None:
-    topology = topotrial.proposal_layout(
-        ScalingProposal.model_validate(PROPOSAL), EngineConfig(max_num_batched_tokens=512, max_num_seqs=128)
+def test_in_auto_a_promotion_hands_the_pools_to_the_planner_and_they_run_whatever_ran_colocated() -> None:
+    body = proposing_body()
+    (created,) = of_type(decide(snapshot(body, MET), SETTINGS), CreateTrial)
+    trial = TuningTrial.model_validate(created.manifest).model_copy(
+        update={"status": TuningTrialStatus(phase=TrialPhase.PROMOTED, verdict=TrialVerdict.PROMOTED)}
     )
-    assert topology is not None
-    body = proposing_body(bestTopology=topology.to_k8s(), bestTopologyTrial="chat-trial-7")
+    plan = decide(snapshot(body, (*MET, trial)), SETTINGS)  # the verdict recorded, the status not yet
+    assert trial.spec.topology is not None and plan.status["bestTopology"] == trial.spec.topology.to_k8s()
+    scaling = plan.status["scaling"]  # the planner's decision is the promoted pools'
+    assert (scaling["topology"], scaling["desiredReplicas"], scaling["decision"]) == (
+        "disaggregated",
+        2,
+        "prefill 1 + decode 1",
+    )
+    assert scaling["proposal"] is None and scaling["capacityLowReqS"] is None  # the colocated ones go
+    body["status"].update(bestTopology=plan.status["bestTopology"], bestTopologyTrial=trial.metadata.name)
+    body["status"]["scaling"] = {k: v for k, v in scaling.items() if v is not None}
     isvc = with_best_topology(parse_service(body) or pytest.fail("invalid"), body["status"])
     assert isvc.spec.disaggregated  # 2 replicas promoted, 4 colocated were running, 2 declared
-    # The colocated decision is not the pools': they run as promoted until the planner sizes them.
     assert [isvc.running_pool_replicas(r) for r in ("prefill", "decode")] == [1, 1]
-    plan = decide(snapshot(body, MET), SETTINGS)
-    found = condition(plan, "TopologyChange")
+    after = decide(snapshot(body, (*MET, trial)), SETTINGS)
+    found = condition(after, "TopologyChange")
     assert found is None or found[1] != "TopologyPromotedNotRunning"
-    scaling = plan.status["scaling"]  # the planner starts on the pools (their first window is to come)
-    assert scaling["topology"] == "disaggregated" and scaling["reason"].startswith("waiting: ")
-    outside = proposing_body("Advise", bestTopology=topology.to_k8s(), bestTopologyTrial="chat-trial-7")
-    outside["spec"]["replicas"] = 3
+    waiting = after.status["scaling"]  # the planner goes on from the pools (no window of them yet)
+    assert waiting["reason"].startswith("waiting: ") and waiting["decision"] == "prefill 1 + decode 1"
+    # Promoted before (or outside Auto), a topology of other replicas runs only at its own count.
+    earlier = proposing_body(bestTopology=plan.status["bestTopology"], bestTopologyTrial="chat-trial-7")
     assert not with_best_topology(
-        parse_service(outside) or pytest.fail("invalid"), outside["status"]
+        parse_service(earlier) or pytest.fail("invalid"), earlier["status"]
     ).spec.disaggregated
 
 

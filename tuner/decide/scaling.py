@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
@@ -267,6 +267,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
         update={
             "mode": spec.mode,
             "desired_replicas": total,
+            "decision": " + ".join(f"{p.role} {p.desired_replicas}" for p in decided),
             "reason": reason[:1024],
             "live_rate_req_s": round(live, 4),
             "planned_rate_req_s": round(planned, 4),
@@ -281,7 +282,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
             "proposal": proposal,
         }
     )
-    plan.status["scaling"] = status.to_k8s()
+    plan.status["scaling"] = status.as_patch()
     if moves:
         verb = "would scale" if spec.mode == ScalingMode.ADVISE else "scaling"
         event = "ScalingAdvised" if spec.mode == ScalingMode.ADVISE else ("ScaledUp" if up else "ScaledDown")
@@ -388,11 +389,12 @@ def _status(
     now: datetime | None = None,
     history: list[ScalingRecommendation] | None = None,
     cap: tuple[float | None, str | None] | None = None,
-    proposal: ScalingProposal | None = None,
+    proposal: ScalingProposal | Literal["kept"] | None = "kept",
 ) -> dict[str, Any]:
     learnt, fit = cap if cap is not None else (before.capacity_cap_req_s, before.capacity_cap_fit)
     status = before.model_copy(
         update={
+            "decision": str(desired) if desired is not None else before.decision,  # waiting: it stands
             "capacity_cap_req_s": round(learnt, 4) if learnt is not None else None,
             "capacity_cap_fit": fit if learnt is not None else None,
             "mode": mode,
@@ -408,7 +410,7 @@ def _status(
             "predicted_itl_ms": round(predicted[0], 1) if predicted else None,
             "predicted_ttft_ms": round(predicted[1], 1) if predicted else None,
             "recommendations": history if history is not None else before.recommendations,
-            "proposal": proposal,
+            "proposal": before.proposal if proposal == "kept" else proposal,  # waiting: it stands
         }
     )
-    return status.to_k8s()
+    return status.as_patch()

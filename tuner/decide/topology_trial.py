@@ -78,8 +78,11 @@ from chunkpilot.api import (
     EngineConfig,
     InferenceService,
     ObjectMeta,
+    PoolRole,
+    PoolScalingStatus,
     PoolSpec,
     ScalingProposal,
+    ScalingStatus,
     TopologyMode,
     TopologyRecommendation,
     TopologySpec,
@@ -120,6 +123,8 @@ POOLS: Final = POOL_PARTS
 #: Spec fields a topology trial's pools are rendered from, and their digests' annotation (:func:`basis`).
 BASIS_FIELDS: Final = ("engine", "model", "resources")
 ANNOTATION_BASIS: Final = f"{rec.GROUP_PREFIX}/topology-trial-"
+#: On a topology trial that tries the planner's proposal (``status.scaling.proposal``).
+ANNOTATION_PROPOSED: Final = f"{rec.GROUP_PREFIX}/proposed-by-planner"
 #: Knobs a pool takes over from the stable config (the rest of ``PoolSpec`` is its replicas).
 POOL_KNOBS: Final = tuple(name for name in PoolSpec.model_fields if name != "replicas")
 
@@ -281,6 +286,16 @@ def proposal_layout(proposal: ScalingProposal, stable: EngineConfig) -> Topology
     )
 
 
+def current_proposal(plan: Plan) -> ScalingProposal | None:
+    """The planner's proposal as this step left it (``plan_scaling`` runs first), else as recorded."""
+    if "scaling" in plan.status:
+        written = plan.status["scaling"]
+        found = written.get("proposal") if written is not None else None
+        return ScalingProposal.model_validate(found) if found is not None else None
+    scaling = plan.snap.status.scaling
+    return scaling.proposal if scaling is not None else None
+
+
 def proposal_gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate | None:
     """Whether the planner's proposal of prefill/decode pools (``status.scaling.proposal``) is tried
     as a canary topology now; None: nothing to say.
@@ -293,12 +308,14 @@ def proposal_gate(plan: Plan, round_: int, settings: TunerSettings | None = None
     spec = snap.isvc.spec
     if not spec.autotune.allow_topology_change or spec.disaggregated or not spec.scaling.acts:
         return None
-    proposal = snap.status.scaling.proposal if snap.status.scaling is not None else None
+    proposal = current_proposal(plan)
     topology = proposal_layout(proposal, snap.incumbent) if proposal is not None else None
     if proposal is None or topology is None:
         return None
     if any(t.spec.is_topology and rec.trial_round(t) == round_ for t in snap.trials):
         return None
+    if snap.stable is None or not snap.stable.rollout_complete:
+        return None  # tried beside a stable track that serves as it is
     what = f"the proposed {rec.describe_topology(topology)}"
     return _runnable(snap, topology, what, settings) or Gate(topology, proposed=proposal.message)
 
@@ -412,7 +429,7 @@ def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") 
             name=trial_name(snap.name, number),
             namespace=snap.namespace,
             labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
-            annotations=basis(snap.isvc),
+            annotations={**basis(snap.isvc), **({ANNOTATION_PROPOSED: "true"} if proposed else {})},
         ),
         spec=TuningTrialSpec(
             service_name=snap.name,
@@ -663,11 +680,34 @@ def prediction(plan: Plan, trial: TuningTrial) -> Prediction:
 
 
 def recommended(plan: Plan, trial: TuningTrial) -> TopologyRecommendation | None:
-    """The twin's recommendation, when it is the topology the trial tries (not for a proposal)."""
-    found = plan.snap.status.recommendation
-    if found is None or trial.spec.topology is None:
+    """The twin's recommendation, for a trial that tries one (not for the planner's proposal)."""
+    if trial.metadata.annotations.get(ANNOTATION_PROPOSED):
         return None
-    return found if layout(found, plan.stable_config) == trial.spec.topology else None
+    return plan.snap.status.recommendation
+
+
+def promoted_pools(plan: Plan, topology: TopologySpec, trial: str) -> dict[str, Any]:
+    """``status.scaling`` in ``scaling.mode: Auto`` once a topology is promoted: the planner's
+    decision is the promoted pools' replicas, which the operator runs whatever ran colocated
+    (:func:`~chunkpilot.operator.builders.runs_at_its_replicas`) until the planner sizes them."""
+    before = plan.snap.status.scaling or ScalingStatus()
+    reason = f"the pools topology trial {trial} promoted, until the planner sizes them"
+    pools = [
+        PoolScalingStatus(role=role.value, desired_replicas=pool.replicas, reason=reason)
+        for role in PoolRole
+        if (pool := topology.pool(role)) is not None
+    ]
+    status = ScalingStatus(
+        mode=before.mode,
+        topology=TopologyMode.DISAGGREGATED.value,
+        desired_replicas=topology_replicas(topology),
+        decision=" + ".join(f"{p.role} {p.desired_replicas}" for p in pools),
+        reason=reason,
+        startup_seconds=before.startup_seconds,
+        last_scale_time=plan.snap.now,
+        pools=pools,
+    )
+    return status.as_patch()
 
 
 def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
@@ -675,6 +715,8 @@ def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
     assert trial.spec.topology is not None
     plan.status["bestTopology"] = trial.spec.topology.to_k8s()
     plan.status["bestTopologyTrial"] = trial.metadata.name
+    if plan.snap.isvc.spec.scaling.acts:
+        plan.status["scaling"] = promoted_pools(plan, trial.spec.topology, trial.metadata.name or "")
     plan.emit(
         EventType.NORMAL,
         "TopologyPromoted",

@@ -135,10 +135,19 @@ def refit_trial(trials: tuple[TuningTrial, ...]) -> TuningTrial | None:
 
 def measured_pools(snap: Snapshot) -> MeasuredPools | None:
     """What the running pools measured over the SLO window, for the twin's error on them (None:
-    not measured)."""
+    not measured, or on fewer requests than a trial is judged on)."""
     pools = snap.pools_reading.value
     rate = pools.decode.request_rate if pools is not None else None
-    if pools is None or rate is None or not rate > 0:
+    if (
+        pools is None
+        or rate is None
+        or not rate > 0
+        or not pools.prefill.replicas
+        or not pools.decode.replicas
+    ):
+        return None
+    least = rec.abort_rules(snap.isvc).min_samples  # a quantile of a few requests compares nothing
+    if pools.prefill.ttft_samples < least or not pools.decode.enough_samples(least):
         return None
     return MeasuredPools(
         rate, pools.prefill.replicas, pools.decode.replicas, pools.prefill.ttft_ms, pools.decode.itl_ms

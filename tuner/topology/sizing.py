@@ -229,9 +229,11 @@ def _errors(
     measured = request.measured
     if measured is None or not measured.rate_req_s > 0:
         return None, None
+    if measured.prefill_replicas < 1 or measured.decode_replicas < 1:
+        return None, None  # the pods were not counted: no layout to simulate
     running = Layout(
-        replace(request.layout.prefill, replicas=max(1, measured.prefill_replicas)),
-        replace(request.layout.decode, replicas=max(1, measured.decode_replicas)),
+        replace(request.layout.prefill, replicas=measured.prefill_replicas),
+        replace(request.layout.decode, replicas=measured.decode_replicas),
     )
     at = pools_latencies(twin, request, twins, running, measured.rate_req_s)
     itl, ttft = quantile_errors(

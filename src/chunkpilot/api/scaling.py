@@ -212,6 +212,14 @@ class ScalingStatus(StatusModel):
     desired_replicas: int | None = Field(
         default=None, ge=0, description="The stable replicas it asks for (Auto: the ones that run)."
     )
+    decision: str | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "The decision in short, as the operator follows it: `3`, or a disaggregated service's"
+            " `prefill 2 + decode 1`."
+        ),
+    )
     reason: str = Field(default="", max_length=1024, description="Why, in words.")
     live_rate_req_s: float | None = Field(
         default=None, ge=0, description="The live request rate over the service, req/s."
@@ -273,6 +281,14 @@ class ScalingStatus(StatusModel):
             "A disaggregated service's pools, each sized on its own (desiredReplicas is then their sum)."
         ),
     )
+
+    def as_patch(self) -> dict[str, object]:
+        """The status as a JSON merge patch of the last one written: every field it leaves unset is
+        null, so a merge removes what an earlier decision wrote there instead of keeping it."""
+        data: dict[str, object] = dict(self.to_k8s())
+        for name, info in type(self).model_fields.items():
+            data.setdefault(info.alias or name, None)
+        return data
 
     def decided_for(self, disaggregated: bool) -> bool:
         """Whether the decision was computed for the topology the service runs (one that records no
