@@ -15,7 +15,7 @@ import pytest
 from chunkpilot.engine import metrics_names as names
 from chunkpilot.tuner.measure import measure_pools, parse_instant_result
 from chunkpilot.tuner.observe.snapshot import Reading
-from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.observe.twin import TwinObserver, measured_pools
 
 from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
 from chunkpilot.testing.services import a_service, a_service_body
@@ -41,6 +41,7 @@ def service_body(name: str) -> dict[str, Any]:
                 "decode": {"replicas": 1, "maxNumBatchedTokens": 1024, "maxNumSeqs": 64},
             },
         },
+        autotune={"abort": {"minSamples": REQUESTS // 2}},  # the twin's error: on the requests served
         status={},
     )
     body["metadata"]["name"] = name
@@ -97,15 +98,23 @@ def test_the_pools_are_fitted_on_their_own_steps_and_the_decode_pools_workload(
     now, spec = datetime.now(UTC), a_service(service_body(name)).spec
     assert spec.slo is not None
     engine = str(spec.engine.kind)
-    measured = measure_pools(query, name, "default", spec.slo.window, now, 0.99, 0.95, engine, min_samples=10)
+    least = spec.autotune.abort.min_samples
+    measured = measure_pools(
+        query, name, "default", spec.slo.window, now, 0.99, 0.95, engine, min_samples=least
+    )
     observer = TwinObserver(vector, inline=True)
     snap = a_snapshot(service_body(name), prometheus=True, now=now, pools_reading=Reading(measured))
     sizes = asyncio.run(observer._pool_sizing(snap))
     assert sizes is not None
-    # The twin's error on each running pool's own quantile, at the rate they served: measured.
+    # The twin's error on each running pool's own quantile, at the rate they served: measured (on at
+    # least the requests a trial is judged on: fewer read none).
     assert measured.prefill.ttft_ms and measured.decode.itl_ms, measured
     assert sizes.error("prefill") is not None and sizes.error("decode") is not None, sizes.describe()
     assert "the twin's error on the running pools: prefill TTFT" in sizes.describe()
+    strict = service_body(name)
+    strict["spec"]["autotune"]["abort"]["minSamples"] = 10 * REQUESTS  # far more than were served
+    thin = a_snapshot(strict, prometheus=True, now=now, pools_reading=Reading(measured))
+    assert measured_pools(thin) is None
     assert sizes.key == "pools-4096x128-1024x64"  # the pools' knobs (the unset maxNumSeqs: the spec's)
     assert [p.role for p in sizes.pools] == ["prefill", "decode"]
     assert sizes.pools[1].own and sizes.pools[1].steps >= 50  # the decode pool ran enough steps of its own
