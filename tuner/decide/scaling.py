@@ -90,7 +90,8 @@ def _previous(plan: Plan, *, disaggregated: bool) -> ScalingStatus:
             )
         )
         before = ScalingStatus(mode=before.mode, startup_seconds=before.startup_seconds)
-    return before.model_copy(update={"topology": topology})
+    # A colocated decision has no pools (a status an earlier version wrote before a switch may hold some).
+    return before.model_copy(update={"topology": topology, **({} if disaggregated else {"pools": []})})
 
 
 def _startup(plan: Plan, before: ScalingStatus) -> float | None:
@@ -267,7 +268,6 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
         update={
             "mode": spec.mode,
             "desired_replicas": total,
-            "decision": " + ".join(f"{p.role} {p.desired_replicas}" for p in decided),
             "reason": reason[:1024],
             "live_rate_req_s": round(live, 4),
             "planned_rate_req_s": round(planned, 4),
@@ -277,7 +277,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
             "predicted_itl_ms": None,
             "predicted_ttft_ms": None,
             "last_scale_time": snap.now if moves else before.last_scale_time,
-            "startup_seconds": round(startup, 1) if startup is not None else None,
+            "startup_seconds": startup,
             "pools": decided,
             "proposal": proposal,
         }
@@ -394,7 +394,6 @@ def _status(
     learnt, fit = cap if cap is not None else (before.capacity_cap_req_s, before.capacity_cap_fit)
     status = before.model_copy(
         update={
-            "decision": str(desired) if desired is not None else before.decision,  # waiting: it stands
             "capacity_cap_req_s": round(learnt, 4) if learnt is not None else None,
             "capacity_cap_fit": fit if learnt is not None else None,
             "mode": mode,

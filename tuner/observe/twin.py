@@ -138,13 +138,7 @@ def measured_pools(snap: Snapshot) -> MeasuredPools | None:
     not measured, or on fewer requests than a trial is judged on)."""
     pools = snap.pools_reading.value
     rate = pools.decode.request_rate if pools is not None else None
-    if (
-        pools is None
-        or rate is None
-        or not rate > 0
-        or not pools.prefill.replicas
-        or not pools.decode.replicas
-    ):
+    if pools is None or rate is None or not rate > 0:
         return None
     least = rec.abort_rules(snap.isvc).min_samples  # a quantile of a few requests compares nothing
     if pools.prefill.ttft_samples < least or not pools.decode.enough_samples(least):

@@ -282,10 +282,17 @@ class ScalingStatus(StatusModel):
         ),
     )
 
+    def summary(self) -> str | None:
+        """The decision in short: ``3``, or ``prefill 2 + decode 1`` (None: none yet)."""
+        if self.pools:
+            return " + ".join(f"{p.role} {p.desired_replicas}" for p in self.pools)
+        return str(self.desired_replicas) if self.desired_replicas is not None else None
+
     def as_patch(self) -> dict[str, object]:
-        """The status as a JSON merge patch of the last one written: every field it leaves unset is
-        null, so a merge removes what an earlier decision wrote there instead of keeping it."""
-        data: dict[str, object] = dict(self.to_k8s())
+        """The status as a JSON merge patch of the last one written, its ``decision`` the
+        :meth:`summary` of what it decides: every field it leaves unset is null, so a merge removes
+        what an earlier decision wrote there instead of keeping it."""
+        data: dict[str, object] = {**self.to_k8s(), "decision": self.summary()}
         for name, info in type(self).model_fields.items():
             data.setdefault(info.alias or name, None)
         return data
