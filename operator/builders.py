@@ -35,7 +35,12 @@ from chunkpilot.operator.meta import LABEL_MANAGED_BY as LABEL_MANAGED_BY
 from chunkpilot.operator.meta import MANAGED_BY as MANAGED_BY
 from chunkpilot.operator.meta import object_metadata, service_name
 from chunkpilot.operator.networkpolicy import build_network_policies, wants_network_policy
-from chunkpilot.operator.router import build_router_objects, router_selector
+from chunkpilot.operator.router import (
+    ENGINE_COMPONENT_LABEL,
+    build_router_objects,
+    colocated_canary_selector,
+    router_selector,
+)
 
 from chunkpilot.api import (
     LABEL_CONFIG_HASH,
@@ -114,7 +119,7 @@ def service_labels(isvc: InferenceService) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "chunkpilot-engine",
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "engine",
+        ENGINE_COMPONENT_LABEL: "engine",
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_SERVICE: name,
     }
@@ -447,6 +452,30 @@ def build_pod_monitor(
     }
 
 
+def build_canary_pod_monitor(
+    isvc: InferenceService, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The PodMonitor ``<service>-canary`` of a service that runs prefill/decode pools: the colocated
+    canary engines a colocated topology trial runs beside them (the pools' PodMonitors select by
+    role, which those pods have none of)."""
+    monitor = build_pod_monitor(isvc, labels)
+    monitor["metadata"]["name"] = deployment_name(_name(isvc), Track.CANARY)
+    monitor["spec"]["selector"] = {
+        "matchLabels": colocated_canary_selector(isvc),
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "DoesNotExist"}],
+    }
+    return monitor
+
+
+def disaggregated_pod_monitors(
+    isvc: InferenceService, labels: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], ...]:
+    """A disaggregated service's PodMonitors: one per pool, and one over the colocated canary
+    engines a colocated topology trial runs beside them (:func:`build_canary_pod_monitor`)."""
+    pools = (build_pod_monitor(isvc, labels, role) for role in PoolRole)
+    return (*pools, build_canary_pod_monitor(isvc, labels))
+
+
 def _sd_name(label: str) -> str:
     """A label name as service discovery spells it: ``chunkpilot.io/track`` -> ``chunkpilot_io_track``."""
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in label)
@@ -483,7 +512,8 @@ class Children:
 
     Colocated: the stable ``deployment``, the ``service`` and its ``pod_monitor``. Disaggregated:
     no ``deployment``; the ``pools`` (prefill, decode), the ``router`` objects (ServiceAccount,
-    Role, RoleBinding, Deployment), the ``service`` selecting the router and ``pool_monitors``.
+    Role, RoleBinding, Deployment), the ``service`` selecting the router and ``pool_monitors``
+    (:func:`disaggregated_pod_monitors`).
     """
 
     deployment: dict[str, Any] | None
@@ -634,6 +664,30 @@ def build_canary_topology(isvc: InferenceService, topology: TopologySpec) -> tup
     return (*pools, *build_router_objects(running, Track.CANARY))
 
 
+def as_declared(isvc: InferenceService, body: Mapping[str, Any]) -> InferenceService:
+    """``isvc`` with the topology its manifest declares (``body``'s ``spec.topology``) in place of
+    the one a topology trial promoted: the colocated service a colocated topology trial tries."""
+    declared = (body.get("spec") or {}).get("topology")
+    topology = TopologySpec.model_validate(declared) if declared is not None else None
+    return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"topology": topology})})
+
+
+def build_canary_colocated(
+    isvc: InferenceService, colocated: InferenceService, config: EngineConfig, replicas: int, routers: int
+) -> tuple[dict[str, Any], ...]:
+    """The canary of a colocated topology trial of a service that runs prefill/decode pools:
+    ``replicas`` colocated canary engines of ``config`` (``<service>-canary``, rendered from
+    ``colocated``: the service as its manifest declares it) and a canary router of ``routers`` pods
+    in front of them only (``<service>-router-canary`` in its regular mode, with its RBAC). The
+    service's Service selects router pods, so the canary router's get their share of the live
+    traffic beside the stable router's. Raises :class:`RenderError` for a knob the engine refuses."""
+    engines = build_deployment(colocated, Track.CANARY, config=config, replicas=replicas)
+    router = build_router_objects(
+        isvc, Track.CANARY, workers=colocated_canary_selector(isvc), replicas=routers
+    )
+    return (engines, *router)
+
+
 def build_stable_deployment(isvc: InferenceService) -> dict[str, Any]:
     """The stable Deployment as the operator keeps it: the promoted config if any, else the spec's."""
     return build_deployment(isvc, Track.STABLE, config=promoted_config(isvc))
@@ -650,8 +704,9 @@ def build_children(
     """Everything the operator keeps in place for ``isvc``: stable Deployment, Service, PodMonitor.
 
     For a disaggregated service: both pools' Deployments, the router and its RBAC, the Service
-    in front of the router and a PodMonitor per pool. The NetworkPolicies of a service that asks
-    for them (admitting no installation peers: those are the installation's settings).
+    in front of the router and its PodMonitors (:func:`disaggregated_pod_monitors`). The
+    NetworkPolicies of a service that asks for them (admitting no installation peers: those are the
+    installation's settings).
     """
     policies = tuple(build_network_policies(isvc, NetworkPeers())) if wants_network_policy(isvc) else ()
     if isvc.spec.disaggregated:
@@ -661,9 +716,7 @@ def build_children(
             pod_monitor=None,
             pools=tuple(build_pool_deployment(isvc, role) for role in PoolRole),
             router=build_router_objects(isvc),
-            pool_monitors=tuple(build_pod_monitor(isvc, pod_monitor_labels, role) for role in PoolRole)
-            if pod_monitor
-            else (),
+            pool_monitors=disaggregated_pod_monitors(isvc, pod_monitor_labels) if pod_monitor else (),
             network_policies=policies,
         )
     return Children(

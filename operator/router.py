@@ -36,6 +36,8 @@ ROUTER_PORT: Final = ENGINE_PORT
 ROUTER_PORT_NAME: Final = ENGINE_PORT_NAME
 ROUTER_METRICS_PORT: Final = 29000
 ROUTER_METRICS_PORT_NAME: Final = "metrics"
+#: The recommended label that tells an engine pod (``engine``) from a router pod (``router``).
+ENGINE_COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 READINESS_PATH: Final = "/readiness"
 LIVENESS_PATH: Final = "/liveness"
 #: Set from the pod's namespace; the router's discovery namespace when the service has none.
@@ -89,7 +91,7 @@ def router_labels(isvc: InferenceService, track: Track | None = None) -> dict[st
     return {
         "app.kubernetes.io/name": "chunkpilot-router",
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": COMPONENT_ROUTER,
+        ENGINE_COMPONENT_LABEL: COMPONENT_ROUTER,
         LABEL_MANAGED_BY: MANAGED_BY,
         **router_selector(isvc, track),
     }
@@ -104,19 +106,40 @@ def _selector_args(selector: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in selector.items()]
 
 
-def router_args(isvc: InferenceService, track: Track | None = None) -> list[str]:
-    """The ``vllm-router`` argument vector: PD mode, pod discovery by role, the engines' port."""
+def colocated_canary_selector(isvc: InferenceService) -> dict[str, str]:
+    """The labels of the colocated canary engine pods a colocated topology trial's router sends to."""
+    return {
+        LABEL_SERVICE: service_name(isvc),
+        LABEL_TRACK: Track.CANARY.value,
+        ENGINE_COMPONENT_LABEL: "engine",
+    }
+
+
+def router_args(
+    isvc: InferenceService, track: Track | None = None, workers: dict[str, str] | None = None
+) -> list[str]:
+    """The ``vllm-router`` argument vector: PD mode, pod discovery by role, the engines' port.
+
+    With ``workers``: its regular mode, in front of the colocated engine pods those labels select
+    (the canary router of a colocated topology trial).
+    """
     namespace = isvc.metadata.namespace or f"$({NAMESPACE_ENV})"
     router = isvc.spec.router
+    if workers is None:
+        discovery = [
+            "--prefill-selector",
+            *_selector_args(pool_selector(isvc, PoolRole.PREFILL, track)),
+            "--decode-selector",
+            *_selector_args(pool_selector(isvc, PoolRole.DECODE, track)),
+        ]
+    else:
+        discovery = ["--selector", *_selector_args(workers)]
     return [
-        "--vllm-pd-disaggregation",
+        *(["--vllm-pd-disaggregation"] if workers is None else []),
         "--service-discovery",
         "--service-discovery-namespace",
         namespace,
-        "--prefill-selector",
-        *_selector_args(pool_selector(isvc, PoolRole.PREFILL, track)),
-        "--decode-selector",
-        *_selector_args(pool_selector(isvc, PoolRole.DECODE, track)),
+        *discovery,
         "--service-discovery-port",
         str(ENGINE_PORT),
         "--host",
@@ -151,8 +174,16 @@ def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     }
 
 
-def build_router_deployment(isvc: InferenceService, track: Track | None = None) -> dict[str, Any]:
-    """The router Deployment in front of the prefill and decode pools (of ``track``'s pools)."""
+def build_router_deployment(
+    isvc: InferenceService,
+    track: Track | None = None,
+    *,
+    workers: dict[str, str] | None = None,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """The router Deployment in front of the prefill and decode pools (of ``track``'s pools), or
+    (``workers``) in front of the colocated engine pods those labels select; ``replicas`` overrides
+    a canary router's (:func:`canary_router_replicas`)."""
     name = router_name(service_name(isvc), track)
     labels = router_labels(isvc, track)
     router = isvc.spec.router
@@ -161,7 +192,7 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
         "image": router.image or default_router_image(),
         "imagePullPolicy": "IfNotPresent",
         "command": list(ROUTER_COMMAND),
-        "args": router_args(isvc, track),
+        "args": router_args(isvc, track, workers),
         "env": [{"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
         "ports": [
             {"name": ROUTER_PORT_NAME, "containerPort": ROUTER_PORT, "protocol": "TCP"},
@@ -175,7 +206,13 @@ def build_router_deployment(isvc: InferenceService, track: Track | None = None) 
     return {
         **_router_object(isvc, track, "apps/v1", "Deployment"),
         "spec": {
-            "replicas": router.replicas if track in (None, Track.STABLE) else canary_router_replicas(isvc),
+            "replicas": (
+                router.replicas
+                if track in (None, Track.STABLE)
+                else replicas
+                if replicas is not None
+                else canary_router_replicas(isvc)
+            ),
             "revisionHistoryLimit": 3,
             "selector": router_deployment_selector(isvc, track),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -231,21 +268,30 @@ def build_router_role_binding(isvc: InferenceService, track: Track | None = None
     }
 
 
-def build_router_objects(isvc: InferenceService, track: Track | None = None) -> tuple[dict[str, Any], ...]:
+def build_router_objects(
+    isvc: InferenceService,
+    track: Track | None = None,
+    *,
+    workers: dict[str, str] | None = None,
+    replicas: int | None = None,
+) -> tuple[dict[str, Any], ...]:
     """ServiceAccount, Role, RoleBinding and Deployment of the router, in the order they are applied.
 
-    With ``track`` canary: the canary router of a topology trial, in front of the canary pools only.
+    With ``track`` canary: the canary router of a topology trial, in front of the canary pools only
+    (``workers``: of the canary engines of a colocated topology trial; see
+    :func:`build_router_deployment`).
     """
     return (
         build_router_service_account(isvc, track),
         build_router_role(isvc, track),
         build_router_role_binding(isvc, track),
-        build_router_deployment(isvc, track),
+        build_router_deployment(isvc, track, workers=workers, replicas=replicas),
     )
 
 
 __all__ = [
     "COMPONENT_ROUTER",
+    "ENGINE_COMPONENT_LABEL",
     "LIVENESS_PATH",
     "READINESS_PATH",
     "ROUTER_COMMAND",
@@ -258,6 +304,7 @@ __all__ = [
     "build_router_role_binding",
     "build_router_service_account",
     "canary_router_replicas",
+    "colocated_canary_selector",
     "default_router_image",
     "pool_selector",
     "router_args",

@@ -22,6 +22,7 @@ from chunkpilot.operator.builders import (
     build_pool_deployment,
     build_stable_deployment,
     deployment_name,
+    disaggregated_pod_monitors,
     pool_deployment_name,
 )
 from chunkpilot.operator.config import (
@@ -102,7 +103,8 @@ def colocated_side(isvc: InferenceService) -> Side:
 
 
 def disaggregated_side(isvc: InferenceService) -> Side:
-    """Both pools and the router behind the Service, one PodMonitor per pool."""
+    """Both pools and the router behind the Service, one PodMonitor per pool (and one over a
+    colocated topology trial's canary engines)."""
     service = _name(isvc)
     namespace = isvc.metadata.namespace
     pools = {role.value: pool_deployment_name(service, role) for role in PoolRole}
@@ -115,7 +117,10 @@ def disaggregated_side(isvc: InferenceService) -> Side:
             **{part: named_deployment_path(namespace, name) for part, name in pools.items()},
             TopologyPart.ROUTER.value: named_deployment_path(namespace, router_name(service)),
         },
-        monitors=tuple(_monitor_path(namespace, name) for name in pools.values()),
+        monitors=tuple(
+            _monitor_path(namespace, name)
+            for name in (*pools.values(), deployment_name(service, Track.CANARY))
+        ),
     )
 
 
@@ -150,9 +155,10 @@ def other_side(isvc: InferenceService) -> Side:
 
 
 def pod_monitors(isvc: InferenceService, side: Side, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The PodMonitors of ``side``: one over every engine pod, or one per pool."""
+    """The PodMonitors of ``side``: one over every engine pod, or one per pool and one over the
+    colocated canary engines a colocated topology trial runs beside them."""
     if side.mode is TopologyMode.DISAGGREGATED:
-        return [build_pod_monitor(isvc, labels, role) for role in PoolRole]
+        return list(disaggregated_pod_monitors(isvc, labels))
     return [build_pod_monitor(isvc, labels)]
 
 

@@ -723,6 +723,38 @@ def measure_pools(
     return PoolsMeasurement(prefill=found["prefill"], decode=found["decode"])
 
 
+def measure_colocated_trial(
+    query: QueryFn,
+    service: str,
+    namespace: str | None,
+    window: str,
+    at: datetime,
+    itl_quantile: float,
+    ttft_quantile: float,
+    canary_hash: str | None,
+    engine: str = "vllm",
+    *,
+    min_samples: int,
+) -> WindowMeasurement:
+    """Measure a colocated topology trial of a service that runs prefill/decode pools: its canary
+    engines (``track="canary"``, the trial's config) and the stable pools as their clients see them
+    (:meth:`PoolsMeasurement.combined`: what the canary is compared with, and its load).
+
+    The canary is judged on its own: on the fine histograms when it has ``min_samples`` fine
+    samples, the engine's own otherwise; the pools as :func:`measure_pools` reads them.
+    """
+    pools = measure_pools(
+        query, service, namespace, window, at, itl_quantile, ttft_quantile, engine, min_samples=min_samples
+    )
+    selector = Selector(service, namespace, Track.CANARY, config_hash=canary_hash)
+    counted = _with_engine_requests(
+        query, fine_samples(query, selector, window, at, engine), selector, window, at, engine, min_samples
+    )
+    fine = window_source([counted], min_samples, engine) is ItlSource.FINE
+    canary = measure_track(query, selector, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
+    return WindowMeasurement(canary=canary, stable=pools.combined())
+
+
 def measure_topology(
     query: QueryFn,
     service: str,

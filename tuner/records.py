@@ -162,9 +162,14 @@ def describe_topology(topology: TopologySpec) -> str:
 
 
 def trial_label(trial: TuningTrial) -> str:
-    """What a trial tries, in short: a colocated config's knobs, or a topology trial's pools."""
+    """What a trial tries, in short: a colocated config's knobs, a topology trial's pools, or the
+    colocated replicas a service that runs pools tries again (``2 colocated x budget=512 seqs=64``)."""
     topology = trial.spec.topology
-    return trial.spec.params.summary() if topology is None else describe_topology(topology)
+    if topology is None:
+        return trial.spec.params.summary()
+    if trial.spec.tries_colocated:
+        return f"{trial.spec.replicas} colocated x {trial.spec.params.summary()}"
+    return describe_topology(topology)
 
 
 def trial_round(trial: TuningTrial) -> int:

@@ -155,3 +155,20 @@ def test_a_topology_trials_canary_router_shares_a_colocated_services_traffic_and
     router = endpoint("chat-router-canary-z", "canary", port=9003)
     targets.register(router, router=True)
     assert targets_file_source(path, "chat") == sorted([stable, router])
+
+
+def test_a_colocated_trials_canary_engines_beside_pools_are_reached_through_its_router_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "targets.json"
+    targets = FileSDTargets(path)
+    targets.register(
+        Endpoint("default", "chat-decode-x", "chat", "stable", "abc123", "127.0.0.1", 9001, "decode")
+    )
+    canary = endpoint("chat-canary-y", "canary", port=9002)  # colocated: no role
+    targets.register(canary)
+    stable_router = endpoint("chat-router-z", port=9000)
+    canary_router = endpoint("chat-router-canary-z", "canary", port=9003)
+    targets.register(stable_router, router=True)
+    targets.register(canary_router, router=True)
+    assert targets_file_source(path, "chat") == sorted([stable_router, canary_router])

@@ -16,12 +16,16 @@ from typing import Any
 
 import pytest
 import yaml
+from chunkpilot.operator.builders import as_declared, build_canary_colocated
 from chunkpilot.operator.config import OperatorConfig, PodMonitorMode
 from chunkpilot.operator.kube import KubeClient, object_path, resource_path
-from chunkpilot.operator.objects import isvc_path
+from chunkpilot.operator.objects import adopt, isvc_path
 from chunkpilot.operator.reconcile import Reconciler
+from chunkpilot.operator.served import with_best_topology
 from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
+from chunkpilot.tuner.observe.observer import parse_service
 
+from chunkpilot.api import EngineConfig
 from chunkpilot.testing.kube import condition_of, get_object
 
 pytestmark = pytest.mark.cluster
@@ -369,3 +373,135 @@ def test_a_promoted_topology_switches_over_on_the_real_api_server_and_back_on_a_
         asyncio.run(scenario())
     finally:
         kubectl(cluster, "delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def endpoints(cluster: Any, namespace: str, service: str) -> set[str]:
+    """The pods the real EndpointSlice controller gives ``service``'s ``http`` port."""
+    listing = json.loads(
+        kubectl(
+            cluster,
+            "get",
+            "endpointslices",
+            "-n",
+            namespace,
+            "-l",
+            f"kubernetes.io/service-name={service}",
+            "-o",
+            "json",
+        ).stdout
+    )
+    return {
+        endpoint["targetRef"]["name"]
+        for item in listing["items"]
+        if any(port.get("name") == "http" for port in item.get("ports") or [])
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("targetRef") or {}).get("name")
+    }
+
+
+def pods(cluster: Any, namespace: str, selector: str) -> set[str]:
+    listing = json.loads(
+        kubectl(cluster, "get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    )
+    return {p["metadata"]["name"] for p in listing["items"] if not p["metadata"].get("deletionTimestamp")}
+
+
+def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give_way_when_promoted(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    """A colocated topology trial's canary on the real API server: the Service (which selects router
+    pods) reaches the canary router beside the stable one, never the canary engines; a promotion
+    (``bestTopology`` cleared, the planner's colocated decision) brings the colocated Deployment
+    back on its replicas and removes the pools and the router."""
+    name = "back-colocated"
+    document: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
+    document["metadata"].update(name=name, namespace=NS)
+    document["spec"]["autotune"] = {"enabled": True, "allowTopologyChange": True}
+    document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
+
+    def patch_status(status: dict[str, Any]) -> None:
+        body = json.dumps({"status": status})
+        kubectl(cluster, "patch", "cpis", name, "-n", NS, "--subresource=status", "--type=merge", "-p", body)
+
+    def ready(part: str, count: int | None) -> bool:
+        deployment = get(cluster, "deployments", f"{name}-{part}")
+        if count is None:
+            return deployment is None
+        return bool(
+            deployment
+            and deployment["spec"]["replicas"] == count
+            and (deployment.get("status") or {}).get("readyReplicas") == count
+        )
+
+    topology = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 2, "maxNumBatchedTokens": 8192, "maxNumSeqs": 128},
+        "decode": {"replicas": 1, "maxNumBatchedTokens": 2048, "maxNumSeqs": 128},
+    }
+    pools = [{"role": "prefill", "desiredReplicas": 2}, {"role": "decode", "desiredReplicas": 1}]
+    patch_status(
+        {
+            "bestTopology": topology,
+            "bestTopologyTrial": f"{name}-trial-7",
+            "scaling": {"mode": "Auto", "topology": "disaggregated", "desiredReplicas": 3, "pools": pools},
+        }
+    )
+    wait_for(
+        lambda: ready("prefill", 2) and ready("decode", 1) and ready("router", 1) and ready("stable", None),
+        timeout=TIMEOUT,
+        what="the promoted pools and their router, Ready",
+    )
+    # The tuner's colocated canary: one engine of the colocated config behind one canary router pod.
+    body = get(cluster, "inferenceservices", name)
+    assert body is not None
+    isvc = with_best_topology(parse_service(body) or pytest.fail("invalid"), body["status"])
+    assert isvc.spec.disaggregated
+    config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128)
+    for manifest in build_canary_colocated(isvc, as_declared(isvc, body), config, replicas=1, routers=1):
+        kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(adopt(manifest, body)))
+    wait_for(
+        lambda: ready("canary", 1) and ready("router-canary", 1),
+        timeout=TIMEOUT,
+        what="the colocated canary and its router, Ready",
+    )
+    routers = pods(cluster, NS, f"chunkpilot.io/service={name},chunkpilot.io/component=router")
+    engines = pods(cluster, NS, f"chunkpilot.io/service={name},app.kubernetes.io/component=engine")
+    canary_router = pods(cluster, NS, f"chunkpilot.io/service={name},chunkpilot.io/component=router,"
+                         "chunkpilot.io/track=canary")  # fmt: skip
+    assert len(routers) == 2 and len(canary_router) == 1
+    seen: list[set[str]] = []
+
+    def reached() -> bool:
+        seen.append(endpoints(cluster, NS, name))
+        return seen[-1] == routers
+
+    wait_for(reached, timeout=TIMEOUT, what="the Service on both routers' pods")
+    assert not seen[-1] & engines  # no engine, canary or pool, is the Service's
+    # Promoted: colocated on the trial's two replicas in place of the 2 + 1 pools.
+    for part in ("router-canary", "canary"):
+        kubectl(cluster, "delete", "deployment", f"{name}-{part}", "-n", NS)
+    patch_status(
+        {
+            "bestTopology": None,
+            "bestTopologyTrial": f"{name}-trial-8",
+            "scaling": {
+                "topology": "colocated",
+                "desiredReplicas": 2,
+                "decision": "2",
+                "pools": None,
+                "reason": "the colocated topology trial promoted",
+            },
+        }
+    )
+
+    def colocated() -> bool:
+        service = get(cluster, "services", name) or {}
+        return (
+            ready("stable", 2)
+            and all(ready(part, None) for part in ("prefill", "decode", "router"))
+            and service.get("spec", {}).get("selector") == {"chunkpilot.io/service": name}
+        )
+
+    wait_for(colocated, timeout=TIMEOUT, what="colocated on two replicas, the pools and router gone")
+    kubectl(cluster, "delete", "cpis", name, "-n", NS)

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from chunkpilot.operator.builders import (
+    build_canary_colocated,
+    build_canary_pod_monitor,
     build_children,
     build_deployment,
     build_pod_monitor,
@@ -15,7 +17,7 @@ from chunkpilot.operator.builders import (
     pool_deployment_name,
 )
 from chunkpilot.operator.engines.kvtransfer import kv_transfer_args, kv_transfer_config
-from chunkpilot.operator.router import router_args
+from chunkpilot.operator.router import build_router_deployment, colocated_canary_selector, router_args
 from chunkpilot.operator.status import DeploymentState, Observation, TopologyObservation, compute_status
 
 from chunkpilot.api import ConditionType, EngineConfig, InferenceService, PoolRole, RouterPolicy, Track
@@ -136,6 +138,7 @@ def test_children_of_a_disaggregated_service() -> None:
         ("Service", "chat"),
         ("PodMonitor", "chat-prefill"),
         ("PodMonitor", "chat-decode"),
+        ("PodMonitor", "chat-canary"),
     ]
     router = children.router[-1]
     pod = router["spec"]["template"]["spec"]
@@ -176,6 +179,51 @@ def test_pool_monitors_select_their_role_and_label_targets_with_it() -> None:
     targets = [rule.get("targetLabel") for rule in relabelings]
     assert targets == ["namespace", "service", "track", "config_hash", "pod", "role", None]
     assert relabelings[5]["sourceLabels"] == ["__meta_kubernetes_pod_label_chunkpilot_io_role"]
+
+
+def test_the_canary_monitor_selects_colocated_canary_engines_and_no_pool_or_router() -> None:
+    """Beside pools, a colocated topology trial's canary engines have no role for a pool's monitor."""
+    monitor = build_canary_pod_monitor(isvc(), {"release": "prom"})
+    assert monitor["metadata"]["name"] == "chat-canary"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    selector = monitor["spec"]["selector"]
+    canary = build_deployment(isvc(), Track.CANARY, replicas=1)["spec"]["template"]["metadata"]["labels"]
+    pool = build_deployment(isvc(), Track.CANARY, role="decode")["spec"]["template"]["metadata"]["labels"]
+    router = build_router_deployment(isvc(), Track.CANARY)["spec"]["template"]["metadata"]["labels"]
+
+    def selects(labels: dict[str, str]) -> bool:
+        matched = all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+        return matched and all(rule["key"] not in labels for rule in selector["matchExpressions"])
+
+    assert selects(canary) and not selects(pool) and not selects(router)
+    targets = [rule.get("targetLabel") for rule in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]]
+    assert "track" in targets and "config_hash" in targets
+
+
+def test_a_colocated_trials_router_runs_in_regular_mode_in_front_of_the_canary_engines() -> None:
+    service = isvc()
+    args = router_args(service, Track.CANARY, colocated_canary_selector(service))
+    assert "--vllm-pd-disaggregation" not in args and "--prefill-selector" not in args
+    start = args.index("--selector") + 1
+    assert args[start : start + 3] == [
+        "chunkpilot.io/service=chat",
+        "chunkpilot.io/track=canary",
+        "app.kubernetes.io/component=engine",
+    ]
+    engines, *objects = build_canary_colocated(
+        service, service.model_copy(update={"spec": service.spec.model_copy(update={"topology": None})}),
+        EngineConfig(max_num_batched_tokens=1024, max_num_seqs=64), replicas=2, routers=3,
+    )  # fmt: skip
+    assert engines["metadata"]["name"] == "chat-canary" and engines["spec"]["replicas"] == 2
+    labels = engines["spec"]["template"]["metadata"]["labels"]
+    assert "chunkpilot.io/role" not in labels
+    assert all(labels.get(key) == value for key, value in colocated_canary_selector(service).items())
+    router = objects[-1]
+    assert router["metadata"]["name"] == "chat-router-canary" and router["spec"]["replicas"] == 3
+    # The Service, which selects router pods, sends the canary router its share.
+    router_labels = router["spec"]["template"]["metadata"]["labels"]
+    selector = build_service(service)["spec"]["selector"]
+    assert all(router_labels.get(key) == value for key, value in selector.items())
 
 
 def state(desired: int, ready: int, config: EngineConfig | None = None) -> DeploymentState:

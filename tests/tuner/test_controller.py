@@ -493,6 +493,7 @@ def test_a_crashing_canary_aborts_the_trial_and_is_removed() -> None:
             "labels": {
                 "chunkpilot.io/service": NAME,
                 "chunkpilot.io/track": "canary",
+                "app.kubernetes.io/component": "engine",  # as every engine pod (a router's says router)
                 LABEL_CONFIG_HASH: trial.spec.params.config_hash(),
             },
         },
@@ -1022,6 +1023,7 @@ def test_a_crashing_live_canary_is_found_by_its_start_up_hash_and_not_parked() -
             "labels": {
                 "chunkpilot.io/service": NAME,
                 "chunkpilot.io/track": "canary",
+                "app.kubernetes.io/component": "engine",  # as every engine pod (a router's says router)
                 LABEL_CONFIG_HASH: started.config_hash(),
             },
         },

@@ -13,7 +13,7 @@ import pytest
 from chunkpilot.operator.builders import build_deployment
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
-from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S
+from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S, colocated_proposal
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import PoolsMeasurement
 from chunkpilot.tuner.observe.snapshot import Reading, TwinReading
@@ -508,3 +508,10 @@ def test_each_pool_is_planned_with_the_twins_measured_error_on_its_own_quantile(
     # 8.8 req/s over 6 x 0.6 = 3.6 per prefill replica, 2 x 0.95 = 1.9 per decode replica.
     assert (prefill["capacityLowReqS"], prefill["desiredReplicas"]) == (3.6, 3)
     assert (decode["capacityLowReqS"], decode["desiredReplicas"]) == (1.9, 5)
+
+
+def test_colocated_replicas_are_proposed_no_fewer_than_min_replicas() -> None:
+    """Pools of 3 at 1 req/s, where one colocated replica serves 2: 1 proposed, or minReplicas."""
+    assert (colocated_proposal(1.0, 3, 0.15, 2.0) or pytest.fail("no proposal")).replicas == 1
+    assert (colocated_proposal(1.0, 3, 0.15, 2.0, least=2) or pytest.fail("no proposal")).replicas == 2
+    assert colocated_proposal(1.0, 3, 0.15, 2.0, least=3) is None  # as many as the pools: no gain

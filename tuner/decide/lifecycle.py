@@ -16,9 +16,7 @@ from chunkpilot.operator.events import EventType
 from chunkpilot.operator.status import DeploymentState, TopologyPart
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide import twin as twinplan
-from chunkpilot.tuner.decide.canary import (
-    park_or_delete,
-)
+from chunkpilot.tuner.decide.canary import delete_canary, park_or_delete
 from chunkpilot.tuner.decide.plan import (
     Action,
     CountFinished,
@@ -314,9 +312,13 @@ def finish(
     )
     plan.do(PatchTrial(name, status_patch(status)))
     if trial.spec.is_topology:
-        # Every canary object of the topology, whatever the verdict: the router first, the pools
-        # once it is gone (on this step if it already is, else as orphans on a later one).
-        plan.do(DeleteCanaryTopology(pools=snap.topology_canary.get(TopologyPart.ROUTER) is None))
+        # Every canary object of the topology, whatever the verdict: the router first, the pools (a
+        # colocated topology trial's canary engines) once it is gone (on this step if it already
+        # is, else as leftovers on a later one).
+        gone = snap.topology_canary.get(TopologyPart.ROUTER) is None
+        plan.do(DeleteCanaryTopology(pools=gone))
+        if trial.spec.tries_colocated and gone:
+            delete_canary(plan)
     else:
         park_or_delete(plan, trial, verdict)
     plan.status["trialsCompleted"] = sum(

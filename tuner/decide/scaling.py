@@ -196,7 +196,8 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
     spec, isvc = snap.isvc.spec.scaling, snap.isvc
     pools = snap.pools_reading.value
     sizes = snap.twin.pool_capacities
-    live = pools.decode.request_rate if pools is not None else None
+    live = snap.pools_rate()  # a colocated topology trial's canary serves a share of it
+    own = pools.decode.request_rate if pools is not None else None
     if pools is None or live is None or not live > 0 or sizes is None:
         waiting = (
             "no live request rate of the pools yet"
@@ -222,7 +223,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
             previous = isvc.spec.pool(role).replicas  # what ran until the planner acted (Off, Advise)
         else:
             previous = old.desired_replicas if old.desired_replicas is not None else current
-        per_replica = live / max(1, measured[role] or current)
+        per_replica = (own or live) / max(1, measured[role] or current)
         relative = check.relative.get(_POOL_SLO[role])
         own_met = None if relative is None else relative <= 0
         met = own_met if settled(old.last_scale_time, snap.now, startup) else None
@@ -259,7 +260,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
         )
     total = sum(p.desired_replicas or 0 for p in decided)
     plan.do(ScalingGauges(total, None))
-    proposal = colocated_proposal(planned, needed, DEFAULT_ERROR, sizes.colocated_req_s)
+    proposal = colocated_proposal(planned, needed, DEFAULT_ERROR, sizes.colocated_req_s, spec.min_replicas)
     _propose(plan, before.proposal, proposal)
     if quiet and proposal == before.proposal:
         return  # rewritten every RECORD_EVERY_S, or at once when a pool's decision changes
@@ -326,13 +327,14 @@ def split_proposal(
 
 
 def colocated_proposal(
-    planned_req_s: float, needed: int, error: float, colocated_req_s: float | None
+    planned_req_s: float, needed: int, error: float, colocated_req_s: float | None, least: int = 1
 ) -> ScalingProposal | None:
-    """Colocated replicas, when the pools' twin says they serve ``planned_req_s`` on far fewer
-    replicas than the ``needed`` of both pools together."""
+    """Colocated replicas (``least`` at least: ``scaling.minReplicas``), when the pools' twin says
+    they serve ``planned_req_s`` on far fewer replicas than the ``needed`` of both pools together."""
     if colocated_req_s is None or not needed:
         return None
     replicas = replicas_for(planned_req_s, Capacity(colocated_req_s, error))
+    replicas = max(replicas, least) if replicas is not None else None
     if replicas is None or not _fewer(replicas, needed):
         return None
     return ScalingProposal(

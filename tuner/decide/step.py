@@ -7,6 +7,9 @@ trial's phases are in :mod:`chunkpilot.tuner.decide.phases`:
 .. code-block:: text
 
     disabled | paused | no Prometheus   -> abort the running trial, remove the canary
+    disaggregated                       -> size the pools; pools a topology trial promoted, in
+                                           Auto: the planner's proposal of colocated replicas
+                                           (topotrial.consider_colocated, advance_colocated)
     a trial is active                   -> phases.advance (roll out, warm up, measure, judge);
                                            a topology trial: topotrial.advance
     stopped infeasible, allowTopologyChange -> topotrial.consider (the recommended topology)
@@ -132,7 +135,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         no_prometheus(plan, current)
         return plan
     if is_disaggregated(snap):
-        disaggregated(plan, current)
+        disaggregated(plan, current, settings)
         return plan
     remove_orphan(plan, current, keep_parked=True)
     topotrial.remove_orphans(plan, current)
@@ -207,19 +210,27 @@ def name_conflict(plan: Plan, current: TuningTrial | None) -> None:
     record_stable(plan)
 
 
-def disaggregated(plan: Plan, current: TuningTrial | None) -> None:
-    """A disaggregated service: no colocated canary runs against it (and none is left running);
-    with ``scaling`` its pools are sized."""
+def disaggregated(plan: Plan, current: TuningTrial | None, settings: TunerSettings) -> None:
+    """A disaggregated service: no canary of its knobs runs against it (and none is left running);
+    with ``scaling`` its pools are sized. In ``Auto``, pools a topology trial promoted may be tried
+    colocated again: the planner's proposal of colocated replicas, as a colocated topology trial."""
     note = disaggregated_note(plan)
-    if current is not None:
+    colocated = current if current is not None and current.spec.tries_colocated else None
+    if current is not None and colocated is None:
         lifecycle.abort(plan, current, note)
-    remove_orphan(plan, None)
-    topotrial.remove_orphans(plan, None)
+    topotrial.remove_colocated_canary(plan, colocated)
+    topotrial.remove_orphans(plan, colocated)
+    if colocated is None and topotrial.complete_promotion(plan):
+        return
+    record_stable(plan)
+    plan_scaling(plan)
+    if colocated is not None:
+        topotrial.advance_colocated(plan, colocated, settings)
+        return
     plan.condition(ConditionType.TUNING, ConditionStatus.FALSE, TuningReason.DISAGGREGATED, note)
     plan.status["currentTrial"] = None
     plan.do(CurrentTrialGauge(0))
-    record_stable(plan)
-    plan_scaling(plan)
+    topotrial.consider_colocated(plan)
 
 
 def no_prometheus(plan: Plan, current: TuningTrial | None) -> None:

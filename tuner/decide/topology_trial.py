@@ -44,6 +44,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 from chunkpilot.operator.builders import (
+    RenderError,
+    as_declared,
+    build_canary_colocated,
     build_canary_topology,
     runs_at_its_replicas,
     topology_replicas,
@@ -54,6 +57,7 @@ from chunkpilot.operator.objects import adopt
 from chunkpilot.operator.status import POOL_PARTS, DeploymentState, TopologyPart, get_condition
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.decide import lifecycle
+from chunkpilot.tuner.decide.canary import delete_canary, remove_orphan
 from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import (
     ApplyCanary,
@@ -65,11 +69,13 @@ from chunkpilot.tuner.decide.plan import (
     Plan,
 )
 from chunkpilot.tuner.decide.recommendation import current as current_recommendation
-from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, twin_check
-from chunkpilot.tuner.measure import TopologyWindow
+from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, judge_colocated, twin_check
+from chunkpilot.tuner.measure import TopologyWindow, WindowMeasurement
+from chunkpilot.tuner.observe.canary import canary_owner, is_terminating
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.topology.layouts import decode_pool, starting_layout
 from chunkpilot.tuner.topology.pools import PoolCheck
+from chunkpilot.tuner.twin.online import TOLERANCE
 
 from chunkpilot.api import (
     LABEL_ROLE,
@@ -187,12 +193,14 @@ def layout(found: TopologyRecommendation, stable: EngineConfig) -> TopologySpec 
 @dataclass(frozen=True)
 class Gate:
     """Roll ``topology`` out, or (``topology`` None) why not: a ``TopologyChange`` reason and message.
-    ``proposed``: the planner's proposal it comes from ("": the twin's recommendation)."""
+    ``proposed``: the planner's proposal it comes from ("": the twin's recommendation); ``replicas``:
+    the colocated replicas a colocated topology trial is judged for."""
 
     topology: TopologySpec | None
     reason: TopologyReason | None = None
     message: str = ""
     proposed: str = ""
+    replicas: int = 0
 
 
 def gate(plan: Plan, round_: int, settings: TunerSettings | None = None) -> Gate | None:
@@ -356,15 +364,18 @@ def consider(plan: Plan, round_: int, settings: TunerSettings, *, proposal: bool
     if found is None:
         return
     if found.topology is None:
-        assert found.reason is not None
-        before = plan.current_condition(ConditionType.TOPOLOGY_CHANGE)
-        if before is None or before.reason != found.reason.value:
-            plan.emit(EventType.WARNING, found.reason.value, found.message)
-        plan.condition(
-            ConditionType.TOPOLOGY_CHANGE, ConditionStatus.FALSE, found.reason.value, found.message
-        )
+        refuse(plan, found)
         return
     create(plan, found.topology, round_, found.proposed)
+
+
+def refuse(plan: Plan, found: Gate) -> None:
+    """``TopologyChange=False`` saying why ``found`` tries nothing (an Event when the reason is new)."""
+    assert found.reason is not None
+    before = plan.current_condition(ConditionType.TOPOLOGY_CHANGE)
+    if before is None or before.reason != found.reason.value:
+        plan.emit(EventType.WARNING, found.reason.value, found.message)
+    plan.condition(ConditionType.TOPOLOGY_CHANGE, ConditionStatus.FALSE, found.reason.value, found.message)
 
 
 def report(plan: Plan, round_: int) -> None:
@@ -379,7 +390,8 @@ def report(plan: Plan, round_: int) -> None:
     status, reason = VERDICT_REASONS[last.status.verdict]
     message = f"topology trial {last.spec.number} ({rec.trial_label(last)}): {last.status.reason or ''}"
     promoted = last.spec.topology if reason is TopologyReason.PROMOTED else None
-    if promoted is not None and not runs_at_its_replicas(snap.isvc, promoted):
+    pools = promoted is not None and not last.spec.tries_colocated
+    if pools and promoted is not None and not runs_at_its_replicas(snap.isvc, promoted):
         return  # not running: note_not_running says so
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, reason.value, message[:2048])
 
@@ -412,10 +424,14 @@ def complete_promotion(plan: Plan) -> bool:
     if last is None or last.status is None or last.status.verdict is not TrialVerdict.PROMOTED:
         return False
     topology = last.spec.topology
-    recorded = snap.status.best_topology == topology and snap.status.best_topology_trial == last.metadata.name
+    # A colocated topology trial's promotion clears bestTopology and names itself.
+    promoted = None if last.spec.tries_colocated else topology
+    recorded = snap.status.best_topology == promoted and snap.status.best_topology_trial == last.metadata.name
     if topology is None or recorded:
         return False
-    promote(plan, last, "completing a promotion interrupted by a restart")
+    (promote_colocated if last.spec.tries_colocated else promote)(
+        plan, last, "completing a promotion interrupted by a restart"
+    )
     return True
 
 
@@ -721,4 +737,357 @@ def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
         "TopologyPromoted",
         f"promoted topology trial {trial.spec.number}: {rec.trial_label(trial)} replaces the colocated "
         f"Deployment; {reason}",
+    )
+
+
+# --------------------------------------------------------------------------- colocated, tried again
+
+#: A colocated topology trial is tried again no sooner than this after the last one ended.
+RETRY_COLOCATED_S: Final = 3600.0
+#: The most pods a colocated topology trial's canary router runs to draw its share of the traffic.
+MAX_CANARY_ROUTERS: Final = 8
+
+
+@dataclass(frozen=True)
+class ColocatedCanary:
+    """How a colocated topology trial runs: ``engines`` colocated canary replicas behind a canary
+    router of ``routers`` pods, beside the stable router's ``stable_routers``. The Service spreads
+    requests evenly over router pods, so each canary replica carries ``share`` of the service's
+    rate: about what each of the ``replicas`` colocated replicas it is judged for would carry."""
+
+    replicas: int
+    engines: int
+    routers: int
+    stable_routers: int
+
+    @property
+    def share(self) -> float:
+        """Each canary replica's share of the whole service's requests."""
+        return self.routers / (self.stable_routers + self.routers) / self.engines
+
+
+def colocated_canary(
+    replicas: int, stable_routers: int, tolerance: float = TOLERANCE
+) -> ColocatedCanary | None:
+    """The smallest canary whose replicas each carry at least what one of ``replicas`` colocated
+    replicas would (less ``tolerance``): ``replicas - stable_routers`` engines (one at least) behind
+    the fewest router pods that draw the share; None when :data:`MAX_CANARY_ROUTERS` cannot."""
+    engines = max(1, replicas - max(1, stable_routers))
+    for routers in range(1, MAX_CANARY_ROUTERS + 1):
+        canary = ColocatedCanary(replicas, engines, routers, max(1, stable_routers))
+        if canary.share >= (1 - tolerance) / replicas:
+            return canary
+    return None
+
+
+def runs_promoted_pools(snap: Snapshot) -> bool:
+    """The service runs pools a topology trial promoted (``status.bestTopology``), not pools its
+    manifest declares."""
+    declared = ((snap.body.get("spec") or {}).get("topology") or {}).get("mode")
+    return (
+        snap.isvc.spec.disaggregated
+        and snap.status.best_topology is not None
+        and declared != TopologyMode.DISAGGREGATED.value
+    )
+
+
+def _pools_settled(snap: Snapshot) -> bool:
+    """Both pools and the router run all their replicas, none rolling out (the operator's status)."""
+    topology = snap.status.topology
+    if topology is None or topology.mode != TopologyMode.DISAGGREGATED:
+        return False
+    parts = (topology.prefill, topology.decode, topology.router)
+    return all(
+        part is not None
+        and part.desired_replicas
+        and part.replicas == part.desired_replicas
+        and (part.ready_replicas or 0) >= part.desired_replicas
+        for part in parts
+    )
+
+
+def _stable_routers(snap: Snapshot) -> int:
+    return max(1, snap.isvc.spec.router.replicas)
+
+
+def _colocated_trials(snap: Snapshot) -> list[TuningTrial]:
+    return [t for t in snap.trials if t.spec.tries_colocated]
+
+
+def colocated_gate(plan: Plan) -> Gate | None:
+    """Whether the planner's proposal of colocated replicas (``status.scaling.proposal``) is tried as
+    a colocated topology trial now; None: nothing to say.
+
+    Tried in ``scaling.mode: Auto`` with ``allowTopologyChange``, on a service that runs pools a
+    topology trial promoted (declared pools stay), once they run settled, at most once every
+    :data:`RETRY_COLOCATED_S`; on a canary that can draw the share of the traffic one of the
+    proposed replicas would carry.
+    """
+    snap = plan.snap
+    spec = snap.isvc.spec
+    if not spec.autotune.allow_topology_change or not spec.scaling.acts or not runs_promoted_pools(snap):
+        return None
+    proposal = current_proposal(plan)
+    if proposal is None or proposal.topology != TopologyMode.COLOCATED.value or not proposal.replicas:
+        return None
+    ended = [t.status.finished_at for t in _colocated_trials(snap) if t.status and t.status.finished_at]
+    if ended and (snap.now - max(ended)).total_seconds() < RETRY_COLOCATED_S:
+        return None
+    if not _pools_settled(snap):
+        return None  # tried beside pools that serve as they are
+    replicas = proposal.replicas
+    what = f"the proposed {replicas} colocated replica(s) of {snap.incumbent.summary()}"
+    canary = colocated_canary(replicas, _stable_routers(snap))
+    if canary is None:
+        return Gate(
+            None,
+            TopologyReason.UNSUPPORTED,
+            f"not trying {what}: a canary beside the router's {_stable_routers(snap)} pod(s) cannot draw "
+            f"the share of the traffic one of them would carry with {MAX_CANARY_ROUTERS} canary router "
+            "pods; to switch, set autotune.allowTopologyChange false (the service runs colocated on "
+            "spec.replicas)",
+        )
+    try:
+        build_canary_colocated(snap.isvc, as_declared(snap.isvc, snap.body), snap.incumbent, 1, 1)
+    except RenderError as error:
+        return Gate(None, TopologyReason.UNSUPPORTED, f"not trying {what}: the engine refuses it: {error}")
+    return Gate(TopologySpec(mode=TopologyMode.COLOCATED), proposed=proposal.message, replicas=replicas)
+
+
+def consider_colocated(plan: Plan) -> None:
+    """A service that runs pools a topology trial promoted: start a colocated topology trial of the
+    planner's proposal, or say why not."""
+    found = colocated_gate(plan)
+    if found is None:
+        return
+    if found.topology is None:
+        refuse(plan, found)
+        return
+    create_colocated(plan, found)
+
+
+def create_colocated(plan: Plan, found: Gate) -> None:
+    """The colocated topology trial: ``found.replicas`` colocated replicas of the stable config (the
+    one the service ran before its pools), in the service's current round."""
+    snap = plan.snap
+    number = max((t.spec.number for t in snap.trials), default=0) + 1
+    round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
+    trial = TuningTrial(
+        metadata=ObjectMeta(
+            name=trial_name(snap.name, number),
+            namespace=snap.namespace,
+            labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
+            annotations={**basis(snap.isvc), ANNOTATION_PROPOSED: "true"},
+        ),
+        spec=TuningTrialSpec(
+            service_name=snap.name,
+            number=number,
+            params=plan.stable_config,
+            baseline_config_hash=plan.stable_config.config_hash(),
+            track=Track.CANARY,
+            window=snap.isvc.spec.autotune.trial_window,
+            topology=TopologySpec(mode=TopologyMode.COLOCATED),
+            replicas=found.replicas,
+        ),
+    )
+    label = rec.trial_label(trial)
+    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=label)
+    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
+    plan.status["currentTrial"] = trial.metadata.name
+    plan.condition(
+        ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {label}"
+    )
+    said = (
+        f"trying the proposed {label} as a canary beside the pools (trial {number}); the pools serve on "
+        f"(the planner: {found.proposed})"
+    )
+    plan.condition(
+        ConditionType.TOPOLOGY_CHANGE, ConditionStatus.TRUE, TopologyReason.RUNNING.value, said[:2048]
+    )
+    plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {label}"))
+
+
+def remove_colocated_canary(plan: Plan, current: TuningTrial | None) -> None:
+    """A service that runs pools: the canary engines no active trial owns, once the canary router in
+    front of them is gone (quietly when a finished colocated topology trial left them)."""
+    canary = plan.canary
+    if canary is None or is_terminating(canary) or plan.snap.topology_canary.get(ROUTER) is not None:
+        return
+    owner = canary_owner(canary)
+    finished = {t.metadata.name for t in _colocated_trials(plan.snap) if not rec.is_active(t)}
+    if owner in finished and (current is None or current.metadata.name != owner):
+        delete_canary(plan)
+        plan.do(Log(f"deleted the canary engines of finished topology trial {owner}"))
+        return
+    remove_orphan(plan, current)
+
+
+def advance_colocated(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """The active colocated topology trial's step: roll out (engines, then router), wait for Ready,
+    measure, judge."""
+    snap = plan.snap
+    phase = rec.trial_phase(trial)
+    number = trial.spec.number
+    plan.status["currentTrial"] = trial.metadata.name
+    plan.condition(
+        ConditionType.TUNING,
+        ConditionStatus.TRUE,
+        "TrialRunning",
+        f"topology trial {number} {phase.value}: {rec.trial_label(trial)}",
+    )
+    plan.do(CurrentTrialGauge(number))
+    spec = snap.isvc.spec
+    if not spec.autotune.allow_topology_change or not spec.scaling.acts:
+        abort(plan, trial, "autotune.allowTopologyChange or scaling.mode Auto was turned off")
+        return
+    if not runs_promoted_pools(snap):
+        abort(plan, trial, "the service no longer runs the pools a topology trial promoted")
+        return
+    changed = spec_changed(trial, snap.isvc)
+    if changed is not None:
+        abort(plan, trial, changed)
+        return
+    if phase is TrialPhase.PENDING or snap.canary is None:
+        roll_out_colocated(plan, trial)  # new, or lost (deleted by hand, or never applied before a restart)
+        return
+    pods = (*snap.canary_pods, *snap.topology_pods)
+    crashed = lifecycle.crash_message(pods, settings.crash_restarts)
+    if crashed is not None:
+        abort(plan, trial, crashed)
+        return
+    if phase is TrialPhase.ROLLING_OUT or snap.topology_canary.get(ROUTER) is None:
+        check_colocated_rollout(plan, trial, settings)
+    elif snap.stable_reading.down:
+        lifecycle.metrics_gap(plan, trial, None, settings)
+    else:
+        measure_colocated(plan, trial, settings)
+
+
+def _colocated_manifests(
+    plan: Plan, trial: TuningTrial
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The canary engines' Deployment and the canary router's objects; None: the trial aborted."""
+    snap = plan.snap
+    replicas = trial.spec.replicas or 1
+    canary = colocated_canary(replicas, _stable_routers(snap))
+    if canary is None:
+        abort(plan, trial, f"no canary beside the router's {_stable_routers(snap)} pod(s) draws its share")
+        return None
+    try:
+        engines, *router = build_canary_colocated(
+            snap.isvc, as_declared(snap.isvc, snap.body), trial.spec.params, canary.engines, canary.routers
+        )
+    except ValueError as error:
+        abort(plan, trial, f"the engine refuses the colocated config: {error}")
+        return None
+    engines.setdefault("metadata", {}).setdefault("annotations", {})[rec.ANNOTATION_TRIAL] = (
+        trial.metadata.name or ""
+    )
+    return adopt(engines, snap.body), [adopt(manifest, snap.body) for manifest in router]
+
+
+def roll_out_colocated(plan: Plan, trial: TuningTrial) -> None:
+    """Apply the canary engines (again, if they went missing); the router follows once they are Ready."""
+    found = _colocated_manifests(plan, trial)
+    if found is None:
+        return
+    plan.do(ApplyCanary(found[0]))
+    rolling_out(plan, trial)
+    if rec.trial_phase(trial) is TrialPhase.PENDING:
+        plan.emit(
+            EventType.NORMAL,
+            "TopologyTrialStarted",
+            f"trial {trial.spec.number}: colocated canary {rec.trial_label(trial)} started; its canary "
+            "router follows once it is Ready and takes a share of the traffic; the pools serve on",
+        )
+
+
+def check_colocated_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """The canary engines Ready: apply the router; it Ready too: start the warm-up; else time out."""
+    snap = plan.snap
+    engines = DeploymentState.from_manifest(snap.canary) if snap.canary is not None else None
+    router = snap.topology_canary.get(ROUTER)
+    routed = DeploymentState.from_manifest(router) if router is not None else None
+    if engines is not None and lifecycle.ready(engines) and routed is None:
+        found = _colocated_manifests(plan, trial)
+        if found is not None:
+            plan.do(*(ApplyCanary(manifest) for manifest in found[1]))
+            rolling_out(plan, trial)
+        return
+    if engines is not None and routed is not None and lifecycle.ready(engines) and lifecycle.ready(routed):
+        plan.do(*lifecycle.start_warmup(plan, trial, rec.trial_progress(trial)))
+        return
+    since = trial.status.started_at if trial.status is not None else None
+    states = [state for state in (engines, routed) if state is not None]
+    failed = lifecycle.rollout_failure(states, "the colocated canary", since, snap.now, settings)
+    if failed is not None:
+        abort(plan, trial, failed)
+
+
+def measure_colocated(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
+    """Measuring: wait out the warm-up and the window, then judge (a thin window widens to its deadline)."""
+    snap = plan.snap
+    found = lifecycle.due_measurement(
+        plan, trial, snap.window, "no measurement of the colocated canary's window", settings
+    )
+    if found is None:
+        return
+    due, window = found
+    rules = rec.abort_rules(snap.isvc)
+    if not due.final:  # pruned early on a breach by the abort factor, as any canary is
+        early = judge_early(window.canary, snap.slo, rules)
+        if early.decision is Decision.PRUNE:
+            conclude_colocated(plan, trial, Decision.PRUNE, f"the colocated canary: {early.reason}", window)
+        return
+    decision, reason = judge_colocated(window, snap.slo, rules.min_samples, trial.spec.replicas or 1)
+    if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
+        return
+    conclude_colocated(plan, trial, decision, reason, window)
+
+
+def conclude_colocated(
+    plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: WindowMeasurement
+) -> None:
+    """Record the verdict with the canary's and the pools' measurements; the canary goes (the router
+    first); a winner is promoted."""
+    phase, verdict = lifecycle.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
+    if verdict is TrialVerdict.PRUNED:
+        phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
+    lifecycle.finish(plan, trial, phase, verdict, reason, window)
+    status, why = VERDICT_REASONS[verdict]
+    message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
+    plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
+    if verdict is TrialVerdict.PROMOTED:
+        promote_colocated(plan, trial, reason)
+
+
+def promoted_colocated(plan: Plan, replicas: int, trial: str) -> dict[str, Any]:
+    """``status.scaling`` once a colocated topology trial is promoted: the planner's decision is the
+    trial's colocated replicas, which the operator runs in place of the pools until the planner
+    sizes them."""
+    before = plan.snap.status.scaling or ScalingStatus()
+    reason = f"the colocated topology trial {trial} promoted, until the planner sizes the replicas"
+    status = ScalingStatus(
+        mode=before.mode,
+        topology=TopologyMode.COLOCATED.value,
+        desired_replicas=replicas,
+        reason=reason,
+        startup_seconds=before.startup_seconds,
+        last_scale_time=plan.snap.now,
+    )
+    return status.as_patch()
+
+
+def promote_colocated(plan: Plan, trial: TuningTrial, reason: str) -> None:
+    """Run colocated again: ``status.bestTopology`` cleared (naming the trial that cleared it) and the
+    planner's decision at the trial's replicas; the operator replaces the pools."""
+    name = trial.metadata.name or ""
+    plan.status["bestTopology"] = None
+    plan.status["bestTopologyTrial"] = name
+    plan.status["scaling"] = promoted_colocated(plan, trial.spec.replicas or 1, name)
+    plan.emit(
+        EventType.NORMAL,
+        "TopologyPromoted",
+        f"promoted topology trial {trial.spec.number}: {rec.trial_label(trial)} replace the prefill/decode "
+        f"pools; {reason}"[:1024],
     )

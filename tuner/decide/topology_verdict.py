@@ -5,21 +5,23 @@ decision and its reason out (:func:`judge`). A canary topology is promoted only 
 SLOs (the decode pool's ITL; the prefill pool's TTFT plus the decode pool's), carried at least the
 stable's requests per replica (less the twin's tolerance: promoted, each of its replicas carries
 what a stable replica carries now), and the measurement does not contradict the twin's prediction
-beyond that tolerance (DESIGN: no promotion on a prediction the engine contradicts).
+beyond that tolerance (DESIGN: no promotion on a prediction the engine contradicts). A colocated
+topology trial of a service that runs pools (:func:`judge_colocated`) is promoted when its canary
+met both SLOs carrying what each of the colocated replicas it was tried for would carry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement
+from chunkpilot.tuner.measure import ItlSource, TopologyWindow, TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.policy import Decision, SLOCheck, SLOTargets, check_slo
 from chunkpilot.tuner.topology.pools import PoolCheck
 from chunkpilot.tuner.twin.online import TOLERANCE
 
 from chunkpilot.api import TopologyRecommendation, TrialTwin
 
-__all__ = ["Load", "Prediction", "judge", "twin_check"]
+__all__ = ["Load", "Prediction", "judge", "judge_colocated", "twin_check"]
 
 
 def _ms(value: float | None) -> str:
@@ -135,6 +137,46 @@ def judge(
         Decision.PROMOTE,
         f"the canary topology meets both SLOs at the stable's load per replica: {measured}",
     )
+
+
+def judge_colocated(
+    window: WindowMeasurement, slo: SLOTargets, min_samples: int, replicas: int, tolerance: float = TOLERANCE
+) -> tuple[Decision, str]:
+    """Promote the colocated canary of a service that runs pools when it met both SLOs carrying what
+    each of ``replicas`` colocated replicas would carry of the whole service's rate (less
+    ``tolerance``); discard it when it missed one; inconclusive on too few samples or a lighter load.
+    """
+    canary, pools = window.canary, window.stable
+    total = window.offered_request_rate
+    carried = canary.per_replica(canary.request_rate)
+    needed = total / replicas if total is not None and replicas > 0 else None
+
+    def rate(value: float | None) -> str:
+        return f"{value:.3g} req/s" if value is not None else "an unknown rate"
+
+    measured = (
+        f"canary ITL p{slo.itl_quantile * 100:g} {_ms(canary.itl_ms)} (target {slo.itl_ms:g} ms), TTFT "
+        f"p{slo.ttft_quantile * 100:g} {_ms(canary.ttft_ms)} (target {slo.ttft_ms:g} ms), at {rate(carried)} "
+        f"per replica where each of {replicas} colocated replicas would carry {rate(needed)} of the live "
+        f"{rate(total)}; the pools ITL {_ms(pools.itl_ms)}, TTFT {_ms(pools.ttft_ms)}; "
+        f"{_family(canary, 'the canary')}"
+    )
+    if not canary.enough_samples(min_samples):
+        return Decision.INCONCLUSIVE, (
+            f"too few samples: the colocated canary served {canary.ttft_samples:.0f} requests in "
+            f"{canary.window}, {min_samples} needed ({measured})"
+        )
+    check = check_slo(canary, slo)
+    if not check.met:
+        missed = " and ".join(k.upper() for k, v in check.excess_ms.items() if v > 0) or "an SLO"
+        return Decision.DISCARD, f"the colocated canary misses {missed}: {measured}"
+    if carried is None or needed is None or carried < needed * (1 - tolerance):
+        return Decision.INCONCLUSIVE, (
+            f"the colocated canary meets both SLOs, but at a load per replica more than {tolerance:.0%} "
+            f"below what it would carry promoted (the window widens until the loads compare, up to the "
+            f"trial's deadline): {measured}"
+        )
+    return Decision.PROMOTE, f"the colocated canary meets both SLOs at the load it would carry: {measured}"
 
 
 def twin_check(

@@ -32,6 +32,7 @@ from chunkpilot.operator.objects import (
     parse_status,
     trial_path,
 )
+from chunkpilot.operator.router import ENGINE_COMPONENT_LABEL
 from chunkpilot.operator.served import with_best_topology
 from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
@@ -41,6 +42,7 @@ from chunkpilot.tuner.measure import (
     Selector,
     VectorFn,
     WindowMeasurement,
+    measure_colocated_trial,
     measure_pools,
     measure_topology,
     measure_track,
@@ -167,9 +169,10 @@ class Observer:
         canary = await self.kube.get(deployment_path(namespace, name, Track.CANARY))
         pods: list[dict[str, Any]] = []
         if canary is not None:
-            pods = await self.kube.list(
+            pods = await self.kube.list(  # its engines (a colocated topology trial's router has its own)
                 resource_path("v1", "pods", namespace),
-                label_selector=f"{LABEL_SERVICE}={name},{LABEL_TRACK}={Track.CANARY.value}",
+                label_selector=f"{LABEL_SERVICE}={name},{LABEL_TRACK}={Track.CANARY.value},"
+                f"{ENGINE_COMPONENT_LABEL}=engine",
             )
         snap = _replace(
             snap,
@@ -261,7 +264,11 @@ class Observer:
         if self.query is None or slo_spec is None or not autotune.enabled:
             return snap, None
         if snap.isvc.spec.disaggregated:  # its stable engines are its pools, with knobs of their own
-            return await self._pools(snap), None
+            snap = await self._pools(snap)
+            active = snap.active()
+            if active and active[0].spec.tries_colocated and not snap.stable_reading.down:
+                snap = await self._colocated_window(snap, active[0])
+            return snap, None
         slo = snap.slo
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
         args = (selector, slo_spec.window, snap.now, slo.itl_quantile, slo.ttft_quantile)
@@ -353,6 +360,38 @@ class Observer:
         except MetricsUnavailableError as error:
             return _replace(snap, topology_window=Reading(error=str(error)))
         return _replace(snap, topology_window=Reading(window))
+
+    async def _colocated_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
+        """A measuring colocated topology trial's canary engines and the stable pools over its window
+        (widened past its end), as ``snap.window``."""
+        autotune = snap.isvc.spec.autotune
+        if autotune.paused or rec.trial_phase(trial) is not TrialPhase.MEASURING:
+            return snap
+        due = window_plan(
+            rec.trial_progress(trial).measure_from, parse_duration(autotune.trial_window), snap.now
+        )
+        if due is None:
+            return snap
+        at = due.widened_at or due.at
+        assert self.query is not None
+        slo = snap.slo
+        try:
+            window = await self._blocking(
+                measure_colocated_trial,
+                self.query,
+                snap.name,
+                snap.namespace,
+                window_text((at - due.measure_from).total_seconds()),
+                at,
+                slo.itl_quantile,
+                slo.ttft_quantile,
+                rec.canary_config_hash(trial),
+                str(snap.isvc.spec.engine.kind),
+                min_samples=rec.abort_rules(snap.isvc).min_samples,
+            )
+        except MetricsUnavailableError as error:
+            return _replace(snap, window=Reading(error=str(error)))
+        return _replace(snap, window=Reading(window))
 
     async def _window(
         self, snap: Snapshot, trial: TuningTrial, span_s: float, at: datetime

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from chunkpilot.operator.status import DeploymentState
+from chunkpilot.operator.status import DeploymentState, TopologyPart
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import (
     PoolsMeasurement,
@@ -214,6 +214,19 @@ class Snapshot:
         if per_replica is None:
             return None
         return per_replica * (stable.replicas + len(self.canary_pods))
+
+    def pools_rate(self) -> float | None:
+        """The live request rate over a disaggregated service (req/s): its pools', plus what the
+        Service gives a colocated topology trial's canary router beside the stable router's pods
+        (it spreads requests evenly over router pods); None: not measured."""
+        pools = self.pools_reading.value
+        rate = pools.decode.request_rate if pools is not None else None
+        router = self.topology_canary.get(TopologyPart.ROUTER)
+        if rate is None or router is None or not any(t.spec.tries_colocated for t in self.active()):
+            return rate
+        canary = DeploymentState.from_manifest(router).ready
+        stable = max(1, self.isvc.spec.router.replicas)
+        return rate * (stable + canary) / stable
 
     def active(self) -> list[TuningTrial]:
         """The active trials, oldest first (at most one, but a crash may have left more)."""

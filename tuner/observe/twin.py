@@ -563,7 +563,7 @@ class TwinObserver:
         trial = active[0] if active and active[0].spec.is_topology else None
         service = (snap.namespace, snap.name)
         cached = self._pool_checks.get(service)
-        if trial is None or trial.spec.topology is None:
+        if trial is None or trial.spec.topology is None or trial.spec.tries_colocated:
             self._pool_checks.pop(service, None)
             return None
         if cached is not None and cached.key == trial.metadata.name:

@@ -802,7 +802,8 @@ class AutotuneSpec(ApiModel):
             " (status.bestTopology: the operator runs the pools and the router and removes the colocated"
             " Deployment) or rolled back, recorded in a TuningTrial. Only a layout of spec.replicas GPUs is"
             " rolled out (a 1-replica service's 1 + 1 needs spec.replicas 2); spec.topology, when set,"
-            " wins."
+            " wins. In scaling.mode Auto the capacity planner's proposal is tried the same way: pools"
+            " beside colocated replicas, or colocated replicas beside pools a topology trial promoted."
         ),
     )
 
@@ -1562,7 +1563,12 @@ class InferenceServiceStatus(StatusModel):
         ),
     )
     best_topology_trial: str | None = Field(
-        default=None, max_length=253, description="TuningTrial that promoted bestTopology."
+        default=None,
+        max_length=253,
+        description=(
+            "TuningTrial that last changed the topology: the one that promoted bestTopology, or (with"
+            " bestTopology unset) the colocated topology trial that brought the service back to colocated."
+        ),
     )
     stable_replicas: int | None = Field(
         default=None, ge=0, description="Stable engine pods (the scale subresource's replicas)."

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from chunkpilot.api.common import (
     ApiModel,
+    CelRule,
     Duration,
     Measurement,
     ObjectMeta,
     Resource,
     StatusModel,
 )
-from chunkpilot.api.inferenceservice import EngineConfig, TopologySpec
+from chunkpilot.api.inferenceservice import EngineConfig, TopologyMode, TopologySpec
 from chunkpilot.api.names import LABEL_SERVICE, LABEL_TRIAL_NUMBER
 
 
@@ -96,8 +97,33 @@ class TokenMix(ApiModel):
     )
 
 
+def _colocated(o: TuningTrialSpec) -> bool:
+    return o.topology is not None and o.topology.mode == TopologyMode.COLOCATED
+
+
 class TuningTrialSpec(ApiModel):
     """What a trial tries: a config, against a baseline, on a track, for a window."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="!has(self.replicas) || (has(self.topology) && self.topology.mode == 'colocated')",
+            message=(
+                "spec.replicas is set only on a trial of the colocated topology: set spec.topology.mode"
+                " colocated, or remove spec.replicas"
+            ),
+            field_path=".replicas",
+            check=lambda o: o.replicas is None or _colocated(o),
+        ),
+        CelRule(
+            rule="!has(self.topology) || self.topology.mode != 'colocated' || has(self.replicas)",
+            message=(
+                "a trial of the colocated topology (spec.topology.mode colocated) needs spec.replicas:"
+                " the colocated replicas it is judged for"
+            ),
+            field_path=".topology",
+            check=lambda o: not _colocated(o) or o.replicas is not None,
+        ),
+    )
 
     service_name: str = Field(
         min_length=1,
@@ -129,14 +155,30 @@ class TuningTrialSpec(ApiModel):
         description=(
             "Set on a topology trial (autotune.allowTopologyChange): the prefill and decode pools (replicas,"
             " the prefill pool's maxNumBatchedTokens, the decode pool's maxNumSeqs) rolled out as a canary"
-            " topology behind a canary router; params is then the stable config the pools start from."
+            " topology behind a canary router; params is then the stable config the pools start from. Mode"
+            " colocated: a service that runs prefill/decode pools tries colocated replicas of params again"
+            " (spec.replicas), behind a canary router."
+        ),
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description=(
+            "Set on a trial of the colocated topology (topology.mode colocated): the colocated replicas"
+            " it is judged for (each canary replica carries what one of them would)."
         ),
     )
 
     @property
     def is_topology(self) -> bool:
-        """Whether this trial tries a prefill/decode topology rather than a colocated config."""
+        """Whether this trial tries a topology (pools, or colocated again) rather than a colocated config."""
         return self.topology is not None
+
+    @property
+    def tries_colocated(self) -> bool:
+        """Whether this topology trial tries the colocated topology again (the service runs pools)."""
+        return _colocated(self)
 
 
 class TrialProgress(StatusModel):

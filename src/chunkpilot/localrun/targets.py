@@ -138,7 +138,9 @@ def targets_file_source(path: Path | str, service: str, namespace: str | None = 
 
     Its colocated engines and its Ready routers from the companion file: prefill and decode
     engines are reached through a router only (a disaggregated service's Service selects its
-    routers; a colocated one's its engines and a topology trial's canary router).
+    routers; a colocated one's its engines and a topology trial's canary router). A service with a
+    stable router is disaggregated: its routers only (a colocated topology trial's canary engines
+    are reached through their canary router).
     """
 
     def of_service(endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -146,5 +148,8 @@ def targets_file_source(path: Path | str, service: str, namespace: str | None = 
             e for e in endpoints if e.service == service and (namespace is None or e.namespace == namespace)
         ]
 
+    routers = of_service(read_targets(routers_path(path)))
+    if any(r.track == "stable" for r in routers):
+        return sorted(routers)
     engines = [e for e in of_service(read_targets(path)) if not e.role]
-    return sorted([*engines, *of_service(read_targets(routers_path(path)))])
+    return sorted([*engines, *routers])

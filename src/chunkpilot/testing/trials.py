@@ -27,10 +27,12 @@ def a_trial(
     round_: int | None = 0,
     window: str | None = "60s",
     topology: TopologySpec | None = None,
+    replicas: int | None = None,
     started_at: datetime | None = STARTED,
     **status: Any,
 ) -> TuningTrial:
-    """Trial ``number`` of ``service`` trying ``params`` (and ``topology``) over ``window``.
+    """Trial ``number`` of ``service`` trying ``params`` (and ``topology``; colocated: on ``replicas``)
+    over ``window``.
 
     Labelled with its tuning round unless ``round_`` is None; ``window`` None keeps the CRD's default.
     Its status is None without a ``phase``, else that phase, ``started_at`` and the ``status`` fields.
@@ -42,7 +44,7 @@ def a_trial(
     return TuningTrial(
         metadata=api.ObjectMeta(name=api.trial_name(service, number), namespace=namespace, labels=labels),
         spec=api.TuningTrialSpec(
-            service_name=service, number=number, params=params, topology=topology, **spec
+            service_name=service, number=number, params=params, topology=topology, replicas=replicas, **spec
         ),
         status=None if phase is None else api.TuningTrialStatus(phase=phase, started_at=started_at, **status),
     )
