@@ -10,10 +10,10 @@ Who may connect to what:
   router's calls to the pools; the KV transfer between prefill and decode, whose data ports the
   transport picks at run time).
 
-So a disaggregated service's pools take requests from their own router only: no client can hand a
-decode engine KV-transfer parameters that name a host of its choosing. Egress is left to the
-namespace. The policies are ``<service>`` (the front) and, for a disaggregated service,
-``<service>-pools``.
+So a disaggregated service's engines (its pools, and a colocated topology trial's canary engines
+beside them) take requests from their own routers only: no client can hand a decode engine
+KV-transfer parameters that name a host of its choosing. Egress is left to the namespace. The
+policies are ``<service>`` (the front) and, for a disaggregated service, ``<service>-pools``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 from chunkpilot.operator.config import NetworkPeers
 from chunkpilot.operator.engines import ENGINE_PORT
 from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY, object_metadata, service_name
-from chunkpilot.operator.router import COMPONENT_ROUTER, ROUTER_METRICS_PORT
+from chunkpilot.operator.router import COMPONENT_ROUTER, ENGINE_COMPONENT_LABEL, ROUTER_METRICS_PORT
 
-from chunkpilot.api import LABEL_COMPONENT, LABEL_ROLE, LABEL_SERVICE, InferenceService
+from chunkpilot.api import LABEL_COMPONENT, LABEL_SERVICE, InferenceService
 
 #: The label every namespace carries with its own name (Kubernetes 1.22 and later).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -80,10 +80,8 @@ def build_network_policies(isvc: InferenceService, peers: NetworkPeers) -> list[
     router = {"matchLabels": {LABEL_SERVICE: service, LABEL_COMPONENT: COMPONENT_ROUTER}}
     metrics = {"port": ROUTER_METRICS_PORT, "protocol": "TCP"}
     front = [{"from": callers, "ports": [http, metrics]}, own_pods]
-    pools = {
-        "matchLabels": {LABEL_SERVICE: service},
-        "matchExpressions": [{"key": LABEL_ROLE, "operator": "Exists"}],
-    }
+    # Every engine pod: the pools, and a colocated topology trial's canary engines (no role).
+    pools = {"matchLabels": {LABEL_SERVICE: service, ENGINE_COMPONENT_LABEL: "engine"}}
     installation = _installation(peers)
     pool_ingress = ([{"from": installation, "ports": [http]}] if installation else []) + [own_pods]
     return [_policy(isvc, front_name, router, front), _policy(isvc, pools_name, pools, pool_ingress)]

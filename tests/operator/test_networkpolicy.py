@@ -59,9 +59,10 @@ def test_a_disaggregated_services_clients_reach_its_router_and_its_pools_only_it
     assert callers["from"] == [*clients, OPERATOR, PROMETHEUS]
     assert [p["port"] for p in callers["ports"]] == [8000, 29000]
     assert front_own == own
-    assert pools["spec"]["podSelector"]["matchExpressions"] == [
-        {"key": "chunkpilot.io/role", "operator": "Exists"}
-    ]
+    # Every engine pod, the pools' and a colocated topology trial's canary engines', never a router.
+    assert pools["spec"]["podSelector"] == {
+        "matchLabels": {"chunkpilot.io/service": name, "app.kubernetes.io/component": "engine"}
+    }
     installation, pools_own = pools["spec"]["ingress"]
     assert installation == {"from": [OPERATOR, PROMETHEUS], "ports": [{"port": 8000, "protocol": "TCP"}]}
     assert pools_own == own  # no client: KV-transfer parameters come from the service's own router

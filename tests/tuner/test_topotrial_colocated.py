@@ -188,21 +188,27 @@ def test_declared_pools_are_never_tried_colocated_and_a_trial_is_tried_again_aft
 
 @pytest.mark.parametrize(
     ("replicas", "routers", "engines", "canary_routers"),
-    [(2, 1, 1, 1), (3, 1, 2, 2), (4, 1, 3, 2), (1, 1, 1, 6), (5, 2, 3, 3)],
+    [(2, 1, 1, 1), (3, 1, 2, 2), (4, 1, 2, 1), (5, 2, 3, 3), (8, 1, 4, 1), (5, 1, 3, 2)],
 )
 def test_each_canary_replica_carries_what_one_proposed_replica_would(
     replicas: int, routers: int, engines: int, canary_routers: int
 ) -> None:
+    """On the fewest engines (eight proposed: four behind one router pod, half the traffic)."""
     canary = topotrial.colocated_canary(replicas, routers)
     assert canary is not None and (canary.engines, canary.routers) == (engines, canary_routers)
-    assert canary.share >= (1 - TOLERANCE) / replicas
-    fewer = topotrial.ColocatedCanary(replicas, engines, canary_routers - 1, routers)
-    assert canary_routers == 1 or fewer.share < (1 - TOLERANCE) / replicas  # the fewest router pods
+    assert 1 / replicas <= canary.share * (1 + 1e-9) and canary.share <= (1 + TOLERANCE) / replicas
+    fewer = [
+        topotrial.ColocatedCanary(replicas, e, r, routers)
+        for e in range(1, engines)
+        for r in range(1, topotrial.MAX_CANARY_ROUTERS + 1)
+    ]
+    assert not [c for c in fewer if 1 / replicas <= c.share * (1 + 1e-9) <= (1 + TOLERANCE) / replicas]
 
 
 def test_a_canary_that_cannot_draw_its_share_is_refused_with_the_way_to_switch() -> None:
-    assert topotrial.colocated_canary(1, 2) is None  # beside 2 router pods, 8 draw less than 85%
-    plan = decide(snapshot(pools_body(routers=2, proposal={**PROPOSAL, "replicas": 1})), SETTINGS)
+    # One replica beside a one-pod router would need nearly all the traffic: 8 pods draw 89%.
+    assert topotrial.colocated_canary(1, 1) is None and topotrial.colocated_canary(1, 2) is None
+    plan = decide(snapshot(pools_body(proposal={**PROPOSAL, "replicas": 1})), SETTINGS)
     assert not of_type(plan, CreateTrial)
     found = condition(plan, "TopologyChange")
     assert found is not None and found[:2] == ("False", "TopologyUnsupported")
@@ -377,14 +383,10 @@ def test_the_pools_are_planned_on_the_whole_services_rate_while_a_canary_takes_i
         a_measurement("stable", 12.0, 300.0, request_rate=0.8, replicas=2),
         a_measurement("stable", 28.0, 120.0, request_rate=0.8, replicas=1),
     )
-    body = pools_body()
-    _engines, router = canary_objects(body)
     trial = colocated_trial(TrialPhase.MEASURING, MEASURING)
-    during = snapshot(
-        body, (*HISTORY, trial), pools_reading=Reading(pools), topology_canary={"router": router}
-    )
-    assert during.pools_rate() == pytest.approx(1.6)  # one canary router pod beside one stable
-    assert snapshot(body, pools_reading=Reading(pools)).pools_rate() == pytest.approx(0.8)
+    during = snapshot(pools_body(), (*HISTORY, trial), pools_reading=Reading(pools), canary_rate=0.7)
+    assert during.pools_rate() == pytest.approx(1.5)  # what the canary's engines served besides
+    assert snapshot(pools_body(), pools_reading=Reading(pools)).pools_rate() == pytest.approx(0.8)
 
 
 def test_a_colocated_canary_window_is_measured_on_its_engines_and_the_pools() -> None:
@@ -405,3 +407,29 @@ def test_a_colocated_canary_window_is_measured_on_its_engines_and_the_pools() ->
     assert any('track="stable",role="prefill"' in q for q in asked)
     assert any('track="stable",role="decode"' in q for q in asked)
     assert not any('track="canary",role=' in q for q in asked)
+
+
+def test_a_colocated_trial_whose_pools_stopped_running_aborts_cleanly() -> None:
+    """allowTopologyChange turned off: the service runs colocated again, and the trial says why."""
+    body = pools_body(allow=False)
+    engines, router = canary_objects(body)
+    trial = colocated_trial(TrialPhase.MEASURING, MEASURING)
+    snap = snapshot(body, (*HISTORY, trial), canary=engines, topology_canary={"router": router}, stable=None)
+    assert not snap.isvc.spec.disaggregated
+    plan = decide(snap, SETTINGS)
+    status = trial_status(plan)
+    assert status["verdict"] == "Aborted" and "no longer runs the pools" in status["reason"]
+    assert of_type(plan, DeleteCanaryTopology) and not of_type(plan, DeleteCanary)  # the router first
+    assert not [e for e in events(plan) if e[0] == "OrphanRemoved"]
+
+
+def test_after_a_promotion_the_colocated_service_removes_the_canary_engines_after_their_router() -> None:
+    promoted = colocated_trial(TrialPhase.PROMOTED, verdict="Promoted", finished_at=NOW)
+    body = pools_body(bestTopology=None, bestTopologyTrial="chat-trial-8")
+    body["status"]["scaling"] = {"mode": "Auto", "topology": "colocated", "desiredReplicas": 2}
+    engines, router = canary_objects(pools_body())
+    trials = (*HISTORY, promoted)
+    waiting = decide(snapshot(body, trials, canary=engines, topology_canary={"router": router}), SETTINGS)
+    assert not waiting.snap.isvc.spec.disaggregated and not of_type(waiting, DeleteCanary)
+    gone = decide(snapshot(body, trials, canary=engines), SETTINGS)
+    assert of_type(gone, DeleteCanary) and not [e for e in events(gone) if e[0] == "OrphanRemoved"]

@@ -223,7 +223,9 @@ def due_measurement(
     if progress.metrics_gap_since is not None:
         restart_window(plan, trial, progress)
         return None
-    rescaled = rescaled_during(plan, progress)
+    # A colocated topology trial's canary carries its share of the whole service's rate, whatever
+    # replicas its pools run.
+    rescaled = None if trial.spec.tries_colocated else rescaled_during(plan, progress)
     if rescaled is not None:
         restart_after_rescale(plan, trial, progress, rescaled)
         return None

@@ -103,12 +103,15 @@ def disaggregated_note(plan: Plan) -> str:
     )
     declared = (plan.snap.body.get("spec") or {}).get("topology") or {}
     promoted = plan.snap.status.best_topology_trial
+    back = ""
     if declared.get("mode") == TopologyMode.DISAGGREGATED.value or promoted is None:
         kept = "their declared knobs"
     else:
         kept = f"the knobs topology trial {promoted} promoted"
+        if spec.scaling.acts and spec.autotune.allow_topology_change:
+            back = "; the planner's proposal of colocated replicas is tried as a colocated topology trial"
     return (
         f"the service runs prefill/decode disaggregated ({shape} replicas): the tuner runs no colocated "
-        "canaries against it, and tuning the pools' knobs or the split online is not implemented; "
-        f"the pools keep {kept}"
+        "canaries of its knobs against it, and tuning the pools' knobs or the split online is not "
+        f"implemented; the pools keep {kept}{back}"
     )

@@ -137,7 +137,10 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
     if is_disaggregated(snap):
         disaggregated(plan, current, settings)
         return plan
-    remove_orphan(plan, current, keep_parked=True)
+    if current is not None and current.spec.tries_colocated:  # its pools no longer run
+        topotrial.abort(plan, current, "the service no longer runs the pools a topology trial promoted")
+        current = None
+    topotrial.remove_colocated_canary(plan, current, keep_parked=True)
     topotrial.remove_orphans(plan, current)
     if current is None and topotrial.complete_promotion(plan):
         return plan

@@ -25,6 +25,12 @@ sized by the planner from then on, whatever the colocated replicas were:
     any phase   -- allowTopologyChange off, or spec.replicas (outside Auto), engine or model
                    changed -->  Failed
 
+The other way, in ``scaling.mode: Auto`` a service that runs pools a topology trial promoted tries
+the planner's proposal of colocated replicas (:func:`colocated_gate`): colocated canary engines of
+the config it ran before, behind a canary router in its regular mode, judged on their own quantiles
+at the load each proposed replica would carry (:func:`advance_colocated`); promoted, the pools give
+way (:func:`promote_colocated`).
+
 The canary router's pods carry the service label, so the service's Service sends them a share of
 the live traffic beside the stable pods. The topology is judged as its clients see it
 (:meth:`~chunkpilot.tuner.measure.TopologyWindow.combined`): the decode pool's ITL, and the
@@ -746,6 +752,9 @@ def promote(plan: Plan, trial: TuningTrial, reason: str) -> None:
 RETRY_COLOCATED_S: Final = 3600.0
 #: The most pods a colocated topology trial's canary router runs to draw its share of the traffic.
 MAX_CANARY_ROUTERS: Final = 8
+#: How far below the exact share a colocated canary is sized at most (the verdict allows the twin's
+#: tolerance below it: the Service's spread of requests over router pods is no exact split).
+SIZING_SLACK: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -769,15 +778,22 @@ class ColocatedCanary:
 def colocated_canary(
     replicas: int, stable_routers: int, tolerance: float = TOLERANCE
 ) -> ColocatedCanary | None:
-    """The smallest canary whose replicas each carry at least what one of ``replicas`` colocated
-    replicas would (less ``tolerance``): ``replicas - stable_routers`` engines (one at least) behind
-    the fewest router pods that draw the share; None when :data:`MAX_CANARY_ROUTERS` cannot."""
-    engines = max(1, replicas - max(1, stable_routers))
-    for routers in range(1, MAX_CANARY_ROUTERS + 1):
-        canary = ColocatedCanary(replicas, engines, routers, max(1, stable_routers))
-        if canary.share >= (1 - tolerance) / replicas:
-            return canary
-    return None
+    """The canary whose replicas each carry what one of ``replicas`` colocated replicas would: a
+    share of the service's requests between ``1 - SIZING_SLACK`` and ``1 + tolerance`` times
+    ``1 / replicas`` (nearest above the exact share first), on the fewest engines, then the fewest of
+    at most :data:`MAX_CANARY_ROUTERS` router pods; None when none does (one replica beside a
+    one-pod router would need nearly all the traffic)."""
+    routers = max(1, stable_routers)
+    exact = 1.0 / replicas
+    fits = [
+        canary
+        for engines in range(1, replicas + 1)
+        for pods in range(1, MAX_CANARY_ROUTERS + 1)
+        if (1 - SIZING_SLACK) * exact
+        <= (canary := ColocatedCanary(replicas, engines, pods, routers)).share
+        <= (1 + tolerance) * exact
+    ]
+    return min(fits, key=lambda c: (c.share < exact * (1 - 1e-9), c.engines, c.routers), default=None)
 
 
 def runs_promoted_pools(snap: Snapshot) -> bool:
@@ -907,19 +923,18 @@ def create_colocated(plan: Plan, found: Gate) -> None:
     plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {label}"))
 
 
-def remove_colocated_canary(plan: Plan, current: TuningTrial | None) -> None:
-    """A service that runs pools: the canary engines no active trial owns, once the canary router in
-    front of them is gone (quietly when a finished colocated topology trial left them)."""
+def remove_colocated_canary(plan: Plan, current: TuningTrial | None, *, keep_parked: bool = False) -> None:
+    """The canary Deployment no active trial owns: a finished colocated topology trial's engines
+    quietly, once the canary router in front of them is gone (it goes first); any other as an orphan
+    (a parked one stays with ``keep_parked``, see :func:`~chunkpilot.tuner.decide.canary.remove_orphan`)."""
     canary = plan.canary
-    if canary is None or is_terminating(canary) or plan.snap.topology_canary.get(ROUTER) is not None:
-        return
     owner = canary_owner(canary)
-    finished = {t.metadata.name for t in _colocated_trials(plan.snap) if not rec.is_active(t)}
-    if owner in finished and (current is None or current.metadata.name != owner):
+    finished = {t.metadata.name for t in plan.trials if t.spec.tries_colocated and not rec.is_active(t)}
+    if canary is None or is_terminating(canary) or owner not in finished:
+        remove_orphan(plan, current, keep_parked=keep_parked)
+    elif plan.snap.topology_canary.get(ROUTER) is None:
         delete_canary(plan)
         plan.do(Log(f"deleted the canary engines of finished topology trial {owner}"))
-        return
-    remove_orphan(plan, current)
 
 
 def advance_colocated(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from chunkpilot.engine.metrics_names import tuner_metrics
 from chunkpilot.operator.builders import (
     LIVE_ADJUST_SECRET,
     incumbent,
@@ -48,6 +49,7 @@ from chunkpilot.tuner.measure import (
     measure_track,
     measure_track_batched,
     measure_window,
+    rate_query,
 )
 from chunkpilot.tuner.observe import canary as live
 from chunkpilot.tuner.observe.snapshot import (
@@ -267,7 +269,7 @@ class Observer:
             snap = await self._pools(snap)
             active = snap.active()
             if active and active[0].spec.tries_colocated and not snap.stable_reading.down:
-                snap = await self._colocated_window(snap, active[0])
+                snap = await self._colocated_window(await self._canary_rate(snap, active[0]), active[0])
             return snap, None
         slo = snap.slo
         selector = Selector(snap.name, snap.namespace, Track.STABLE, config_hash=snap.incumbent.config_hash())
@@ -360,6 +362,23 @@ class Observer:
         except MetricsUnavailableError as error:
             return _replace(snap, topology_window=Reading(error=str(error)))
         return _replace(snap, topology_window=Reading(window))
+
+    async def _canary_rate(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
+        """What a colocated topology trial's canary engines served over the SLO window: the pools are
+        planned on the whole service's rate, theirs and the canary's share."""
+        slo_spec = snap.isvc.spec.slo
+        if snap.canary is None or slo_spec is None:
+            return snap
+        assert self.query is not None
+        config_hash = rec.canary_config_hash(trial)
+        selector = Selector(snap.name, snap.namespace, Track.CANARY, config_hash=config_hash)
+        request = tuner_metrics(str(snap.isvc.spec.engine.kind)).request_success
+        try:
+            rate = await self._blocking(self.query, rate_query(request, selector, slo_spec.window), snap.now)
+        except MetricsUnavailableError as error:
+            logger.info("%s/%s: the canary's rate was not read: %s", snap.namespace, snap.name, error)
+            return snap
+        return _replace(snap, canary_rate=rate or 0.0)
 
     async def _colocated_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
         """A measuring colocated topology trial's canary engines and the stable pools over its window

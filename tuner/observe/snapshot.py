@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from chunkpilot.operator.status import DeploymentState, TopologyPart
+from chunkpilot.operator.status import DeploymentState
 from chunkpilot.tuner import records as rec
 from chunkpilot.tuner.measure import (
     PoolsMeasurement,
@@ -169,6 +169,8 @@ class Snapshot:
     #: A disaggregated service's stable pools over the SLO window (``stable_reading`` is then the
     #: two together, as clients see them).
     pools_reading: Reading[PoolsMeasurement] = Reading()
+    #: A colocated topology trial's canary engines' request rate over the SLO window (req/s).
+    canary_rate: float | None = None
     #: The active trial's window, and the widened one past its end (asked only when due).
     window: Reading[WindowMeasurement] = Reading()
     widened: Reading[WindowMeasurement] = Reading()
@@ -216,17 +218,13 @@ class Snapshot:
         return per_replica * (stable.replicas + len(self.canary_pods))
 
     def pools_rate(self) -> float | None:
-        """The live request rate over a disaggregated service (req/s): its pools', plus what the
-        Service gives a colocated topology trial's canary router beside the stable router's pods
-        (it spreads requests evenly over router pods); None: not measured."""
+        """The live request rate over a disaggregated service (req/s): its pools', plus what a
+        colocated topology trial's canary engines served over the same window; None: not measured."""
         pools = self.pools_reading.value
         rate = pools.decode.request_rate if pools is not None else None
-        router = self.topology_canary.get(TopologyPart.ROUTER)
-        if rate is None or router is None or not any(t.spec.tries_colocated for t in self.active()):
+        if rate is None or self.canary_rate is None:
             return rate
-        canary = DeploymentState.from_manifest(router).ready
-        stable = max(1, self.isvc.spec.router.replicas)
-        return rate * (stable + canary) / stable
+        return rate + self.canary_rate
 
     def active(self) -> list[TuningTrial]:
         """The active trials, oldest first (at most one, but a crash may have left more)."""
