@@ -94,6 +94,7 @@ from chunkpilot.api import (
     PoolScalingStatus,
     PoolSpec,
     ScalingProposal,
+    ScalingRecommendation,
     ScalingStatus,
     TopologyMode,
     TopologyRecommendation,
@@ -714,8 +715,14 @@ def promoted_pools(plan: Plan, topology: TopologySpec, trial: str) -> dict[str, 
     (:func:`~chunkpilot.operator.builders.runs_at_its_replicas`) until the planner sizes them."""
     before = plan.snap.status.scaling or ScalingStatus()
     reason = f"the pools topology trial {trial} promoted, until the planner sizes them"
+    now = plan.snap.now
     pools = [
-        PoolScalingStatus(role=role.value, desired_replicas=pool.replicas, reason=reason)
+        PoolScalingStatus(
+            role=role.value,
+            desired_replicas=pool.replicas,
+            reason=reason,
+            recommendations=[ScalingRecommendation(time=now, replicas=pool.replicas)],  # held a window
+        )
         for role in PoolRole
         if (pool := topology.pool(role)) is not None
     ]
@@ -1089,6 +1096,8 @@ def promoted_colocated(plan: Plan, replicas: int, trial: str) -> dict[str, Any]:
         reason=reason,
         startup_seconds=before.startup_seconds,
         last_scale_time=plan.snap.now,
+        # The scale-down window holds the promoted replicas, as any decision it looks back over.
+        recommendations=[ScalingRecommendation(time=plan.snap.now, replicas=replicas)],
     )
     return status.as_patch()
 

@@ -288,21 +288,25 @@ class PodRunner:
         """Endpoints of a service's pods that are Ready in the API and healthy here (kube-proxy's view).
 
         Prefill and decode engines are reached through a router only: a disaggregated service's
-        Service selects its router pods; a colocated service's its engines and the canary router of
-        a topology trial, which takes its share of the traffic to the canary pools behind it.
+        Service selects its router pods (the stable one's, and a colocated topology trial's canary
+        router in front of its canary engines); a colocated service's its engines and the canary
+        router of a topology trial, which takes its share of the traffic to the canary pools behind it.
         """
         with self._pods_lock:
             ready_pods = _ready_pod_keys(self._pods.values())
         with self._state_lock:
-            return sorted(
-                container.endpoint(self.settings.host)
+            serving = [
+                container
                 for container in self._containers.values()
                 if container.pod.service == service
                 and (namespace is None or container.pod.namespace == namespace)
                 and container.phase is ContainerPhase.RUNNING
                 and container.pod.key in ready_pods
                 and (container.pod.router or not container.pod.role)
-            )
+            ]
+            if any(c.pod.router and c.pod.track == "stable" for c in serving):
+                serving = [c for c in serving if c.pod.router]  # disaggregated: its routers only
+            return sorted(container.endpoint(self.settings.host) for container in serving)
 
     def endpoint_source(self, service: str, namespace: str | None = None) -> EndpointSource:
         """A callable returning the service's Ready endpoints, for the load generator."""
