@@ -460,10 +460,7 @@ def build_canary_pod_monitor(
     role, which those pods have none of)."""
     monitor = build_pod_monitor(isvc, labels)
     monitor["metadata"]["name"] = deployment_name(_name(isvc), Track.CANARY)
-    monitor["spec"]["selector"] = {
-        "matchLabels": colocated_canary_selector(isvc),
-        "matchExpressions": [{"key": LABEL_ROLE, "operator": "DoesNotExist"}],
-    }
+    monitor["spec"]["selector"] = {"matchLabels": colocated_canary_selector(isvc)}
     return monitor
 
 
@@ -677,11 +674,13 @@ def build_canary_colocated(
 ) -> tuple[dict[str, Any], ...]:
     """The canary of a colocated topology trial of a service that runs prefill/decode pools:
     ``replicas`` colocated canary engines of ``config`` (``<service>-canary``, rendered from
-    ``colocated``: the service as its manifest declares it) and a canary router of ``routers`` pods
+    ``colocated``: the service as its manifest declares it; their pods labelled
+    :func:`~chunkpilot.operator.router.colocated_canary_selector`) and a canary router of ``routers`` pods
     in front of them only (``<service>-router-canary`` in its regular mode, with its RBAC). The
     service's Service selects router pods, so the canary router's get their share of the live
     traffic beside the stable router's. Raises :class:`RenderError` for a knob the engine refuses."""
     engines = build_deployment(colocated, Track.CANARY, config=config, replicas=replicas)
+    engines["spec"]["template"]["metadata"]["labels"].update(colocated_canary_selector(isvc))
     router = build_router_objects(
         isvc, Track.CANARY, workers=colocated_canary_selector(isvc), replicas=routers
     )

@@ -13,7 +13,9 @@ Who may connect to what:
 So a disaggregated service's engines (its pools, and a colocated topology trial's canary engines
 beside them) take requests from their own routers only: no client can hand a decode engine
 KV-transfer parameters that name a host of its choosing. Egress is left to the namespace. The
-policies are ``<service>`` (the front) and, for a disaggregated service, ``<service>-pools``.
+policies are ``<service>`` (the front) and, for a disaggregated service, ``<service>-pools`` and
+``<service>-canary`` (those canary engines: a policy of their own, so that no colocated engine is
+restricted while the Service still reaches it during a switch of topology).
 """
 
 from __future__ import annotations
@@ -23,18 +25,19 @@ from typing import Any
 from chunkpilot.operator.config import NetworkPeers
 from chunkpilot.operator.engines import ENGINE_PORT
 from chunkpilot.operator.meta import LABEL_MANAGED_BY, MANAGED_BY, object_metadata, service_name
-from chunkpilot.operator.router import COMPONENT_ROUTER, ENGINE_COMPONENT_LABEL, ROUTER_METRICS_PORT
+from chunkpilot.operator.router import COMPONENT_ROUTER, ROUTER_METRICS_PORT, colocated_canary_selector
 
-from chunkpilot.api import LABEL_COMPONENT, LABEL_SERVICE, InferenceService
+from chunkpilot.api import LABEL_COMPONENT, LABEL_ROLE, LABEL_SERVICE, InferenceService
 
 #: The label every namespace carries with its own name (Kubernetes 1.22 and later).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
-def network_policy_names(isvc: InferenceService) -> tuple[str, str]:
-    """The front policy's name (the service's) and the pools' (``<service>-pools``)."""
+def network_policy_names(isvc: InferenceService) -> tuple[str, str, str]:
+    """The front policy's name (the service's), the pools' (``<service>-pools``) and that of a colocated
+    topology trial's canary engines beside them (``<service>-canary``)."""
     name = service_name(isvc)
-    return name, f"{name}-pools"
+    return name, f"{name}-pools", f"{name}-canary"
 
 
 def wants_network_policy(isvc: InferenceService) -> bool:
@@ -72,7 +75,7 @@ def build_network_policies(isvc: InferenceService, peers: NetworkPeers) -> list[
     policy = isvc.spec.network_policy
     clients = [c.to_k8s() for c in policy.clients] if policy is not None and policy.clients else []
     callers = (clients or [{"podSelector": {}}]) + _installation(peers)
-    front_name, pools_name = network_policy_names(isvc)
+    front_name, pools_name, canary_name = network_policy_names(isvc)
     http = {"port": ENGINE_PORT, "protocol": "TCP"}
     if not isvc.spec.disaggregated:
         selector = {"matchLabels": {LABEL_SERVICE: service}}
@@ -80,11 +83,18 @@ def build_network_policies(isvc: InferenceService, peers: NetworkPeers) -> list[
     router = {"matchLabels": {LABEL_SERVICE: service, LABEL_COMPONENT: COMPONENT_ROUTER}}
     metrics = {"port": ROUTER_METRICS_PORT, "protocol": "TCP"}
     front = [{"from": callers, "ports": [http, metrics]}, own_pods]
-    # Every engine pod: the pools, and a colocated topology trial's canary engines (no role).
-    pools = {"matchLabels": {LABEL_SERVICE: service, ENGINE_COMPONENT_LABEL: "engine"}}
+    pools = {
+        "matchLabels": {LABEL_SERVICE: service},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "Exists"}],
+    }
+    canary = {"matchLabels": colocated_canary_selector(isvc)}
     installation = _installation(peers)
     pool_ingress = ([{"from": installation, "ports": [http]}] if installation else []) + [own_pods]
-    return [_policy(isvc, front_name, router, front), _policy(isvc, pools_name, pools, pool_ingress)]
+    return [
+        _policy(isvc, front_name, router, front),
+        _policy(isvc, pools_name, pools, pool_ingress),
+        _policy(isvc, canary_name, canary, pool_ingress),
+    ]
 
 
 __all__ = [

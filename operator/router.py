@@ -31,6 +31,8 @@ ROUTER_CONTAINER: Final = "router"
 ROUTER_COMMAND: Final = ("vllm-router",)
 #: ``chunkpilot.io/component`` of the router pods.
 COMPONENT_ROUTER: Final = "router"
+#: ``chunkpilot.io/component`` of a colocated topology trial's canary engines (behind its router).
+COMPONENT_COLOCATED_CANARY: Final = "colocated-canary"
 #: The router serves the OpenAI API on the engines' port, so the Service is the same in both topologies.
 ROUTER_PORT: Final = ENGINE_PORT
 ROUTER_PORT_NAME: Final = ENGINE_PORT_NAME
@@ -107,11 +109,12 @@ def _selector_args(selector: dict[str, str]) -> list[str]:
 
 
 def colocated_canary_selector(isvc: InferenceService) -> dict[str, str]:
-    """The labels of the colocated canary engine pods a colocated topology trial's router sends to."""
+    """The labels of the colocated canary engine pods a colocated topology trial runs beside pools
+    (its canary router sends to them, its PodMonitor and NetworkPolicy select them)."""
     return {
         LABEL_SERVICE: service_name(isvc),
         LABEL_TRACK: Track.CANARY.value,
-        ENGINE_COMPONENT_LABEL: "engine",
+        LABEL_COMPONENT: COMPONENT_COLOCATED_CANARY,
     }
 
 
@@ -290,6 +293,7 @@ def build_router_objects(
 
 
 __all__ = [
+    "COMPONENT_COLOCATED_CANARY",
     "COMPONENT_ROUTER",
     "ENGINE_COMPONENT_LABEL",
     "LIVENESS_PATH",

@@ -10,8 +10,9 @@ one-pod canary router in its regular mode, to which the Service's spread over ro
 half the traffic, what each proposed replica would carry (for three, two engines behind two pods).
 The real Prometheus measures the canary engines on their own. Promoted (both SLOs met at that
 load), ``bestTopology`` is cleared and the operator runs the colocated Deployment on the trial's
-replicas and removes the pools and the routers; rolled back (an SLO missed on a loaded machine),
-the pools serve on and the canary's objects go. About 2-4 minutes.
+replicas (or more, should the planner scale up at once) and removes the pools and the routers;
+rolled back (an SLO missed on a loaded machine), the pools serve on and the canary's objects go.
+About 2-4 minutes.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ from chunkpilot.testing.e2e import (
     start_poisson_load,
     wait_until,
 )
+from chunkpilot.testing.kube import patch_status
 from chunkpilot.testing.stack import StartStack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.timeout(900)]
 
-WINDOW = "20s"
+#: The SLO and trial window: the canary's share of a window's Poisson arrivals through the router
+#: pods is a draw; at 3 req/s, 30 s keeps it within the verdict's 15% of its expectation.
+WINDOW = "30s"
 #: The pools a topology trial promoted: two replicas each (the planner's floor here).
 POOLS = {
     "mode": "disaggregated",
@@ -100,10 +104,7 @@ def test_promoted_pools_are_tried_colocated_again_and_give_way_or_stay(stack: Lo
             "bestTopologyTrial": f"{name}-trial-0",  # the trial that promoted them (not kept here)
             "scaling": {"mode": "Auto", "topology": "disaggregated", "desiredReplicas": 4, "pools": pools},
         }
-        plane.kubectl(
-            "patch", "cpis", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
-            json.dumps({"status": status}),
-        )  # fmt: skip
+        patch_status(plane, "cpis", name, namespace, status)
         wait_until(
             "the promoted pools and their router, Ready, in place of the colocated engines",
             lambda: all(
@@ -114,7 +115,7 @@ def test_promoted_pools_are_tried_colocated_again_and_give_way_or_stay(stack: Lo
             cluster,
         )
         load = start_poisson_load(
-            stack, name, namespace, rate=3.0, max_prompt_tokens=2000, max_output_tokens=32, duration_s=480
+            stack, name, namespace, rate=3.0, max_prompt_tokens=2000, max_output_tokens=32, duration_s=900
         )
         unpause = {"spec": {"autotune": {"paused": False}}}
         plane.kubectl("patch", "cpis", name, "-n", namespace, "--type=merge", "-p", json.dumps(unpause))
@@ -154,8 +155,9 @@ def test_promoted_pools_are_tried_colocated_again_and_give_way_or_stay(stack: Lo
             try:
                 wait_until(
                     "colocated on the trial's replicas, the pools and routers gone",
+                    # The planner may scale up at once from the trial's replicas (down it holds).
                     lambda: (
-                        ready(plane, namespace, f"{name}-stable", replicas)
+                        any(ready(plane, namespace, f"{name}-stable", n) for n in range(replicas, 5))
                         and all(ready(plane, namespace, f"{name}-{part}", None) for part in parts)
                     ),
                     180,

@@ -52,6 +52,7 @@ from chunkpilot.testing.e2e import (
     stream_completions,
     wait_until,
 )
+from chunkpilot.testing.kube import service_endpoints
 from chunkpilot.testing.metrics import query_value
 from chunkpilot.testing.stack import StartStack
 
@@ -74,26 +75,6 @@ def manifest(name: str, namespace: str) -> dict[str, Any]:
     body = infeasible_service_manifest(name, namespace, max_trials=6, allowTopologyChange=True)
     body["spec"]["replicas"] = REPLICAS
     return body
-
-
-def service_endpoints(plane: ControlPlane, namespace: str, name: str) -> set[str]:
-    """The pods kube-controller-manager's EndpointSlices give the Service's ``http`` port.
-
-    A selected pod without a port of that name is listed in a slice without ports, which no
-    client uses for the Service's port (kube-proxy matches slices to a Service port by name).
-    """
-    listing = json.loads(
-        plane.kubectl(
-            "get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}", "-o", "json"
-        ).stdout
-    )
-    return {
-        endpoint["targetRef"]["name"]
-        for item in listing["items"]
-        if any(port.get("name") == "http" for port in item.get("ports") or [])
-        for endpoint in item.get("endpoints") or []
-        if (endpoint.get("targetRef") or {}).get("name")
-    }
 
 
 def deployments(plane: ControlPlane, namespace: str) -> set[str]:

@@ -26,7 +26,7 @@ from chunkpilot.operator.testing import OperatorProcess, operator_env, wait_for
 from chunkpilot.tuner.observe.observer import parse_service
 
 from chunkpilot.api import EngineConfig
-from chunkpilot.testing.kube import condition_of, get_object
+from chunkpilot.testing.kube import condition_of, get_object, patch_status, service_endpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -375,30 +375,6 @@ def test_a_promoted_topology_switches_over_on_the_real_api_server_and_back_on_a_
         kubectl(cluster, "delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def endpoints(cluster: Any, namespace: str, service: str) -> set[str]:
-    """The pods the real EndpointSlice controller gives ``service``'s ``http`` port."""
-    listing = json.loads(
-        kubectl(
-            cluster,
-            "get",
-            "endpointslices",
-            "-n",
-            namespace,
-            "-l",
-            f"kubernetes.io/service-name={service}",
-            "-o",
-            "json",
-        ).stdout
-    )
-    return {
-        endpoint["targetRef"]["name"]
-        for item in listing["items"]
-        if any(port.get("name") == "http" for port in item.get("ports") or [])
-        for endpoint in item.get("endpoints") or []
-        if (endpoint.get("targetRef") or {}).get("name")
-    }
-
-
 def pods(cluster: Any, namespace: str, selector: str) -> set[str]:
     listing = json.loads(
         kubectl(cluster, "get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
@@ -420,10 +396,6 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
     document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
 
-    def patch_status(status: dict[str, Any]) -> None:
-        body = json.dumps({"status": status})
-        kubectl(cluster, "patch", "cpis", name, "-n", NS, "--subresource=status", "--type=merge", "-p", body)
-
     def ready(part: str, count: int | None) -> bool:
         deployment = get(cluster, "deployments", f"{name}-{part}")
         if count is None:
@@ -441,11 +413,15 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
     }
     pools = [{"role": "prefill", "desiredReplicas": 2}, {"role": "decode", "desiredReplicas": 1}]
     patch_status(
+        cluster,
+        "cpis",
+        name,
+        NS,
         {
             "bestTopology": topology,
             "bestTopologyTrial": f"{name}-trial-7",
             "scaling": {"mode": "Auto", "topology": "disaggregated", "desiredReplicas": 3, "pools": pools},
-        }
+        },
     )
     wait_for(
         lambda: ready("prefill", 2) and ready("decode", 1) and ready("router", 1) and ready("stable", None),
@@ -473,7 +449,7 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
     seen: list[set[str]] = []
 
     def reached() -> bool:
-        seen.append(endpoints(cluster, NS, name))
+        seen.append(service_endpoints(cluster, NS, name))
         return seen[-1] == routers
 
     wait_for(reached, timeout=TIMEOUT, what="the Service on both routers' pods")
@@ -482,6 +458,10 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
     for part in ("router-canary", "canary"):
         kubectl(cluster, "delete", "deployment", f"{name}-{part}", "-n", NS)
     patch_status(
+        cluster,
+        "cpis",
+        name,
+        NS,
         {
             "bestTopology": None,
             "bestTopologyTrial": f"{name}-trial-8",
@@ -492,7 +472,7 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
                 "pools": None,
                 "reason": "the colocated topology trial promoted",
             },
-        }
+        },
     )
 
     def colocated() -> bool:

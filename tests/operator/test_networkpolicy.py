@@ -49,7 +49,7 @@ def test_a_disaggregated_services_clients_reach_its_router_and_its_pools_only_it
     isvc = service("disaggregated-sim.yaml", enabled=True, clients=clients)
     name = isvc.metadata.name
     own = {"from": [{"podSelector": {"matchLabels": {"chunkpilot.io/service": name}}}]}
-    front, pools = build_network_policies(isvc, PEERS)
+    front, pools, canary = build_network_policies(isvc, PEERS)
     assert front["metadata"]["name"] == name and pools["metadata"]["name"] == f"{name}-pools"
     assert front["spec"]["podSelector"]["matchLabels"] == {
         "chunkpilot.io/service": name,
@@ -59,10 +59,20 @@ def test_a_disaggregated_services_clients_reach_its_router_and_its_pools_only_it
     assert callers["from"] == [*clients, OPERATOR, PROMETHEUS]
     assert [p["port"] for p in callers["ports"]] == [8000, 29000]
     assert front_own == own
-    # Every engine pod, the pools' and a colocated topology trial's canary engines', never a router.
-    assert pools["spec"]["podSelector"] == {
-        "matchLabels": {"chunkpilot.io/service": name, "app.kubernetes.io/component": "engine"}
+    assert pools["spec"]["podSelector"]["matchExpressions"] == [
+        {"key": "chunkpilot.io/role", "operator": "Exists"}
+    ]
+    # A colocated topology trial's canary engines beside the pools: their own router's only. Not
+    # every engine: a colocated service switching to pools keeps its clients until the pools serve.
+    assert canary["metadata"]["name"] == f"{name}-canary"
+    assert canary["spec"]["podSelector"] == {
+        "matchLabels": {
+            "chunkpilot.io/service": name,
+            "chunkpilot.io/track": "canary",
+            "chunkpilot.io/component": "colocated-canary",
+        }
     }
+    assert canary["spec"]["ingress"] == pools["spec"]["ingress"]
     installation, pools_own = pools["spec"]["ingress"]
     assert installation == {"from": [OPERATOR, PROMETHEUS], "ports": [{"port": 8000, "protocol": "TCP"}]}
     assert pools_own == own  # no client: KV-transfer parameters come from the service's own router

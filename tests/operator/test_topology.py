@@ -192,10 +192,13 @@ def test_the_canary_monitor_selects_colocated_canary_engines_and_no_pool_or_rout
     router = build_router_deployment(isvc(), Track.CANARY)["spec"]["template"]["metadata"]["labels"]
 
     def selects(labels: dict[str, str]) -> bool:
-        matched = all(labels.get(key) == value for key, value in selector["matchLabels"].items())
-        return matched and all(rule["key"] not in labels for rule in selector["matchExpressions"])
+        return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
 
-    assert selects(canary) and not selects(pool) and not selects(router)
+    assert not selects(canary)  # a colocated service's canary: its own monitor's
+    engines = build_canary_colocated(
+        isvc(), isvc(), EngineConfig(max_num_batched_tokens=1024, max_num_seqs=64), replicas=1, routers=1
+    )[0]["spec"]["template"]["metadata"]["labels"]
+    assert selects(engines) and not selects(pool) and not selects(router)
     targets = [rule.get("targetLabel") for rule in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]]
     assert "track" in targets and "config_hash" in targets
 
@@ -208,7 +211,7 @@ def test_a_colocated_trials_router_runs_in_regular_mode_in_front_of_the_canary_e
     assert args[start : start + 3] == [
         "chunkpilot.io/service=chat",
         "chunkpilot.io/track=canary",
-        "app.kubernetes.io/component=engine",
+        "chunkpilot.io/component=colocated-canary",
     ]
     engines, *objects = build_canary_colocated(
         service, service.model_copy(update={"spec": service.spec.model_copy(update={"topology": None})}),

@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from chunkpilot.operator.builders import (
     RenderError,
@@ -76,7 +77,7 @@ from chunkpilot.tuner.decide.plan import (
 )
 from chunkpilot.tuner.decide.recommendation import current as current_recommendation
 from chunkpilot.tuner.decide.topology_verdict import Load, Prediction, judge, judge_colocated, twin_check
-from chunkpilot.tuner.measure import TopologyWindow, WindowMeasurement
+from chunkpilot.tuner.measure import TopologyWindow, TrackMeasurement, WindowMeasurement
 from chunkpilot.tuner.observe.canary import canary_owner, is_terminating
 from chunkpilot.tuner.policy import PROMOTE_MARGIN, Decision, judge_early
 from chunkpilot.tuner.topology.layouts import decode_pool, starting_layout
@@ -110,7 +111,7 @@ from chunkpilot.api import (
 )
 
 if TYPE_CHECKING:
-    from chunkpilot.tuner.observe.snapshot import Snapshot
+    from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
 
 __all__ = [
     "Gate",
@@ -641,22 +642,56 @@ def check_rollout(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> No
 def measure(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Measuring: wait out the warm-up and the window, then judge (a thin window widens to its deadline)."""
     snap = plan.snap
-    found = lifecycle.due_measurement(
-        plan, trial, snap.topology_window, "no measurement of the topology trial's window", settings
+    judge_window(
+        plan,
+        trial,
+        settings,
+        Judging(
+            snap.topology_window,
+            "the canary topology",
+            "no measurement of the topology trial's window",
+            TopologyWindow.combined,
+            lambda window, least: judge(window, snap.slo, least, prediction(plan, trial)),
+            conclude,
+        ),
     )
+
+
+W = TypeVar("W")
+
+
+@dataclass(frozen=True)
+class Judging(Generic[W]):
+    """How a topology trial's window is read and judged: the observed ``reading``, what its canary
+    is called, what to say when nothing was measured, the canary's own measurement (for the early
+    prune), the verdict on a whole window (given ``abort.minSamples``), and how it is recorded."""
+
+    reading: Reading[W]
+    canary: str
+    missing: str
+    early: Callable[[W], TrackMeasurement]
+    verdict: Callable[[W, int], tuple[Decision, str]]
+    conclude: Callable[[Plan, TuningTrial, Decision, str, W], None]
+
+
+def judge_window(plan: Plan, trial: TuningTrial, settings: TunerSettings, how: Judging[W]) -> None:
+    """Wait out the warm-up and the window; prune early on a breach by the abort factor, as any
+    canary; else judge the whole window (an inconclusive one widens up to the trial's deadline)."""
+    snap = plan.snap
+    found = lifecycle.due_measurement(plan, trial, how.reading, how.missing, settings)
     if found is None:
         return
     due, window = found
     rules = rec.abort_rules(snap.isvc)
-    if not due.final:  # pruned early on a breach by the abort factor, as a colocated canary is
-        early = judge_early(window.combined(), snap.slo, rules)
+    if not due.final:
+        early = judge_early(how.early(window), snap.slo, rules)
         if early.decision is Decision.PRUNE:
-            conclude(plan, trial, Decision.PRUNE, f"the canary topology: {early.reason}", window)
+            how.conclude(plan, trial, Decision.PRUNE, f"{how.canary}: {early.reason}", window)
         return
-    decision, reason = judge(window, snap.slo, rules.min_samples, prediction(plan, trial))
+    decision, reason = how.verdict(window, rules.min_samples)
     if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
         return
-    conclude(plan, trial, decision, reason, window)
+    how.conclude(plan, trial, decision, reason, window)
 
 
 def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
@@ -787,9 +822,9 @@ def colocated_canary(
 ) -> ColocatedCanary | None:
     """The canary whose replicas each carry what one of ``replicas`` colocated replicas would: a
     share of the service's requests between ``1 - SIZING_SLACK`` and ``1 + tolerance`` times
-    ``1 / replicas`` (nearest above the exact share first), on the fewest engines, then the fewest of
-    at most :data:`MAX_CANARY_ROUTERS` router pods; None when none does (one replica beside a
-    one-pod router would need nearly all the traffic)."""
+    ``1 / replicas`` (one at or above the exact share first, then one below it), on the fewest
+    engines, then the fewest of at most :data:`MAX_CANARY_ROUTERS` router pods; None when none does
+    (one replica beside a one-pod router would need nearly all the traffic)."""
     routers = max(1, stable_routers)
     exact = 1.0 / replicas
     fits = [
@@ -1049,22 +1084,20 @@ def check_colocated_rollout(plan: Plan, trial: TuningTrial, settings: TunerSetti
 def measure_colocated(plan: Plan, trial: TuningTrial, settings: TunerSettings) -> None:
     """Measuring: wait out the warm-up and the window, then judge (a thin window widens to its deadline)."""
     snap = plan.snap
-    found = lifecycle.due_measurement(
-        plan, trial, snap.window, "no measurement of the colocated canary's window", settings
+    replicas = trial.spec.replicas or 1
+    judge_window(
+        plan,
+        trial,
+        settings,
+        Judging(
+            snap.window,
+            "the colocated canary",
+            "no measurement of the colocated canary's window",
+            lambda window: window.canary,
+            lambda window, least: judge_colocated(window, snap.slo, least, replicas),
+            conclude_colocated,
+        ),
     )
-    if found is None:
-        return
-    due, window = found
-    rules = rec.abort_rules(snap.isvc)
-    if not due.final:  # pruned early on a breach by the abort factor, as any canary is
-        early = judge_early(window.canary, snap.slo, rules)
-        if early.decision is Decision.PRUNE:
-            conclude_colocated(plan, trial, Decision.PRUNE, f"the colocated canary: {early.reason}", window)
-        return
-    decision, reason = judge_colocated(window, snap.slo, rules.min_samples, trial.spec.replicas or 1)
-    if decision is Decision.INCONCLUSIVE and snap.now < due.deadline:
-        return
-    conclude_colocated(plan, trial, decision, reason, window)
 
 
 def conclude_colocated(

@@ -83,6 +83,7 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 
 T = TypeVar("T")
+M = TypeVar("M")
 
 
 class ReadKube(Protocol):
@@ -332,22 +333,25 @@ class Observer:
             return _replace(snap, pools_reading=down, stable_reading=down)
         return _replace(snap, pools_reading=Reading(pools), stable_reading=Reading(pools.combined()))
 
-    async def _topology_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
-        """A measuring topology trial's pools and stable over its window (widened past its end)."""
+    async def _trial_window(
+        self, snap: Snapshot, trial: TuningTrial, measure: Callable[..., M], config_hash: str | None
+    ) -> Reading[M] | None:
+        """``measure`` over a measuring topology trial's window (widened past its end): its pools, or
+        a colocated topology trial's canary engines, beside the stable; None: nothing to measure yet."""
         autotune = snap.isvc.spec.autotune
         if autotune.paused or rec.trial_phase(trial) is not TrialPhase.MEASURING:
-            return snap
+            return None
         due = window_plan(
             rec.trial_progress(trial).measure_from, parse_duration(autotune.trial_window), snap.now
         )
         if due is None:
-            return snap
+            return None
         at = due.widened_at or due.at
         assert self.query is not None
         slo = snap.slo
         try:
-            window = await self._blocking(
-                measure_topology,
+            found = await self._blocking(
+                measure,
                 self.query,
                 snap.name,
                 snap.namespace,
@@ -355,13 +359,18 @@ class Observer:
                 at,
                 slo.itl_quantile,
                 slo.ttft_quantile,
-                snap.incumbent.config_hash(),
+                config_hash,
                 str(snap.isvc.spec.engine.kind),
                 min_samples=rec.abort_rules(snap.isvc).min_samples,
             )
         except MetricsUnavailableError as error:
-            return _replace(snap, topology_window=Reading(error=str(error)))
-        return _replace(snap, topology_window=Reading(window))
+            return Reading(error=str(error))
+        return Reading(found)
+
+    async def _topology_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
+        """A measuring topology trial's pools and stable over its window (widened past its end)."""
+        found = await self._trial_window(snap, trial, measure_topology, snap.incumbent.config_hash())
+        return snap if found is None else _replace(snap, topology_window=found)
 
     async def _canary_rate(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
         """What a colocated topology trial's canary engines served over the SLO window: the pools are
@@ -383,34 +392,9 @@ class Observer:
     async def _colocated_window(self, snap: Snapshot, trial: TuningTrial) -> Snapshot:
         """A measuring colocated topology trial's canary engines and the stable pools over its window
         (widened past its end), as ``snap.window``."""
-        autotune = snap.isvc.spec.autotune
-        if autotune.paused or rec.trial_phase(trial) is not TrialPhase.MEASURING:
-            return snap
-        due = window_plan(
-            rec.trial_progress(trial).measure_from, parse_duration(autotune.trial_window), snap.now
-        )
-        if due is None:
-            return snap
-        at = due.widened_at or due.at
-        assert self.query is not None
-        slo = snap.slo
-        try:
-            window = await self._blocking(
-                measure_colocated_trial,
-                self.query,
-                snap.name,
-                snap.namespace,
-                window_text((at - due.measure_from).total_seconds()),
-                at,
-                slo.itl_quantile,
-                slo.ttft_quantile,
-                rec.canary_config_hash(trial),
-                str(snap.isvc.spec.engine.kind),
-                min_samples=rec.abort_rules(snap.isvc).min_samples,
-            )
-        except MetricsUnavailableError as error:
-            return _replace(snap, window=Reading(error=str(error)))
-        return _replace(snap, window=Reading(window))
+        hashed = rec.canary_config_hash(trial)
+        found = await self._trial_window(snap, trial, measure_colocated_trial, hashed)
+        return snap if found is None else _replace(snap, window=found)
 
     async def _window(
         self, snap: Snapshot, trial: TuningTrial, span_s: float, at: datetime

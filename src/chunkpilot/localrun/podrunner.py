@@ -295,18 +295,21 @@ class PodRunner:
         with self._pods_lock:
             ready_pods = _ready_pod_keys(self._pods.values())
         with self._state_lock:
-            serving = [
+            own = [
                 container
                 for container in self._containers.values()
                 if container.pod.service == service
                 and (namespace is None or container.pod.namespace == namespace)
-                and container.phase is ContainerPhase.RUNNING
-                and container.pod.key in ready_pods
-                and (container.pod.router or not container.pod.role)
             ]
-            if any(c.pod.router and c.pod.track == "stable" for c in serving):
-                serving = [c for c in serving if c.pod.router]  # disaggregated: its routers only
-            return sorted(container.endpoint(self.settings.host) for container in serving)
+            # Disaggregated (a stable router runs, Ready or not): its routers only.
+            routed = any(c.pod.router and c.pod.track == "stable" for c in own)
+            return sorted(
+                container.endpoint(self.settings.host)
+                for container in own
+                if container.phase is ContainerPhase.RUNNING
+                and container.pod.key in ready_pods
+                and (container.pod.router or (not container.pod.role and not routed))
+            )
 
     def endpoint_source(self, service: str, namespace: str | None = None) -> EndpointSource:
         """A callable returning the service's Ready endpoints, for the load generator."""

@@ -91,6 +91,24 @@ def get_json(plane: ControlPlane, namespace: str, *what: str) -> dict[str, Any]:
     return document
 
 
+def service_endpoints(cluster: Kubectl, namespace: str, service: str) -> set[str]:
+    """The pods kube-controller-manager's EndpointSlices give ``service``'s ``http`` port.
+
+    A selected pod without a port of that name is listed in a slice without ports, which no
+    client uses for the Service's port (kube-proxy matches slices to a Service port by name).
+    """
+    selector = f"kubernetes.io/service-name={service}"
+    found = cluster.kubectl("get", "endpointslices", "-n", namespace, "-l", selector, "-o", "json")
+    listing = json.loads(found.stdout)
+    return {
+        endpoint["targetRef"]["name"]
+        for item in listing["items"]
+        if any(port.get("name") == "http" for port in item.get("ports") or [])
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("targetRef") or {}).get("name")
+    }
+
+
 def pod_ready(plane: ControlPlane, namespace: str, pod: str) -> bool:
     """Whether the pod's Ready condition is True."""
     status = get_json(plane, namespace, "pod", pod).get("status", {})
