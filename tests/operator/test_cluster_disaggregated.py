@@ -201,15 +201,20 @@ def test_in_auto_each_pool_runs_the_planners_decision_for_it(cluster: Any, opera
     kubectl(cluster, "delete", "cpis", name, "-n", NS)
 
 
-def test_in_auto_a_promoted_topology_of_other_replicas_runs_and_its_pools_follow_the_planner(
-    cluster: Any, operator: OperatorProcess
-) -> None:
-    name = "proposed-pd"
+def apply_auto_service(cluster: Any, name: str) -> None:
+    """The chat example as ``name``, sized by the planner in Auto and allowed to change topology."""
     document: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
     document["metadata"].update(name=name, namespace=NS)
     document["spec"]["autotune"] = {"enabled": True, "allowTopologyChange": True}
     document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
+
+
+def test_in_auto_a_promoted_topology_of_other_replicas_runs_and_its_pools_follow_the_planner(
+    cluster: Any, operator: OperatorProcess
+) -> None:
+    name = "proposed-pd"
+    apply_auto_service(cluster, name)
 
     def patch_status(status: dict[str, Any]) -> None:
         body = json.dumps({"status": status})
@@ -390,11 +395,7 @@ def test_in_auto_promoted_pools_tried_colocated_again_share_the_service_and_give
     (``bestTopology`` cleared, the planner's colocated decision) brings the colocated Deployment
     back on its replicas and removes the pools and the router."""
     name = "back-colocated"
-    document: dict[str, Any] = yaml.safe_load((REPO / "examples" / "chat-llama-8b-sim.yaml").read_text())
-    document["metadata"].update(name=name, namespace=NS)
-    document["spec"]["autotune"] = {"enabled": True, "allowTopologyChange": True}
-    document["spec"]["scaling"] = {"mode": "Auto", "minReplicas": 1, "maxReplicas": 4}
-    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(document))
+    apply_auto_service(cluster, name)
 
     def ready(part: str, count: int | None) -> bool:
         deployment = get(cluster, "deployments", f"{name}-{part}")

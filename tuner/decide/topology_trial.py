@@ -443,12 +443,14 @@ def complete_promotion(plan: Plan) -> bool:
     return True
 
 
-def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") -> None:
-    """The round's topology trial: the pools to try, over the stable config (``proposed``: the
-    planner's proposal it tries, else the twin's recommendation)."""
+def new_trial(
+    plan: Plan, topology: TopologySpec, round_: int, *, proposed: bool, replicas: int | None = None
+) -> TuningTrial:
+    """The service's next trial, of ``topology`` over the stable config, in ``round_`` (``proposed``:
+    it tries the planner's proposal; ``replicas``: a colocated topology's)."""
     snap = plan.snap
     number = max((t.spec.number for t in snap.trials), default=0) + 1
-    trial = TuningTrial(
+    return TuningTrial(
         metadata=ObjectMeta(
             name=trial_name(snap.name, number),
             namespace=snap.namespace,
@@ -463,8 +465,17 @@ def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") 
             track=Track.CANARY,
             window=snap.isvc.spec.autotune.trial_window,
             topology=topology,
+            replicas=replicas,
         ),
     )
+
+
+def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") -> None:
+    """The round's topology trial: the pools to try, over the stable config (``proposed``: the
+    planner's proposal it tries, else the twin's recommendation)."""
+    snap = plan.snap
+    trial = new_trial(plan, topology, round_, proposed=bool(proposed))
+    number = trial.spec.number
     described = rec.describe_topology(topology)
     status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=described)
     plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
@@ -928,26 +939,10 @@ def create_colocated(plan: Plan, found: Gate) -> None:
     """The colocated topology trial: ``found.replicas`` colocated replicas of the stable config (the
     one the service ran before its pools), in the service's current round."""
     snap = plan.snap
-    number = max((t.spec.number for t in snap.trials), default=0) + 1
     round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
-    trial = TuningTrial(
-        metadata=ObjectMeta(
-            name=trial_name(snap.name, number),
-            namespace=snap.namespace,
-            labels={**trial_labels(snap.name, number), rec.LABEL_ROUND: str(round_)},
-            annotations={**basis(snap.isvc), ANNOTATION_PROPOSED: "true"},
-        ),
-        spec=TuningTrialSpec(
-            service_name=snap.name,
-            number=number,
-            params=plan.stable_config,
-            baseline_config_hash=plan.stable_config.config_hash(),
-            track=Track.CANARY,
-            window=snap.isvc.spec.autotune.trial_window,
-            topology=TopologySpec(mode=TopologyMode.COLOCATED),
-            replicas=found.replicas,
-        ),
-    )
+    colocated = TopologySpec(mode=TopologyMode.COLOCATED)
+    trial = new_trial(plan, colocated, round_, proposed=True, replicas=found.replicas)
+    number = trial.spec.number
     label = rec.trial_label(trial)
     status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=label)
     plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
