@@ -421,6 +421,7 @@ def test_a_colocated_trial_whose_pools_stopped_running_aborts_cleanly() -> None:
     assert status["verdict"] == "Aborted" and "no longer runs the pools" in status["reason"]
     assert of_type(plan, DeleteCanaryTopology) and not of_type(plan, DeleteCanary)  # the router first
     assert not [e for e in events(plan) if e[0] == "OrphanRemoved"]
+    assert not of_type(plan, CreateTrial)  # the next trial waits for the next step
 
 
 def test_after_a_promotion_the_colocated_service_removes_the_canary_engines_after_their_router() -> None:

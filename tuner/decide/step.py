@@ -139,7 +139,7 @@ def decide(snap: Snapshot, settings: TunerSettings) -> Plan:
         return plan
     if current is not None and current.spec.tries_colocated:  # its pools no longer run
         topotrial.abort(plan, current, "the service no longer runs the pools a topology trial promoted")
-        current = None
+        return plan  # its canary goes (the router first); the next step goes on colocated
     topotrial.remove_colocated_canary(plan, current, keep_parked=True)
     topotrial.remove_orphans(plan, current)
     if current is None and topotrial.complete_promotion(plan):
