@@ -26,6 +26,7 @@ from chunkpilot.tuner.measure import (
     WindowMeasurement,
     count_query,
     fine_latency_queries,
+    measure_colocated_trial,
     measure_topology,
     measure_track,
     measure_track_batched,
@@ -437,6 +438,46 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
     assert window.prefill.ttft_ms is not None and 100 < window.prefill.ttft_ms <= 400
     assert window.decode.ttft_ms is not None and 0 < window.decode.ttft_ms <= 100
     assert window.stable.ttft_ms is not None and 400 < window.stable.ttft_ms <= 1600
+
+
+@pytest.mark.prometheus
+def test_a_colocated_canary_beside_pools_is_measured_on_its_own_pods_on_a_real_prometheus(
+    prometheus: Any,
+) -> None:
+    """A colocated topology trial: its canary engines by track and config hash (no role), the stable
+    pools by their roles, as their clients see them."""
+    service = f"back-{uuid.uuid4().hex[:8]}"  # the session's Prometheus is shared: a label of its own
+    exporter = _PoolExporter()
+    common = {"service": service, "namespace": "default"}
+    prometheus.set_target_groups(
+        [
+            TargetGroup([exporter.address], {**common, "track": "canary", "config_hash": "def"}, "/stable"),
+            TargetGroup([exporter.address], {**common, "track": "stable", "role": "prefill"}, "/prefill"),
+            TargetGroup([exporter.address], {**common, "track": "stable", "role": "decode"}, "/decode"),
+        ]
+    )
+
+    def query(text: str, at: datetime) -> float | None:
+        return parse_instant_result(prometheus.query(text, at.timestamp()))
+
+    def measured() -> WindowMeasurement | None:
+        found = measure_colocated_trial(
+            query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, "def", min_samples=9
+        )
+        parts = ((found.canary, 1.0), (found.stable, 2.0))  # the pools' TTFT samples: the prefill's
+        return found if all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts) else None
+
+    try:
+        window = wait_for(measured, timeout=60, interval=1.0, what="the canary's and the pools' windows")
+    finally:
+        exporter.close()
+    assert window.canary.request_rate == pytest.approx(1.0, rel=0.15)
+    assert window.canary.replicas == 1
+    assert window.stable.request_rate == pytest.approx(6.0, rel=0.15)  # the decode pool's
+    assert window.stable.replicas == 2
+    # The canary's TTFT p95 in its own 0.4-1.6 s bucket; the pools' the prefill's plus the decode's.
+    assert window.canary.ttft_ms is not None and 400 < window.canary.ttft_ms <= 1600
+    assert window.stable.ttft_ms is not None and 100 < window.stable.ttft_ms <= 500
 
 
 @pytest.mark.prometheus

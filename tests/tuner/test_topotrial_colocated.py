@@ -20,7 +20,7 @@ from chunkpilot.tuner.decide.lifecycle import TunerSettings
 from chunkpilot.tuner.decide.plan import ApplyCanary, CreateTrial, DeleteCanary, DeleteCanaryTopology, Log
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.decide.topology_verdict import judge_colocated
-from chunkpilot.tuner.measure import PoolsMeasurement, TrackMeasurement, WindowMeasurement
+from chunkpilot.tuner.measure import PoolsMeasurement, WindowMeasurement
 from chunkpilot.tuner.observe.observer import parse_service
 from chunkpilot.tuner.observe.snapshot import Reading, Snapshot
 from chunkpilot.tuner.policy import Decision, SLOTargets
@@ -387,26 +387,6 @@ def test_the_pools_are_planned_on_the_whole_services_rate_while_a_canary_takes_i
     during = snapshot(pools_body(), (*HISTORY, trial), pools_reading=Reading(pools), canary_rate=0.7)
     assert during.pools_rate() == pytest.approx(1.5)  # what the canary's engines served besides
     assert snapshot(pools_body(), pools_reading=Reading(pools)).pools_rate() == pytest.approx(0.8)
-
-
-def test_a_colocated_canary_window_is_measured_on_its_engines_and_the_pools() -> None:
-    from chunkpilot.tuner.measure import measure_colocated_trial
-
-    asked: list[str] = []
-
-    def query(promql: str, _at: Any) -> float | None:
-        asked.append(promql)
-        return 1.0
-
-    found = measure_colocated_trial(
-        query, "chat", "default", "60s", NOW, 0.99, 0.95, BEST.config_hash(), min_samples=1
-    )
-    assert isinstance(found.canary, TrackMeasurement)
-    canary = f'track="canary",config_hash="{BEST.config_hash()}"'
-    assert any(canary in q for q in asked)
-    assert any('track="stable",role="prefill"' in q for q in asked)
-    assert any('track="stable",role="decode"' in q for q in asked)
-    assert not any('track="canary",role=' in q for q in asked)
 
 
 def test_a_colocated_trial_whose_pools_stopped_running_aborts_cleanly() -> None:

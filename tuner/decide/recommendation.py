@@ -21,7 +21,7 @@ from chunkpilot.tuner.topology.layouts import (
 )
 from chunkpilot.tuner.topology.recommend import RecommendationResult
 
-from chunkpilot.api import PoolRole, TopologyMode, TopologyRecommendation
+from chunkpilot.api import PoolRole, TopologyRecommendation
 
 if TYPE_CHECKING:
     pass
@@ -101,10 +101,9 @@ def disaggregated_note(plan: Plan) -> str:
     shape = " + ".join(
         f"{spec.pool(role).replicas} {role.value}" for role in (PoolRole.PREFILL, PoolRole.DECODE)
     )
-    declared = (plan.snap.body.get("spec") or {}).get("topology") or {}
     promoted = plan.snap.status.best_topology_trial
     back = ""
-    if declared.get("mode") == TopologyMode.DISAGGREGATED.value or promoted is None:
+    if not plan.snap.runs_promoted_pools() or promoted is None:
         kept = "their declared knobs"
     else:
         kept = f"the knobs topology trial {promoted} promoted"

@@ -473,24 +473,30 @@ def new_trial(
 def create(plan: Plan, topology: TopologySpec, round_: int, proposed: str = "") -> None:
     """The round's topology trial: the pools to try, over the stable config (``proposed``: the
     planner's proposal it tries, else the twin's recommendation)."""
-    snap = plan.snap
     trial = new_trial(plan, topology, round_, proposed=bool(proposed))
     number = trial.spec.number
     described = rec.describe_topology(topology)
-    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=described)
-    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
-    plan.status["currentTrial"] = trial.metadata.name
-    plan.condition(
-        ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {described}"
-    )
     what = f"the proposed {described}" if proposed else f"the recommended {described}"
     said = f"trying {what} as a canary topology (trial {number}); stable stays colocated"
     if proposed:
         said += f" (the planner: {proposed})"
+    start(plan, trial, described, said)
+
+
+def start(plan: Plan, trial: TuningTrial, label: str, said: str) -> None:
+    """Create ``trial`` (Pending, labelled ``label``) as the current trial; ``TopologyChange=True``
+    says ``said``."""
+    number = trial.spec.number
+    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=label)
+    plan.do(CreateTrial(adopt(trial.to_manifest(), plan.snap.body), lifecycle.status_patch(status)))
+    plan.status["currentTrial"] = trial.metadata.name
+    plan.condition(
+        ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {label}"
+    )
     plan.condition(
         ConditionType.TOPOLOGY_CHANGE, ConditionStatus.TRUE, TopologyReason.RUNNING.value, said[:2048]
     )
-    plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {described}"))
+    plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {label}"))
 
 
 # --------------------------------------------------------------------------- the active topology trial
@@ -707,9 +713,6 @@ def judge_window(plan: Plan, trial: TuningTrial, settings: TunerSettings, how: J
 
 def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: TopologyWindow) -> None:
     """Record the verdict with each pool's measurement; the canary objects go; a winner is promoted."""
-    phase, verdict = lifecycle.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
-    if verdict is TrialVerdict.PRUNED:
-        phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
     name = trial.metadata.name or ""
     pools = {"prefill": window.prefill.to_api().to_k8s(), "decode": window.decode.to_api().to_k8s()}
     plan.do(
@@ -723,12 +726,23 @@ def conclude(plan: Plan, trial: TuningTrial, decision: Decision, reason: str, wi
             },
         )
     )
-    lifecycle.finish(plan, trial, phase, verdict, reason, window.window())
+    if record(plan, trial, decision, reason, window.window()) is TrialVerdict.PROMOTED:
+        promote(plan, trial, reason)
+
+
+def record(
+    plan: Plan, trial: TuningTrial, decision: Decision, reason: str, window: WindowMeasurement
+) -> TrialVerdict:
+    """Finish a topology trial on ``decision`` (a prune is a roll-back: the stable topology was never
+    in danger) and say so in ``TopologyChange``; the verdict."""
+    phase, verdict = lifecycle.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
+    if verdict is TrialVerdict.PRUNED:
+        phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
+    lifecycle.finish(plan, trial, phase, verdict, reason, window)
     status, why = VERDICT_REASONS[verdict]
     message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
     plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
-    if verdict is TrialVerdict.PROMOTED:
-        promote(plan, trial, reason)
+    return verdict
 
 
 def pool_check(plan: Plan, trial: TuningTrial) -> PoolCheck | None:
@@ -759,26 +773,37 @@ def promoted_pools(plan: Plan, topology: TopologySpec, trial: str) -> dict[str, 
     """``status.scaling`` in ``scaling.mode: Auto`` once a topology is promoted: the planner's
     decision is the promoted pools' replicas, which the operator runs whatever ran colocated
     (:func:`~chunkpilot.operator.builders.runs_at_its_replicas`) until the planner sizes them."""
-    before = plan.snap.status.scaling or ScalingStatus()
     reason = f"the pools topology trial {trial} promoted, until the planner sizes them"
-    now = plan.snap.now
     pools = [
         PoolScalingStatus(
             role=role.value,
             desired_replicas=pool.replicas,
             reason=reason,
-            recommendations=[ScalingRecommendation(time=now, replicas=pool.replicas)],  # held a window
+            recommendations=[ScalingRecommendation(time=plan.snap.now, replicas=pool.replicas)],
         )
         for role in PoolRole
         if (pool := topology.pool(role)) is not None
     ]
+    return promoted_decision(plan, TopologyMode.DISAGGREGATED, topology_replicas(topology), reason, pools)
+
+
+def promoted_decision(
+    plan: Plan, topology: TopologyMode, replicas: int, reason: str, pools: list[PoolScalingStatus]
+) -> dict[str, Any]:
+    """``status.scaling`` as a patch once a topology trial is promoted: a fresh decision for the
+    promoted ``topology`` at its ``replicas`` (the mode and start-up time kept). The promoted counts
+    are in the history the scale-down window looks back over (each pool's own, for ``pools``), so
+    they hold for a window."""
+    before = plan.snap.status.scaling or ScalingStatus()
+    held = [] if pools else [ScalingRecommendation(time=plan.snap.now, replicas=replicas)]
     status = ScalingStatus(
         mode=before.mode,
-        topology=TopologyMode.DISAGGREGATED.value,
-        desired_replicas=topology_replicas(topology),
+        topology=topology.value,
+        desired_replicas=replicas,
         reason=reason,
         startup_seconds=before.startup_seconds,
         last_scale_time=plan.snap.now,
+        recommendations=held,
         pools=pools,
     )
     return status.as_patch()
@@ -849,17 +874,6 @@ def colocated_canary(
     return min(fits, key=lambda c: (c.share < exact * (1 - 1e-9), c.engines, c.routers), default=None)
 
 
-def runs_promoted_pools(snap: Snapshot) -> bool:
-    """The service runs pools a topology trial promoted (``status.bestTopology``), not pools its
-    manifest declares."""
-    declared = ((snap.body.get("spec") or {}).get("topology") or {}).get("mode")
-    return (
-        snap.isvc.spec.disaggregated
-        and snap.status.best_topology is not None
-        and declared != TopologyMode.DISAGGREGATED.value
-    )
-
-
 def _pools_settled(snap: Snapshot) -> bool:
     """Both pools and the router run all their replicas, none rolling out (the operator's status)."""
     topology = snap.status.topology
@@ -894,7 +908,7 @@ def colocated_gate(plan: Plan) -> Gate | None:
     """
     snap = plan.snap
     spec = snap.isvc.spec
-    if not spec.autotune.allow_topology_change or not spec.scaling.acts or not runs_promoted_pools(snap):
+    if not spec.autotune.allow_topology_change or not spec.scaling.acts or not snap.runs_promoted_pools():
         return None
     proposal = current_proposal(plan)
     if proposal is None or proposal.topology != TopologyMode.COLOCATED.value or not proposal.replicas:
@@ -938,26 +952,15 @@ def consider_colocated(plan: Plan) -> None:
 def create_colocated(plan: Plan, found: Gate) -> None:
     """The colocated topology trial: ``found.replicas`` colocated replicas of the stable config (the
     one the service ran before its pools), in the service's current round."""
-    snap = plan.snap
-    round_ = max((rec.trial_round(t) for t in snap.trials), default=0)
+    round_ = max((rec.trial_round(t) for t in plan.snap.trials), default=0)
     colocated = TopologySpec(mode=TopologyMode.COLOCATED)
     trial = new_trial(plan, colocated, round_, proposed=True, replicas=found.replicas)
-    number = trial.spec.number
     label = rec.trial_label(trial)
-    status = TuningTrialStatus(phase=TrialPhase.PENDING, params_summary=label)
-    plan.do(CreateTrial(adopt(trial.to_manifest(), snap.body), lifecycle.status_patch(status)))
-    plan.status["currentTrial"] = trial.metadata.name
-    plan.condition(
-        ConditionType.TUNING, ConditionStatus.TRUE, "TrialRunning", f"topology trial {number}: {label}"
-    )
     said = (
-        f"trying the proposed {label} as a canary beside the pools (trial {number}); the pools serve on "
-        f"(the planner: {found.proposed})"
+        f"trying the proposed {label} as a canary beside the pools (trial {trial.spec.number}); the "
+        f"pools serve on (the planner: {found.proposed})"
     )
-    plan.condition(
-        ConditionType.TOPOLOGY_CHANGE, ConditionStatus.TRUE, TopologyReason.RUNNING.value, said[:2048]
-    )
-    plan.do(CurrentTrialGauge(number), Log(f"topology trial {number} created: {label}"))
+    start(plan, trial, label, said)
 
 
 def remove_colocated_canary(plan: Plan, current: TuningTrial | None, *, keep_parked: bool = False) -> None:
@@ -992,7 +995,7 @@ def advance_colocated(plan: Plan, trial: TuningTrial, settings: TunerSettings) -
     if not spec.autotune.allow_topology_change or not spec.scaling.acts:
         abort(plan, trial, "autotune.allowTopologyChange or scaling.mode Auto was turned off")
         return
-    if not runs_promoted_pools(snap):
+    if not snap.runs_promoted_pools():
         abort(plan, trial, "the service no longer runs the pools a topology trial promoted")
         return
     changed = spec_changed(trial, snap.isvc)
@@ -1100,14 +1103,7 @@ def conclude_colocated(
 ) -> None:
     """Record the verdict with the canary's and the pools' measurements; the canary goes (the router
     first); a winner is promoted."""
-    phase, verdict = lifecycle.VERDICTS.get(decision, (TrialPhase.FAILED, TrialVerdict.ABORTED))
-    if verdict is TrialVerdict.PRUNED:
-        phase, verdict = TrialPhase.ROLLED_BACK, TrialVerdict.DISCARDED
-    lifecycle.finish(plan, trial, phase, verdict, reason, window)
-    status, why = VERDICT_REASONS[verdict]
-    message = f"topology trial {trial.spec.number} ({rec.trial_label(trial)}): {reason}"
-    plan.condition(ConditionType.TOPOLOGY_CHANGE, status, why.value, message[:2048])
-    if verdict is TrialVerdict.PROMOTED:
+    if record(plan, trial, decision, reason, window) is TrialVerdict.PROMOTED:
         promote_colocated(plan, trial, reason)
 
 
@@ -1115,19 +1111,8 @@ def promoted_colocated(plan: Plan, replicas: int, trial: str) -> dict[str, Any]:
     """``status.scaling`` once a colocated topology trial is promoted: the planner's decision is the
     trial's colocated replicas, which the operator runs in place of the pools until the planner
     sizes them."""
-    before = plan.snap.status.scaling or ScalingStatus()
     reason = f"the colocated topology trial {trial} promoted, until the planner sizes the replicas"
-    status = ScalingStatus(
-        mode=before.mode,
-        topology=TopologyMode.COLOCATED.value,
-        desired_replicas=replicas,
-        reason=reason,
-        startup_seconds=before.startup_seconds,
-        last_scale_time=plan.snap.now,
-        # The scale-down window holds the promoted replicas, as any decision it looks back over.
-        recommendations=[ScalingRecommendation(time=plan.snap.now, replicas=replicas)],
-    )
-    return status.as_patch()
+    return promoted_decision(plan, TopologyMode.COLOCATED, replicas, reason, [])
 
 
 def promote_colocated(plan: Plan, trial: TuningTrial, reason: str) -> None:

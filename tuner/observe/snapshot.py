@@ -31,6 +31,7 @@ from chunkpilot.api import (
     EngineConfig,
     InferenceService,
     InferenceServiceStatus,
+    TopologyMode,
     TuningTrial,
     TwinState,
 )
@@ -216,6 +217,16 @@ class Snapshot:
         if per_replica is None:
             return None
         return per_replica * (stable.replicas + len(self.canary_pods))
+
+    def runs_promoted_pools(self) -> bool:
+        """The service runs pools a topology trial promoted (``status.bestTopology``), not pools its
+        manifest declares."""
+        declared = ((self.body.get("spec") or {}).get("topology") or {}).get("mode")
+        return (
+            self.isvc.spec.disaggregated
+            and self.status.best_topology is not None
+            and declared != TopologyMode.DISAGGREGATED.value
+        )
 
     def pools_rate(self) -> float | None:
         """The live request rate over a disaggregated service (req/s): its pools', plus what a

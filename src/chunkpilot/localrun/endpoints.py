@@ -137,6 +137,14 @@ ROUTINGS: Final[dict[str, Callable[[EndpointSource, int], Balancer]]] = {
 DEFAULT_ROUTING: Final = "random"
 
 
+def service_front(
+    engines: Sequence[Endpoint], routers: Sequence[Endpoint], *, routed: bool
+) -> list[Endpoint]:
+    """What a service's Service reaches, sorted: its routers, and unless it is ``routed`` (a
+    disaggregated service: a stable router runs) its engines that belong to no pool."""
+    return sorted([*routers, *([] if routed else [e for e in engines if not e.role])])
+
+
 def balancer_for(routing: str, source: EndpointSource, seed: int = 0) -> Balancer:
     """The balancer ``routing`` names (one of :data:`ROUTINGS`) over ``source``."""
     try:

@@ -37,7 +37,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from chunkpilot.devcluster.ports import LOOPBACK, free_port
-from chunkpilot.localrun.endpoints import SERVICE_LABEL, Endpoint, EndpointSource
+from chunkpilot.localrun.endpoints import SERVICE_LABEL, Endpoint, EndpointSource, service_front
 from chunkpilot.localrun.podspec import (
     ContainerPhase,
     ContainerReport,
@@ -301,14 +301,11 @@ class PodRunner:
                 if container.pod.service == service
                 and (namespace is None or container.pod.namespace == namespace)
             ]
-            # Disaggregated (a stable router runs, Ready or not): its routers only.
-            routed = any(c.pod.router and c.pod.track == "stable" for c in own)
-            return sorted(
-                container.endpoint(self.settings.host)
-                for container in own
-                if container.phase is ContainerPhase.RUNNING
-                and container.pod.key in ready_pods
-                and (container.pod.router or (not container.pod.role and not routed))
+            serving = [c for c in own if c.phase is ContainerPhase.RUNNING and c.pod.key in ready_pods]
+            return service_front(
+                [c.endpoint(self.settings.host) for c in serving if not c.pod.router],
+                [c.endpoint(self.settings.host) for c in serving if c.pod.router],
+                routed=any(c.pod.router and c.pod.track == "stable" for c in own),  # Ready or not
             )
 
     def endpoint_source(self, service: str, namespace: str | None = None) -> EndpointSource:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chunkpilot.localrun.endpoints import Endpoint
+from chunkpilot.localrun.endpoints import Endpoint, service_front
 
 
 class TargetsFileError(ValueError):
@@ -149,7 +149,5 @@ def targets_file_source(path: Path | str, service: str, namespace: str | None = 
         ]
 
     routers = of_service(read_targets(routers_path(path)))
-    if any(r.track == "stable" for r in routers):
-        return sorted(routers)
-    engines = [e for e in of_service(read_targets(path)) if not e.role]
-    return sorted([*engines, *routers])
+    routed = any(r.track == "stable" for r in routers)
+    return service_front(of_service(read_targets(path)), routers, routed=routed)
