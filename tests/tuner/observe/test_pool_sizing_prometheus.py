@@ -88,6 +88,9 @@ def test_the_pools_are_fitted_on_their_own_steps_and_the_decode_pools_workload(
         while not (seen := prometheus.query(raw)) or float(seen[0]["value"][1]) < REQUESTS:
             assert time.monotonic() < deadline, f"Prometheus never saw {REQUESTS} decode requests: {seen}"
             time.sleep(0.5)
+        # Read while the engines still run: a scrape of a stopped engine counts it down (``up``
+        # 0), and the pools would read as no replicas.
+        now = datetime.now(UTC)
 
     def vector(query: str, at: datetime) -> list[dict[str, Any]]:
         return prometheus.query(query, at.timestamp())
@@ -95,7 +98,7 @@ def test_the_pools_are_fitted_on_their_own_steps_and_the_decode_pools_workload(
     def query(promql: str, at: datetime) -> float | None:
         return parse_instant_result(vector(promql, at))
 
-    now, spec = datetime.now(UTC), a_service(service_body(name)).spec
+    spec = a_service(service_body(name)).spec
     assert spec.slo is not None
     engine = str(spec.engine.kind)
     least = spec.autotune.abort.min_samples
