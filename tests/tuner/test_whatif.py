@@ -61,14 +61,13 @@ def answers(prometheus_server: PrometheusServer, tmp_path_factory: pytest.TempPa
                 break
             assert time.monotonic() < deadline, done
             time.sleep(0.5)
+        at = datetime.now(UTC)  # while the engine runs: a scrape of a stopped one reads it down
 
     def query(text: str, at: datetime) -> float | None:
         return parse_instant_result(prometheus_server.query(text, at.timestamp()))
 
     def vector(text: str, at: datetime) -> list[dict[str, Any]]:
         return prometheus_server.query(text, at.timestamp())
-
-    at = datetime.now(UTC)
 
     def ask(rate: float, replicas: int | None = None, **settings: str) -> WhatIf:
         return what_if(body, query, vector, at, rate_req_s=rate, replicas=replicas, settings=settings)
