@@ -30,6 +30,7 @@ __all__ = [
     "CAPACITY_REQUESTS",
     "CAPACITY_TOLERANCE",
     "SAMPLE_GROWTH",
+    "SUSTAINED_SAMPLES",
     "LatencyQuantiles",
     "Twin",
     "arrival_seeds",
@@ -44,6 +45,8 @@ CAPACITY_TOLERANCE: Final = 0.03
 #: configuration's capacity moves by up to 30% with the draw, as much as near-tied configurations
 #: differ; on two, the hidden-truth benchmark reaches its goal (docs/benchmarks.md).
 ARRIVAL_SAMPLES: Final = 2
+#: Arrival samples a capacity the replica planner sizes with is averaged over (:meth:`Twin.for_planning`).
+SUSTAINED_SAMPLES: Final = 8
 #: The first seed of a twin's own arrival samples when it averages several (:func:`arrival_seeds`).
 OWN_SEEDS: Final = 1000
 #: The bracket's growth per probe on the samples after the first, which start at the first's capacity.
@@ -101,6 +104,9 @@ class Twin:
     #: Seeds of the Poisson arrival samples a ranked capacity is averaged over
     #: (:func:`~chunkpilot.tuner.twin.search.evaluate_on_twin`; see :func:`arrival_seeds`).
     arrival_seeds: tuple[int, ...] = (0,)
+    #: A larger sample of the same captured window that a sustained capacity is planned on
+    #: (:meth:`for_planning`); None: :attr:`workload`.
+    sustained_workload: Workload | None = None
 
     @classmethod
     def build(
@@ -112,12 +118,27 @@ class Twin:
         gpu_memory_utilization: float = 0.92,
         engine: SchedulerConfig | None = None,
         arrival_seeds: tuple[int, ...] = (0,),
+        sustained_workload: Workload | None = None,
     ) -> Twin:
         """Write the fitted profile under ``directory`` and return the twin that loads it."""
         path = fit.write_profile(directory / "twin-step-profile.json")
         if fit.dispersion:
             fit.write_profile(path.with_name(SPREAD_PROFILE), spread=True)
-        return cls(fit, workload, path, gpu_memory_utilization, engine, arrival_seeds)
+        return cls(fit, workload, path, gpu_memory_utilization, engine, arrival_seeds, sustained_workload)
+
+    def for_planning(self) -> Twin:
+        """This twin as the replica planner sizes with it: on its :attr:`sustained_workload`, where
+        it has one, averaged over :data:`SUSTAINED_SAMPLES` arrival samples.
+
+        Ranking compares configurations on the same draws, so their errors are shared; a planned
+        capacity is an absolute number. At a TTFT quantile it rests on the few longest prompts, which
+        the ranking's sample is too small to place (see
+        :data:`~chunkpilot.tuner.twin.online.SUSTAINED_REQUESTS`), and near saturation on how the
+        Poisson arrivals bunch: one configuration's capacity ranged over 1.73-2.15 req/s across
+        twelve arrival samples of one workload.
+        """
+        workload = self.workload if self.sustained_workload is None else self.sustained_workload
+        return replace(self, workload=workload, arrival_seeds=arrival_seeds(SUSTAINED_SAMPLES))
 
     def with_dispersion(
         self, measured: Mapping[str, Sequence[float]], scheduler: SchedulerConfig, workload: Workload

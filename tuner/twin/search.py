@@ -120,25 +120,29 @@ def planning_capacity(
     error: float | tuple[float, float],
     *,
     max_model_len: int = 8192,
-    requests: int = CAPACITY_REQUESTS,
+    requests: int | None = None,
     tolerance: float = CAPACITY_TOLERANCE,
 ) -> tuple[float, float]:
     """What the replica planner sizes with: the capacity one replica of ``config`` sustains
     (:data:`SUSTAINED_S`) at ``slo``, and at ``slo`` with each target divided by ``1 + error`` (the
     twin's relative latency error: one for both, or the ITL's and the TTFT's own): the capacity
-    should its latencies be that much longer. Near the targets a small latency error moves the
+    should its latencies be that much longer. Both on the twin as it plans
+    (:meth:`Twin.for_planning <chunkpilot.tuner.twin.predict.Twin.for_planning>`; ``requests``:
+    only the first of its requests). Near the targets a small latency error moves the
     capacity a lot; this carries it over. A quantile the twin predicts well is not tightened for
     the other's error."""
     itl_error, ttft_error = (error, error) if isinstance(error, (int, float)) else error
     itl_error, ttft_error = (max(0.0, e) if math.isfinite(e) else 0.0 for e in (itl_error, ttft_error))
+    planning = twin.for_planning()
+    sample = len(planning.workload.requests) if requests is None else requests
 
     def at(target: SLO, near: float | None = None) -> float:
         return evaluate_on_twin(
-            twin,
+            planning,
             config,
             target,
             max_model_len=max_model_len,
-            requests=requests,
+            requests=sample,
             tolerance=tolerance,
             min_duration_s=SUSTAINED_S,
             near_req_s=near,

@@ -46,7 +46,7 @@ from chunkpilot.tuner.policy import AGREEMENT_FLOOR, PROMOTE_MARGIN, SLOTargets,
 from chunkpilot.tuner.space import SearchSpace, ServiceFacts, TunedConfig
 from chunkpilot.tuner.twin.capture import WorkloadWindow, synthesize
 from chunkpilot.tuner.twin.fit import fit_steps
-from chunkpilot.tuner.twin.online import quantile_errors
+from chunkpilot.tuner.twin.online import SUSTAINED_REQUESTS, quantile_errors
 from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, LatencyQuantiles, Twin, arrival_seeds
 from chunkpilot.tuner.twin.search import (
     Candidate,
@@ -236,6 +236,10 @@ class _TwinState:
         self.workload = synthesize(
             stable.window, settings.requests, max_model_len=context.space.max_model_len, seed=context.seed
         )
+        #: The larger sample the operator plans a sustained capacity on (:func:`twin_capacity`).
+        self.sustained = synthesize(
+            stable.window, SUSTAINED_REQUESTS, max_model_len=context.space.max_model_len, seed=context.seed
+        )
         self.refits = 0
         self.twin = self._fit()
         self.predicted: dict[TunedConfig, Candidate] = {}
@@ -251,6 +255,7 @@ class _TwinState:
             gpu_memory_utilization=facts.gpu_memory_utilization,
             engine=self.context.engine,
             arrival_seeds=self.settings.arrival_seeds,
+            sustained_workload=self.sustained,
         )
 
     def refit(self, canary: Observation) -> None:
@@ -392,7 +397,6 @@ def twin_capacity(context: OnlineContext, settings: TwinSettings, stable: Observ
             context.slo,
             errors,
             max_model_len=context.space.max_model_len,
-            requests=settings.requests,
             tolerance=settings.tolerance,
         )
 

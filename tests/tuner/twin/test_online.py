@@ -26,7 +26,7 @@ from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import MIN_REQUESTS
 from chunkpilot.tuner.twin.fit import MIN_STEPS
-from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, arrival_seeds
+from chunkpilot.tuner.twin.predict import ARRIVAL_SAMPLES, SUSTAINED_SAMPLES, arrival_seeds
 from chunkpilot.tuner.twin.search import ERROR_POINTS, ROBUST_EVALUATIONS
 
 from chunkpilot.api import Objective
@@ -110,6 +110,22 @@ def test_calibration_fits_the_hidden_hardware_and_predicts_the_stable_track(
     assert calibration.ranked == () and calibration.incumbent is None  # not asked to rank
     # The same engine, the synthetic workload: the quantiles agree within the tolerance.
     assert calibration.error <= online.TOLERANCE, (calibration.predicted_ms, built.measured_ms)
+
+
+def test_the_twin_plans_on_a_larger_sample_of_the_same_window(
+    truth: SimConfig, lengths: Workload, tmp_path: Path
+) -> None:
+    built, _ = request(truth, lengths, tmp_path, rank=False)
+    twin = online.build_twin(built)
+    sustained = twin.sustained_workload
+    assert sustained is not None and len(twin.workload.requests) == online.WORKLOAD_REQUESTS
+    assert len(sustained.requests) == online.SUSTAINED_REQUESTS > online.WORKLOAD_REQUESTS
+    # The same window's distributions: the mean prompt within a few percent of the ranking's sample.
+    means = [np.mean([p for p, _o in w.lengths]) for w in (twin.workload, sustained)]
+    assert means[1] == pytest.approx(means[0], rel=0.1)
+    planning = twin.for_planning()
+    assert planning.workload is sustained and planning.arrival_seeds == arrival_seeds(SUSTAINED_SAMPLES)
+    assert planning.fit is twin.fit and twin.workload is not sustained  # the ranking's twin is unchanged
 
 
 def test_ranking_beats_the_incumbent_on_the_truth_too(

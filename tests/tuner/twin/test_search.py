@@ -16,8 +16,9 @@ from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import load_trace
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import Twin, fit_steps, synthesize
-from chunkpilot.tuner.twin.predict import CAPACITY_TOLERANCE, arrival_seeds
+from chunkpilot.tuner.twin.predict import CAPACITY_TOLERANCE, SUSTAINED_SAMPLES, arrival_seeds
 from chunkpilot.tuner.twin.search import (
+    SUSTAINED_S,
     Candidate,
     evaluate_on_twin,
     nearest_capacity,
@@ -236,6 +237,28 @@ def test_robust_ranking_spends_at_most_its_limit(twin: Twin) -> None:
     ranked = robust_ranking(twin, result.ranked, SLO_, requests=120, tolerance=0.1, limit=1)
     assert sum(c.robust_req_s is not None for c in ranked) <= 1
     assert robust_ranking(twin, [], SLO_, limit=3) == []
+
+
+def test_the_planning_capacity_is_averaged_over_more_arrivals_on_the_twins_larger_sample(
+    twin: Twin,
+) -> None:
+    config = TunedConfig(1024, 256)
+    planned = replace(twin, arrival_seeds=arrival_seeds(SUSTAINED_SAMPLES))
+
+    def sustained(on: Twin) -> float:
+        return evaluate_on_twin(
+            on, config, SLO_, requests=len(on.workload.requests), min_duration_s=SUSTAINED_S
+        ).capacity_req_s
+
+    nominal, _ = planning_capacity(twin, config, SLO_, 0.0)
+    assert nominal == sustained(planned) != sustained(twin)  # eight samples, not the ranking's one
+    # Given a sample of longer prompts to plan on, it plans on that one: a smaller capacity.
+    longer = replace(
+        twin.workload,
+        requests=tuple(replace(r, prompt_tokens=2 * r.prompt_tokens) for r in twin.workload.requests),
+    )
+    on_longer, _ = planning_capacity(replace(twin, sustained_workload=longer), config, SLO_, 0.0)
+    assert on_longer == sustained(replace(planned, workload=longer)) < nominal
 
 
 def test_the_planning_capacity_is_sustained_and_its_low_end_meets_tighter_targets(twin: Twin) -> None:
