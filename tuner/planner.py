@@ -304,11 +304,16 @@ def decide_replicas(
     history: Sequence[ScalingRecommendation],
     now: datetime,
     startup_s: float | None = None,
+    window_s: float = 0.0,
 ) -> Decision:
     """The replicas to run from ``current`` at the live rate over the service, with the reason;
     a rising rate is planned where it will be once a new replica has started (``startup_s``, the
-    service's own pods' time from scheduled to Ready; :data:`LOOKAHEAD_S` unmeasured)."""
-    ahead = LOOKAHEAD_S if startup_s is None else startup_s
+    service's own pods' time from scheduled to Ready; :data:`LOOKAHEAD_S` unmeasured).
+
+    ``window_s``: how long the live rate is averaged over. A rate rising steadily averages over a
+    window to what it was half the window ago, so its trend is projected that much further.
+    """
+    ahead = (LOOKAHEAD_S if startup_s is None else startup_s) + max(0.0, window_s) / 2
     rate = trend_rate(history, now, live_req_s, ahead)
     planned = rate * (1.0 + spec.headroom)
     needed = needed_replicas(planned, capacity, spec)

@@ -188,6 +188,19 @@ def test_start_up_is_measured_on_the_services_own_pods_and_sets_the_look_ahead()
     assert "its trend 9 req/s in 600 s" in slow.reason
 
 
+def test_a_rate_averaged_over_a_window_is_projected_half_that_window_further() -> None:
+    rising = [ago(240, 2, 2.0), ago(120, 2, 3.0)]  # +1 req/s every 2 minutes
+    live = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=120.0)
+    averaged = decide_replicas(spec(headroom=0.0), 2, 4.0, TWO, rising, NOW, startup_s=120.0, window_s=300.0)
+    # Over five minutes the live value is the rate of 150 s ago: 120 s + 150 s ahead of it.
+    assert live.planned_req_s == pytest.approx(5.0) and averaged.planned_req_s == pytest.approx(6.25)
+    assert "its trend 6.25 req/s in 270 s" in averaged.reason and averaged.desired == 4
+    falling = [ago(240, 2, 6.0), ago(120, 2, 5.0)]
+    assert decide_replicas(spec(), 2, 4.0, TWO, falling, NOW, window_s=300.0).planned_req_s == pytest.approx(
+        4.4
+    )
+
+
 def test_the_stable_pods_are_read_for_their_start_up_until_measured_and_after_an_auto_scale() -> None:
     assert watches_startup(None, None, acts=False, now=NOW)  # not measured yet
     assert not watches_startup(150.0, None, acts=True, now=NOW)

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
+from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.planner import (
     DEFAULT_ERROR,
     Capacity,
@@ -43,6 +44,7 @@ from chunkpilot.api import (
     ScalingRecommendation,
     ScalingStatus,
     TwinState,
+    parse_duration,
 )
 
 __all__ = ["PROPOSE_AT", "RECORD_EVERY_S", "colocated_proposal", "plan_scaling", "split_proposal"]
@@ -107,6 +109,16 @@ def _startup(plan: Plan, before: ScalingStatus) -> float | None:
     return round(max(seen), 1) if seen else before.startup_seconds
 
 
+def _window_s(measured: TrackMeasurement | None) -> float:
+    """How long ``measured``'s rate is averaged over (seconds; 0 when unknown)."""
+    if measured is None:
+        return 0.0
+    try:
+        return float(parse_duration(measured.window))
+    except ValueError:
+        return 0.0
+
+
 def plan_scaling(plan: Plan) -> None:
     """``status.scaling`` from this step's twin and stable measurement; an Event when the decision
     changes ("would scale 3 -> 5" in Advise)."""
@@ -144,7 +156,9 @@ def plan_scaling(plan: Plan) -> None:
     cap, capacity = sizing_capacity(
         nominal, found[1], low_req_s=low, cap_req_s=kept, per_replica_req_s=per_replica, met=met
     )
-    decision = decide_replicas(spec, current, live, capacity, before.recommendations, snap.now, startup)
+    decision = decide_replicas(
+        spec, current, live, capacity, before.recommendations, snap.now, startup, _window_s(stable)
+    )
     if spec.acts and before.mode != ScalingMode.AUTO:
         previous = snap.isvc.spec.replicas  # what ran until the planner acted (Off, Advise)
     else:
@@ -236,7 +250,9 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
             per_replica_req_s=per_replica,
             met=met,
         )
-        decision = decide_replicas(spec, current, live, capacity, old.recommendations, snap.now, startup)
+        decision = decide_replicas(
+            spec, current, live, capacity, old.recommendations, snap.now, startup, _window_s(pools.decode)
+        )
         planned = decision.planned_req_s  # the same rate for both pools: the service's
         needed += decision.needed
         if decision.desired != previous:

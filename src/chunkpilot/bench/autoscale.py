@@ -61,6 +61,7 @@ from chunkpilot.bench.exhaustive import (
 )
 from chunkpilot.bench.fleet import (
     TICK_S,
+    VIEW_S,
     Fleet,
     FleetRun,
     View,
@@ -351,7 +352,7 @@ class _TwinSizing:
             met=met,
         )
         decision = decide_replicas(
-            self.spec, view.replicas, view.rate_req_s, capacity, self.history, now, self.startup_s
+            self.spec, view.replicas, view.rate_req_s, capacity, self.history, now, self.startup_s, VIEW_S
         )
         changed = decision.desired != (self.desired if self.desired is not None else view.replicas)
         self.desired = decision.desired
