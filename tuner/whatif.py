@@ -149,7 +149,7 @@ def what_if(
     low: float | None = None
     try:
         capacity_req_s, low = planning_capacity(
-            calibration.twin, config, slo_steps, calibration.error, max_model_len=max_model_len
+            calibration.twin.for_planning(), config, slo_steps, calibration.error, max_model_len=max_model_len
         )
     except ValueError as error:  # no rate the search tried breaks the SLOs: the window's load is light
         unbounded = str(error)

@@ -168,6 +168,17 @@ def test_an_unchanged_decision_is_recorded_every_half_minute_and_says_nothing() 
     assert len(later.status["scaling"]["recommendations"]) == 2 and not said(later)
 
 
+def test_a_rising_rate_is_projected_past_half_the_window_it_is_averaged_over() -> None:
+    # Recorded at 4, then 6 req/s two minutes apart: +1 req/s a minute.
+    first = step(body(), rate=4.0, now=NOW - timedelta(seconds=240))
+    second = step(body(scaling=first.status["scaling"]), rate=6.0, now=NOW - timedelta(seconds=120))
+    rising = step(body(scaling=second.status["scaling"]), rate=8.0)
+    # The stable track's rate is averaged over a minute: the rate of 30 s ago, projected 120 s (the
+    # start-up unmeasured) + 30 s ahead.
+    assert "its trend 10.5 req/s in 150 s" in rising.status["scaling"]["reason"]
+    assert rising.status["scaling"]["plannedRateReqS"] == pytest.approx(10.5 * 1.1)
+
+
 def test_in_auto_a_lighter_load_scales_down_only_after_the_scale_down_window() -> None:
     up = step(body("Auto"))
     assert up.status["scaling"]["desiredReplicas"] == 5

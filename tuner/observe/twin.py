@@ -417,7 +417,7 @@ class TwinObserver:
         try:
             planned = await self._compute(
                 planning_capacity,
-                calibration.twin,
+                calibration.twin.for_planning(),
                 rec.tuned_config(snap.incumbent),
                 online.offset_slo(sim_slo(snap), calibration.offset_ms),
                 _planning_errors(calibration),

@@ -126,19 +126,19 @@ def planning_capacity(
     """What the replica planner sizes with: the capacity one replica of ``config`` sustains
     (:data:`SUSTAINED_S`) at ``slo``, and at ``slo`` with each target divided by ``1 + error`` (the
     twin's relative latency error: one for both, or the ITL's and the TTFT's own): the capacity
-    should its latencies be that much longer. Both on the twin as it plans
-    (:meth:`Twin.for_planning <chunkpilot.tuner.twin.predict.Twin.for_planning>`; ``requests``:
-    only the first of its requests). Near the targets a small latency error moves the
-    capacity a lot; this carries it over. A quantile the twin predicts well is not tightened for
-    the other's error."""
+    should its latencies be that much longer (``requests``: only the first of the twin's workload).
+    The replica planner passes :meth:`Twin.for_planning
+    <chunkpilot.tuner.twin.predict.Twin.for_planning>`; a comparison with capacities read on the
+    ranking's sample (the pools') passes the twin as it ranks. Near the targets a small latency
+    error moves the capacity a lot; this carries it over. A quantile the twin predicts well is not
+    tightened for the other's error."""
     itl_error, ttft_error = (error, error) if isinstance(error, (int, float)) else error
     itl_error, ttft_error = (max(0.0, e) if math.isfinite(e) else 0.0 for e in (itl_error, ttft_error))
-    planning = twin.for_planning()
-    sample = len(planning.workload.requests) if requests is None else requests
+    sample = len(twin.workload.requests) if requests is None else requests
 
     def at(target: SLO, near: float | None = None) -> float:
         return evaluate_on_twin(
-            planning,
+            twin,
             config,
             target,
             max_model_len=max_model_len,

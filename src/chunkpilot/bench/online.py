@@ -392,7 +392,7 @@ def twin_capacity(context: OnlineContext, settings: TwinSettings, stable: Observ
             (predicted.itl_p99_ms, predicted.ttft_p95_ms), (measured.itl_p99_ms, measured.ttft_p95_ms)
         )
         return planning_capacity(
-            state.twin,
+            state.twin.for_planning(),
             stable.config,
             context.slo,
             errors,
