@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -401,22 +402,42 @@ class _PoolExporter(ExpositionServer):
         super().__init__(render)
 
 
-@pytest.mark.prometheus
-def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(prometheus: Any) -> None:
-    """Each pool's window reads its own pods only (track canary and its role), stable by its hash."""
-    service = f"topo-{uuid.uuid4().hex[:8]}"  # the session's Prometheus is shared: a label of its own
-    exporter = _PoolExporter()
-    common = {"service": service, "namespace": "default"}
-    prometheus.set_target_groups(
-        [
-            TargetGroup([exporter.address], {**common, "track": "canary", "role": "prefill"}, "/prefill"),
-            TargetGroup([exporter.address], {**common, "track": "canary", "role": "decode"}, "/decode"),
-            TargetGroup([exporter.address], {**common, "track": "stable", "config_hash": "abc"}, "/stable"),
-        ]
-    )
+def _instant(prometheus: Any) -> Callable[[str, datetime], float | None]:
+    """The tuner's instant query on ``prometheus``."""
 
     def query(text: str, at: datetime) -> float | None:
         return parse_instant_result(prometheus.query(text, at.timestamp()))
+
+    return query
+
+
+def _scraped_pools(
+    prometheus: Any, prefix: str, parts: Sequence[tuple[dict[str, str], str]]
+) -> tuple[str, _PoolExporter]:
+    """A service of its own (the session's Prometheus is shared) whose ``parts`` (labels, the
+    exporter's path) ``prometheus`` scrapes; the exporter is the caller's to close."""
+    service = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    exporter = _PoolExporter()
+    common = {"service": service, "namespace": "default"}
+    prometheus.set_target_groups(
+        [TargetGroup([exporter.address], {**common, **labels}, path) for labels, path in parts]
+    )
+    return service, exporter
+
+
+@pytest.mark.prometheus
+def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(prometheus: Any) -> None:
+    """Each pool's window reads its own pods only (track canary and its role), stable by its hash."""
+    service, exporter = _scraped_pools(
+        prometheus,
+        "topo",
+        [
+            ({"track": "canary", "role": "prefill"}, "/prefill"),
+            ({"track": "canary", "role": "decode"}, "/decode"),
+            ({"track": "stable", "config_hash": "abc"}, "/stable"),
+        ],
+    )
+    query = _instant(prometheus)
 
     def measured() -> TopologyWindow | None:
         found = measure_topology(
@@ -446,19 +467,16 @@ def test_a_colocated_canary_beside_pools_is_measured_on_its_own_pods_on_a_real_p
 ) -> None:
     """A colocated topology trial: its canary engines by track and config hash (no role), the stable
     pools by their roles, as their clients see them."""
-    service = f"back-{uuid.uuid4().hex[:8]}"  # the session's Prometheus is shared: a label of its own
-    exporter = _PoolExporter()
-    common = {"service": service, "namespace": "default"}
-    prometheus.set_target_groups(
+    service, exporter = _scraped_pools(
+        prometheus,
+        "back",
         [
-            TargetGroup([exporter.address], {**common, "track": "canary", "config_hash": "def"}, "/stable"),
-            TargetGroup([exporter.address], {**common, "track": "stable", "role": "prefill"}, "/prefill"),
-            TargetGroup([exporter.address], {**common, "track": "stable", "role": "decode"}, "/decode"),
-        ]
+            ({"track": "canary", "config_hash": "def"}, "/stable"),
+            ({"track": "stable", "role": "prefill"}, "/prefill"),
+            ({"track": "stable", "role": "decode"}, "/decode"),
+        ],
     )
-
-    def query(text: str, at: datetime) -> float | None:
-        return parse_instant_result(prometheus.query(text, at.timestamp()))
+    query = _instant(prometheus)
 
     def measured() -> WindowMeasurement | None:
         found = measure_colocated_trial(
@@ -497,9 +515,7 @@ def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometh
         )
     ]
     prometheus.set_target_groups(groups)
-
-    def query(text: str, at: datetime) -> float | None:
-        return parse_instant_result(prometheus.query(text, at.timestamp()))
+    query = _instant(prometheus)
 
     def measured() -> tuple[WindowMeasurement, WindowMeasurement] | None:
         at = datetime.now(UTC)
