@@ -243,6 +243,9 @@ class TunerMetrics:
     fine_latency_first: bool = False
     #: ``itl_histogram`` is a per-request time-per-output-token histogram, not a per-token one.
     itl_per_request: bool = False
+    #: Gauges whose sum is the requests inside the engine (running and waiting): their growth over a
+    #: window added to the completions is the rate requests arrived at. Empty: not exported.
+    in_flight: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,7 @@ VLLM_TUNER: Final = TunerMetrics(
     # Its ITL buckets have no boundary between 25 and 50 ms: tokens of 26-28 ms read p99 49.75 ms.
     # The simulator and pods running the Chunkpilot scheduler plugin export the fine histograms.
     fine_latency_first=True,
+    in_flight=(NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING),
 )
 
 # SGLang 0.5.23 (``srt/observability/metrics_collector.py``): the tokenizer manager's request metrics
@@ -374,6 +378,7 @@ SGLANG_METRICS: Final = EngineMetricTable(
         "sglang:cached_tokens_total",
         # Its ITL buckets jump 40 -> 60 ms around the usual targets.
         fine_latency_first=True,
+        in_flight=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
     ),
 )
 

@@ -52,7 +52,7 @@ from chunkpilot.engine.metrics_names import (
 )
 from chunkpilot.operator.config import PrometheusAuth, redacted_url
 
-from chunkpilot.api import Measurement, Track
+from chunkpilot.api import Measurement, Track, parse_duration
 from chunkpilot.api.knobs import ENGINE_NAMES, dialect_of
 
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
@@ -201,6 +201,15 @@ def rate_query(counter: str, selector: Selector, window: str) -> str:
     return f"sum(rate({counter}{selector.render()}[{window}]))"
 
 
+def in_flight_change_query(selector: Selector, window: str, engine: str = "vllm") -> str | None:
+    """How many more requests the track's engines hold (running or waiting) at the window's end than
+    at its start, summed over its pods (None: the engine exports no such gauges)."""
+    gauges = tuner_metrics(engine).in_flight
+    if not gauges:
+        return None
+    return " + ".join(f"sum(delta({gauge}{selector.render()}[{window}]))" for gauge in gauges)
+
+
 def replicas_query(selector: Selector) -> str:
     """Targets of the track that Prometheus scrapes successfully right now."""
     return f"count(up{selector.render()} == 1)"
@@ -284,6 +293,27 @@ class TrackMeasurement:
     tpot_ms: float | None = None
     #: Engine kind measured (names the engine in :attr:`itl_note`).
     engine: str = "vllm"
+    #: How many more requests the engines held at the window's end than at its start (None: the
+    #: engine exports no running and waiting gauges, or Prometheus had none).
+    in_flight_change: float | None = None
+
+    @property
+    def offered_rate(self) -> float | None:
+        """The rate requests arrived at over the window (req/s): those completed plus the growth of
+        those still in the engines. An overloaded track completes only what it serves, so its
+        completion rate understates the load, and a draining one overstates it; the completion rate
+        where the engine exports no running and waiting gauges (None without data)."""
+        if self.request_rate is None or self.in_flight_change is None:
+            return self.request_rate
+        try:
+            seconds = float(parse_duration(self.window))
+        except ValueError:
+            return self.request_rate
+        return (
+            max(0.0, self.request_rate + self.in_flight_change / seconds)
+            if seconds > 0
+            else self.request_rate
+        )
 
     @property
     def itl_note(self) -> str | None:
@@ -444,6 +474,7 @@ def measure_track(
         if itl is not None and source is ItlSource.TPOT:
             tpot_ms, itl = itl * 1000.0, itl * TPOT_ITL_FACTOR
     replicas = query(queries.replicas, at)
+    in_flight = in_flight_change_query(selector, window, engine)
     return TrackMeasurement(
         track=str(selector.track),
         window=window,
@@ -461,6 +492,7 @@ def measure_track(
         itl_source=source,
         tpot_ms=tpot_ms,
         engine=engine,
+        in_flight_change=None if in_flight is None else query(in_flight, at),
     )
 
 
@@ -515,6 +547,9 @@ def measure_track_batched(
     fine_queries = fine_latency_queries(selector, window, itl_quantile, ttft_quantile, engine)
     if fine_queries is not None:
         queries += dataclasses.astuple(fine_queries)
+    in_flight = in_flight_change_query(selector, window, engine)
+    if in_flight is not None:
+        queries.append(in_flight)
     prefetched = prefetch(vector, query, list(dict.fromkeys(queries)), at)
     return measure_track(prefetched, selector, window, at, itl_quantile, ttft_quantile, engine, fine=fine)
 
@@ -667,11 +702,17 @@ class PoolsMeasurement:
         prefill pool's TTFT quantile plus the decode pool's (the prompt's wait and prefill, then
         the KV hop, the decode replica's admission and its first step); the sum of two quantiles
         is at least the quantile of the sum when the two grow together, so it errs high.
-        Throughput and requests: the decode pool's; prompt tokens: the prefill pool's; replicas:
-        both pools'.
+        Throughput and requests: the decode pool's; prompt tokens: the prefill pool's; replicas and
+        the requests in the engines: both pools' (a request arrives at the prefill pool and
+        completes at the decode pool).
         """
         p, d = self.prefill, self.decode
         ttft = p.ttft_ms + d.ttft_ms if p.ttft_ms is not None and d.ttft_ms is not None else None
+        in_flight = (
+            p.in_flight_change + d.in_flight_change
+            if p.in_flight_change is not None and d.in_flight_change is not None
+            else None
+        )
         return replace(
             d,
             track=p.track,
@@ -679,6 +720,7 @@ class PoolsMeasurement:
             ttft_samples=min(p.ttft_samples, d.ttft_samples),
             prompt_tok_s=p.prompt_tok_s,
             replicas=p.replicas + d.replicas,
+            in_flight_change=in_flight,
         )
 
 

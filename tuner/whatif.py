@@ -121,7 +121,7 @@ def what_if(
     slo = snap.slo
     engine = str(isvc.spec.engine.kind)
     stable = measure_track(query, selector, slo_spec.window, at, slo.itl_quantile, slo.ttft_quantile, engine)
-    live = stable.per_replica(stable.request_rate)
+    live = stable.per_replica(stable.offered_rate)
     inputs = online.read_inputs(
         vector,
         selector,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +21,7 @@ from chunkpilot.tuner.measure import (
     ItlSource,
     LabelScheme,
     MetricsUnavailableError,
+    PoolsMeasurement,
     PrometheusClient,
     QueryFn,
     Selector,
@@ -43,6 +45,7 @@ from chunkpilot.api import Track
 from chunkpilot.devcluster.certs import generate_ca, issue_serving_cert
 from chunkpilot.devcluster.prometheus import PrometheusServer, TargetGroup
 from chunkpilot.testing.metrics import ExpositionServer, LatencyExporter, histogram_lines
+from chunkpilot.testing.tuner import a_measurement
 
 SEL = Selector("chat", "default", Track.CANARY)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -116,8 +119,8 @@ def test_both_tracks_are_measured_at_the_same_instant() -> None:
     assert w.canary.enough_samples(100) and not w.canary.enough_samples(501)
     assert w.canary.itl_source is w.stable.itl_source is ItlSource.FINE
     # Per track: its fine sample counts (to choose the family), then the fine family's four
-    # latency queries in place of the engine's.
-    assert len(seen) == 2 * (2 + len(track_queries(SEL, "2m", 0.99, 0.95).__dict__))
+    # latency queries in place of the engine's, and the change of the requests in its engines.
+    assert len(seen) == 2 * (2 + len(track_queries(SEL, "2m", 0.99, 0.95).__dict__) + 1)
 
 
 @pytest.mark.parametrize(
@@ -211,6 +214,66 @@ def test_sglang_reads_the_fine_histograms_first_and_falls_back_to_its_own() -> N
     m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "sglang")
     assert (m.itl_ms, m.ttft_ms) == (pytest.approx(45.0), pytest.approx(700.0))
     assert m.itl_source is ItlSource.ENGINE and m.itl_note is None
+
+
+def _rates(values: dict[str, float]) -> tuple[list[str], QueryFn]:
+    """A query function answering a counter's rate or a gauge's change over the window by the name
+    it contains (recording the queries): ``sum(delta(g[w])) + sum(delta(h[w]))`` adds both."""
+    seen: list[str] = []
+
+    def query(promql: str, at: datetime) -> float | None:
+        seen.append(promql)
+        found = [value for name, value in values.items() if f"({name}{{" in promql]
+        return sum(found) if found else None
+
+    return seen, query
+
+
+@pytest.mark.parametrize(
+    ("engine", "gauges"),
+    [
+        ("vllm", ("vllm:num_requests_running", "vllm:num_requests_waiting")),
+        ("sglang", ("sglang:num_running_reqs", "sglang:num_queue_reqs")),
+    ],
+)
+def test_the_offered_rate_adds_the_growth_of_requests_in_the_engines_to_the_completions(
+    engine: str, gauges: tuple[str, ...]
+) -> None:
+    """Overloaded, a track completes 2 req/s while 120 more requests pile up over a minute: it was
+    offered 4 req/s. Draining the backlog, it completes more than arrives."""
+    success = tuner_metrics(engine).request_success
+    seen, query = _rates({success: 2.0, gauges[0]: 40.0, gauges[1]: 80.0})
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, engine)
+    assert m.request_rate == 2.0 and m.in_flight_change == 120.0
+    assert m.offered_rate == pytest.approx(4.0)
+    assert any(gauges[0] in q and gauges[1] in q and "[1m]" in q for q in seen)
+    _, query = _rates({success: 5.0, gauges[0]: 0.0, gauges[1]: -120.0})
+    assert measure_track(query, SEL, "1m", T0, 0.99, 0.95, engine).offered_rate == pytest.approx(3.0)
+    _, query = _rates({success: 0.5, gauges[1]: -600.0})  # a queue emptied by the pods' restart
+    assert measure_track(query, SEL, "1m", T0, 0.99, 0.95, engine).offered_rate == 0.0
+
+
+def test_without_running_and_waiting_gauges_the_offered_rate_is_the_completion_rate() -> None:
+    """TensorRT-LLM's Prometheus endpoint has no such gauges: nothing is asked, completions stand."""
+    success = tuner_metrics("trtllm").request_success
+    seen, query = _rates({success: 2.0})
+    m = measure_track(query, SEL, "1m", T0, 0.99, 0.95, "trtllm")
+    assert m.in_flight_change is None and m.offered_rate == 2.0
+    assert not any("delta(" in q for q in seen)
+    _, query = _rates({})  # nothing scraped: no rate either way
+    assert measure_track(query, SEL, "1m", T0, 0.99, 0.95).offered_rate is None
+
+
+def test_a_disaggregated_service_is_offered_its_decode_completions_plus_both_pools_backlog() -> (
+    None
+):
+    """A request arrives at the prefill pool and completes at the decode pool: 3 req/s complete while
+    60 more wait in the prefill pool and 60 more decode, over a minute: 5 req/s arrived."""
+    prefill = replace(a_measurement("stable", None, request_rate=3.0), in_flight_change=60.0)
+    decode = replace(a_measurement("stable", 30.0, request_rate=3.0), in_flight_change=60.0)
+    assert PoolsMeasurement(prefill, decode).combined().offered_rate == pytest.approx(5.0)
+    unknown = replace(prefill, in_flight_change=None)  # one pool's gauges unread: completions stand
+    assert PoolsMeasurement(unknown, decode).combined().offered_rate == 3.0
 
 
 def test_trtllm_judges_itl_per_token_where_the_fine_histogram_is_exported() -> None:
@@ -483,7 +546,9 @@ def test_a_colocated_canary_beside_pools_is_measured_on_its_own_pods_on_a_real_p
             query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, "def", min_samples=9
         )
         parts = ((found.canary, 1.0), (found.stable, 2.0))  # the pools' TTFT samples: the prefill's
-        return found if all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts) else None
+        covered = all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts)
+        # The decode pool's rate too: rate() of a series younger than the window reads low.
+        return found if covered and (found.stable.request_rate or 0.0) >= 0.9 * 6.0 else None
 
     try:
         window = wait_for(measured, timeout=60, interval=1.0, what="the canary's and the pools' windows")
@@ -558,6 +623,65 @@ def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometh
             one_by_one = measure_track(query, selector, "10s", at, 0.99, 0.95)
             batched = measure_track_batched(vector, unexpected, selector, "10s", at, 0.99, 0.95)
             assert batched == one_by_one and len(asked) == 1, (service, track)
+
+
+class _BacklogExporter(ExpositionServer):
+    """Two scrape paths of vLLM's request counter and running and waiting gauges: ``/overloaded``
+    completes 2 req/s while its queue grows by 2 a second (offered 4), ``/draining`` completes
+    3 req/s while its queue shrinks by 1 a second (offered 2)."""
+
+    def __init__(self) -> None:
+        names = tuner_metrics("vllm")
+        success, (running, waiting) = names.request_success, names.in_flight
+
+        def render(path: str, elapsed: float) -> str | None:
+            if path == "/overloaded":
+                done, queued = 2.0 * elapsed, 2.0 * elapsed
+            elif path == "/draining":
+                done, queued = 3.0 * elapsed, max(0.0, 1000.0 - elapsed)
+            else:
+                return None
+            lines = [f"# TYPE {success} counter", f"{success} {done}"]
+            lines += [
+                f"# TYPE {running} gauge",
+                f"{running} 16",
+                f"# TYPE {waiting} gauge",
+                f"{waiting} {queued}",
+            ]
+            return "\n".join(lines) + "\n"
+
+        super().__init__(render)
+
+
+@pytest.mark.prometheus
+def test_the_offered_rate_is_read_from_the_engines_gauges_on_a_real_prometheus(prometheus: Any) -> None:
+    """The completions and the requests piling up (or draining) in the engines, both scraped."""
+    service = f"backlog-{uuid.uuid4().hex[:8]}"
+    exporter = _BacklogExporter()
+    prometheus.set_target_groups(
+        [
+            TargetGroup(
+                [exporter.address], {"service": service, "namespace": "default", "track": track}, path
+            )
+            for track, path in (("canary", "/overloaded"), ("stable", "/draining"))
+        ]
+    )
+    query = _instant(prometheus)
+
+    def measured() -> WindowMeasurement | None:
+        found = measure_window(query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, min_samples=1)
+        # Nine tenths of the 10 s window covered (rate() of a younger series reads low).
+        complete = found.canary.request_rate and found.canary.request_rate >= 0.9 * 2.0
+        return found if complete and found.stable.in_flight_change is not None else None
+
+    try:
+        window = wait_for(measured, timeout=60, interval=1.0, what="two scraped windows")
+    finally:
+        exporter.close()
+    assert window.canary.request_rate == pytest.approx(2.0, rel=0.15)
+    assert window.canary.offered_rate == pytest.approx(4.0, rel=0.15)
+    assert window.stable.request_rate == pytest.approx(3.0, rel=0.15)
+    assert window.stable.offered_rate == pytest.approx(2.0, rel=0.15)
 
 
 # --------------------------------------------------------------------------- credentials

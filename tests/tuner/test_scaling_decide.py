@@ -58,9 +58,12 @@ def step(
     twin: TwinReading | None = None,
     canary_pods: tuple[dict[str, Any], ...] = (),
     stable_pods: tuple[dict[str, Any], ...] = (),
+    in_flight_change: float | None = None,
 ) -> Plan:
-    """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``."""
+    """A step at ``rate`` req/s over the ``replicas`` stable replicas running, ITL p99 ``itl_ms``
+    (``in_flight_change``: the growth of the requests in their engines over the minute's window)."""
     stable = a_measurement("stable", itl_ms, 300.0, request_rate=rate, replicas=replicas, time=now)
+    stable = replace(stable, in_flight_change=in_flight_change)
     snap = a_snapshot(
         service,
         stable=a_ready_state(replicas),
@@ -88,6 +91,15 @@ def test_advise_publishes_the_replicas_the_live_load_needs_and_says_it_would_sca
     assert [(r, m[:21]) for r, m in said(plan)] == [("ScalingAdvised", "would scale 2 -> 5: 5")]
     assert of_type(plan, ScalingGauges) == [ScalingGauges(5, 1.8)]
     assert len(scaling["recommendations"]) == 1 and scaling["lastScaleTime"] is not None
+
+
+def test_a_burst_piling_up_in_the_engines_is_planned_for_as_it_arrived_not_as_it_completed() -> None:
+    """Two replicas complete what they serve, 4 req/s, while 240 more requests pile up over the
+    minute: 8 req/s arrived, so 5 replicas as at 8 req/s, not 3."""
+    plan = step(body(), rate=4.0, in_flight_change=240.0)
+    scaling = plan.status["scaling"]
+    assert scaling["liveRateReqS"] == 8.0 and scaling["desiredReplicas"] == 5
+    assert step(body(), rate=4.0).status["scaling"]["desiredReplicas"] == 3  # on completions alone
 
 
 def test_the_event_and_status_carry_the_twins_quantiles_at_both_counts() -> None:

@@ -206,14 +206,15 @@ class Snapshot:
         return rec.slo_targets(self.isvc) if self.isvc.spec.slo is not None else SLOTargets(1.0, 1.0)
 
     def service_rate(self) -> float | None:
-        """The live request rate over the whole service (req/s): the stable track's, plus a stable
-        replica's share for every canary pod the Service also spreads requests over (None: not
-        measured). Counted on the pods measured, not the replicas asked for: right after a change
-        of replicas they differ."""
+        """The live request rate over the whole service (req/s): the rate requests arrived at the
+        stable track (:attr:`~chunkpilot.tuner.measure.TrackMeasurement.offered_rate`: what it was
+        asked to serve, not only what it completed), plus a stable replica's share for every canary
+        pod the Service also spreads requests over (None: not measured). Counted on the pods
+        measured, not the replicas asked for: right after a change of replicas they differ."""
         stable = self.stable_reading.value
         if stable is None:
             return None
-        per_replica = stable.per_replica(stable.request_rate)
+        per_replica = stable.per_replica(stable.offered_rate)
         if per_replica is None:
             return None
         return per_replica * (stable.replicas + len(self.canary_pods))
@@ -229,10 +230,12 @@ class Snapshot:
         )
 
     def pools_rate(self) -> float | None:
-        """The live request rate over a disaggregated service (req/s): its pools', plus what a
-        colocated topology trial's canary engines served over the same window; None: not measured."""
+        """The live request rate over a disaggregated service (req/s): the rate requests arrived at
+        its pools (the decode pool's completions plus the growth of the requests in both pools'
+        engines), plus what a colocated topology trial's canary engines served over the same
+        window; None: not measured."""
         pools = self.pools_reading.value
-        rate = pools.decode.request_rate if pools is not None else None
+        rate = pools.combined().offered_rate if pools is not None else None
         if rate is None or self.canary_rate is None:
             return rate
         return rate + self.canary_rate

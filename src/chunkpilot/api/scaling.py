@@ -222,7 +222,12 @@ class ScalingStatus(StatusModel):
     )
     reason: str = Field(default="", max_length=1024, description="Why, in words.")
     live_rate_req_s: float | None = Field(
-        default=None, ge=0, description="The live request rate over the service, req/s."
+        default=None,
+        ge=0,
+        description=(
+            "The live request rate over the service, req/s: the rate requests arrived at (completions "
+            "plus the growth of those running or waiting in the engines, where the engine exports both)."
+        ),
     )
     planned_rate_req_s: float | None = Field(
         default=None,

@@ -5,7 +5,9 @@ one tick at a time. Each arrival goes to a Ready replica picked at random, as a 
 spreads connections; a replica asked for becomes Ready ``startup_s`` later and counts GPU time from
 the moment it is asked for; a replica scaled away (the newest first, as a ReplicaSet removes them)
 takes no new requests and finishes the ones it holds. What a scaling method sees at a tick
-(:class:`View`) is what Prometheus would show: the request rate and both SLO quantiles over the last
+(:class:`View`) is what Prometheus would show: the request rate (arrivals, as the operator reads them:
+completions plus the growth of the requests in the engines, :attr:`TrackMeasurement.offered_rate
+<chunkpilot.tuner.measure.TrackMeasurement.offered_rate>`) and both SLO quantiles over the last
 minute, the mean of ``num_requests_waiting`` over Ready replicas. Every minute is judged afterwards on
 the SLO quantiles of the requests that arrived in it (TTFT) and the tokens produced in it (ITL).
 """
