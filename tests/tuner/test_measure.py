@@ -264,9 +264,7 @@ def test_without_running_and_waiting_gauges_the_offered_rate_is_the_completion_r
     assert measure_track(query, SEL, "1m", T0, 0.99, 0.95).offered_rate is None
 
 
-def test_a_disaggregated_service_is_offered_its_decode_completions_plus_both_pools_backlog() -> (
-    None
-):
+def test_a_disaggregated_service_is_offered_its_decode_completions_plus_both_pools_backlog() -> None:
     """A request arrives at the prefill pool and completes at the decode pool: 3 req/s complete while
     60 more wait in the prefill pool and 60 more decode, over a minute: 5 req/s arrived."""
     prefill = replace(a_measurement("stable", None, request_rate=3.0), in_flight_change=60.0)

@@ -16,8 +16,10 @@ from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
 from chunkpilot.tuner.decide.scaling import RECORD_EVERY_S, colocated_proposal
 from chunkpilot.tuner.decide.step import decide
 from chunkpilot.tuner.measure import PoolsMeasurement
+from chunkpilot.tuner.observe import twin as observe_twin
 from chunkpilot.tuner.observe.snapshot import Reading, TwinReading
 from chunkpilot.tuner.observe.twin import TwinObserver
+from chunkpilot.tuner.topology.pools import PoolCheckRequest
 from chunkpilot.tuner.topology.sizing import PoolCapacities
 from chunkpilot.tuner.twin import Twin, TwinFit
 from chunkpilot.tuner.twin.online import Calibration
@@ -481,6 +483,23 @@ def test_observing_splits_a_sized_colocated_service_into_pools_once_per_fit(
     assert asyncio.run(observer._split(snap, TwinReading(calibration=calibration))) is split
     unsized = a_snapshot(body("Off"), stable=a_ready_state(2), prometheus=True)
     assert asyncio.run(observer._split(unsized, TwinReading(calibration=calibration))) is None
+
+
+def test_the_split_is_read_on_the_sample_the_colocated_replicas_are_planned_on(
+    sim_twin: Callable[[int], tuple[TwinFit, Twin]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proposal compares the planner's colocated count with the pools': both on one sample."""
+    fit, twin = sim_twin(128)
+    planned_on = replace(
+        twin, sustained_workload=replace(twin.workload, requests=twin.workload.requests[:50])
+    )
+    calibration = Calibration("k", fit, planned_on, (20.0, 300.0), 0.1)
+    jobs: list[PoolCheckRequest] = []
+    monkeypatch.setattr(observe_twin, "layout_capacities", lambda job: jobs.append(job) or SIZES)
+    snap = a_snapshot(body(), stable=a_ready_state(2), prometheus=True)
+    asyncio.run(TwinObserver(None, inline=True)._split(snap, TwinReading(calibration=calibration)))
+    assert [len(job.twin.workload.requests) for job in jobs] == [50]
+    assert jobs[0].twin.arrival_seeds == planned_on.for_planning().arrival_seeds != twin.arrival_seeds
 
 
 def stored(before: dict[str, Any], plan: Plan) -> dict[str, Any]:

@@ -432,7 +432,10 @@ class TwinObserver:
     async def _split(self, snap: Snapshot, reading: TwinReading) -> PoolCapacities | None:
         """A sized colocated service's replicas split into prefill and decode pools: one replica's
         capacity of each on the service's twin (the pools' knobs as the topology search starts
-        them), once per fit; None: not sized, no fit yet, or not simulated."""
+        them), once per fit; None: not sized, no fit yet, or not simulated. Read on the requests the
+        planner sizes the colocated replicas on (:meth:`Twin.for_planning
+        <chunkpilot.tuner.twin.predict.Twin.for_planning>`), so the proposal compares two counts of
+        one sample: at a TTFT quantile both rest on the same longest prompts."""
         calibration = reading.calibration or self._fits.get((snap.namespace, snap.name))
         isvc, service = snap.isvc, (snap.namespace, snap.name)
         if not isvc.spec.scaling.plans or isvc.spec.disaggregated or calibration is None:
@@ -445,7 +448,7 @@ class TwinObserver:
         bandwidth, latency = kv_transfer(snap)
         job = PoolCheckRequest(
             key=calibration.key,
-            twin=calibration.twin,
+            twin=calibration.twin.for_planning(),
             layout=starting_layout(1, 1, stable.max_num_seqs, stable.max_num_batched_tokens),
             steps_by_role={},  # no pools run: both on the service's step model
             slo=online.offset_slo(sim_slo(snap), calibration.offset_ms),

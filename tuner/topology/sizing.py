@@ -200,12 +200,15 @@ def pool_capacities(request: PoolSizingRequest) -> PoolCapacities:
     started = time.process_time()
     twin = build_twin(request, min_steps=request.min_steps)
     twins, fits = pool_twins(twin, request.steps_by_role, request.min_steps, "stable")
-    evaluate = pools_evaluator(twin, request, twins)
+    # Sized as the colocated planner sizes: on the larger sample (at a TTFT quantile a capacity
+    # rests on the few longest prompts), the colocated capacity it is compared with on the same.
+    planning = twin.for_planning()
+    evaluate = pools_evaluator(planning, request, twins)
     (prefill, decode), evaluations = single_pool_capacities(evaluate, request.layout, request.tolerance)
     colocated = None
     if request.colocated is not None:
         colocated, _ = planning_capacity(
-            twin, request.colocated, request.slo, 0.0, max_model_len=request.max_model_len
+            planning, request.colocated, request.slo, 0.0, max_model_len=request.max_model_len
         )
     prefill_error, decode_error = _errors(twin, twins, request)
     return PoolCapacities(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.tuner.space import TunedConfig
+from chunkpilot.tuner.topology import sizing
 from chunkpilot.tuner.topology.layouts import Layout, LayoutCapacity, Pool
 from chunkpilot.tuner.topology.pools import pool_twins, pools_latencies
 from chunkpilot.tuner.topology.sizing import (
@@ -19,7 +21,8 @@ from chunkpilot.tuner.topology.sizing import (
     single_pool_capacities,
 )
 from chunkpilot.tuner.twin import Twin, TwinFit
-from chunkpilot.tuner.twin.online import build_twin
+from chunkpilot.tuner.twin.online import SUSTAINED_REQUESTS, build_twin
+from chunkpilot.tuner.twin.predict import SUSTAINED_SAMPLES, arrival_seeds
 from chunkpilot.tuner.twin.search import SUSTAINED_S
 
 from chunkpilot.testing.tuner import pool_steps, window_of
@@ -121,6 +124,24 @@ def test_longer_outputs_shift_the_ratio_towards_decode(twin: Twin, alike: PoolCa
     assert longer.decode_req_s < 0.7 * alike.decode_req_s
     ratio_before = alike.prefill_req_s / alike.decode_req_s
     assert longer.prefill_req_s / longer.decode_req_s > 1.3 * ratio_before
+
+
+def test_the_pools_are_read_on_the_sample_the_colocated_planner_sizes_on(
+    twin: Twin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The larger synthesized sample and its arrival samples (``Twin.for_planning``), not the
+    ranking's: a capacity at a TTFT quantile rests on the few longest prompts."""
+    read_on: list[Twin] = []
+    evaluator = sizing.pools_evaluator
+
+    def recording(on: Twin, *args: Any) -> Any:
+        read_on.append(on)
+        return evaluator(on, *args)
+
+    monkeypatch.setattr(sizing, "pools_evaluator", recording)
+    pool_capacities(request(twin, twin))
+    assert [len(t.workload.requests) for t in read_on] == [SUSTAINED_REQUESTS]
+    assert read_on[0].arrival_seeds == arrival_seeds(SUSTAINED_SAMPLES)
 
 
 def test_by_default_a_pool_is_read_at_what_it_sustains_not_what_it_absorbs_in_a_burst(
