@@ -6,7 +6,9 @@ Queries, for a window ``W`` ending at one instant ``t`` shared by both tracks
 - latency quantile: ``histogram_quantile(q, sum by (le) (rate(<hist>_bucket{sel}[W])))``
 - samples:          ``sum(increase(<hist>_count{sel}[W]))``
 - throughput:       ``sum(rate(vllm:generation_tokens_total{sel}[W]))`` (+ prompt tokens)
-- request rate:     ``sum(rate(vllm:request_success_total{sel}[W]))``
+- request rate:     ``sum(rate(vllm:request_success_total{sel}[W]))`` (completions)
+- in the engines:   ``sum(delta(vllm:num_requests_running{sel}[W]))`` plus the same of
+  ``vllm:num_requests_waiting``: their growth added to the completions is the arrivals' rate
 - token mix:        prompt and generated token rates over the request rate (tokens per request)
 - replicas:         ``count(up{sel} == 1)``
 
@@ -301,19 +303,17 @@ class TrackMeasurement:
     def offered_rate(self) -> float | None:
         """The rate requests arrived at over the window (req/s): those completed plus the growth of
         those still in the engines. An overloaded track completes only what it serves, so its
-        completion rate understates the load, and a draining one overstates it; the completion rate
-        where the engine exports no running and waiting gauges (None without data)."""
-        if self.request_rate is None or self.in_flight_change is None:
+        completion rate understates the load. A fall is not subtracted: requests a restarted engine
+        dropped never completed, and a backlog being drained reads as its completions, the side
+        that keeps replicas. The completion rate where the engine exports no running and waiting
+        gauges (None without data)."""
+        if self.request_rate is None or self.in_flight_change is None or self.in_flight_change <= 0:
             return self.request_rate
         try:
             seconds = float(parse_duration(self.window))
         except ValueError:
             return self.request_rate
-        return (
-            max(0.0, self.request_rate + self.in_flight_change / seconds)
-            if seconds > 0
-            else self.request_rate
-        )
+        return self.request_rate + self.in_flight_change / seconds if seconds > 0 else self.request_rate
 
     @property
     def itl_note(self) -> str | None:

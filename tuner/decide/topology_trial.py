@@ -340,7 +340,7 @@ def pays(found: TopologyRecommendation, snap: Snapshot, described: str) -> Gate 
     """None when the predicted capacity serves the live rate and beats colocated, by the margin."""
     capacity, colocated = found.capacity_req_s, found.colocated_capacity_req_s
     stable = snap.stable_reading.value
-    live = stable.request_rate if stable is not None else None
+    live = stable.offered_rate if stable is not None else None
     predicted = f"the twin predicts the recommended {described} meets both SLOs up to {capacity or 0:.3g}"
     predicted += " req/s"
     if live is None or not live > 0:

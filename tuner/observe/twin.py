@@ -323,7 +323,7 @@ class TwinObserver:
             return TwinReading(TwinState.WAITING, f"the twin's telemetry could not be read: {error}")
         refit = last.spec.number if last is not None else None
         key = f"{snap.incumbent.config_hash()}-{refit or 0}"
-        rate = stable.per_replica(stable.offered_rate)
+        rate = stable.per_replica(stable.request_rate)
         merged = replace(inputs, steps=online.merge_steps(inputs.steps, extra))
         base = TwinReading(key=key, refit_trial=refit, live_rate_req_s=rate, measured_ms=inputs.measured_ms)
         waiting = online.waiting_reason(merged)

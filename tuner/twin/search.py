@@ -128,8 +128,8 @@ def planning_capacity(
     twin's relative latency error: one for both, or the ITL's and the TTFT's own): the capacity
     should its latencies be that much longer (``requests``: only the first of the twin's workload).
     The replica planner passes :meth:`Twin.for_planning
-    <chunkpilot.tuner.twin.predict.Twin.for_planning>`; a comparison with capacities read on the
-    ranking's sample (the pools') passes the twin as it ranks. Near the targets a small latency
+    <chunkpilot.tuner.twin.predict.Twin.for_planning>`, and so do the pools' capacities it is
+    compared with (:mod:`chunkpilot.tuner.topology.sizing`). Near the targets a small latency
     error moves the capacity a lot; this carries it over. A quantile the twin predicts well is not
     tightened for the other's error."""
     itl_error, ttft_error = (error, error) if isinstance(error, (int, float)) else error

@@ -252,7 +252,9 @@ class Measurement(StatusModel):
     goodput_req_s: float | None = Field(
         default=None, ge=0, description="Requests per second meeting both SLOs."
     )
-    request_rate: float | None = Field(default=None, ge=0, description="Offered load, requests per second.")
+    request_rate: float | None = Field(
+        default=None, ge=0, description="Requests completed per second in the window."
+    )
     samples: int | None = Field(default=None, ge=0, description="Requests observed in the window.")
     window: str | None = Field(default=None, max_length=16, description="Measurement window, e.g. 5m.")
     time: datetime | None = Field(default=None, description="End of the measurement window (RFC 3339).")

@@ -129,19 +129,25 @@ def test_longer_outputs_shift_the_ratio_towards_decode(twin: Twin, alike: PoolCa
 def test_the_pools_are_read_on_the_sample_the_colocated_planner_sizes_on(
     twin: Twin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The larger synthesized sample and its arrival samples (``Twin.for_planning``), not the
-    ranking's: a capacity at a TTFT quantile rests on the few longest prompts."""
+    """The larger synthesized sample (``Twin.for_planning``), not the ranking's: a capacity at a
+    TTFT quantile rests on the few longest prompts. The colocated replica it is compared with is
+    read on the same twin, over its arrival samples."""
     read_on: list[Twin] = []
-    evaluator = sizing.pools_evaluator
+    evaluator, planning = sizing.pools_evaluator, sizing.planning_capacity
 
     def recording(on: Twin, *args: Any) -> Any:
         read_on.append(on)
         return evaluator(on, *args)
 
+    def colocated(on: Twin, *args: Any, **kwargs: Any) -> tuple[float, float]:
+        read_on.append(on)
+        return planning(on, *args, **kwargs)
+
     monkeypatch.setattr(sizing, "pools_evaluator", recording)
-    pool_capacities(request(twin, twin))
-    assert [len(t.workload.requests) for t in read_on] == [SUSTAINED_REQUESTS]
-    assert read_on[0].arrival_seeds == arrival_seeds(SUSTAINED_SAMPLES)
+    monkeypatch.setattr(sizing, "planning_capacity", colocated)
+    pool_capacities(replace(request(twin, twin), colocated=TunedConfig(1024, 64)))
+    assert [len(t.workload.requests) for t in read_on] == [SUSTAINED_REQUESTS] * 2
+    assert read_on[0] is read_on[1] and read_on[1].arrival_seeds == arrival_seeds(SUSTAINED_SAMPLES)
 
 
 def test_by_default_a_pool_is_read_at_what_it_sustains_not_what_it_absorbs_in_a_burst(
