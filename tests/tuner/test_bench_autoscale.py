@@ -110,6 +110,29 @@ def test_more_replicas_of_the_fleet_serve_the_same_load_faster_and_new_ones_star
     assert run.events == [(0.0, 1), (15.0, 2)]
 
 
+def test_the_methods_see_the_rate_as_the_operator_reads_it_arrivals_in_a_burst_completions_in_a_drain(
+    tmp_path: Path,
+) -> None:
+    """Completions plus the growth of the requests in the engines, a fall not subtracted: a burst
+    one replica cannot serve reads at its arrivals, the backlog it drains afterwards at its
+    completions (the load itself near zero by then)."""
+    profile = read_rate_profile(
+        profile_file(tmp_path, "t_s,load,workload\n0,1,azure_conv\n90,1\n91,0.01\n240,0.01\n")
+    )
+    views: list[View] = []
+
+    def watch(view: View) -> int:
+        views.append(view)
+        return 1
+
+    Fleet(SIM, 8192, startup_s=0.0, slo=SLO()).run(profile, 30.0, watch, CONFIG, 1, seed=0)
+    burst = [v for v in views if v.now_s == 90.0]
+    assert burst[0].rate_req_s == pytest.approx(30.0, rel=0.15) and burst[0].waiting_per_replica > 100
+    # A minute after the burst under 1 req/s has arrived over the last minute; the backlog completes.
+    draining = [v.rate_req_s for v in views if 150.0 <= v.now_s <= 165.0]
+    assert len(draining) == 2 and min(draining) > 5.0
+
+
 def test_a_new_configuration_rolls_out_with_the_old_replicas_serving_until_the_new_ones_are_ready(
     tmp_path: Path,
 ) -> None:

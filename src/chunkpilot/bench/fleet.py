@@ -5,11 +5,13 @@ one tick at a time. Each arrival goes to a Ready replica picked at random, as a 
 spreads connections; a replica asked for becomes Ready ``startup_s`` later and counts GPU time from
 the moment it is asked for; a replica scaled away (the newest first, as a ReplicaSet removes them)
 takes no new requests and finishes the ones it holds. What a scaling method sees at a tick
-(:class:`View`) is what Prometheus would show: the request rate (arrivals, as the operator reads them:
-completions plus the growth of the requests in the engines, :attr:`TrackMeasurement.offered_rate
-<chunkpilot.tuner.measure.TrackMeasurement.offered_rate>`) and both SLO quantiles over the last
-minute, the mean of ``num_requests_waiting`` over Ready replicas. Every minute is judged afterwards on
-the SLO quantiles of the requests that arrived in it (TTFT) and the tokens produced in it (ITL).
+(:class:`View`) is what Prometheus would show: the request rate as the operator reads it
+(completions plus the growth of the requests in the engines, a fall not subtracted:
+:attr:`TrackMeasurement.offered_rate <chunkpilot.tuner.measure.TrackMeasurement.offered_rate>`, so
+the arrivals while a backlog grows and the completions while one drains) and both SLO quantiles over
+the last minute, the mean of ``num_requests_waiting`` over Ready replicas. Every minute is judged
+afterwards on the SLO quantiles of the requests that arrived in it (TTFT) and the tokens produced in
+it (ITL).
 """
 
 from __future__ import annotations
@@ -307,6 +309,10 @@ class Fleet:
         while self._recent_itl and self._recent_itl[0][0] <= since:
             self._recent_itl.popleft()
         arrived = sum(1 for at, _ in self._recent if at >= since)
+        # The operator's live rate: completions plus the growth of the requests in the engines, a fall
+        # not subtracted (TrackMeasurement.offered_rate); arrivals = completions + growth, so it is
+        # the larger of the two.
+        completed = sum(1 for _, r in self._recent if r.finish_s is not None and since < r.finish_s <= now)
         ttft = [
             r.first_token_s - r.arrival_s
             for _, r in self._recent
@@ -324,7 +330,7 @@ class Fleet:
             now_s=now,
             replicas=len(self.active),
             ready=len(ready),
-            rate_req_s=arrived / min(VIEW_S, now),
+            rate_req_s=max(arrived, completed) / min(VIEW_S, now),
             itl_ms=itl,
             ttft_ms=quantile(np.asarray(ttft), slo.ttft_quantile) * 1e3 if ttft else math.nan,
             waiting_per_replica=waiting,
