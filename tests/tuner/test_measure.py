@@ -675,9 +675,15 @@ def test_the_offered_rate_is_read_from_the_engines_gauges_on_a_real_prometheus(p
 
     def measured() -> WindowMeasurement | None:
         found = measure_window(query, service, "default", "10s", datetime.now(UTC), 0.99, 0.95, min_samples=1)
-        # Nine tenths of the 10 s window covered (rate() of a younger series reads low).
-        complete = found.canary.request_rate and found.canary.request_rate >= 0.9 * 2.0
-        return found if complete and found.stable.in_flight_change is not None else None
+        # Nine tenths of the 10 s window covered on every series (rate() and delta() of a younger
+        # series read low).
+        parts = (
+            (found.canary.request_rate, 2.0),
+            (found.canary.in_flight_change, 20.0),
+            (found.stable.request_rate, 3.0),
+            (None if found.stable.in_flight_change is None else -found.stable.in_flight_change, 10.0),
+        )
+        return found if all(value is not None and value >= 0.9 * full for value, full in parts) else None
 
     try:
         window = wait_for(measured, timeout=60, interval=1.0, what="two scraped windows")
