@@ -309,11 +309,16 @@ class TrackMeasurement:
         gauges (None without data)."""
         if self.request_rate is None or self.in_flight_change is None or self.in_flight_change <= 0:
             return self.request_rate
-        try:
-            seconds = float(parse_duration(self.window))
-        except ValueError:
-            return self.request_rate
+        seconds = self.window_s
         return self.request_rate + self.in_flight_change / seconds if seconds > 0 else self.request_rate
+
+    @property
+    def window_s(self) -> float:
+        """The window's length in seconds (0 when it cannot be read)."""
+        try:
+            return float(parse_duration(self.window))
+        except ValueError:
+            return 0.0
 
     @property
     def itl_note(self) -> str | None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pytest
 from chunkpilot.engine.metrics_names import (
@@ -48,6 +48,7 @@ from chunkpilot.testing.metrics import ExpositionServer, LatencyExporter, histog
 from chunkpilot.testing.tuner import a_measurement
 
 SEL = Selector("chat", "default", Track.CANARY)
+T = TypeVar("T")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -479,6 +480,15 @@ def _instant(prometheus: Any) -> Callable[[str, datetime], float | None]:
     return query
 
 
+def _scraped(exporter: ExpositionServer, measured: Callable[[], T | None], what: str) -> T:
+    """``measured()`` once it answers (the scraped series cover the window), ``exporter`` closed
+    either way."""
+    try:
+        return wait_for(measured, timeout=60, interval=1.0, what=what)
+    finally:
+        exporter.close()
+
+
 def _scraped_pools(
     prometheus: Any, prefix: str, parts: Sequence[tuple[dict[str, str], str]]
 ) -> tuple[str, _PoolExporter]:
@@ -515,10 +525,7 @@ def test_a_topology_is_measured_per_pool_by_its_role_on_a_real_prometheus(promet
         parts = ((found.prefill, 2.0), (found.decode, 6.0), (found.stable, 1.0))
         return found if all(p.request_rate and p.ttft_samples >= 9 * rate for p, rate in parts) else None
 
-    try:
-        window = wait_for(measured, timeout=60, interval=1.0, what="three scraped windows")
-    finally:
-        exporter.close()
+    window = _scraped(exporter, measured, "three scraped windows")
     assert window.prefill.request_rate == pytest.approx(2.0, rel=0.15)
     assert window.decode.request_rate == pytest.approx(6.0, rel=0.15)
     assert window.stable.request_rate == pytest.approx(1.0, rel=0.15)
@@ -555,10 +562,7 @@ def test_a_colocated_canary_beside_pools_is_measured_on_its_own_pods_on_a_real_p
         # The decode pool's rate too: rate() of a series younger than the window reads low.
         return found if covered and (found.stable.request_rate or 0.0) >= 0.9 * 6.0 else None
 
-    try:
-        window = wait_for(measured, timeout=60, interval=1.0, what="the canary's and the pools' windows")
-    finally:
-        exporter.close()
+    window = _scraped(exporter, measured, "the canary's and the pools' windows")
     assert window.canary.request_rate == pytest.approx(1.0, rel=0.15)
     assert window.canary.replicas == 1
     assert window.stable.request_rate == pytest.approx(6.0, rel=0.15)  # the decode pool's
@@ -597,10 +601,7 @@ def test_canary_and_stable_are_judged_on_one_family_on_a_real_prometheus(prometh
         # Nine tenths of the 10 s window covered (rate() of a younger series reads low).
         return found if all(m.ttft_samples >= 0.9 * 10 * exporter.REQUESTS_PER_S for m in tracks) else None
 
-    try:
-        both_mixed, both_plugin = wait_for(measured, timeout=60, interval=1.0, what="two scraped windows")
-    finally:
-        exporter.close()
+    both_mixed, both_plugin = _scraped(exporter, measured, "two scraped windows")
     for m in (both_mixed.canary, both_mixed.stable):
         assert m.itl_source is ItlSource.ENGINE, m.track
         assert m.itl_ms == pytest.approx(25 + 0.99 * 25, abs=0.01)
@@ -685,10 +686,7 @@ def test_the_offered_rate_is_read_from_the_engines_gauges_on_a_real_prometheus(p
         )
         return found if all(value is not None and value >= 0.9 * full for value, full in parts) else None
 
-    try:
-        window = wait_for(measured, timeout=60, interval=1.0, what="two scraped windows")
-    finally:
-        exporter.close()
+    window = _scraped(exporter, measured, "two scraped windows")
     assert window.canary.request_rate == pytest.approx(2.0, rel=0.15)
     assert window.canary.offered_rate == pytest.approx(4.0, rel=0.15)
     assert window.stable.request_rate == pytest.approx(3.0, rel=0.15)

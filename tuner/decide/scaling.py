@@ -22,7 +22,6 @@ from typing import Any, Final, Literal
 
 from chunkpilot.operator.events import EventType
 from chunkpilot.tuner.decide.plan import Log, Plan, ScalingGauges
-from chunkpilot.tuner.measure import TrackMeasurement
 from chunkpilot.tuner.planner import (
     DEFAULT_ERROR,
     Capacity,
@@ -44,7 +43,6 @@ from chunkpilot.api import (
     ScalingRecommendation,
     ScalingStatus,
     TwinState,
-    parse_duration,
 )
 
 __all__ = ["PROPOSE_AT", "RECORD_EVERY_S", "colocated_proposal", "plan_scaling", "split_proposal"]
@@ -109,16 +107,6 @@ def _startup(plan: Plan, before: ScalingStatus) -> float | None:
     return round(max(seen), 1) if seen else before.startup_seconds
 
 
-def _window_s(measured: TrackMeasurement | None) -> float:
-    """How long ``measured``'s rate is averaged over (seconds; 0 when unknown)."""
-    if measured is None:
-        return 0.0
-    try:
-        return float(parse_duration(measured.window))
-    except ValueError:
-        return 0.0
-
-
 def plan_scaling(plan: Plan) -> None:
     """``status.scaling`` from this step's twin and stable measurement; an Event when the decision
     changes ("would scale 3 -> 5" in Advise)."""
@@ -138,15 +126,15 @@ def plan_scaling(plan: Plan) -> None:
     per_replica = stable.per_replica(stable.request_rate) if stable is not None else None
     live = snap.service_rate()
     found = _twin_capacity(plan)
-    if per_replica is None or live is None or found is None or not found[0] > 0:
+    if stable is None or per_replica is None or live is None or found is None or not found[0] > 0:
         waiting = "no live request rate yet" if live is None else "no capacity from the twin yet"
         if before.reason != f"waiting: {waiting}" or before.mode != spec.mode:
             plan.status["scaling"] = _status(before, spec.mode, reason=f"waiting: {waiting}")
         plan.do(ScalingGauges(before.desired_replicas, before.capacity_low_req_s))
         return
     startup = _startup(plan, before)
-    check = check_slo(stable, snap.slo) if stable is not None else None
-    met = check.met if check is not None and settled(before.last_scale_time, snap.now, startup) else None
+    check = check_slo(stable, snap.slo)
+    met = check.met if settled(before.last_scale_time, snap.now, startup) else None
     planning = snap.twin.planning
     nominal, low = (
         (planning[0], planning[1]) if planning is not None and planning[0] > 0 else (found[0], None)
@@ -157,7 +145,7 @@ def plan_scaling(plan: Plan) -> None:
         nominal, found[1], low_req_s=low, cap_req_s=kept, per_replica_req_s=per_replica, met=met
     )
     decision = decide_replicas(
-        spec, current, live, capacity, before.recommendations, snap.now, startup, _window_s(stable)
+        spec, current, live, capacity, before.recommendations, snap.now, startup, stable.window_s
     )
     if spec.acts and before.mode != ScalingMode.AUTO:
         previous = snap.isvc.spec.replicas  # what ran until the planner acted (Off, Advise)
@@ -251,7 +239,7 @@ def _plan_pools(plan: Plan, before: ScalingStatus) -> None:
             met=met,
         )
         decision = decide_replicas(
-            spec, current, live, capacity, old.recommendations, snap.now, startup, _window_s(pools.decode)
+            spec, current, live, capacity, old.recommendations, snap.now, startup, pools.decode.window_s
         )
         planned = decision.planned_req_s  # the same rate for both pools: the service's
         needed += decision.needed
