@@ -114,7 +114,7 @@ def test_pods_that_came_or_went_inside_the_window_are_counted_until_a_whole_wind
         labels = {"service": service, "track": "stable", "config_hash": "abc"}
         prometheus.set_targets([first.address], labels=labels)
         prometheus.wait_for_target_up(first.address, timeout=30)
-        assert changed() == (1, 0)
+        settle((1, 0))  # seen once its first sample is queryable (a target is up on its scrape)
         settle((0, 0))
         # A canary of another config and track still changes the service's traffic split.
         canary = labels | {"track": "canary", "config_hash": "def"}
@@ -122,7 +122,7 @@ def test_pods_that_came_or_went_inside_the_window_are_counted_until_a_whole_wind
             [TargetGroup([first.address], labels), TargetGroup([second.address], canary)]
         )
         prometheus.wait_for_target_up(second.address, timeout=30)
-        assert changed() == (1, 0)
+        settle((1, 0))
         settle((0, 0))
         prometheus.set_targets([first.address], labels=labels)  # the canary ends
         settle((0, 1))
