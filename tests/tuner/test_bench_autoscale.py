@@ -11,12 +11,15 @@ import pytest
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.tuner.decide.lifecycle import MAX_RESCALE_RESTARTS_WINDOWS
 from chunkpilot.tuner.space import TunedConfig
 
 from chunkpilot.api import ScalingMode, ScalingSpec
 from chunkpilot.bench.autoscale import (
     AUTOSCALE_QUICK,
+    RETUNE_WINDOW_S,
     _hpa_queue,
+    _Round,
     _settle_oracle,
     _TwinSizing,
     average_capacity,
@@ -157,9 +160,9 @@ def test_the_twin_method_retunes_on_a_drifted_workload_and_sizes_with_the_promot
     def refit(_workload: str, _per_replica: float, knobs: TunedConfig) -> tuple[float, float]:
         return capacities[knobs]
 
-    def retune(workload: str, _per_replica: float, knobs: TunedConfig) -> tuple[TunedConfig, float]:
+    def retune(workload: str, _per_replica: float, knobs: TunedConfig) -> tuple[TunedConfig, int]:
         rounds.append((workload, knobs))
-        return tuned, 300.0
+        return tuned, 1
 
     spec = ScalingSpec(mode=ScalingMode.AUTO, min_replicas=1, max_replicas=20)
     sizing = _TwinSizing(spec, 60.0, refit, "chat", capacities[CONFIG], (100.0, 2000.0), CONFIG, retune)
@@ -173,12 +176,35 @@ def test_the_twin_method_retunes_on_a_drifted_workload_and_sizes_with_the_promot
         replicas = sizing(view)
         seen[now] = (replicas, sizing.knobs(view))
     # The workload changed at 300 s; two minutes later the twin refits and the round starts from the
-    # running knobs; its promotion lands 300 s on, and the replicas follow the doubled capacity.
+    # running knobs; its one trial (start-up, warm-up, window) lands 420 s on, and the replicas
+    # follow the doubled capacity.
     assert rounds == [("code", CONFIG)]
-    assert sizing.retunes[0]["t_s"] == 420.0 and sizing.retunes[0]["promoted_at_s"] == 720.0
-    assert seen[705.0][1] == CONFIG and seen[720.0][1] == tuned
+    assert sizing.retunes[0]["t_s"] == 420.0 and sizing.retunes[0]["promoted_at_s"] == 840.0
+    assert sizing.retunes[0]["window_restarts"] == 0
+    assert seen[825.0][1] == CONFIG and seen[840.0][1] == tuned
     # (down once the scale-down window has passed since the promotion)
-    assert seen[705.0][0] >= 5 and seen[1185.0][0] < seen[705.0][0]
+    assert seen[825.0][0] >= 5 and seen[1185.0][0] < seen[825.0][0]
+
+
+def test_a_round_restarts_its_window_when_the_replicas_change_in_it_as_the_operator_does() -> None:
+    """Two trials, start-up 100 s: each is measured 160 s after it starts, for 300 s. A change of
+    the replicas after the canary was Ready restarts the window once the new replicas have started;
+    one before it, or once the trial has run its longest, does not."""
+    tuned = TunedConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+    record: dict[str, Any] = {"promoted_at_s": None, "window_restarts": 0}
+    trial = _Round.starting(tuned, 2, 0.0, 100.0, record)
+    assert (trial.ready_s, trial.measure_from_s) == (100.0, 160.0)
+    assert not trial.lands(150.0, 50.0, 100.0)  # warming up; the change came before Ready
+    assert not trial.lands(200.0, 50.0, 100.0) and trial.measure_from_s == 160.0
+    assert not trial.lands(300.0, 250.0, 100.0)  # changed inside the window: restart
+    assert trial.measure_from_s == 460.0 and record["window_restarts"] == 1
+    assert not trial.lands(760.0, 250.0, 100.0)  # the first trial's restarted window is over
+    assert trial.trials_left == 1 and trial.measure_from_s == 920.0
+    assert not trial.lands(1219.0, 250.0, 100.0) and trial.lands(1220.0, 250.0, 100.0)
+    late = _Round.starting(tuned, 1, 0.0, 100.0, {"window_restarts": 0})
+    longest = MAX_RESCALE_RESTARTS_WINDOWS * RETUNE_WINDOW_S
+    assert late.lands(100.0 + longest + 15.0, 400.0, 100.0)  # judged on the window it has
+    assert late.measure_from_s == 160.0
 
 
 def _view(waiting: float, replicas: int, now: float) -> View:

@@ -12,8 +12,9 @@ runs a fleet of simulated replicas on the truth through the whole profile
   operator's planner (:func:`chunkpilot.tuner.planner.decide_replicas`) on the twin's capacity of
   those knobs and its measured error, corrected at once by a missed SLO; when the captured
   workload changes, the twin refits and a tuning round starts from the running knobs on the new
-  workload, as the operator's drift re-tune does: its promotion lands after its trials (start-up
-  plus :data:`RETUNE_TRIAL_S` each) and rolls out to every replica;
+  workload, as the operator's drift re-tune does: its promotion lands after its trials (start-up,
+  warm-up and window each, a window restarted when the planner changes the replicas inside it, as
+  the operator restarts it: :class:`_Round`) and rolls out to every replica;
 - ``twin-replicas``: the engine's default knobs, the same planner;
 - ``static-peak``: the replicas the profile's peak needs at the default knobs, all the time;
 - ``hpa-queue``: a HorizontalPodAutoscaler on ``vllm:num_requests_waiting`` per replica (target
@@ -86,6 +87,7 @@ from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.steptime import ForwardPass
 from chunkpilot.engine.sim.workload import load_trace
+from chunkpilot.tuner.decide.lifecycle import MAX_RESCALE_RESTARTS_WINDOWS
 from chunkpilot.tuner.planner import (
     DOWN_WINDOW_S,
     Capacity,
@@ -118,9 +120,10 @@ METHODS = ("twin", "twin-replicas", "static-peak", "hpa-queue", "average-model",
 GOAL_SLO_MINUTES = 0.99
 GOAL_GPU_VS_ORACLE = 1.15
 GOAL_GPU_VS_STATIC = 0.75
-#: What one canary trial of a tuning round takes besides its pods' start-up: the operator's default
-#: warm-up (60 s) and trial window (5 min). A drifted workload's round promotes after its trials.
-RETUNE_TRIAL_S = 360.0
+#: A canary trial of a tuning round, after its pod's start-up: the operator's default warm-up and
+#: trial window. A drifted workload's round promotes after its trials.
+RETUNE_WARMUP_S = 60.0
+RETUNE_WINDOW_S = 300.0
 #: Fleet runs the oracle may add to settle its per-minute counts (:func:`_settle_oracle`).
 ORACLE_ROUNDS = 3
 #: ``hpa-queue``'s target: waiting requests per replica (the value autoscaling guides for vLLM use).
@@ -283,6 +286,53 @@ def _average_model(capacity: Mapping[str, float], max_replicas: int) -> Decide:
 
 
 @dataclass
+class _Round:
+    """A drift re-tune's canary trials as the operator runs them, one after another: each canary
+    is Ready ``startup_s`` after it is asked for and measured for :data:`RETUNE_WINDOW_S` after
+    :data:`RETUNE_WARMUP_S`. A change of the stable replicas after its canary was Ready restarts the
+    window once the new replicas have started and warmed up, until the trial has run
+    :data:`~chunkpilot.tuner.decide.lifecycle.MAX_RESCALE_RESTARTS_WINDOWS` windows
+    (:func:`chunkpilot.tuner.decide.lifecycle.rescaled_during`): the canary's share of the load
+    changed, so the window judged neither load."""
+
+    promoted: TunedConfig
+    trials_left: int
+    ready_s: float
+    measure_from_s: float
+    #: The round's entry in the JSON's ``retunes`` (its landing and restarts filled in here).
+    record: dict[str, Any]
+
+    @classmethod
+    def starting(
+        cls, promoted: TunedConfig, trials: int, now_s: float, startup_s: float, record: dict[str, Any]
+    ) -> _Round:
+        ready = now_s + startup_s
+        return cls(promoted, trials, ready, ready + RETUNE_WARMUP_S, record)
+
+    def lands(self, now_s: float, last_scale_s: float | None, startup_s: float) -> bool:
+        """Advance to ``now_s``; True once the last trial's window is over (the promotion lands)."""
+        if now_s < self.measure_from_s:
+            return False
+        longest = MAX_RESCALE_RESTARTS_WINDOWS * RETUNE_WINDOW_S
+        if (
+            last_scale_s is not None
+            and last_scale_s > self.measure_from_s - RETUNE_WARMUP_S
+            and now_s - self.ready_s <= longest
+        ):
+            self.measure_from_s = now_s + startup_s + RETUNE_WARMUP_S
+            self.record["window_restarts"] += 1
+            return False
+        if now_s < self.measure_from_s + RETUNE_WINDOW_S:
+            return False
+        self.trials_left -= 1
+        if self.trials_left > 0:
+            self.ready_s = now_s + startup_s
+            self.measure_from_s = self.ready_s + RETUNE_WARMUP_S
+            return False
+        return True
+
+
+@dataclass
 class _TwinSizing:
     """The operator's planner on the twin's capacity; refits when the captured workload changes and,
     given ``retune``, runs a tuning round on the new workload whose promotion rolls out its knobs."""
@@ -297,12 +347,12 @@ class _TwinSizing:
     targets: tuple[float, float]
     #: The knobs the replicas run.
     config: TunedConfig
-    #: ``(workload, rate per replica, knobs) -> (promoted knobs, seconds until the promotion)``: the
-    #: tuning round a drifted workload starts (None: the knobs stay).
-    retune: Callable[[str, float, TunedConfig], tuple[TunedConfig, float]] | None = None
+    #: ``(workload, rate per replica, knobs) -> (promoted knobs, canary trials until the promotion)``:
+    #: the tuning round a drifted workload starts (None: the knobs stay).
+    retune: Callable[[str, float, TunedConfig], tuple[TunedConfig, int]] | None = None
     changed_s: float | None = None
-    #: A promotion the round made, and when it lands (seconds into the profile).
-    promotion: tuple[float, TunedConfig] | None = None
+    #: The round whose promotion is still to land.
+    round: _Round | None = None
     retunes: list[dict[str, Any]] = field(default_factory=list)
     history: list[ScalingRecommendation] = field(default_factory=list)
     refits: list[dict[str, Any]] = field(default_factory=list)
@@ -325,21 +375,30 @@ class _TwinSizing:
                 )
                 self.workload, self.changed_s, self.cap = view.workload, None, None
                 if self.retune is not None:
-                    promoted, after_s = self.retune(view.workload, per_replica, self.config)
-                    if promoted != self.config:
-                        self.promotion = (view.now_s + after_s, promoted)
-                    self.retunes.append(
-                        {
-                            "t_s": view.now_s,
-                            "workload": view.workload,
-                            "config": promoted.as_dict(),
-                            "promoted_at_s": view.now_s + after_s if promoted != self.config else None,
-                        }
+                    promoted, trials = self.retune(view.workload, per_replica, self.config)
+                    record = {
+                        "t_s": view.now_s,
+                        "workload": view.workload,
+                        "config": promoted.as_dict(),
+                        "promoted_at_s": None,
+                        "window_restarts": 0,
+                    }
+                    self.retunes.append(record)
+                    self.round = (
+                        _Round.starting(promoted, trials, view.now_s, self.startup_s, record)
+                        if promoted != self.config and trials > 0
+                        else None
                     )
-        if self.promotion is not None and view.now_s >= self.promotion[0] and view.ready:
-            self.config = self.promotion[1]
+        last_scale_s = None if self.last_scale is None else (self.last_scale - _EPOCH).total_seconds()
+        if (
+            self.round is not None
+            and self.round.lands(view.now_s, last_scale_s, self.startup_s)
+            and view.ready
+        ):
+            self.config = self.round.promoted
+            self.round.record["promoted_at_s"] = view.now_s
             self.capacity = self.refit(self.workload, view.rate_req_s / view.ready, self.config)
-            self.promotion, self.cap = None, None
+            self.round, self.cap = None, None
         per_replica = view.rate_req_s / max(1, view.ready)
         miss = view.itl_ms > self.targets[0] or view.ttft_ms > self.targets[1]
         met = not miss if settled(self.last_scale, now, self.startup_s) else None
@@ -521,9 +580,7 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                     stable = engine(workload).serve(knobs, max(per_replica, 0.05 * unit))
                     return twin_capacity(context(workload, stable.rate_req_s), st.twin, stable)
 
-                def retune(
-                    workload: str, per_replica: float, knobs: TunedConfig
-                ) -> tuple[TunedConfig, float]:
+                def retune(workload: str, per_replica: float, knobs: TunedConfig) -> tuple[TunedConfig, int]:
                     found = context(workload, max(per_replica, 0.05 * unit))
                     found = replace(found, facts=replace(found.facts, incumbent=knobs))
                     trace = run_twin(found, engine(workload), st.twin)
@@ -533,7 +590,7 @@ def run_scenario(task: Scenario, progress: Callable[[str], None] = lambda _m: No
                         if trace.incumbents
                         else 0
                     )
-                    return promoted, trials * (st.startup_s + RETUNE_TRIAL_S)
+                    return promoted, trials
 
                 capacity = refit(first, rate, chosen)
                 spec = ScalingSpec(
