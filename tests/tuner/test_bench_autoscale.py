@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -11,12 +12,14 @@ import pytest
 from chunkpilot.engine.sim.engine import SimConfig
 from chunkpilot.engine.sim.offline import SLO
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
+from chunkpilot.engine.sim.steptime import StepProfile
 from chunkpilot.tuner.decide.lifecycle import MAX_RESCALE_RESTARTS_WINDOWS
 from chunkpilot.tuner.space import TunedConfig
 
 from chunkpilot.api import ScalingMode, ScalingSpec
 from chunkpilot.bench.autoscale import (
     AUTOSCALE_QUICK,
+    MODEL,
     RETUNE_WINDOW_S,
     _hpa_queue,
     _Round,
@@ -25,9 +28,12 @@ from chunkpilot.bench.autoscale import (
     average_capacity,
     format_autoscale_markdown,
     held_counts,
+    register,
+    settings_from,
 )
 from chunkpilot.bench.fleet import Fleet, FleetRun, View
 from chunkpilot.bench.rate_profile import RateProfileError, read_rate_profile, shipped_profiles
+from chunkpilot.bench.structural_truths import STRUCTURAL_FAMILY, structural_family
 from chunkpilot.cli import main
 
 CONFIG = TunedConfig(max_num_batched_tokens=512, max_num_seqs=64)
@@ -307,3 +313,19 @@ def test_the_command_refuses_a_bad_option_naming_it(capsys: pytest.CaptureFixtur
     assert "--rate-profile nowhere: no such file, nor a shipped profile" in capsys.readouterr().err
     assert main(["bench", "autoscale", "--headroom", "2"]) == 2
     assert "--headroom must be within 0 and 1" in capsys.readouterr().err
+    # A step profile of another model is refused before any scenario runs, naming the option.
+    other = structural_family()["h100-vidur-a035-o3ms"]  # the tuner benchmark's 8B model
+    assert main(["bench", "autoscale", "--truth-step-profile", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "--truth-step-profile:" in err and "the benchmark runs qwen2.5-32b" in err
+
+
+def test_the_structural_family_runs_on_the_benchmarks_own_model() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["autoscale", "--truth-family", "structural"])
+    settings = settings_from(args)
+    assert [t.name for t in settings.truths] == list(STRUCTURAL_FAMILY)
+    for truth in settings.truths:
+        assert truth.step_profile is not None
+        assert StepProfile.load(Path(truth.step_profile)).model == MODEL == settings.grid.model

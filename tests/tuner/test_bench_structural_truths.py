@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA, Efficiency, Step
 from chunkpilot.tuner.twin.fit import PRIOR_SIGMA
 
 from chunkpilot.bench.structural_truths import (
+    SHIPPED_MODELS,
     STRUCTURAL_FAMILY,
     gemm_shapes,
     main,
@@ -28,19 +30,38 @@ def _linear_flops(tokens: int) -> float:
     return 2.0 * tokens * model.num_layers * sum(a * b for a, b in gemm_shapes(model).values())
 
 
-def test_shipped_family_is_the_generator_output(tmp_path: Path) -> None:
-    shipped = structural_family()
+@pytest.mark.parametrize("model", SHIPPED_MODELS)
+def test_shipped_family_is_the_generator_output(model: str, tmp_path: Path) -> None:
+    shipped = structural_family(model)
     assert set(shipped) == set(STRUCTURAL_FAMILY) and 3 <= len(shipped) <= 4
     for name, path in shipped.items():
         document = json.loads(path.read_text(encoding="utf-8"))
-        assert document == json.loads(json.dumps(structural_profile(name, STRUCTURAL_FAMILY[name])))
+        expected = structural_profile(name, STRUCTURAL_FAMILY[name], model=model)
+        assert document == json.loads(json.dumps(expected))
         assert document["schema"] == STEP_PROFILE_SCHEMA
         shape = (document["model"], document["accelerator"], document["tensor_parallel_size"])
-        assert shape == (MODEL, GPU, 1)
+        assert shape == (model, GPU, 1)
         assert "Microsoft" in document["truth"]["source"]  # the measurements' attribution travels along
         StepProfile.load(path)  # the simulator reads it
     assert main(["--write", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.json" for n in STRUCTURAL_FAMILY)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for m in SHIPPED_MODELS for p in structural_family(m).values()
+    )
+
+
+def test_a_model_the_family_is_not_shipped_for_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match=re.escape("shipped for llama-3.1-8b, qwen2.5-32b, not mistral-7b")):
+        structural_family("mistral-7b")
+
+
+def test_the_32b_members_carry_the_same_departures_on_the_larger_model() -> None:
+    small = StepProfile.load(structural_family()["h100-vidur-l125-o5ms"])
+    large = StepProfile.load(structural_family("qwen2.5-32b")["h100-vidur-l125-o5ms"])
+    assert small.efficiency == large.efficiency  # attention, element-wise, overheads: the member's own
+    assert large.linear_tokens == small.linear_tokens
+    # The same measured curve on a model with about four times the linear FLOPs per token.
+    ratios = [b / a for a, b in zip(small.linear_s, large.linear_s, strict=True)]
+    assert all(3.0 < r < 5.5 for r in ratios)
 
 
 def test_the_linear_layers_follow_the_measured_curve_not_the_roofline() -> None:

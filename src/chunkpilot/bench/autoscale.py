@@ -79,6 +79,7 @@ from chunkpilot.bench.truth import (
     GroundTruth,
     Truth,
     TruthEngine,
+    check_truths,
     default_truths,
     family_truths,
     structural_family_truths,
@@ -186,6 +187,7 @@ class AutoscaleSettings:
                 read_rate_profile(Path(path))
             except RateProfileError as exc:
                 raise BenchError(f"--rate-profile: {exc}") from exc
+        check_truths(self.truths, self.grid.model)
 
 
 AUTOSCALE_FULL = AutoscaleSettings()
@@ -996,7 +998,7 @@ def settings_from(args: Any) -> AutoscaleSettings:
     if args.truth_gpu or args.truth_step_profile:
         truths = (Truth.of(args.truth_gpu, args.truth_step_profile),)
     elif args.truth_family == "structural":
-        truths = structural_family_truths()
+        truths = structural_family_truths(MODEL)
     elif args.truth_family:
         truths = family_truths()
     profiles: list[tuple[str, str]] = []

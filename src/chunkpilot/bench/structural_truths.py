@@ -19,7 +19,9 @@ loads (``chunkpilot bench tuner --truth-step-profile FILE``, or every shipped on
 The measurements are the medians of the Vidur project's per-operator profiles (microsoft/vidur,
 ``data/profiling/compute/a100/*/mlp.csv``; MIT licence, (c) Microsoft Corporation), measured on an
 NVIDIA A100 80GB and reduced in ``chunkpilot.engine.sim.calibration`` (``a100_reference.csv``); this
-module reads only that reduced table. Rewrite the shipped files with::
+module reads only that reduced table. The family is shipped for the models the benchmarks run
+(:data:`SHIPPED_MODELS`: the tuner benchmark's Llama-3.1-8B as ``<name>.json``, the autoscaling
+benchmark's Qwen2.5-32B as ``<name>.qwen2.5-32b.json``). Rewrite the shipped files with::
 
     python -m chunkpilot.bench.structural_truths --write src/chunkpilot/bench/truths
 """
@@ -41,6 +43,7 @@ from chunkpilot.engine.sim.steptime import STEP_PROFILE_SCHEMA
 __all__ = [
     "REFERENCE_ACCELERATOR",
     "REFERENCE_MODEL",
+    "SHIPPED_MODELS",
     "STRUCTURAL_FAMILY",
     "StructuralTruth",
     "gemm_shapes",
@@ -59,6 +62,9 @@ SOURCE: Final = (
     "(microsoft/vidur data/profiling/compute/a100/*/mlp.csv; MIT licence, (c) Microsoft Corporation), "
     "rescaled from the A100's to the target's ideal roofline per GEMM and token count"
 )
+#: The models the family is shipped for: the tuner benchmark's (its files ``<name>.json``) and the
+#: autoscaling benchmark's (``<name>.<model>.json``).
+SHIPPED_MODELS: Final = ("llama-3.1-8b", "qwen2.5-32b")
 _ELEMENTWISE = ("norm_memory", "rope_memory", "activation_memory", "residual_add_memory", "embedding_memory")
 
 
@@ -174,21 +180,33 @@ def structural_profile(
     }
 
 
-def write_family(directory: Path) -> list[Path]:
-    """Write every member of :data:`STRUCTURAL_FAMILY` as ``<name>.json`` under ``directory``."""
+def _file_name(name: str, model: str) -> str:
+    return f"{name}.json" if model == SHIPPED_MODELS[0] else f"{name}.{model}.json"
+
+
+def write_family(directory: Path, models: tuple[str, ...] = SHIPPED_MODELS) -> list[Path]:
+    """Write every member of :data:`STRUCTURAL_FAMILY` for each of ``models`` under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, truth in STRUCTURAL_FAMILY.items():
-        path = directory / f"{name}.json"
-        path.write_text(json.dumps(structural_profile(name, truth), indent=1) + "\n", encoding="utf-8")
-        written.append(path)
+    for model in models:
+        for name, truth in STRUCTURAL_FAMILY.items():
+            path = directory / _file_name(name, model)
+            document = structural_profile(name, truth, model=model)
+            path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+            written.append(path)
     return written
 
 
-def structural_family() -> dict[str, Path]:
-    """The shipped structural truths by name (step-profile files inside the installed package)."""
+def structural_family(model: str = SHIPPED_MODELS[0]) -> dict[str, Path]:
+    """The shipped structural truths of ``model`` by name (step-profile files inside the installed
+    package); :class:`ValueError` for a model they are not shipped for."""
+    if model not in SHIPPED_MODELS:
+        raise ValueError(
+            f"the structural truths are shipped for {', '.join(SHIPPED_MODELS)}, not {model}; write them "
+            "for it with structural_profile(name, truth, model=...)"
+        )
     root = resources.files("chunkpilot.bench.truths")
-    return {name: Path(str(root.joinpath(f"{name}.json"))) for name in STRUCTURAL_FAMILY}
+    return {name: Path(str(root.joinpath(_file_name(name, model)))) for name in STRUCTURAL_FAMILY}
 
 
 def main(argv: list[str] | None = None) -> int:

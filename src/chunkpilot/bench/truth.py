@@ -176,23 +176,27 @@ class TruthSettings:
             raise BenchError("--trials and --repeats must be >= 1")
         if self.truth_arrivals < 1:
             raise BenchError("--truth-arrivals must be >= 1")
-        for truth in self.truths:
-            overhead = 1.0
-            if truth.path is not None:
-                try:
-                    _data, overhead = read_perturbation(Path(truth.path))
-                except ValueError as exc:
-                    raise BenchError(f"--truth-gpu: {exc}") from exc
-            if truth.step_profile is not None:
-                try:
-                    read_truth_step_profile(
-                        Path(truth.step_profile), model=self.grid.model, overhead=overhead
-                    )
-                except ValueError as exc:
-                    raise BenchError(f"--truth-step-profile: {exc}") from exc
+        check_truths(self.truths, self.grid.model)
 
     def with_truths(self, truths: Sequence[Truth]) -> TruthSettings:
         return replace(self, truths=tuple(truths))
+
+
+def check_truths(truths: Sequence[Truth], model: str) -> None:
+    """Read every truth's files as the simulated engines will, before any runs: a
+    :class:`BenchError` naming the option and the fix for one that cannot be used with ``model``."""
+    for truth in truths:
+        overhead = 1.0
+        if truth.path is not None:
+            try:
+                _data, overhead = read_perturbation(Path(truth.path))
+            except ValueError as exc:
+                raise BenchError(f"--truth-gpu: {exc}") from exc
+        if truth.step_profile is not None:
+            try:
+                read_truth_step_profile(Path(truth.step_profile), model=model, overhead=overhead)
+            except ValueError as exc:
+                raise BenchError(f"--truth-step-profile: {exc}") from exc
 
 
 def family_truths() -> tuple[Truth, ...]:
@@ -200,9 +204,14 @@ def family_truths() -> tuple[Truth, ...]:
     return tuple(Truth(name, str(path)) for name, path in family().items())
 
 
-def structural_family_truths() -> tuple[Truth, ...]:
-    """The shipped structural step profiles as truths, each on the datasheet accelerator."""
-    return tuple(Truth(name, None, str(path)) for name, path in structural_family().items())
+def structural_family_truths(model: str = FULL.model) -> tuple[Truth, ...]:
+    """The shipped structural step profiles of ``model`` as truths, each on the datasheet
+    accelerator."""
+    try:
+        found = structural_family(model)
+    except ValueError as exc:
+        raise BenchError(f"--truth-family structural: {exc}") from exc
+    return tuple(Truth(name, None, str(path)) for name, path in found.items())
 
 
 def default_truths() -> tuple[Truth, ...]:
