@@ -132,6 +132,7 @@ def what_if(
         (stable.itl_samples, stable.ttft_samples),
         engine=engine,
         steadiness=False,
+        segments=True,
     )
     waiting = (
         online.waiting_reason(inputs) if inputs.exported else "the stable engine exports no step telemetry"

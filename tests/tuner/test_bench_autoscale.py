@@ -192,6 +192,38 @@ def test_the_twin_method_retunes_on_a_drifted_workload_and_sizes_with_the_promot
     assert seen[825.0][0] >= 5 and seen[1185.0][0] < seen[825.0][0]
 
 
+def test_the_planners_change_of_replicas_in_a_rounds_window_delays_its_promotion() -> None:
+    """The load doubles while the round's one trial is measured: the planner adds replicas, the
+    window restarts once they have started, and the promotion lands that much later."""
+    tuned = TunedConfig(max_num_batched_tokens=1024, max_num_seqs=64)
+    capacities = {CONFIG: (1.0, 0.9), tuned: (2.0, 1.8)}
+    spec = ScalingSpec(mode=ScalingMode.AUTO, min_replicas=1, max_replicas=40)
+    sizing = _TwinSizing(
+        spec,
+        60.0,
+        lambda _w, _r, knobs: capacities[knobs],
+        "chat",
+        capacities[CONFIG],
+        (100.0, 2000.0),
+        CONFIG,
+        lambda _w, _r, _k: (tuned, 1),
+    )
+    replicas = 5
+    for tick in range(1, 100):
+        now = 15.0 * tick
+        rate = 8.0 if now >= 600 else 4.0  # inside the window (measured from 540 s)
+        view = View(
+            now, replicas, replicas, rate, 50.0, 500.0, 0.0, "chat" if now < 300 else "code", sizing.config
+        )
+        replicas = sizing(view)
+    record = sizing.retunes[0]
+    assert record["t_s"] == 420.0 and record["window_restarts"] == 1
+    # Restarted at the first tick after the change (600 s): 60 s start-up and 60 s warm-up on, one
+    # window of 300 s.
+    assert record["promoted_at_s"] == 615.0 + 120.0 + RETUNE_WINDOW_S
+    assert sizing.config == tuned
+
+
 def test_a_round_restarts_its_window_when_the_replicas_change_in_it_as_the_operator_does() -> None:
     """Two trials, start-up 100 s: each is measured 160 s after it starts, for 300 s. A change of
     the replicas after the canary was Ready restarts the window once the new replicas have started;
@@ -202,6 +234,9 @@ def test_a_round_restarts_its_window_when_the_replicas_change_in_it_as_the_opera
     assert (trial.ready_s, trial.measure_from_s) == (100.0, 160.0)
     assert not trial.lands(150.0, 50.0, 100.0)  # warming up; the change came before Ready
     assert not trial.lands(200.0, 50.0, 100.0) and trial.measure_from_s == 160.0
+    warming = _Round.starting(tuned, 1, 0.0, 100.0, {"window_restarts": 0})
+    assert not warming.lands(160.0, 130.0, 100.0)  # changed after Ready, in the warm-up: restart
+    assert warming.measure_from_s == 320.0
     assert not trial.lands(300.0, 250.0, 100.0)  # changed inside the window: restart
     assert trial.measure_from_s == 460.0 and record["window_restarts"] == 1
     assert not trial.lands(760.0, 250.0, 100.0)  # the first trial's restarted window is over

@@ -311,6 +311,7 @@ class TwinObserver:
                 (stable.itl_samples, stable.ttft_samples),
                 engine=str(snap.isvc.spec.engine.kind),
                 steadiness=final is None,
+                segments=snap.isvc.spec.scaling.plans,
             )
             if not inputs.exported and not inputs.seen:
                 return TwinReading(TwinState.WAITING, "Prometheus has no series of the stable engine yet")
@@ -518,6 +519,7 @@ class TwinObserver:
                     window_s,
                     snap.now,
                     engine,
+                    segments=True,
                 )
                 for role in ROLES
             }

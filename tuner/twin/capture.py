@@ -16,6 +16,12 @@ Two sources give the same objects: PromQL results of the queries :func:`workload
 The histograms carry no joint distribution: where the engine exports the sum of prompt x output
 tokens, the draws are re-paired so that its mean matches (a rank copula), else they are independent.
 
+Nor do they carry the order: live traffic comes in runs (a tenant's batch of long documents, a
+session of short turns), and near saturation a run of long prompts is what a replica's latency
+quantile rests on. The window can also be read as consecutive :data:`SEGMENT` segments
+(:func:`segment_queries`, :attr:`WorkloadWindow.segments`); ``synthesize(..., by_segment=True)``
+then draws each block of requests from its own segment's histograms, in the segments' order.
+
 The prefix-cache counters are the engine kind's (:func:`chunkpilot.engine.metrics_names.tuner_metrics`:
 vLLM's ``vllm:prefix_cache_*``, SGLang's prompt and cached tokens); where the engine exports none
 (TensorRT-LLM) or the series is missing, the hit rate is 0.
@@ -44,6 +50,8 @@ __all__ = [
     "WorkloadWindow",
     "histogram_of",
     "parse_exposition",
+    "segment_queries",
+    "segments_from_results",
     "step_queries",
     "steps_from_results",
     "steps_from_vectors",
@@ -62,6 +70,11 @@ STEP_FIELDS: Final[dict[str, str]] = {
 }
 #: Fewer finished requests than this in the window: no workload (the caller waits).
 MIN_REQUESTS: Final = 20
+#: The segments a window's mix is read over (:attr:`WorkloadWindow.segments`), and the fewest
+#: segments with requests that a segmented synthesis needs (fewer: the window's mix throughout).
+SEGMENT: Final = "1m"
+SEGMENT_S: Final = 60.0
+MIN_SEGMENTS: Final = 2
 
 
 class CaptureError(ValueError):
@@ -118,6 +131,9 @@ class WorkloadWindow:
     prefix_cache_hits: float = 0.0
     #: Sum over the window's requests of prompt x generated tokens (NaN: the engine does not export it).
     tokens_product: float = math.nan
+    #: The same window as consecutive segments, oldest first, each with its own length histograms
+    #: (empty: not read): how the mix moved within the window.
+    segments: tuple[WorkloadWindow, ...] = ()
 
     @property
     def arrival_rate(self) -> float:
@@ -162,6 +178,63 @@ def workload_queries(selector: str, window: str, engine: str = "vllm") -> dict[s
         queries[f"{key}_sum"] = f"sum(increase({name}_sum{sel}[{window}]))"
         queries[f"{key}_count"] = f"sum(increase({name}_count{sel}[{window}]))"
     return queries
+
+
+def segment_queries(selector: str, window: str, *, fine: bool, segment: str = SEGMENT) -> dict[str, str]:
+    """PromQL subqueries for :attr:`WorkloadWindow.segments`: the request-length histograms over
+    each ``segment`` of ``window`` (an instant query of each answers a matrix, one point per
+    segment); ``fine``: Chunkpilot's finer histograms, else the engine's."""
+    sel = f"{{{selector}}}" if selector else ""
+    prefix = "fine_" if fine else ""
+    queries: dict[str, str] = {}
+    for key, name in (
+        ("prompt", names.FINE_REQUEST_PROMPT_TOKENS if fine else names.REQUEST_PROMPT_TOKENS),
+        ("generation", names.FINE_REQUEST_GENERATION_TOKENS if fine else names.REQUEST_GENERATION_TOKENS),
+    ):
+        over = f"[{window}:{segment}]"
+        queries[f"{prefix}{key}_bucket"] = f"sum by (le) (increase({name}_bucket{sel}[{segment}])){over}"
+        queries[f"{prefix}{key}_sum"] = f"sum(increase({name}_sum{sel}[{segment}])){over}"
+        queries[f"{prefix}{key}_count"] = f"sum(increase({name}_count{sel}[{segment}])){over}"
+    return queries
+
+
+def segments_from_results(
+    results: Mapping[str, Sequence[Mapping[str, object]]], segment_s: float = SEGMENT_S
+) -> tuple[WorkloadWindow, ...]:
+    """The segments from the matrices of :func:`segment_queries` (either family), oldest first;
+    a segment without finished requests is left out, and an answer that is no matrix gives none."""
+    by_time: dict[float, dict[str, dict[str, float]]] = {}
+    for key, matrix in results.items():
+        for item in matrix:
+            metric, values = item.get("metric", {}), item.get("values")
+            if not isinstance(metric, Mapping) or not isinstance(values, Sequence):
+                continue
+            le = str(metric.get("le", ""))
+            for point in values:
+                try:
+                    at, number = float(point[0]), float(point[1])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if math.isfinite(number):
+                    series = by_time.setdefault(at, {}).setdefault(key, {})
+                    series[le] = series.get(le, 0.0) + number
+    segments: list[WorkloadWindow] = []
+    for at in sorted(by_time):
+        found = by_time[at]
+
+        def histogram(key: str, found: dict[str, dict[str, float]] = found) -> HistogramWindow | None:
+            buckets = {float(le): v for le, v in found.get(f"{key}_bucket", {}).items() if le}
+            count = found.get(f"{key}_count", {}).get("", 0.0)
+            if not buckets or count <= 0:
+                return None
+            return HistogramWindow.from_cumulative(buckets, found.get(f"{key}_sum", {}).get("", 0.0), count)
+
+        for prefix in ("fine_", ""):
+            prompts, generations = histogram(f"{prefix}prompt"), histogram(f"{prefix}generation")
+            if prompts is not None and generations is not None:
+                segments.append(WorkloadWindow(segment_s, prompts, generations))
+                break
+    return tuple(segments)
 
 
 def step_queries(selector: str, window: str) -> dict[str, str]:
@@ -480,6 +553,42 @@ def _pair(prompts: list[int], outputs: list[int], mean_product: float, rng: rand
     return paired((low + high) / 2)
 
 
+def _drawn(
+    window: WorkloadWindow, requests: int, rng: random.Random, max_model_len: int, mean_product: float
+) -> tuple[list[int], list[int]]:
+    """``requests`` prompt and output lengths from ``window``'s histograms, re-paired so that the
+    mean of prompt x output is ``mean_product`` (NaN: unpaired)."""
+    prompts = _lengths(window.prompt_tokens, requests, rng, max_model_len - 1)
+    outputs = _lengths(window.generation_tokens, requests, rng, max_model_len)
+    if math.isfinite(mean_product):
+        outputs = _pair(prompts, outputs, mean_product, rng)
+    return prompts, outputs
+
+
+def _by_segment(
+    window: WorkloadWindow, requests: int, rng: random.Random, max_model_len: int, product_ratio: float
+) -> tuple[list[int], list[int]] | None:
+    """Lengths drawn block by block from the window's segments in their order, each block its
+    segment's share of the requests, repeated until there are ``requests`` (None: too few segments)."""
+    parts = [s for s in window.segments if s.prompt_tokens.count > 0 and s.generation_tokens.count > 0]
+    if len(parts) < MIN_SEGMENTS:
+        return None
+    seen = sum(s.prompt_tokens.count for s in parts)
+    prompts: list[int] = []
+    outputs: list[int] = []
+    while len(prompts) < requests:
+        for part in parts:
+            block = min(requests - len(prompts), max(1, round(requests * part.prompt_tokens.count / seen)))
+            if block <= 0:
+                break
+            # The window's pairing, as a ratio to the product of the means, in each segment.
+            product = product_ratio * part.prompt_tokens.mean * part.generation_tokens.mean
+            more_prompts, more_outputs = _drawn(part, block, rng, max_model_len, product)
+            prompts += more_prompts
+            outputs += more_outputs
+    return prompts, outputs
+
+
 def synthesize(
     window: WorkloadWindow,
     requests: int,
@@ -488,8 +597,14 @@ def synthesize(
     seed: int = 0,
     min_requests: int = MIN_REQUESTS,
     name: str = "captured",
+    by_segment: bool = False,
 ) -> Workload:
-    """A workload of ``requests`` requests that reproduces the window's distributions and rates."""
+    """A workload of ``requests`` requests that reproduces the window's distributions and rates.
+
+    ``by_segment``: the lengths drawn block by block from the window's :attr:`~WorkloadWindow.segments`
+    in their order where it has at least :data:`MIN_SEGMENTS` with requests (a run of long prompts
+    stays a run), else from the whole window's histograms.
+    """
     seen = window.prompt_tokens.count
     if seen < min_requests:
         raise CaptureError(
@@ -499,10 +614,11 @@ def synthesize(
     if not rate > 0:
         raise CaptureError("no arrivals in the window")
     rng = random.Random(seed)
-    prompts = _lengths(window.prompt_tokens, requests, rng, max_model_len - 1)
-    outputs = _lengths(window.generation_tokens, requests, rng, max_model_len)
-    if math.isfinite(window.tokens_product) and seen > 0:
-        outputs = _pair(prompts, outputs, window.tokens_product / seen, rng)
+    product = window.tokens_product / seen if math.isfinite(window.tokens_product) and seen > 0 else math.nan
+    means = window.prompt_tokens.mean * window.generation_tokens.mean
+    ratio = product / means if means > 0 else math.nan
+    drawn = _by_segment(window, requests, rng, max_model_len, ratio) if by_segment else None
+    prompts, outputs = drawn or _drawn(window, requests, rng, max_model_len, product)
     hit_rate = window.prefix_cache_hit_rate
     specs: list[RequestSpec] = []
     t = 0.0

@@ -17,6 +17,7 @@ same model: each finished trial's steps enter the next calibration (``refit_tria
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 import time
@@ -34,15 +35,19 @@ from chunkpilot.engine.sim.scheduler import (
     SchedulerConfig,
 )
 from chunkpilot.operator.engines import support
-from chunkpilot.tuner.measure import Selector, VectorFn
+from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, VectorFn
 from chunkpilot.tuner.policy import AGREEMENT_FLOOR
 from chunkpilot.tuner.space import SearchSpace, TunedConfig
 from chunkpilot.tuner.twin.capture import (
     MIN_REQUESTS,
+    MIN_SEGMENTS,
+    SEGMENT_S,
     CaptureError,
     StepDurations,
     WorkloadWindow,
     durations_from_vector,
+    segment_queries,
+    segments_from_results,
     step_duration_query,
     step_queries,
     steps_from_vectors,
@@ -62,6 +67,8 @@ from chunkpilot.tuner.twin.search import (
 )
 
 from chunkpilot.api import EngineSpec, Objective
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "TOLERANCE",
@@ -256,14 +263,33 @@ def read_steps(vector: VectorFn, selector: Selector, window: str, at: datetime) 
 
 
 def read_workload(
-    vector: VectorFn, selector: Selector, window: str, window_s: float, at: datetime, engine: str = "vllm"
+    vector: VectorFn,
+    selector: Selector,
+    window: str,
+    window_s: float,
+    at: datetime,
+    engine: str = "vllm",
+    *,
+    segments: bool = False,
 ) -> WorkloadWindow:
-    """The workload ``selector``'s pods served over ``window`` (``window_s`` seconds) ending at ``at``.
+    """The workload ``selector``'s pods served over ``window`` (``window_s`` seconds) ending at ``at``;
+    ``segments``: with its :attr:`~WorkloadWindow.segments` (the same family of length histograms
+    over each minute; none where the window is shorter than two, or Prometheus answers no matrix).
 
     Raises :class:`CaptureError` when its histograms cannot describe one.
     """
     queries = workload_queries(selector.render()[1:-1], window, engine)
-    return workload_from_vectors({key: vector(q, at) for key, q in queries.items()}, window_s)
+    workload = workload_from_vectors({key: vector(q, at) for key, q in queries.items()}, window_s)
+    if not segments or window_s < MIN_SEGMENTS * SEGMENT_S:
+        return workload
+    fine = workload.prompt_tokens.bounds == tuple(names.FINE_REQUEST_TOKENS_BUCKETS)
+    matrices = segment_queries(selector.render()[1:-1], window, fine=fine)
+    try:
+        answers = {key: vector(q, at) for key, q in matrices.items()}
+    except MetricsUnavailableError as error:  # the whole window describes the workload without them
+        log.info("the minutes of %s's workload not read: %s", selector.render(), error)
+        return workload
+    return replace(workload, segments=segments_from_results(answers))
 
 
 def read_inputs(
@@ -276,12 +302,14 @@ def read_inputs(
     samples: tuple[float, float] = (0.0, 0.0),
     engine: str = "vllm",
     steadiness: bool = True,
+    segments: bool = False,
 ) -> Inputs:
     """The stable track's twin inputs (raises :class:`MetricsUnavailableError` when Prometheus fails).
 
     ``engine``: the engine kind, whose prefix-cache series the workload is read from.
     ``steadiness``: also ask whether the service's pods changed in the window (:func:`pods_changed`);
-    off where the answer is not used (a canary's verdict judges its own window).
+    off where the answer is not used (a canary's verdict judges its own window). ``segments``: read
+    the workload's minutes too (:func:`read_workload`), for the replica planner's sample.
     """
     exported = vector(f"count({names.STEP_DURATION}_count{selector.render()})", at)
     if not exported:
@@ -289,7 +317,9 @@ def read_inputs(
         return Inputs(exported=False, seen=bool(seen))
     steps = read_steps(vector, selector, window, at)
     try:
-        workload: WorkloadWindow | None = read_workload(vector, selector, window, window_s, at, engine)
+        workload: WorkloadWindow | None = read_workload(
+            vector, selector, window, window_s, at, engine, segments=segments
+        )
         error = None
     except CaptureError as exc:
         workload, error = None, str(exc)
@@ -510,7 +540,9 @@ def build_twin(job: TwinJob, seeds: tuple[int, ...] = (0,), min_steps: int = MIN
     """
     fit = fit_steps(job.steps, job.model, job.accelerator, job.tensor_parallel_size, min_steps=min_steps)
     workload = synthesize(job.workload, WORKLOAD_REQUESTS, max_model_len=job.max_model_len, seed=job.seed)
-    sustained = synthesize(job.workload, SUSTAINED_REQUESTS, max_model_len=job.max_model_len, seed=job.seed)
+    sustained = synthesize(
+        job.workload, SUSTAINED_REQUESTS, max_model_len=job.max_model_len, seed=job.seed, by_segment=True
+    )
     directory = Path(job.directory or tempfile.mkdtemp(prefix="chunkpilot-twin-"))
     return Twin.build(
         fit,

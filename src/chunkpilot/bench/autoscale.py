@@ -394,8 +394,8 @@ class _TwinSizing:
         last_scale_s = None if self.last_scale is None else (self.last_scale - _EPOCH).total_seconds()
         if (
             self.round is not None
-            and self.round.lands(view.now_s, last_scale_s, self.startup_s)
             and view.ready
+            and self.round.lands(view.now_s, last_scale_s, self.startup_s)
         ):
             self.config = self.round.promoted
             self.round.record["promoted_at_s"] = view.now_s

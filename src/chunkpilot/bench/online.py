@@ -238,7 +238,11 @@ class _TwinState:
         )
         #: The larger sample the operator plans a sustained capacity on (:func:`twin_capacity`).
         self.sustained = synthesize(
-            stable.window, SUSTAINED_REQUESTS, max_model_len=context.space.max_model_len, seed=context.seed
+            stable.window,
+            SUSTAINED_REQUESTS,
+            max_model_len=context.space.max_model_len,
+            seed=context.seed,
+            by_segment=True,
         )
         self.refits = 0
         self.twin = self._fit()

@@ -184,7 +184,8 @@ class TruthSettings:
 
 def check_truths(truths: Sequence[Truth], model: str) -> None:
     """Read every truth's files as the simulated engines will, before any runs: a
-    :class:`BenchError` naming the option and the fix for one that cannot be used with ``model``."""
+    :class:`BenchError` naming the option and the fix for one that cannot be used with ``model``
+    (a shipped family's files fit the model they are chosen for)."""
     for truth in truths:
         overhead = 1.0
         if truth.path is not None:

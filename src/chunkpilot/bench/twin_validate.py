@@ -25,7 +25,7 @@ from chunkpilot.engine.sim.metrics import StepTelemetry
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.twin.capture import WorkloadWindow, histogram_of, synthesize
+from chunkpilot.tuner.twin.capture import SEGMENT_S, WorkloadWindow, histogram_of, synthesize
 from chunkpilot.tuner.twin.fit import Scales, fit_steps
 from chunkpilot.tuner.twin.predict import (
     CAPACITY_REQUESTS,
@@ -86,7 +86,8 @@ class ValidationReport:
 
 
 def observe_window(summary: Summary, max_model_len: int, *, fine: bool = True) -> WorkloadWindow:
-    """What the engine's request-length histograms and counters report for one offline run.
+    """What the engine's request-length histograms and counters report for one offline run, with
+    each minute of arrivals as a segment (:attr:`WorkloadWindow.segments`).
 
     ``fine``: Chunkpilot's finer length histograms (what the simulator and the plugin export), else
     vLLM's 1-2-5 series (what an engine without them offers).
@@ -97,6 +98,20 @@ def observe_window(summary: Summary, max_model_len: int, *, fine: bool = True) -
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 1.0
     duration = span * len(arrivals) / max(1, len(arrivals) - 1)
     queried = float(sum(r.prompt_tokens for r in records))
+    # Each minute of arrivals as Prometheus would show it (``increase(...[1m])`` every minute).
+    minutes: dict[int, list[tuple[int, int]]] = {}
+    for record in records:
+        minute = int((record.arrival_s - arrivals[0]) // SEGMENT_S)
+        minutes.setdefault(minute, []).append((record.prompt_tokens, record.output_tokens))
+    segments = tuple(
+        WorkloadWindow(
+            SEGMENT_S,
+            histogram_of([p for p, _o in minutes[m]], bounds),
+            histogram_of([o for _p, o in minutes[m]], bounds),
+            tokens_product=float(sum(p * o for p, o in minutes[m])),
+        )
+        for m in sorted(minutes)
+    )
     return WorkloadWindow(
         duration_s=duration,
         prompt_tokens=histogram_of([r.prompt_tokens for r in records], bounds),
@@ -104,6 +119,7 @@ def observe_window(summary: Summary, max_model_len: int, *, fine: bool = True) -
         prefix_cache_queries=queried,
         prefix_cache_hits=float(sum(r.cached_tokens for r in records)),
         tokens_product=float(sum(r.prompt_tokens * r.output_tokens for r in records)),
+        segments=segments,
     )
 
 

@@ -15,6 +15,8 @@ from chunkpilot.engine import metrics_names as names
 from chunkpilot.tuner.measure import Selector
 from chunkpilot.tuner.twin.capture import (
     parse_exposition,
+    segment_queries,
+    segments_from_results,
     step_queries,
     steps_from_vectors,
     workload_from_vectors,
@@ -65,6 +67,11 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
         workload = workload_from_vectors(
             {key: prometheus.query(q, at) for key, q in workload_queries(selector, "10m").items()}, 600.0
         )
+        # The same requests minute by minute, as the replica planner's sample reads them: the
+        # subqueries' points fall on whole minutes, so they are asked at the next one.
+        minute = (int(at) // 60 + 1) * 60.0
+        matrices = segment_queries(selector, "10m", fine=True)
+        segments = segments_from_results({key: prometheus.query(q, minute) for key, q in matrices.items()})
     # The request lengths: Chunkpilot's fine histograms, whose mean is the two prompts' mean.
     assert workload.prompt_tokens.bounds == names.FINE_REQUEST_TOKENS_BUCKETS
     assert workload.prompt_tokens.mean == pytest.approx((300 + 1500) / 2, rel=0.01)
@@ -73,6 +80,15 @@ def test_step_queries_give_the_mean_step_time_per_bucket(
         names.FINE_REQUEST_TOKENS_BUCKETS.index(300),
         names.FINE_REQUEST_TOKENS_BUCKETS.index(1500),
     ]
+    # Every minute with requests has its own histograms, and together they hold both prompts.
+    assert segments and all(s.duration_s == 60.0 for s in segments)
+    assert {i for s in segments for i, c in enumerate(s.prompt_tokens.counts) if c > 0} == {
+        names.FINE_REQUEST_TOKENS_BUCKETS.index(300),
+        names.FINE_REQUEST_TOKENS_BUCKETS.index(1500),
+    }
+    assert sum(s.generation_tokens.total for s in segments) / sum(
+        s.generation_tokens.count for s in segments
+    ) == pytest.approx(6, rel=0.01)
     assert set(windowed) == set(direct)
     for label, totals in direct.items():
         # increase() extrapolates each series to the window's edges; a bucket's sum and count are

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from chunkpilot.engine import metrics_names as names
@@ -22,6 +23,8 @@ from chunkpilot.tuner.twin.capture import (
     durations_from_vector,
     histogram_of,
     parse_exposition,
+    segment_queries,
+    segments_from_results,
     step_duration_query,
     step_queries,
     steps_from_results,
@@ -144,6 +147,83 @@ def test_prompt_output_covariance_is_reproduced_when_the_engine_exports_it() -> 
     target = product / len(prompts)
     assert mean_product(joint) == pytest.approx(target, rel=0.02)
     assert abs(mean_product(independent) / target - 1) > 0.05  # the pairing is what made the difference
+
+
+def _run(short: int, long: int) -> list[tuple[int, int]]:
+    """A trace-like mix: runs of short turns, then runs of long documents, 100 requests each."""
+    return [(short, 20)] * 100 + [(long, 20)] * 100 + [(short, 20)] * 100 + [(long, 20)] * 100
+
+
+def test_a_segmented_synthesis_keeps_the_runs_the_windows_minutes_show() -> None:
+    lengths = _run(200, 3000)
+    minutes = [lengths[i : i + 100] for i in range(0, len(lengths), 100)]
+    segments = tuple(
+        replace(_window([p for p, _ in m], [o for _, o in m], rate=100 / 60), duration_s=60.0)
+        for m in minutes
+    )
+    whole = replace(
+        _window([p for p, _ in lengths], [o for _, o in lengths], rate=400 / 240), segments=segments
+    )
+
+    def blocks(workload: Workload) -> list[float]:
+        prompts = [r.prompt_tokens for r in workload.requests]
+        return [sum(prompts[i : i + 50]) / 50 for i in range(0, len(prompts), 50)]
+
+    runs = synthesize(whole, 400, max_model_len=MAX_LEN, seed=3, by_segment=True)
+    mixed = synthesize(whole, 400, max_model_len=MAX_LEN, seed=3)
+    # Block by block the segmented draw follows the minutes (short, long, short, long); the
+    # window's histograms alone mix every block. Both keep the window's mean.
+    assert ["long" if b > 2000 else "short" if b < 400 else b for b in blocks(runs)] == 2 * (
+        ["short"] * 2 + ["long"] * 2
+    )
+    assert all(800 < b < 2500 for b in blocks(mixed))
+    for workload in (runs, mixed):
+        prompts = [r.prompt_tokens for r in workload.requests]
+        assert sum(prompts) / len(prompts) == pytest.approx(1600, rel=0.02)
+    # Half the requests: each minute gives its share, in order.
+    half = synthesize(whole, 200, max_model_len=MAX_LEN, seed=3, by_segment=True)
+    assert ["long" if b > 2000 else "short" if b < 400 else b for b in blocks(half)] == 2 * ["short", "long"]
+    # One segment with requests is no order to keep: the window's histograms, as without segments.
+    single = replace(whole, segments=segments[:1])
+    assert synthesize(single, 400, max_model_len=MAX_LEN, seed=3, by_segment=True) == mixed
+
+
+def test_segments_are_read_from_the_subqueries_matrices_oldest_first() -> None:
+    queries = segment_queries('service="chat"', "5m", fine=False)
+    assert queries["prompt_bucket"] == (
+        f'sum by (le) (increase({names.REQUEST_PROMPT_TOKENS}_bucket{{service="chat"}}[1m]))[5m:1m]'
+    )
+    assert set(segment_queries("", "5m", fine=True)) == {
+        f"fine_{k}_{part}" for k in ("prompt", "generation") for part in ("bucket", "sum", "count")
+    }
+
+    def series(points: list[tuple[float, float]], **labels: str) -> dict[str, Any]:
+        return {"metric": labels, "values": [[t, str(v)] for t, v in points]}
+
+    late, early = 1200.0, 1140.0  # answered newest first: the segments come out oldest first
+    matrices = {
+        "prompt_bucket": [
+            series([(late, 0), (early, 2)], le="10"),
+            series([(late, 3), (early, 2)], le="100"),
+            series([(late, 3), (early, 2)], le="+Inf"),
+        ],
+        "prompt_sum": [series([(late, 150), (early, 10)])],
+        "prompt_count": [series([(late, 3), (early, 2)])],
+        "generation_bucket": [
+            series([(late, 3), (early, 2)], le="+Inf"),
+            series([(late, 3), (early, 2)], le="10"),
+        ],
+        "generation_sum": [series([(late, 9), (early, 8)])],
+        "generation_count": [series([(late, 3), (early, 2)])],
+    }
+    first, second = segments_from_results(matrices)
+    assert (first.prompt_tokens.counts, first.prompt_tokens.mean) == ((2, 0, 0), 5.0)
+    assert (second.prompt_tokens.counts, second.prompt_tokens.mean) == ((0, 3, 0), 50.0)
+    assert first.duration_s == second.duration_s == 60.0 and second.arrival_rate == 3 / 60
+    # A minute without finished requests is left out; an instant vector (no matrix) gives none.
+    quiet = {k: [series([(early, 0)], **s["metric"]) for s in v] for k, v in matrices.items()}
+    assert segments_from_results(quiet) == ()
+    assert segments_from_results({"prompt_count": [_sample(3)]}) == ()
 
 
 # ------------------------------------------------------------------------- per engine kind

@@ -21,7 +21,7 @@ from chunkpilot.engine.sim.metrics import StepTelemetry, StepTotals
 from chunkpilot.engine.sim.offline import SLO, Summary, simulate
 from chunkpilot.engine.sim.scheduler import SchedulerConfig, SGLangSchedulerConfig, TrtllmSchedulerConfig
 from chunkpilot.engine.sim.workload import Workload, load_trace
-from chunkpilot.tuner.measure import Selector, VectorFn
+from chunkpilot.tuner.measure import MetricsUnavailableError, Selector, VectorFn
 from chunkpilot.tuner.space import Knob, KnobRange, SearchSpace, TunedConfig
 from chunkpilot.tuner.twin import online
 from chunkpilot.tuner.twin.capture import MIN_REQUESTS
@@ -282,6 +282,37 @@ def test_an_engine_without_step_telemetry_reads_as_not_exported(engine_series: b
         f"count({names.STEP_DURATION}_count{selector})",
         f"count({names.REQUEST_SUCCESS}{selector})",
     ]
+
+
+@pytest.mark.parametrize("answer", ["matrix", "refused"])
+def test_the_workloads_minutes_are_read_only_for_the_planner_and_never_cost_the_window(answer: str) -> None:
+    asked: list[str] = []
+
+    def vector(query: str, at: datetime) -> list[dict[str, Any]]:
+        asked.append(query)
+        minute = query.endswith("[5m:1m]")
+        if minute and answer == "refused":
+            raise MetricsUnavailableError("subqueries are not supported")
+        value = "0" if "le=" in query else "4"
+        if "_bucket" in query:
+            points = [{"metric": {"le": "+Inf"}, "value": [0, "4"], "values": [[60, "2"], [120, "2"]]}]
+        else:
+            points = [{"metric": {}, "value": [0, value], "values": [[60, "2"], [120, "2"]]}]
+        return points if minute or "_count" in query or "_sum" in query or "_bucket" in query else []
+
+    selector = Selector("chat", "default", "stable")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    plain = online.read_workload(vector, selector, "5m", 300.0, at)
+    assert plain.segments == () and not any(q.endswith("[5m:1m]") for q in asked)
+    asked.clear()
+    read = online.read_workload(vector, selector, "5m", 300.0, at, segments=True)
+    assert read.prompt_tokens == plain.prompt_tokens
+    assert len([q for q in asked if q.endswith("[5m:1m]")]) == (6 if answer == "matrix" else 1)
+    assert len(read.segments) == (2 if answer == "matrix" else 0)
+    # A window shorter than two minutes has no minutes to read.
+    asked.clear()
+    assert online.read_workload(vector, selector, "90s", 90.0, at, segments=True).segments == ()
+    assert not any(":1m]" in q for q in asked)
 
 
 @pytest.mark.parametrize("steadiness", [True, False], ids=["between-trials", "at-a-verdict"])
