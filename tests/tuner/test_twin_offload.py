@@ -66,6 +66,11 @@ def test_beyond_the_budget_the_job_ranks_and_a_later_tick_collects_it(request_: 
     assert still is not None and store.kinds().count("Job") == 1
 
     (job,) = [o for o in store.objects.values() if o["kind"] == "Job"]
+    # The request travels without the planner's minutes, which the ranking does not use: a long
+    # window's would outgrow the annotation's 256 KiB.
+    assert request_.workload.segments
+    sent = wire.decode_request(job["spec"]["template"]["metadata"]["annotations"][jobs.ANNOTATION_REQUEST])
+    assert sent.workload.segments == () and sent.workload.prompt_tokens == request_.workload.prompt_tokens
     result = wire.rank(request_)
     job["metadata"].setdefault("annotations", {}).update(
         jobs.result_patch(wire.encode_result(result))["metadata"]["annotations"]

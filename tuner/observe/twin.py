@@ -519,7 +519,7 @@ class TwinObserver:
                     window_s,
                     snap.now,
                     engine,
-                    segments=True,
+                    segments=role == "decode",  # the pools' workload keeps the decode pool's minutes
                 )
                 for role in ROLES
             }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from chunkpilot.operator.kube import KubeError, object_path, resource_path
@@ -95,7 +95,8 @@ class TwinJobs:
             service_uid=service_uid,
             image=self.image,
             cpu_budget_s=request.cpu_budget_s,
-            request_json=encode_request(request),
+            # The ranking does not use the planner's minutes; an annotation holds at most 256 KiB.
+            request_json=encode_request(replace(request, workload=replace(request.workload, segments=()))),
         )
         fresh = True
         try:

@@ -566,26 +566,35 @@ def _drawn(
 
 
 def _by_segment(
-    window: WorkloadWindow, requests: int, rng: random.Random, max_model_len: int, product_ratio: float
+    window: WorkloadWindow, requests: int, rng: random.Random, max_model_len: int, mean_product: float
 ) -> tuple[list[int], list[int]] | None:
     """Lengths drawn block by block from the window's segments in their order, each block its
-    segment's share of the requests, repeated until there are ``requests`` (None: too few segments)."""
+    segment's share of the requests (None: too few segments with requests).
+
+    The pairing: a segment's own mean prompt x output where it has one, else the window's
+    ``mean_product`` spread over the segments in proportion to the product of their means (the
+    minutes' mix already carries the part of the dependence that lies between minutes).
+    """
     parts = [s for s in window.segments if s.prompt_tokens.count > 0 and s.generation_tokens.count > 0]
     if len(parts) < MIN_SEGMENTS:
         return None
-    seen = sum(s.prompt_tokens.count for s in parts)
+    seen = sum(p.prompt_tokens.count for p in parts)
+    between = sum(
+        p.prompt_tokens.count / seen * p.prompt_tokens.mean * p.generation_tokens.mean for p in parts
+    )
+    within = mean_product / between if between > 0 else math.nan
     prompts: list[int] = []
     outputs: list[int] = []
-    while len(prompts) < requests:
-        for part in parts:
-            block = min(requests - len(prompts), max(1, round(requests * part.prompt_tokens.count / seen)))
-            if block <= 0:
-                break
-            # The window's pairing, as a ratio to the product of the means, in each segment.
-            product = product_ratio * part.prompt_tokens.mean * part.generation_tokens.mean
-            more_prompts, more_outputs = _drawn(part, block, rng, max_model_len, product)
-            prompts += more_prompts
-            outputs += more_outputs
+    for part, block in zip(parts, _allocate([p.prompt_tokens.count for p in parts], requests), strict=True):
+        if block <= 0:
+            continue
+        own = part.tokens_product / part.prompt_tokens.count
+        product = (
+            own if math.isfinite(own) else within * part.prompt_tokens.mean * part.generation_tokens.mean
+        )
+        more_prompts, more_outputs = _drawn(part, block, rng, max_model_len, product)
+        prompts += more_prompts
+        outputs += more_outputs
     return prompts, outputs
 
 
@@ -615,9 +624,7 @@ def synthesize(
         raise CaptureError("no arrivals in the window")
     rng = random.Random(seed)
     product = window.tokens_product / seen if math.isfinite(window.tokens_product) and seen > 0 else math.nan
-    means = window.prompt_tokens.mean * window.generation_tokens.mean
-    ratio = product / means if means > 0 else math.nan
-    drawn = _by_segment(window, requests, rng, max_model_len, ratio) if by_segment else None
+    drawn = _by_segment(window, requests, rng, max_model_len, product) if by_segment else None
     prompts, outputs = drawn or _drawn(window, requests, rng, max_model_len, product)
     hit_rate = window.prefix_cache_hit_rate
     specs: list[RequestSpec] = []

@@ -284,6 +284,7 @@ def read_workload(
         return workload
     fine = workload.prompt_tokens.bounds == tuple(names.FINE_REQUEST_TOKENS_BUCKETS)
     matrices = segment_queries(selector.render()[1:-1], window, fine=fine)
+    # A subquery's points fall on whole minutes: the segments end at the last one before ``at``.
     try:
         answers = {key: vector(q, at) for key, q in matrices.items()}
     except MetricsUnavailableError as error:  # the whole window describes the workload without them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -186,6 +187,45 @@ def test_a_segmented_synthesis_keeps_the_runs_the_windows_minutes_show() -> None
     # One segment with requests is no order to keep: the window's histograms, as without segments.
     single = replace(whole, segments=segments[:1])
     assert synthesize(single, 400, max_model_len=MAX_LEN, seed=3, by_segment=True) == mixed
+
+
+def test_a_segmented_synthesis_keeps_the_windows_prompt_output_product() -> None:
+    """Short prompts with short outputs in some minutes, long with long in others: drawn minute by
+    minute the sample carries that dependence already, and the pairing inside each minute adds
+    only what the window's product holds beyond it."""
+    rng = random.Random(5)
+    short = [(rng.randint(50, 800), rng.randint(5, 100)) for _ in range(100)]
+    long = [(rng.randint(1000, 6000), rng.randint(50, 600)) for _ in range(100)]
+    minutes = [short, long, short, long]
+    every = [pair for minute in minutes for pair in minute]
+    product = float(sum(p * o for p, o in every))
+
+    def window_of(pairs: list[tuple[int, int]], **fields: Any) -> WorkloadWindow:
+        fine = names.FINE_REQUEST_TOKENS_BUCKETS  # what the engines export for the twin
+        prompts = histogram_of([p for p, _ in pairs], fine)
+        outputs = histogram_of([o for _, o in pairs], fine)
+        return replace(WorkloadWindow(len(pairs) * 0.6, prompts, outputs), **fields)
+
+    segments = tuple(window_of(m, duration_s=60.0) for m in minutes)
+    whole = window_of(every, tokens_product=product, segments=segments)
+
+    def mean_product(workload: Workload) -> float:
+        return sum(r.prompt_tokens * r.output_tokens for r in workload.requests) / len(workload.requests)
+
+    target = product / len(every)
+    drawn = synthesize(whole, 400, max_model_len=MAX_LEN, seed=4, by_segment=True)
+    assert mean_product(drawn) == pytest.approx(target, rel=0.04)
+    # Paired on the window's dependence again inside each minute, it would count the minutes' part
+    # twice (the window's product over the product of its means, 1.5 here).
+    means = sum(p for p, _ in every) * sum(o for _, o in every) / len(every) ** 2
+    assert target / means > 1.4
+    # Segments that carry their own product are paired on it.
+    own = tuple(
+        replace(s, tokens_product=float(sum(p * o for p, o in m)))
+        for s, m in zip(segments, minutes, strict=True)
+    )
+    drawn = synthesize(replace(whole, segments=own), 400, max_model_len=MAX_LEN, seed=4, by_segment=True)
+    assert mean_product(drawn) == pytest.approx(target, rel=0.04)
 
 
 def test_segments_are_read_from_the_subqueries_matrices_oldest_first() -> None:
